@@ -1,0 +1,355 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+
+	"github.com/dama-etl/dama/config"
+	"github.com/dama-etl/dama/etlcontext"
+	damasql "github.com/dama-etl/dama/sql"
+	"github.com/dama-etl/dama/supervisor"
+)
+
+// connect opens a pool on DATABASE_URL and checks that the database answers,
+// so that an unreachable database is one clear error before anything else.
+func connect(ctx context.Context) (*pgxpool.Pool, string, error) {
+	url, err := databaseURL()
+	if err != nil {
+		return nil, "", err
+	}
+	pcfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, "", fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, "", fmt.Errorf("connect to database: %w", err)
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := pool.Ping(pingCtx); err != nil {
+		pool.Close()
+		return nil, "", fmt.Errorf("connect to database: %w", err)
+	}
+	return pool, url, nil
+}
+
+func newLogger(w io.Writer) *slog.Logger {
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+func parseID(s string) (int64, error) {
+	id, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || id <= 0 {
+		return 0, fmt.Errorf("invalid etl context id %q: want a positive integer", s)
+	}
+	return id, nil
+}
+
+func newMigrateCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "migrate",
+		Short: "Apply River's and dama's migrations (idempotent)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			pool, _, err := connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			return damasql.Migrate(cmd.Context(), pool, newLogger(cmd.ErrOrStderr()))
+		},
+	}
+}
+
+func newSupervisorCommand(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "supervisor",
+		Short: "Run tasks of the configured kinds until SIGTERM or SIGINT",
+		Long: `Run tasks of the configured kinds until SIGTERM or SIGINT. Stopping the
+supervisor never stops a task: the next supervisor adopts the tasks still
+running.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := config.Load(g.configPath)
+			if err != nil {
+				return err
+			}
+			pool, url, err := connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			s, err := supervisor.New(pool, cfg, supervisor.Options{
+				DatabaseURL: url,
+				Logger:      newLogger(cmd.ErrOrStderr()),
+			})
+			if err != nil {
+				return err
+			}
+			return s.Run(cmd.Context())
+		},
+	}
+}
+
+func newSubmitCommand(g *globals) *cobra.Command {
+	var (
+		args      string
+		key       string
+		parent    int64
+		delay     time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "submit KIND",
+		Short: "Submit a task; prints its etl_context_id",
+		Long: `Submit a task of a configured kind and print its etl_context_id alone on
+stdout. With --idempotency-key, submitting the same key again prints the
+id of the first submission and creates nothing.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			cfg, err := config.Load(g.configPath)
+			if err != nil {
+				return err
+			}
+			if _, ok := cfg.Kind(argv[0]); !ok {
+				return fmt.Errorf("unknown kind %q: the configuration has %s", argv[0], strings.Join(cfg.KindNames(), ", "))
+			}
+			if !json.Valid([]byte(args)) {
+				return errors.New("--args is not valid JSON")
+			}
+			if delay < 0 {
+				return errors.New("--delay must not be negative")
+			}
+			pool, _, err := connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			client, err := supervisor.NewClient(pool, cfg)
+			if err != nil {
+				return err
+			}
+			p := supervisor.SubmitParams{Kind: argv[0], Args: json.RawMessage(args), IdempotencyKey: key, ParentID: parent}
+			if delay > 0 {
+				p.ScheduledAt = time.Now().Add(delay)
+			}
+			id, _, err := client.Submit(cmd.Context(), p)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), id)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&args, "args", "{}", "the task's arguments, a JSON document")
+	cmd.Flags().StringVar(&key, "idempotency-key", "", "submit at most once for this key")
+	cmd.Flags().Int64Var(&parent, "parent", 0, "etl_context_id of the parent task")
+	cmd.Flags().DurationVar(&delay, "delay", 0, "start no earlier than this long from now")
+	return cmd
+}
+
+func newStatusCommand() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "status [ID]",
+		Short: "Show tasks from data_manager.dama_task_queue",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			var id int64
+			if len(argv) == 1 {
+				var err error
+				if id, err = parseID(argv[0]); err != nil {
+					return err
+				}
+			}
+			pool, _, err := connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			tasks, err := etlcontext.Tasks(cmd.Context(), pool, id)
+			if err != nil {
+				return err
+			}
+			if id != 0 && len(tasks) == 0 {
+				return fmt.Errorf("etl context %d not found", id)
+			}
+			out := cmd.OutOrStdout()
+			if asJSON {
+				enc := json.NewEncoder(out)
+				enc.SetIndent("", "  ")
+				if id != 0 {
+					return enc.Encode(tasks[0])
+				}
+				return enc.Encode(tasks)
+			}
+			return printTasks(out, tasks)
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func printTasks(w io.Writer, tasks []etlcontext.Task) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tKIND\tQUEUE\tSTATUS\tATTEMPT\tJOB\tHOST\tPID\tLOCKED\tLATEST EVENT\tPROGRESS")
+	for _, t := range tasks {
+		latest := "-"
+		if t.LatestEventType != nil {
+			latest = *t.LatestEventType
+			if t.LatestEventAt != nil {
+				latest += " " + t.LatestEventAt.Local().Format("15:04:05")
+			}
+		}
+		progress := "-"
+		if len(t.Progress) > 0 {
+			progress = string(t.Progress)
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\t%t\t%s\t%s\n",
+			t.ID, t.Kind, t.Queue, t.Status, t.Attempt, t.MaxAttempts,
+			orDash(t.JobState), orDash(t.Host), intOrDash(t.PID), t.InitialEventLocked, latest, progress)
+	}
+	return tw.Flush()
+}
+
+func orDash(s *string) string {
+	if s == nil || *s == "" {
+		return "-"
+	}
+	return *s
+}
+
+func intOrDash(i *int) string {
+	if i == nil {
+		return "-"
+	}
+	return strconv.Itoa(*i)
+}
+
+func newEventsCommand() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "events ID",
+		Short: "Show the events of a task",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			id, err := parseID(argv[0])
+			if err != nil {
+				return err
+			}
+			pool, _, err := connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			if _, err := etlcontext.Get(cmd.Context(), pool, id); err != nil {
+				return err
+			}
+			events, err := etlcontext.Events(cmd.Context(), pool, id)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if asJSON {
+				enc := json.NewEncoder(out)
+				enc.SetIndent("", "  ")
+				return enc.Encode(events)
+			}
+			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "EVENT\tTIME\tATTEMPT\tTYPE\tPAYLOAD")
+			for _, e := range events {
+				payload := string(e.Payload)
+				if payload == "" {
+					payload = string(e.Meta)
+				}
+				fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\n", e.ID, e.CreatedAt.Local().Format(time.DateTime), e.Attempt, e.Type, oneLine(payload))
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func newLogsCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "logs ID",
+		Short: "Print the log file of a task (on the host it ran on)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			id, err := parseID(argv[0])
+			if err != nil {
+				return err
+			}
+			pool, _, err := connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			c, err := etlcontext.Get(cmd.Context(), pool, id)
+			if err != nil {
+				return err
+			}
+			if c.LogPath == nil {
+				return fmt.Errorf("etl context %d has no log yet (it is %s)", id, c.Status)
+			}
+			f, err := os.Open(*c.LogPath)
+			if err != nil {
+				host := ""
+				if c.Host != nil {
+					host = " (the task ran on " + *c.Host + ")"
+				}
+				return fmt.Errorf("open log of etl context %d%s: %w", id, host, err)
+			}
+			defer f.Close()
+			_, err = io.Copy(cmd.OutOrStdout(), f)
+			return err
+		},
+	}
+}
+
+func newCancelCommand(g *globals) *cobra.Command {
+	var wait time.Duration
+	cmd := &cobra.Command{
+		Use:   "cancel ID",
+		Short: "Cancel a task, stopping its process wherever it runs",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			id, err := parseID(argv[0])
+			if err != nil {
+				return err
+			}
+			pool, _, err := connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			client, err := supervisor.NewClient(pool, &config.Config{})
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), wait)
+			defer cancel()
+			status, err := client.Cancel(ctx, id)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), status)
+			return nil
+		},
+	}
+	cmd.Flags().DurationVar(&wait, "wait", time.Minute, "how long to wait for the task to stop")
+	return cmd
+}

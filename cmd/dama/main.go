@@ -1,0 +1,88 @@
+// Command dama is a supervisor for long-running ETL tasks: it enqueues tasks
+// through River, runs each as a detached process holding a lock on its
+// :INITIAL event, and adopts running tasks after a restart.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+// run executes the command line and returns the exit code. Every error is a
+// single line on stderr.
+func run(args []string) int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+
+	var code exitCode
+	root := newRootCommand(&code)
+	root.SetArgs(args)
+	err := root.ExecuteContext(ctx)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "dama: "+oneLine(err.Error()))
+		if code == 0 {
+			return 1
+		}
+	}
+	return int(code)
+}
+
+// exitCode lets a command choose its exit status (the taskrunner's codes).
+type exitCode int
+
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(s), " ")
+}
+
+type globals struct {
+	configPath string
+}
+
+func newRootCommand(code *exitCode) *cobra.Command {
+	g := &globals{}
+	root := &cobra.Command{
+		Use:   "dama",
+		Short: "A supervisor for long-running ETL tasks",
+		Long: `dama runs long ETL tasks as detached processes that survive a restart of the
+supervisor. The database named by DATABASE_URL holds every task's status in
+data_manager.etl_contexts and data_manager.event_store; the view
+data_manager.dama_task_queue shows what runs where, and how far along.`,
+		SilenceErrors: true,
+		SilenceUsage:  true,
+	}
+	root.PersistentFlags().StringVar(&g.configPath, "config", os.Getenv("DAMA_CONFIG"), "configuration file (default $DAMA_CONFIG)")
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return err })
+	root.CompletionOptions.DisableDefaultCmd = true
+	root.AddCommand(
+		newMigrateCommand(),
+		newSupervisorCommand(g),
+		newSubmitCommand(g),
+		newStatusCommand(),
+		newEventsCommand(),
+		newLogsCommand(),
+		newCancelCommand(g),
+		newTaskrunnerCommand(g, code),
+	)
+	return root
+}
+
+// databaseURL returns DATABASE_URL; it is read from the environment only, so
+// that credentials never appear in a process listing.
+func databaseURL() (string, error) {
+	url := os.Getenv("DATABASE_URL")
+	if url == "" {
+		return "", errors.New("DATABASE_URL is not set")
+	}
+	return url, nil
+}

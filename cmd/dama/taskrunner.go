@@ -1,0 +1,56 @@
+package main
+
+import (
+	"context"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/dama-etl/dama/config"
+	"github.com/dama-etl/dama/taskrunner"
+)
+
+func newTaskrunnerCommand(g *globals, code *exitCode) *cobra.Command {
+	var (
+		contextID int64
+		runID     string
+		readyFD   int
+	)
+	cmd := &cobra.Command{
+		Use:    "taskrunner",
+		Short:  "Run one attempt of a task (started by the supervisor)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			*code = taskrunner.ExitSetup
+			cfg, err := config.Load(g.configPath)
+			if err != nil {
+				return err
+			}
+			url, err := databaseURL()
+			if err != nil {
+				return err
+			}
+			opts := taskrunner.Options{
+				DatabaseURL: url,
+				Config:      cfg,
+				ContextID:   contextID,
+				RunID:       runID,
+				Logger:      newLogger(os.Stderr).With("component", "taskrunner"),
+			}
+			if readyFD > 0 {
+				opts.Ready = os.NewFile(uintptr(readyFD), "ready")
+			}
+			// The runner ends on its own terms: a signal to it stops its
+			// command, it does not abandon it.
+			*code = exitCode(taskrunner.Run(context.WithoutCancel(cmd.Context()), opts))
+			return nil
+		},
+	}
+	cmd.Flags().Int64Var(&contextID, "context-id", 0, "etl_context_id to run")
+	cmd.Flags().StringVar(&runID, "run-id", "", "run id prepared by the supervisor")
+	cmd.Flags().IntVar(&readyFD, "ready-fd", 0, "descriptor to write one byte to once the lock is held")
+	_ = cmd.MarkFlagRequired("context-id")
+	_ = cmd.MarkFlagRequired("run-id")
+	return cmd
+}

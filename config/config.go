@@ -1,0 +1,217 @@
+// Package config reads dama's YAML configuration: where task logs go, how
+// often the supervisor polls, the queues with their limits, and the kinds of
+// task a supervisor may run with their commands.
+//
+// Only the kinds named here ever run: a task's kind is looked up in the
+// configuration of the supervisor that launches it, and its command comes from
+// there, never from the database.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Defaults applied to fields the file leaves out.
+const (
+	DefaultPollInterval      = 5 * time.Second
+	DefaultHeartbeatInterval = 5 * time.Second
+	DefaultKillGrace         = 10 * time.Second
+	DefaultMaxAttempts       = 3
+	DefaultMaxRunning        = 10
+	DefaultQueue             = "default"
+)
+
+// Config is a parsed and validated configuration file.
+type Config struct {
+	// Path is the absolute path of the file the configuration was read from.
+	Path string `yaml:"-"`
+	// LogDir holds one log file per task, <etl_context_id>.log.
+	LogDir string `yaml:"log_dir"`
+	// PollInterval is how often the supervisor checks on a running task whose
+	// process is not its own child (an adopted one).
+	PollInterval Duration `yaml:"poll_interval"`
+	// HeartbeatInterval is how often a task process records that it is alive
+	// and checks its lock connection.
+	HeartbeatInterval Duration `yaml:"heartbeat_interval"`
+	// KillGrace is how long a task's command has between SIGTERM and SIGKILL
+	// when it is cancelled or loses its lock.
+	KillGrace Duration `yaml:"kill_grace"`
+	// Queues maps a queue name to its limits.
+	Queues map[string]Queue `yaml:"queues"`
+	// Kinds maps a task kind to how it runs.
+	Kinds map[string]Kind `yaml:"kinds"`
+}
+
+// Queue holds the limits of one queue.
+type Queue struct {
+	// MaxRunning bounds the tasks of this queue running at once, across every
+	// supervisor sharing the database.
+	MaxRunning int `yaml:"max_running"`
+}
+
+// Kind says how the tasks of one kind run.
+type Kind struct {
+	// Queue is the queue the kind's tasks wait in.
+	Queue string `yaml:"queue"`
+	// Command is the program and its arguments; it is executed directly,
+	// never through a shell.
+	Command []string `yaml:"command"`
+	// MaxAttempts is how many times a task is started before it is FAILED.
+	MaxAttempts int `yaml:"max_attempts"`
+}
+
+// Duration is a time.Duration written as "5s" or "1m30s" in YAML.
+type Duration time.Duration
+
+// UnmarshalYAML parses a Go duration string.
+func (d *Duration) UnmarshalYAML(node *yaml.Node) error {
+	var s string
+	if err := node.Decode(&s); err != nil {
+		return fmt.Errorf("line %d: want a duration such as 5s: %w", node.Line, err)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("line %d: %w", node.Line, err)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// D returns d as a time.Duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }
+
+var nameRE = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_.-]{0,62}$`)
+
+// Load reads and validates the configuration file at path.
+func Load(path string) (*Config, error) {
+	if path == "" {
+		return nil, errors.New("no configuration file: pass --config or set DAMA_CONFIG")
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, fmt.Errorf("resolve configuration path %s: %w", path, err)
+	}
+	data, err := os.ReadFile(abs)
+	if err != nil {
+		return nil, fmt.Errorf("read configuration: %w", err)
+	}
+	cfg, err := Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("configuration %s: %w", abs, err)
+	}
+	cfg.Path = abs
+	if !filepath.IsAbs(cfg.LogDir) {
+		cfg.LogDir = filepath.Join(filepath.Dir(abs), cfg.LogDir)
+	}
+	return cfg, nil
+}
+
+// Parse parses and validates a configuration document. Unknown fields are
+// errors, so that a misspelt setting is not silently ignored.
+func Parse(data []byte) (*Config, error) {
+	var cfg Config
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&cfg); err != nil {
+		return nil, fmt.Errorf("parse YAML: %w", err)
+	}
+	if cfg.LogDir == "" {
+		return nil, errors.New("log_dir is required")
+	}
+	if cfg.PollInterval == 0 {
+		cfg.PollInterval = Duration(DefaultPollInterval)
+	}
+	if cfg.HeartbeatInterval == 0 {
+		cfg.HeartbeatInterval = Duration(DefaultHeartbeatInterval)
+	}
+	if cfg.KillGrace == 0 {
+		cfg.KillGrace = Duration(DefaultKillGrace)
+	}
+	if cfg.PollInterval.D() < 100*time.Millisecond {
+		return nil, errors.New("poll_interval must be at least 100ms")
+	}
+	if cfg.HeartbeatInterval.D() < 100*time.Millisecond {
+		return nil, errors.New("heartbeat_interval must be at least 100ms")
+	}
+	if cfg.KillGrace.D() < 0 {
+		return nil, errors.New("kill_grace must not be negative")
+	}
+	if len(cfg.Kinds) == 0 {
+		return nil, errors.New("no kinds: a supervisor with no kinds runs nothing")
+	}
+	if cfg.Queues == nil {
+		cfg.Queues = map[string]Queue{}
+	}
+	for name, q := range cfg.Queues {
+		if !nameRE.MatchString(name) {
+			return nil, fmt.Errorf("queue name %q: want letters, digits, '_', '.', '-', starting with a letter", name)
+		}
+		if q.MaxRunning < 0 {
+			return nil, fmt.Errorf("queue %s: max_running must not be negative", name)
+		}
+		if q.MaxRunning == 0 {
+			q.MaxRunning = DefaultMaxRunning
+		}
+		cfg.Queues[name] = q
+	}
+	for name, k := range cfg.Kinds {
+		if !nameRE.MatchString(name) {
+			return nil, fmt.Errorf("kind name %q: want letters, digits, '_', '.', '-', starting with a letter", name)
+		}
+		if len(k.Command) == 0 || k.Command[0] == "" {
+			return nil, fmt.Errorf("kind %s: command is required", name)
+		}
+		if k.Queue == "" {
+			k.Queue = DefaultQueue
+		}
+		if _, ok := cfg.Queues[k.Queue]; !ok {
+			if k.Queue != DefaultQueue {
+				return nil, fmt.Errorf("kind %s: queue %s is not in queues", name, k.Queue)
+			}
+			cfg.Queues[DefaultQueue] = Queue{MaxRunning: DefaultMaxRunning}
+		}
+		if k.MaxAttempts < 0 {
+			return nil, fmt.Errorf("kind %s: max_attempts must not be negative", name)
+		}
+		if k.MaxAttempts == 0 {
+			k.MaxAttempts = DefaultMaxAttempts
+		}
+		cfg.Kinds[name] = k
+	}
+	return &cfg, nil
+}
+
+// Kind returns the configuration of the named kind and whether it exists.
+func (c *Config) Kind(name string) (Kind, bool) {
+	k, ok := c.Kinds[name]
+	return k, ok
+}
+
+// QueueNames returns the configured queue names in order.
+func (c *Config) QueueNames() []string {
+	names := make([]string, 0, len(c.Queues))
+	for n := range c.Queues {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// KindNames returns the configured kind names in order.
+func (c *Config) KindNames() []string {
+	names := make([]string, 0, len(c.Kinds))
+	for n := range c.Kinds {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}

@@ -1,0 +1,298 @@
+// Package etlcontext reads and writes dama's domain tables,
+// data_manager.etl_contexts and data_manager.event_store, which are the single
+// source of truth for every task.
+//
+// A context's status is derived by the database from the events written to
+// it: <kind>:FINAL makes it DONE, <kind>:ERROR makes it RETRYING (or FAILED
+// when its attempts are used up), <kind>:CANCELLED makes it CANCELLED. The
+// database refuses any event for a finished context and any event that does
+// not carry the run id of the current attempt, so a task process that lost its
+// lock can no longer write.
+package etlcontext
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Status is the status of an ETL context.
+type Status string
+
+// The statuses of an ETL context. DONE, FAILED and CANCELLED are final.
+const (
+	StatusQueued    Status = "QUEUED"
+	StatusRunning   Status = "RUNNING"
+	StatusRetrying  Status = "RETRYING"
+	StatusDone      Status = "DONE"
+	StatusFailed    Status = "FAILED"
+	StatusCancelled Status = "CANCELLED"
+)
+
+// Finished reports whether s is final: a finished context never runs again.
+func (s Status) Finished() bool {
+	return s == StatusDone || s == StatusFailed || s == StatusCancelled
+}
+
+// Event type suffixes with a meaning to dama. A task may report any other
+// upper-case suffix.
+const (
+	EventInitial    = "INITIAL"
+	EventFinal      = "FINAL"
+	EventError      = "ERROR"
+	EventCancelled  = "CANCELLED"
+	EventProgress   = "PROGRESS"
+	EventCheckpoint = "CHECKPOINT"
+	EventWarning    = "WARNING"
+)
+
+// LockNamespace is the first key of the two-int advisory lock a task process
+// holds (the second is the context id); it spells 'dama'.
+const LockNamespace = 1684106593
+
+// Errors reported by the database's guards, recognisable with errors.Is.
+var (
+	// ErrNotFound: no context has that id.
+	ErrNotFound = errors.New("etl context not found")
+	// ErrLocked: another transaction holds the context's INITIAL event lock.
+	ErrLocked = errors.New("etl context is locked by a running task")
+	// ErrFinished: the context is finished and takes no more writes.
+	ErrFinished = errors.New("etl context is finished")
+	// ErrStaleRun: the write came from an attempt that is no longer current.
+	ErrStaleRun = errors.New("write from an attempt that is no longer current")
+)
+
+// DB is what this package needs of a pgx connection, pool or transaction.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Context is a row of data_manager.etl_contexts.
+type Context struct {
+	ID                int64
+	ParentID          *int64
+	Kind              string
+	Queue             string
+	Status            Status
+	InitialEventID    *int64
+	LatestEventID     *int64
+	RiverJobID        *int64
+	IdempotencyKey    *string
+	MaxAttempts       int
+	Attempt           int
+	RunID             *string
+	LaunchedBy        *string
+	Host              *string
+	PID               *int
+	ProcessStartedAt  *time.Time
+	LogPath           *string
+	HeartbeatAt       *time.Time
+	CancelRequestedAt *time.Time
+	CreatedAt         time.Time
+	StartedAt         *time.Time
+	FinishedAt        *time.Time
+}
+
+const contextColumns = `c.etl_context_id, c.parent_context_id, c.kind, c.queue, c.etl_status,
+	c.initial_event_id, c.latest_event_id, c.river_job_id, c.idempotency_key, c.max_attempts,
+	c.attempt, c.run_id::text, c.launched_by, c.host, c.pid, c.process_started_at, c.log_path,
+	c.heartbeat_at, c.cancel_requested_at, c.created_at, c.started_at, c.finished_at`
+
+func scanContext(row pgx.Row) (*Context, error) {
+	var c Context
+	err := row.Scan(&c.ID, &c.ParentID, &c.Kind, &c.Queue, &c.Status,
+		&c.InitialEventID, &c.LatestEventID, &c.RiverJobID, &c.IdempotencyKey, &c.MaxAttempts,
+		&c.Attempt, &c.RunID, &c.LaunchedBy, &c.Host, &c.PID, &c.ProcessStartedAt, &c.LogPath,
+		&c.HeartbeatAt, &c.CancelRequestedAt, &c.CreatedAt, &c.StartedAt, &c.FinishedAt)
+	if err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+// Get reads context id.
+func Get(ctx context.Context, db DB, id int64) (*Context, error) {
+	c, err := scanContext(db.QueryRow(ctx, `SELECT `+contextColumns+` FROM data_manager.etl_contexts AS c WHERE c.etl_context_id = $1`, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("etl context %d: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read etl context %d: %w", id, err)
+	}
+	return c, nil
+}
+
+// LockInitial locks the INITIAL event row of context id FOR UPDATE without
+// waiting, inside tx, and returns the context as it stands under the lock. It
+// returns ErrLocked when another transaction holds the lock. The lock lasts
+// until tx ends.
+func LockInitial(ctx context.Context, tx pgx.Tx, id int64) (*Context, error) {
+	c, err := scanContext(tx.QueryRow(ctx, `
+		SELECT `+contextColumns+`
+		  FROM data_manager.etl_contexts AS c
+		  JOIN data_manager.event_store AS e ON e.event_id = c.initial_event_id
+		 WHERE c.etl_context_id = $1
+		   FOR UPDATE OF e NOWAIT`, id))
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil, fmt.Errorf("lock initial event of etl context %d: %w", id, ErrNotFound)
+	case err != nil:
+		return nil, fmt.Errorf("lock initial event of etl context %d: %w", id, classify(err))
+	}
+	return c, nil
+}
+
+// TryAdvisoryLock takes the transaction-level advisory lock that makes a
+// running task visible in pg_locks, and reports whether it got it.
+func TryAdvisoryLock(ctx context.Context, tx pgx.Tx, id int64) (bool, error) {
+	var ok bool
+	if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1, $2::int)`, LockNamespace, id).Scan(&ok); err != nil {
+		return false, fmt.Errorf("take advisory lock of etl context %d: %w", id, err)
+	}
+	return ok, nil
+}
+
+// Event is a row of data_manager.event_store.
+type Event struct {
+	ID        int64           `json:"event_id"`
+	ContextID int64           `json:"etl_context_id"`
+	Type      string          `json:"type"`
+	Payload   json.RawMessage `json:"payload"`
+	Meta      json.RawMessage `json:"meta"`
+	Error     bool            `json:"error"`
+	Attempt   int             `json:"attempt"`
+	RunID     *string         `json:"run_id"`
+	CreatedAt time.Time       `json:"created_at"`
+}
+
+// NewEvent is an event to append to a context.
+type NewEvent struct {
+	ContextID int64
+	// Type is the full type, <kind>:<SUFFIX>.
+	Type    string
+	Payload any
+	Meta    any
+	Error   bool
+	// RunID is the current attempt's run id; nil only for a context that has
+	// never started.
+	RunID *string
+}
+
+// Append writes an event and returns its id. The database derives the
+// context's status from it and refuses it with ErrFinished or ErrStaleRun.
+func Append(ctx context.Context, db DB, e NewEvent) (int64, error) {
+	payload, err := marshalNullable(e.Payload)
+	if err != nil {
+		return 0, fmt.Errorf("encode payload of %s event: %w", e.Type, err)
+	}
+	meta, err := marshalNullable(e.Meta)
+	if err != nil {
+		return 0, fmt.Errorf("encode meta of %s event: %w", e.Type, err)
+	}
+	var id int64
+	err = db.QueryRow(ctx, `
+		INSERT INTO data_manager.event_store (etl_context_id, type, payload, meta, error, run_id)
+		VALUES ($1, $2, $3, $4, $5, $6::uuid)
+		RETURNING event_id`, e.ContextID, e.Type, payload, meta, e.Error, e.RunID).Scan(&id)
+	if err != nil {
+		return 0, fmt.Errorf("append %s event to etl context %d: %w", e.Type, e.ContextID, classify(err))
+	}
+	return id, nil
+}
+
+func marshalNullable(v any) ([]byte, error) {
+	switch v := v.(type) {
+	case nil:
+		return nil, nil
+	case json.RawMessage:
+		if len(v) == 0 {
+			return nil, nil
+		}
+		return v, nil
+	}
+	return json.Marshal(v)
+}
+
+// Events returns the events of context id in the order they were written.
+func Events(ctx context.Context, db DB, id int64) ([]Event, error) {
+	rows, err := db.Query(ctx, `
+		SELECT event_id, etl_context_id, type, payload, meta, error, attempt, run_id::text, created_at
+		  FROM data_manager.event_store
+		 WHERE etl_context_id = $1
+		 ORDER BY event_id`, id)
+	if err != nil {
+		return nil, fmt.Errorf("read events of etl context %d: %w", id, err)
+	}
+	events, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Event, error) {
+		var e Event
+		err := row.Scan(&e.ID, &e.ContextID, &e.Type, &e.Payload, &e.Meta, &e.Error, &e.Attempt, &e.RunID, &e.CreatedAt)
+		return e, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read events of etl context %d: %w", id, err)
+	}
+	return events, nil
+}
+
+// LatestPayload returns the payload of the newest event of context id with
+// the given suffix (CHECKPOINT, PROGRESS, ...), or nil when there is none.
+func LatestPayload(ctx context.Context, db DB, id int64, suffix string) (json.RawMessage, error) {
+	var payload json.RawMessage
+	err := db.QueryRow(ctx, `
+		SELECT e.payload
+		  FROM data_manager.event_store AS e
+		  JOIN data_manager.etl_contexts AS c USING (etl_context_id)
+		 WHERE e.etl_context_id = $1 AND e.type = c.kind || ':' || $2
+		 ORDER BY e.event_id DESC
+		 LIMIT 1`, id, suffix).Scan(&payload)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read latest %s of etl context %d: %w", suffix, id, err)
+	}
+	return payload, nil
+}
+
+// InitialPayload returns the payload of the INITIAL event: the task's
+// arguments.
+func InitialPayload(ctx context.Context, db DB, id int64) (json.RawMessage, error) {
+	var payload json.RawMessage
+	err := db.QueryRow(ctx, `
+		SELECT e.payload
+		  FROM data_manager.etl_contexts AS c
+		  JOIN data_manager.event_store AS e ON e.event_id = c.initial_event_id
+		 WHERE c.etl_context_id = $1`, id).Scan(&payload)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("read arguments of etl context %d: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read arguments of etl context %d: %w", id, err)
+	}
+	return payload, nil
+}
+
+// classify maps the SQLSTATEs of dama's guards and of NOWAIT to this
+// package's sentinel errors, keeping the database's message.
+func classify(err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return err
+	}
+	switch pgErr.Code {
+	case "55P03": // lock_not_available
+		return fmt.Errorf("%w: %s", ErrLocked, pgErr.Message)
+	case "DMFIN":
+		return fmt.Errorf("%w: %s", ErrFinished, pgErr.Message)
+	case "DMRUN":
+		return fmt.Errorf("%w: %s", ErrStaleRun, pgErr.Message)
+	}
+	return err
+}

@@ -1,0 +1,68 @@
+package etlcontext
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Task is a row of the data_manager.dama_task_queue view: a context with its
+// River job, its latest event and progress, and whether a live process holds
+// its lock.
+type Task struct {
+	ID                 int64           `json:"etl_context_id"`
+	ParentID           *int64          `json:"parent_context_id"`
+	Kind               string          `json:"kind"`
+	Queue              string          `json:"queue"`
+	Status             Status          `json:"etl_status"`
+	Attempt            int             `json:"attempt"`
+	MaxAttempts        int             `json:"max_attempts"`
+	JobState           *string         `json:"job_state"`
+	ScheduledAt        *time.Time      `json:"scheduled_at"`
+	Host               *string         `json:"host"`
+	PID                *int            `json:"pid"`
+	CreatedAt          time.Time       `json:"created_at"`
+	StartedAt          *time.Time      `json:"started_at"`
+	FinishedAt         *time.Time      `json:"finished_at"`
+	HeartbeatAt        *time.Time      `json:"heartbeat_at"`
+	LatestEventType    *string         `json:"latest_event_type"`
+	LatestEventAt      *time.Time      `json:"latest_event_at"`
+	Progress           json.RawMessage `json:"progress"`
+	InitialEventLocked bool            `json:"initial_event_locked"`
+	RiverJobID         *int64          `json:"river_job_id"`
+	RunID              *string         `json:"run_id"`
+	IdempotencyKey     *string         `json:"idempotency_key"`
+	CancelRequestedAt  *time.Time      `json:"cancel_requested_at"`
+	LogPath            *string         `json:"log_path"`
+}
+
+// Tasks reads the view, newest context first; a non-zero id reads that
+// context alone.
+func Tasks(ctx context.Context, db DB, id int64) ([]Task, error) {
+	rows, err := db.Query(ctx, `
+		SELECT etl_context_id, parent_context_id, kind, queue, etl_status, attempt, max_attempts,
+		       job_state, scheduled_at, host, pid, created_at, started_at, finished_at, heartbeat_at,
+		       latest_event_type, latest_event_at, progress, initial_event_locked, river_job_id,
+		       run_id::text, idempotency_key, cancel_requested_at, log_path
+		  FROM data_manager.dama_task_queue
+		 WHERE $1 = 0 OR etl_context_id = $1
+		 ORDER BY etl_context_id DESC`, id)
+	if err != nil {
+		return nil, fmt.Errorf("read task queue: %w", err)
+	}
+	tasks, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Task, error) {
+		var t Task
+		err := row.Scan(&t.ID, &t.ParentID, &t.Kind, &t.Queue, &t.Status, &t.Attempt, &t.MaxAttempts,
+			&t.JobState, &t.ScheduledAt, &t.Host, &t.PID, &t.CreatedAt, &t.StartedAt, &t.FinishedAt, &t.HeartbeatAt,
+			&t.LatestEventType, &t.LatestEventAt, &t.Progress, &t.InitialEventLocked, &t.RiverJobID,
+			&t.RunID, &t.IdempotencyKey, &t.CancelRequestedAt, &t.LogPath)
+		return t, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read task queue: %w", err)
+	}
+	return tasks, nil
+}

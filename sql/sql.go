@@ -1,0 +1,92 @@
+// Package sql holds dama's schema, embedded in the binary, and applies it
+// together with River's own migrations.
+package sql
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivermigrate"
+)
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// Schema is the PostgreSQL schema that holds dama's tables and view.
+const Schema = "data_manager"
+
+// migrateLockKey serializes concurrent migrations: the first int4 is dama's
+// advisory lock namespace ('dama'), the second is reserved for migrations.
+const (
+	LockNamespace  = 1684106593
+	migrateLockKey = 0
+)
+
+// Migrate applies River's migrations and then dama's own, idempotently. It
+// holds a session-level advisory lock for the whole run, so that several
+// Migrate calls at once (two deploys racing) apply each migration once.
+func Migrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("acquire connection for migration lock: %w", err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1, $2)", LockNamespace, migrateLockKey); err != nil {
+		return fmt.Errorf("take migration lock: %w", err)
+	}
+	defer func() {
+		// A fresh context: the lock must be released even when ctx is done.
+		if _, err := conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1, $2)", LockNamespace, migrateLockKey); err != nil {
+			logger.Warn("release migration lock", "error", err)
+		}
+	}()
+
+	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Logger: logger})
+	if err != nil {
+		return fmt.Errorf("create River migrator: %w", err)
+	}
+	res, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil)
+	if err != nil {
+		return fmt.Errorf("apply River migrations: %w", err)
+	}
+	for _, v := range res.Versions {
+		logger.Info("applied River migration", "version", v.Version, "name", v.Name)
+	}
+
+	if _, err := pool.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+Schema); err != nil {
+		return fmt.Errorf("create schema %s: %w", Schema, err)
+	}
+	fsys, err := fs.Sub(migrations, "migrations")
+	if err != nil {
+		return fmt.Errorf("open embedded migrations: %w", err)
+	}
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	provider, err := goose.NewProvider(goose.DialectPostgres, db, fsys,
+		goose.WithTableName(Schema+".schema_migrations"),
+		goose.WithDisableGlobalRegistry(true),
+	)
+	if err != nil {
+		return fmt.Errorf("load dama migrations: %w", err)
+	}
+	results, err := provider.Up(ctx)
+	if err != nil {
+		var partial *goose.PartialError
+		if errors.As(err, &partial) && partial.Failed != nil && partial.Failed.Source != nil {
+			return fmt.Errorf("apply dama migration %s: %w", partial.Failed.Source.Path, partial.Err)
+		}
+		return fmt.Errorf("apply dama migrations: %w", err)
+	}
+	for _, r := range results {
+		logger.Info("applied dama migration", "version", r.Source.Version, "file", r.Source.Path)
+	}
+	return nil
+}

@@ -1,0 +1,231 @@
+package supervisor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+
+	"github.com/dama-etl/dama/config"
+	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/taskrunner"
+)
+
+// TaskArgs are the arguments of the one River job that follows a context
+// through its whole life. The task's own arguments live in the context's
+// INITIAL event, not in the job.
+type TaskArgs struct {
+	ETLContextID int64 `json:"etl_context_id"`
+}
+
+// Kind is the River job kind of every dama task.
+func (TaskArgs) Kind() string { return "dama_task" }
+
+// Client submits and cancels tasks. It does not run them: that is the
+// Supervisor's work.
+type Client struct {
+	pool  *pgxpool.Pool
+	cfg   *config.Config
+	river *river.Client[pgx.Tx]
+}
+
+// NewClient returns a client that submits tasks of the kinds in cfg.
+func NewClient(pool *pgxpool.Pool, cfg *config.Config) (*Client, error) {
+	rc, err := river.NewClient(riverpgxv5.New(pool), &river.Config{})
+	if err != nil {
+		return nil, fmt.Errorf("create River client: %w", err)
+	}
+	return &Client{pool: pool, cfg: cfg, river: rc}, nil
+}
+
+// SubmitParams describe a task to submit.
+type SubmitParams struct {
+	// Kind must be one of the configuration's kinds.
+	Kind string
+	// Args is the task's arguments, a JSON document stored as the payload of
+	// the INITIAL event and handed to the command as DAMA_ARGS. Empty means
+	// {}.
+	Args json.RawMessage
+	// IdempotencyKey, when set, makes Submit return the existing context of
+	// an earlier submission with the same key instead of creating one.
+	IdempotencyKey string
+	// ParentID makes the new context a child of another.
+	ParentID int64
+	// ScheduledAt delays the task's first start.
+	ScheduledAt time.Time
+}
+
+// ErrUnknownKind is returned by Submit for a kind the configuration does not
+// name.
+var ErrUnknownKind = errors.New("unknown kind")
+
+// Submit records a new QUEUED context with its INITIAL event and enqueues its
+// River job, all in one transaction: either everything is written or
+// nothing. It reports whether the context is new (false when the idempotency
+// key matched an earlier submission).
+func (c *Client) Submit(ctx context.Context, p SubmitParams) (id int64, created bool, err error) {
+	kind, ok := c.cfg.Kind(p.Kind)
+	if !ok {
+		return 0, false, fmt.Errorf("%w %q: the configuration has %v", ErrUnknownKind, p.Kind, c.cfg.KindNames())
+	}
+	args := p.Args
+	if len(args) == 0 {
+		args = json.RawMessage("{}")
+	}
+	if !json.Valid(args) {
+		return 0, false, errors.New("arguments are not valid JSON")
+	}
+	var key, parent any
+	if p.IdempotencyKey != "" {
+		key = p.IdempotencyKey
+	}
+	if p.ParentID != 0 {
+		parent = p.ParentID
+	}
+
+	err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		err := tx.QueryRow(ctx, `
+			INSERT INTO data_manager.etl_contexts (parent_context_id, kind, queue, max_attempts, idempotency_key)
+			VALUES ($1, $2, $3, $4, $5)
+			ON CONFLICT (idempotency_key) DO NOTHING
+			RETURNING etl_context_id`, parent, p.Kind, kind.Queue, kind.MaxAttempts, key).Scan(&id)
+		if errors.Is(err, pgx.ErrNoRows) {
+			// The key was used before; that submission stands.
+			return tx.QueryRow(ctx, `SELECT etl_context_id FROM data_manager.etl_contexts WHERE idempotency_key = $1`, key).Scan(&id)
+		}
+		if err != nil {
+			return fmt.Errorf("insert etl context: %w", err)
+		}
+		created = true
+		if _, err := etlcontext.Append(ctx, tx, etlcontext.NewEvent{
+			ContextID: id,
+			Type:      p.Kind + ":" + etlcontext.EventInitial,
+			Payload:   args,
+		}); err != nil {
+			return err
+		}
+		res, err := c.river.InsertTx(ctx, tx, TaskArgs{ETLContextID: id}, &river.InsertOpts{
+			Queue:       kind.Queue,
+			MaxAttempts: kind.MaxAttempts,
+			ScheduledAt: p.ScheduledAt,
+		})
+		if err != nil {
+			return fmt.Errorf("enqueue River job: %w", err)
+		}
+		if _, err := tx.Exec(ctx, `UPDATE data_manager.etl_contexts SET river_job_id = $2 WHERE etl_context_id = $1`, id, res.Job.ID); err != nil {
+			return fmt.Errorf("record River job of etl context %d: %w", id, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, false, fmt.Errorf("submit %s task: %w", p.Kind, err)
+	}
+	return id, created, nil
+}
+
+// ErrAlreadyFinished is returned by Cancel for a context that finished
+// before it could be cancelled.
+var ErrAlreadyFinished = errors.New("already finished")
+
+// Cancel cancels context id and waits, until ctx ends, for it to be
+// CANCELLED. A context that is not running is cancelled at once, together
+// with its River job. A running one is asked to stop: its task process, on
+// whichever host it runs, stops its command's process group (SIGTERM, then
+// SIGKILL after the kill grace) and records the cancellation.
+func (c *Client) Cancel(ctx context.Context, id int64) (etlcontext.Status, error) {
+	requested := false
+	for {
+		status, done, err := c.tryCancel(ctx, id, &requested)
+		if err != nil || done {
+			return status, err
+		}
+		select {
+		case <-ctx.Done():
+			return status, fmt.Errorf("cancel etl context %d: still %s: %w", id, status, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func (c *Client) tryCancel(ctx context.Context, id int64, requested *bool) (etlcontext.Status, bool, error) {
+	var (
+		status etlcontext.Status
+		done   bool
+	)
+	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		ec, err := etlcontext.LockInitial(ctx, tx, id)
+		if errors.Is(err, etlcontext.ErrLocked) {
+			// A task process (or, for a moment, a supervisor) holds the lock:
+			// ask whoever runs the task to stop it.
+			cur, err := etlcontext.Get(ctx, tx, id)
+			if err != nil {
+				return err
+			}
+			status = cur.Status
+			if cur.Status.Finished() {
+				done = true
+				return finishedError(cur.ID, cur.Status)
+			}
+			if !*requested {
+				if _, err := tx.Exec(ctx, `
+					UPDATE data_manager.etl_contexts SET cancel_requested_at = coalesce(cancel_requested_at, now())
+					 WHERE etl_context_id = $1`, id); err != nil {
+					return fmt.Errorf("request cancellation of etl context %d: %w", id, err)
+				}
+				if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, taskrunner.CancelChannel, fmt.Sprint(id)); err != nil {
+					return fmt.Errorf("announce cancellation of etl context %d: %w", id, err)
+				}
+				*requested = true
+			}
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		status = ec.Status
+		if ec.Status.Finished() {
+			done = true
+			return finishedError(ec.ID, ec.Status)
+		}
+		// Nobody runs the task and nobody can start it while we hold the
+		// lock: cancel it here, with its job.
+		if _, err := etlcontext.Append(ctx, tx, etlcontext.NewEvent{
+			ContextID: id,
+			Type:      ec.Kind + ":" + etlcontext.EventCancelled,
+			Payload:   map[string]any{"reason": "cancelled before it ran"},
+			RunID:     ec.RunID,
+		}); err != nil {
+			return err
+		}
+		if ec.RiverJobID != nil {
+			if _, err := c.river.JobCancelTx(ctx, tx, *ec.RiverJobID); err != nil && !errors.Is(err, river.ErrNotFound) {
+				return fmt.Errorf("cancel River job %d: %w", *ec.RiverJobID, err)
+			}
+		}
+		status, done = etlcontext.StatusCancelled, true
+		return nil
+	})
+	if err != nil && status == "" {
+		return status, done, err
+	}
+	if err != nil && !errors.Is(err, ErrAlreadyFinished) {
+		return status, done, err
+	}
+	if status == etlcontext.StatusCancelled {
+		return status, true, nil
+	}
+	return status, done, err
+}
+
+func finishedError(id int64, s etlcontext.Status) error {
+	if s == etlcontext.StatusCancelled {
+		return nil
+	}
+	return fmt.Errorf("etl context %d is %s: %w", id, s, ErrAlreadyFinished)
+}

@@ -1,0 +1,252 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river/riverdriver"
+	"github.com/riverqueue/river/rivertype"
+
+	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/taskrunner"
+)
+
+type launchOutcome int
+
+const (
+	// launchReady: the runner holds the lock and runs the command.
+	launchReady launchOutcome = iota
+	// launchPending: the runner did not report within the launch timeout; it
+	// may still take its lock.
+	launchPending
+	// launchLocked: the runner found another process holding the lock.
+	launchLocked
+	// launchExited: the runner exited before holding its lock.
+	launchExited
+)
+
+// child is a runner this supervisor spawned and reaps.
+type child struct {
+	pid      int
+	exited   chan struct{}
+	exitCode int
+}
+
+// launch spawns `dama taskrunner` for c, detached: in a session of its own
+// (so no signal for the supervisor's process group reaches it), stdio on
+// /dev/null and the task's log file, no inherited descriptor but the
+// readiness pipe, and the database URL in its environment rather than its
+// arguments. It waits, at most LaunchTimeout, for the runner to report that
+// it holds the lock, or to exit.
+func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcontext.Context, runID string) (launchOutcome, error) {
+	if err := os.MkdirAll(s.cfg.LogDir, 0o755); err != nil {
+		return 0, fmt.Errorf("create log directory: %w", err)
+	}
+	logPath := filepath.Join(s.cfg.LogDir, strconv.FormatInt(c.ID, 10)+".log")
+	logFile, err := os.OpenFile(logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		return 0, fmt.Errorf("open log file: %w", err)
+	}
+	defer logFile.Close()
+	readyR, readyW, err := os.Pipe()
+	if err != nil {
+		return 0, fmt.Errorf("create readiness pipe: %w", err)
+	}
+	defer readyR.Close()
+
+	cmd := exec.Command(s.opts.Executable, "taskrunner",
+		"--context-id", strconv.FormatInt(c.ID, 10),
+		"--run-id", runID,
+		"--ready-fd", "3")
+	cmd.Env = runnerEnv(s.opts.DatabaseURL, s.cfg.Path)
+	cmd.Stdout = logFile
+	cmd.Stderr = logFile
+	cmd.ExtraFiles = []*os.File{readyW}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		readyW.Close()
+		return 0, fmt.Errorf("start taskrunner: %w", err)
+	}
+	readyW.Close()
+	ch := &child{pid: cmd.Process.Pid, exited: make(chan struct{})}
+	s.mu.Lock()
+	s.children[c.ID] = ch
+	s.mu.Unlock()
+	go s.reap(c.ID, cmd, ch)
+	logger.Info("spawned task process", "pid", ch.pid, "attempt", c.Attempt+1, "kind", c.Kind)
+
+	_ = readyR.SetReadDeadline(time.Now().Add(s.opts.LaunchTimeout))
+	var b [1]byte
+	n, err := readyR.Read(b[:])
+	switch {
+	case n == 1:
+		return launchReady, nil
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		logger.Warn("task process has not taken its lock yet", "pid", ch.pid, "waited", s.opts.LaunchTimeout)
+		return launchPending, nil
+	}
+	// The pipe closed without a byte: the runner is exiting.
+	select {
+	case <-ch.exited:
+	case <-time.After(s.opts.LaunchTimeout):
+		return launchPending, nil
+	case <-ctx.Done():
+		return launchPending, nil
+	}
+	if ch.exitCode == taskrunner.ExitLocked {
+		return launchLocked, nil
+	}
+	logger.Warn("task process exited before taking its lock", "pid", ch.pid, "exit_code", ch.exitCode, "log", logPath)
+	return launchExited, nil
+}
+
+// runnerEnv is the supervisor's environment with the database URL and the
+// configuration path set, for the runner to read.
+func runnerEnv(databaseURL, configPath string) []string {
+	env := make([]string, 0, len(os.Environ())+2)
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if name == "DATABASE_URL" || name == "DAMA_CONFIG" {
+			continue
+		}
+		env = append(env, kv)
+	}
+	return append(env, "DATABASE_URL="+databaseURL, "DAMA_CONFIG="+configPath)
+}
+
+// reap waits for a spawned runner so that it does not linger as a zombie,
+// then wakes its context's job so the outcome is settled at once rather than
+// a poll interval later.
+func (s *Supervisor) reap(id int64, cmd *exec.Cmd, ch *child) {
+	err := cmd.Wait()
+	ch.exitCode = 0
+	var exitErr *exec.ExitError
+	if errors.As(err, &exitErr) {
+		ch.exitCode = exitErr.ExitCode()
+	} else if err != nil {
+		ch.exitCode = -1
+	}
+	close(ch.exited)
+	s.mu.Lock()
+	if s.children[id] == ch {
+		delete(s.children, id)
+	}
+	s.mu.Unlock()
+	s.logger.Info("task process exited", "etl_context_id", id, "pid", ch.pid, "exit_code", ch.exitCode)
+	if ch.exitCode != taskrunner.ExitLocked {
+		s.wake(context.Background(), id)
+	}
+}
+
+// wake makes the snoozed job of context id available now, so that a step
+// settles the context without waiting out the poll interval. Steps are
+// idempotent, so an extra one is harmless; a job in the middle of a step is
+// left alone and looked at again shortly.
+func (s *Supervisor) wake(ctx context.Context, id int64) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	for {
+		var (
+			jobID   int64
+			state   rivertype.JobState
+			queue   string
+			waiting bool
+		)
+		err := s.pool.QueryRow(ctx, `
+			SELECT j.id, j.state, j.queue, j.scheduled_at > now()
+			  FROM data_manager.etl_contexts AS c
+			  JOIN river_job AS j ON j.id = c.river_job_id
+			 WHERE c.etl_context_id = $1`, id).Scan(&jobID, &state, &queue, &waiting)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return
+		}
+		if err != nil {
+			s.logger.Warn("wake job", "etl_context_id", id, "error", err)
+			return
+		}
+		switch {
+		case state == rivertype.JobStateRunning:
+			// A step is under way; it may snooze the job without having seen
+			// the exit, so look again shortly.
+		case (state == rivertype.JobStateScheduled || state == rivertype.JobStateAvailable) && waiting:
+			// Snoozed: River keeps a short snooze 'available' with a future
+			// scheduled_at, a longer one 'scheduled'.
+			if _, err := s.river.JobRetry(ctx, jobID); err != nil {
+				s.logger.Warn("wake job", "etl_context_id", id, "job_id", jobID, "error", err)
+				return
+			}
+			// JobRetry sends no insert notification; without one the job
+			// would wait for the next fetch poll.
+			if err := s.river.Driver().GetExecutor().NotifyMany(ctx, &riverdriver.NotifyManyParams{
+				Topic:   "river_insert",
+				Payload: []string{fmt.Sprintf(`{"queue": %q}`, queue)},
+			}); err != nil {
+				s.logger.Warn("notify queue", "queue", queue, "error", err)
+			}
+			return
+		default:
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// listen wakes the jobs of tasks whose runner exited anywhere, including the
+// ones this supervisor adopted and does not reap.
+func (s *Supervisor) listen(ctx context.Context) {
+	for ctx.Err() == nil {
+		err := s.listenOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		s.logger.Warn("listen for task exits; reconnecting", "error", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func (s *Supervisor) listenOnce(ctx context.Context) error {
+	pooled, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	// A listening connection must not go back to the pool still listening.
+	conn := pooled.Hijack()
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "LISTEN "+taskrunner.ExitedChannel); err != nil {
+		return err
+	}
+	for {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			return err
+		}
+		id, err := strconv.ParseInt(n.Payload, 10, 64)
+		if err != nil {
+			continue
+		}
+		s.mu.Lock()
+		_, mine := s.children[id]
+		s.mu.Unlock()
+		if !mine {
+			go s.wake(ctx, id)
+		}
+	}
+}

@@ -1,0 +1,188 @@
+// Package supervisor enqueues dama tasks through River and keeps each one
+// moving until it is finished, whatever happens to the supervisor process in
+// between.
+//
+// Every context has one River job for its whole life. The job's Work is a
+// short, idempotent step of a state machine, never a days-long wait: it locks
+// the context's INITIAL event without waiting and decides from what it finds.
+//
+//   - finished: the job completes (DONE), is cancelled (CANCELLED) or fails
+//     for good (FAILED);
+//   - lock held: a task process is alive, whoever started it: the job snoozes
+//     for the poll interval (this is how a restarted supervisor, on any host,
+//     adopts the tasks of the one before);
+//   - lock free but RUNNING recorded: that attempt died: an ERROR is recorded
+//     and the step returns an error, so River retries with backoff;
+//   - lock free and not started: a taskrunner process is spawned, detached,
+//     and the job snoozes.
+//
+// The supervisor reaps the runners it spawned and wakes their jobs when they
+// exit; a LISTEN connection does the same for runners it adopted.
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+
+	"github.com/dama-etl/dama/config"
+)
+
+// Options tune a Supervisor beyond its configuration file.
+type Options struct {
+	// DatabaseURL is handed to task processes in their environment.
+	DatabaseURL string
+	// Executable is the dama binary that runs `dama taskrunner`; empty means
+	// the running executable.
+	Executable string
+	// Logger receives the supervisor's logs; nil means slog.Default().
+	Logger *slog.Logger
+	// LaunchTimeout bounds how long a step waits for a spawned runner to
+	// take its lock; zero means 30s.
+	LaunchTimeout time.Duration
+	// FetchCooldown and FetchPollInterval tune River's fetching; zero means
+	// dama's defaults (10ms and 250ms), tighter than River's own (100ms and
+	// 1s) because every task start and finish goes through a fetch.
+	FetchCooldown     time.Duration
+	FetchPollInterval time.Duration
+	// MaxWorkers bounds concurrent steps per queue on this supervisor; zero
+	// means 32.
+	MaxWorkers int
+}
+
+// Supervisor runs the tasks of the configured kinds.
+type Supervisor struct {
+	cfg    *config.Config
+	opts   Options
+	pool   *pgxpool.Pool
+	river  *river.Client[pgx.Tx]
+	logger *slog.Logger
+	host   string
+
+	mu       sync.Mutex
+	children map[int64]*child
+}
+
+// New returns a supervisor for cfg; Run starts it.
+func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Executable == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("find dama executable: %w", err)
+		}
+		opts.Executable = exe
+	}
+	if opts.DatabaseURL == "" {
+		return nil, errors.New("supervisor needs the database URL to hand to task processes")
+	}
+	opts.LaunchTimeout = cmpOr(opts.LaunchTimeout, 30*time.Second)
+	opts.FetchCooldown = cmpOr(opts.FetchCooldown, 10*time.Millisecond)
+	opts.FetchPollInterval = cmpOr(opts.FetchPollInterval, 250*time.Millisecond)
+	if opts.MaxWorkers == 0 {
+		opts.MaxWorkers = 32
+	}
+	host, err := os.Hostname()
+	if err != nil {
+		return nil, fmt.Errorf("read host name: %w", err)
+	}
+	s := &Supervisor{
+		cfg:      cfg,
+		opts:     opts,
+		pool:     pool,
+		logger:   opts.Logger,
+		host:     host,
+		children: map[int64]*child{},
+	}
+	workers := river.NewWorkers()
+	if err := river.AddWorkerSafely(workers, &taskWorker{s: s}); err != nil {
+		return nil, fmt.Errorf("register task worker: %w", err)
+	}
+	queues := map[string]river.QueueConfig{}
+	for _, name := range cfg.QueueNames() {
+		queues[name] = river.QueueConfig{MaxWorkers: opts.MaxWorkers}
+	}
+	s.river, err = river.NewClient(riverpgxv5.New(pool), &river.Config{
+		Queues:            queues,
+		Workers:           workers,
+		Logger:            opts.Logger,
+		FetchCooldown:     opts.FetchCooldown,
+		FetchPollInterval: opts.FetchPollInterval,
+		JobTimeout:        stepTimeout(opts.LaunchTimeout),
+		// A step never runs longer than its timeout, so a job still running
+		// well past it belongs to a supervisor that died mid-step.
+		RescueStuckJobsAfter: 2*stepTimeout(opts.LaunchTimeout) + time.Minute,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create River client: %w", err)
+	}
+	return s, nil
+}
+
+func stepTimeout(launch time.Duration) time.Duration { return launch + 30*time.Second }
+
+func cmpOr(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
+}
+
+// Run works tasks until ctx ends, then stops River cleanly: steps in progress
+// finish, and task processes are never signalled.
+func (s *Supervisor) Run(ctx context.Context) error {
+	listenerCtx, stopListener := context.WithCancel(context.WithoutCancel(ctx))
+	listenerDone := make(chan struct{})
+	go func() {
+		defer close(listenerDone)
+		s.listen(listenerCtx)
+	}()
+	defer func() {
+		stopListener()
+		<-listenerDone
+	}()
+
+	if err := s.river.Start(ctx); err != nil {
+		return fmt.Errorf("start River client: %w", err)
+	}
+	s.logger.Info("supervisor started", "host", s.host, "queues", s.cfg.QueueNames(), "kinds", s.cfg.KindNames())
+	<-ctx.Done()
+
+	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stepTimeout(s.opts.LaunchTimeout))
+	defer cancel()
+	if err := s.river.Stop(stopCtx); err != nil {
+		s.logger.Warn("River did not stop in time; cancelling steps", "error", err)
+		hardCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := s.river.StopAndCancel(hardCtx); err != nil {
+			return fmt.Errorf("stop River client: %w", err)
+		}
+	}
+	s.logger.Info("supervisor stopped; task processes keep running")
+	return nil
+}
+
+// taskWorker is River's view of the step.
+type taskWorker struct {
+	river.WorkerDefaults[TaskArgs]
+	s *Supervisor
+}
+
+func (w *taskWorker) Work(ctx context.Context, job *river.Job[TaskArgs]) error {
+	return w.s.step(ctx, job, 0)
+}
+
+func (w *taskWorker) Timeout(*river.Job[TaskArgs]) time.Duration {
+	return stepTimeout(w.s.opts.LaunchTimeout)
+}

@@ -1,0 +1,119 @@
+package taskrunner
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"regexp"
+	"strings"
+
+	"github.com/dama-etl/dama/etlcontext"
+)
+
+// MaxEventLine is the longest line a command may write on its events pipe;
+// a longer one is recorded as a WARNING event and skipped.
+const MaxEventLine = 1 << 20
+
+// reported is one line the command wrote on its events pipe, decoded.
+type reported struct {
+	suffix  string
+	payload json.RawMessage
+	meta    any
+	isError bool
+}
+
+var suffixRE = regexp.MustCompile(`^[A-Z][A-Z0-9_]{0,62}$`)
+
+// reservedSuffixes are written by dama alone: a task cannot declare itself
+// done or forge its arguments.
+var reservedSuffixes = map[string]bool{
+	etlcontext.EventInitial:   true,
+	etlcontext.EventFinal:     true,
+	etlcontext.EventError:     true,
+	etlcontext.EventCancelled: true,
+}
+
+// decodeLine turns one line of the events pipe into the event to store: the
+// reported one, or a WARNING saying what was wrong with the line.
+func decodeLine(line []byte) reported {
+	var msg struct {
+		Type    string          `json:"type"`
+		Payload json.RawMessage `json:"payload"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(line))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&msg); err != nil {
+		return warning(fmt.Sprintf("malformed event line: %v", err), line)
+	}
+	if dec.More() {
+		return warning("malformed event line: more than one JSON value", line)
+	}
+	suffix := strings.ToUpper(msg.Type)
+	if !suffixRE.MatchString(suffix) {
+		return warning(fmt.Sprintf("event type %q: want letters, digits and '_', starting with a letter", msg.Type), line)
+	}
+	if reservedSuffixes[suffix] {
+		return warning(fmt.Sprintf("event type %q is reserved for dama", msg.Type), line)
+	}
+	payload := msg.Payload
+	if len(payload) == 0 || string(payload) == "null" {
+		payload = nil
+	}
+	return reported{suffix: suffix, payload: payload}
+}
+
+func warning(problem string, line []byte) reported {
+	const keep = 512
+	excerpt := string(line)
+	if len(excerpt) > keep {
+		excerpt = excerpt[:keep]
+	}
+	return reported{
+		suffix:  etlcontext.EventWarning,
+		meta:    map[string]any{"problem": problem, "line": strings.ToValidUTF8(excerpt, "\uFFFD"), "line_bytes": len(line)},
+		isError: false,
+	}
+}
+
+// readEvents reads newline-delimited JSON from r until EOF and sends each
+// decoded line to out. Oversized lines are skipped up to their newline and
+// reported; nothing the command writes can stop the reader.
+func readEvents(r io.Reader, out chan<- reported) error {
+	br := bufio.NewReaderSize(r, 64<<10)
+	var buf []byte
+	oversized := 0
+	for {
+		chunk, err := br.ReadSlice('\n')
+		complete := err == nil
+		if err != nil && !errors.Is(err, bufio.ErrBufferFull) && !errors.Is(err, io.EOF) {
+			return fmt.Errorf("read events pipe: %w", err)
+		}
+		switch {
+		case oversized > 0:
+			oversized += len(chunk)
+		case len(buf)+len(chunk) > MaxEventLine:
+			oversized = len(buf) + len(chunk)
+			buf = buf[:0]
+		default:
+			buf = append(buf, chunk...)
+		}
+		if complete || (errors.Is(err, io.EOF) && (len(buf) > 0 || oversized > 0)) {
+			if oversized > 0 {
+				out <- reported{
+					suffix: etlcontext.EventWarning,
+					meta:   map[string]any{"problem": fmt.Sprintf("event line of %d bytes exceeds the limit of %d bytes", oversized, MaxEventLine), "line_bytes": oversized},
+				}
+			} else if line := bytes.TrimSpace(buf); len(line) > 0 {
+				out <- decodeLine(line)
+			}
+			buf = buf[:0]
+			oversized = 0
+		}
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+	}
+}

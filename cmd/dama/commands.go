@@ -106,10 +106,10 @@ running.`,
 
 func newSubmitCommand(g *globals) *cobra.Command {
 	var (
-		args      string
-		key       string
-		parent    int64
-		delay     time.Duration
+		args   string
+		key    string
+		parent int64
+		delay  time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "submit KIND",

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -153,74 +154,78 @@ func (c *Client) Cancel(ctx context.Context, id int64) (etlcontext.Status, error
 	}
 }
 
-func (c *Client) tryCancel(ctx context.Context, id int64, requested *bool) (etlcontext.Status, bool, error) {
-	var (
-		status etlcontext.Status
-		done   bool
-	)
-	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
-		ec, err := etlcontext.LockInitial(ctx, tx, id)
-		if errors.Is(err, etlcontext.ErrLocked) {
-			// A task process (or, for a moment, a supervisor) holds the lock:
-			// ask whoever runs the task to stop it.
-			cur, err := etlcontext.Get(ctx, tx, id)
-			if err != nil {
-				return err
-			}
-			status = cur.Status
-			if cur.Status.Finished() {
-				done = true
-				return finishedError(cur.ID, cur.Status)
-			}
-			if !*requested {
-				if _, err := tx.Exec(ctx, `
-					UPDATE data_manager.etl_contexts SET cancel_requested_at = coalesce(cancel_requested_at, now())
-					 WHERE etl_context_id = $1`, id); err != nil {
-					return fmt.Errorf("request cancellation of etl context %d: %w", id, err)
-				}
-				if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, taskrunner.CancelChannel, fmt.Sprint(id)); err != nil {
-					return fmt.Errorf("announce cancellation of etl context %d: %w", id, err)
-				}
-				*requested = true
-			}
-			return nil
+// tryCancel cancels the context if nobody holds its lock, or else asks its
+// runner to stop it; done reports that the context is finished.
+func (c *Client) tryCancel(ctx context.Context, id int64, requested *bool) (status etlcontext.Status, done bool, err error) {
+	tx, err := c.pool.Begin(ctx)
+	if err != nil {
+		return "", false, fmt.Errorf("begin cancellation of etl context %d: %w", id, err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	ec, err := etlcontext.LockInitial(ctx, tx, id)
+	if errors.Is(err, etlcontext.ErrLocked) {
+		// A task process (or, for a moment, a supervisor) holds the lock.
+		_ = tx.Rollback(ctx)
+		return c.requestCancel(ctx, id, requested)
+	}
+	if err != nil {
+		return "", false, err
+	}
+	if ec.Status.Finished() {
+		return ec.Status, true, finishedError(ec.ID, ec.Status)
+	}
+	// Nobody runs the task and nobody can start it while the lock is held
+	// here: cancel it now, with its job.
+	if _, err := etlcontext.Append(ctx, tx, etlcontext.NewEvent{
+		ContextID: id,
+		Type:      ec.Kind + ":" + etlcontext.EventCancelled,
+		Payload:   map[string]any{"reason": "cancelled while not running"},
+		RunID:     ec.RunID,
+	}); err != nil {
+		return ec.Status, false, err
+	}
+	if ec.RiverJobID != nil {
+		if _, err := c.river.JobCancelTx(ctx, tx, *ec.RiverJobID); err != nil && !errors.Is(err, river.ErrNotFound) {
+			return ec.Status, false, fmt.Errorf("cancel River job %d: %w", *ec.RiverJobID, err)
 		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return ec.Status, false, fmt.Errorf("commit cancellation of etl context %d: %w", id, err)
+	}
+	return etlcontext.StatusCancelled, true, nil
+}
+
+// requestCancel marks the context for cancellation and notifies its runner,
+// wherever it runs; the runner also sees the mark at its next heartbeat.
+func (c *Client) requestCancel(ctx context.Context, id int64, requested *bool) (etlcontext.Status, bool, error) {
+	var status etlcontext.Status
+	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		cur, err := etlcontext.Get(ctx, tx, id)
 		if err != nil {
 			return err
 		}
-		status = ec.Status
-		if ec.Status.Finished() {
-			done = true
-			return finishedError(ec.ID, ec.Status)
+		status = cur.Status
+		if cur.Status.Finished() || *requested {
+			return nil
 		}
-		// Nobody runs the task and nobody can start it while we hold the
-		// lock: cancel it here, with its job.
-		if _, err := etlcontext.Append(ctx, tx, etlcontext.NewEvent{
-			ContextID: id,
-			Type:      ec.Kind + ":" + etlcontext.EventCancelled,
-			Payload:   map[string]any{"reason": "cancelled before it ran"},
-			RunID:     ec.RunID,
-		}); err != nil {
-			return err
+		if _, err := tx.Exec(ctx, `
+			UPDATE data_manager.etl_contexts SET cancel_requested_at = coalesce(cancel_requested_at, now())
+			 WHERE etl_context_id = $1`, id); err != nil {
+			return fmt.Errorf("request cancellation of etl context %d: %w", id, err)
 		}
-		if ec.RiverJobID != nil {
-			if _, err := c.river.JobCancelTx(ctx, tx, *ec.RiverJobID); err != nil && !errors.Is(err, river.ErrNotFound) {
-				return fmt.Errorf("cancel River job %d: %w", *ec.RiverJobID, err)
-			}
+		if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, taskrunner.CancelChannel, strconv.FormatInt(id, 10)); err != nil {
+			return fmt.Errorf("announce cancellation of etl context %d: %w", id, err)
 		}
-		status, done = etlcontext.StatusCancelled, true
 		return nil
 	})
-	if err != nil && status == "" {
-		return status, done, err
+	if err != nil {
+		return status, false, err
 	}
-	if err != nil && !errors.Is(err, ErrAlreadyFinished) {
-		return status, done, err
+	*requested = true
+	if status.Finished() {
+		return status, true, finishedError(id, status)
 	}
-	if status == etlcontext.StatusCancelled {
-		return status, true, nil
-	}
-	return status, done, err
+	return status, false, nil
 }
 
 func finishedError(id int64, s etlcontext.Status) error {

@@ -187,12 +187,7 @@ func (s *Supervisor) wake(ctx context.Context, id int64) {
 			}
 			// JobRetry sends no insert notification; without one the job
 			// would wait for the next fetch poll.
-			if err := s.river.Driver().GetExecutor().NotifyMany(ctx, &riverdriver.NotifyManyParams{
-				Topic:   "river_insert",
-				Payload: []string{fmt.Sprintf(`{"queue": %q}`, queue)},
-			}); err != nil {
-				s.logger.Warn("notify queue", "queue", queue, "error", err)
-			}
+			s.notifyQueue(ctx, queue)
 			return
 		default:
 			return
@@ -205,36 +200,62 @@ func (s *Supervisor) wake(ctx context.Context, id int64) {
 	}
 }
 
-// listen wakes the jobs of tasks whose runner exited anywhere, including the
-// ones this supervisor adopted and does not reap.
-func (s *Supervisor) listen(ctx context.Context) {
-	for ctx.Err() == nil {
-		err := s.listenOnce(ctx)
+// clientLockNamespace keys the session-level advisory lock that each
+// supervisor holds, on its listening connection, for as long as it lives: a
+// River job left 'running' by a client whose lock is gone belongs to a dead
+// supervisor.
+const clientLockNamespace = etlcontext.LockNamespace + 2
+
+// listener is the supervisor's own connection: it proves the supervisor is
+// alive (the advisory lock) and hears runners announce their exit.
+type listener struct {
+	conn *pgx.Conn
+}
+
+func (s *Supervisor) connectListener(ctx context.Context) (*listener, error) {
+	pooled, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("acquire listening connection: %w", err)
+	}
+	// It holds a session lock and listens: it must never go back to the pool.
+	conn := pooled.Hijack()
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1, hashtext($2))`, clientLockNamespace, s.river.ID()); err != nil {
+		conn.Close(ctx)
+		return nil, fmt.Errorf("take supervisor liveness lock: %w", err)
+	}
+	if _, err := conn.Exec(ctx, "LISTEN "+taskrunner.ExitedChannel); err != nil {
+		conn.Close(ctx)
+		return nil, fmt.Errorf("listen for task exits: %w", err)
+	}
+	return &listener{conn: conn}, nil
+}
+
+// listen serves l until ctx ends, reconnecting when the connection fails.
+func (s *Supervisor) listen(ctx context.Context, l *listener) {
+	for {
+		err := s.serveListener(ctx, l)
+		l.conn.Close(context.WithoutCancel(ctx))
 		if ctx.Err() != nil {
 			return
 		}
-		s.logger.Warn("listen for task exits; reconnecting", "error", err)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(time.Second):
+		s.logger.Warn("listening connection failed; reconnecting", "error", err)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Second):
+			}
+			if l, err = s.connectListener(ctx); err == nil {
+				break
+			}
+			s.logger.Warn("reconnect listening connection", "error", err)
 		}
 	}
 }
 
-func (s *Supervisor) listenOnce(ctx context.Context) error {
-	pooled, err := s.pool.Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	// A listening connection must not go back to the pool still listening.
-	conn := pooled.Hijack()
-	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := conn.Exec(ctx, "LISTEN "+taskrunner.ExitedChannel); err != nil {
-		return err
-	}
+func (s *Supervisor) serveListener(ctx context.Context, l *listener) error {
 	for {
-		n, err := conn.WaitForNotification(ctx)
+		n, err := l.conn.WaitForNotification(ctx)
 		if err != nil {
 			return err
 		}
@@ -248,5 +269,60 @@ func (s *Supervisor) listenOnce(ctx context.Context) error {
 		if !mine {
 			go s.wake(ctx, id)
 		}
+	}
+}
+
+// rescueOrphanedSteps makes available again the jobs that a dead supervisor
+// left 'running' mid-step, without spending an attempt, as a snooze would.
+// River's own rescuer would wait an hour and then count the step as a failed
+// attempt, or discard the job of a task that is still running.
+func (s *Supervisor) rescueOrphanedSteps(ctx context.Context) error {
+	rows, err := s.pool.Query(ctx, `
+		UPDATE river_job AS j
+		   SET state = 'available', attempt = greatest(j.attempt - 1, 0), scheduled_at = now()
+		 WHERE j.kind = $1
+		   AND j.state = 'running'
+		   AND j.attempted_at < now() - interval '1 second'
+		   AND (j.attempted_at < now() - $2::interval
+		        OR NOT EXISTS (
+		            SELECT 1 FROM pg_catalog.pg_locks AS l
+		             WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+		               AND l.classid = $3::oid
+		               AND l.objid = hashtext(j.attempted_by[array_length(j.attempted_by, 1)])::oid
+		               AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d WHERE d.datname = current_database())))
+		RETURNING j.id, j.queue`,
+		TaskArgs{}.Kind(), 2*stepTimeout(s.opts.LaunchTimeout), clientLockNamespace)
+	if err != nil {
+		return fmt.Errorf("rescue orphaned steps: %w", err)
+	}
+	queues := map[string]bool{}
+	for rows.Next() {
+		var (
+			id    int64
+			queue string
+		)
+		if err := rows.Scan(&id, &queue); err != nil {
+			return fmt.Errorf("rescue orphaned steps: %w", err)
+		}
+		queues[queue] = true
+		s.logger.Info("rescued the step of a dead supervisor", "job_id", id)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("rescue orphaned steps: %w", err)
+	}
+	for q := range queues {
+		s.notifyQueue(ctx, q)
+	}
+	return nil
+}
+
+// notifyQueue tells every supervisor's River producer of the queue that a job
+// is available, as River itself does after an insert.
+func (s *Supervisor) notifyQueue(ctx context.Context, queue string) {
+	if err := s.river.Driver().GetExecutor().NotifyMany(ctx, &riverdriver.NotifyManyParams{
+		Topic:   "river_insert",
+		Payload: []string{fmt.Sprintf(`{"queue": %q}`, queue)},
+	}); err != nil {
+		s.logger.Warn("notify queue", "queue", queue, "error", err)
 	}
 }

@@ -47,7 +47,7 @@ type Options struct {
 	// Logger receives the supervisor's logs; nil means slog.Default().
 	Logger *slog.Logger
 	// LaunchTimeout bounds how long a step waits for a spawned runner to
-	// take its lock; zero means 30s.
+	// take its lock; zero means 10s.
 	LaunchTimeout time.Duration
 	// FetchCooldown and FetchPollInterval tune River's fetching; zero means
 	// dama's defaults (10ms and 250ms), tighter than River's own (100ms and
@@ -87,7 +87,7 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 	if opts.DatabaseURL == "" {
 		return nil, errors.New("supervisor needs the database URL to hand to task processes")
 	}
-	opts.LaunchTimeout = cmpOr(opts.LaunchTimeout, 30*time.Second)
+	opts.LaunchTimeout = cmpOr(opts.LaunchTimeout, 10*time.Second)
 	opts.FetchCooldown = cmpOr(opts.FetchCooldown, 10*time.Millisecond)
 	opts.FetchPollInterval = cmpOr(opts.FetchPollInterval, 250*time.Millisecond)
 	if opts.MaxWorkers == 0 {
@@ -120,9 +120,10 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 		FetchCooldown:     opts.FetchCooldown,
 		FetchPollInterval: opts.FetchPollInterval,
 		JobTimeout:        stepTimeout(opts.LaunchTimeout),
-		// A step never runs longer than its timeout, so a job still running
-		// well past it belongs to a supervisor that died mid-step.
-		RescueStuckJobsAfter: 2*stepTimeout(opts.LaunchTimeout) + time.Minute,
+		// dama rescues the steps of dead supervisors itself, within a poll
+		// interval and without spending an attempt (rescueOrphanedSteps);
+		// River's rescuer is only the last resort.
+		RescueStuckJobsAfter: time.Hour,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create River client: %w", err)
@@ -130,7 +131,8 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 	return s, nil
 }
 
-func stepTimeout(launch time.Duration) time.Duration { return launch + 30*time.Second }
+// stepTimeout bounds a step: its launch wait plus a margin for its queries.
+func stepTimeout(launch time.Duration) time.Duration { return launch + 20*time.Second }
 
 func cmpOr(d, def time.Duration) time.Duration {
 	if d == 0 {
@@ -142,21 +144,23 @@ func cmpOr(d, def time.Duration) time.Duration {
 // Run works tasks until ctx ends, then stops River cleanly: steps in progress
 // finish, and task processes are never signalled.
 func (s *Supervisor) Run(ctx context.Context) error {
-	listenerCtx, stopListener := context.WithCancel(context.WithoutCancel(ctx))
-	listenerDone := make(chan struct{})
-	go func() {
-		defer close(listenerDone)
-		s.listen(listenerCtx)
-	}()
+	l, err := s.connectListener(ctx)
+	if err != nil {
+		return err
+	}
+	bgCtx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
+	var bg sync.WaitGroup
+	bg.Go(func() { s.listen(bgCtx, l) })
 	defer func() {
-		stopListener()
-		<-listenerDone
+		stopBackground()
+		bg.Wait()
 	}()
 
 	if err := s.river.Start(ctx); err != nil {
 		return fmt.Errorf("start River client: %w", err)
 	}
-	s.logger.Info("supervisor started", "host", s.host, "queues", s.cfg.QueueNames(), "kinds", s.cfg.KindNames())
+	s.logger.Info("supervisor started", "host", s.host, "client_id", s.river.ID(), "queues", s.cfg.QueueNames(), "kinds", s.cfg.KindNames())
+	bg.Go(func() { s.rescueLoop(bgCtx) })
 	<-ctx.Done()
 
 	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stepTimeout(s.opts.LaunchTimeout))
@@ -171,6 +175,23 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	}
 	s.logger.Info("supervisor stopped; task processes keep running")
 	return nil
+}
+
+// rescueLoop looks for steps orphaned by dead supervisors at start and then
+// every poll interval.
+func (s *Supervisor) rescueLoop(ctx context.Context) {
+	ticker := time.NewTicker(s.cfg.PollInterval.D())
+	defer ticker.Stop()
+	for {
+		if err := s.rescueOrphanedSteps(ctx); err != nil && ctx.Err() == nil {
+			s.logger.Warn("rescue orphaned steps", "error", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+	}
 }
 
 // taskWorker is River's view of the step.

@@ -17,6 +17,7 @@ import (
 // notifications, and a write wakes it.
 type dbWorker struct {
 	url    string
+	name   string
 	logger *slog.Logger
 	listen []string
 
@@ -31,12 +32,13 @@ type dbJob struct {
 	done chan error
 }
 
-func newDBWorker(ctx context.Context, url string, logger *slog.Logger, listen ...string) (*dbWorker, error) {
+func newDBWorker(ctx context.Context, url, name string, logger *slog.Logger, listen ...string) (*dbWorker, error) {
 	w := &dbWorker{
 		url:    url,
+		name:   name,
 		logger: logger,
 		listen: listen,
-		jobs:   make(chan dbJob),
+		jobs:   make(chan dbJob, 64),
 		wake:   make(chan struct{}, 1),
 		notify: make(chan *pgconn.Notification, 16),
 	}
@@ -47,9 +49,9 @@ func newDBWorker(ctx context.Context, url string, logger *slog.Logger, listen ..
 }
 
 func (w *dbWorker) connect(ctx context.Context) error {
-	conn, err := pgx.Connect(ctx, w.url)
+	conn, err := connect(ctx, w.url, w.name)
 	if err != nil {
-		return fmt.Errorf("connect write connection: %w", err)
+		return err
 	}
 	for _, ch := range w.listen {
 		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
@@ -65,14 +67,16 @@ func (w *dbWorker) connect(ctx context.Context) error {
 // connection is replaced once before fn is run again.
 func (w *dbWorker) do(ctx context.Context, fn func(context.Context, *pgx.Conn) error) error {
 	j := dbJob{fn: fn, done: make(chan error, 1)}
-	select {
-	case w.wake <- struct{}{}:
-	default:
-	}
+	// Queue first, wake second: whichever wait consumes the wake-up, the
+	// loop's next look at the queue finds the job.
 	select {
 	case w.jobs <- j:
 	case <-ctx.Done():
 		return ctx.Err()
+	}
+	select {
+	case w.wake <- struct{}{}:
+	default:
 	}
 	select {
 	case err := <-j.done:

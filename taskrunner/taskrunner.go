@@ -114,7 +114,7 @@ type runner struct {
 
 func (r *runner) run(ctx context.Context) (int, error) {
 	cfg := r.opts.Config
-	lockConn, err := pgx.Connect(ctx, r.opts.DatabaseURL)
+	lockConn, err := connect(ctx, r.opts.DatabaseURL, fmt.Sprintf("dama-task-lock:%d", r.opts.ContextID))
 	if err != nil {
 		return ExitSetup, fmt.Errorf("connect lock connection: %w", err)
 	}
@@ -158,7 +158,7 @@ func (r *runner) run(ctx context.Context) (int, error) {
 	}
 	r.ctx = c
 
-	r.db, err = newDBWorker(ctx, r.opts.DatabaseURL, r.logger, CancelChannel)
+	r.db, err = newDBWorker(ctx, r.opts.DatabaseURL, fmt.Sprintf("dama-task:%d", c.ID), r.logger, CancelChannel)
 	if err != nil {
 		return ExitSetup, err
 	}
@@ -198,6 +198,21 @@ func (r *runner) run(ctx context.Context) (int, error) {
 }
 
 var errSuperseded = errors.New("run superseded")
+
+// connect opens a connection named for pg_stat_activity, so that an operator
+// can tell a task's lock connection from its write connection.
+func connect(ctx context.Context, url, name string) (*pgx.Conn, error) {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parse database URL: %w", err)
+	}
+	cfg.RuntimeParams["application_name"] = name
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect as %s: %w", name, err)
+	}
+	return conn, nil
+}
 
 // recordStart records the runner's process on the context, on the write
 // connection; it fails with errSuperseded when the launch is no longer

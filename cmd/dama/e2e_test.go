@@ -1,0 +1,508 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/testenv"
+	"github.com/dama-etl/dama/taskrunner"
+)
+
+const sampleConfig = `
+log_dir: {{dir}}/logs
+poll_interval: 500ms
+heartbeat_interval: 200ms
+kill_grace: 1s
+queues:
+  etl: { max_running: %d }
+kinds:
+  sample:
+    queue: etl
+    command: ["{{sample}}"]
+    max_attempts: 3
+`
+
+type world struct {
+	*testenv.Env
+	cfg       string
+	startsDir string
+}
+
+func newWorld(t *testing.T, maxRunning int) *world {
+	env := testenv.New(t)
+	w := &world{Env: env, cfg: env.WriteConfig(fmt.Sprintf(sampleConfig, maxRunning)), startsDir: filepath.Join(env.Dir, "starts")}
+	if err := os.MkdirAll(w.startsDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// submit submits a sample task that records its starts, and returns its id.
+func (w *world) submit(steps, stepMS int) int64 {
+	w.T.Helper()
+	args, _ := json.Marshal(map[string]any{"steps": steps, "step_ms": stepMS, "starts_dir": w.startsDir})
+	res := w.Dama(w.cfg, "submit", "sample", "--args", string(args))
+	if res.Code != 0 {
+		w.T.Fatalf("submit: exit %d: %s", res.Code, res.Stderr)
+	}
+	return testenv.Atoi(w.T, res.Stdout)
+}
+
+func (w *world) task(id int64) etlcontext.Task {
+	w.T.Helper()
+	tasks, err := etlcontext.Tasks(context.Background(), w.Pool, id)
+	if err != nil || len(tasks) != 1 {
+		w.T.Fatalf("read task %d: %v (%d rows)", id, err, len(tasks))
+	}
+	return tasks[0]
+}
+
+func (w *world) waitFor(id int64, timeout time.Duration, what string, cond func(etlcontext.Task) bool) etlcontext.Task {
+	w.T.Helper()
+	var last etlcontext.Task
+	testenv.Eventually(w.T, timeout, fmt.Sprintf("task %d %s", id, what), func() (bool, error) {
+		last = w.task(id)
+		return cond(last), fmt.Errorf("status %s, job %v, attempt %d", last.Status, deref(last.JobState), last.Attempt)
+	})
+	return last
+}
+
+func (w *world) waitRunning(id int64) etlcontext.Task {
+	w.T.Helper()
+	return w.waitFor(id, 30*time.Second, "to run holding its lock", func(t etlcontext.Task) bool {
+		return t.Status == etlcontext.StatusRunning && t.PID != nil && t.InitialEventLocked
+	})
+}
+
+// waitSettled waits until the context is finished and its River job agrees.
+func (w *world) waitSettled(id int64, timeout time.Duration) etlcontext.Task {
+	w.T.Helper()
+	return w.waitFor(id, timeout, "to finish with its job settled", func(t etlcontext.Task) bool {
+		if !t.Status.Finished() || t.JobState == nil {
+			return false
+		}
+		want := map[etlcontext.Status]string{etlcontext.StatusDone: "completed", etlcontext.StatusFailed: "discarded", etlcontext.StatusCancelled: "cancelled"}
+		return *t.JobState == want[t.Status]
+	})
+}
+
+// starts returns the lines the sample task wrote at each of its starts:
+// "<pid> <attempt> <first step>".
+func (w *world) starts(id int64) [][]string {
+	w.T.Helper()
+	data, err := os.ReadFile(filepath.Join(w.startsDir, strconv.FormatInt(id, 10)+".starts"))
+	if err != nil && !os.IsNotExist(err) {
+		w.T.Fatal(err)
+	}
+	var out [][]string
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		if line != "" {
+			out = append(out, strings.Fields(line))
+		}
+	}
+	return out
+}
+
+func deref[T any](p *T) any {
+	if p == nil {
+		return nil
+	}
+	return *p
+}
+
+func TestTasksSurviveSupervisorKillAndAreAdopted(t *testing.T) {
+	w := newWorld(t, 10)
+	first := w.Start(w.cfg, "supervisor")
+	ids := []int64{w.submit(30, 100), w.submit(30, 100), w.submit(30, 100)}
+	pids := map[int64]int{}
+	for _, id := range ids {
+		pids[id] = *w.waitRunning(id).PID
+	}
+
+	// A crash: the supervisor's whole process group gets SIGKILL.
+	if err := syscall.Kill(-first.Cmd.Process.Pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, "the supervisor to die", func() (bool, error) {
+		return !testenv.Alive(first.Cmd.Process.Pid), nil
+	})
+	for _, id := range ids {
+		if !testenv.Alive(pids[id]) {
+			t.Fatalf("task process %d of context %d died with the supervisor", pids[id], id)
+		}
+		if !w.task(id).InitialEventLocked {
+			t.Fatalf("context %d lost its lock with the supervisor", id)
+		}
+	}
+
+	second := w.Start(w.cfg, "supervisor")
+	for _, id := range ids {
+		got := w.waitSettled(id, 60*time.Second)
+		if got.Status != etlcontext.StatusDone || got.Attempt != 1 {
+			t.Errorf("context %d: %s after %d attempts, want DONE after 1", id, got.Status, got.Attempt)
+		}
+		if *got.PID != pids[id] {
+			t.Errorf("context %d ran as pid %d, then %d: it was started again", id, pids[id], *got.PID)
+		}
+		if starts := w.starts(id); len(starts) != 1 {
+			t.Errorf("context %d started %d times, want exactly once: %v", id, len(starts), starts)
+		}
+	}
+	log, _ := os.ReadFile(second.Log)
+	if strings.Contains(string(log), "spawned task process") {
+		t.Errorf("the second supervisor spawned a task process; it should only adopt:\n%s", log)
+	}
+}
+
+func TestKilledTaskIsRetriedFromItsCheckpoint(t *testing.T) {
+	w := newWorld(t, 10)
+	w.Start(w.cfg, "supervisor")
+	id := w.submit(40, 50)
+	w.waitRunning(id)
+	running := w.waitFor(id, 30*time.Second, "to report progress", func(t etlcontext.Task) bool {
+		var p struct{ Step int }
+		return json.Unmarshal(t.Progress, &p) == nil && p.Step >= 5
+	})
+	firstStarts := w.starts(id)
+	if len(firstStarts) != 1 {
+		t.Fatalf("starts before the kill: %v", firstStarts)
+	}
+	commandPID, _ := strconv.Atoi(firstStarts[0][0])
+
+	if err := syscall.Kill(*running.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, "the command to die with its runner", func() (bool, error) {
+		return !testenv.Alive(commandPID), nil
+	})
+
+	got := w.waitSettled(id, 60*time.Second)
+	if got.Status != etlcontext.StatusDone || got.Attempt != 2 {
+		t.Fatalf("after the kill: %s after %d attempts, want DONE after 2", got.Status, got.Attempt)
+	}
+	starts := w.starts(id)
+	if len(starts) != 2 {
+		t.Fatalf("starts: %v, want 2", starts)
+	}
+	if resumedAt, _ := strconv.Atoi(starts[1][2]); resumedAt < 5 || starts[1][1] != "2" {
+		t.Errorf("second start %v: want attempt 2 resuming at step >= 5", starts[1])
+	}
+	events, err := etlcontext.Events(context.Background(), w.Pool, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sawDeath bool
+	for _, e := range events {
+		if e.Type == "sample:ERROR" && e.Attempt == 1 && strings.Contains(string(e.Payload), "without reporting a result") {
+			sawDeath = true
+		}
+	}
+	if !sawDeath {
+		t.Errorf("no ERROR event recording the death of attempt 1")
+	}
+}
+
+func TestSecondTaskrunnerExitsWithoutWriting(t *testing.T) {
+	w := newWorld(t, 10)
+	w.Start(w.cfg, "supervisor")
+	id := w.submit(20, 100)
+	running := w.waitRunning(id)
+	count := func() int {
+		var n int
+		if err := w.Pool.QueryRow(context.Background(), `SELECT count(*) FROM data_manager.event_store WHERE etl_context_id = $1 AND type NOT IN ('sample:PROGRESS', 'sample:CHECKPOINT')`, id).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := count()
+	res := w.Dama(w.cfg, "taskrunner", "--context-id", strconv.FormatInt(id, 10), "--run-id", *running.RunID)
+	if res.Code != taskrunner.ExitLocked {
+		t.Fatalf("second taskrunner: exit %d, want %d; stderr: %s", res.Code, taskrunner.ExitLocked, res.Stderr)
+	}
+	if after := count(); after != before {
+		t.Errorf("the second taskrunner wrote %d events", after-before)
+	}
+	if got := w.task(id); *got.PID != *running.PID || got.Status != etlcontext.StatusRunning {
+		t.Errorf("the second taskrunner changed the context: pid %d -> %d, %s", *running.PID, *got.PID, got.Status)
+	}
+
+	w.waitSettled(id, 60*time.Second)
+	res = w.Dama(w.cfg, "taskrunner", "--context-id", strconv.FormatInt(id, 10), "--run-id", *running.RunID)
+	if res.Code != taskrunner.ExitFinished {
+		t.Fatalf("taskrunner for a DONE context: exit %d, want %d; stderr: %s", res.Code, taskrunner.ExitFinished, res.Stderr)
+	}
+	if starts := w.starts(id); len(starts) != 1 {
+		t.Errorf("starts: %v, want exactly one", starts)
+	}
+}
+
+func TestTwoSupervisorsShareTheQueueWithinMaxRunning(t *testing.T) {
+	const maxRunning = 3
+	w := newWorld(t, maxRunning)
+	var ids []int64
+	for range 12 {
+		ids = append(ids, w.submit(6, 60))
+	}
+
+	// Sample the number of running tasks while two supervisors work.
+	stop := make(chan struct{})
+	var (
+		mu         sync.Mutex
+		maxSeen    int
+		sampleErr  error
+		sampleDone = make(chan struct{})
+	)
+	go func() {
+		defer close(sampleDone)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			var n int
+			err := w.Pool.QueryRow(context.Background(), `SELECT count(*) FROM data_manager.etl_contexts WHERE etl_status = 'RUNNING'`).Scan(&n)
+			mu.Lock()
+			if err != nil && sampleErr == nil {
+				sampleErr = err
+			}
+			maxSeen = max(maxSeen, n)
+			mu.Unlock()
+		}
+	}()
+	w.Start(w.cfg, "supervisor")
+	w.Start(w.cfg, "supervisor")
+	for _, id := range ids {
+		if got := w.waitSettled(id, 90*time.Second); got.Status != etlcontext.StatusDone {
+			t.Errorf("context %d: %s", id, got.Status)
+		}
+	}
+	close(stop)
+	<-sampleDone
+	if sampleErr != nil {
+		t.Fatal(sampleErr)
+	}
+	if maxSeen > maxRunning || maxSeen == 0 {
+		t.Errorf("saw %d tasks running at once, want between 1 and max_running %d", maxSeen, maxRunning)
+	}
+	for _, id := range ids {
+		if starts := w.starts(id); len(starts) != 1 {
+			t.Errorf("context %d started %d times: %v", id, len(starts), starts)
+		}
+	}
+}
+
+func TestCancel(t *testing.T) {
+	w := newWorld(t, 10)
+
+	queued := w.submit(5, 10)
+	res := w.Dama(w.cfg, "cancel", strconv.FormatInt(queued, 10))
+	if res.Code != 0 || strings.TrimSpace(res.Stdout) != "CANCELLED" {
+		t.Fatalf("cancel queued task: exit %d, stdout %q, stderr %q", res.Code, res.Stdout, res.Stderr)
+	}
+	if got := w.task(queued); got.Status != etlcontext.StatusCancelled || deref(got.JobState) != "cancelled" {
+		t.Errorf("cancelled queued task: %s, job %v", got.Status, deref(got.JobState))
+	}
+
+	w.Start(w.cfg, "supervisor")
+	id := w.submit(200, 100)
+	running := w.waitRunning(id)
+	w.waitFor(id, 20*time.Second, "to start its command", func(etlcontext.Task) bool { return len(w.starts(id)) == 1 })
+	commandPID, _ := strconv.Atoi(w.starts(id)[0][0])
+	res = w.Dama(w.cfg, "cancel", strconv.FormatInt(id, 10))
+	if res.Code != 0 || strings.TrimSpace(res.Stdout) != "CANCELLED" {
+		t.Fatalf("cancel running task: exit %d, stdout %q, stderr %q", res.Code, res.Stdout, res.Stderr)
+	}
+	w.waitSettled(id, 30*time.Second)
+	testenv.Eventually(t, 10*time.Second, "the task's processes to end", func() (bool, error) {
+		return !testenv.Alive(*running.PID) && !testenv.Alive(commandPID), nil
+	})
+
+	res = w.Dama(w.cfg, "cancel", strconv.FormatInt(id, 10))
+	if res.Code != 0 {
+		t.Errorf("cancelling a cancelled task again: exit %d: %s", res.Code, res.Stderr)
+	}
+}
+
+func TestFailingCommandIsRetriedThenFailed(t *testing.T) {
+	env := testenv.New(t)
+	cfg := env.WriteConfig(`
+log_dir: {{dir}}/logs
+poll_interval: 500ms
+kinds:
+  boom:
+    command: ["/bin/sh", "-c", "echo about to fail; echo boom >&2; exit 7"]
+    max_attempts: 2
+`)
+	w := &world{Env: env, cfg: cfg}
+	w.Start(cfg, "supervisor")
+	res := w.Dama(cfg, "submit", "boom")
+	if res.Code != 0 {
+		t.Fatalf("submit: %s", res.Stderr)
+	}
+	id := testenv.Atoi(t, res.Stdout)
+	// River backs off between attempts (1s after the first).
+	got := w.waitSettled(id, 60*time.Second)
+	if got.Status != etlcontext.StatusFailed || got.Attempt != 2 {
+		t.Fatalf("%s after %d attempts, want FAILED after 2", got.Status, got.Attempt)
+	}
+	events, err := etlcontext.Events(context.Background(), env.Pool, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var errorsSeen int
+	for _, e := range events {
+		if e.Type != "boom:ERROR" {
+			continue
+		}
+		errorsSeen++
+		var p struct {
+			ExitCode int    `json:"exit_code"`
+			LogTail  string `json:"log_tail"`
+		}
+		if err := json.Unmarshal(e.Payload, &p); err != nil {
+			t.Fatal(err)
+		}
+		if p.ExitCode != 7 || !strings.Contains(p.LogTail, "boom") {
+			t.Errorf("ERROR event %s: want exit code 7 and the log tail", e.Payload)
+		}
+	}
+	if errorsSeen != 2 {
+		t.Errorf("%d ERROR events, want one per attempt (2)", errorsSeen)
+	}
+	logs := w.Dama(cfg, "logs", strconv.FormatInt(id, 10))
+	if logs.Code != 0 || strings.Count(logs.Stdout, "\nabout to fail\n") != 2 {
+		t.Errorf("dama logs: exit %d, output:\n%s", logs.Code, logs.Stdout)
+	}
+}
+
+func TestEventsPipeSurvivesBadLines(t *testing.T) {
+	env := testenv.New(t)
+	script := `echo 'not json' >&3
+head -c 1100000 /dev/zero | tr '\0' a >&3; echo >&3
+echo '{"type":"final","payload":{}}' >&3
+echo '{"type":"progress","payload":{"done":1}}' >&3
+echo '{"type":"rows_loaded","payload":{"rows":42}}' >&3`
+	cfg := env.WriteConfig(`
+log_dir: {{dir}}/logs
+poll_interval: 500ms
+kinds:
+  pipe:
+    command: ["/bin/sh", "-c", ` + strconv.Quote(script) + `]
+`)
+	w := &world{Env: env, cfg: cfg}
+	w.Start(cfg, "supervisor")
+	res := w.Dama(cfg, "submit", "pipe")
+	if res.Code != 0 {
+		t.Fatalf("submit: %s", res.Stderr)
+	}
+	id := testenv.Atoi(t, res.Stdout)
+	if got := w.waitSettled(id, 30*time.Second); got.Status != etlcontext.StatusDone {
+		t.Fatalf("status %s, want DONE", got.Status)
+	}
+	events, err := etlcontext.Events(context.Background(), env.Pool, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var types []string
+	for _, e := range events {
+		types = append(types, e.Type)
+	}
+	want := []string{"pipe:INITIAL", "pipe:WARNING", "pipe:WARNING", "pipe:WARNING", "pipe:PROGRESS", "pipe:ROWS_LOADED", "pipe:FINAL"}
+	if strings.Join(types, " ") != strings.Join(want, " ") {
+		t.Fatalf("events %v, want %v", types, want)
+	}
+	if !strings.Contains(string(events[2].Meta), "exceeds the limit") || !strings.Contains(string(events[3].Meta), "reserved") {
+		t.Errorf("warnings do not say what was wrong: %s / %s", events[2].Meta, events[3].Meta)
+	}
+}
+
+func TestLockConnectionLossStopsTheCommand(t *testing.T) {
+	w := newWorld(t, 10)
+	w.Start(w.cfg, "supervisor")
+	id := w.submit(100, 100)
+	running := w.waitRunning(id)
+	w.waitFor(id, 20*time.Second, "to start its command", func(etlcontext.Task) bool { return len(w.starts(id)) == 1 })
+	commandPID, _ := strconv.Atoi(w.starts(id)[0][0])
+
+	var terminated int
+	if err := w.Pool.QueryRow(context.Background(), `
+		SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		 WHERE application_name = $1`, fmt.Sprintf("dama-task-lock:%d", id)).Scan(&terminated); err != nil {
+		t.Fatal(err)
+	}
+	if terminated != 1 {
+		t.Fatalf("terminated %d lock connections, want 1", terminated)
+	}
+	testenv.Eventually(t, 15*time.Second, "the command and its runner to stop", func() (bool, error) {
+		return !testenv.Alive(commandPID) && !testenv.Alive(*running.PID), nil
+	})
+	got := w.waitSettled(id, 90*time.Second)
+	if got.Status != etlcontext.StatusDone || got.Attempt != 2 {
+		t.Errorf("%s after %d attempts, want DONE after 2", got.Status, got.Attempt)
+	}
+}
+
+func TestIdempotencyKey(t *testing.T) {
+	w := newWorld(t, 10)
+	a := w.Dama(w.cfg, "submit", "sample", "--idempotency-key", "nightly-2026-11-21")
+	b := w.Dama(w.cfg, "submit", "sample", "--idempotency-key", "nightly-2026-11-21", "--args", `{"steps": 99}`)
+	if a.Code != 0 || b.Code != 0 || a.Stdout != b.Stdout {
+		t.Fatalf("two submissions with one key: %q (%d) and %q (%d)", a.Stdout, a.Code, b.Stdout, b.Code)
+	}
+	var contexts, jobs int
+	if err := w.Pool.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM data_manager.etl_contexts), (SELECT count(*) FROM river_job)`).Scan(&contexts, &jobs); err != nil {
+		t.Fatal(err)
+	}
+	if contexts != 1 || jobs != 1 {
+		t.Errorf("%d contexts and %d jobs, want 1 and 1", contexts, jobs)
+	}
+}
+
+func TestBadInputIsOneLineAndWritesNothing(t *testing.T) {
+	w := newWorld(t, 10)
+	unreachable := *w.Env
+	unreachable.URL = "postgres://nobody@127.0.0.1:1/none?connect_timeout=2"
+	cases := []struct {
+		name string
+		env  *testenv.Env
+		cfg  string
+		args []string
+		want string
+	}{
+		{"unknown kind", w.Env, w.cfg, []string{"submit", "nope"}, "unknown kind"},
+		{"malformed JSON", w.Env, w.cfg, []string{"submit", "sample", "--args", "{oops"}, "not valid JSON"},
+		{"missing config", w.Env, "", []string{"submit", "sample"}, "no configuration file"},
+		{"config not found", w.Env, filepath.Join(w.Dir, "absent.yaml"), []string{"submit", "sample"}, "read configuration"},
+		{"unreachable database", &unreachable, w.cfg, []string{"submit", "sample"}, "connect to database"},
+		{"bad id", w.Env, w.cfg, []string{"status", "x"}, "invalid etl context id"},
+		{"unknown id", w.Env, w.cfg, []string{"events", "12345"}, "not found"},
+		{"unknown flag", w.Env, w.cfg, []string{"submit", "sample", "--nope"}, "unknown flag"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			res := c.env.Dama(c.cfg, c.args...)
+			lines := strings.Split(strings.TrimRight(res.Stderr, "\n"), "\n")
+			if res.Code == 0 || len(lines) != 1 || !strings.Contains(lines[0], c.want) || res.Stdout != "" {
+				t.Errorf("exit %d, stdout %q, stderr %q; want non-zero, nothing on stdout, one line mentioning %q", res.Code, res.Stdout, res.Stderr, c.want)
+			}
+		})
+	}
+	var contexts, jobs int
+	if err := w.Pool.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM data_manager.etl_contexts), (SELECT count(*) FROM river_job)`).Scan(&contexts, &jobs); err != nil {
+		t.Fatal(err)
+	}
+	if contexts != 0 || jobs != 0 {
+		t.Errorf("bad input wrote %d contexts and %d jobs", contexts, jobs)
+	}
+}

@@ -1,0 +1,233 @@
+package etlcontext_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/testenv"
+)
+
+// newContext inserts a QUEUED context of kind "k" with its INITIAL event, as
+// submission does.
+func newContext(t *testing.T, env *testenv.Env, maxAttempts int) int64 {
+	t.Helper()
+	ctx := context.Background()
+	var id int64
+	if err := env.Pool.QueryRow(ctx, `
+		INSERT INTO data_manager.etl_contexts (kind, queue, max_attempts) VALUES ('k', 'q', $1)
+		RETURNING etl_context_id`, maxAttempts).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := etlcontext.Append(ctx, env.Pool, etlcontext.NewEvent{ContextID: id, Type: "k:INITIAL", Payload: map[string]int{"n": 1}}); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// startAttempt moves the context to RUNNING with a new run id, as a
+// supervisor's launch does, and returns the run id.
+func startAttempt(t *testing.T, env *testenv.Env, id int64) string {
+	t.Helper()
+	var runID string
+	if err := env.Pool.QueryRow(context.Background(), `
+		UPDATE data_manager.etl_contexts SET etl_status = 'RUNNING', attempt = attempt + 1, run_id = gen_random_uuid()
+		 WHERE etl_context_id = $1 RETURNING run_id::text`, id).Scan(&runID); err != nil {
+		t.Fatal(err)
+	}
+	return runID
+}
+
+func status(t *testing.T, env *testenv.Env, id int64) etlcontext.Status {
+	t.Helper()
+	c, err := etlcontext.Get(context.Background(), env.Pool, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c.Status
+}
+
+func appendEvent(env *testenv.Env, id int64, typ string, runID string) error {
+	_, err := etlcontext.Append(context.Background(), env.Pool, etlcontext.NewEvent{ContextID: id, Type: typ, RunID: &runID, Payload: map[string]int{"x": 1}})
+	return err
+}
+
+func TestStatusFollowsEvents(t *testing.T) {
+	env := testenv.New(t)
+	id := newContext(t, env, 3)
+	if got := status(t, env, id); got != etlcontext.StatusQueued {
+		t.Fatalf("new context is %s, want QUEUED", got)
+	}
+	run1 := startAttempt(t, env, id)
+	if err := appendEvent(env, id, "k:PROGRESS", run1); err != nil {
+		t.Fatal(err)
+	}
+	if err := appendEvent(env, id, "k:ERROR", run1); err != nil {
+		t.Fatal(err)
+	}
+	if got := status(t, env, id); got != etlcontext.StatusRetrying {
+		t.Fatalf("after an ERROR with attempts left: %s, want RETRYING", got)
+	}
+	run2 := startAttempt(t, env, id)
+	if err := appendEvent(env, id, "k:FINAL", run2); err != nil {
+		t.Fatal(err)
+	}
+	c, err := etlcontext.Get(context.Background(), env.Pool, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Status != etlcontext.StatusDone || c.FinishedAt == nil || c.Attempt != 2 {
+		t.Fatalf("after FINAL: status %s, finished_at %v, attempt %d; want DONE, set, 2", c.Status, c.FinishedAt, c.Attempt)
+	}
+	events, err := etlcontext.Events(context.Background(), env.Pool, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if last := events[len(events)-1]; *c.LatestEventID != last.ID || last.Attempt != 2 {
+		t.Errorf("latest_event_id %d, last event %d of attempt %d", *c.LatestEventID, last.ID, last.Attempt)
+	}
+	if !events[2].Error {
+		t.Errorf("the ERROR event is not flagged error")
+	}
+}
+
+func TestErrorOnLastAttemptFails(t *testing.T) {
+	env := testenv.New(t)
+	id := newContext(t, env, 1)
+	run := startAttempt(t, env, id)
+	if err := appendEvent(env, id, "k:ERROR", run); err != nil {
+		t.Fatal(err)
+	}
+	if got := status(t, env, id); got != etlcontext.StatusFailed {
+		t.Fatalf("ERROR on the last attempt: %s, want FAILED", got)
+	}
+}
+
+func TestFinishedContextIsNeverReopened(t *testing.T) {
+	env := testenv.New(t)
+	ctx := context.Background()
+	id := newContext(t, env, 3)
+	run := startAttempt(t, env, id)
+	if err := appendEvent(env, id, "k:FINAL", run); err != nil {
+		t.Fatal(err)
+	}
+	if err := appendEvent(env, id, "k:PROGRESS", run); !errors.Is(err, etlcontext.ErrFinished) {
+		t.Errorf("event after DONE: got %v, want ErrFinished", err)
+	}
+	for _, stmt := range []string{
+		`UPDATE data_manager.etl_contexts SET etl_status = 'RUNNING' WHERE etl_context_id = $1`,
+		`UPDATE data_manager.etl_contexts SET etl_status = 'QUEUED' WHERE etl_context_id = $1`,
+		`UPDATE data_manager.etl_contexts SET attempt = 7, run_id = gen_random_uuid() WHERE etl_context_id = $1`,
+	} {
+		if _, err := env.Pool.Exec(ctx, stmt, id); err == nil {
+			t.Errorf("%s: accepted on a DONE context", stmt)
+		}
+	}
+	if got := status(t, env, id); got != etlcontext.StatusDone {
+		t.Fatalf("status %s after the refused updates, want DONE", got)
+	}
+}
+
+func TestWritesFromAStaleAttemptAreRejected(t *testing.T) {
+	env := testenv.New(t)
+	id := newContext(t, env, 3)
+	run1 := startAttempt(t, env, id)
+	if err := appendEvent(env, id, "k:ERROR", run1); err != nil {
+		t.Fatal(err)
+	}
+	run2 := startAttempt(t, env, id)
+	for _, typ := range []string{"k:PROGRESS", "k:FINAL", "k:CHECKPOINT"} {
+		if err := appendEvent(env, id, typ, run1); !errors.Is(err, etlcontext.ErrStaleRun) {
+			t.Errorf("%s from the previous attempt: got %v, want ErrStaleRun", typ, err)
+		}
+	}
+	if err := appendEvent(env, id, "k:PROGRESS", run2); err != nil {
+		t.Errorf("event from the current attempt: %v", err)
+	}
+	if _, err := etlcontext.Append(context.Background(), env.Pool, etlcontext.NewEvent{ContextID: id, Type: "k:PROGRESS"}); !errors.Is(err, etlcontext.ErrStaleRun) {
+		t.Errorf("event without a run id on a started context: got %v, want ErrStaleRun", err)
+	}
+}
+
+func TestEventGuards(t *testing.T) {
+	env := testenv.New(t)
+	ctx := context.Background()
+	id := newContext(t, env, 3)
+	if _, err := etlcontext.Append(ctx, env.Pool, etlcontext.NewEvent{ContextID: id, Type: "k:INITIAL"}); err == nil {
+		t.Error("a second INITIAL event was accepted")
+	}
+	if _, err := etlcontext.Append(ctx, env.Pool, etlcontext.NewEvent{ContextID: id, Type: "other:PROGRESS"}); err == nil {
+		t.Error("an event of another kind was accepted")
+	}
+	if _, err := etlcontext.Append(ctx, env.Pool, etlcontext.NewEvent{ContextID: id, Type: "k:FINAL"}); err == nil {
+		t.Error("FINAL on a context that never started was accepted")
+	}
+	if _, err := env.Pool.Exec(ctx, `UPDATE data_manager.etl_contexts SET etl_status = 'DONE' WHERE etl_context_id = $1`, id); err == nil {
+		t.Error("QUEUED -> DONE without running was accepted")
+	}
+	if _, err := env.Pool.Exec(ctx, `UPDATE data_manager.event_store SET payload = '{}' WHERE etl_context_id = $1`, id); err == nil {
+		t.Error("an event was edited")
+	}
+}
+
+func TestLockInitialIsExclusiveAndVisibleThroughTheAdvisoryLock(t *testing.T) {
+	env := testenv.New(t)
+	ctx := context.Background()
+	id := newContext(t, env, 3)
+
+	holder, err := env.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx)
+	if _, err := etlcontext.LockInitial(ctx, holder, id); err != nil {
+		t.Fatal(err)
+	}
+	locked := func() bool {
+		tasks, err := etlcontext.Tasks(ctx, env.Pool, id)
+		if err != nil || len(tasks) != 1 {
+			t.Fatalf("read view: %v (%d rows)", err, len(tasks))
+		}
+		return tasks[0].InitialEventLocked
+	}
+	if locked() {
+		t.Error("view shows the lock before the advisory lock is taken")
+	}
+	if ok, err := etlcontext.TryAdvisoryLock(ctx, holder, id); err != nil || !ok {
+		t.Fatalf("advisory lock: %v %v", ok, err)
+	}
+	if !locked() {
+		t.Error("view does not show the held lock")
+	}
+
+	err = pgx.BeginFunc(ctx, env.Pool, func(tx pgx.Tx) error {
+		_, err := etlcontext.LockInitial(ctx, tx, id)
+		return err
+	})
+	if !errors.Is(err, etlcontext.ErrLocked) {
+		t.Fatalf("second lock: got %v, want ErrLocked", err)
+	}
+
+	if err := holder.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if locked() {
+		t.Error("view still shows the lock after it was released")
+	}
+	if _, err := etlcontext.LockInitial(ctx, mustBegin(t, env), id); err != nil {
+		t.Errorf("lock after release: %v", err)
+	}
+}
+
+func mustBegin(t *testing.T, env *testenv.Env) pgx.Tx {
+	t.Helper()
+	tx, err := env.Pool.Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tx.Rollback(context.Background()) })
+	return tx
+}

@@ -1,0 +1,347 @@
+// Package testenv gives dama's tests what they run against: a fresh
+// PostgreSQL database per test on the server named by TEST_DATABASE_URL, the
+// dama and sample-etl binaries built once per test process, and the
+// guarantee that every process a test started, directly or through a
+// supervisor, is killed when the test ends.
+package testenv
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/shirou/gopsutil/v3/process"
+
+	damasql "github.com/dama-etl/dama/sql"
+)
+
+// binDirEnv carries the directory of the built binaries from Main to New.
+const binDirEnv = "DAMA_TEST_BIN_DIR"
+
+// Main builds the binaries, runs the package's tests and removes the
+// binaries. Call it from TestMain.
+func Main(m *testing.M) {
+	os.Exit(runMain(m))
+}
+
+func runMain(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "dama-test-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "testenv:", err)
+		return 2
+	}
+	defer os.RemoveAll(dir)
+	for _, pkg := range []string{"cmd/dama", "cmd/sample-etl"} {
+		args := []string{"build", "-o", filepath.Join(dir, filepath.Base(pkg))}
+		if raceEnabled {
+			args = append(args, "-race")
+		}
+		cmd := exec.Command("go", append(args, "./"+pkg)...)
+		cmd.Dir = moduleRoot()
+		if out, err := cmd.CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "testenv: build %s: %v\n%s", pkg, err, out)
+			return 2
+		}
+	}
+	os.Setenv(binDirEnv, dir)
+	return m.Run()
+}
+
+func moduleRoot() string {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		panic(fmt.Sprintf("testenv: go env GOMOD: %v", err))
+	}
+	return filepath.Dir(strings.TrimSpace(string(out)))
+}
+
+// Env is one test's world.
+type Env struct {
+	T *testing.T
+	// URL names the test's own database.
+	URL string
+	// Pool is connected to it.
+	Pool *pgxpool.Pool
+	// Dir is a temporary directory for configuration, logs and records.
+	Dir string
+	// DamaBin and SampleETL are the built binaries.
+	DamaBin, SampleETL string
+}
+
+// New creates a database for t, applies the migrations and registers the
+// cleanup: kill every process whose environment names the database, then
+// drop it.
+func New(t *testing.T) *Env {
+	t.Helper()
+	e := NewUnmigrated(t)
+	if err := damasql.Migrate(context.Background(), e.Pool, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+		t.Fatalf("migrate test database: %v", err)
+	}
+	return e
+}
+
+// NewUnmigrated is New without the migrations.
+func NewUnmigrated(t *testing.T) *Env {
+	t.Helper()
+	admin := os.Getenv("TEST_DATABASE_URL")
+	if admin == "" {
+		t.Fatal("TEST_DATABASE_URL is not set: run scripts/test.sh, which starts a PostgreSQL server")
+	}
+	// Empty unless TestMain called Main: packages that start no process
+	// need no binaries.
+	binDir := os.Getenv(binDirEnv)
+	ctx := context.Background()
+	name := "dama_test_" + randomHex(6)
+	adminConn, err := pgx.Connect(ctx, admin)
+	if err != nil {
+		t.Fatalf("connect to TEST_DATABASE_URL: %v", err)
+	}
+	defer adminConn.Close(ctx)
+	if _, err := adminConn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatalf("create database %s: %v", name, err)
+	}
+	dbURL, err := withDatabase(admin, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &Env{T: t, URL: dbURL, Dir: t.TempDir(), DamaBin: filepath.Join(binDir, "dama"), SampleETL: filepath.Join(binDir, "sample-etl")}
+	t.Cleanup(func() {
+		e.killProcesses()
+		if e.Pool != nil {
+			e.Pool.Close()
+		}
+		conn, err := pgx.Connect(context.Background(), admin)
+		if err != nil {
+			t.Errorf("cleanup: connect: %v", err)
+			return
+		}
+		defer conn.Close(context.Background())
+		if _, err := conn.Exec(context.Background(), "DROP DATABASE "+name+" WITH (FORCE)"); err != nil {
+			t.Errorf("cleanup: drop database %s: %v", name, err)
+		}
+	})
+	e.Pool, err = pgxpool.New(ctx, dbURL)
+	if err != nil {
+		t.Fatalf("connect to test database: %v", err)
+	}
+	return e
+}
+
+func withDatabase(raw, name string) (string, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "", fmt.Errorf("parse TEST_DATABASE_URL: %w", err)
+	}
+	u.Path = "/" + name
+	return u.String(), nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+// killProcesses kills every process whose environment carries this test's
+// database URL: supervisors, the runners they spawned in sessions of their
+// own, and the runners' commands.
+func (e *Env) killProcesses() {
+	marker := "DATABASE_URL=" + e.URL
+	for range 3 {
+		procs, err := process.Processes()
+		if err != nil {
+			e.T.Errorf("cleanup: list processes: %v", err)
+			return
+		}
+		killed := 0
+		for _, p := range procs {
+			if int(p.Pid) == os.Getpid() {
+				continue
+			}
+			env, err := p.Environ()
+			if err != nil {
+				continue
+			}
+			for _, kv := range env {
+				if kv == marker {
+					_ = syscall.Kill(int(p.Pid), syscall.SIGKILL)
+					killed++
+					break
+				}
+			}
+		}
+		if killed == 0 {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// WriteConfig writes a configuration file into Dir and returns its path.
+// {{sample}} in body is replaced by the sample-etl binary's path, and
+// {{dir}} by Dir.
+func (e *Env) WriteConfig(body string) string {
+	e.T.Helper()
+	body = strings.ReplaceAll(body, "{{sample}}", e.SampleETL)
+	body = strings.ReplaceAll(body, "{{dir}}", e.Dir)
+	path := filepath.Join(e.Dir, "dama-"+randomHex(3)+".yaml")
+	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+		e.T.Fatal(err)
+	}
+	return path
+}
+
+// Environ is the environment the test's dama processes run with.
+func (e *Env) Environ(configPath string) []string {
+	env := []string{}
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if name == "DATABASE_URL" || strings.HasPrefix(name, "DAMA_") {
+			continue
+		}
+		env = append(env, kv)
+	}
+	env = append(env, "DATABASE_URL="+e.URL)
+	if configPath != "" {
+		env = append(env, "DAMA_CONFIG="+configPath)
+	}
+	return env
+}
+
+// Result is what a finished dama command printed and returned.
+type Result struct {
+	Stdout, Stderr string
+	Code           int
+}
+
+// Dama runs the dama binary to completion with args and the given
+// configuration, bounded by a minute.
+func (e *Env) Dama(configPath string, args ...string) Result {
+	e.T.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, e.DamaBin, args...)
+	cmd.Env = e.Environ(configPath)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	code := 0
+	if exitErr, ok := err.(*exec.ExitError); ok {
+		code = exitErr.ExitCode()
+	} else if err != nil {
+		e.T.Fatalf("run dama %v: %v", args, err)
+	}
+	return Result{Stdout: stdout.String(), Stderr: stderr.String(), Code: code}
+}
+
+// Proc is a long-running process a test started.
+type Proc struct {
+	Cmd *exec.Cmd
+	Log string
+}
+
+// Start starts the dama binary with args in a process group of its own; the
+// group is killed when the test ends.
+func (e *Env) Start(configPath string, args ...string) *Proc {
+	e.T.Helper()
+	logPath := filepath.Join(e.Dir, fmt.Sprintf("%s-%s.log", args[0], randomHex(3)))
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		e.T.Fatal(err)
+	}
+	defer logFile.Close()
+	cmd := exec.Command(e.DamaBin, args...)
+	cmd.Env = e.Environ(configPath)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		e.T.Fatalf("start dama %v: %v", args, err)
+	}
+	p := &Proc{Cmd: cmd, Log: logPath}
+	done := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(done)
+	}()
+	e.T.Cleanup(func() {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-done
+		if e.T.Failed() {
+			out, _ := os.ReadFile(logPath)
+			e.T.Logf("log of dama %v:\n%s", args, out)
+		}
+	})
+	return p
+}
+
+// Kill sends sig to the process (not its group).
+func (p *Proc) Kill(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	if err := p.Cmd.Process.Signal(sig); err != nil {
+		t.Fatalf("signal %v to pid %d: %v", sig, p.Cmd.Process.Pid, err)
+	}
+}
+
+// Eventually polls cond until it returns true or timeout passes, then fails
+// the test with msg and cond's last error.
+func Eventually(t *testing.T, timeout time.Duration, msg string, cond func() (bool, error)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var lastErr error
+	for {
+		ok, err := cond()
+		if ok {
+			return
+		}
+		lastErr = err
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s (last error: %v)", timeout, msg, lastErr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Alive reports whether pid names a live (not zombie) process.
+func Alive(pid int) bool {
+	p, err := process.NewProcess(int32(pid))
+	if err != nil {
+		return false
+	}
+	st, err := p.Status()
+	if err != nil {
+		return false
+	}
+	for _, s := range st {
+		if s == process.Zombie {
+			return false
+		}
+	}
+	return true
+}
+
+// Atoi parses a trimmed integer or fails the test.
+func Atoi(t *testing.T, s string) int64 {
+	t.Helper()
+	n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+	if err != nil {
+		t.Fatalf("parse %q as an integer: %v", s, err)
+	}
+	return n
+}

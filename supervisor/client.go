@@ -38,7 +38,10 @@ type Client struct {
 
 // NewClient returns a client that submits tasks of the kinds in cfg.
 func NewClient(pool *pgxpool.Pool, cfg *config.Config) (*Client, error) {
-	rc, err := river.NewClient(riverpgxv5.New(pool), &river.Config{})
+	// River sends at most one insert notification per queue per
+	// FetchCooldown from a client; its default (100ms) would leave tasks
+	// submitted in a burst waiting for the supervisors' next fetch poll.
+	rc, err := river.NewClient(riverpgxv5.New(pool), &river.Config{FetchCooldown: defaultFetchCooldown})
 	if err != nil {
 		return nil, fmt.Errorf("create River client: %w", err)
 	}

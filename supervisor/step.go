@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/dama-etl/dama/etlcontext"
 )
@@ -40,6 +41,14 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 
 	switch c.Status {
 	case etlcontext.StatusDone:
+		// Completing in the step's own transaction settles the job now,
+		// rather than at River's next batch of completions (up to 250ms).
+		if _, err := river.JobCompleteTx[*riverpgxv5.Driver](ctx, tx, job); err != nil {
+			return s.transient(logger, fmt.Errorf("complete job of etl context %d: %w", id, err))
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return s.transient(logger, fmt.Errorf("commit completion of etl context %d: %w", id, err))
+		}
 		return nil
 	case etlcontext.StatusCancelled:
 		return river.JobCancel(fmt.Errorf("etl context %d was cancelled", id))

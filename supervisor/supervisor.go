@@ -59,6 +59,13 @@ type Options struct {
 	MaxWorkers int
 }
 
+// River's fetch settings: every task start and finish goes through a fetch,
+// so dama's defaults are tighter than River's own (100ms and 1s).
+const (
+	defaultFetchCooldown     = 10 * time.Millisecond
+	defaultFetchPollInterval = 250 * time.Millisecond
+)
+
 // Supervisor runs the tasks of the configured kinds.
 type Supervisor struct {
 	cfg    *config.Config
@@ -88,8 +95,8 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 		return nil, errors.New("supervisor needs the database URL to hand to task processes")
 	}
 	opts.LaunchTimeout = cmpOr(opts.LaunchTimeout, 10*time.Second)
-	opts.FetchCooldown = cmpOr(opts.FetchCooldown, 10*time.Millisecond)
-	opts.FetchPollInterval = cmpOr(opts.FetchPollInterval, 250*time.Millisecond)
+	opts.FetchCooldown = cmpOr(opts.FetchCooldown, defaultFetchCooldown)
+	opts.FetchPollInterval = cmpOr(opts.FetchPollInterval, defaultFetchPollInterval)
 	if opts.MaxWorkers == 0 {
 		opts.MaxWorkers = 32
 	}

@@ -72,7 +72,7 @@ func moduleRoot() string {
 
 // Env is one test's world.
 type Env struct {
-	T *testing.T
+	T testing.TB
 	// URL names the test's own database.
 	URL string
 	// Pool is connected to it.
@@ -86,7 +86,7 @@ type Env struct {
 // New creates a database for t, applies the migrations and registers the
 // cleanup: kill every process whose environment names the database, then
 // drop it.
-func New(t *testing.T) *Env {
+func New(t testing.TB) *Env {
 	t.Helper()
 	e := NewUnmigrated(t)
 	if err := damasql.Migrate(context.Background(), e.Pool, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
@@ -96,7 +96,7 @@ func New(t *testing.T) *Env {
 }
 
 // NewUnmigrated is New without the migrations.
-func NewUnmigrated(t *testing.T) *Env {
+func NewUnmigrated(t testing.TB) *Env {
 	t.Helper()
 	admin := os.Getenv("TEST_DATABASE_URL")
 	if admin == "" {
@@ -292,7 +292,7 @@ func (e *Env) Start(configPath string, args ...string) *Proc {
 }
 
 // Kill sends sig to the process (not its group).
-func (p *Proc) Kill(t *testing.T, sig syscall.Signal) {
+func (p *Proc) Kill(t testing.TB, sig syscall.Signal) {
 	t.Helper()
 	if err := p.Cmd.Process.Signal(sig); err != nil {
 		t.Fatalf("signal %v to pid %d: %v", sig, p.Cmd.Process.Pid, err)
@@ -301,7 +301,7 @@ func (p *Proc) Kill(t *testing.T, sig syscall.Signal) {
 
 // Eventually polls cond until it returns true or timeout passes, then fails
 // the test with msg and cond's last error.
-func Eventually(t *testing.T, timeout time.Duration, msg string, cond func() (bool, error)) {
+func Eventually(t testing.TB, timeout time.Duration, msg string, cond func() (bool, error)) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	var lastErr error
@@ -337,7 +337,7 @@ func Alive(pid int) bool {
 }
 
 // Atoi parses a trimmed integer or fails the test.
-func Atoi(t *testing.T, s string) int64 {
+func Atoi(t testing.TB, s string) int64 {
 	t.Helper()
 	n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
 	if err != nil {

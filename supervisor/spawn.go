@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver"
 	"github.com/riverqueue/river/rivertype"
 
@@ -188,8 +189,12 @@ func (s *Supervisor) wake(ctx context.Context, id int64) {
 			// JobRetry sends no insert notification; without one the job
 			// would wait for the next fetch poll.
 			s.notifyQueue(ctx, queue)
+			s.wakeWaiting(ctx, queue)
 			return
 		default:
+			// Already due, in backoff, or finished: nothing to wake but the
+			// tasks waiting for the slot this one freed.
+			s.wakeWaiting(ctx, queue)
 			return
 		}
 		select {
@@ -228,6 +233,127 @@ func (s *Supervisor) connectListener(ctx context.Context) (*listener, error) {
 		return nil, fmt.Errorf("listen for task exits: %w", err)
 	}
 	return &listener{conn: conn}, nil
+}
+
+// wakeWaiting wakes the jobs of the queue's tasks that are waiting for a
+// free slot (snoozed by a full queue), oldest first, as many as there are
+// free slots, so that a slot freed by a task's exit is taken at once rather
+// than a poll interval later. Delayed submissions (never attempted) and
+// retries in backoff ('retryable') are left alone.
+func (s *Supervisor) wakeWaiting(ctx context.Context, queue string) {
+	q, ok := s.cfg.Queues[queue]
+	if !ok {
+		return
+	}
+	rows, err := s.pool.Query(ctx, `
+		SELECT j.id
+		  FROM data_manager.etl_contexts AS c
+		  JOIN river_job AS j ON j.id = c.river_job_id
+		 WHERE c.queue = $1
+		   AND c.etl_status IN ('QUEUED', 'RETRYING')
+		   AND j.state IN ('scheduled', 'available')
+		   AND j.scheduled_at > now()
+		   AND j.attempted_at IS NOT NULL
+		 ORDER BY c.etl_context_id
+		 LIMIT greatest(0, $2 - (SELECT count(*) FROM data_manager.etl_contexts
+		                          WHERE queue = $1 AND etl_status = 'RUNNING'))`, queue, q.MaxRunning)
+	if err != nil {
+		s.logger.Warn("find tasks waiting for a slot", "queue", queue, "error", err)
+		return
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		s.logger.Warn("find tasks waiting for a slot", "queue", queue, "error", err)
+		return
+	}
+	for _, id := range ids {
+		if _, err := s.river.JobRetry(ctx, id); err != nil {
+			s.logger.Warn("wake waiting job", "job_id", id, "error", err)
+		}
+	}
+	if len(ids) > 0 {
+		s.notifyQueue(ctx, queue)
+	}
+}
+
+// reconcile repairs the disagreements a step cannot see, because no step
+// runs once a job is finished: a context that is not finished while its River
+// job is, or a finished context whose job ended in a state that says
+// otherwise. They happen only behind dama's back (River's own rescuer after
+// all supervisors were down for an hour, a job cancelled or deleted by hand);
+// the job is retried, or a new one enqueued, and the next step settles the
+// context like any other.
+func (s *Supervisor) reconcile(ctx context.Context) error {
+	rows, err := s.pool.Query(ctx, `
+		SELECT c.etl_context_id, c.queue, c.max_attempts, j.id
+		  FROM data_manager.etl_contexts AS c
+		  LEFT JOIN river_job AS j ON j.id = c.river_job_id
+		 WHERE c.etl_status NOT IN ('DONE', 'FAILED', 'CANCELLED')
+		   AND c.queue = ANY($1)
+		   AND (j.id IS NULL OR j.state IN ('completed', 'cancelled', 'discarded'))
+		UNION ALL
+		-- Finished contexts are many; only recently finalized jobs can
+		-- disagree with theirs (River deletes old finalized jobs anyway).
+		SELECT c.etl_context_id, c.queue, c.max_attempts, j.id
+		  FROM river_job AS j
+		  JOIN data_manager.etl_contexts AS c ON c.river_job_id = j.id
+		 WHERE j.state IN ('completed', 'cancelled', 'discarded')
+		   AND j.finalized_at > now() - interval '1 day'
+		   AND c.queue = ANY($1)
+		   AND CASE c.etl_status
+		         WHEN 'DONE' THEN j.state <> 'completed'
+		         WHEN 'CANCELLED' THEN j.state <> 'cancelled'
+		         -- A FAILED context's job is discarded, or cancelled when it
+		         -- was retried after the context had failed.
+		         WHEN 'FAILED' THEN j.state = 'completed'
+		         ELSE false
+		       END`, s.cfg.QueueNames())
+	if err != nil {
+		return fmt.Errorf("find contexts that disagree with their jobs: %w", err)
+	}
+	type orphan struct {
+		id, job     int64
+		queue       string
+		maxAttempts int
+		hasJob      bool
+	}
+	orphans, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (orphan, error) {
+		var (
+			o   orphan
+			job *int64
+		)
+		err := row.Scan(&o.id, &o.queue, &o.maxAttempts, &job)
+		if job != nil {
+			o.job, o.hasJob = *job, true
+		}
+		return o, err
+	})
+	if err != nil {
+		return fmt.Errorf("find unsettled contexts: %w", err)
+	}
+	for _, o := range orphans {
+		if o.hasJob {
+			if _, err := s.river.JobRetry(ctx, o.job); err != nil {
+				return fmt.Errorf("retry job %d of unsettled etl context %d: %w", o.job, o.id, err)
+			}
+			s.logger.Warn("retried a job whose state disagreed with its context", "etl_context_id", o.id, "job_id", o.job)
+		} else {
+			err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+				res, err := s.river.InsertTx(ctx, tx, TaskArgs{ETLContextID: o.id}, &river.InsertOpts{Queue: o.queue, MaxAttempts: o.maxAttempts})
+				if err != nil {
+					return err
+				}
+				_, err = tx.Exec(ctx, `UPDATE data_manager.etl_contexts SET river_job_id = $2 WHERE etl_context_id = $1`, o.id, res.Job.ID)
+				return err
+			})
+			if err != nil {
+				return fmt.Errorf("enqueue a job for unsettled etl context %d: %w", o.id, err)
+			}
+			s.logger.Warn("enqueued a new job for a context whose job was gone", "etl_context_id", o.id)
+		}
+		s.notifyQueue(ctx, o.queue)
+	}
+	return nil
 }
 
 // listen serves l until ctx ends, reconnecting when the connection fails.

@@ -163,6 +163,11 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		bg.Wait()
 	}()
 
+	// Before River starts, so that its own rescuer never gets to the steps
+	// of supervisors that died long ago.
+	if err := s.rescueOrphanedSteps(ctx); err != nil {
+		s.logger.Warn("rescue orphaned steps", "error", err)
+	}
 	if err := s.river.Start(ctx); err != nil {
 		return fmt.Errorf("start River client: %w", err)
 	}
@@ -184,19 +189,22 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	return nil
 }
 
-// rescueLoop looks for steps orphaned by dead supervisors at start and then
-// every poll interval.
+// rescueLoop rescues the steps of dead supervisors and reconciles contexts
+// with their jobs every poll interval.
 func (s *Supervisor) rescueLoop(ctx context.Context) {
 	ticker := time.NewTicker(s.cfg.PollInterval.D())
 	defer ticker.Stop()
 	for {
-		if err := s.rescueOrphanedSteps(ctx); err != nil && ctx.Err() == nil {
-			s.logger.Warn("rescue orphaned steps", "error", err)
-		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-ticker.C:
+		}
+		if err := s.rescueOrphanedSteps(ctx); err != nil && ctx.Err() == nil {
+			s.logger.Warn("rescue orphaned steps", "error", err)
+		}
+		if err := s.reconcile(ctx); err != nil && ctx.Err() == nil {
+			s.logger.Warn("reconcile contexts with their jobs", "error", err)
 		}
 	}
 }

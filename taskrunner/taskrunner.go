@@ -177,7 +177,8 @@ func (r *runner) run(ctx context.Context) (int, error) {
 		return r.fail(ctx, tx, fmt.Errorf("create log directory: %w", err))
 	}
 	r.logPath = filepath.Join(cfg.LogDir, strconv.FormatInt(c.ID, 10)+".log")
-	if err := r.recordStart(ctx); err != nil {
+	cancelRequested, err := r.recordStart(ctx)
+	if err != nil {
 		if errors.Is(err, errSuperseded) {
 			return ExitLocked, nil
 		}
@@ -189,6 +190,13 @@ func (r *runner) run(ctx context.Context) (int, error) {
 		r.opts.Ready = nil
 	}
 
+	if cancelRequested {
+		// Cancelled between the launch and now: the command never starts.
+		if err := r.appendEvent(ctx, etlcontext.EventCancelled, map[string]any{"reason": "cancelled before the command started"}, nil); err != nil {
+			return ExitCancelled, r.release(ctx, tx, err)
+		}
+		return ExitCancelled, r.release(ctx, tx, nil)
+	}
 	kind, ok := cfg.Kind(c.Kind)
 	if !ok {
 		return r.fail(ctx, tx, fmt.Errorf("kind %s is not in the configuration %s", c.Kind, cfg.Path))
@@ -215,9 +223,9 @@ func connect(ctx context.Context, url, name string) (*pgx.Conn, error) {
 }
 
 // recordStart records the runner's process on the context, on the write
-// connection; it fails with errSuperseded when the launch is no longer
-// current.
-func (r *runner) recordStart(ctx context.Context) error {
+// connection, and reports whether the task was cancelled in the meantime; it
+// fails with errSuperseded when the launch is no longer current.
+func (r *runner) recordStart(ctx context.Context) (cancelRequested bool, err error) {
 	pid := os.Getpid()
 	var started *time.Time
 	if p, err := process.NewProcessWithContext(ctx, int32(pid)); err == nil {
@@ -227,20 +235,22 @@ func (r *runner) recordStart(ctx context.Context) error {
 		}
 	}
 	host, _ := os.Hostname()
-	return r.db.do(ctx, func(ctx context.Context, conn *pgx.Conn) error {
-		tag, err := conn.Exec(ctx, `
+	err = r.db.do(ctx, func(ctx context.Context, conn *pgx.Conn) error {
+		err := conn.QueryRow(ctx, `
 			UPDATE data_manager.etl_contexts
 			   SET host = $3, pid = $4, process_started_at = $5, heartbeat_at = now(), log_path = $6
-			 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = 'RUNNING' AND pid IS NULL`,
-			r.ctx.ID, r.opts.RunID, host, pid, started, r.logPath)
+			 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = 'RUNNING' AND pid IS NULL
+			RETURNING cancel_requested_at IS NOT NULL`,
+			r.ctx.ID, r.opts.RunID, host, pid, started, r.logPath).Scan(&cancelRequested)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return errSuperseded
+		}
 		if err != nil {
 			return fmt.Errorf("record start of etl context %d: %w", r.ctx.ID, err)
 		}
-		if tag.RowsAffected() == 0 {
-			return errSuperseded
-		}
 		return nil
 	})
+	return cancelRequested, err
 }
 
 // supervise runs the command and reacts to its exit, to cancellation, to

@@ -506,3 +506,102 @@ func TestBadInputIsOneLineAndWritesNothing(t *testing.T) {
 		t.Errorf("bad input wrote %d contexts and %d jobs", contexts, jobs)
 	}
 }
+
+func TestJobFinalizedBehindDamasBackIsReconciled(t *testing.T) {
+	w := newWorld(t, 10)
+	w.Start(w.cfg, "supervisor")
+	id := w.submit(30, 100)
+	running := w.waitRunning(id)
+	// What River's own rescuer does to a job stuck 'running' for an hour on
+	// its last attempt, while the task is in fact alive.
+	if _, err := w.Pool.Exec(context.Background(), `
+		UPDATE river_job SET state = 'discarded', finalized_at = now() WHERE id = $1`, *running.RiverJobID); err != nil {
+		t.Fatal(err)
+	}
+	got := w.waitSettled(id, 60*time.Second)
+	if got.Status != etlcontext.StatusDone || *got.PID != *running.PID {
+		t.Errorf("%s, pid %d -> %d; want DONE by the same process", got.Status, *running.PID, *got.PID)
+	}
+	if starts := w.starts(id); len(starts) != 1 {
+		t.Errorf("starts: %v, want exactly one", starts)
+	}
+}
+
+func TestFreedSlotIsTakenWithoutWaitingForThePoll(t *testing.T) {
+	env := testenv.New(t)
+	cfg := env.WriteConfig(`
+log_dir: {{dir}}/logs
+poll_interval: 60s
+queues:
+  one: { max_running: 1 }
+kinds:
+  sample:
+    queue: one
+    command: ["{{sample}}"]
+`)
+	w := &world{Env: env, cfg: cfg, startsDir: filepath.Join(env.Dir, "starts")}
+	if err := os.MkdirAll(w.startsDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	w.Start(cfg, "supervisor")
+	first := w.submit(10, 100)
+	w.waitRunning(first)
+	second := w.submit(10, 100)
+	// The second task is snoozed for the 60s poll interval while the queue is
+	// full; only the wake on the first task's exit starts it sooner.
+	for _, id := range []int64{first, second} {
+		if got := w.waitSettled(id, 30*time.Second); got.Status != etlcontext.StatusDone {
+			t.Fatalf("context %d: %s", id, got.Status)
+		}
+	}
+}
+
+func TestSupervisorStopsOnSIGTERMWithoutTouchingTasks(t *testing.T) {
+	w := newWorld(t, 10)
+	sup := w.Start(w.cfg, "supervisor")
+	id := w.submit(100, 100)
+	running := w.waitRunning(id)
+
+	sup.Kill(t, syscall.SIGTERM)
+	exited := make(chan error, 1)
+	go func() { exited <- sup.Wait() }()
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("supervisor exited with %v after SIGTERM, want 0", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("supervisor still running 30s after SIGTERM")
+	}
+	if !testenv.Alive(*running.PID) || !w.task(id).InitialEventLocked {
+		t.Fatal("the task stopped with the supervisor")
+	}
+	w.Start(w.cfg, "supervisor")
+	if got := w.waitSettled(id, 60*time.Second); got.Status != etlcontext.StatusDone || *got.PID != *running.PID {
+		t.Errorf("%s by pid %v, want DONE by the adopted pid %d", got.Status, deref(got.PID), *running.PID)
+	}
+}
+
+func TestDelayedSubmission(t *testing.T) {
+	w := newWorld(t, 10)
+	w.Start(w.cfg, "supervisor")
+	res := w.Dama(w.cfg, "submit", "sample", "--delay", "3s", "--args", `{"steps": 1, "step_ms": 1}`)
+	if res.Code != 0 {
+		t.Fatalf("submit: %s", res.Stderr)
+	}
+	id := testenv.Atoi(t, res.Stdout)
+	var delay float64
+	if err := w.Pool.QueryRow(context.Background(), `
+		SELECT extract(epoch FROM j.scheduled_at - c.created_at)
+		  FROM data_manager.etl_contexts AS c JOIN river_job AS j ON j.id = c.river_job_id
+		 WHERE c.etl_context_id = $1`, id).Scan(&delay); err != nil {
+		t.Fatal(err)
+	}
+	if delay < 2.5 {
+		t.Fatalf("job scheduled %.2fs after submission, want about 3s", delay)
+	}
+	got := w.waitSettled(id, 30*time.Second)
+	if got.Status != etlcontext.StatusDone || got.StartedAt.Sub(got.CreatedAt) < 2500*time.Millisecond {
+		t.Errorf("%s, started %s after submission; want DONE, started no earlier than the delay", got.Status, got.StartedAt.Sub(got.CreatedAt))
+	}
+}

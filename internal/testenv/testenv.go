@@ -253,8 +253,16 @@ func (e *Env) Dama(configPath string, args ...string) Result {
 
 // Proc is a long-running process a test started.
 type Proc struct {
-	Cmd *exec.Cmd
-	Log string
+	Cmd  *exec.Cmd
+	Log  string
+	done chan struct{}
+	err  error
+}
+
+// Wait waits for the process to exit and returns its exit error.
+func (p *Proc) Wait() error {
+	<-p.done
+	return p.err
 }
 
 // Start starts the dama binary with args in a process group of its own; the
@@ -274,15 +282,14 @@ func (e *Env) Start(configPath string, args ...string) *Proc {
 	if err := cmd.Start(); err != nil {
 		e.T.Fatalf("start dama %v: %v", args, err)
 	}
-	p := &Proc{Cmd: cmd, Log: logPath}
-	done := make(chan struct{})
+	p := &Proc{Cmd: cmd, Log: logPath, done: make(chan struct{})}
 	go func() {
-		_ = cmd.Wait()
-		close(done)
+		p.err = cmd.Wait()
+		close(p.done)
 	}()
 	e.T.Cleanup(func() {
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		<-done
+		<-p.done
 		if e.T.Failed() {
 			out, _ := os.ReadFile(logPath)
 			e.T.Logf("log of dama %v:\n%s", args, out)

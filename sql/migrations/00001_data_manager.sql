@@ -35,6 +35,7 @@ CREATE TABLE data_manager.etl_contexts (
 );
 
 CREATE INDEX etl_contexts_queue_status ON data_manager.etl_contexts (queue, etl_status);
+CREATE UNIQUE INDEX etl_contexts_river_job ON data_manager.etl_contexts (river_job_id);
 CREATE INDEX etl_contexts_parent ON data_manager.etl_contexts (parent_context_id) WHERE parent_context_id IS NOT NULL;
 CREATE INDEX etl_contexts_unfinished ON data_manager.etl_contexts (etl_context_id)
     WHERE etl_status NOT IN ('DONE', 'FAILED', 'CANCELLED');

@@ -1,0 +1,77 @@
+package config_test
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dama-etl/dama/config"
+)
+
+func TestParseAppliesDefaults(t *testing.T) {
+	cfg, err := config.Parse([]byte(`
+log_dir: /var/lib/dama/logs
+kinds:
+  conflation:
+    command: ["/opt/etl/conflation", "--verbose"]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, ok := cfg.Kind("conflation")
+	if !ok {
+		t.Fatal("kind conflation missing")
+	}
+	if k.Queue != config.DefaultQueue || k.MaxAttempts != config.DefaultMaxAttempts {
+		t.Errorf("kind defaults: queue %q, max_attempts %d", k.Queue, k.MaxAttempts)
+	}
+	if q := cfg.Queues[config.DefaultQueue]; q.MaxRunning != config.DefaultMaxRunning {
+		t.Errorf("default queue max_running %d", q.MaxRunning)
+	}
+	if cfg.PollInterval.D() != config.DefaultPollInterval || cfg.HeartbeatInterval.D() != config.DefaultHeartbeatInterval || cfg.KillGrace.D() != config.DefaultKillGrace {
+		t.Errorf("interval defaults: %v %v %v", cfg.PollInterval.D(), cfg.HeartbeatInterval.D(), cfg.KillGrace.D())
+	}
+}
+
+func TestParseRejectsBadConfigurations(t *testing.T) {
+	cases := map[string]struct{ yaml, want string }{
+		"no log_dir":       {"kinds: {a: {command: [x]}}", "log_dir is required"},
+		"no kinds":         {"log_dir: /l", "no kinds"},
+		"empty command":    {"log_dir: /l\nkinds: {a: {command: []}}", "command is required"},
+		"unknown queue":    {"log_dir: /l\nkinds: {a: {command: [x], queue: q}}", "queue q is not in queues"},
+		"misspelt key":     {"log_dir: /l\npoll_intervall: 5s\nkinds: {a: {command: [x]}}", "poll_intervall"},
+		"bad duration":     {"log_dir: /l\npoll_interval: soon\nkinds: {a: {command: [x]}}", "soon"},
+		"tiny poll":        {"log_dir: /l\npoll_interval: 1ms\nkinds: {a: {command: [x]}}", "at least 100ms"},
+		"bad kind name":    {"log_dir: /l\nkinds: {'a b': {command: [x]}}", "kind name"},
+		"negative running": {"log_dir: /l\nqueues: {q: {max_running: -1}}\nkinds: {a: {command: [x], queue: q}}", "must not be negative"},
+		"not YAML":         {"log_dir: [", "parse YAML"},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			_, err := config.Parse([]byte(c.yaml))
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("got %v, want an error mentioning %q", err, c.want)
+			}
+		})
+	}
+}
+
+func TestLoadResolvesPaths(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "dama.yaml")
+	if err := os.WriteFile(path, []byte("log_dir: logs\npoll_interval: 2s\nkinds: {a: {command: [x]}}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Path != path || cfg.LogDir != filepath.Join(dir, "logs") || cfg.PollInterval.D() != 2*time.Second {
+		t.Errorf("path %q, log_dir %q, poll %v", cfg.Path, cfg.LogDir, cfg.PollInterval.D())
+	}
+	if _, err := config.Load(""); err == nil || !strings.Contains(err.Error(), "DAMA_CONFIG") {
+		t.Errorf("Load(\"\"): %v", err)
+	}
+}

@@ -1,0 +1,69 @@
+package taskrunner
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestDecodeLine(t *testing.T) {
+	cases := []struct {
+		line, suffix, payload, problem string
+	}{
+		{`{"type":"progress","payload":{"step":1}}`, "PROGRESS", `{"step":1}`, ""},
+		{`{"type":"checkpoint","payload":{"next":2}}`, "CHECKPOINT", `{"next":2}`, ""},
+		{`{"type":"rows_loaded","payload":42}`, "ROWS_LOADED", `42`, ""},
+		{`{"type":"heartbeat"}`, "HEARTBEAT", ``, ""},
+		{`not json`, "WARNING", ``, "malformed event line"},
+		{`{"type":"progress"} {"type":"x"}`, "WARNING", ``, "more than one JSON value"},
+		{`{"type":"progress","extra":1}`, "WARNING", ``, "unknown field"},
+		{`{"type":"final"}`, "WARNING", ``, "reserved"},
+		{`{"type":"INITIAL"}`, "WARNING", ``, "reserved"},
+		{`{"type":"bad type!"}`, "WARNING", ``, "want letters"},
+		{`{"type":""}`, "WARNING", ``, "want letters"},
+	}
+	for _, c := range cases {
+		got := decodeLine([]byte(c.line))
+		if got.suffix != c.suffix || string(got.payload) != c.payload {
+			t.Errorf("%s: got %s %s, want %s %s", c.line, got.suffix, got.payload, c.suffix, c.payload)
+		}
+		if c.problem != "" {
+			meta, _ := got.meta.(map[string]any)
+			if p, _ := meta["problem"].(string); !strings.Contains(p, c.problem) {
+				t.Errorf("%s: problem %q, want it to mention %q", c.line, p, c.problem)
+			}
+		}
+	}
+}
+
+func TestReadEventsSkipsOversizedLinesAndGoesOn(t *testing.T) {
+	input := `{"type":"progress","payload":1}` + "\n" +
+		strings.Repeat("x", MaxEventLine+10) + "\n" +
+		"\n" +
+		`{"type":"progress","payload":2}` + "\n" +
+		`{"type":"progress","payload":3}` // no final newline
+	out := make(chan reported, 10)
+	if err := readEvents(strings.NewReader(input), out); err != nil {
+		t.Fatal(err)
+	}
+	close(out)
+	var got []string
+	for r := range out {
+		got = append(got, r.suffix+":"+string(r.payload))
+	}
+	want := []string{"PROGRESS:1", "WARNING:", "PROGRESS:2", "PROGRESS:3"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("got %v, want %v", got, want)
+	}
+}
+
+func FuzzDecodeLine(f *testing.F) {
+	f.Add([]byte(`{"type":"progress","payload":{"a":1}}`))
+	f.Add([]byte(`{"type":"final"}`))
+	f.Add([]byte("\xff\xfe"))
+	f.Fuzz(func(t *testing.T, line []byte) {
+		r := decodeLine(line)
+		if !suffixRE.MatchString(r.suffix) || reservedSuffixes[r.suffix] {
+			t.Fatalf("line %q decoded to suffix %q", line, r.suffix)
+		}
+	})
+}

@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
+	"github.com/shirou/gopsutil/v3/process"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/dama-etl/dama/etlcontext"
@@ -61,7 +64,16 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 		return river.JobCancel(failure)
 	case etlcontext.StatusRunning:
 		// RUNNING recorded but the lock is free: the attempt's process is
-		// gone without reporting a result.
+		// gone without reporting a result, or it lost its lock connection and
+		// is still stopping its command. No new attempt may start before
+		// that command is surely gone.
+		over, err := s.attemptOver(ctx, tx, c)
+		if err != nil {
+			return s.transient(logger, err)
+		}
+		if !over {
+			return river.JobSnooze(time.Second)
+		}
 		reason := "the task process exited without reporting a result"
 		if c.PID == nil {
 			reason = "the task process never took its lock"
@@ -150,6 +162,48 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 		}
 		return river.JobSnooze(s.cfg.PollInterval.D())
 	}
+}
+
+// attemptOver reports whether the attempt of c, RUNNING with a free lock, can
+// no longer be running its command. A runner that never recorded its pid
+// never starts one (it finds its launch superseded). A runner on this host is
+// looked up by pid and process start time, so a reused pid is not mistaken
+// for it. A runner elsewhere stops its command within heartbeat_interval of
+// losing its lock plus kill_grace; its last heartbeat tells when that is.
+func (s *Supervisor) attemptOver(ctx context.Context, tx pgx.Tx, c *etlcontext.Context) (bool, error) {
+	if c.PID == nil {
+		return true, nil
+	}
+	if c.Host != nil && *c.Host == s.host && c.ProcessStartedAt != nil {
+		return !processAlive(ctx, *c.PID, *c.ProcessStartedAt), nil
+	}
+	if c.HeartbeatAt == nil {
+		return true, nil
+	}
+	window := s.cfg.HeartbeatInterval.D() + s.cfg.KillGrace.D() + 2*time.Second
+	var over bool
+	if err := tx.QueryRow(ctx, `SELECT $1::timestamptz < now() - $2::interval`, *c.HeartbeatAt, window).Scan(&over); err != nil {
+		return false, fmt.Errorf("age heartbeat of etl context %d: %w", c.ID, err)
+	}
+	return over, nil
+}
+
+// processAlive reports whether the process pid that started at startedAt
+// (millisecond precision, as recorded) still runs.
+func processAlive(ctx context.Context, pid int, startedAt time.Time) bool {
+	p, err := process.NewProcessWithContext(ctx, int32(pid))
+	if err != nil {
+		return false
+	}
+	ms, err := p.CreateTimeWithContext(ctx)
+	if err != nil || ms != startedAt.UnixMilli() {
+		return false
+	}
+	statuses, err := p.StatusWithContext(ctx)
+	if err != nil {
+		return false
+	}
+	return !slices.Contains(statuses, process.Zombie)
 }
 
 // transient reports an error that says nothing about the task (the database

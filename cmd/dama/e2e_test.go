@@ -605,3 +605,51 @@ func TestDelayedSubmission(t *testing.T) {
 		t.Errorf("%s, started %s after submission; want DONE, started no earlier than the delay", got.Status, got.StartedAt.Sub(got.CreatedAt))
 	}
 }
+
+func TestNoSecondCopyWhileALockLessCommandIsStopping(t *testing.T) {
+	env := testenv.New(t)
+	// The command ignores SIGTERM (and its sleep inherits that), so after its
+	// runner loses the lock it lingers for the whole kill grace.
+	cfg := env.WriteConfig(`
+log_dir: {{dir}}/logs
+poll_interval: 300ms
+heartbeat_interval: 200ms
+kill_grace: 3s
+kinds:
+  stubborn:
+    command: ["/bin/sh", "-c", "trap '' TERM; echo $$ $DAMA_ATTEMPT >> {{dir}}/starts; if [ $DAMA_ATTEMPT = 1 ]; then sleep 60; fi"]
+`)
+	w := &world{Env: env, cfg: cfg}
+	w.Start(cfg, "supervisor")
+	res := w.Dama(cfg, "submit", "stubborn")
+	if res.Code != 0 {
+		t.Fatalf("submit: %s", res.Stderr)
+	}
+	id := testenv.Atoi(t, res.Stdout)
+	w.waitRunning(id)
+	startLines := func() []string {
+		data, _ := os.ReadFile(filepath.Join(env.Dir, "starts"))
+		return strings.Fields(string(data))
+	}
+	testenv.Eventually(t, 20*time.Second, "the command to start", func() (bool, error) { return len(startLines()) == 2, nil })
+	oldPID, _ := strconv.Atoi(startLines()[0])
+
+	if _, err := env.Pool.Exec(context.Background(), `
+		SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`,
+		fmt.Sprintf("dama-task-lock:%d", id)); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for testenv.Alive(oldPID) {
+		if n := len(startLines()); n != 2 {
+			t.Fatalf("a second copy started while the first (pid %d) still ran: starts %v", oldPID, startLines())
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the lock-less command %d still runs after 30s", oldPID)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := w.waitSettled(id, 60*time.Second); got.Status != etlcontext.StatusDone || got.Attempt != 2 {
+		t.Errorf("%s after %d attempts, want DONE after 2", got.Status, got.Attempt)
+	}
+}

@@ -36,7 +36,8 @@ type Client struct {
 	river *river.Client[pgx.Tx]
 }
 
-// NewClient returns a client that submits tasks of the kinds in cfg.
+// NewClient returns a client that submits tasks of the kinds in cfg. A client
+// with a nil cfg can cancel tasks but not submit them.
 func NewClient(pool *pgxpool.Pool, cfg *config.Config) (*Client, error) {
 	// River sends at most one insert notification per queue per
 	// FetchCooldown from a client; its default (100ms) would leave tasks
@@ -74,6 +75,9 @@ var ErrUnknownKind = errors.New("unknown kind")
 // nothing. It reports whether the context is new (false when the idempotency
 // key matched an earlier submission).
 func (c *Client) Submit(ctx context.Context, p SubmitParams) (id int64, created bool, err error) {
+	if c.cfg == nil {
+		return 0, false, errors.New("submit needs a configuration naming the kinds")
+	}
 	kind, ok := c.cfg.Kind(p.Kind)
 	if !ok {
 		return 0, false, fmt.Errorf("%w %q: the configuration has %v", ErrUnknownKind, p.Kind, c.cfg.KindNames())

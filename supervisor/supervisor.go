@@ -121,9 +121,11 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 		queues[name] = river.QueueConfig{MaxWorkers: opts.MaxWorkers}
 	}
 	s.river, err = river.NewClient(riverpgxv5.New(pool), &river.Config{
-		Queues:            queues,
-		Workers:           workers,
-		Logger:            opts.Logger,
+		Queues:  queues,
+		Workers: workers,
+		// River reports every retry and snooze at info level; dama logs
+		// what matters about a task itself.
+		Logger:            slog.New(levelFloor{Handler: opts.Logger.Handler(), min: slog.LevelWarn}),
 		FetchCooldown:     opts.FetchCooldown,
 		FetchPollInterval: opts.FetchPollInterval,
 		JobTimeout:        stepTimeout(opts.LaunchTimeout),
@@ -136,6 +138,24 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 		return nil, fmt.Errorf("create River client: %w", err)
 	}
 	return s, nil
+}
+
+// levelFloor drops records below min.
+type levelFloor struct {
+	slog.Handler
+	min slog.Level
+}
+
+func (h levelFloor) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= h.min && h.Handler.Enabled(ctx, l)
+}
+
+func (h levelFloor) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return levelFloor{Handler: h.Handler.WithAttrs(attrs), min: h.min}
+}
+
+func (h levelFloor) WithGroup(name string) slog.Handler {
+	return levelFloor{Handler: h.Handler.WithGroup(name), min: h.min}
 }
 
 // stepTimeout bounds a step: its launch wait plus a margin for its queries.

@@ -25,6 +25,12 @@ import (
 // connect opens a pool on DATABASE_URL and checks that the database answers,
 // so that an unreachable database is one clear error before anything else.
 func connect(ctx context.Context) (*pgxpool.Pool, string, error) {
+	return connectSized(ctx, 0)
+}
+
+// connectSized is connect with a pool of at least minConns connections,
+// unless DATABASE_URL sets pool_max_conns itself.
+func connectSized(ctx context.Context, minConns int32) (*pgxpool.Pool, string, error) {
 	url, err := databaseURL()
 	if err != nil {
 		return nil, "", err
@@ -32,6 +38,9 @@ func connect(ctx context.Context) (*pgxpool.Pool, string, error) {
 	pcfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, "", fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	if !strings.Contains(url, "pool_max_conns") {
+		pcfg.MaxConns = max(pcfg.MaxConns, minConns)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
@@ -87,7 +96,10 @@ running.`,
 			if err != nil {
 				return err
 			}
-			pool, url, err := connect(cmd.Context())
+			// Steps hold a connection for a few milliseconds each, River's
+			// producers and completer need their own: pgxpool's default
+			// (4 on two cores) would make steps queue for connections.
+			pool, url, err := connectSized(cmd.Context(), 20)
 			if err != nil {
 				return err
 			}
@@ -336,7 +348,7 @@ func newCancelCommand(g *globals) *cobra.Command {
 				return err
 			}
 			defer pool.Close()
-			client, err := supervisor.NewClient(pool, &config.Config{})
+			client, err := supervisor.NewClient(pool, nil)
 			if err != nil {
 				return err
 			}

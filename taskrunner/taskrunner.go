@@ -129,7 +129,7 @@ func (r *runner) run(ctx context.Context) (int, error) {
 	if _, err := tx.Exec(ctx, "SET LOCAL idle_in_transaction_session_timeout = 0"); err != nil {
 		return ExitSetup, fmt.Errorf("disable idle timeout of lock transaction: %w", err)
 	}
-	if lockConn.PgConn().ParameterStatus("server_version") >= "17" {
+	if serverMajor(lockConn) >= 17 {
 		if _, err := tx.Exec(ctx, "SET LOCAL transaction_timeout = 0"); err != nil {
 			return ExitSetup, fmt.Errorf("disable transaction timeout of lock transaction: %w", err)
 		}
@@ -206,6 +206,17 @@ func (r *runner) run(ctx context.Context) (int, error) {
 }
 
 var errSuperseded = errors.New("run superseded")
+
+// serverMajor returns the server's major version, 0 when unknown.
+func serverMajor(conn *pgx.Conn) int {
+	v := conn.PgConn().ParameterStatus("server_version")
+	end := strings.IndexFunc(v, func(r rune) bool { return r < '0' || r > '9' })
+	if end < 0 {
+		end = len(v)
+	}
+	n, _ := strconv.Atoi(v[:end])
+	return n
+}
 
 // connect opens a connection named for pg_stat_activity, so that an operator
 // can tell a task's lock connection from its write connection.

@@ -10,8 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
-	"github.com/shirou/gopsutil/v3/process"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/shirou/gopsutil/v3/process"
 
 	"github.com/dama-etl/dama/etlcontext"
 )

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -651,5 +652,84 @@ kinds:
 	}
 	if got := w.waitSettled(id, 60*time.Second); got.Status != etlcontext.StatusDone || got.Attempt != 2 {
 		t.Errorf("%s after %d attempts, want DONE after 2", got.Status, got.Attempt)
+	}
+}
+
+// onOtherHost runs a command in a UTS namespace of its own, where the host
+// name is name: a second host, as far as dama can tell.
+func onOtherHost(t *testing.T, name string) []string {
+	t.Helper()
+	if out, err := exec.Command("unshare", "--uts", "true").CombinedOutput(); err != nil {
+		t.Skipf("a second host name needs unshare --uts (root): %v %s", err, out)
+	}
+	return []string{"unshare", "--uts", "sh", "-c", `hostname "$0" && exec "$@"`, name}
+}
+
+func TestAdoptionAndRetryAcrossHosts(t *testing.T) {
+	env := testenv.New(t)
+	cfg := env.WriteConfig(`
+log_dir: {{dir}}/logs
+poll_interval: 300ms
+heartbeat_interval: 200ms
+kill_grace: 2s
+kinds:
+  stubborn:
+    command: ["/bin/sh", "-c", "trap '' TERM; echo $$ $DAMA_ATTEMPT >> {{dir}}/starts-$DAMA_ETL_CONTEXT_ID; sleep 3"]
+`)
+	w := &world{Env: env, cfg: cfg}
+	other := onOtherHost(t, "dama-other-host")
+	startLines := func(id int64) []string {
+		data, _ := os.ReadFile(filepath.Join(env.Dir, fmt.Sprintf("starts-%d", id)))
+		return strings.Fields(string(data))
+	}
+	submit := func() int64 {
+		res := w.Dama(cfg, "submit", "stubborn")
+		if res.Code != 0 {
+			t.Fatalf("submit: %s", res.Stderr)
+		}
+		return testenv.Atoi(t, res.Stdout)
+	}
+
+	remote := env.StartWrapped(cfg, other, "supervisor")
+	adopted, orphaned := submit(), submit()
+	for _, id := range []int64{adopted, orphaned} {
+		if got := w.waitRunning(id); deref(got.Host) != "dama-other-host" {
+			t.Fatalf("context %d runs on %v, want dama-other-host", id, deref(got.Host))
+		}
+		testenv.Eventually(t, 20*time.Second, "the command to start", func() (bool, error) { return len(startLines(id)) == 2, nil })
+	}
+	if err := syscall.Kill(-remote.Cmd.Process.Pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	// The orphaned task loses its lock while its command ignores SIGTERM:
+	// it runs on for the kill grace, and this host cannot see its process.
+	if _, err := env.Pool.Exec(context.Background(), `
+		SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`,
+		fmt.Sprintf("dama-task-lock:%d", orphaned)); err != nil {
+		t.Fatal(err)
+	}
+	oldPID, _ := strconv.Atoi(startLines(orphaned)[0])
+	w.Start(cfg, "supervisor")
+	deadline := time.Now().Add(30 * time.Second)
+	for testenv.Alive(oldPID) {
+		if len(startLines(orphaned)) != 2 {
+			t.Fatalf("a second copy started while the first (pid %d) still ran on the other host: %v", oldPID, startLines(orphaned))
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pid %d still runs after 30s", oldPID)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	if got := w.waitSettled(adopted, 60*time.Second); got.Status != etlcontext.StatusDone || got.Attempt != 1 || len(startLines(adopted)) != 2 {
+		t.Errorf("adopted task: %s after %d attempts, starts %v; want DONE after a single start", got.Status, got.Attempt, startLines(adopted))
+	}
+	got := w.waitSettled(orphaned, 60*time.Second)
+	if got.Status != etlcontext.StatusDone || got.Attempt != 2 {
+		t.Errorf("orphaned task: %s after %d attempts, want DONE after 2", got.Status, got.Attempt)
+	}
+	host, _ := os.Hostname()
+	if deref(got.Host) != host {
+		t.Errorf("the retry ran on %v, want this host %s", deref(got.Host), host)
 	}
 }

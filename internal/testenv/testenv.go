@@ -269,13 +269,21 @@ func (p *Proc) Wait() error {
 // group is killed when the test ends.
 func (e *Env) Start(configPath string, args ...string) *Proc {
 	e.T.Helper()
+	return e.StartWrapped(configPath, nil, args...)
+}
+
+// StartWrapped is Start with the dama binary run by wrapper, whose argv is
+// followed by the binary's path and args.
+func (e *Env) StartWrapped(configPath string, wrapper []string, args ...string) *Proc {
+	e.T.Helper()
 	logPath := filepath.Join(e.Dir, fmt.Sprintf("%s-%s.log", args[0], randomHex(3)))
 	logFile, err := os.Create(logPath)
 	if err != nil {
 		e.T.Fatal(err)
 	}
 	defer logFile.Close()
-	cmd := exec.Command(e.DamaBin, args...)
+	argv := append(append(append([]string{}, wrapper...), e.DamaBin), args...)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = e.Environ(configPath)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

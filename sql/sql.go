@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"path"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -29,6 +30,43 @@ const (
 	LockNamespace  = 1684106593
 	migrateLockKey = 0
 )
+
+// ErrNotMigrated is returned by CheckMigrated for a database that lacks
+// dama's latest migration.
+var ErrNotMigrated = errors.New("the database is not migrated: run dama migrate")
+
+// CheckMigrated reports ErrNotMigrated unless every migration this binary
+// embeds has been applied, so that commands fail with one clear line instead
+// of "relation does not exist".
+func CheckMigrated(ctx context.Context, pool *pgxpool.Pool) error {
+	entries, err := fs.Glob(migrations, "migrations/*.sql")
+	if err != nil || len(entries) == 0 {
+		return fmt.Errorf("list embedded migrations: %w", err)
+	}
+	var latest int64
+	if _, err := fmt.Sscanf(path.Base(entries[len(entries)-1]), "%d_", &latest); err != nil {
+		return fmt.Errorf("read embedded migration version: %w", err)
+	}
+	var applied bool
+	err = pool.QueryRow(ctx, `
+		SELECT to_regclass('data_manager.schema_migrations') IS NOT NULL
+		   AND to_regclass('river_job') IS NOT NULL`).Scan(&applied)
+	if err != nil {
+		return fmt.Errorf("check migrations: %w", err)
+	}
+	if applied {
+		err = pool.QueryRow(ctx, `
+			SELECT EXISTS (SELECT 1 FROM data_manager.schema_migrations WHERE version_id = $1 AND is_applied)`,
+			latest).Scan(&applied)
+		if err != nil {
+			return fmt.Errorf("check migrations: %w", err)
+		}
+	}
+	if !applied {
+		return ErrNotMigrated
+	}
+	return nil
+}
 
 // Migrate applies River's migrations and then dama's own, idempotently. It
 // holds a session-level advisory lock for the whole run, so that several

@@ -22,8 +22,8 @@ import (
 	"github.com/dama-etl/dama/supervisor"
 )
 
-// connect opens a pool on DATABASE_URL and checks that the database answers,
-// so that an unreachable database is one clear error before anything else.
+// connect opens a pool on DATABASE_URL and checks that the database answers
+// and is migrated, so that either is one clear error before anything else.
 func connect(ctx context.Context) (*pgxpool.Pool, string, error) {
 	return connectSized(ctx, 0)
 }
@@ -51,6 +51,19 @@ func connectSized(ctx context.Context, minConns int32) (*pgxpool.Pool, string, e
 	if err := pool.Ping(pingCtx); err != nil {
 		pool.Close()
 		return nil, "", fmt.Errorf("connect to database: %w", err)
+	}
+	return pool, url, nil
+}
+
+// connectMigrated is connect for the commands that need dama's schema.
+func connectMigrated(ctx context.Context, minConns int32) (*pgxpool.Pool, string, error) {
+	pool, url, err := connectSized(ctx, minConns)
+	if err != nil {
+		return nil, "", err
+	}
+	if err := damasql.CheckMigrated(ctx, pool); err != nil {
+		pool.Close()
+		return nil, "", err
 	}
 	return pool, url, nil
 }
@@ -99,7 +112,7 @@ running.`,
 			// Steps hold a connection for a few milliseconds each, River's
 			// producers and completer need their own: pgxpool's default
 			// (4 on two cores) would make steps queue for connections.
-			pool, url, err := connectSized(cmd.Context(), 20)
+			pool, url, err := connectMigrated(cmd.Context(), 20)
 			if err != nil {
 				return err
 			}
@@ -144,7 +157,7 @@ id of the first submission and creates nothing.`,
 			if delay < 0 {
 				return errors.New("--delay must not be negative")
 			}
-			pool, _, err := connect(cmd.Context())
+			pool, _, err := connectMigrated(cmd.Context(), 0)
 			if err != nil {
 				return err
 			}
@@ -186,7 +199,7 @@ func newStatusCommand() *cobra.Command {
 					return err
 				}
 			}
-			pool, _, err := connect(cmd.Context())
+			pool, _, err := connectMigrated(cmd.Context(), 0)
 			if err != nil {
 				return err
 			}
@@ -261,7 +274,7 @@ func newEventsCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			pool, _, err := connect(cmd.Context())
+			pool, _, err := connectMigrated(cmd.Context(), 0)
 			if err != nil {
 				return err
 			}
@@ -305,7 +318,7 @@ func newLogsCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			pool, _, err := connect(cmd.Context())
+			pool, _, err := connectMigrated(cmd.Context(), 0)
 			if err != nil {
 				return err
 			}
@@ -343,7 +356,7 @@ func newCancelCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			pool, _, err := connect(cmd.Context())
+			pool, _, err := connectMigrated(cmd.Context(), 0)
 			if err != nil {
 				return err
 			}

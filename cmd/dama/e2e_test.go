@@ -39,9 +39,11 @@ type world struct {
 	startsDir string
 }
 
+func sampleConfigFor(maxRunning int) string { return fmt.Sprintf(sampleConfig, maxRunning) }
+
 func newWorld(t *testing.T, maxRunning int) *world {
 	env := testenv.New(t)
-	w := &world{Env: env, cfg: env.WriteConfig(fmt.Sprintf(sampleConfig, maxRunning)), startsDir: filepath.Join(env.Dir, "starts")}
+	w := &world{Env: env, cfg: env.WriteConfig(sampleConfigFor(maxRunning)), startsDir: filepath.Join(env.Dir, "starts")}
 	if err := os.MkdirAll(w.startsDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -731,5 +733,28 @@ kinds:
 	host, _ := os.Hostname()
 	if deref(got.Host) != host {
 		t.Errorf("the retry ran on %v, want this host %s", deref(got.Host), host)
+	}
+}
+
+func TestMigrateTwiceAtOnce(t *testing.T) {
+	env := testenv.NewUnmigrated(t)
+	cfg := env.WriteConfig(sampleConfigFor(10))
+	if res := env.Dama(cfg, "submit", "sample"); res.Code == 0 || !strings.Contains(res.Stderr, "not migrated: run dama migrate") {
+		t.Fatalf("submit on an unmigrated database: exit %d, stderr %q", res.Code, res.Stderr)
+	}
+	results := make(chan testenv.Result, 2)
+	for range 2 {
+		go func() { results <- env.Dama(cfg, "migrate") }()
+	}
+	for range 2 {
+		if res := <-results; res.Code != 0 {
+			t.Errorf("concurrent dama migrate: exit %d: %s", res.Code, res.Stderr)
+		}
+	}
+	if res := env.Dama(cfg, "migrate"); res.Code != 0 {
+		t.Errorf("dama migrate on a migrated database: exit %d: %s", res.Code, res.Stderr)
+	}
+	if res := env.Dama(cfg, "submit", "sample"); res.Code != 0 || testenv.Atoi(t, res.Stdout) != 1 {
+		t.Errorf("submit after migrate: exit %d, stdout %q, stderr %q", res.Code, res.Stdout, res.Stderr)
 	}
 }

@@ -6,12 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib-postgres.sh
 
-if [ -z "${TEST_DATABASE_URL:-}" ]; then
-	trap dama_pg_stop EXIT
-	dama_pg_start
-	TEST_DATABASE_URL=$DAMA_PG_URL
-fi
-export TEST_DATABASE_URL
+dama_pg_use TEST_DATABASE_URL
 
 echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(free -g | awk '/Mem:/ {print $2}') GB; $(go version); $(psql "$TEST_DATABASE_URL" -AtqX -c 'SHOW server_version')"
 go test -run '^$' -bench Latency -benchtime 300x -count=1 "$@" ./supervisor

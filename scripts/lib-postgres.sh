@@ -76,3 +76,15 @@ dama_pg_stop() {
 	rm -rf "$DAMA_PG_DIR"
 	DAMA_PG_DIR=
 }
+
+# dama_pg_use VAR: export VAR as is when it is set, or else start a throwaway
+# cluster (stopped when the calling script exits) and export VAR naming it.
+dama_pg_use() {
+	local var=$1
+	if [ -z "${!var:-}" ]; then
+		trap dama_pg_stop EXIT
+		dama_pg_start || return 1
+		printf -v "$var" '%s' "$DAMA_PG_URL"
+	fi
+	export "${var?}"
+}

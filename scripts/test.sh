@@ -5,12 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib-postgres.sh
 
-if [ -z "${TEST_DATABASE_URL:-}" ]; then
-	trap dama_pg_stop EXIT
-	dama_pg_start
-	TEST_DATABASE_URL=$DAMA_PG_URL
-fi
-export TEST_DATABASE_URL
+dama_pg_use TEST_DATABASE_URL
 
 go vet ./...
 go test -race -count=1 "$@" ./...

@@ -80,6 +80,20 @@ func parseID(s string) (int64, error) {
 	return id, nil
 }
 
+// openContext parses a context id argument and connects; the caller closes
+// the pool.
+func openContext(ctx context.Context, arg string) (int64, *pgxpool.Pool, error) {
+	id, err := parseID(arg)
+	if err != nil {
+		return 0, nil, err
+	}
+	pool, _, err := connectMigrated(ctx, 0)
+	if err != nil {
+		return 0, nil, err
+	}
+	return id, pool, nil
+}
+
 func newMigrateCommand() *cobra.Command {
 	return &cobra.Command{
 		Use:   "migrate",
@@ -270,11 +284,7 @@ func newEventsCommand() *cobra.Command {
 		Short: "Show the events of a task",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, argv []string) error {
-			id, err := parseID(argv[0])
-			if err != nil {
-				return err
-			}
-			pool, _, err := connectMigrated(cmd.Context(), 0)
+			id, pool, err := openContext(cmd.Context(), argv[0])
 			if err != nil {
 				return err
 			}
@@ -314,11 +324,7 @@ func newLogsCommand() *cobra.Command {
 		Short: "Print the log file of a task (on the host it ran on)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, argv []string) error {
-			id, err := parseID(argv[0])
-			if err != nil {
-				return err
-			}
-			pool, _, err := connectMigrated(cmd.Context(), 0)
+			id, pool, err := openContext(cmd.Context(), argv[0])
 			if err != nil {
 				return err
 			}
@@ -352,11 +358,7 @@ func newCancelCommand(g *globals) *cobra.Command {
 		Short: "Cancel a task, stopping its process wherever it runs",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, argv []string) error {
-			id, err := parseID(argv[0])
-			if err != nil {
-				return err
-			}
-			pool, _, err := connectMigrated(cmd.Context(), 0)
+			id, pool, err := openContext(cmd.Context(), argv[0])
 			if err != nil {
 				return err
 			}

@@ -758,3 +758,81 @@ func TestMigrateTwiceAtOnce(t *testing.T) {
 		t.Errorf("submit after migrate: exit %d, stdout %q, stderr %q", res.Code, res.Stdout, res.Stderr)
 	}
 }
+
+func TestNothingIsLostWhateverIsKilled(t *testing.T) {
+	w := newWorld(t, 6)
+	var ids []int64
+	for range 30 {
+		ids = append(ids, w.submit(15, 60))
+	}
+	sups := []*testenv.Proc{w.Start(w.cfg, "supervisor"), w.Start(w.cfg, "supervisor")}
+	killedRunners := map[int64]bool{}
+	allDone := func() bool {
+		var open int
+		if err := w.Pool.QueryRow(context.Background(), `
+			SELECT count(*) FROM data_manager.dama_task_queue WHERE etl_status <> 'DONE' OR job_state IS DISTINCT FROM 'completed'`).Scan(&open); err != nil {
+			t.Fatal(err)
+		}
+		return open == 0
+	}
+	// Chaos: every 1.5s a supervisor is crashed and replaced, and every
+	// other round a task process is crashed too.
+	for round := 0; round < 12 && !allDone(); round++ {
+		time.Sleep(1500 * time.Millisecond)
+		i := round % len(sups)
+		_ = syscall.Kill(-sups[i].Cmd.Process.Pid, syscall.SIGKILL)
+		sups[i] = w.Start(w.cfg, "supervisor")
+		if round%2 == 0 {
+			var id int64
+			var pid int
+			err := w.Pool.QueryRow(context.Background(), `
+				SELECT etl_context_id, pid FROM data_manager.dama_task_queue
+				 WHERE etl_status = 'RUNNING' AND initial_event_locked ORDER BY random() LIMIT 1`).Scan(&id, &pid)
+			if err == nil && syscall.Kill(pid, syscall.SIGKILL) == nil {
+				killedRunners[id] = true
+			}
+		}
+	}
+	// Then calm: everything must settle.
+	testenv.Eventually(t, 90*time.Second, "every task DONE with its job completed", func() (bool, error) {
+		if allDone() {
+			return true, nil
+		}
+		var summary string
+		err := w.Pool.QueryRow(context.Background(), `
+			SELECT string_agg(etl_context_id || ':' || etl_status || '/' || coalesce(job_state, '-') || '@' || attempt, ' ')
+			  FROM data_manager.dama_task_queue WHERE etl_status <> 'DONE' OR job_state IS DISTINCT FROM 'completed'`).Scan(&summary)
+		return false, fmt.Errorf("unsettled: %s (%v)", summary, err)
+	})
+	for _, id := range ids {
+		got := w.task(id)
+		// No attempt started its command twice, and the last start is the
+		// attempt that finished. (A supervisor killed between recording a
+		// launch and spawning the runner spends an attempt that never
+		// starts: attempts may exceed starts.)
+		seen := map[string]bool{}
+		starts := w.starts(id)
+		for _, s := range starts {
+			if seen[s[1]] {
+				t.Errorf("context %d: attempt %s started twice: %v", id, s[1], starts)
+			}
+			seen[s[1]] = true
+		}
+		if len(starts) == 0 || starts[len(starts)-1][1] != strconv.Itoa(got.Attempt) {
+			t.Errorf("context %d: DONE by attempt %d, starts %v", id, got.Attempt, starts)
+		}
+		if killedRunners[id] {
+			continue
+		}
+		events, err := etlcontext.Events(context.Background(), w.Pool, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range events {
+			if e.Type == "sample:ERROR" && !strings.Contains(string(e.Payload), "never took its lock") {
+				t.Errorf("context %d was never killed, yet attempt %d failed: %s", id, e.Attempt, e.Payload)
+			}
+		}
+	}
+	t.Logf("%d task processes killed; every task DONE with its job completed", len(killedRunners))
+}

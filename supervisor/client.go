@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
@@ -106,6 +107,10 @@ func (c *Client) Submit(ctx context.Context, p SubmitParams) (id int64, created 
 		if errors.Is(err, pgx.ErrNoRows) {
 			// The key was used before; that submission stands.
 			return tx.QueryRow(ctx, `SELECT etl_context_id FROM data_manager.etl_contexts WHERE idempotency_key = $1`, key).Scan(&id)
+		}
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "23503" && pgErr.ConstraintName == "etl_contexts_parent_context_id_fkey" {
+			return fmt.Errorf("parent etl context %d does not exist", p.ParentID)
 		}
 		if err != nil {
 			return fmt.Errorf("insert etl context: %w", err)

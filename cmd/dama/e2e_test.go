@@ -470,6 +470,15 @@ func TestIdempotencyKey(t *testing.T) {
 	if contexts != 1 || jobs != 1 {
 		t.Errorf("%d contexts and %d jobs, want 1 and 1", contexts, jobs)
 	}
+
+	parent := testenv.Atoi(t, a.Stdout)
+	child := w.Dama(w.cfg, "submit", "sample", "--parent", strconv.FormatInt(parent, 10))
+	if child.Code != 0 {
+		t.Fatalf("submit a child: %s", child.Stderr)
+	}
+	if got := w.task(testenv.Atoi(t, child.Stdout)); got.ParentID == nil || *got.ParentID != parent {
+		t.Errorf("child's parent_context_id %v, want %d", deref(got.ParentID), parent)
+	}
 }
 
 func TestBadInputIsOneLineAndWritesNothing(t *testing.T) {
@@ -491,6 +500,8 @@ func TestBadInputIsOneLineAndWritesNothing(t *testing.T) {
 		{"bad id", w.Env, w.cfg, []string{"status", "x"}, "invalid etl context id"},
 		{"unknown id", w.Env, w.cfg, []string{"events", "12345"}, "not found"},
 		{"unknown flag", w.Env, w.cfg, []string{"submit", "sample", "--nope"}, "unknown flag"},
+		{"unknown parent", w.Env, w.cfg, []string{"submit", "sample", "--parent", "999"}, "parent etl context 999 does not exist"},
+		{"negative delay", w.Env, w.cfg, []string{"submit", "sample", "--delay", "-1s"}, "must not be negative"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

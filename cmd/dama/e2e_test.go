@@ -847,3 +847,24 @@ func TestNothingIsLostWhateverIsKilled(t *testing.T) {
 	}
 	t.Logf("%d task processes killed; every task DONE with its job completed", len(killedRunners))
 }
+
+func TestLogsFollowUntilTheTaskEnds(t *testing.T) {
+	w := newWorld(t, 10)
+	w.Start(w.cfg, "supervisor")
+	id := w.submit(20, 100)
+	w.waitRunning(id)
+	// Started while the task runs, it ends by itself when the task does,
+	// having printed the whole log.
+	res := w.Dama(w.cfg, "logs", "--follow", strconv.FormatInt(id, 10))
+	if res.Code != 0 {
+		t.Fatalf("dama logs --follow: exit %d: %s", res.Code, res.Stderr)
+	}
+	if got := w.task(id); got.Status != etlcontext.StatusDone {
+		t.Errorf("dama logs --follow returned while the task was %s", got.Status)
+	}
+	for _, want := range []string{"command started", fmt.Sprintf("context %d attempt 1: steps 0 to 20", id), fmt.Sprintf("context %d done", id)} {
+		if !strings.Contains(res.Stdout, want) {
+			t.Errorf("followed log lacks %q:\n%s", want, res.Stdout)
+		}
+	}
+}

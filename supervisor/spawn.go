@@ -84,7 +84,7 @@ func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcont
 	s.children[c.ID] = ch
 	s.mu.Unlock()
 	go s.reap(c.ID, cmd, ch)
-	logger.Info("spawned task process", "pid", ch.pid, "attempt", c.Attempt+1, "kind", c.Kind)
+	logger.Info("spawned task process", "pid", ch.pid, "kind", c.Kind)
 
 	_ = readyR.SetReadDeadline(time.Now().Add(s.opts.LaunchTimeout))
 	var b [1]byte

@@ -114,14 +114,17 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 	if full {
 		return river.JobSnooze(s.cfg.PollInterval.D())
 	}
-	var runID string
+	var (
+		runID   string
+		attempt int
+	)
 	if err := tx.QueryRow(ctx, `
 		UPDATE data_manager.etl_contexts
 		   SET etl_status = 'RUNNING', attempt = $2, run_id = gen_random_uuid(), launched_by = $3,
 		       started_at = coalesce(started_at, now()),
 		       host = NULL, pid = NULL, process_started_at = NULL, heartbeat_at = NULL
 		 WHERE etl_context_id = $1
-		RETURNING run_id::text`, id, max(job.Attempt, c.Attempt+1), s.host).Scan(&runID); err != nil {
+		RETURNING run_id::text, attempt`, id, max(job.Attempt, c.Attempt+1), s.host).Scan(&runID, &attempt); err != nil {
 		return s.transient(logger, fmt.Errorf("start attempt of etl context %d: %w", id, err))
 	}
 	if _, ok := s.cfg.Kind(c.Kind); !ok {
@@ -141,7 +144,7 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 		return s.transient(logger, fmt.Errorf("commit start of etl context %d: %w", id, err))
 	}
 
-	outcome, err := s.launch(ctx, logger, c, runID)
+	outcome, err := s.launch(ctx, logger.With("attempt", attempt), c, runID)
 	if err != nil {
 		// Nothing was started: the next step finds RUNNING with a free lock
 		// and records the failed launch.

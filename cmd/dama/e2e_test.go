@@ -441,7 +441,7 @@ func TestLockConnectionLossStopsTheCommand(t *testing.T) {
 	var terminated int
 	if err := w.Pool.QueryRow(context.Background(), `
 		SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-		 WHERE application_name = $1`, fmt.Sprintf("dama-task-lock:%d", id)).Scan(&terminated); err != nil {
+		 WHERE application_name = $1 AND datname = current_database()`, fmt.Sprintf("dama-task-lock:%d", id)).Scan(&terminated); err != nil {
 		t.Fatal(err)
 	}
 	if terminated != 1 {
@@ -649,7 +649,7 @@ kinds:
 	oldPID, _ := strconv.Atoi(startLines()[0])
 
 	if _, err := env.Pool.Exec(context.Background(), `
-		SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`,
+		SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 AND datname = current_database()`,
 		fmt.Sprintf("dama-task-lock:%d", id)); err != nil {
 		t.Fatal(err)
 	}
@@ -717,7 +717,7 @@ kinds:
 	// The orphaned task loses its lock while its command ignores SIGTERM:
 	// it runs on for the kill grace, and this host cannot see its process.
 	if _, err := env.Pool.Exec(context.Background(), `
-		SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`,
+		SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 AND datname = current_database()`,
 		fmt.Sprintf("dama-task-lock:%d", orphaned)); err != nil {
 		t.Fatal(err)
 	}

@@ -1,23 +1,3 @@
-// Package supervisor enqueues dama tasks through River and keeps each one
-// moving until it is finished, whatever happens to the supervisor process in
-// between.
-//
-// Every context has one River job for its whole life. The job's Work is a
-// short, idempotent step of a state machine, never a days-long wait: it locks
-// the context's INITIAL event without waiting and decides from what it finds.
-//
-//   - finished: the job completes (DONE), is cancelled (CANCELLED) or fails
-//     for good (FAILED);
-//   - lock held: a task process is alive, whoever started it: the job snoozes
-//     for the poll interval (this is how a restarted supervisor, on any host,
-//     adopts the tasks of the one before);
-//   - lock free but RUNNING recorded: that attempt died: an ERROR is recorded
-//     and the step returns an error, so River retries with backoff;
-//   - lock free and not started: a taskrunner process is spawned, detached,
-//     and the job snoozes.
-//
-// The supervisor reaps the runners it spawned and wakes their jobs when they
-// exit; a LISTEN connection does the same for runners it adopted.
 package supervisor
 
 import (

@@ -1,0 +1,38 @@
+// Package supervisor enqueues dama tasks through River and keeps each one
+// moving until it is finished, whatever happens to the supervisor process in
+// between.
+//
+// Every context has one River job for its whole life. The job's Work is a
+// short, idempotent step of a state machine, never a days-long wait: it locks
+// the context's INITIAL event without waiting and decides from what it finds.
+//
+//   - finished: the job completes (DONE), is cancelled (CANCELLED) or fails
+//     for good (FAILED);
+//   - lock held: a task process is alive, whoever started it: the job snoozes
+//     for the poll interval (this is how a restarted supervisor, on any host,
+//     adopts the tasks of the one before);
+//   - lock free but RUNNING recorded: that attempt died (or lost its lock and
+//     is stopping its command): once its command is surely gone, an ERROR is
+//     recorded and the step returns an error, so River retries with backoff;
+//   - lock free and not started: a taskrunner process is spawned, detached,
+//     and the job snoozes.
+//
+// The supervisor reaps the runners it spawned and wakes their jobs when they
+// exit; a LISTEN connection does the same for runners it adopted.
+//
+// # Submitting and cancelling
+//
+// A [Client] submits tasks (a QUEUED context, its INITIAL event and its River
+// job in one transaction) and cancels them, wherever they run. Only the kinds
+// of the [config.Config] can be submitted, and only the kinds of a
+// supervisor's configuration run under it.
+//
+// # Nothing is lost
+//
+// A step returns an error to River only after the database recorded the
+// failed attempt, so River's attempt count and the context's agree. Each
+// supervisor holds an advisory lock keyed by its River client id; a job left
+// running by a dead supervisor is made available again without spending an
+// attempt. A context whose job was finalized behind dama's back (by hand, or
+// by River's own rescuer) is reconciled: its job is retried or re-enqueued.
+package supervisor

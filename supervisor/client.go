@@ -90,6 +90,9 @@ func (c *Client) Submit(ctx context.Context, p SubmitParams) (id int64, created 
 	if !json.Valid(args) {
 		return 0, false, errors.New("arguments are not valid JSON")
 	}
+	if len(args) > taskrunner.MaxEnvPayload {
+		return 0, false, fmt.Errorf("arguments are %d bytes; a task receives them in DAMA_ARGS, which holds at most %d", len(args), taskrunner.MaxEnvPayload)
+	}
 	var key, parent any
 	if p.IdempotencyKey != "" {
 		key = p.IdempotencyKey

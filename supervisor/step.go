@@ -107,6 +107,12 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 		}
 		return river.JobCancel(fmt.Errorf("etl context %d was cancelled", id))
 	}
+	if _, ok := s.cfg.Kind(c.Kind); !ok {
+		// Only configured kinds run here. Another supervisor serving this
+		// queue may run the kind: leave the task to it, spending nothing.
+		logger.Warn("kind not in this supervisor's configuration; leaving the task to another supervisor", "kind", c.Kind)
+		return river.JobSnooze(s.cfg.PollInterval.D())
+	}
 	full, err := s.queueFull(ctx, tx, c.Queue)
 	if err != nil {
 		return s.transient(logger, err)
@@ -126,19 +132,6 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 		 WHERE etl_context_id = $1
 		RETURNING run_id::text, attempt`, id, max(job.Attempt, c.Attempt+1), s.host).Scan(&runID, &attempt); err != nil {
 		return s.transient(logger, fmt.Errorf("start attempt of etl context %d: %w", id, err))
-	}
-	if _, ok := s.cfg.Kind(c.Kind); !ok {
-		// Only configured kinds run. The attempt is spent, so River's count
-		// and the context's agree.
-		c.RunID, c.Status = &runID, etlcontext.StatusRunning
-		reason := fmt.Sprintf("kind %s is not in the configuration of the supervisor on %s", c.Kind, s.host)
-		if err := s.recordDeath(ctx, tx, c, reason); err != nil {
-			return s.transient(logger, err)
-		}
-		if err := tx.Commit(ctx); err != nil {
-			return s.transient(logger, fmt.Errorf("commit refusal of etl context %d: %w", id, err))
-		}
-		return errors.New(reason)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return s.transient(logger, fmt.Errorf("commit start of etl context %d: %w", id, err))

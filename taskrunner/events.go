@@ -17,6 +17,12 @@ import (
 // a longer one is recorded as a WARNING event and skipped.
 const MaxEventLine = 1 << 20
 
+// MaxEnvPayload bounds the arguments and checkpoints handed to a command in
+// DAMA_ARGS and DAMA_CHECKPOINT: Linux refuses to exec with an environment
+// string over 128 KiB, which would make every retry fail. A larger checkpoint
+// is recorded as a WARNING, and the previous checkpoint stands.
+const MaxEnvPayload = 96 << 10
+
 // reported is one line the command wrote on its events pipe, decoded.
 type reported struct {
 	suffix  string
@@ -61,6 +67,9 @@ func decodeLine(line []byte) reported {
 	payload := msg.Payload
 	if len(payload) == 0 || string(payload) == "null" {
 		payload = nil
+	}
+	if suffix == etlcontext.EventCheckpoint && len(payload) > MaxEnvPayload {
+		return warning(fmt.Sprintf("checkpoint of %d bytes exceeds the %d bytes a retry receives in DAMA_CHECKPOINT; the previous checkpoint stands", len(payload), MaxEnvPayload), line)
 	}
 	return reported{suffix: suffix, payload: payload}
 }

@@ -20,6 +20,7 @@ func TestDecodeLine(t *testing.T) {
 		{`{"type":"INITIAL"}`, "WARNING", ``, "reserved"},
 		{`{"type":"bad type!"}`, "WARNING", ``, "want letters"},
 		{`{"type":""}`, "WARNING", ``, "want letters"},
+		{`{"type":"checkpoint","payload":"` + strings.Repeat("c", MaxEnvPayload) + `"}`, "WARNING", ``, "previous checkpoint stands"},
 	}
 	for _, c := range cases {
 		got := decodeLine([]byte(c.line))

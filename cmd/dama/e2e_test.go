@@ -502,6 +502,7 @@ func TestBadInputIsOneLineAndWritesNothing(t *testing.T) {
 		{"unknown flag", w.Env, w.cfg, []string{"submit", "sample", "--nope"}, "unknown flag"},
 		{"unknown parent", w.Env, w.cfg, []string{"submit", "sample", "--parent", "999"}, "parent etl context 999 does not exist"},
 		{"negative delay", w.Env, w.cfg, []string{"submit", "sample", "--delay", "-1s"}, "must not be negative"},
+		{"arguments too large", w.Env, w.cfg, []string{"submit", "sample", "--args", `{"blob": "` + strings.Repeat("x", 100<<10) + `"}`}, "DAMA_ARGS"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -866,5 +867,42 @@ func TestLogsFollowUntilTheTaskEnds(t *testing.T) {
 		if !strings.Contains(res.Stdout, want) {
 			t.Errorf("followed log lacks %q:\n%s", want, res.Stdout)
 		}
+	}
+}
+
+func TestSupervisorLeavesKindsItDoesNotRunToOthers(t *testing.T) {
+	env := testenv.New(t)
+	narrow := env.WriteConfig(`
+log_dir: {{dir}}/logs
+poll_interval: 300ms
+queues: { etl: {} }
+kinds:
+  sample: { queue: etl, command: ["{{sample}}"] }
+`)
+	wide := env.WriteConfig(`
+log_dir: {{dir}}/logs
+poll_interval: 300ms
+queues: { etl: {} }
+kinds:
+  sample: { queue: etl, command: ["{{sample}}"] }
+  other: { queue: etl, command: ["/bin/true"] }
+`)
+	w := &world{Env: env, cfg: wide}
+	narrowSup := env.Start(narrow, "supervisor")
+	res := env.Dama(wide, "submit", "other")
+	if res.Code != 0 {
+		t.Fatalf("submit: %s", res.Stderr)
+	}
+	id := testenv.Atoi(t, res.Stdout)
+	testenv.Eventually(t, 20*time.Second, "the narrow supervisor to pass the task over", func() (bool, error) {
+		log, err := os.ReadFile(narrowSup.Log)
+		return strings.Contains(string(log), "leaving the task to another supervisor"), err
+	})
+	if got := w.task(id); got.Status != etlcontext.StatusQueued || got.Attempt != 0 {
+		t.Fatalf("a supervisor without the kind touched the task: %s, attempt %d", got.Status, got.Attempt)
+	}
+	env.Start(wide, "supervisor")
+	if got := w.waitSettled(id, 30*time.Second); got.Status != etlcontext.StatusDone || got.Attempt != 1 {
+		t.Errorf("%s after %d attempts, want DONE after 1", got.Status, got.Attempt)
 	}
 }

@@ -34,6 +34,9 @@ const (
 	StatusCancelled Status = "CANCELLED"
 )
 
+// Statuses lists every status, in the order a context goes through them.
+var Statuses = []Status{StatusQueued, StatusRunning, StatusRetrying, StatusDone, StatusFailed, StatusCancelled}
+
 // Finished reports whether s is final: a finished context never runs again.
 func (s Status) Finished() bool {
 	return s == StatusDone || s == StatusFailed || s == StatusCancelled

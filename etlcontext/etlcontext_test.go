@@ -187,7 +187,7 @@ func TestLockInitialIsExclusiveAndVisibleThroughTheAdvisoryLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	locked := func() bool {
-		tasks, err := etlcontext.Tasks(ctx, env.Pool, id)
+		tasks, err := etlcontext.Tasks(ctx, env.Pool, etlcontext.TaskQuery{ID: id})
 		if err != nil || len(tasks) != 1 {
 			t.Fatalf("read view: %v (%d rows)", err, len(tasks))
 		}

@@ -39,17 +39,32 @@ type Task struct {
 	LogPath            *string         `json:"log_path"`
 }
 
-// Tasks reads the view, newest context first; a non-zero id reads that
-// context alone.
-func Tasks(ctx context.Context, db DB, id int64) ([]Task, error) {
+// TaskQuery selects rows of the view.
+type TaskQuery struct {
+	// ID, when non-zero, selects that context alone.
+	ID int64
+	// Statuses, when not empty, selects contexts in those statuses.
+	Statuses []Status
+	// Limit, when positive, keeps the newest Limit rows.
+	Limit int
+}
+
+// Tasks reads the view, newest context first.
+func Tasks(ctx context.Context, db DB, q TaskQuery) ([]Task, error) {
+	statuses := make([]string, len(q.Statuses))
+	for i, st := range q.Statuses {
+		statuses[i] = string(st)
+	}
 	rows, err := db.Query(ctx, `
 		SELECT etl_context_id, parent_context_id, kind, queue, etl_status, attempt, max_attempts,
 		       job_state, scheduled_at, host, pid, created_at, started_at, finished_at, heartbeat_at,
 		       latest_event_type, latest_event_at, progress, initial_event_locked, river_job_id,
 		       run_id::text, idempotency_key, cancel_requested_at, log_path
 		  FROM data_manager.dama_task_queue
-		 WHERE $1 = 0 OR etl_context_id = $1
-		 ORDER BY etl_context_id DESC`, id)
+		 WHERE ($1 = 0 OR etl_context_id = $1)
+		   AND (cardinality($2::text[]) = 0 OR etl_status = ANY($2))
+		 ORDER BY etl_context_id DESC
+		 LIMIT CASE WHEN $3 > 0 THEN $3 END`, q.ID, statuses, q.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("read task queue: %w", err)
 	}

@@ -50,7 +50,7 @@ kinds:
 	}
 	fmt.Println("same id:", id == again, "created:", created, createdAgain)
 
-	tasks, err := etlcontext.Tasks(ctx, env.Pool, id)
+	tasks, err := etlcontext.Tasks(ctx, env.Pool, etlcontext.TaskQuery{ID: id})
 	if err != nil {
 		panic(err)
 	}
@@ -101,7 +101,7 @@ kinds:
 		panic(err)
 	}
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		tasks, err := etlcontext.Tasks(ctx, env.Pool, id)
+		tasks, err := etlcontext.Tasks(ctx, env.Pool, etlcontext.TaskQuery{ID: id})
 		if err != nil {
 			panic(err)
 		}

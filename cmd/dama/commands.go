@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -200,25 +201,42 @@ id of the first submission and creates nothing.`,
 }
 
 func newStatusCommand() *cobra.Command {
-	var asJSON bool
+	var (
+		asJSON   bool
+		limit    int
+		statuses []string
+	)
 	cmd := &cobra.Command{
 		Use:   "status [ID]",
 		Short: "Show tasks from data_manager.dama_task_queue",
-		Args:  cobra.MaximumNArgs(1),
+		Long: `Show tasks from data_manager.dama_task_queue, newest first: one task by ID,
+or the newest --limit tasks, optionally only those in the given --status.`,
+		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, argv []string) error {
-			var id int64
+			q := etlcontext.TaskQuery{Limit: limit}
 			if len(argv) == 1 {
 				var err error
-				if id, err = parseID(argv[0]); err != nil {
+				if q.ID, err = parseID(argv[0]); err != nil {
 					return err
 				}
 			}
+			if limit < 0 {
+				return errors.New("--limit must not be negative")
+			}
+			for _, st := range statuses {
+				st := etlcontext.Status(strings.ToUpper(st))
+				if !slices.Contains(etlcontext.Statuses, st) {
+					return fmt.Errorf("unknown status %q: want one of %v", st, etlcontext.Statuses)
+				}
+				q.Statuses = append(q.Statuses, st)
+			}
+			id := q.ID
 			pool, _, err := connectMigrated(cmd.Context(), 0)
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
-			tasks, err := etlcontext.Tasks(cmd.Context(), pool, id)
+			tasks, err := etlcontext.Tasks(cmd.Context(), pool, q)
 			if err != nil {
 				return err
 			}
@@ -238,6 +256,8 @@ func newStatusCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().IntVar(&limit, "limit", 50, "show at most this many tasks, newest first (0: all)")
+	cmd.Flags().StringSliceVar(&statuses, "status", nil, "show only tasks in these statuses (QUEUED,RUNNING,...)")
 	return cmd
 }
 

@@ -63,7 +63,7 @@ func (w *world) submit(steps, stepMS int) int64 {
 
 func (w *world) task(id int64) etlcontext.Task {
 	w.T.Helper()
-	tasks, err := etlcontext.Tasks(context.Background(), w.Pool, id)
+	tasks, err := etlcontext.Tasks(context.Background(), w.Pool, etlcontext.TaskQuery{ID: id})
 	if err != nil || len(tasks) != 1 {
 		w.T.Fatalf("read task %d: %v (%d rows)", id, err, len(tasks))
 	}
@@ -478,6 +478,16 @@ func TestIdempotencyKey(t *testing.T) {
 	}
 	if got := w.task(testenv.Atoi(t, child.Stdout)); got.ParentID == nil || *got.ParentID != parent {
 		t.Errorf("child's parent_context_id %v, want %d", deref(got.ParentID), parent)
+	}
+
+	var listed []etlcontext.Task
+	res := w.Dama(w.cfg, "status", "--json", "--status", "queued", "--limit", "1")
+	if err := json.Unmarshal([]byte(res.Stdout), &listed); err != nil || len(listed) != 1 || listed[0].ID != testenv.Atoi(t, child.Stdout) {
+		t.Errorf("status --status queued --limit 1: %v %+v (stderr %s), want the newest task alone", err, listed, res.Stderr)
+	}
+	res = w.Dama(w.cfg, "status", "--json", "--status", "done")
+	if err := json.Unmarshal([]byte(res.Stdout), &listed); err != nil || len(listed) != 0 {
+		t.Errorf("status --status done: %v %+v, want none", err, listed)
 	}
 }
 

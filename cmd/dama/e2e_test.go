@@ -116,6 +116,17 @@ func (w *world) starts(id int64) [][]string {
 	return out
 }
 
+// countLines counts the lines of s equal to line.
+func countLines(s, line string) int {
+	n := 0
+	for _, l := range strings.Split(s, "\n") {
+		if l == line {
+			n++
+		}
+	}
+	return n
+}
+
 func deref[T any](p *T) any {
 	if p == nil {
 		return nil
@@ -172,9 +183,12 @@ func TestKilledTaskIsRetriedFromItsCheckpoint(t *testing.T) {
 	w.Start(w.cfg, "supervisor")
 	id := w.submit(40, 50)
 	w.waitRunning(id)
-	running := w.waitFor(id, 30*time.Second, "to report progress", func(t etlcontext.Task) bool {
-		var p struct{ Step int }
-		return json.Unmarshal(t.Progress, &p) == nil && p.Step >= 5
+	running := w.waitFor(id, 30*time.Second, "to record a checkpoint past step 5", func(etlcontext.Task) bool {
+		cp, err := etlcontext.LatestPayload(context.Background(), w.Pool, id, etlcontext.EventCheckpoint)
+		var c struct {
+			NextStep int `json:"next_step"`
+		}
+		return err == nil && cp != nil && json.Unmarshal(cp, &c) == nil && c.NextStep >= 5
 	})
 	firstStarts := w.starts(id)
 	if len(firstStarts) != 1 {
@@ -384,7 +398,7 @@ kinds:
 		t.Errorf("%d ERROR events, want one per attempt (2)", errorsSeen)
 	}
 	logs := w.Dama(cfg, "logs", strconv.FormatInt(id, 10))
-	if logs.Code != 0 || strings.Count(logs.Stdout, "\nabout to fail\n") != 2 {
+	if logs.Code != 0 || countLines(logs.Stdout, "about to fail") != 2 {
 		t.Errorf("dama logs: exit %d, output:\n%s", logs.Code, logs.Stdout)
 	}
 }

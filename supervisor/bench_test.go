@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/internal/testenv"
 	"github.com/dama-etl/dama/supervisor"
@@ -43,7 +45,19 @@ kinds:
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	sup, err := supervisor.New(env.Pool, cfg, supervisor.Options{
+	// The pool `dama supervisor` runs with (20 connections), not pgxpool's
+	// default (4 on two cores).
+	pcfg, err := pgxpool.ParseConfig(env.URL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	pcfg.MaxConns = 20
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pool.Close()
+	sup, err := supervisor.New(pool, cfg, supervisor.Options{
 		DatabaseURL: env.URL,
 		Executable:  env.DamaBin,
 		Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),

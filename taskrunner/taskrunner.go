@@ -114,6 +114,30 @@ type runner struct {
 
 func (r *runner) run(ctx context.Context) (int, error) {
 	cfg := r.opts.Config
+	// The write connection and the process's start time are not needed
+	// until the lock is held; getting them meanwhile shortens the launch.
+	type workerResult struct {
+		w   *dbWorker
+		err error
+	}
+	workerCh := make(chan workerResult, 1)
+	go func() {
+		w, err := newDBWorker(ctx, r.opts.DatabaseURL, fmt.Sprintf("dama-task:%d", r.opts.ContextID), r.logger, CancelChannel)
+		workerCh <- workerResult{w, err}
+	}()
+	startedCh := make(chan *time.Time, 1)
+	go func() { startedCh <- processStartTime(ctx) }()
+	gotWorker := false
+	defer func() {
+		if !gotWorker {
+			// Leaving before the lock was held: the write connection was
+			// never used.
+			if res := <-workerCh; res.err == nil {
+				res.w.conn.Close(context.WithoutCancel(ctx))
+			}
+		}
+	}()
+
 	lockConn, err := connect(ctx, r.opts.DatabaseURL, fmt.Sprintf("dama-task-lock:%d", r.opts.ContextID))
 	if err != nil {
 		return ExitSetup, fmt.Errorf("connect lock connection: %w", err)
@@ -158,10 +182,12 @@ func (r *runner) run(ctx context.Context) (int, error) {
 	}
 	r.ctx = c
 
-	r.db, err = newDBWorker(ctx, r.opts.DatabaseURL, fmt.Sprintf("dama-task:%d", c.ID), r.logger, CancelChannel)
-	if err != nil {
-		return ExitSetup, err
+	res := <-workerCh
+	gotWorker = true
+	if res.err != nil {
+		return ExitSetup, res.err
 	}
+	r.db = res.w
 	dbCtx, stopDB := context.WithCancel(context.WithoutCancel(ctx))
 	dbDone := make(chan struct{})
 	go func() {
@@ -177,7 +203,7 @@ func (r *runner) run(ctx context.Context) (int, error) {
 		return r.fail(ctx, tx, fmt.Errorf("create log directory: %w", err))
 	}
 	r.logPath = filepath.Join(cfg.LogDir, strconv.FormatInt(c.ID, 10)+".log")
-	cancelRequested, err := r.recordStart(ctx)
+	cancelRequested, err := r.recordStart(ctx, <-startedCh)
 	if err != nil {
 		if errors.Is(err, errSuperseded) {
 			return ExitLocked, nil
@@ -236,15 +262,8 @@ func connect(ctx context.Context, url, name string) (*pgx.Conn, error) {
 // recordStart records the runner's process on the context, on the write
 // connection, and reports whether the task was cancelled in the meantime; it
 // fails with errSuperseded when the launch is no longer current.
-func (r *runner) recordStart(ctx context.Context) (cancelRequested bool, err error) {
+func (r *runner) recordStart(ctx context.Context, started *time.Time) (cancelRequested bool, err error) {
 	pid := os.Getpid()
-	var started *time.Time
-	if p, err := process.NewProcessWithContext(ctx, int32(pid)); err == nil {
-		if ms, err := p.CreateTimeWithContext(ctx); err == nil {
-			t := time.UnixMilli(ms)
-			started = &t
-		}
-	}
 	host, _ := os.Hostname()
 	err = r.db.do(ctx, func(ctx context.Context, conn *pgx.Conn) error {
 		err := conn.QueryRow(ctx, `
@@ -262,6 +281,21 @@ func (r *runner) recordStart(ctx context.Context) (cancelRequested bool, err err
 		return nil
 	})
 	return cancelRequested, err
+}
+
+// processStartTime returns this process's start time as the supervisor will
+// read it (gopsutil, millisecond precision), or nil when unknown.
+func processStartTime(ctx context.Context) *time.Time {
+	p, err := process.NewProcessWithContext(ctx, int32(os.Getpid()))
+	if err != nil {
+		return nil
+	}
+	ms, err := p.CreateTimeWithContext(ctx)
+	if err != nil {
+		return nil
+	}
+	t := time.UnixMilli(ms)
+	return &t
 }
 
 // supervise runs the command and reacts to its exit, to cancellation, to

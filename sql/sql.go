@@ -24,10 +24,11 @@ var migrations embed.FS
 // Schema is the PostgreSQL schema that holds dama's tables and view.
 const Schema = "data_manager"
 
-// migrateLockKey serializes concurrent migrations: the first int4 is dama's
-// advisory lock namespace ('dama'), the second is reserved for migrations.
+// The advisory lock that serializes concurrent migrations: dama's lock
+// namespace ('dama', as etlcontext.LockNamespace), and 0, which no context id
+// takes.
 const (
-	LockNamespace  = 1684106593
+	lockNamespace  = 1684106593
 	migrateLockKey = 0
 )
 
@@ -77,12 +78,12 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error
 		return fmt.Errorf("acquire connection for migration lock: %w", err)
 	}
 	defer conn.Release()
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1, $2)", LockNamespace, migrateLockKey); err != nil {
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1, $2)", lockNamespace, migrateLockKey); err != nil {
 		return fmt.Errorf("take migration lock: %w", err)
 	}
 	defer func() {
 		// A fresh context: the lock must be released even when ctx is done.
-		if _, err := conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1, $2)", LockNamespace, migrateLockKey); err != nil {
+		if _, err := conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1, $2)", lockNamespace, migrateLockKey); err != nil {
 			logger.Warn("release migration lock", "error", err)
 		}
 	}()

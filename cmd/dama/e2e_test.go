@@ -116,6 +116,34 @@ func (w *world) starts(id int64) [][]string {
 	return out
 }
 
+// terminateLock ends the lock connection of context id's task process, as a
+// network failure or a DBA would.
+func (w *world) terminateLock(id int64) {
+	w.T.Helper()
+	if _, err := w.Pool.Exec(context.Background(), `
+		SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		 WHERE application_name = $1 AND datname = current_database()`,
+		fmt.Sprintf("dama-task-lock:%d", id)); err != nil {
+		w.T.Fatal(err)
+	}
+}
+
+// noSecondStartWhileAlive fails the test if starts() changes while pid runs.
+func noSecondStartWhileAlive(t *testing.T, pid int, starts func() []string) {
+	t.Helper()
+	before := strings.Join(starts(), " ")
+	deadline := time.Now().Add(30 * time.Second)
+	for testenv.Alive(pid) {
+		if now := strings.Join(starts(), " "); now != before {
+			t.Fatalf("a second copy started while the first (pid %d) still ran: starts %s", pid, now)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the lock-less command %d still runs after 30s", pid)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // countLines counts the lines of s equal to line.
 func countLines(s, line string) int {
 	n := 0
@@ -673,21 +701,8 @@ kinds:
 	testenv.Eventually(t, 20*time.Second, "the command to start", func() (bool, error) { return len(startLines()) == 2, nil })
 	oldPID, _ := strconv.Atoi(startLines()[0])
 
-	if _, err := env.Pool.Exec(context.Background(), `
-		SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 AND datname = current_database()`,
-		fmt.Sprintf("dama-task-lock:%d", id)); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for testenv.Alive(oldPID) {
-		if n := len(startLines()); n != 2 {
-			t.Fatalf("a second copy started while the first (pid %d) still ran: starts %v", oldPID, startLines())
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the lock-less command %d still runs after 30s", oldPID)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	w.terminateLock(id)
+	noSecondStartWhileAlive(t, oldPID, startLines)
 	if got := w.waitSettled(id, 60*time.Second); got.Status != etlcontext.StatusDone || got.Attempt != 2 {
 		t.Errorf("%s after %d attempts, want DONE after 2", got.Status, got.Attempt)
 	}
@@ -741,23 +756,10 @@ kinds:
 	}
 	// The orphaned task loses its lock while its command ignores SIGTERM:
 	// it runs on for the kill grace, and this host cannot see its process.
-	if _, err := env.Pool.Exec(context.Background(), `
-		SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 AND datname = current_database()`,
-		fmt.Sprintf("dama-task-lock:%d", orphaned)); err != nil {
-		t.Fatal(err)
-	}
+	w.terminateLock(orphaned)
 	oldPID, _ := strconv.Atoi(startLines(orphaned)[0])
 	w.Start(cfg, "supervisor")
-	deadline := time.Now().Add(30 * time.Second)
-	for testenv.Alive(oldPID) {
-		if len(startLines(orphaned)) != 2 {
-			t.Fatalf("a second copy started while the first (pid %d) still ran on the other host: %v", oldPID, startLines(orphaned))
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pid %d still runs after 30s", oldPID)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	noSecondStartWhileAlive(t, oldPID, func() []string { return startLines(orphaned) })
 
 	if got := w.waitSettled(adopted, 60*time.Second); got.Status != etlcontext.StatusDone || got.Attempt != 1 || len(startLines(adopted)) != 2 {
 		t.Errorf("adopted task: %s after %d attempts, starts %v; want DONE after a single start", got.Status, got.Attempt, startLines(adopted))

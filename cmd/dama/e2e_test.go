@@ -724,10 +724,10 @@ func TestAdoptionAndRetryAcrossHosts(t *testing.T) {
 log_dir: {{dir}}/logs
 poll_interval: 300ms
 heartbeat_interval: 200ms
-kill_grace: 2s
+kill_grace: 5s
 kinds:
   stubborn:
-    command: ["/bin/sh", "-c", "trap '' TERM; echo $$ $DAMA_ATTEMPT >> {{dir}}/starts-$DAMA_ETL_CONTEXT_ID; sleep 3"]
+    command: ["/bin/sh", "-c", "trap '' TERM; echo $$ $DAMA_ATTEMPT >> {{dir}}/starts-$DAMA_ETL_CONTEXT_ID; sleep 8"]
 `)
 	w := &world{Env: env, cfg: cfg}
 	other := onOtherHost(t, "dama-other-host")

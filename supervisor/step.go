@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"time"
@@ -205,7 +206,7 @@ func processAlive(ctx context.Context, pid int, startedAt time.Time) bool {
 // transient reports an error that says nothing about the task (the database
 // is unreachable, a statement timed out): the step is tried again later
 // without spending one of River's attempts, which count task attempts.
-func (s *Supervisor) transient(logger interface{ Warn(string, ...any) }, err error) error {
+func (s *Supervisor) transient(logger *slog.Logger, err error) error {
 	logger.Warn("step failed; trying again", "error", err)
 	return river.JobSnooze(s.cfg.PollInterval.D())
 }

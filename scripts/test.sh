@@ -7,5 +7,16 @@ cd "$(dirname "$0")/.."
 
 dama_pg_use TEST_DATABASE_URL
 
+# The fault tests start servers of their own (from the binaries
+# dama_pg_install provides) and silence connections with nftables, which
+# needs root: as another user they are skipped.
+dama_pg_install
+if [ "$(id -u)" -eq 0 ] && ! command -v nft >/dev/null; then
+	echo "nft not found: installing Debian's nftables package" >&2
+	apt-get update -qq >&2 &&
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables >&2 ||
+		{ echo "installing nftables failed" >&2; exit 1; }
+fi
+
 go vet ./...
 go test -race -count=1 "$@" ./...

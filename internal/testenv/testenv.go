@@ -1,8 +1,9 @@
 // Package testenv gives dama's tests what they run against: a fresh
-// PostgreSQL database per test on the server named by TEST_DATABASE_URL, the
-// dama and sample-etl binaries built once per test process, and the
-// guarantee that every process a test started, directly or through a
-// supervisor, is killed when the test ends.
+// PostgreSQL database per test on the server named by TEST_DATABASE_URL (or
+// on a private server a test may restart), the dama and sample-etl binaries
+// built once per test process, the guarantee that every process a test
+// started, directly or through a supervisor, is killed when the test ends,
+// and network faults (connections that go silent) on the loopback interface.
 package testenv
 
 import (
@@ -81,6 +82,9 @@ type Env struct {
 	Dir string
 	// DamaBin and SampleETL are the built binaries.
 	DamaBin, SampleETL string
+	// Server is the private server the database is on (NewOn), or nil for
+	// the shared server named by TEST_DATABASE_URL.
+	Server *Server
 }
 
 // New creates a database for t, applies the migrations and registers the
@@ -88,20 +92,35 @@ type Env struct {
 // drop it.
 func New(t testing.TB) *Env {
 	t.Helper()
-	e := NewUnmigrated(t)
-	if err := damasql.Migrate(context.Background(), e.Pool, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
-		t.Fatalf("migrate test database: %v", err)
-	}
-	return e
+	return newEnv(t, sharedServerURL(t), nil, true)
 }
 
 // NewUnmigrated is New without the migrations.
 func NewUnmigrated(t testing.TB) *Env {
 	t.Helper()
+	return newEnv(t, sharedServerURL(t), nil, false)
+}
+
+// NewOn is New on srv, a server of the test's own that it may stop, restart
+// or partition. The database is not dropped at the end: the server is thrown
+// away, and may well be down by then.
+func NewOn(t testing.TB, srv *Server) *Env {
+	t.Helper()
+	return newEnv(t, srv.URL(), srv, true)
+}
+
+func sharedServerURL(t testing.TB) string {
+	t.Helper()
 	admin := os.Getenv("TEST_DATABASE_URL")
 	if admin == "" {
 		t.Fatal("TEST_DATABASE_URL is not set: run scripts/test.sh, which starts a PostgreSQL server")
 	}
+	return admin
+}
+
+// newEnv creates a database on the server that admin names.
+func newEnv(t testing.TB, admin string, srv *Server, migrate bool) *Env {
+	t.Helper()
 	// Empty unless TestMain called Main: packages that start no process
 	// need no binaries.
 	binDir := os.Getenv(binDirEnv)
@@ -109,7 +128,7 @@ func NewUnmigrated(t testing.TB) *Env {
 	name := "dama_test_" + randomHex(6)
 	adminConn, err := pgx.Connect(ctx, admin)
 	if err != nil {
-		t.Fatalf("connect to TEST_DATABASE_URL: %v", err)
+		t.Fatalf("connect to the test server: %v", err)
 	}
 	defer adminConn.Close(ctx)
 	if _, err := adminConn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
@@ -119,11 +138,14 @@ func NewUnmigrated(t testing.TB) *Env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &Env{T: t, URL: dbURL, Dir: t.TempDir(), DamaBin: filepath.Join(binDir, "dama"), SampleETL: filepath.Join(binDir, "sample-etl")}
+	e := &Env{T: t, URL: dbURL, Dir: t.TempDir(), DamaBin: filepath.Join(binDir, "dama"), SampleETL: filepath.Join(binDir, "sample-etl"), Server: srv}
 	t.Cleanup(func() {
 		e.killProcesses()
 		if e.Pool != nil {
 			e.Pool.Close()
+		}
+		if srv != nil {
+			return
 		}
 		conn, err := pgx.Connect(context.Background(), admin)
 		if err != nil {
@@ -139,13 +161,18 @@ func NewUnmigrated(t testing.TB) *Env {
 	if err != nil {
 		t.Fatalf("connect to test database: %v", err)
 	}
+	if migrate {
+		if err := damasql.Migrate(ctx, e.Pool, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+			t.Fatalf("migrate test database: %v", err)
+		}
+	}
 	return e
 }
 
 func withDatabase(raw, name string) (string, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
-		return "", fmt.Errorf("parse TEST_DATABASE_URL: %w", err)
+		return "", fmt.Errorf("parse the test server's URL: %w", err)
 	}
 	u.Path = "/" + name
 	return u.String(), nil

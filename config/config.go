@@ -25,6 +25,7 @@ const (
 	DefaultPollInterval      = 5 * time.Second
 	DefaultHeartbeatInterval = 5 * time.Second
 	DefaultKillGrace         = 10 * time.Second
+	DefaultReconnectGrace    = 2 * time.Minute
 	DefaultMaxAttempts       = 3
 	DefaultMaxRunning        = 10
 	DefaultQueue             = "default"
@@ -45,6 +46,12 @@ type Config struct {
 	// KillGrace is how long a task's command has between SIGTERM and SIGKILL
 	// when it is cancelled or loses its lock.
 	KillGrace Duration `yaml:"kill_grace"`
+	// ReconnectGrace is how long a task process keeps its command running
+	// after losing its lock connection (a database restart, a failover, a
+	// network cut) while it tries to take its lock again under the same run.
+	// Past it, the command is stopped and the task retried. Default 2m; "0s"
+	// stops the command as soon as the lock connection fails.
+	ReconnectGrace *Duration `yaml:"reconnect_grace"`
 	// Queues maps a queue name to its limits.
 	Queues map[string]Queue `yaml:"queues"`
 	// Kinds maps a task kind to how it runs.
@@ -142,6 +149,13 @@ func Parse(data []byte) (*Config, error) {
 	if cfg.HeartbeatInterval.D() < 100*time.Millisecond {
 		return nil, errors.New("heartbeat_interval must be at least 100ms")
 	}
+	if cfg.ReconnectGrace == nil {
+		d := Duration(DefaultReconnectGrace)
+		cfg.ReconnectGrace = &d
+	}
+	if cfg.ReconnectGrace.D() < 0 {
+		return nil, errors.New("reconnect_grace must not be negative")
+	}
 	if cfg.KillGrace.D() < 0 {
 		return nil, errors.New("kill_grace must not be negative")
 	}
@@ -188,6 +202,15 @@ func Parse(data []byte) (*Config, error) {
 		cfg.Kinds[name] = k
 	}
 	return &cfg, nil
+}
+
+// ReconnectGraceD returns reconnect_grace, or its default when the field
+// was left nil by a hand-built Config.
+func (c *Config) ReconnectGraceD() time.Duration {
+	if c.ReconnectGrace == nil {
+		return DefaultReconnectGrace
+	}
+	return c.ReconnectGrace.D()
 }
 
 // Kind returns the configuration of the named kind and whether it exists.

@@ -101,19 +101,35 @@ type Context struct {
 	CreatedAt         time.Time
 	StartedAt         *time.Time
 	FinishedAt        *time.Time
+	// HostID identifies the host the attempt's task process runs on (boot
+	// id and pid namespace): its pids mean something only there.
+	HostID *string
+	// RunnerStartTicks, CommandPGID and CommandStartTicks identify the task
+	// process and its command's process group on that host.
+	RunnerStartTicks  *int64
+	CommandPGID       *int
+	CommandStartTicks *int64
+	// FenceWindow is the longest the task process goes on after its lock is
+	// released before its command is surely stopped.
+	FenceWindow *time.Duration
+	// LockLostAt is when a supervisor first found the lock free while the
+	// context was RUNNING.
+	LockLostAt *time.Time
 }
 
 const contextColumns = `c.etl_context_id, c.parent_context_id, c.kind, c.queue, c.etl_status,
 	c.initial_event_id, c.latest_event_id, c.river_job_id, c.idempotency_key, c.max_attempts,
 	c.attempt, c.run_id::text, c.launched_by, c.host, c.pid, c.process_started_at, c.log_path,
-	c.heartbeat_at, c.cancel_requested_at, c.created_at, c.started_at, c.finished_at`
+	c.heartbeat_at, c.cancel_requested_at, c.created_at, c.started_at, c.finished_at,
+	c.host_id, c.runner_start_ticks, c.command_pgid, c.command_start_ticks, c.fence_window, c.lock_lost_at`
 
 func scanContext(row pgx.Row) (*Context, error) {
 	var c Context
 	err := row.Scan(&c.ID, &c.ParentID, &c.Kind, &c.Queue, &c.Status,
 		&c.InitialEventID, &c.LatestEventID, &c.RiverJobID, &c.IdempotencyKey, &c.MaxAttempts,
 		&c.Attempt, &c.RunID, &c.LaunchedBy, &c.Host, &c.PID, &c.ProcessStartedAt, &c.LogPath,
-		&c.HeartbeatAt, &c.CancelRequestedAt, &c.CreatedAt, &c.StartedAt, &c.FinishedAt)
+		&c.HeartbeatAt, &c.CancelRequestedAt, &c.CreatedAt, &c.StartedAt, &c.FinishedAt,
+		&c.HostID, &c.RunnerStartTicks, &c.CommandPGID, &c.CommandStartTicks, &c.FenceWindow, &c.LockLostAt)
 	if err != nil {
 		return nil, err
 	}
@@ -186,6 +202,10 @@ type NewEvent struct {
 	// RunID is the current attempt's run id; nil only for a context that has
 	// never started.
 	RunID *string
+	// Seq, when set, numbers the event within its run: an event appended
+	// again with the same run id and Seq (a write retried after a lost
+	// connection) is stored once.
+	Seq *int
 }
 
 // Append writes an event and returns its id. The database derives the
@@ -201,9 +221,16 @@ func Append(ctx context.Context, db DB, e NewEvent) (int64, error) {
 	}
 	var id int64
 	err = db.QueryRow(ctx, `
-		INSERT INTO data_manager.event_store (etl_context_id, type, payload, meta, error, run_id)
-		VALUES ($1, $2, $3, $4, $5, $6::uuid)
-		RETURNING event_id`, e.ContextID, e.Type, payload, meta, e.Error, e.RunID).Scan(&id)
+		WITH ins AS (
+			INSERT INTO data_manager.event_store (etl_context_id, type, payload, meta, error, run_id, seq)
+			VALUES ($1, $2, $3, $4, $5, $6::uuid, $7)
+			ON CONFLICT (etl_context_id, run_id, seq) WHERE seq IS NOT NULL DO NOTHING
+			RETURNING event_id)
+		SELECT event_id FROM ins
+		UNION ALL
+		SELECT event_id FROM data_manager.event_store
+		 WHERE $7::int IS NOT NULL AND etl_context_id = $1 AND run_id = $6::uuid AND seq = $7
+		 LIMIT 1`, e.ContextID, e.Type, payload, meta, e.Error, e.RunID, e.Seq).Scan(&id)
 	if err != nil {
 		return 0, fmt.Errorf("append %s event to etl context %d: %w", e.Type, e.ContextID, classify(err))
 	}

@@ -5,16 +5,19 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
-	"github.com/shirou/gopsutil/v3/process"
 
 	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/hostproc"
+	"github.com/dama-etl/dama/taskrunner"
 )
 
 // queueLockNamespace keys the transaction-level advisory lock that makes the
@@ -64,21 +67,35 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 		// The job was retried by hand after the context failed for good.
 		return river.JobCancel(failure)
 	case etlcontext.StatusRunning:
+		if c.PID == nil {
+			// The launch never got as far as a command: its task process
+			// failed to start, to connect, or found this host unfit, or the
+			// supervisor died in between. That says nothing about the task:
+			// take the launch back without spending an attempt.
+			if err := etlcontext.AbandonLaunch(ctx, tx, c); err != nil {
+				return s.transient(logger, err)
+			}
+			if err := tx.Commit(ctx); err != nil {
+				return s.transient(logger, fmt.Errorf("commit abandoned launch of etl context %d: %w", id, err))
+			}
+			s.reportLaunchFailure(ctx, logger, c)
+			return river.JobSnooze(s.cfg.PollInterval.D())
+		}
 		// RUNNING recorded but the lock is free: the attempt's process is
-		// gone without reporting a result, or it lost its lock connection and
-		// is still stopping its command. No new attempt may start before
-		// that command is surely gone.
-		over, err := s.attemptOver(ctx, tx, c)
+		// gone without reporting a result, or it lost its lock and is taking
+		// it again or stopping its command. No new attempt may start before
+		// every process of that attempt is surely gone.
+		wait, err := s.attemptAlive(ctx, logger, tx, c)
 		if err != nil {
 			return s.transient(logger, err)
 		}
-		if !over {
-			return river.JobSnooze(time.Second)
+		if wait > 0 {
+			if err := tx.Commit(ctx); err != nil {
+				return s.transient(logger, fmt.Errorf("commit lock loss of etl context %d: %w", id, err))
+			}
+			return river.JobSnooze(wait)
 		}
 		reason := "the task process exited without reporting a result"
-		if c.PID == nil {
-			reason = "the task process never took its lock"
-		}
 		if err := s.recordDeath(ctx, tx, c, reason); err != nil {
 			return s.transient(logger, err)
 		}
@@ -121,18 +138,9 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 	if full {
 		return river.JobSnooze(s.cfg.PollInterval.D())
 	}
-	var (
-		runID   string
-		attempt int
-	)
-	if err := tx.QueryRow(ctx, `
-		UPDATE data_manager.etl_contexts
-		   SET etl_status = 'RUNNING', attempt = $2, run_id = gen_random_uuid(), launched_by = $3,
-		       started_at = coalesce(started_at, now()),
-		       host = NULL, pid = NULL, process_started_at = NULL, heartbeat_at = NULL
-		 WHERE etl_context_id = $1
-		RETURNING run_id::text, attempt`, id, max(job.Attempt, c.Attempt+1), s.host).Scan(&runID, &attempt); err != nil {
-		return s.transient(logger, fmt.Errorf("start attempt of etl context %d: %w", id, err))
+	runID, attempt, err := etlcontext.StartAttempt(ctx, tx, id, max(job.Attempt, c.Attempt+1), s.host)
+	if err != nil {
+		return s.transient(logger, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return s.transient(logger, fmt.Errorf("commit start of etl context %d: %w", id, err))
@@ -140,13 +148,16 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 
 	outcome, err := s.launch(ctx, logger.With("attempt", attempt), c, runID)
 	if err != nil {
-		// Nothing was started: the next step finds RUNNING with a free lock
-		// and records the failed launch.
-		logger.Error("launch task process", "error", err)
-		return river.JobSnooze(0)
+		// Nothing was started: the next look finds RUNNING with a free lock
+		// and no task process, and takes the launch back.
+		s.noteLaunchFailure(c.ID, err.Error())
+		outcome = launchExited
 	}
 	switch outcome {
-	case launchReady, launchPending:
+	case launchReady:
+		s.forgetLaunchFailure(c.ID)
+		return river.JobSnooze(s.cfg.PollInterval.D())
+	case launchPending:
 		return river.JobSnooze(s.cfg.PollInterval.D())
 	case launchLocked:
 		// Someone else holds the lock: that process is the task.
@@ -161,46 +172,102 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 	}
 }
 
-// attemptOver reports whether the attempt of c, RUNNING with a free lock, can
-// no longer be running its command. A runner that never recorded its pid
-// never starts one (it finds its launch superseded). A runner on this host is
-// looked up by pid and process start time, so a reused pid is not mistaken
-// for it. A runner elsewhere stops its command within heartbeat_interval of
-// losing its lock plus kill_grace; its last heartbeat tells when that is.
-func (s *Supervisor) attemptOver(ctx context.Context, tx pgx.Tx, c *etlcontext.Context) (bool, error) {
-	if c.PID == nil {
-		return true, nil
+// attemptAlive tells, for c RUNNING with a free lock and a recorded task
+// process, how long to wait before looking again (0: every process of the
+// attempt is surely gone).
+//
+// On this host (same boot and pid namespace) the processes are looked at:
+// the task process by pid and start time, the command's process group, and
+// any process carrying the attempt's run id in its environment. Orphans of a
+// dead task process (a forking command's children) are stopped: SIGTERM,
+// SIGKILL after kill_grace. A process that cannot be read counts as alive.
+//
+// On another host nothing can be looked at: the task process stops its
+// command within its fencing window of the lock's release, so no attempt
+// starts before that window has passed since a supervisor first found the
+// lock free, on the database's clock.
+func (s *Supervisor) attemptAlive(ctx context.Context, logger *slog.Logger, tx pgx.Tx, c *etlcontext.Context) (time.Duration, error) {
+	const recheck = time.Second
+	if c.HostID != nil && *c.HostID == s.hostID && c.RunnerStartTicks != nil {
+		alive, err := hostproc.Alive(*c.PID, uint64(*c.RunnerStartTicks))
+		if err != nil {
+			logger.Warn("read task process; counting it alive", "pid", *c.PID, "error", err)
+		}
+		if alive {
+			return recheck, nil
+		}
+		procs, err := s.attemptProcesses(c).Processes()
+		if err != nil {
+			logger.Warn("look for the processes of a dead attempt; counting them alive", "error", err)
+			return recheck, nil
+		}
+		if len(procs) > 0 {
+			s.stopOrphans(logger, c, procs)
+			return recheck, nil
+		}
+		return 0, nil
 	}
-	if c.Host != nil && *c.Host == s.host && c.ProcessStartedAt != nil {
-		return !processAlive(ctx, *c.PID, *c.ProcessStartedAt), nil
+	freeFor, err := etlcontext.MarkLockLost(ctx, tx, c.ID)
+	if err != nil {
+		return 0, err
 	}
-	if c.HeartbeatAt == nil {
-		return true, nil
+	window := taskrunner.FenceWindow(s.cfg.HeartbeatInterval.D(), s.cfg.ReconnectGraceD(), s.cfg.KillGrace.D())
+	if c.FenceWindow != nil {
+		window = *c.FenceWindow
 	}
-	window := s.cfg.HeartbeatInterval.D() + s.cfg.KillGrace.D() + 2*time.Second
-	var over bool
-	if err := tx.QueryRow(ctx, `SELECT $1::timestamptz < now() - $2::interval`, *c.HeartbeatAt, window).Scan(&over); err != nil {
-		return false, fmt.Errorf("age heartbeat of etl context %d: %w", c.ID, err)
+	if freeFor < window {
+		return min(window-freeFor, recheck), nil
 	}
-	return over, nil
+	return 0, nil
 }
 
-// processAlive reports whether the process pid that started at startedAt
-// (millisecond precision, as recorded) still runs.
-func processAlive(ctx context.Context, pid int, startedAt time.Time) bool {
-	p, err := process.NewProcessWithContext(ctx, int32(pid))
-	if err != nil {
-		return false
+// attemptProcesses names the processes of c's current attempt on this host.
+func (s *Supervisor) attemptProcesses(c *etlcontext.Context) hostproc.Attempt {
+	a := hostproc.Attempt{Marker: taskrunner.RunIDEnv + "=" + deref(c.RunID)}
+	if c.CommandPGID != nil {
+		a.PGID = *c.CommandPGID
 	}
-	ms, err := p.CreateTimeWithContext(ctx)
-	if err != nil || ms != startedAt.UnixMilli() {
-		return false
+	if c.CommandStartTicks != nil {
+		a.LeaderStartTicks = uint64(*c.CommandStartTicks)
 	}
-	statuses, err := p.StatusWithContext(ctx)
-	if err != nil {
-		return false
+	return a
+}
+
+// stopOrphans stops, once, the processes a dead task process left behind:
+// SIGTERM, then SIGKILL to those still alive after kill_grace.
+func (s *Supervisor) stopOrphans(logger *slog.Logger, c *etlcontext.Context, pids []int) {
+	s.mu.Lock()
+	if s.stopping[c.ID] {
+		s.mu.Unlock()
+		return
 	}
-	return !slices.Contains(statuses, process.Zombie)
+	s.stopping[c.ID] = true
+	s.mu.Unlock()
+	a := s.attemptProcesses(c)
+	logger.Warn("the task process is gone but its command's processes live on; stopping them", "pids", pids, "kill_grace", s.cfg.KillGrace.D())
+	go func() {
+		defer func() {
+			s.mu.Lock()
+			delete(s.stopping, c.ID)
+			s.mu.Unlock()
+		}()
+		_ = a.Signal(syscall.SIGTERM)
+		deadline := time.Now().Add(s.cfg.KillGrace.D())
+		for time.Now().Before(deadline) {
+			if left, err := a.Processes(); err == nil && len(left) == 0 {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		_ = a.Signal(syscall.SIGKILL)
+	}()
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }
 
 // transient reports an error that says nothing about the task (the database
@@ -263,4 +330,51 @@ func lastError(ctx context.Context, db etlcontext.DB, c *etlcontext.Context) str
 		return "no error recorded"
 	}
 	return strings.TrimSpace(*reason)
+}
+
+// noteLaunchFailure remembers why this supervisor could not spawn the task
+// process of context id, for reportLaunchFailure.
+func (s *Supervisor) noteLaunchFailure(id int64, reason string) {
+	s.mu.Lock()
+	s.spawnFailures[id] = reason
+	s.mu.Unlock()
+}
+
+// forgetLaunchFailure is called when a launch of context id succeeded.
+func (s *Supervisor) forgetLaunchFailure(id int64) {
+	s.mu.Lock()
+	delete(s.spawnFailures, id)
+	delete(s.launchFailures, id)
+	s.mu.Unlock()
+}
+
+// reportLaunchFailure logs a launch that was taken back: as an error the
+// first time a context's launch fails for a given reason, at debug level
+// while it keeps failing for that reason (it is tried again every poll
+// interval, and the reason is also in the task's WARNING events or log).
+func (s *Supervisor) reportLaunchFailure(ctx context.Context, logger *slog.Logger, c *etlcontext.Context) {
+	s.mu.Lock()
+	reason, spawnFailed := s.spawnFailures[c.ID]
+	delete(s.spawnFailures, c.ID)
+	s.mu.Unlock()
+	if !spawnFailed {
+		reason = "the task process stopped before it took its lock (see " +
+			filepath.Join(s.cfg.LogDir, strconv.FormatInt(c.ID, 10)+".log") + " on " + deref(c.LaunchedBy) + ")"
+		var warning *string
+		if err := s.pool.QueryRow(ctx, `
+			SELECT payload->>'reason' FROM data_manager.event_store
+			 WHERE etl_context_id = $1 AND run_id = $2::uuid AND type = $3
+			 ORDER BY event_id DESC LIMIT 1`, c.ID, c.RunID, c.Kind+":"+etlcontext.EventWarning).Scan(&warning); err == nil && warning != nil {
+			reason = *warning
+		}
+	}
+	s.mu.Lock()
+	repeated := s.launchFailures[c.ID] == reason
+	s.launchFailures[c.ID] = reason
+	s.mu.Unlock()
+	if repeated {
+		logger.Debug("launch failed again; taken back without spending an attempt", "reason", reason)
+		return
+	}
+	logger.Error("launch failed; taken back without spending an attempt, tried again every poll interval", "reason", reason)
 }

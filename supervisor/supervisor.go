@@ -15,6 +15,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/dama-etl/dama/config"
+	"github.com/dama-etl/dama/internal/hostproc"
 )
 
 // Options tune a Supervisor beyond its configuration file.
@@ -54,9 +55,19 @@ type Supervisor struct {
 	river  *river.Client[pgx.Tx]
 	logger *slog.Logger
 	host   string
+	hostID string
 
 	mu       sync.Mutex
 	children map[int64]*child
+	// stopping holds the contexts whose dead attempt's orphans are being
+	// stopped.
+	stopping map[int64]bool
+	// launchFailures holds, per context, the last failed launch reported, so
+	// that a failure repeating at every poll is logged as an error once.
+	launchFailures map[int64]string
+	// spawnFailures holds why this supervisor could not spawn a context's
+	// task process, until the failure is reported.
+	spawnFailures map[int64]string
 }
 
 // New returns a supervisor for cfg; Run starts it.
@@ -84,13 +95,21 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 	if err != nil {
 		return nil, fmt.Errorf("read host name: %w", err)
 	}
+	hostID, err := hostproc.ID()
+	if err != nil {
+		return nil, err
+	}
 	s := &Supervisor{
-		cfg:      cfg,
-		opts:     opts,
-		pool:     pool,
-		logger:   opts.Logger,
-		host:     host,
-		children: map[int64]*child{},
+		cfg:            cfg,
+		opts:           opts,
+		pool:           pool,
+		logger:         opts.Logger,
+		host:           host,
+		hostID:         hostID,
+		children:       map[int64]*child{},
+		stopping:       map[int64]bool{},
+		launchFailures: map[int64]string{},
+		spawnFailures:  map[int64]string{},
 	}
 	workers := river.NewWorkers()
 	if err := river.AddWorkerSafely(workers, &taskWorker{s: s}); err != nil {

@@ -34,10 +34,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/shirou/gopsutil/v3/process"
 
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/hostproc"
 )
 
 // Exit codes of the runner process.
@@ -58,9 +58,21 @@ const (
 	ExitFailed = 102
 	// ExitCancelled: the task was cancelled; a CANCELLED event records it.
 	ExitCancelled = 103
-	// ExitLockLost: the lock connection failed, so the command was stopped.
+	// ExitLockLost: the lock was lost and not taken again within
+	// reconnect_grace (or the run was superseded), so the command was
+	// stopped.
 	ExitLockLost = 104
+	// ExitUnfit: this host cannot run the task (its log directory is
+	// unwritable, the kind's command or configuration is missing here); a
+	// WARNING event records why, and the supervisor takes the launch back
+	// without spending an attempt.
+	ExitUnfit = 105
 )
+
+// RunIDEnv names the environment variable that carries the attempt's run id
+// to the command and, inherited, to every process it starts: a supervisor on
+// the same host finds the attempt's processes by it.
+const RunIDEnv = "DAMA_RUN_ID"
 
 // CancelChannel is the NOTIFY channel on which `dama cancel` announces the id
 // of a context to cancel.
@@ -82,12 +94,18 @@ type Options struct {
 	ContextID int64
 	// RunID is the run id the supervisor prepared for this launch.
 	RunID string
+	// Host and HostID name the host the runner runs on (see hostproc).
+	Host, HostID string
 	// Ready, when set, receives one byte once the runner holds the lock and
 	// has recorded its process, and is then closed.
 	Ready io.WriteCloser
 	// Logger receives the runner's own log lines.
 	Logger *slog.Logger
 }
+
+// stmtTimeout bounds every statement the runner sends: no database call
+// waits forever.
+const stmtTimeout = 10 * time.Second
 
 // Run runs the task and returns the process exit code.
 func Run(ctx context.Context, opts Options) int {
@@ -108,57 +126,34 @@ type runner struct {
 
 	ctx     *etlcontext.Context
 	kind    config.Kind
+	path    string
 	logPath string
-	db      *dbWorker
+	logFile *os.File
+	w       *writer
+	lock    *lockKeeper
 }
 
 func (r *runner) run(ctx context.Context) (int, error) {
 	cfg := r.opts.Config
-	// The write connection and the process's start time are not needed
-	// until the lock is held; getting them meanwhile shortens the launch.
-	type workerResult struct {
-		w   *dbWorker
-		err error
-	}
-	workerCh := make(chan workerResult, 1)
+	r.w = newWriter(r.opts.DatabaseURL, fmt.Sprintf("dama-task:%d", r.opts.ContextID), r.logger, stmtTimeout)
+	// The write connection is made while the lock is taken: it is needed
+	// right after.
+	wctx, stopWriter := context.WithCancel(context.WithoutCancel(ctx))
+	writerDone := make(chan struct{})
 	go func() {
-		w, err := newDBWorker(ctx, r.opts.DatabaseURL, fmt.Sprintf("dama-task:%d", r.opts.ContextID), r.logger, CancelChannel)
-		workerCh <- workerResult{w, err}
+		defer close(writerDone)
+		r.w.run(wctx, CancelChannel)
 	}()
-	startedCh := make(chan *time.Time, 1)
-	go func() { startedCh <- processStartTime(ctx) }()
-	gotWorker := false
 	defer func() {
-		if !gotWorker {
-			// Leaving before the lock was held: the write connection was
-			// never used.
-			if res := <-workerCh; res.err == nil {
-				res.w.conn.Close(context.WithoutCancel(ctx))
-			}
-		}
+		stopWriter()
+		<-writerDone
 	}()
 
-	lockConn, err := connect(ctx, r.opts.DatabaseURL, fmt.Sprintf("dama-task-lock:%d", r.opts.ContextID))
-	if err != nil {
-		return ExitSetup, fmt.Errorf("connect lock connection: %w", err)
+	r.lock = &lockKeeper{
+		url: r.opts.DatabaseURL, contextID: r.opts.ContextID, runID: r.opts.RunID,
+		logger: r.logger, interval: cfg.HeartbeatInterval.D(), w: r.w,
 	}
-	defer lockConn.Close(context.WithoutCancel(ctx))
-
-	tx, err := lockConn.Begin(ctx)
-	if err != nil {
-		return ExitSetup, fmt.Errorf("begin lock transaction: %w", err)
-	}
-	// The lock transaction stays idle for days: a server-wide idle timeout
-	// would end it while the task runs on.
-	if _, err := tx.Exec(ctx, "SET LOCAL idle_in_transaction_session_timeout = 0"); err != nil {
-		return ExitSetup, fmt.Errorf("disable idle timeout of lock transaction: %w", err)
-	}
-	if serverMajor(lockConn) >= 17 {
-		if _, err := tx.Exec(ctx, "SET LOCAL transaction_timeout = 0"); err != nil {
-			return ExitSetup, fmt.Errorf("disable transaction timeout of lock transaction: %w", err)
-		}
-	}
-	c, err := etlcontext.LockInitial(ctx, tx, r.opts.ContextID)
+	c, err := r.lock.lock(ctx)
 	switch {
 	case errors.Is(err, etlcontext.ErrLocked):
 		r.logger.Info("another process holds the lock of this context")
@@ -166,12 +161,7 @@ func (r *runner) run(ctx context.Context) (int, error) {
 	case err != nil:
 		return ExitSetup, err
 	}
-	if ok, err := etlcontext.TryAdvisoryLock(ctx, tx, c.ID); err != nil {
-		return ExitSetup, err
-	} else if !ok {
-		r.logger.Info("another process holds the advisory lock of this context")
-		return ExitLocked, nil
-	}
+	defer r.lock.release(ctx, stmtTimeout)
 	if c.Status.Finished() {
 		r.logger.Info("context already finished", "status", c.Status)
 		return ExitFinished, nil
@@ -181,33 +171,27 @@ func (r *runner) run(ctx context.Context) (int, error) {
 		return ExitLocked, nil
 	}
 	r.ctx = c
+	r.w.bind(c.ID, r.opts.RunID, c.Kind)
 
-	res := <-workerCh
-	gotWorker = true
-	if res.err != nil {
-		return ExitSetup, res.err
-	}
-	r.db = res.w
-	dbCtx, stopDB := context.WithCancel(context.WithoutCancel(ctx))
-	dbDone := make(chan struct{})
-	go func() {
-		defer close(dbDone)
-		r.db.run(dbCtx)
-	}()
-	defer func() {
-		stopDB()
-		<-dbDone
-	}()
-
-	if err := os.MkdirAll(cfg.LogDir, 0o755); err != nil {
-		return r.fail(ctx, tx, fmt.Errorf("create log directory: %w", err))
-	}
-	r.logPath = filepath.Join(cfg.LogDir, strconv.FormatInt(c.ID, 10)+".log")
-	cancelRequested, err := r.recordStart(ctx, <-startedCh)
-	if err != nil {
-		if errors.Is(err, errSuperseded) {
-			return ExitLocked, nil
+	// What this host needs to run the task is checked before the runner
+	// records itself: a launch that fails here is taken back by the
+	// supervisor without spending an attempt.
+	if err := r.prepare(); err != nil {
+		r.w.event(etlcontext.EventWarning, map[string]any{"reason": "this host cannot run the task: " + err.Error(), "host": r.opts.Host}, nil, false, 512)
+		fctx, cancel := context.WithTimeout(ctx, stmtTimeout)
+		defer cancel()
+		if ferr := r.w.flush(fctx); ferr != nil {
+			err = errors.Join(err, ferr)
 		}
+		return ExitUnfit, err
+	}
+	defer r.logFile.Close()
+
+	cancelRequested, err := r.recordStart(ctx)
+	switch {
+	case errors.Is(err, etlcontext.ErrStaleRun):
+		return ExitLocked, nil
+	case err != nil:
 		return ExitSetup, err
 	}
 	if r.opts.Ready != nil {
@@ -215,128 +199,98 @@ func (r *runner) run(ctx context.Context) (int, error) {
 		r.opts.Ready.Close()
 		r.opts.Ready = nil
 	}
-
 	if cancelRequested {
 		// Cancelled between the launch and now: the command never starts.
-		if err := r.appendEvent(ctx, etlcontext.EventCancelled, map[string]any{"reason": "cancelled before the command started"}, nil); err != nil {
-			return ExitCancelled, r.release(ctx, tx, err)
-		}
-		return ExitCancelled, r.release(ctx, tx, nil)
+		return r.finish(ctx, ExitCancelled, etlcontext.EventCancelled, map[string]any{"reason": "cancelled before the command started"}, nil)
 	}
-	kind, ok := cfg.Kind(c.Kind)
+	return r.supervise(ctx)
+}
+
+// prepare checks that this host can run the task: the kind is configured,
+// its command is found, and the log file can be opened.
+func (r *runner) prepare() error {
+	cfg := r.opts.Config
+	kind, ok := cfg.Kind(r.ctx.Kind)
 	if !ok {
-		return r.fail(ctx, tx, fmt.Errorf("kind %s is not in the configuration %s", c.Kind, cfg.Path))
+		return fmt.Errorf("kind %s is not in the configuration %s", r.ctx.Kind, cfg.Path)
 	}
 	r.kind = kind
-	return r.supervise(ctx, tx)
-}
-
-var errSuperseded = errors.New("run superseded")
-
-// serverMajor returns the server's major version, 0 when unknown.
-func serverMajor(conn *pgx.Conn) int {
-	v := conn.PgConn().ParameterStatus("server_version")
-	end := strings.IndexFunc(v, func(r rune) bool { return r < '0' || r > '9' })
-	if end < 0 {
-		end = len(v)
-	}
-	n, _ := strconv.Atoi(v[:end])
-	return n
-}
-
-// connect opens a connection named for pg_stat_activity, so that an operator
-// can tell a task's lock connection from its write connection.
-func connect(ctx context.Context, url, name string) (*pgx.Conn, error) {
-	cfg, err := pgx.ParseConfig(url)
+	path, err := exec.LookPath(kind.Command[0])
 	if err != nil {
-		return nil, fmt.Errorf("parse database URL: %w", err)
+		return fmt.Errorf("find command of kind %s: %w", r.ctx.Kind, err)
 	}
-	cfg.RuntimeParams["application_name"] = name
-	conn, err := pgx.ConnectConfig(ctx, cfg)
+	r.path = path
+	if err := os.MkdirAll(cfg.LogDir, 0o755); err != nil {
+		return fmt.Errorf("create log directory: %w", err)
+	}
+	r.logPath = filepath.Join(cfg.LogDir, strconv.FormatInt(r.ctx.ID, 10)+".log")
+	f, err := os.OpenFile(r.logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
 	if err != nil {
-		return nil, fmt.Errorf("connect as %s: %w", name, err)
+		return fmt.Errorf("open log file: %w", err)
 	}
-	return conn, nil
+	r.logFile = f
+	return nil
 }
 
-// recordStart records the runner's process on the context, on the write
-// connection, and reports whether the task was cancelled in the meantime; it
-// fails with errSuperseded when the launch is no longer current.
-func (r *runner) recordStart(ctx context.Context, started *time.Time) (cancelRequested bool, err error) {
-	pid := os.Getpid()
-	host, _ := os.Hostname()
-	err = r.db.do(ctx, func(ctx context.Context, conn *pgx.Conn) error {
-		err := conn.QueryRow(ctx, `
-			UPDATE data_manager.etl_contexts
-			   SET host = $3, pid = $4, process_started_at = $5, heartbeat_at = now(), log_path = $6
-			 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = 'RUNNING' AND pid IS NULL
-			RETURNING cancel_requested_at IS NOT NULL`,
-			r.ctx.ID, r.opts.RunID, host, pid, started, r.logPath).Scan(&cancelRequested)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return errSuperseded
-		}
-		if err != nil {
-			return fmt.Errorf("record start of etl context %d: %w", r.ctx.ID, err)
-		}
-		return nil
+// recordStart records the runner's process on the context and reports
+// whether the task was cancelled in the meantime; etlcontext.ErrStaleRun
+// means the launch is no longer current.
+func (r *runner) recordStart(ctx context.Context) (cancelRequested bool, err error) {
+	cfg := r.opts.Config
+	self, err := hostproc.Self()
+	if err != nil {
+		return false, fmt.Errorf("read own process: %w", err)
+	}
+	var started *time.Time
+	if t, err := hostproc.StartTime(self.StartTicks); err == nil {
+		started = &t
+	}
+	rec := etlcontext.Runner{
+		Host: r.opts.Host, HostID: r.opts.HostID, PID: os.Getpid(), StartedAt: started,
+		StartTicks: self.StartTicks, LogPath: r.logPath,
+		FenceWindow: FenceWindow(cfg.HeartbeatInterval.D(), cfg.ReconnectGraceD(), cfg.KillGrace.D()),
+	}
+	rctx, cancel := context.WithTimeout(ctx, 2*stmtTimeout)
+	defer cancel()
+	err = r.w.do(rctx, func(ctx context.Context, conn *pgx.Conn) error {
+		var err error
+		cancelRequested, err = etlcontext.RecordRunner(ctx, conn, r.ctx.ID, r.opts.RunID, rec)
+		return err
 	})
 	return cancelRequested, err
 }
 
-// processStartTime returns this process's start time as the supervisor will
-// read it (gopsutil, millisecond precision), or nil when unknown.
-func processStartTime(ctx context.Context) *time.Time {
-	p, err := process.NewProcessWithContext(ctx, int32(os.Getpid()))
-	if err != nil {
-		return nil
-	}
-	ms, err := p.CreateTimeWithContext(ctx)
-	if err != nil {
-		return nil
-	}
-	t := time.UnixMilli(ms)
-	return &t
-}
-
 // supervise runs the command and reacts to its exit, to cancellation, to
-// the loss of the lock connection and to signals sent to the runner.
-func (r *runner) supervise(ctx context.Context, tx pgx.Tx) (int, error) {
+// the loss of the lock and to signals sent to the runner. Nothing here waits
+// on the database: writes are queued, the lock is watched by its keeper.
+func (r *runner) supervise(ctx context.Context) (int, error) {
 	cfg := r.opts.Config
-	logFile, err := os.OpenFile(r.logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
-	if err != nil {
-		return r.fail(ctx, tx, fmt.Errorf("open log file: %w", err))
-	}
-	defer logFile.Close()
-
 	var args, checkpoint json.RawMessage
-	if err := r.db.do(ctx, func(ctx context.Context, conn *pgx.Conn) error {
+	rctx, cancel := context.WithTimeout(ctx, 2*stmtTimeout)
+	err := r.w.do(rctx, func(ctx context.Context, conn *pgx.Conn) error {
 		var err error
 		if args, err = etlcontext.InitialPayload(ctx, conn, r.ctx.ID); err != nil {
 			return err
 		}
 		checkpoint, err = etlcontext.LatestPayload(ctx, conn, r.ctx.ID, etlcontext.EventCheckpoint)
 		return err
-	}); err != nil {
-		return r.fail(ctx, tx, err)
+	})
+	cancel()
+	if err != nil {
+		return r.finish(ctx, ExitFailed, etlcontext.EventError, map[string]any{"reason": err.Error()}, err)
 	}
 
 	eventsR, eventsW, err := os.Pipe()
 	if err != nil {
-		return r.fail(ctx, tx, fmt.Errorf("create events pipe: %w", err))
+		return r.finish(ctx, ExitFailed, etlcontext.EventError, map[string]any{"reason": "create events pipe: " + err.Error()}, err)
 	}
 	defer eventsR.Close()
-
-	path, err := exec.LookPath(r.kind.Command[0])
-	if err != nil {
-		eventsW.Close()
-		return r.fail(ctx, tx, fmt.Errorf("find command of kind %s: %w", r.ctx.Kind, err))
-	}
 	cmd := &exec.Cmd{
-		Path:       path,
+		Path:       r.path,
 		Args:       r.kind.Command,
 		Env:        r.commandEnv(args, checkpoint),
-		Stdout:     logFile,
-		Stderr:     logFile,
+		Stdout:     r.logFile,
+		Stderr:     r.logFile,
 		ExtraFiles: []*os.File{eventsW},
 		SysProcAttr: &syscall.SysProcAttr{
 			Setpgid:   true,
@@ -346,9 +300,17 @@ func (r *runner) supervise(ctx context.Context, tx pgx.Tx) (int, error) {
 	exited, err := startLocked(cmd)
 	eventsW.Close()
 	if err != nil {
-		return r.fail(ctx, tx, fmt.Errorf("start command of kind %s: %w", r.ctx.Kind, err))
+		err = fmt.Errorf("start command of kind %s: %w", r.ctx.Kind, err)
+		return r.finish(ctx, ExitFailed, etlcontext.EventError, map[string]any{"reason": err.Error()}, err)
 	}
 	pgid := cmd.Process.Pid
+	var leaderTicks uint64
+	if st, err := hostproc.ReadStat(pgid); err == nil {
+		leaderTicks = st.StartTicks
+	}
+	r.w.call(func(ctx context.Context, conn *pgx.Conn) error {
+		return etlcontext.RecordCommand(ctx, conn, r.ctx.ID, r.opts.RunID, pgid, leaderTicks)
+	})
 	r.logger.Info("command started", "pid", pgid, "command", r.kind.Command, "attempt", r.ctx.Attempt)
 
 	lines := make(chan reported, 64)
@@ -362,13 +324,26 @@ func (r *runner) supervise(ctx context.Context, tx pgx.Tx) (int, error) {
 	signal.Notify(signals, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer signal.Stop(signals)
 
-	lockLost := make(chan error, 1)
+	lockEvents := make(chan lockEvent, 4)
 	watchCtx, stopWatch := context.WithCancel(ctx)
-	defer stopWatch()
-	go watchLock(watchCtx, tx, cfg.HeartbeatInterval.D(), lockLost)
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		r.lock.watch(watchCtx, lockEvents)
+	}()
+	defer func() {
+		stopWatch()
+		<-watchDone
+	}()
 
 	heartbeat := time.NewTicker(cfg.HeartbeatInterval.D())
 	defer heartbeat.Stop()
+	var (
+		hbResult   <-chan error
+		cancelled  bool
+		graceTimer <-chan time.Time
+		lostSince  time.Time
+	)
 
 	var (
 		waitErr      error
@@ -393,68 +368,120 @@ func (r *runner) supervise(ctx context.Context, tx pgx.Tx) (int, error) {
 				lines = nil
 				continue
 			}
-			r.store(ctx, line)
+			r.queue(line)
 		case waitErr = <-exited:
 			commandEnded = true
 		case <-heartbeat.C:
-			cancelled, err := r.heartbeat(ctx)
+			if hbResult == nil {
+				hbResult = r.w.call(func(ctx context.Context, conn *pgx.Conn) error {
+					var err error
+					cancelled, err = etlcontext.Heartbeat(ctx, conn, r.ctx.ID, r.opts.RunID)
+					return err
+				})
+			}
+		case err := <-hbResult:
+			hbResult = nil
 			switch {
-			case errors.Is(err, errSuperseded):
+			case errors.Is(err, etlcontext.ErrStaleRun):
 				stop("the run is no longer current", ExitLockLost)
 			case err != nil:
 				r.logger.Warn("heartbeat", "error", err)
 			case cancelled:
 				stop("cancel requested", ExitCancelled)
 			}
-		case n := <-r.db.notify:
+		case n := <-r.w.notify:
 			if n.Channel == CancelChannel && n.Payload == strconv.FormatInt(r.ctx.ID, 10) {
 				stop("cancel requested", ExitCancelled)
 			}
-		case err := <-lockLost:
-			r.logger.Error("lock connection failed", "error", err)
-			stop("lock connection failed", ExitLockLost)
+		case <-r.w.superseded:
+			stop("the database refused a write of this run: it is no longer current", ExitLockLost)
+		case e := <-lockEvents:
+			switch e.state {
+			case lockLost:
+				lostSince = time.Now()
+				grace := cfg.ReconnectGraceD()
+				r.logger.Error("lock connection failed; keeping the command running while taking the lock again", "error", e.err, "reconnect_grace", grace)
+				if grace == 0 {
+					stop("lock connection failed", ExitLockLost)
+				} else {
+					graceTimer = time.After(grace)
+				}
+			case lockRegained:
+				graceTimer = nil
+				r.logger.Info("lock held again", "unlocked_for", time.Since(lostSince).Round(time.Millisecond))
+			case lockSuperseded:
+				stop("the lock could not be taken again: "+e.err.Error(), ExitLockLost)
+			}
+		case <-graceTimer:
+			graceTimer = nil
+			stop(fmt.Sprintf("the lock was not taken again within reconnect_grace (%s)", cfg.ReconnectGraceD()), ExitLockLost)
 		case sig := <-signals:
 			stop("runner received "+sig.String(), ExitFailed)
 		}
 	}
 	// Stragglers the command left in its group end with it.
 	_ = syscall.Kill(-pgid, syscall.SIGKILL)
-	r.drain(ctx, lines, readerDone)
+	r.drain(lines, readerDone)
 	stopWatch()
+	<-watchDone
 
 	exitCode := exitCodeOf(waitErr)
 	switch {
 	case stopCode == ExitLockLost:
 		// Without the lock this process must not decide the outcome; the
-		// database refuses the write anyway when another attempt has started.
-		r.appendEvent(ctx, etlcontext.EventError, map[string]any{"reason": stopReason, "exit_code": exitCode}, nil)
-		return ExitLockLost, errors.New(stopReason)
+		// database refuses the write anyway when another attempt started.
+		return r.finish(ctx, ExitLockLost, etlcontext.EventError, map[string]any{"reason": stopReason, "exit_code": exitCode}, errors.New(stopReason))
 	case stopCode == ExitCancelled:
-		if err := r.appendEvent(ctx, etlcontext.EventCancelled, map[string]any{"reason": stopReason, "exit_code": exitCode}, nil); err != nil {
-			return ExitCancelled, r.release(ctx, tx, err)
-		}
-		return ExitCancelled, r.release(ctx, tx, nil)
+		return r.finish(ctx, ExitCancelled, etlcontext.EventCancelled, map[string]any{"reason": stopReason, "exit_code": exitCode}, nil)
 	case waitErr == nil && stopReason == "":
-		if err := r.appendEvent(ctx, etlcontext.EventFinal, map[string]any{"exit_code": 0}, nil); err != nil {
-			return ExitFailed, r.release(ctx, tx, err)
-		}
-		return ExitDone, r.release(ctx, tx, nil)
+		return r.finish(ctx, ExitDone, etlcontext.EventFinal, map[string]any{"exit_code": 0}, nil)
 	default:
 		reason := stopReason
 		if reason == "" {
 			reason = describeExit(waitErr)
 		}
-		payload := map[string]any{"reason": reason, "exit_code": exitCode, "log_tail": tail(r.logPath, 4096)}
-		if err := r.appendEvent(ctx, etlcontext.EventError, payload, nil); err != nil {
-			return ExitFailed, r.release(ctx, tx, err)
-		}
-		return ExitFailed, r.release(ctx, tx, nil)
+		return r.finish(ctx, ExitFailed, etlcontext.EventError, map[string]any{"reason": reason, "exit_code": exitCode, "log_tail": tail(r.logPath, 4096)}, nil)
 	}
 }
 
-// drain stores what the command wrote before it exited. A grandchild may hold
-// the pipe open; it is not waited for long.
-func (r *runner) drain(ctx context.Context, lines <-chan reported, readerDone <-chan error) {
+// finish records the attempt's outcome after everything queued before it,
+// then releases the lock and announces the exit. While the database is
+// away it waits up to reconnect_grace for it: the outcome of a command that
+// ran for days is worth the wait. A runner that cannot record it leaves the
+// context RUNNING with a free lock, and a supervisor records the attempt's
+// death.
+func (r *runner) finish(ctx context.Context, code int, suffix string, payload map[string]any, cause error) (int, error) {
+	r.w.event(suffix, payload, nil, false, 4096)
+	wait := r.opts.Config.ReconnectGraceD() + stmtTimeout
+	if code == ExitLockLost {
+		wait = stmtTimeout
+	}
+	fctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	if err := r.w.flush(fctx); err != nil {
+		r.logger.Error("record the outcome", "type", suffix, "error", err)
+		if code == ExitDone {
+			code = ExitFailed
+		}
+		cause = errors.Join(cause, fmt.Errorf("record %s: %w", suffix, err))
+	}
+	if err := r.lock.release(ctx, stmtTimeout); err != nil {
+		r.logger.Warn("release lock", "error", err)
+	}
+	nctx, ncancel := context.WithTimeout(ctx, stmtTimeout)
+	defer ncancel()
+	if err := r.w.do(nctx, func(ctx context.Context, conn *pgx.Conn) error {
+		_, err := conn.Exec(ctx, "SELECT pg_notify($1, $2)", ExitedChannel, strconv.FormatInt(r.ctx.ID, 10))
+		return err
+	}); err != nil {
+		r.logger.Warn("announce exit", "error", err)
+	}
+	return code, cause
+}
+
+// drain queues what the command wrote before it exited. A grandchild may
+// hold the pipe open; it is not waited for long.
+func (r *runner) drain(lines <-chan reported, readerDone <-chan error) {
 	if lines == nil {
 		return
 	}
@@ -468,7 +495,7 @@ func (r *runner) drain(ctx context.Context, lines <-chan reported, readerDone <-
 				}
 				return
 			}
-			r.store(ctx, line)
+			r.queue(line)
 		case <-timeout:
 			r.logger.Warn("events pipe still open 2s after the command exited; later events are lost")
 			return
@@ -476,77 +503,14 @@ func (r *runner) drain(ctx context.Context, lines <-chan reported, readerDone <-
 	}
 }
 
-func (r *runner) store(ctx context.Context, line reported) {
+func (r *runner) queue(line reported) {
 	var payload any
+	size := 256
 	if line.payload != nil {
 		payload = line.payload
+		size += len(line.payload)
 	}
-	if err := r.appendEventFull(ctx, line.suffix, payload, line.meta, line.isError); err != nil {
-		r.logger.Warn("store reported event", "type", line.suffix, "error", err)
-	}
-}
-
-func (r *runner) appendEvent(ctx context.Context, suffix string, payload, meta any) error {
-	return r.appendEventFull(ctx, suffix, payload, meta, false)
-}
-
-func (r *runner) appendEventFull(ctx context.Context, suffix string, payload, meta any, isError bool) error {
-	runID := r.opts.RunID
-	return r.db.do(ctx, func(ctx context.Context, conn *pgx.Conn) error {
-		_, err := etlcontext.Append(ctx, conn, etlcontext.NewEvent{
-			ContextID: r.ctx.ID,
-			Type:      r.ctx.Kind + ":" + suffix,
-			Payload:   payload,
-			Meta:      meta,
-			Error:     isError,
-			RunID:     &runID,
-		})
-		return err
-	})
-}
-
-// heartbeat records that the runner is alive and reports whether the task
-// was asked to stop; errSuperseded means the run is no longer current.
-func (r *runner) heartbeat(ctx context.Context) (cancelled bool, err error) {
-	hbCtx, cancel := context.WithTimeout(ctx, r.opts.Config.HeartbeatInterval.D())
-	defer cancel()
-	err = r.db.do(hbCtx, func(ctx context.Context, conn *pgx.Conn) error {
-		err := conn.QueryRow(ctx, `
-			UPDATE data_manager.etl_contexts SET heartbeat_at = now()
-			 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = 'RUNNING'
-			RETURNING cancel_requested_at IS NOT NULL`, r.ctx.ID, r.opts.RunID).Scan(&cancelled)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return errSuperseded
-		}
-		return err
-	})
-	return cancelled, err
-}
-
-// fail records an ERROR for a launch that could not start its command, then
-// releases the lock.
-func (r *runner) fail(ctx context.Context, tx pgx.Tx, cause error) (int, error) {
-	if err := r.appendEvent(ctx, etlcontext.EventError, map[string]any{"reason": cause.Error()}, nil); err != nil {
-		return ExitFailed, r.release(ctx, tx, errors.Join(cause, err))
-	}
-	return ExitFailed, r.release(ctx, tx, cause)
-}
-
-// release ends the lock transaction, waiting for the server to confirm, and
-// only then announces the exit: a supervisor woken by the notification finds
-// the lock free.
-func (r *runner) release(ctx context.Context, tx pgx.Tx, cause error) error {
-	ctx = context.WithoutCancel(ctx)
-	if err := tx.Rollback(ctx); err != nil {
-		return errors.Join(cause, fmt.Errorf("end lock transaction: %w", err))
-	}
-	if err := r.db.do(ctx, func(ctx context.Context, conn *pgx.Conn) error {
-		_, err := conn.Exec(ctx, "SELECT pg_notify($1, $2)", ExitedChannel, strconv.FormatInt(r.ctx.ID, 10))
-		return err
-	}); err != nil {
-		r.logger.Warn("announce exit", "error", err)
-	}
-	return cause
+	r.w.event(line.suffix, payload, line.meta, line.isError, size)
 }
 
 func (r *runner) commandEnv(args, checkpoint json.RawMessage) []string {
@@ -566,6 +530,7 @@ func (r *runner) commandEnv(args, checkpoint json.RawMessage) []string {
 		"DAMA_ARGS="+string(args),
 		"DAMA_CHECKPOINT="+string(checkpoint),
 		"DAMA_EVENTS_FD=3",
+		RunIDEnv+"="+r.opts.RunID,
 	)
 }
 
@@ -600,27 +565,6 @@ func killGroup(pgid int, grace time.Duration, ended <-chan struct{}) {
 	case <-timer.C:
 		_ = syscall.Kill(-pgid, syscall.SIGKILL)
 	case <-ended:
-	}
-}
-
-// watchLock checks the lock connection at every interval and reports when it
-// fails: the task must not run on without its lock.
-func watchLock(ctx context.Context, tx pgx.Tx, interval time.Duration, lost chan<- error) {
-	ticker := time.NewTicker(interval)
-	defer ticker.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-ticker.C:
-		}
-		pingCtx, cancel := context.WithTimeout(ctx, max(interval, 5*time.Second))
-		_, err := tx.Exec(pingCtx, "SELECT 1")
-		cancel()
-		if err != nil && ctx.Err() == nil {
-			lost <- err
-			return
-		}
 	}
 }
 

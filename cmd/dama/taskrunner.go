@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 
 	"github.com/spf13/cobra"
 
 	"github.com/dama-etl/dama/config"
+	"github.com/dama-etl/dama/internal/hostproc"
 	"github.com/dama-etl/dama/taskrunner"
 )
 
@@ -31,7 +33,17 @@ func newTaskrunnerCommand(g *globals, code *exitCode) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			hostID, err := hostproc.ID()
+			if err != nil {
+				return err
+			}
+			host, err := os.Hostname()
+			if err != nil {
+				return fmt.Errorf("read host name: %w", err)
+			}
 			opts := taskrunner.Options{
+				Host:        host,
+				HostID:      hostID,
 				DatabaseURL: url,
 				Config:      cfg,
 				ContextID:   contextID,

@@ -190,7 +190,7 @@ func randomHex(n int) string {
 // database URL: supervisors, the runners they spawned in sessions of their
 // own, and the runners' commands.
 func (e *Env) killProcesses() {
-	marker := "DATABASE_URL=" + e.URL
+	marker, tag := "DATABASE_URL="+e.URL, e.tag()
 	for range 3 {
 		procs, err := process.Processes()
 		if err != nil {
@@ -207,7 +207,7 @@ func (e *Env) killProcesses() {
 				continue
 			}
 			for _, kv := range env {
-				if kv == marker {
+				if kv == marker || kv == tag {
 					_ = syscall.Kill(int(p.Pid), syscall.SIGKILL)
 					killed++
 					break
@@ -235,6 +235,11 @@ func (e *Env) WriteConfig(body string) string {
 	return path
 }
 
+// tag is an environment entry that every process of the test inherits, even
+// one whose DATABASE_URL names the database another way: cleanup finds them
+// by it.
+func (e *Env) tag() string { return "DAMATEST_ENV=" + e.URL }
+
 // Environ is the environment the test's dama processes run with.
 func (e *Env) Environ(configPath string) []string {
 	env := []string{}
@@ -245,7 +250,7 @@ func (e *Env) Environ(configPath string) []string {
 		}
 		env = append(env, kv)
 	}
-	env = append(env, "DATABASE_URL="+e.URL)
+	env = append(env, "DATABASE_URL="+e.URL, e.tag())
 	if configPath != "" {
 		env = append(env, "DAMA_CONFIG="+configPath)
 	}
@@ -303,6 +308,13 @@ func (e *Env) Start(configPath string, args ...string) *Proc {
 // followed by the binary's path and args.
 func (e *Env) StartWrapped(configPath string, wrapper []string, args ...string) *Proc {
 	e.T.Helper()
+	return e.StartWith(configPath, nil, wrapper, args...)
+}
+
+// StartWith is StartWrapped with extraEnv entries (NAME=value) overriding
+// the test's environment, e.g. another DATABASE_URL for the same database.
+func (e *Env) StartWith(configPath string, extraEnv, wrapper []string, args ...string) *Proc {
+	e.T.Helper()
 	logPath := filepath.Join(e.Dir, fmt.Sprintf("%s-%s.log", args[0], randomHex(3)))
 	logFile, err := os.Create(logPath)
 	if err != nil {
@@ -311,7 +323,7 @@ func (e *Env) StartWrapped(configPath string, wrapper []string, args ...string) 
 	defer logFile.Close()
 	argv := append(append(append([]string{}, wrapper...), e.DamaBin), args...)
 	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = e.Environ(configPath)
+	cmd.Env = append(e.Environ(configPath), extraEnv...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {

@@ -1,0 +1,147 @@
+package etlcontext
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Runner is what a task process records about itself once it holds the
+// lock: where it runs and how to tell it, for sure, from any other process.
+type Runner struct {
+	Host        string
+	HostID      string
+	PID         int
+	StartedAt   *time.Time
+	StartTicks  uint64
+	LogPath     string
+	FenceWindow time.Duration
+}
+
+// RecordRunner records the task process of run runID on context id, and
+// reports whether the task was cancelled in the meantime. It returns
+// ErrStaleRun when the run is no longer the context's current launch.
+func RecordRunner(ctx context.Context, db DB, id int64, runID string, r Runner) (cancelRequested bool, err error) {
+	err = db.QueryRow(ctx, `
+		UPDATE data_manager.etl_contexts
+		   SET host = $3, pid = $4, process_started_at = $5, heartbeat_at = now(), log_path = $6,
+		       host_id = $7, runner_start_ticks = $8, fence_window = $9, lock_lost_at = NULL
+		 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = 'RUNNING' AND pid IS NULL
+		RETURNING cancel_requested_at IS NOT NULL`,
+		id, runID, r.Host, r.PID, r.StartedAt, r.LogPath, r.HostID, int64(r.StartTicks), r.FenceWindow).Scan(&cancelRequested)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, fmt.Errorf("record task process of etl context %d: %w", id, ErrStaleRun)
+	}
+	if err != nil {
+		return false, fmt.Errorf("record task process of etl context %d: %w", id, err)
+	}
+	return cancelRequested, nil
+}
+
+// RecordCommand records the command's process group, so that a supervisor
+// on the same host can find the command's descendants after the task
+// process died.
+func RecordCommand(ctx context.Context, db DB, id int64, runID string, pgid int, startTicks uint64) error {
+	tag, err := db.Exec(ctx, `
+		UPDATE data_manager.etl_contexts SET command_pgid = $3, command_start_ticks = $4
+		 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = 'RUNNING'`,
+		id, runID, pgid, int64(startTicks))
+	if err != nil {
+		return fmt.Errorf("record command of etl context %d: %w", id, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("record command of etl context %d: %w", id, ErrStaleRun)
+	}
+	return nil
+}
+
+// Heartbeat records that run runID is alive and reports whether the task was
+// asked to stop; ErrStaleRun means the run is no longer current.
+func Heartbeat(ctx context.Context, db DB, id int64, runID string) (cancelRequested bool, err error) {
+	err = db.QueryRow(ctx, `
+		UPDATE data_manager.etl_contexts SET heartbeat_at = now()
+		 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = 'RUNNING'
+		RETURNING cancel_requested_at IS NOT NULL`, id, runID).Scan(&cancelRequested)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, fmt.Errorf("heartbeat of etl context %d: %w", id, ErrStaleRun)
+	}
+	if err != nil {
+		return false, fmt.Errorf("heartbeat of etl context %d: %w", id, err)
+	}
+	return cancelRequested, nil
+}
+
+// ClearLockLost forgets when a supervisor found the lock of run runID free:
+// the task process holds it again. Until this is recorded, a supervisor
+// times the fencing window from its first sight of the free lock, so a task
+// process counts itself unlocked until it has cleared the mark.
+func ClearLockLost(ctx context.Context, db DB, id int64, runID string) error {
+	tag, err := db.Exec(ctx, `
+		UPDATE data_manager.etl_contexts SET lock_lost_at = NULL, heartbeat_at = now()
+		 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = 'RUNNING'`, id, runID)
+	if err != nil {
+		return fmt.Errorf("clear lock loss of etl context %d: %w", id, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("clear lock loss of etl context %d: %w", id, ErrStaleRun)
+	}
+	return nil
+}
+
+// MarkLockLost records, unless already recorded, that the lock of context
+// id's current run was found free, and returns how long ago (on the
+// database's clock) it was first found so. The caller holds the lock.
+func MarkLockLost(ctx context.Context, db DB, id int64) (freeFor time.Duration, err error) {
+	err = db.QueryRow(ctx, `
+		UPDATE data_manager.etl_contexts SET lock_lost_at = coalesce(lock_lost_at, now())
+		 WHERE etl_context_id = $1
+		RETURNING now() - lock_lost_at`, id).Scan(&freeFor)
+	if err != nil {
+		return 0, fmt.Errorf("record lock loss of etl context %d: %w", id, err)
+	}
+	return freeFor, nil
+}
+
+// StartAttempt marks context id RUNNING for a new attempt with a fresh run
+// id, launched by host, and returns the run id and attempt number. The
+// caller holds the lock.
+func StartAttempt(ctx context.Context, db DB, id int64, attempt int, launchedBy string) (runID string, got int, err error) {
+	err = db.QueryRow(ctx, `
+		UPDATE data_manager.etl_contexts
+		   SET etl_status = 'RUNNING', attempt = $2, run_id = gen_random_uuid(), launched_by = $3,
+		       started_at = coalesce(started_at, now()),
+		       host = NULL, pid = NULL, process_started_at = NULL, heartbeat_at = NULL,
+		       host_id = NULL, runner_start_ticks = NULL, command_pgid = NULL, command_start_ticks = NULL,
+		       fence_window = NULL, lock_lost_at = NULL
+		 WHERE etl_context_id = $1
+		RETURNING run_id::text, attempt`, id, attempt, launchedBy).Scan(&runID, &got)
+	if err != nil {
+		return "", 0, fmt.Errorf("start attempt of etl context %d: %w", id, classify(err))
+	}
+	return runID, got, nil
+}
+
+// AbandonLaunch takes back the launch of c, RUNNING but without a recorded
+// task process (none ever started its command): the context returns to the
+// status it had, with its attempt number, so that the failed launch spends
+// no attempt. The caller holds the lock.
+func AbandonLaunch(ctx context.Context, db DB, c *Context) error {
+	status := StatusRetrying
+	if c.Attempt <= 1 {
+		status = StatusQueued
+	}
+	tag, err := db.Exec(ctx, `
+		UPDATE data_manager.etl_contexts SET etl_status = $3, attempt = attempt - 1
+		 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = 'RUNNING' AND pid IS NULL`,
+		c.ID, c.RunID, status)
+	if err != nil {
+		return fmt.Errorf("abandon launch of etl context %d: %w", c.ID, classify(err))
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("abandon launch of etl context %d: %w", c.ID, ErrStaleRun)
+	}
+	return nil
+}

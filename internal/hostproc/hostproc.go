@@ -1,0 +1,247 @@
+// Package hostproc identifies this host and the processes of a task attempt
+// on it, from /proc, so that a supervisor can tell for sure whether any
+// process of an earlier attempt still lives.
+//
+// A host is identified by its boot id and its PID namespace: two containers
+// with one host name differ by namespace, and a reboot changes the boot id,
+// so a pid recorded under one host id means the same process only under that
+// id. A process is identified by its pid and its start time in clock ticks
+// since boot, which is exact, unlike a wall-clock start time rounded to
+// seconds.
+//
+// Every answer errs on the side of "alive": a process that cannot be read is
+// not proof of death.
+package hostproc
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// ID returns this host's identity: "<boot id>/<pid namespace inode>".
+func ID() (string, error) {
+	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return "", fmt.Errorf("read boot id: %w", err)
+	}
+	ns, err := os.Readlink("/proc/self/ns/pid")
+	if err != nil {
+		return "", fmt.Errorf("read pid namespace: %w", err)
+	}
+	// ns reads "pid:[4026531836]".
+	ns = strings.TrimSuffix(strings.TrimPrefix(ns, "pid:["), "]")
+	return strings.TrimSpace(string(boot)) + "/" + ns, nil
+}
+
+// Stat is what /proc/<pid>/stat says of a process that matters here.
+type Stat struct {
+	PID        int
+	State      byte
+	PGID       int
+	StartTicks uint64
+}
+
+// ErrGone reports a process that does not exist.
+var ErrGone = errors.New("no such process")
+
+// ReadStat reads /proc/<pid>/stat; it returns ErrGone when the process does
+// not exist.
+func ReadStat(pid int) (Stat, error) {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
+		return Stat{}, fmt.Errorf("process %d: %w", pid, ErrGone)
+	}
+	if err != nil {
+		return Stat{}, fmt.Errorf("read stat of process %d: %w", pid, err)
+	}
+	return parseStat(pid, data)
+}
+
+// parseStat parses a stat line. The command name, in parentheses, may
+// itself hold spaces and parentheses: the fields start after the last ')'.
+func parseStat(pid int, data []byte) (Stat, error) {
+	end := bytes.LastIndexByte(data, ')')
+	if end < 0 {
+		return Stat{}, fmt.Errorf("parse stat of process %d: no command name", pid)
+	}
+	// Fields from 3 (state) on; starttime is field 22, pgrp field 5.
+	f := strings.Fields(string(data[end+1:]))
+	if len(f) < 20 {
+		return Stat{}, fmt.Errorf("parse stat of process %d: %d fields", pid, len(f))
+	}
+	pgid, err := strconv.Atoi(f[2])
+	if err != nil {
+		return Stat{}, fmt.Errorf("parse pgrp of process %d: %w", pid, err)
+	}
+	ticks, err := strconv.ParseUint(f[19], 10, 64)
+	if err != nil {
+		return Stat{}, fmt.Errorf("parse start time of process %d: %w", pid, err)
+	}
+	return Stat{PID: pid, State: f[0][0], PGID: pgid, StartTicks: ticks}, nil
+}
+
+// Self returns this process's stat.
+func Self() (Stat, error) { return ReadStat(os.Getpid()) }
+
+// zombie reports a process that has exited and waits to be reaped: it runs
+// nothing any more.
+func (s Stat) zombie() bool { return s.State == 'Z' || s.State == 'X' }
+
+// Alive reports whether the process pid that started at startTicks still
+// runs. A pid reused by another process is not alive. An error reading the
+// process is returned with alive true: it is no proof of death.
+func Alive(pid int, startTicks uint64) (bool, error) {
+	st, err := ReadStat(pid)
+	switch {
+	case errors.Is(err, ErrGone):
+		return false, nil
+	case err != nil:
+		return true, err
+	}
+	return st.StartTicks == startTicks && !st.zombie(), nil
+}
+
+// Attempt names the processes of one task attempt on this host: the
+// command's process group (its leader's pid and start time), and the marker
+// that the command's environment, and so its descendants', carries.
+type Attempt struct {
+	// PGID is the command's process group, 0 when unknown.
+	PGID int
+	// LeaderStartTicks is the start time of the group's leader, the command.
+	LeaderStartTicks uint64
+	// Marker is an environment entry (NAME=value) unique to the attempt;
+	// empty means the group alone is looked at.
+	Marker string
+}
+
+// Processes returns the live processes of the attempt: the members of its
+// process group (unless the group's id now belongs to a new group, which
+// can only happen once the old group is empty), and any process whose
+// environment carries the marker, such as a descendant that left the group
+// with setsid. An error reading a process that may belong to the attempt is
+// returned beside what was found; the caller must then treat the attempt as
+// alive.
+func (a Attempt) Processes() ([]int, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, fmt.Errorf("list processes: %w", err)
+	}
+	groupReused := false
+	if a.PGID > 0 {
+		leader, err := ReadStat(a.PGID)
+		switch {
+		case errors.Is(err, ErrGone):
+		case err != nil:
+			return nil, err
+		default:
+			// The kernel never hands out a pid still in use as a process
+			// group id: a leader with another start time means every member
+			// of the old group is gone.
+			groupReused = leader.StartTicks != a.LeaderStartTicks
+		}
+	}
+	var (
+		found []int
+		errs  []error
+	)
+	self := os.Getpid()
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == self {
+			continue
+		}
+		st, err := ReadStat(pid)
+		if errors.Is(err, ErrGone) {
+			continue
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if st.zombie() {
+			continue
+		}
+		if a.PGID > 0 && !groupReused && st.PGID == a.PGID {
+			found = append(found, pid)
+			continue
+		}
+		if a.Marker != "" {
+			marked, err := hasEnv(pid, a.Marker)
+			if err != nil {
+				// Another user's process: its environment is unreadable, and
+				// it cannot be a descendant of a task of this user.
+				continue
+			}
+			if marked {
+				found = append(found, pid)
+			}
+		}
+	}
+	return found, errors.Join(errs...)
+}
+
+// hasEnv reports whether the environment of pid holds entry.
+func hasEnv(pid int, entry string) (bool, error) {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/environ")
+	if err != nil {
+		return false, err
+	}
+	for kv := range bytes.SplitSeq(data, []byte{0}) {
+		if string(kv) == entry {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// Signal sends sig to the attempt's process group (when it is still the
+// attempt's) and to every other live process of the attempt.
+func (a Attempt) Signal(sig syscall.Signal) error {
+	pids, err := a.Processes()
+	signalled := map[int]bool{}
+	for _, pid := range pids {
+		st, serr := ReadStat(pid)
+		if serr != nil {
+			continue
+		}
+		if a.PGID > 0 && st.PGID == a.PGID {
+			if !signalled[-a.PGID] {
+				_ = syscall.Kill(-a.PGID, sig)
+				signalled[-a.PGID] = true
+			}
+			continue
+		}
+		_ = syscall.Kill(pid, sig)
+	}
+	return err
+}
+
+// clockTicks is USER_HZ, the unit of start times in /proc: 100 on every
+// Linux architecture that dama runs on.
+const clockTicks = 100
+
+// StartTime converts a start time in clock ticks since boot to wall-clock
+// time, for display: comparisons use the ticks.
+func StartTime(ticks uint64) (time.Time, error) {
+	data, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return time.Time{}, fmt.Errorf("read boot time: %w", err)
+	}
+	for line := range strings.SplitSeq(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "btime "); ok {
+			boot, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			if err != nil {
+				return time.Time{}, fmt.Errorf("parse boot time: %w", err)
+			}
+			return time.Unix(boot, 0).Add(time.Duration(ticks) * time.Second / clockTicks), nil
+		}
+	}
+	return time.Time{}, errors.New("read boot time: no btime in /proc/stat")
+}

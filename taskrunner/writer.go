@@ -1,0 +1,344 @@
+package taskrunner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/dama-etl/dama/etlcontext"
+)
+
+// Bounds of the events a runner keeps in memory while the database is away.
+// Past them, reported events other than checkpoints are dropped (and
+// counted in a WARNING); a checkpoint is never dropped, but a newer one
+// replaces an older one still waiting beyond the bound.
+const (
+	maxPendingEvents = 10000
+	maxPendingBytes  = 64 << 20
+)
+
+// writer owns the runner's write connection. Every write goes through it in
+// order, and none makes its caller wait: the runner's main loop, which
+// watches the lock, cancellation and signals, only queues. The connection is
+// re-made for as long as the runner lives; every statement has a deadline;
+// events carry a sequence number, so that a write retried after a lost
+// connection is stored once.
+type writer struct {
+	url, name   string
+	logger      *slog.Logger
+	contextID   int64
+	runID       string
+	kind        string
+	stmtTimeout time.Duration
+
+	mu       sync.Mutex
+	calls    []writeCall // run before events
+	events   []pendingEvent
+	bytes    int
+	overflow int // events beyond the bound, all checkpoints
+	dropped  int
+	nextSeq  int
+	idle     chan struct{} // closed and replaced when the queues empty
+
+	wake       chan struct{}
+	notify     chan *pgconn.Notification
+	superseded chan struct{}
+	supOnce    sync.Once
+	conn       *pgx.Conn
+}
+
+type writeCall struct {
+	fn   func(context.Context, *pgx.Conn) error
+	done chan error
+}
+
+type pendingEvent struct {
+	ev         etlcontext.NewEvent
+	size       int
+	checkpoint bool
+}
+
+func newWriter(url, name string, logger *slog.Logger, stmtTimeout time.Duration) *writer {
+	return &writer{
+		url: url, name: name, logger: logger, stmtTimeout: stmtTimeout,
+		idle:       make(chan struct{}),
+		wake:       make(chan struct{}, 1),
+		notify:     make(chan *pgconn.Notification, 16),
+		superseded: make(chan struct{}),
+	}
+}
+
+// bind names the run the writer writes for, once the lock is held.
+func (w *writer) bind(contextID int64, runID, kind string) {
+	w.mu.Lock()
+	w.contextID, w.runID, w.kind = contextID, runID, kind
+	w.mu.Unlock()
+}
+
+func (w *writer) signal() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// event queues an event of the run; it never blocks.
+func (w *writer) event(suffix string, payload, meta any, isError bool, size int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	checkpoint := suffix == etlcontext.EventCheckpoint
+	if len(w.events)-w.overflow >= maxPendingEvents || w.bytes+size > maxPendingBytes {
+		if !checkpoint {
+			w.dropped++
+			return
+		}
+		// Only the newest checkpoint matters to a retry: keep one beyond the
+		// bound.
+		if w.overflow > 0 {
+			last := w.events[len(w.events)-1]
+			w.bytes -= last.size
+			w.events = w.events[:len(w.events)-1]
+			w.overflow--
+			w.dropped++
+		}
+		w.overflow++
+	}
+	w.nextSeq++
+	seq := w.nextSeq
+	runID := w.runID
+	w.events = append(w.events, pendingEvent{
+		ev: etlcontext.NewEvent{
+			ContextID: w.contextID, Type: w.kind + ":" + suffix,
+			Payload: payload, Meta: meta, Error: isError, RunID: &runID, Seq: &seq,
+		},
+		size: size, checkpoint: checkpoint,
+	})
+	w.bytes += size
+	w.signal()
+}
+
+// call queues fn ahead of the events and returns a channel that receives its
+// result. fn may run more than once (after a lost connection): it must be
+// idempotent.
+func (w *writer) call(fn func(context.Context, *pgx.Conn) error) <-chan error {
+	done := make(chan error, 1)
+	w.mu.Lock()
+	w.calls = append(w.calls, writeCall{fn: fn, done: done})
+	w.mu.Unlock()
+	w.signal()
+	return done
+}
+
+// do is call, waiting for the result until ctx ends.
+func (w *writer) do(ctx context.Context, fn func(context.Context, *pgx.Conn) error) error {
+	select {
+	case err := <-w.call(fn):
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// flush waits until everything queued so far is written, or ctx ends.
+func (w *writer) flush(ctx context.Context) error {
+	for {
+		w.mu.Lock()
+		empty := len(w.calls) == 0 && len(w.events) == 0 && w.dropped == 0
+		idle := w.idle
+		w.mu.Unlock()
+		if empty {
+			return nil
+		}
+		select {
+		case <-idle:
+		case <-w.superseded:
+			return etlcontext.ErrStaleRun
+		case <-ctx.Done():
+			w.mu.Lock()
+			n := len(w.events)
+			w.mu.Unlock()
+			return fmt.Errorf("%d events not written: %w", n, ctx.Err())
+		}
+	}
+}
+
+// run serves the queues and delivers notifications until ctx ends.
+func (w *writer) run(ctx context.Context, listen ...string) {
+	defer func() {
+		if w.conn != nil {
+			closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+			w.conn.Close(closeCtx)
+			cancel()
+		}
+	}()
+	delay := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		if w.conn == nil || w.conn.IsClosed() {
+			if err := w.connect(ctx, listen); err != nil {
+				w.logger.Warn("connect write connection", "error", err, "retry_in", delay)
+				select {
+				case <-time.After(delay):
+				case <-ctx.Done():
+				}
+				delay = min(delay*2, 5*time.Second)
+				continue
+			}
+			delay = 100 * time.Millisecond
+		}
+		if w.serveOne(ctx) {
+			continue
+		}
+		w.waitNotification(ctx)
+	}
+}
+
+func (w *writer) connect(ctx context.Context, listen []string) error {
+	if w.conn != nil {
+		w.conn.Close(ctx)
+		w.conn = nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, w.stmtTimeout)
+	defer cancel()
+	conn, err := connect(cctx, w.url, w.name, false)
+	if err != nil {
+		return err
+	}
+	for _, ch := range listen {
+		if _, err := conn.Exec(cctx, "LISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
+			conn.Close(ctx)
+			return fmt.Errorf("listen on %s: %w", ch, err)
+		}
+	}
+	w.conn = conn
+	return nil
+}
+
+// serveOne runs the next call or writes the next event; it reports false
+// when there was nothing to do.
+func (w *writer) serveOne(ctx context.Context) bool {
+	w.mu.Lock()
+	switch {
+	case len(w.calls) > 0:
+		c := w.calls[0]
+		w.mu.Unlock()
+		err := w.exec(ctx, c.fn)
+		if w.retry(ctx, err) {
+			return true
+		}
+		w.mu.Lock()
+		w.calls = w.calls[1:]
+		w.markIdle()
+		w.mu.Unlock()
+		c.done <- err
+		return true
+	case len(w.events) > 0:
+		e := w.events[0]
+		w.mu.Unlock()
+		err := w.exec(ctx, func(ctx context.Context, conn *pgx.Conn) error {
+			_, err := etlcontext.Append(ctx, conn, e.ev)
+			return err
+		})
+		switch {
+		case w.retry(ctx, err):
+			return true
+		case errors.Is(err, etlcontext.ErrStaleRun) || errors.Is(err, etlcontext.ErrFinished):
+			w.logger.Warn("the database refused an event: this run is no longer current", "type", e.ev.Type, "error", err)
+			w.supOnce.Do(func() { close(w.superseded) })
+		case err != nil:
+			w.logger.Warn("store event", "type", e.ev.Type, "error", err)
+		}
+		w.mu.Lock()
+		w.events = w.events[1:]
+		w.bytes -= e.size
+		if w.overflow > len(w.events) {
+			w.overflow = len(w.events)
+		}
+		w.markIdle()
+		w.mu.Unlock()
+		return true
+	case w.dropped > 0:
+		n := w.dropped
+		w.dropped = 0
+		w.mu.Unlock()
+		// Reported in order, after what was kept.
+		w.event(etlcontext.EventWarning, nil, map[string]any{
+			"problem": fmt.Sprintf("%d events dropped: more than %d events or %d bytes waited for the database", n, maxPendingEvents, maxPendingBytes),
+		}, false, 256)
+		return true
+	}
+	w.mu.Unlock()
+	return false
+}
+
+// markIdle wakes flush when the queues are empty; w.mu is held.
+func (w *writer) markIdle() {
+	if len(w.calls) == 0 && len(w.events) == 0 && w.dropped == 0 {
+		close(w.idle)
+		w.idle = make(chan struct{})
+	}
+}
+
+func (w *writer) exec(ctx context.Context, fn func(context.Context, *pgx.Conn) error) error {
+	sctx, cancel := context.WithTimeout(ctx, w.stmtTimeout)
+	defer cancel()
+	return fn(sctx, w.conn)
+}
+
+// waitNotification waits for a notification until a write is queued.
+func (w *writer) waitNotification(ctx context.Context) {
+	waitCtx, cancel := context.WithCancel(ctx)
+	stop := make(chan struct{})
+	go func() {
+		select {
+		case <-w.wake:
+			cancel()
+		case <-stop:
+		}
+	}()
+	n, err := w.conn.WaitForNotification(waitCtx)
+	close(stop)
+	cancel()
+	switch {
+	case err == nil:
+		select {
+		case w.notify <- n:
+		default:
+			w.logger.Warn("notification dropped", "channel", n.Channel, "payload", n.Payload)
+		}
+	case ctx.Err() != nil, errors.Is(err, context.Canceled):
+	default:
+		w.logger.Warn("write connection failed while listening", "error", err)
+	}
+}
+
+// retry reports whether err says the connection, not the write, failed; the
+// connection is then dropped, and the write tried again on a new one.
+func (w *writer) retry(ctx context.Context, err error) bool {
+	if err == nil || ctx.Err() != nil || !connectionError(err, w.conn) {
+		return false
+	}
+	w.logger.Warn("write connection lost; the write is kept and tried again", "error", err)
+	w.conn.Close(context.WithoutCancel(ctx))
+	return true
+}
+
+// connectionError reports an error of the connection rather than of the
+// statement: the connection broke or timed out, or the server is going
+// away or out of connections.
+func connectionError(err error, conn *pgx.Conn) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code[:2] {
+		case "08", "53", "57": // connection exception, insufficient resources, operator intervention
+			return true
+		}
+		return false
+	}
+	return conn.IsClosed() || pgconn.Timeout(err) || errors.Is(err, context.DeadlineExceeded)
+}

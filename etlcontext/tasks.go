@@ -37,6 +37,9 @@ type Task struct {
 	IdempotencyKey     *string         `json:"idempotency_key"`
 	CancelRequestedAt  *time.Time      `json:"cancel_requested_at"`
 	LogPath            *string         `json:"log_path"`
+	HostID             *string         `json:"host_id"`
+	CommandPGID        *int            `json:"command_pgid"`
+	LockLostAt         *time.Time      `json:"lock_lost_at"`
 }
 
 // TaskQuery selects rows of the view.
@@ -59,7 +62,8 @@ func Tasks(ctx context.Context, db DB, q TaskQuery) ([]Task, error) {
 		SELECT etl_context_id, parent_context_id, kind, queue, etl_status, attempt, max_attempts,
 		       job_state, scheduled_at, host, pid, created_at, started_at, finished_at, heartbeat_at,
 		       latest_event_type, latest_event_at, progress, initial_event_locked, river_job_id,
-		       run_id::text, idempotency_key, cancel_requested_at, log_path
+		       run_id::text, idempotency_key, cancel_requested_at, log_path,
+		       host_id, command_pgid, lock_lost_at
 		  FROM data_manager.dama_task_queue
 		 WHERE ($1 = 0 OR etl_context_id = $1)
 		   AND (cardinality($2::text[]) = 0 OR etl_status = ANY($2))
@@ -73,7 +77,8 @@ func Tasks(ctx context.Context, db DB, q TaskQuery) ([]Task, error) {
 		err := row.Scan(&t.ID, &t.ParentID, &t.Kind, &t.Queue, &t.Status, &t.Attempt, &t.MaxAttempts,
 			&t.JobState, &t.ScheduledAt, &t.Host, &t.PID, &t.CreatedAt, &t.StartedAt, &t.FinishedAt, &t.HeartbeatAt,
 			&t.LatestEventType, &t.LatestEventAt, &t.Progress, &t.InitialEventLocked, &t.RiverJobID,
-			&t.RunID, &t.IdempotencyKey, &t.CancelRequestedAt, &t.LogPath)
+			&t.RunID, &t.IdempotencyKey, &t.CancelRequestedAt, &t.LogPath,
+			&t.HostID, &t.CommandPGID, &t.LockLostAt)
 		return t, err
 	})
 	if err != nil {

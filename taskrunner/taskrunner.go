@@ -454,21 +454,28 @@ func (r *runner) finish(ctx context.Context, code int, suffix string, payload ma
 	r.w.event(suffix, payload, nil, false, 4096)
 	wait := r.opts.Config.ReconnectGraceD() + stmtTimeout
 	if code == ExitLockLost {
-		wait = stmtTimeout
+		// Best effort: without its lock this attempt no longer decides, and
+		// the supervisor records its death anyway.
+		wait = 2 * time.Second
 	}
 	fctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
-	if err := r.w.flush(fctx); err != nil {
-		r.logger.Error("record the outcome", "type", suffix, "error", err)
+	flushErr := r.w.flush(fctx)
+	if flushErr != nil {
+		r.logger.Error("record the outcome", "type", suffix, "error", flushErr)
 		if code == ExitDone {
 			code = ExitFailed
 		}
-		cause = errors.Join(cause, fmt.Errorf("record %s: %w", suffix, err))
+		cause = errors.Join(cause, fmt.Errorf("record %s: %w", suffix, flushErr))
 	}
-	if err := r.lock.release(ctx, stmtTimeout); err != nil {
+	if err := r.lock.release(ctx, 2*time.Second); err != nil {
 		r.logger.Warn("release lock", "error", err)
 	}
-	nctx, ncancel := context.WithTimeout(ctx, stmtTimeout)
+	if flushErr != nil {
+		// The database is out of reach: nobody would hear the announcement.
+		return code, cause
+	}
+	nctx, ncancel := context.WithTimeout(ctx, 2*time.Second)
 	defer ncancel()
 	if err := r.w.do(nctx, func(ctx context.Context, conn *pgx.Conn) error {
 		_, err := conn.Exec(ctx, "SELECT pg_notify($1, $2)", ExitedChannel, strconv.FormatInt(r.ctx.ID, 10))

@@ -1,8 +1,12 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -10,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
@@ -143,4 +149,153 @@ func TestForkingCommandNeverOverlapsItsRetry(t *testing.T) {
 	if slices.Max(w.beats(id)[1]) != last {
 		t.Errorf("the worker of attempt 1 still runs after the task finished")
 	}
+}
+
+// socketEnv returns a copy of env whose pool reaches the test's database
+// over the server's Unix socket, which Silence does not cut, and that URL.
+func socketEnv(t *testing.T, env *testenv.Env) (*testenv.Env, string) {
+	t.Helper()
+	sock, err := url.Parse(env.Server.SocketURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tcp, err := url.Parse(env.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock.Path = tcp.Path
+	pool, err := pgxpool.New(context.Background(), sock.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	copied := *env
+	copied.Pool = pool
+	return &copied, sock.String()
+}
+
+func TestPostgresRestartKillsNoTask(t *testing.T) {
+	srv := testenv.NewServer(t)
+	env := testenv.NewOn(t, srv)
+	w := &world{Env: env, cfg: env.WriteConfig(strings.Replace(sampleConfigFor(10), "kill_grace: 1s", "kill_grace: 1s\nreconnect_grace: 30s", 1)),
+		startsDir: filepath.Join(env.Dir, "starts")}
+	if err := os.MkdirAll(w.startsDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	w.Start(w.cfg, "supervisor")
+	var ids []int64
+	for range 4 {
+		// Progress and a checkpoint every 100ms, for about 10s.
+		ids = append(ids, w.submit(100, 100))
+	}
+	pids := map[int64]string{}
+	for _, id := range ids {
+		w.waitRunning(id)
+		w.waitFor(id, 20*time.Second, "to start its command", func(etlcontext.Task) bool { return len(w.starts(id)) == 1 })
+		pids[id] = w.starts(id)[0][0]
+	}
+
+	srv.Restart(t, 5*time.Second)
+
+	for _, id := range ids {
+		got := w.waitSettled(id, 90*time.Second)
+		if got.Status != etlcontext.StatusDone || got.Attempt != 1 {
+			t.Errorf("context %d: %s after %d attempts, want DONE after 1", id, got.Status, got.Attempt)
+		}
+		if starts := w.starts(id); len(starts) != 1 || starts[0][0] != pids[id] {
+			t.Errorf("context %d: starts %v, want the single start of pid %s", id, starts, pids[id])
+		}
+		events, err := etlcontext.Events(context.Background(), w.Pool, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := map[string]bool{}
+		var progress int
+		for _, e := range events {
+			switch e.Type {
+			case "sample:ERROR":
+				t.Errorf("context %d: ERROR event %s", id, e.Payload)
+			case "sample:PROGRESS", "sample:CHECKPOINT":
+				key := e.Type + string(e.Payload)
+				if seen[key] {
+					t.Errorf("context %d: %s %s stored twice", id, e.Type, e.Payload)
+				}
+				seen[key] = true
+				if e.Type == "sample:PROGRESS" {
+					progress++
+				}
+			}
+		}
+		if progress != 100 {
+			t.Errorf("context %d: %d PROGRESS events, want 100", id, progress)
+		}
+	}
+}
+
+func TestOutageLongerThanGraceStopsCommandsBeforeAnyRetry(t *testing.T) {
+	srv := testenv.NewServer(t)
+	env := testenv.NewOn(t, srv)
+	w := newBeatWorld(t, env, "reconnect_grace: 2s")
+	w.Start(w.cfg, "supervisor")
+	id := w.submit()
+	running := (&world{Env: env}).waitFor(id, 20*time.Second, "to record its command", func(t etlcontext.Task) bool { return t.CommandPGID != nil })
+	testenv.Eventually(t, 20*time.Second, "the worker to beat", func() (bool, error) { return len(w.beats(id)[1]) >= 3, nil })
+
+	srv.Stop(t, "fast")
+	stoppedAt := time.Now()
+	// Within the grace, the kill grace and a little, while the server is
+	// still down, every process of the command's group is gone.
+	testenv.Eventually(t, 20*time.Second, "attempt 1 to stop its command while the server is down", func() (bool, error) {
+		return errors.Is(syscall.Kill(-*running.CommandPGID, 0), syscall.ESRCH), nil
+	})
+	t.Logf("the command's group was gone %s after the server stopped", time.Since(stoppedAt).Round(time.Millisecond))
+	srv.Start(t)
+
+	got := (&world{Env: env}).waitSettled(id, 90*time.Second)
+	if got.Status != etlcontext.StatusDone || got.Attempt != 2 {
+		t.Fatalf("%s after %d attempts, want DONE after 2", got.Status, got.Attempt)
+	}
+	w.assertNoOverlap(t, id)
+	if starts := w.starts(id); len(starts) != 2 || strings.Join(starts[1][3:], "") != `{"step":5}` {
+		t.Errorf("starts %v: want attempt 2 to resume from checkpoint {\"step\":5}", starts)
+	}
+}
+
+func TestSilentLockConnectionIsFencedBeforeARetryElsewhere(t *testing.T) {
+	if out, err := exec.Command("unshare", "--pid", "--fork", "--mount-proc", "true").CombinedOutput(); err != nil {
+		t.Skipf("another host needs unshare --pid (root): %v %s", err, out)
+	}
+	srv := testenv.NewServer(t)
+	tcpEnv := testenv.NewOn(t, srv)
+	env, socketURL := socketEnv(t, tcpEnv)
+	w := newBeatWorld(t, env, "reconnect_grace: 3s")
+	// Supervisor A and its task processes reach the server over TCP.
+	w.Start(w.cfg, "supervisor")
+	id := w.submit()
+	first := (&world{Env: env}).waitRunning(id)
+	testenv.Eventually(t, 20*time.Second, "the worker to beat", func() (bool, error) { return len(w.beats(id)[1]) >= 3, nil })
+	// Supervisor B runs on another host, as far as dama can tell (a pid
+	// namespace of its own), and reaches the server over its Unix socket.
+	env.StartWith(w.cfg, []string{"DATABASE_URL=" + socketURL}, []string{"unshare", "--pid", "--fork", "--mount-proc"}, "supervisor")
+
+	// Every TCP packet to or from the server is dropped: no reset, no FIN.
+	testenv.Silence(t, srv.Port())
+	silencedAt := time.Now()
+
+	got := (&world{Env: env}).waitSettled(id, 120*time.Second)
+	if got.Status != etlcontext.StatusDone || got.Attempt != 2 {
+		t.Fatalf("%s after %d attempts, want DONE after 2", got.Status, got.Attempt)
+	}
+	if deref(got.HostID) == deref(first.HostID) {
+		t.Errorf("attempt 2 ran on host %v, the host of attempt 1: want supervisor B's", deref(got.HostID))
+	}
+	w.assertNoOverlap(t, id)
+	t.Logf("attempt 1's last beat %s after the silence; attempt 2 started %s after it",
+		time.Duration(slices.Max(w.beats(id)[1])-silencedAt.UnixNano()).Round(time.Millisecond),
+		time.Duration(startNS(w.starts(id)[1])-silencedAt.UnixNano()).Round(time.Millisecond))
+}
+
+func startNS(start []string) int64 {
+	ns, _ := strconv.ParseInt(start[2], 10, 64)
+	return ns
 }

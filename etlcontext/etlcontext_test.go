@@ -231,3 +231,40 @@ func mustBegin(t *testing.T, env *testenv.Env) pgx.Tx {
 	t.Cleanup(func() { tx.Rollback(context.Background()) })
 	return tx
 }
+
+func TestARetriedNumberedWriteIsStoredOnce(t *testing.T) {
+	env := testenv.New(t)
+	ctx := context.Background()
+	id := newContext(t, env, 3)
+	runID := startAttempt(t, env, id)
+	write := func(suffix string, seq int) (int64, error) {
+		return etlcontext.Append(ctx, env.Pool, etlcontext.NewEvent{
+			ContextID: id, Type: "k:" + suffix, Payload: map[string]int{"seq": seq}, RunID: &runID, Seq: &seq,
+		})
+	}
+	// A write whose first try committed but whose answer was lost is sent
+	// again after the reconnect: the same event, stored once.
+	first, err := write("PROGRESS", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := write("PROGRESS", 1)
+	if err != nil || again != first {
+		t.Errorf("retried write: event %d, %v; want the first one, %d", again, err, first)
+	}
+	final, err := write("FINAL", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Retrying the write that finished the context is not refused.
+	if again, err := write("FINAL", 2); err != nil || again != final {
+		t.Errorf("retried FINAL: event %d, %v; want %d", again, err, final)
+	}
+	var n int
+	if err := env.Pool.QueryRow(ctx, `SELECT count(*) FROM data_manager.event_store WHERE etl_context_id = $1`, id).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 3 || status(t, env, id) != etlcontext.StatusDone {
+		t.Errorf("%d events, status %s; want INITIAL, PROGRESS, FINAL and DONE", n, status(t, env, id))
+	}
+}

@@ -31,8 +31,11 @@
 //
 // A step returns an error to River only after the database recorded the
 // failed attempt, so River's attempt count and the context's agree. Each
-// supervisor holds an advisory lock keyed by its River client id; a job left
-// running by a dead supervisor is made available again without spending an
-// attempt. A context whose job was finalized behind dama's back (by hand, or
-// by River's own rescuer) is reconciled: its job is retried or re-enqueued.
+// supervisor holds an advisory lock keyed by its River client id, on a
+// connection of its own that it re-opens at once when it fails; a job left
+// running by a supervisor whose lock has been seen missing for a grace
+// period (max(2*poll_interval, 10s)) is made available again without
+// spending an attempt. A context whose job was finalized behind dama's back
+// (by hand, or by River's own rescuer) is reconciled: its job is retried or
+// re-enqueued, once, however many supervisors reconcile at the same time.
 package supervisor

@@ -205,31 +205,21 @@ func (s *Supervisor) wake(ctx context.Context, id int64) {
 	}
 }
 
-// clientLockNamespace keys the session-level advisory lock that each
-// supervisor holds, on its listening connection, for as long as it lives: a
-// River job left 'running' by a client whose lock is gone belongs to a dead
-// supervisor.
-const clientLockNamespace = etlcontext.LockNamespace + 2
-
-// listener is the supervisor's own connection: it proves the supervisor is
-// alive (the advisory lock) and hears runners announce their exit.
+// listener is the supervisor's connection that hears runners announce their
+// exit. It holds no lock: the liveness lock has a connection of its own
+// (holdLiveness), so that the listener can fail and reconnect without anyone
+// taking the supervisor for dead.
 type listener struct {
 	conn *pgx.Conn
 }
 
 func (s *Supervisor) connectListener(ctx context.Context) (*listener, error) {
-	pooled, err := s.pool.Acquire(ctx)
+	conn, err := s.connectNamed(ctx, listenAppNamePrefix+s.river.ID())
 	if err != nil {
-		return nil, fmt.Errorf("acquire listening connection: %w", err)
-	}
-	// It holds a session lock and listens: it must never go back to the pool.
-	conn := pooled.Hijack()
-	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1, hashtext($2))`, clientLockNamespace, s.river.ID()); err != nil {
-		conn.Close(ctx)
-		return nil, fmt.Errorf("take supervisor liveness lock: %w", err)
+		return nil, fmt.Errorf("open listening connection: %w", err)
 	}
 	if _, err := conn.Exec(ctx, "LISTEN "+taskrunner.ExitedChannel); err != nil {
-		conn.Close(ctx)
+		conn.Close(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("listen for task exits: %w", err)
 	}
 	return &listener{conn: conn}, nil
@@ -338,22 +328,64 @@ func (s *Supervisor) reconcile(ctx context.Context) error {
 			}
 			s.logger.Warn("retried a job whose state disagreed with its context", "etl_context_id", o.id, "job_id", o.job)
 		} else {
-			err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-				res, err := s.river.InsertTx(ctx, tx, TaskArgs{ETLContextID: o.id}, &river.InsertOpts{Queue: o.queue, MaxAttempts: o.maxAttempts})
-				if err != nil {
-					return err
-				}
-				_, err = tx.Exec(ctx, `UPDATE data_manager.etl_contexts SET river_job_id = $2 WHERE etl_context_id = $1`, o.id, res.Job.ID)
-				return err
-			})
+			// Retrying a job twice is harmless, inserting two is not: a
+			// context must have exactly one job.
+			jobID, err := s.enqueueMissingJob(ctx, o.id, o.queue, o.maxAttempts)
 			if err != nil {
 				return fmt.Errorf("enqueue a job for unsettled etl context %d: %w", o.id, err)
 			}
-			s.logger.Warn("enqueued a new job for a context whose job was gone", "etl_context_id", o.id)
+			if jobID == 0 {
+				// Another supervisor's reconcile enqueued one first.
+				continue
+			}
+			s.logger.Warn("enqueued a new job for a context whose job was gone", "etl_context_id", o.id, "job_id", jobID)
 		}
 		s.notifyQueue(ctx, o.queue)
 	}
 	return nil
+}
+
+// enqueueMissingJob inserts a River job for context id, whose job was gone
+// when reconcile looked, and returns its id; or returns 0 when the context
+// has a job by now (another supervisor reconciling at the same time gave it
+// one). Concurrent reconciles take turns on the context's row lock, held
+// until the insert commits, so whoever comes second sees the job the first
+// committed. That check must be a statement of its own, run once the lock is
+// granted: under READ COMMITTED a statement sees only what was committed
+// before it began, so a check inside the locking statement would re-read the
+// context's new river_job_id yet miss the job it names.
+func (s *Supervisor) enqueueMissingJob(ctx context.Context, id int64, queue string, maxAttempts int) (int64, error) {
+	var inserted int64
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var current *int64
+		if err := tx.QueryRow(ctx, `
+			SELECT river_job_id FROM data_manager.etl_contexts WHERE etl_context_id = $1 FOR UPDATE`,
+			id).Scan(&current); err != nil {
+			return fmt.Errorf("lock etl context: %w", err)
+		}
+		if current != nil {
+			var exists bool
+			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM river_job WHERE id = $1)`, *current).Scan(&exists); err != nil {
+				return fmt.Errorf("look for job %d: %w", *current, err)
+			}
+			if exists {
+				return nil
+			}
+		}
+		res, err := s.river.InsertTx(ctx, tx, TaskArgs{ETLContextID: id}, &river.InsertOpts{Queue: queue, MaxAttempts: maxAttempts})
+		if err != nil {
+			return fmt.Errorf("insert job: %w", err)
+		}
+		if _, err := tx.Exec(ctx, `UPDATE data_manager.etl_contexts SET river_job_id = $2 WHERE etl_context_id = $1`, id, res.Job.ID); err != nil {
+			return fmt.Errorf("record job %d: %w", res.Job.ID, err)
+		}
+		inserted = res.Job.ID
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	return inserted, nil
 }
 
 // listen serves l until ctx ends, reconnecting when the connection fails.
@@ -396,50 +428,6 @@ func (s *Supervisor) serveListener(ctx context.Context, l *listener) error {
 			go s.wake(ctx, id)
 		}
 	}
-}
-
-// rescueOrphanedSteps makes available again the jobs that a dead supervisor
-// left 'running' mid-step, without spending an attempt, as a snooze would.
-// River's own rescuer would wait an hour and then count the step as a failed
-// attempt, or discard the job of a task that is still running.
-func (s *Supervisor) rescueOrphanedSteps(ctx context.Context) error {
-	rows, err := s.pool.Query(ctx, `
-		UPDATE river_job AS j
-		   SET state = 'available', attempt = greatest(j.attempt - 1, 0), scheduled_at = now()
-		 WHERE j.kind = $1
-		   AND j.state = 'running'
-		   AND j.attempted_at < now() - interval '1 second'
-		   AND (j.attempted_at < now() - $2::interval
-		        OR NOT EXISTS (
-		            SELECT 1 FROM pg_catalog.pg_locks AS l
-		             WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
-		               AND l.classid = $3::oid
-		               AND l.objid = hashtext(j.attempted_by[array_length(j.attempted_by, 1)])::oid
-		               AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d WHERE d.datname = current_database())))
-		RETURNING j.id, j.queue`,
-		TaskArgs{}.Kind(), 2*stepTimeout(s.opts.LaunchTimeout), clientLockNamespace)
-	if err != nil {
-		return fmt.Errorf("rescue orphaned steps: %w", err)
-	}
-	queues := map[string]bool{}
-	for rows.Next() {
-		var (
-			id    int64
-			queue string
-		)
-		if err := rows.Scan(&id, &queue); err != nil {
-			return fmt.Errorf("rescue orphaned steps: %w", err)
-		}
-		queues[queue] = true
-		s.logger.Info("rescued the step of a dead supervisor", "job_id", id)
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("rescue orphaned steps: %w", err)
-	}
-	for q := range queues {
-		s.notifyQueue(ctx, q)
-	}
-	return nil
 }
 
 // notifyQueue tells every supervisor's River producer of the queue that a job

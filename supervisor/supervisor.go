@@ -68,6 +68,16 @@ type Supervisor struct {
 	// spawnFailures holds why this supervisor could not spawn a context's
 	// task process, until the failure is reported.
 	spawnFailures map[int64]string
+
+	// rescueGrace is how long a running job's client lock must be seen
+	// missing before the job's step is rescued (see rescueGraceFor).
+	rescueGrace time.Duration
+	// rescueMu serializes rescues and guards suspects: for each job seen
+	// 'running' without its client's liveness lock, when this supervisor
+	// first saw it so. Only the current candidates are kept, so it never
+	// holds more entries than there are running jobs.
+	rescueMu sync.Mutex
+	suspects map[suspect]time.Time
 }
 
 // New returns a supervisor for cfg; Run starts it.
@@ -110,6 +120,9 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 		stopping:       map[int64]bool{},
 		launchFailures: map[int64]string{},
 		spawnFailures:  map[int64]string{},
+
+		rescueGrace: rescueGraceFor(cfg.PollInterval.D()),
+		suspects:    map[suspect]time.Time{},
 	}
 	workers := river.NewWorkers()
 	if err := river.AddWorkerSafely(workers, &taskWorker{s: s}); err != nil {
@@ -170,12 +183,23 @@ func cmpOr(d, def time.Duration) time.Duration {
 // Run works tasks until ctx ends, then stops River cleanly: steps in progress
 // finish, and task processes are never signalled.
 func (s *Supervisor) Run(ctx context.Context) error {
+	// The liveness lock comes first: every job River fetches from now on
+	// names this client, and others judge it by that lock. It lives on a
+	// connection of its own, so that nothing but that connection's failure
+	// drops it, and is released only after River has stopped (the deferred
+	// stopBackground runs after the River.Stop below).
+	live, err := s.connectLiveness(ctx)
+	if err != nil {
+		return err
+	}
 	l, err := s.connectListener(ctx)
 	if err != nil {
+		live.Close(context.WithoutCancel(ctx))
 		return err
 	}
 	bgCtx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
 	var bg sync.WaitGroup
+	bg.Go(func() { s.holdLiveness(bgCtx, live) })
 	bg.Go(func() { s.listen(bgCtx, l) })
 	defer func() {
 		stopBackground()

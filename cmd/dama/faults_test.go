@@ -299,3 +299,67 @@ func startNS(start []string) int64 {
 	ns, _ := strconv.ParseInt(start[2], 10, 64)
 	return ns
 }
+
+func TestAHostThatCannotLaunchSpendsNoAttempt(t *testing.T) {
+	env := testenv.New(t)
+	// log_dir lies under a file: no process of this host can create it.
+	blocker := filepath.Join(env.Dir, "blocker")
+	if err := os.WriteFile(blocker, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := env.WriteConfig(`
+log_dir: {{dir}}/blocker/logs
+poll_interval: 200ms
+kinds:
+  sample: { command: ["{{sample}}"], max_attempts: 1 }
+  missing: { command: ["/nonexistent/etl"], max_attempts: 1 }
+`)
+	w := &world{Env: env, cfg: cfg}
+	sup := w.Start(cfg, "supervisor")
+	res := w.Dama(cfg, "submit", "sample")
+	if res.Code != 0 {
+		t.Fatalf("submit: %s", res.Stderr)
+	}
+	id := testenv.Atoi(t, res.Stdout)
+	testenv.Eventually(t, 20*time.Second, "the supervisor to report the failed launch", func() (bool, error) {
+		log, err := os.ReadFile(sup.Log)
+		return strings.Count(string(log), "launch failed") >= 1, err
+	})
+	// Many polls later: still QUEUED, no attempt spent, one error line.
+	time.Sleep(2 * time.Second)
+	if got := w.task(id); got.Status != etlcontext.StatusQueued || got.Attempt != 0 {
+		t.Fatalf("after failed launches: %s, attempt %d; want QUEUED, attempt 0", got.Status, got.Attempt)
+	}
+	log, _ := os.ReadFile(sup.Log)
+	if n := strings.Count(string(log), `level=ERROR msg="launch failed`); n != 1 {
+		t.Errorf("the repeated launch failure was logged as an error %d times, want once", n)
+	}
+	// The operator repairs the host: the task runs, as its first attempt.
+	if err := os.Remove(blocker); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.waitSettled(id, 30*time.Second); got.Status != etlcontext.StatusDone || got.Attempt != 1 {
+		t.Errorf("after the repair: %s after %d attempts, want DONE after 1", got.Status, got.Attempt)
+	}
+
+	// A kind whose executable this host lacks: the task process says why
+	// in a WARNING, and the launch is taken back.
+	res = w.Dama(cfg, "submit", "missing")
+	if res.Code != 0 {
+		t.Fatalf("submit: %s", res.Stderr)
+	}
+	missing := testenv.Atoi(t, res.Stdout)
+	testenv.Eventually(t, 20*time.Second, "a WARNING saying this host cannot run the task", func() (bool, error) {
+		events, err := etlcontext.Events(context.Background(), w.Pool, missing)
+		for _, e := range events {
+			if e.Type == "missing:WARNING" && strings.Contains(string(e.Payload), "/nonexistent/etl") {
+				return true, nil
+			}
+		}
+		return false, err
+	})
+	time.Sleep(time.Second)
+	if got := w.task(missing); got.Status.Finished() || got.Attempt > 1 {
+		t.Errorf("a missing executable spent the task's attempt: %s, attempt %d", got.Status, got.Attempt)
+	}
+}

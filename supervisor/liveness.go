@@ -1,0 +1,286 @@
+package supervisor
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/dama-etl/dama/etlcontext"
+)
+
+// clientLockNamespace keys the session-level advisory lock that each
+// supervisor holds, on its liveness connection, for as long as it lives: a
+// River job left 'running' by a client whose lock stays gone belongs to a
+// dead supervisor.
+const clientLockNamespace = etlcontext.LockNamespace + 2
+
+// The application_name prefixes of the supervisor's own connections, followed
+// by its River client id, so that an operator (or a test) can tell them apart
+// in pg_stat_activity. PostgreSQL keeps the first 63 bytes of a name.
+const (
+	livenessAppNamePrefix = "dama-supervisor-liveness:"
+	listenAppNamePrefix   = "dama-supervisor-listen:"
+)
+
+const (
+	// livenessCheckInterval is how often the liveness connection is pinged.
+	// A terminated backend is noticed at once (the connection is read from
+	// all the time); the ping catches a connection that fails silently.
+	livenessCheckInterval = time.Second
+	// livenessPingTimeout bounds a ping: a server that does not answer in
+	// that time is treated as gone, and the lock taken again elsewhere.
+	livenessPingTimeout = 5 * time.Second
+	// livenessRetryInterval spaces the attempts to take the lock again after
+	// the first, immediate one failed.
+	livenessRetryInterval = time.Second
+	// minRescueGrace is the least time a client's lock must be seen missing
+	// before its steps are rescued. A live supervisor takes its lock again
+	// at once when its liveness connection fails (then once a second): 10s
+	// leaves room for several tries against a slow or restarting server.
+	minRescueGrace = 10 * time.Second
+)
+
+// rescueGraceFor is how long a running job's client lock must be seen
+// missing before its step is rescued: max(2*poll_interval, 10s). The rescue
+// loop looks once per poll interval, so the lock is seen missing at least
+// twice, a grace apart; a supervisor that takes its lock back within the
+// grace keeps its steps. A dead supervisor's step is thus rescued between the
+// grace and the grace plus two poll intervals after it died.
+func rescueGraceFor(pollInterval time.Duration) time.Duration {
+	return max(2*pollInterval, minRescueGrace)
+}
+
+// connectNamed opens a connection of its own (never one of the pool's: it
+// holds a session lock or listens, and must not be handed to anyone else),
+// named for pg_stat_activity.
+func (s *Supervisor) connectNamed(ctx context.Context, name string) (*pgx.Conn, error) {
+	cfg := s.pool.Config().ConnConfig.Copy()
+	cfg.RuntimeParams["application_name"] = name
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect as %s: %w", name, err)
+	}
+	return conn, nil
+}
+
+// connectLiveness opens the liveness connection and takes the supervisor's
+// liveness lock on it. pg_advisory_lock waits, rather than failing, while the
+// lock is held: only this supervisor takes it, so a holder is a session of
+// its own whose connection failed without the server noticing yet, and the
+// lock stays held, as it should, until that session ends and this one gets
+// it.
+func (s *Supervisor) connectLiveness(ctx context.Context) (*pgx.Conn, error) {
+	conn, err := s.connectNamed(ctx, livenessAppNamePrefix+s.river.ID())
+	if err != nil {
+		return nil, fmt.Errorf("open liveness connection: %w", err)
+	}
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1, hashtext($2))`, clientLockNamespace, s.river.ID()); err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("take supervisor liveness lock: %w", err)
+	}
+	return conn, nil
+}
+
+// holdLiveness keeps the liveness lock held until ctx ends: when its
+// connection fails, it opens another at once and takes the lock again, then
+// retries every livenessRetryInterval. Other supervisors rescue this one's
+// steps only if the lock stays missing for the rescue grace.
+func (s *Supervisor) holdLiveness(ctx context.Context, conn *pgx.Conn) {
+	for {
+		err := watchConn(ctx, conn)
+		conn.Close(context.WithoutCancel(ctx))
+		if ctx.Err() != nil {
+			return
+		}
+		s.logger.Warn("liveness connection failed; taking the liveness lock again", "error", err)
+		for {
+			if conn, err = s.connectLiveness(ctx); err == nil {
+				break
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			s.logger.Warn("take the liveness lock again", "error", err)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(livenessRetryInterval):
+			}
+		}
+		s.logger.Info("liveness lock taken again")
+	}
+}
+
+// watchConn returns when conn fails or ctx ends. It waits on the connection
+// between pings, so that a backend ended by the server (pg_terminate_backend,
+// a restart) is noticed as soon as the server says so, and pings it every
+// livenessCheckInterval, so that a connection that fails silently is noticed
+// within livenessPingTimeout.
+func watchConn(ctx context.Context, conn *pgx.Conn) error {
+	for {
+		waitCtx, cancel := context.WithTimeout(ctx, livenessCheckInterval)
+		// No LISTEN was issued, so nothing but an error ends the wait early.
+		err := conn.PgConn().WaitForNotification(waitCtx)
+		cancel()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err != nil && !pgconn.Timeout(err) {
+			return fmt.Errorf("wait on liveness connection: %w", err)
+		}
+		pingCtx, cancel := context.WithTimeout(ctx, livenessPingTimeout)
+		err = conn.Ping(pingCtx)
+		cancel()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err != nil {
+			return fmt.Errorf("ping liveness connection: %w", err)
+		}
+	}
+}
+
+// suspect is a running job seen without its client's liveness lock: the job,
+// the client that last fetched it, and when (a job fetched again is another
+// suspect).
+type suspect struct {
+	jobID       int64
+	client      string
+	attemptedAt int64 // microseconds since the epoch, as PostgreSQL stores it
+}
+
+// clientLockMissing is true for a river_job row j whose last client holds no
+// liveness lock in this database.
+const clientLockMissing = `NOT EXISTS (
+	SELECT 1 FROM pg_catalog.pg_locks AS l
+	 WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+	   AND l.classid = $2::oid
+	   AND l.objid = hashtext(j.attempted_by[array_length(j.attempted_by, 1)])::oid
+	   AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d WHERE d.datname = current_database()))`
+
+// rescueOrphanedSteps makes available again the jobs that a dead supervisor
+// left 'running' mid-step, without spending an attempt, as a snooze would.
+// River's own rescuer would wait an hour and then count the step as a failed
+// attempt, or discard the job of a task that is still running.
+//
+// A step older than twice the step timeout is surely dead and rescued on
+// sight. Otherwise one look at pg_locks proves nothing (the supervisor may be
+// taking its lock again after its liveness connection failed), so a job is
+// rescued only once this supervisor has seen its client's lock missing at
+// every look for s.rescueGrace. A rescued step that was in fact alive is
+// harmless (steps are idempotent, and a task's own lock keeps a second copy
+// from starting), but it wastes a step and muddles the logs.
+func (s *Supervisor) rescueOrphanedSteps(ctx context.Context) error {
+	s.rescueMu.Lock()
+	defer s.rescueMu.Unlock()
+	kind := TaskArgs{}.Kind()
+	queues := map[string]bool{}
+
+	rows, err := s.pool.Query(ctx, `
+		UPDATE river_job AS j
+		   SET state = 'available', attempt = greatest(j.attempt - 1, 0), scheduled_at = now()
+		 WHERE j.kind = $1
+		   AND j.state = 'running'
+		   AND j.attempted_at < now() - $2::interval
+		RETURNING j.id, j.queue`, kind, 2*stepTimeout(s.opts.LaunchTimeout))
+	if err != nil {
+		return fmt.Errorf("rescue steps older than twice the step timeout: %w", err)
+	}
+	if err := s.collectRescued(rows, queues, "older than twice the step timeout"); err != nil {
+		return fmt.Errorf("rescue steps older than twice the step timeout: %w", err)
+	}
+
+	// The one-second margin leaves alone a job whose client is taking its
+	// lock at startup.
+	rows, err = s.pool.Query(ctx, `
+		SELECT j.id, j.attempted_by[array_length(j.attempted_by, 1)], j.attempted_at
+		  FROM river_job AS j
+		 WHERE j.kind = $1
+		   AND j.state = 'running'
+		   AND j.attempted_at < now() - interval '1 second'
+		   AND `+clientLockMissing, kind, clientLockNamespace)
+	if err != nil {
+		return fmt.Errorf("find running steps whose supervisor holds no liveness lock: %w", err)
+	}
+	seen, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (suspect, error) {
+		var (
+			sus    suspect
+			client *string
+			at     time.Time
+		)
+		err := row.Scan(&sus.jobID, &client, &at)
+		if client != nil {
+			sus.client = *client
+		}
+		sus.attemptedAt = at.UnixMicro()
+		return sus, err
+	})
+	if err != nil {
+		return fmt.Errorf("find running steps whose supervisor holds no liveness lock: %w", err)
+	}
+	// Only the suspects seen now are remembered: a job whose client's lock
+	// came back, that finished, or that was fetched again starts over.
+	now := time.Now()
+	next := make(map[suspect]time.Time, len(seen))
+	var (
+		dueIDs []int64
+		dueAts []time.Time
+	)
+	for _, sus := range seen {
+		first, ok := s.suspects[sus]
+		if !ok {
+			first = now
+		}
+		next[sus] = first
+		if now.Sub(first) >= s.rescueGrace {
+			dueIDs = append(dueIDs, sus.jobID)
+			dueAts = append(dueAts, time.UnixMicro(sus.attemptedAt))
+		}
+	}
+	s.suspects = next
+	if len(dueIDs) > 0 {
+		// The lock is looked at once more, in the statement that rescues.
+		rows, err := s.pool.Query(ctx, `
+			UPDATE river_job AS j
+			   SET state = 'available', attempt = greatest(j.attempt - 1, 0), scheduled_at = now()
+			  FROM unnest($3::bigint[], $4::timestamptz[]) AS due(id, attempted_at)
+			 WHERE j.id = due.id
+			   AND j.attempted_at = due.attempted_at
+			   AND j.kind = $1
+			   AND j.state = 'running'
+			   AND `+clientLockMissing+`
+			RETURNING j.id, j.queue`, kind, clientLockNamespace, dueIDs, dueAts)
+		if err != nil {
+			return fmt.Errorf("rescue steps of dead supervisors: %w", err)
+		}
+		if err := s.collectRescued(rows, queues, fmt.Sprintf("supervisor's liveness lock missing for %s", s.rescueGrace)); err != nil {
+			return fmt.Errorf("rescue steps of dead supervisors: %w", err)
+		}
+	}
+	for q := range queues {
+		s.notifyQueue(ctx, q)
+	}
+	return nil
+}
+
+// collectRescued logs the rescued jobs of rows (id, queue) and adds their
+// queues to queues. A rescued job stays in s.suspects until the next look,
+// which no longer finds it running under that attempt and drops it.
+func (s *Supervisor) collectRescued(rows pgx.Rows, queues map[string]bool, why string) error {
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			id    int64
+			queue string
+		)
+		if err := rows.Scan(&id, &queue); err != nil {
+			return err
+		}
+		queues[queue] = true
+		s.logger.Info("rescued the step of a dead supervisor", "job_id", id, "why", why)
+	}
+	return rows.Err()
+}

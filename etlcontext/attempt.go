@@ -93,12 +93,14 @@ func ClearLockLost(ctx context.Context, db DB, id int64, runID string) error {
 
 // MarkLockLost records, unless already recorded, that the lock of context
 // id's current run was found free, and returns how long ago (on the
-// database's clock) it was first found so. The caller holds the lock.
+// database's clock) it was first found so. The caller holds the lock. The
+// clock is read now, not at the start of the caller's transaction, which may
+// predate the release of the lock.
 func MarkLockLost(ctx context.Context, db DB, id int64) (freeFor time.Duration, err error) {
 	err = db.QueryRow(ctx, `
-		UPDATE data_manager.etl_contexts SET lock_lost_at = coalesce(lock_lost_at, now())
+		UPDATE data_manager.etl_contexts SET lock_lost_at = coalesce(lock_lost_at, clock_timestamp())
 		 WHERE etl_context_id = $1
-		RETURNING now() - lock_lost_at`, id).Scan(&freeFor)
+		RETURNING clock_timestamp() - lock_lost_at`, id).Scan(&freeFor)
 	if err != nil {
 		return 0, fmt.Errorf("record lock loss of etl context %d: %w", id, err)
 	}

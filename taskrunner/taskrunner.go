@@ -10,10 +10,12 @@
 //
 // The kind's command runs as the runner's child in its own process group,
 // with its stdin on /dev/null, its output appended to the task's log file and
-// a pipe on descriptor 3 for the events it reports. The command never
-// outlives the runner (it gets SIGKILL when the runner dies) and never runs
-// unlocked (when the lock connection fails the command's process group is
-// stopped).
+// a pipe on descriptor 3 for the events it reports. The command gets SIGKILL
+// when the runner dies; its descendants are left to the supervisor, which
+// finds them by process group and DAMA_RUN_ID. When the lock connection
+// fails, the command runs on for at most reconnect_grace while the lock is
+// taken again under the same run, then its process group is stopped: it
+// runs unlocked for at most FenceWindow.
 package taskrunner
 
 import (
@@ -296,6 +298,15 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 			Setpgid:   true,
 			Pdeathsig: syscall.SIGKILL,
 		},
+	}
+	// The lock is watched only from the command's start: make sure it is
+	// still held right before, so the fencing window holds from the start.
+	pctx, pcancel := context.WithTimeout(ctx, lockPingTimeout(cfg.HeartbeatInterval.D()))
+	_, err = r.lock.tx.Exec(pctx, "SELECT 1")
+	pcancel()
+	if err != nil {
+		eventsW.Close()
+		return r.finish(ctx, ExitLockLost, etlcontext.EventError, map[string]any{"reason": "lock connection failed before the command started"}, fmt.Errorf("check lock before starting the command: %w", err))
 	}
 	exited, err := startLocked(cmd)
 	eventsW.Close()

@@ -43,12 +43,16 @@ func RecordRunner(ctx context.Context, db DB, id int64, runID string, r Runner) 
 
 // RecordCommand records the command's process group, so that a supervisor
 // on the same host can find the command's descendants after the task
-// process died.
+// process died. startTicks 0 means unknown.
 func RecordCommand(ctx context.Context, db DB, id int64, runID string, pgid int, startTicks uint64) error {
+	var ticks any
+	if startTicks > 0 {
+		ticks = int64(startTicks)
+	}
 	tag, err := db.Exec(ctx, `
 		UPDATE data_manager.etl_contexts SET command_pgid = $3, command_start_ticks = $4
 		 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = 'RUNNING'`,
-		id, runID, pgid, int64(startTicks))
+		id, runID, pgid, ticks)
 	if err != nil {
 		return fmt.Errorf("record command of etl context %d: %w", id, err)
 	}

@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -131,6 +130,19 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 		logger.Warn("kind not in this supervisor's configuration; leaving the task to another supervisor", "kind", c.Kind)
 		return river.JobSnooze(s.cfg.PollInterval.D())
 	}
+	if c.HostID != nil && *c.HostID == s.hostID && c.RunID != nil {
+		// The previous attempt ran here: none of its processes may meet the
+		// next one.
+		procs, err := s.attemptProcesses(c).Processes()
+		if err != nil || len(procs) > 0 {
+			if err != nil {
+				logger.Warn("look for the processes of the previous attempt; counting them alive", "error", err)
+			} else {
+				s.stopOrphans(c.ID)
+			}
+			return river.JobSnooze(time.Second)
+		}
+	}
 	full, err := s.queueFull(ctx, tx, c.Queue)
 	if err != nil {
 		return s.transient(logger, err)
@@ -202,7 +214,7 @@ func (s *Supervisor) attemptAlive(ctx context.Context, logger *slog.Logger, tx p
 			return recheck, nil
 		}
 		if len(procs) > 0 {
-			s.stopOrphans(logger, c, procs)
+			s.stopOrphans(c.ID)
 			return recheck, nil
 		}
 		return 0, nil
@@ -231,36 +243,6 @@ func (s *Supervisor) attemptProcesses(c *etlcontext.Context) hostproc.Attempt {
 		a.LeaderStartTicks = uint64(*c.CommandStartTicks)
 	}
 	return a
-}
-
-// stopOrphans stops, once, the processes a dead task process left behind:
-// SIGTERM, then SIGKILL to those still alive after kill_grace.
-func (s *Supervisor) stopOrphans(logger *slog.Logger, c *etlcontext.Context, pids []int) {
-	s.mu.Lock()
-	if s.stopping[c.ID] {
-		s.mu.Unlock()
-		return
-	}
-	s.stopping[c.ID] = true
-	s.mu.Unlock()
-	a := s.attemptProcesses(c)
-	logger.Warn("the task process is gone but its command's processes live on; stopping them", "pids", pids, "kill_grace", s.cfg.KillGrace.D())
-	go func() {
-		defer func() {
-			s.mu.Lock()
-			delete(s.stopping, c.ID)
-			s.mu.Unlock()
-		}()
-		_ = a.Signal(syscall.SIGTERM)
-		deadline := time.Now().Add(s.cfg.KillGrace.D())
-		for time.Now().Before(deadline) {
-			if left, err := a.Processes(); err == nil && len(left) == 0 {
-				return
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		_ = a.Signal(syscall.SIGKILL)
-	}()
 }
 
 func deref(s *string) string {

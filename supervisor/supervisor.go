@@ -62,6 +62,8 @@ type Supervisor struct {
 	// stopping holds the contexts whose dead attempt's orphans are being
 	// stopped.
 	stopping map[int64]bool
+	// orphans tracks the goroutines stopping them, which Run waits for.
+	orphans sync.WaitGroup
 	// launchFailures holds, per context, the last failed launch reported, so
 	// that a failure repeating at every poll is logged as an error once.
 	launchFailures map[int64]string
@@ -204,6 +206,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	defer func() {
 		stopBackground()
 		bg.Wait()
+		s.orphans.Wait()
 	}()
 
 	// Before River starts, so that its own rescuer never gets to the steps
@@ -248,6 +251,9 @@ func (s *Supervisor) rescueLoop(ctx context.Context) {
 		}
 		if err := s.reconcile(ctx); err != nil && ctx.Err() == nil {
 			s.logger.Warn("reconcile contexts with their jobs", "error", err)
+		}
+		if err := s.sweepOrphans(ctx); err != nil && ctx.Err() == nil {
+			s.logger.Warn("sweep orphans of dead attempts", "error", err)
 		}
 	}
 }

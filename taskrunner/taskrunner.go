@@ -131,8 +131,10 @@ type runner struct {
 	path    string
 	logPath string
 	logFile *os.File
-	w       *writer
-	lock    *lockKeeper
+	// args and checkpoint are handed to the command.
+	args, checkpoint json.RawMessage
+	w                *writer
+	lock             *lockKeeper
 }
 
 func (r *runner) run(ctx context.Context) (int, error) {
@@ -188,6 +190,10 @@ func (r *runner) run(ctx context.Context) (int, error) {
 		return ExitUnfit, err
 	}
 	defer r.logFile.Close()
+	// Read before recording: a database that fails now spends no attempt.
+	if err := r.loadPayloads(ctx); err != nil {
+		return ExitSetup, err
+	}
 
 	cancelRequested, err := r.recordStart(ctx)
 	switch {
@@ -234,6 +240,24 @@ func (r *runner) prepare() error {
 	return nil
 }
 
+// loadPayloads reads the task's arguments and latest checkpoint.
+func (r *runner) loadPayloads(ctx context.Context) error {
+	rctx, cancel := context.WithTimeout(ctx, 2*stmtTimeout)
+	defer cancel()
+	return r.w.do(rctx, func(ctx context.Context, conn *pgx.Conn) error {
+		args, err := etlcontext.InitialPayload(ctx, conn, r.ctx.ID)
+		if err != nil {
+			return err
+		}
+		checkpoint, err := etlcontext.LatestPayload(ctx, conn, r.ctx.ID, etlcontext.EventCheckpoint)
+		if err != nil {
+			return err
+		}
+		r.args, r.checkpoint = args, checkpoint
+		return nil
+	})
+}
+
 // recordStart records the runner's process on the context and reports
 // whether the task was cancelled in the meantime; etlcontext.ErrStaleRun
 // means the launch is no longer current.
@@ -267,21 +291,6 @@ func (r *runner) recordStart(ctx context.Context) (cancelRequested bool, err err
 // on the database: writes are queued, the lock is watched by its keeper.
 func (r *runner) supervise(ctx context.Context) (int, error) {
 	cfg := r.opts.Config
-	var args, checkpoint json.RawMessage
-	rctx, cancel := context.WithTimeout(ctx, 2*stmtTimeout)
-	err := r.w.do(rctx, func(ctx context.Context, conn *pgx.Conn) error {
-		var err error
-		if args, err = etlcontext.InitialPayload(ctx, conn, r.ctx.ID); err != nil {
-			return err
-		}
-		checkpoint, err = etlcontext.LatestPayload(ctx, conn, r.ctx.ID, etlcontext.EventCheckpoint)
-		return err
-	})
-	cancel()
-	if err != nil {
-		return r.finish(ctx, ExitFailed, etlcontext.EventError, map[string]any{"reason": err.Error()}, err)
-	}
-
 	eventsR, eventsW, err := os.Pipe()
 	if err != nil {
 		return r.finish(ctx, ExitFailed, etlcontext.EventError, map[string]any{"reason": "create events pipe: " + err.Error()}, err)
@@ -290,7 +299,7 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 	cmd := &exec.Cmd{
 		Path:       r.path,
 		Args:       r.kind.Command,
-		Env:        r.commandEnv(args, checkpoint),
+		Env:        r.commandEnv(r.args, r.checkpoint),
 		Stdout:     r.logFile,
 		Stderr:     r.logFile,
 		ExtraFiles: []*os.File{eventsW},
@@ -430,8 +439,10 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 			stop("runner received "+sig.String(), ExitFailed)
 		}
 	}
-	// Stragglers the command left in its group end with it.
+	// Stragglers the command left behind end with it, in its group or not:
+	// the next attempt must not meet them.
 	_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	r.stopDescendants(hostproc.Attempt{PGID: pgid, LeaderStartTicks: leaderTicks, Marker: RunIDEnv + "=" + r.opts.RunID}, cfg.KillGrace.D())
 	r.drain(lines, readerDone)
 	stopWatch()
 	<-watchDone
@@ -452,6 +463,24 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 			reason = describeExit(waitErr)
 		}
 		return r.finish(ctx, ExitFailed, etlcontext.EventError, map[string]any{"reason": reason, "exit_code": exitCode, "log_tail": tail(r.logPath, 4096)}, nil)
+	}
+}
+
+// stopDescendants kills what remains of the attempt's processes and waits,
+// at most grace plus a little, for them to be gone.
+func (r *runner) stopDescendants(a hostproc.Attempt, grace time.Duration) {
+	deadline := time.Now().Add(grace + 2*time.Second)
+	for {
+		pids, err := a.Processes()
+		if err == nil && len(pids) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			r.logger.Error("processes of the command outlive it", "pids", pids, "error", err)
+			return
+		}
+		_ = a.Signal(syscall.SIGKILL)
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 

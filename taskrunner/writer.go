@@ -38,12 +38,15 @@ type writer struct {
 	stmtTimeout time.Duration
 
 	mu       sync.Mutex
-	calls    []writeCall // run before events
+	calls    []*writeCall // run before events
 	events   []pendingEvent
 	bytes    int
 	overflow int // events beyond the bound, all checkpoints
 	dropped  int
 	nextSeq  int
+	// eventErr is the last error that made the database refuse an event for
+	// good; flush reports it.
+	eventErr error
 	idle     chan struct{} // closed and replaced when the queues empty
 
 	wake       chan struct{}
@@ -54,8 +57,13 @@ type writer struct {
 }
 
 type writeCall struct {
-	fn   func(context.Context, *pgx.Conn) error
-	done chan error
+	// ctx is the caller's, nil for none: a call whose caller gave up is
+	// skipped, or cut short if it already runs.
+	ctx     context.Context
+	fn      func(context.Context, *pgx.Conn) error
+	done    chan error
+	started bool // guarded by writer.mu
+	skipped bool // guarded by writer.mu
 }
 
 type pendingEvent struct {
@@ -127,33 +135,53 @@ func (w *writer) event(suffix string, payload, meta any, isError bool, size int)
 // result. fn may run more than once (after a lost connection): it must be
 // idempotent.
 func (w *writer) call(fn func(context.Context, *pgx.Conn) error) <-chan error {
-	done := make(chan error, 1)
+	return w.enqueue(nil, fn).done
+}
+
+func (w *writer) enqueue(ctx context.Context, fn func(context.Context, *pgx.Conn) error) *writeCall {
+	c := &writeCall{ctx: ctx, fn: fn, done: make(chan error, 1)}
 	w.mu.Lock()
-	w.calls = append(w.calls, writeCall{fn: fn, done: done})
+	w.calls = append(w.calls, c)
 	w.mu.Unlock()
 	w.signal()
-	return done
+	return c
 }
 
-// do is call, waiting for the result until ctx ends.
+// do is call, waiting for the result until ctx ends. When ctx ends first,
+// fn is skipped if it has not started, and otherwise waited for: it runs
+// under ctx, so it ends at once, and it never runs after do returned.
 func (w *writer) do(ctx context.Context, fn func(context.Context, *pgx.Conn) error) error {
+	c := w.enqueue(ctx, fn)
 	select {
-	case err := <-w.call(fn):
+	case err := <-c.done:
 		return err
 	case <-ctx.Done():
-		return ctx.Err()
 	}
+	w.mu.Lock()
+	started := c.started
+	c.skipped = !started
+	w.mu.Unlock()
+	if started {
+		return <-c.done
+	}
+	return ctx.Err()
 }
 
-// flush waits until everything queued so far is written, or ctx ends.
+// flush waits until everything queued so far is written, or ctx ends. It
+// reports the last event the database refused for good since the previous
+// flush.
 func (w *writer) flush(ctx context.Context) error {
 	for {
 		w.mu.Lock()
 		empty := len(w.calls) == 0 && len(w.events) == 0 && w.dropped == 0
 		idle := w.idle
+		eventErr := w.eventErr
+		if empty {
+			w.eventErr = nil
+		}
 		w.mu.Unlock()
 		if empty {
-			return nil
+			return eventErr
 		}
 		select {
 		case <-idle:
@@ -226,9 +254,26 @@ func (w *writer) serveOne(ctx context.Context) bool {
 	switch {
 	case len(w.calls) > 0:
 		c := w.calls[0]
+		if c.skipped {
+			w.calls = w.calls[1:]
+			w.markIdle()
+			w.mu.Unlock()
+			return true
+		}
+		c.started = true
 		w.mu.Unlock()
-		err := w.exec(ctx, c.fn)
-		if w.retry(ctx, err) {
+		callCtx := ctx
+		if c.ctx != nil {
+			var stop context.CancelFunc
+			callCtx, stop = context.WithCancel(c.ctx)
+			defer context.AfterFunc(ctx, stop)()
+			defer stop()
+		}
+		err := w.exec(callCtx, c.fn)
+		if callCtx.Err() == nil && w.retry(ctx, err) {
+			w.mu.Lock()
+			c.started = false
+			w.mu.Unlock()
 			return true
 		}
 		w.mu.Lock()
@@ -252,6 +297,9 @@ func (w *writer) serveOne(ctx context.Context) bool {
 			w.supOnce.Do(func() { close(w.superseded) })
 		case err != nil:
 			w.logger.Warn("store event", "type", e.ev.Type, "error", err)
+			w.mu.Lock()
+			w.eventErr = fmt.Errorf("store %s: %w", e.ev.Type, err)
+			w.mu.Unlock()
 		}
 		w.mu.Lock()
 		w.events = w.events[1:]

@@ -363,3 +363,53 @@ kinds:
 		t.Errorf("a missing executable spent the task's attempt: %s, attempt %d", got.Status, got.Attempt)
 	}
 }
+
+func TestOrphansOfAKilledTaskProcessAreStoppedBeforeARetryElsewhere(t *testing.T) {
+	if out, err := exec.Command("unshare", "--pid", "--fork", "--mount-proc", "true").CombinedOutput(); err != nil {
+		t.Skipf("another host needs unshare --pid (root): %v %s", err, out)
+	}
+	env := testenv.New(t)
+	w := newBeatWorld(t, env, "reconnect_grace: 0s")
+	// A supervisor of this host launches the task, then is replaced by one
+	// that serves another queue: it never steps the task, it only looks
+	// after this host's processes.
+	first := w.Start(w.cfg, "supervisor")
+	id := w.submit()
+	running := (&world{Env: env}).waitFor(id, 30*time.Second, "to record its command", func(t etlcontext.Task) bool { return t.CommandPGID != nil })
+	testenv.Eventually(t, 20*time.Second, "the worker to beat", func() (bool, error) { return len(w.beats(id)[1]) >= 3, nil })
+	if err := syscall.Kill(-first.Cmd.Process.Pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	sweeper := w.Start(env.WriteConfig(`
+log_dir: {{dir}}/logs
+poll_interval: 300ms
+kill_grace: 1s
+queues: { other: {} }
+kinds:
+  noop: { queue: other, command: ["/bin/true"] }
+`), "supervisor")
+	// The only supervisor of the task's queue runs on another host.
+	w.StartWrapped(w.cfg, []string{"unshare", "--pid", "--fork", "--mount-proc"}, "supervisor")
+
+	// The task process dies; the kernel kills its command, not the worker
+	// the command forked, which ignores SIGTERM.
+	if err := syscall.Kill(*running.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killedAt := time.Now().UnixNano()
+	got := (&world{Env: env}).waitSettled(id, 60*time.Second)
+	if got.Status != etlcontext.StatusDone || got.Attempt != 2 {
+		t.Fatalf("%s after %d attempts, want DONE after 2", got.Status, got.Attempt)
+	}
+	if deref(got.HostID) == deref(running.HostID) {
+		t.Fatalf("attempt 2 ran on the first host: the test proves nothing")
+	}
+	if beats := w.beats(id)[1]; len(beats) == 0 || slices.Max(beats) < killedAt {
+		t.Fatalf("the worker did not outlive its task process: the test proves nothing")
+	}
+	w.assertNoOverlap(t, id)
+	log, _ := os.ReadFile(sweeper.Log)
+	if !strings.Contains(string(log), "processes of its attempt live on; stopping them") {
+		t.Errorf("the supervisor of the first host did not report stopping the orphans")
+	}
+}

@@ -201,21 +201,28 @@ func hasEnv(pid int, entry string) (bool, error) {
 	return false, nil
 }
 
-// Signal sends sig to the attempt's process group (when it is still the
-// attempt's) and to every other live process of the attempt.
+// Signal sends sig to every live process of the attempt. The whole group is
+// signalled at once only while its leader is verifiably the attempt's
+// command; otherwise each process is signalled alone, after its group is
+// read again, so that a process group id reused by someone else is never
+// signalled as a whole.
 func (a Attempt) Signal(sig syscall.Signal) error {
 	pids, err := a.Processes()
-	signalled := map[int]bool{}
+	leaderOurs := false
+	if a.PGID > 0 && a.LeaderStartTicks > 0 {
+		if st, serr := ReadStat(a.PGID); serr == nil && st.StartTicks == a.LeaderStartTicks && !st.zombie() {
+			leaderOurs = true
+		}
+	}
+	if leaderOurs {
+		_ = syscall.Kill(-a.PGID, sig)
+	}
 	for _, pid := range pids {
 		st, serr := ReadStat(pid)
 		if serr != nil {
 			continue
 		}
-		if a.PGID > 0 && st.PGID == a.PGID {
-			if !signalled[-a.PGID] {
-				_ = syscall.Kill(-a.PGID, sig)
-				signalled[-a.PGID] = true
-			}
+		if leaderOurs && st.PGID == a.PGID {
 			continue
 		}
 		_ = syscall.Kill(pid, sig)

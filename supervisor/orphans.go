@@ -1,0 +1,150 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/hostproc"
+)
+
+// sweepOrphans looks, on this host only, for attempts whose task process is
+// gone while processes of theirs live on (a forking command whose task
+// process was SIGKILLed), and stops them. It runs every poll interval
+// whichever supervisor steps those tasks: a supervisor on another host
+// cannot see these processes, but it finds the context's lock held while
+// they are being stopped, and so starts no attempt before they are gone.
+func (s *Supervisor) sweepOrphans(ctx context.Context) error {
+	rows, err := s.pool.Query(ctx, `
+		SELECT c.etl_context_id
+		  FROM data_manager.etl_contexts AS c
+		 WHERE c.etl_status = 'RUNNING' AND c.host_id = $1 AND c.pid IS NOT NULL
+		   AND NOT EXISTS (
+		       SELECT 1 FROM pg_catalog.pg_locks AS l
+		        WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+		          AND l.classid = $2::oid AND l.objid = c.etl_context_id::oid
+		          AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d WHERE d.datname = current_database()))`,
+		s.hostID, etlcontext.LockNamespace)
+	if err != nil {
+		return fmt.Errorf("find dead attempts of this host: %w", err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return fmt.Errorf("find dead attempts of this host: %w", err)
+	}
+	for _, id := range ids {
+		c, err := etlcontext.Get(ctx, s.pool, id)
+		if err != nil {
+			return err
+		}
+		if c.RunnerStartTicks != nil {
+			if alive, _ := hostproc.Alive(*c.PID, uint64(*c.RunnerStartTicks)); alive {
+				continue
+			}
+		}
+		if procs, err := s.attemptProcesses(c).Processes(); err != nil || len(procs) > 0 {
+			s.stopOrphans(id)
+		}
+	}
+	return nil
+}
+
+// stopOrphans stops, in the background and once at a time per context, the
+// processes that a dead task process of context id left behind on this
+// host: SIGTERM, then SIGKILL after kill_grace, then it waits for them to be
+// gone. It holds the context's lock meanwhile, so that no supervisor, on any
+// host, judges the attempt over before they are gone.
+func (s *Supervisor) stopOrphans(id int64) {
+	s.mu.Lock()
+	if s.stopping[id] {
+		s.mu.Unlock()
+		return
+	}
+	s.stopping[id] = true
+	s.mu.Unlock()
+	s.orphans.Go(func() {
+		defer func() {
+			s.mu.Lock()
+			delete(s.stopping, id)
+			s.mu.Unlock()
+		}()
+		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.KillGrace.D()+30*time.Second)
+		defer cancel()
+		if err := s.stopOrphansLocked(ctx, id); err != nil {
+			s.logger.Error("stop the processes of a dead attempt", "etl_context_id", id, "error", err)
+		}
+	})
+}
+
+func (s *Supervisor) stopOrphansLocked(ctx context.Context, id int64) error {
+	// The step that found the orphans may hold the lock a moment longer.
+	var (
+		tx  pgx.Tx
+		c   *etlcontext.Context
+		err error
+	)
+	for try := 0; ; try++ {
+		tx, err = s.pool.Begin(ctx)
+		if err != nil {
+			return fmt.Errorf("begin: %w", err)
+		}
+		c, err = etlcontext.LockInitial(ctx, tx, id)
+		if err == nil {
+			break
+		}
+		_ = tx.Rollback(ctx)
+		if !errors.Is(err, etlcontext.ErrLocked) || try == 30 {
+			if errors.Is(err, etlcontext.ErrLocked) {
+				return nil // a task process, or a step that will look again
+			}
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if c.HostID == nil || *c.HostID != s.hostID || c.PID == nil {
+		return nil
+	}
+	if c.RunnerStartTicks != nil {
+		if alive, _ := hostproc.Alive(*c.PID, uint64(*c.RunnerStartTicks)); alive {
+			return nil
+		}
+	}
+	a := s.attemptProcesses(c)
+	pids, err := a.Processes()
+	if err == nil && len(pids) == 0 {
+		return nil
+	}
+	logger := s.logger.With("etl_context_id", id, "attempt", c.Attempt)
+	logger.Warn("the task process is gone but processes of its attempt live on; stopping them", "pids", pids, "kill_grace", s.cfg.KillGrace.D())
+	if err := a.Signal(syscall.SIGTERM); err != nil {
+		logger.Warn("signal the processes of a dead attempt", "signal", "SIGTERM", "error", err)
+	}
+	deadline := time.Now().Add(s.cfg.KillGrace.D())
+	for {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("processes %v still alive: %w", pids, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+		pids, err = a.Processes()
+		if err == nil && len(pids) == 0 {
+			logger.Info("the processes of the dead attempt are gone")
+			return nil
+		}
+		if time.Now().After(deadline) {
+			if err := a.Signal(syscall.SIGKILL); err != nil {
+				logger.Warn("signal the processes of a dead attempt", "signal", "SIGKILL", "error", err)
+			}
+		}
+	}
+}

@@ -156,13 +156,23 @@ var ErrAlreadyFinished = errors.New("already finished")
 // SIGKILL after the kill grace) and records the cancellation.
 func (c *Client) Cancel(ctx context.Context, id int64) (etlcontext.Status, error) {
 	requested := false
+	var unreachable error
 	for {
 		status, done, err := c.tryCancel(ctx, id, &requested)
-		if err != nil || done {
+		switch {
+		case err != nil && unreachableDatabase(err) && ctx.Err() == nil:
+			// A database restart or failover: ride it out within ctx.
+			unreachable = err
+		case err != nil || done:
 			return status, err
+		default:
+			unreachable = nil
 		}
 		select {
 		case <-ctx.Done():
+			if unreachable != nil {
+				return status, fmt.Errorf("cancel etl context %d: database unreachable: %w", id, unreachable)
+			}
 			return status, fmt.Errorf("cancel etl context %d: still %s: %w", id, status, ctx.Err())
 		case <-time.After(50 * time.Millisecond):
 		}
@@ -248,4 +258,19 @@ func finishedError(id int64, s etlcontext.Status) error {
 		return nil
 	}
 	return fmt.Errorf("etl context %d is %s: %w", id, s, ErrAlreadyFinished)
+}
+
+// unreachableDatabase reports an error of the connection rather than of the
+// request: the server is restarting, failing over, or out of reach.
+func unreachableDatabase(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code[:2] {
+		case "08", "57": // connection exception, operator intervention (shutdown)
+			return true
+		}
+		return pgErr.Code == "53300" // too_many_connections
+	}
+	var connectErr *pgconn.ConnectError
+	return errors.As(err, &connectErr) || pgconn.Timeout(err)
 }

@@ -95,22 +95,27 @@ func (s *Supervisor) holdLiveness(ctx context.Context, conn *pgx.Conn) {
 		if ctx.Err() != nil {
 			return
 		}
-		s.logger.Warn("liveness connection failed; taking the liveness lock again", "error", err)
-		for {
+		lostAt := time.Now()
+		s.logger.Error("lost the database connection: tasks keep running; reconnecting", "error", err)
+		for tries := 1; ; tries++ {
 			if conn, err = s.connectLiveness(ctx); err == nil {
 				break
 			}
 			if ctx.Err() != nil {
 				return
 			}
-			s.logger.Warn("take the liveness lock again", "error", err)
+			// Once at first, then every 30 tries: an outage is reported, not
+			// logged at every retry.
+			if tries == 1 || tries%30 == 0 {
+				s.logger.Warn("database still unreachable", "error", err, "for", time.Since(lostAt).Round(time.Second))
+			}
 			select {
 			case <-ctx.Done():
 				return
 			case <-time.After(livenessRetryInterval):
 			}
 		}
-		s.logger.Info("liveness lock taken again")
+		s.logger.Info("database connection back; liveness lock taken again", "outage", time.Since(lostAt).Round(time.Millisecond))
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
@@ -67,6 +68,35 @@ func connectMigrated(ctx context.Context, minConns int32) (*pgxpool.Pool, string
 		return nil, "", err
 	}
 	return pool, url, nil
+}
+
+// waitForDatabase is connectMigrated for the supervisor: a supervisor that
+// starts while the database restarts or fails over (systemd restarting it
+// after a crash, say) waits for it, reporting the wait, until ctx ends. An
+// unmigrated database or a bad URL is an error at once.
+func waitForDatabase(ctx context.Context, logger *slog.Logger, minConns int32) (*pgxpool.Pool, string, error) {
+	start := time.Now()
+	for tries := 1; ; tries++ {
+		pool, url, err := connectMigrated(ctx, minConns)
+		if err == nil {
+			if tries > 1 {
+				logger.Info("database reachable", "waited", time.Since(start).Round(time.Millisecond))
+			}
+			return pool, url, nil
+		}
+		var connectErr *pgconn.ConnectError
+		if !errors.As(err, &connectErr) && !pgconn.Timeout(err) {
+			return nil, "", err
+		}
+		if tries == 1 || tries%30 == 0 {
+			logger.Warn("database unreachable; waiting for it", "error", err, "for", time.Since(start).Round(time.Second))
+		}
+		select {
+		case <-ctx.Done():
+			return nil, "", fmt.Errorf("database unreachable: %w", err)
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 func newLogger(w io.Writer) *slog.Logger {
@@ -127,14 +157,15 @@ running.`,
 			// Steps hold a connection for a few milliseconds each, River's
 			// producers and completer need their own: pgxpool's default
 			// (4 on two cores) would make steps queue for connections.
-			pool, url, err := connectMigrated(cmd.Context(), 20)
+			logger := newLogger(cmd.ErrOrStderr())
+			pool, url, err := waitForDatabase(cmd.Context(), logger, 20)
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
 			s, err := supervisor.New(pool, cfg, supervisor.Options{
 				DatabaseURL: url,
-				Logger:      newLogger(cmd.ErrOrStderr()),
+				Logger:      logger,
 			})
 			if err != nil {
 				return err

@@ -530,6 +530,181 @@ func TestLockConnectionLossWithoutGraceStopsTheCommand(t *testing.T) {
 	}
 }
 
+func TestIdempotencyKey(t *testing.T) {
+	w := newWorld(t, 10)
+	a := w.Dama(w.cfg, "submit", "sample", "--idempotency-key", "nightly-2026-11-21")
+	b := w.Dama(w.cfg, "submit", "sample", "--idempotency-key", "nightly-2026-11-21", "--args", `{"steps": 99}`)
+	if a.Code != 0 || b.Code != 0 || a.Stdout != b.Stdout {
+		t.Fatalf("two submissions with one key: %q (%d) and %q (%d)", a.Stdout, a.Code, b.Stdout, b.Code)
+	}
+	var contexts, jobs int
+	if err := w.Pool.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM data_manager.etl_contexts), (SELECT count(*) FROM river_job)`).Scan(&contexts, &jobs); err != nil {
+		t.Fatal(err)
+	}
+	if contexts != 1 || jobs != 1 {
+		t.Errorf("%d contexts and %d jobs, want 1 and 1", contexts, jobs)
+	}
+
+	parent := testenv.Atoi(t, a.Stdout)
+	child := w.Dama(w.cfg, "submit", "sample", "--parent", strconv.FormatInt(parent, 10))
+	if child.Code != 0 {
+		t.Fatalf("submit a child: %s", child.Stderr)
+	}
+	if got := w.task(testenv.Atoi(t, child.Stdout)); got.ParentID == nil || *got.ParentID != parent {
+		t.Errorf("child's parent_context_id %v, want %d", deref(got.ParentID), parent)
+	}
+
+	var listed []etlcontext.Task
+	res := w.Dama(w.cfg, "status", "--json", "--status", "queued", "--limit", "1")
+	if err := json.Unmarshal([]byte(res.Stdout), &listed); err != nil || len(listed) != 1 || listed[0].ID != testenv.Atoi(t, child.Stdout) {
+		t.Errorf("status --status queued --limit 1: %v %+v (stderr %s), want the newest task alone", err, listed, res.Stderr)
+	}
+	res = w.Dama(w.cfg, "status", "--json", "--status", "done")
+	if err := json.Unmarshal([]byte(res.Stdout), &listed); err != nil || len(listed) != 0 {
+		t.Errorf("status --status done: %v %+v, want none", err, listed)
+	}
+}
+
+func TestBadInputIsOneLineAndWritesNothing(t *testing.T) {
+	w := newWorld(t, 10)
+	unreachable := *w.Env
+	unreachable.URL = "postgres://nobody@127.0.0.1:1/none?connect_timeout=2"
+	cases := []struct {
+		name string
+		env  *testenv.Env
+		cfg  string
+		args []string
+		want string
+	}{
+		{"unknown kind", w.Env, w.cfg, []string{"submit", "nope"}, "unknown kind"},
+		{"malformed JSON", w.Env, w.cfg, []string{"submit", "sample", "--args", "{oops"}, "not valid JSON"},
+		{"missing config", w.Env, "", []string{"submit", "sample"}, "no configuration file"},
+		{"config not found", w.Env, filepath.Join(w.Dir, "absent.yaml"), []string{"submit", "sample"}, "read configuration"},
+		{"unreachable database", &unreachable, w.cfg, []string{"submit", "sample"}, "connect to database"},
+		{"bad id", w.Env, w.cfg, []string{"status", "x"}, "invalid etl context id"},
+		{"unknown id", w.Env, w.cfg, []string{"events", "12345"}, "not found"},
+		{"unknown flag", w.Env, w.cfg, []string{"submit", "sample", "--nope"}, "unknown flag"},
+		{"unknown parent", w.Env, w.cfg, []string{"submit", "sample", "--parent", "999"}, "parent etl context 999 does not exist"},
+		{"negative delay", w.Env, w.cfg, []string{"submit", "sample", "--delay", "-1s"}, "must not be negative"},
+		{"arguments too large", w.Env, w.cfg, []string{"submit", "sample", "--args", `{"blob": "` + strings.Repeat("x", 100<<10) + `"}`}, "DAMA_ARGS"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			res := c.env.Dama(c.cfg, c.args...)
+			lines := strings.Split(strings.TrimRight(res.Stderr, "\n"), "\n")
+			if res.Code == 0 || len(lines) != 1 || !strings.Contains(lines[0], c.want) || res.Stdout != "" {
+				t.Errorf("exit %d, stdout %q, stderr %q; want non-zero, nothing on stdout, one line mentioning %q", res.Code, res.Stdout, res.Stderr, c.want)
+			}
+		})
+	}
+	var contexts, jobs int
+	if err := w.Pool.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM data_manager.etl_contexts), (SELECT count(*) FROM river_job)`).Scan(&contexts, &jobs); err != nil {
+		t.Fatal(err)
+	}
+	if contexts != 0 || jobs != 0 {
+		t.Errorf("bad input wrote %d contexts and %d jobs", contexts, jobs)
+	}
+}
+
+func TestJobFinalizedBehindDamasBackIsReconciled(t *testing.T) {
+	w := newWorld(t, 10)
+	w.Start(w.cfg, "supervisor")
+	id := w.submit(30, 100)
+	running := w.waitRunning(id)
+	// What River's own rescuer does to a job stuck 'running' for an hour on
+	// its last attempt, while the task is in fact alive.
+	if _, err := w.Pool.Exec(context.Background(), `
+		UPDATE river_job SET state = 'discarded', finalized_at = now() WHERE id = $1`, *running.RiverJobID); err != nil {
+		t.Fatal(err)
+	}
+	got := w.waitSettled(id, 60*time.Second)
+	if got.Status != etlcontext.StatusDone || *got.PID != *running.PID {
+		t.Errorf("%s, pid %d -> %d; want DONE by the same process", got.Status, *running.PID, *got.PID)
+	}
+	if starts := w.starts(id); len(starts) != 1 {
+		t.Errorf("starts: %v, want exactly one", starts)
+	}
+}
+
+func TestFreedSlotIsTakenWithoutWaitingForThePoll(t *testing.T) {
+	env := testenv.New(t)
+	cfg := env.WriteConfig(`
+log_dir: {{dir}}/logs
+poll_interval: 60s
+queues:
+  one: { max_running: 1 }
+kinds:
+  sample:
+    queue: one
+    command: ["{{sample}}"]
+`)
+	w := &world{Env: env, cfg: cfg, startsDir: filepath.Join(env.Dir, "starts")}
+	if err := os.MkdirAll(w.startsDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	w.Start(cfg, "supervisor")
+	first := w.submit(10, 100)
+	w.waitRunning(first)
+	second := w.submit(10, 100)
+	// The second task is snoozed for the 60s poll interval while the queue is
+	// full; only the wake on the first task's exit starts it sooner.
+	for _, id := range []int64{first, second} {
+		if got := w.waitSettled(id, 30*time.Second); got.Status != etlcontext.StatusDone {
+			t.Fatalf("context %d: %s", id, got.Status)
+		}
+	}
+}
+
+func TestSupervisorStopsOnSIGTERMWithoutTouchingTasks(t *testing.T) {
+	w := newWorld(t, 10)
+	sup := w.Start(w.cfg, "supervisor")
+	id := w.submit(100, 100)
+	running := w.waitRunning(id)
+
+	sup.Kill(t, syscall.SIGTERM)
+	exited := make(chan error, 1)
+	go func() { exited <- sup.Wait() }()
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("supervisor exited with %v after SIGTERM, want 0", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("supervisor still running 30s after SIGTERM")
+	}
+	if !testenv.Alive(*running.PID) || !w.task(id).InitialEventLocked {
+		t.Fatal("the task stopped with the supervisor")
+	}
+	w.Start(w.cfg, "supervisor")
+	if got := w.waitSettled(id, 60*time.Second); got.Status != etlcontext.StatusDone || *got.PID != *running.PID {
+		t.Errorf("%s by pid %v, want DONE by the adopted pid %d", got.Status, deref(got.PID), *running.PID)
+	}
+}
+
+func TestDelayedSubmission(t *testing.T) {
+	w := newWorld(t, 10)
+	w.Start(w.cfg, "supervisor")
+	res := w.Dama(w.cfg, "submit", "sample", "--delay", "3s", "--args", `{"steps": 1, "step_ms": 1}`)
+	if res.Code != 0 {
+		t.Fatalf("submit: %s", res.Stderr)
+	}
+	id := testenv.Atoi(t, res.Stdout)
+	var delay float64
+	if err := w.Pool.QueryRow(context.Background(), `
+		SELECT extract(epoch FROM j.scheduled_at - c.created_at)
+		  FROM data_manager.etl_contexts AS c JOIN river_job AS j ON j.id = c.river_job_id
+		 WHERE c.etl_context_id = $1`, id).Scan(&delay); err != nil {
+		t.Fatal(err)
+	}
+	if delay < 2.5 {
+		t.Fatalf("job scheduled %.2fs after submission, want about 3s", delay)
+	}
+	got := w.waitSettled(id, 30*time.Second)
+	if got.Status != etlcontext.StatusDone || got.StartedAt.Sub(got.CreatedAt) < 2500*time.Millisecond {
+		t.Errorf("%s, started %s after submission; want DONE, started no earlier than the delay", got.Status, got.StartedAt.Sub(got.CreatedAt))
+	}
+}
+
 func TestNoSecondCopyWhileALockLessCommandIsStopping(t *testing.T) {
 	env := testenv.New(t)
 	// The command ignores SIGTERM (and its sleep inherits that), so after its

@@ -249,7 +249,17 @@ func TestOutageLongerThanGraceStopsCommandsBeforeAnyRetry(t *testing.T) {
 		return errors.Is(syscall.Kill(-*running.CommandPGID, 0), syscall.ESRCH), nil
 	})
 	t.Logf("the command's group was gone %s after the server stopped", time.Since(stoppedAt).Round(time.Millisecond))
+	// A supervisor started during the outage waits for the database.
+	late := w.Start(w.cfg, "supervisor")
+	testenv.Eventually(t, 10*time.Second, "the late supervisor to report the outage", func() (bool, error) {
+		log, err := os.ReadFile(late.Log)
+		return strings.Contains(string(log), "database unreachable; waiting for it"), err
+	})
 	srv.Start(t)
+	testenv.Eventually(t, 20*time.Second, "the late supervisor to start", func() (bool, error) {
+		log, err := os.ReadFile(late.Log)
+		return strings.Contains(string(log), "supervisor started"), err
+	})
 
 	got := (&world{Env: env}).waitSettled(id, 90*time.Second)
 	if got.Status != etlcontext.StatusDone || got.Attempt != 2 {

@@ -451,7 +451,15 @@ func newCancelCommand(g *globals) *cobra.Command {
 		Short: "Cancel a task, stopping its process wherever it runs",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, argv []string) error {
-			id, pool, err := openContext(cmd.Context(), argv[0])
+			id, err := parseID(argv[0])
+			if err != nil {
+				return err
+			}
+			// Within --wait, a database that restarts or fails over is
+			// waited for, from the first connection on.
+			ctx, cancel := context.WithTimeout(cmd.Context(), wait)
+			defer cancel()
+			pool, _, err := waitForDatabase(ctx, slog.New(slog.DiscardHandler), 0)
 			if err != nil {
 				return err
 			}
@@ -460,8 +468,6 @@ func newCancelCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ctx, cancel := context.WithTimeout(cmd.Context(), wait)
-			defer cancel()
 			status, err := client.Cancel(ctx, id)
 			if err != nil {
 				return err

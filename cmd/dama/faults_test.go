@@ -195,7 +195,21 @@ func TestPostgresRestartKillsNoTask(t *testing.T) {
 		pids[id] = w.starts(id)[0][0]
 	}
 
-	srv.Restart(t, 5*time.Second)
+	doomed := w.submit(600, 100)
+	w.waitRunning(doomed)
+
+	srv.Stop(t, "fast")
+	// A cancel issued while the server is down rides out the outage.
+	cancel := w.Start(w.cfg, "cancel", strconv.FormatInt(doomed, 10), "--wait", "60s")
+	time.Sleep(5 * time.Second) // the length of the outage
+	srv.Start(t)
+	if err := cancel.Wait(); err != nil {
+		log, _ := os.ReadFile(cancel.Log)
+		t.Errorf("dama cancel during the outage: %v: %s", err, log)
+	}
+	if got := w.waitSettled(doomed, 30*time.Second); got.Status != etlcontext.StatusCancelled {
+		t.Errorf("the cancelled task is %s", got.Status)
+	}
 
 	for _, id := range ids {
 		got := w.waitSettled(id, 90*time.Second)

@@ -171,8 +171,10 @@ func send(ctx context.Context, ch chan<- lockEvent, e lockEvent) {
 	}
 }
 
-// retake takes the lock again under the same run, retrying until ctx ends.
-// It fails for good when the run is no longer current.
+// retake takes the lock again under the same run, retrying until ctx ends:
+// the runner's main loop bounds the attempt with reconnect_grace (it stops
+// the command and then ctx). It fails for good when the run is no longer
+// current.
 func (k *lockKeeper) retake(ctx context.Context) error {
 	oldPID := k.conn.PgConn().PID()
 	k.conn.Close(context.WithoutCancel(ctx))

@@ -57,8 +57,8 @@ type writer struct {
 }
 
 type writeCall struct {
-	// ctx is the caller's, nil for none: a call whose caller gave up is
-	// skipped, or cut short if it already runs.
+	// ctx is the caller's: a call whose caller gave up is skipped, or cut
+	// short if it already runs.
 	ctx     context.Context
 	fn      func(context.Context, *pgx.Conn) error
 	done    chan error
@@ -135,7 +135,7 @@ func (w *writer) event(suffix string, payload, meta any, isError bool, size int)
 // result. fn may run more than once (after a lost connection): it must be
 // idempotent.
 func (w *writer) call(fn func(context.Context, *pgx.Conn) error) <-chan error {
-	return w.enqueue(nil, fn).done
+	return w.enqueue(context.Background(), fn).done
 }
 
 func (w *writer) enqueue(ctx context.Context, fn func(context.Context, *pgx.Conn) error) *writeCall {
@@ -262,13 +262,9 @@ func (w *writer) serveOne(ctx context.Context) bool {
 		}
 		c.started = true
 		w.mu.Unlock()
-		callCtx := ctx
-		if c.ctx != nil {
-			var stop context.CancelFunc
-			callCtx, stop = context.WithCancel(c.ctx)
-			defer context.AfterFunc(ctx, stop)()
-			defer stop()
-		}
+		callCtx, stop := context.WithCancel(c.ctx)
+		defer context.AfterFunc(ctx, stop)()
+		defer stop()
 		err := w.exec(callCtx, c.fn)
 		if callCtx.Err() == nil && w.retry(ctx, err) {
 			w.mu.Lock()

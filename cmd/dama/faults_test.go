@@ -437,3 +437,54 @@ kinds:
 		t.Errorf("the supervisor of the first host did not report stopping the orphans")
 	}
 }
+
+func TestNoConnectionForTheTaskProcessSpendsNoAttempt(t *testing.T) {
+	srv := testenv.NewServer(t)
+	env := testenv.NewOn(t, srv)
+	ctx := context.Background()
+	// dama runs as a role whose connection limit the test sets; a
+	// superuser would not be limited.
+	for _, q := range []string{
+		`CREATE ROLE dama_limited LOGIN`,
+		`GRANT pg_read_all_data, pg_write_all_data TO dama_limited`,
+	} {
+		if _, err := env.Pool.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	limited, err := url.Parse(env.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	limited.User = url.User("dama_limited")
+	w := &world{Env: env, cfg: env.WriteConfig(sampleConfigFor(10)), startsDir: filepath.Join(env.Dir, "starts")}
+	if err := os.MkdirAll(w.startsDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sup := env.StartWith(w.cfg, []string{"DATABASE_URL=" + limited.String()}, nil, "supervisor")
+	// Warm the supervisor up, then allow the role no connection beyond
+	// those it holds: the next task process cannot connect.
+	warm := w.submit(1, 10)
+	w.waitSettled(warm, 30*time.Second)
+	var held int
+	if err := env.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE usename = 'dama_limited'`).Scan(&held); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.Pool.Exec(ctx, fmt.Sprintf(`ALTER ROLE dama_limited CONNECTION LIMIT %d`, held)); err != nil {
+		t.Fatal(err)
+	}
+	id := w.submit(5, 50)
+	testenv.Eventually(t, 30*time.Second, "the supervisor to report the failed launch", func() (bool, error) {
+		log, err := os.ReadFile(sup.Log)
+		return strings.Contains(string(log), "launch failed"), err
+	})
+	if got := w.task(id); got.Status.Finished() || got.Attempt > 1 || len(w.starts(id)) != 0 {
+		t.Fatalf("with no connection for its task process: %s, attempt %d, starts %v", got.Status, got.Attempt, w.starts(id))
+	}
+	if _, err := env.Pool.Exec(ctx, `ALTER ROLE dama_limited CONNECTION LIMIT -1`); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.waitSettled(id, 30*time.Second); got.Status != etlcontext.StatusDone || got.Attempt != 1 {
+		t.Errorf("once connections are free: %s after %d attempts, want DONE after 1", got.Status, got.Attempt)
+	}
+}

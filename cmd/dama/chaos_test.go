@@ -1,0 +1,498 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/shirou/gopsutil/v3/process"
+
+	"github.com/dama-etl/dama/config"
+	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/testenv"
+	"github.com/dama-etl/dama/supervisor"
+)
+
+// chaosScript is a task that forks, like beatScript, but whose every attempt
+// finishes by itself: it records its start ("<attempt> <pid> <unix ns>
+// <checkpoint>"), reports a checkpoint naming its attempt, and waits for a
+// background worker which ignores SIGTERM and writes "<attempt> <unix ns>"
+// to beats-<id> 40 times, 50ms apart, then exits.
+const chaosScript = `
+beats={{dir}}/beats-$DAMA_ETL_CONTEXT_ID
+echo "$DAMA_ATTEMPT $$ $(date +%s%N) ${DAMA_CHECKPOINT:-none}" >> {{dir}}/starts-$DAMA_ETL_CONTEXT_ID
+echo "{\"type\":\"checkpoint\",\"payload\":{\"attempt\":$DAMA_ATTEMPT}}" >&3
+(
+	trap '' TERM
+	i=0
+	while [ $i -lt 40 ]; do
+		echo "$DAMA_ATTEMPT $(date +%s%N)" >> "$beats"
+		i=$((i + 1))
+		sleep 0.05
+	done
+) &
+wait
+`
+
+// Chaos parameters. A restart keeps the server down for less than
+// reconnect_grace (counting pg_ctl's own stop and start): no task process
+// gives up on its lock, and no attempt may fail for it. An outage keeps it
+// down for longer than a task process's detection, reconnect_grace and
+// kill_grace together: every command still running is stopped while the
+// server is away, and its attempt fails.
+const (
+	chaosTasks          = 30
+	chaosRounds         = 12
+	chaosRoundGap       = 1500 * time.Millisecond
+	chaosReconnectGrace = 7 * time.Second
+	chaosMinRestart     = time.Second
+	chaosMaxRestart     = 5 * time.Second
+	chaosOutage         = 10 * time.Second
+	chaosMaxOutages     = 2
+	// A task that failed this many attempts is spared further faults:
+	// River backs off errors^4 seconds (1s, 16s, then 81s), and the test
+	// must end within a few minutes.
+	chaosMaxFailures = 2
+)
+
+const chaosConfig = `
+log_dir: {{dir}}/logs
+poll_interval: 300ms
+heartbeat_interval: 200ms
+kill_grace: 1s
+reconnect_grace: %s
+queues:
+  etl: { max_running: 4 }
+kinds:
+  chaos:
+    queue: etl
+    command: ["/bin/sh", "{{dir}}/chaos.sh"]
+    max_attempts: 10
+`
+
+// chaosAttempt names one attempt of one context.
+type chaosAttempt struct {
+	id      int64
+	attempt int
+}
+
+func TestChaosNoOverlapWhateverIsKilledOrRestarted(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("DAMA_CHAOS_SEED"); s != "" {
+		var err error
+		if seed, err = strconv.ParseUint(s, 10, 64); err != nil {
+			t.Fatalf("DAMA_CHAOS_SEED=%q: %v", s, err)
+		}
+	}
+	// Registered first, so it runs last, after every other cleanup had its
+	// chance to fail the test.
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("chaos seed %d: replay with DAMA_CHAOS_SEED=%d", seed, seed)
+		}
+	})
+	t.Logf("chaos seed %d (set DAMA_CHAOS_SEED to replay)", seed)
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	began := time.Now()
+
+	srv := testenv.NewServer(t)
+	env := testenv.NewOn(t, srv)
+	script := filepath.Join(env.Dir, "chaos.sh")
+	if err := os.WriteFile(script, []byte(strings.ReplaceAll(chaosScript, "{{dir}}", env.Dir)), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	w := &beatWorld{Env: env, cfg: env.WriteConfig(fmt.Sprintf(chaosConfig, chaosReconnectGrace))}
+	// On failure, what the commands and task processes of the contexts
+	// involved wrote (registered after NewOn: it runs before Dir is removed).
+	suspects := map[int64]bool{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for id := range suspects {
+				logTail, _ := os.ReadFile(filepath.Join(env.Dir, "logs", fmt.Sprintf("%d.log", id)))
+				t.Logf("context %d: starts %v; beats per attempt %v; its log:\n%s", id, w.starts(id), beatSpans(w.beats(id)), lastBytes(logTail, 8<<10))
+			}
+		}
+	})
+
+	cfg, err := config.Load(w.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := supervisor.NewClient(env.Pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []int64
+	for range chaosTasks {
+		id, _, err := client.Submit(context.Background(), supervisor.SubmitParams{Kind: "chaos"})
+		if err != nil {
+			t.Fatalf("seed %d: submit: %v", seed, err)
+		}
+		ids = append(ids, id)
+	}
+	sups := []*testenv.Proc{w.Start(w.cfg, "supervisor"), w.Start(w.cfg, "supervisor")}
+
+	// query runs one statement with a deadline of its own; during or right
+	// after an outage it fails, and the caller skips what needed it.
+	query := func(sql string, scan func(row interface{ Scan(...any) error }) error) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		rows, err := env.Pool.Query(ctx, sql)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			if err := scan(rows); err != nil {
+				return err
+			}
+		}
+		return rows.Err()
+	}
+	// running lists the attempts that are RUNNING now, with the pid of the
+	// task process when it recorded one (0 otherwise), its run id, whether
+	// it holds its lock (it may be taking it again after a restart) and how
+	// many attempts of the context failed so far.
+	type runningTask struct {
+		chaosAttempt
+		pid      int
+		runID    string
+		locked   bool
+		failures int
+	}
+	running := func() ([]runningTask, error) {
+		var out []runningTask
+		err := query(`
+			SELECT q.etl_context_id, q.attempt, coalesce(q.pid, 0), coalesce(q.run_id::text, ''), q.initial_event_locked,
+			       (SELECT count(*) FROM data_manager.event_store e
+			         WHERE e.etl_context_id = q.etl_context_id AND e.type = 'chaos:ERROR')
+			  FROM data_manager.dama_task_queue q
+			 WHERE q.etl_status = 'RUNNING'
+			 ORDER BY q.etl_context_id`, func(row interface{ Scan(...any) error }) error {
+			var r runningTask
+			if err := row.Scan(&r.id, &r.attempt, &r.pid, &r.runID, &r.locked, &r.failures); err != nil {
+				return err
+			}
+			out = append(out, r)
+			return nil
+		})
+		return out, err
+	}
+	unsettled := func() (string, error) {
+		var summary []string
+		err := query(`
+			SELECT etl_context_id || ':' || etl_status || '/' || coalesce(job_state, '-') || '@' || attempt
+			  FROM data_manager.dama_task_queue
+			 WHERE etl_status <> 'DONE' OR job_state IS DISTINCT FROM 'completed'
+			 ORDER BY etl_context_id`, func(row interface{ Scan(...any) error }) error {
+			var s string
+			summary = append(summary, s)
+			return row.Scan(&summary[len(summary)-1])
+		})
+		return strings.Join(summary, " "), err
+	}
+
+	// What each fault hit, to tell the failed attempts it explains.
+	var (
+		counts       = map[string]int{}
+		skipped      = map[string]int{}
+		runnerKilled = map[chaosAttempt]int64{} // when, in unix ns
+		outageHit    = map[chaosAttempt]bool{}
+		restartHit   = map[chaosAttempt]bool{}
+		outages      int
+	)
+	rounds := 0
+	// note logs what a round did, on a timeline from the test's start.
+	note := func(format string, args ...any) {
+		t.Logf("round %2d +%6.2fs: %s", rounds+1, time.Since(began).Seconds(), fmt.Sprintf(format, args...))
+	}
+	skip := func(what, why string) {
+		skipped[what]++
+		note("%s skipped: %s", what, why)
+	}
+	for ; rounds < chaosRounds; rounds++ {
+		time.Sleep(chaosRoundGap)
+		if open, err := unsettled(); err == nil && open == "" {
+			break
+		}
+		r := rng.IntN(100)
+		switch {
+		case r < 30:
+			// A supervisor crashes (its whole process group) and a new one
+			// takes its place.
+			i := rng.IntN(len(sups))
+			old := sups[i].Cmd.Process.Pid
+			_ = syscall.Kill(-old, syscall.SIGKILL)
+			_ = sups[i].Wait()
+			sups[i] = w.Start(w.cfg, "supervisor")
+			counts["supervisor kill"]++
+			note("supervisor %d (pid %d) killed, replaced by pid %d", i, old, sups[i].Cmd.Process.Pid)
+		case r < 65:
+			// A task process crashes, holding its lock or taking it again
+			// after a restart; its command's worker lives on.
+			tasks, err := running()
+			if err != nil {
+				skip("runner kill", err.Error())
+				continue
+			}
+			var victims []runningTask
+			for _, task := range tasks {
+				if task.pid != 0 && task.failures < chaosMaxFailures && isTaskrunner(task.pid, task.id, task.runID) {
+					victims = append(victims, task)
+				}
+			}
+			if len(victims) == 0 {
+				skip("runner kill", fmt.Sprintf("no live task process of a context with fewer than %d failures: running (id attempt pid run locked failures) %v", chaosMaxFailures, tasks))
+				continue
+			}
+			v := victims[rng.IntN(len(victims))]
+			if err := syscall.Kill(v.pid, syscall.SIGKILL); err != nil {
+				skip("runner kill", err.Error())
+				continue
+			}
+			runnerKilled[v.chaosAttempt] = time.Now().UnixNano()
+			counts["runner kill"]++
+			note("task process %d of context %d attempt %d killed (holding its lock: %t; %d running)", v.pid, v.id, v.attempt, v.locked, len(tasks))
+		case r < 90 || outages >= chaosMaxOutages:
+			// The server restarts within reconnect_grace.
+			d := chaosMinRestart + time.Duration(rng.Int64N(int64(chaosMaxRestart-chaosMinRestart)))
+			tasks, _ := running()
+			for _, task := range tasks {
+				restartHit[task.chaosAttempt] = true
+			}
+			start := time.Now()
+			srv.Restart(t, d)
+			counts["server restart"]++
+			note("server restarted, down %s (%s with pg_ctl), %d tasks running", d.Round(time.Millisecond), time.Since(start).Round(time.Millisecond), len(tasks))
+		default:
+			// The server stays away for longer than any task can wait: every
+			// command is stopped before it comes back.
+			tasks, err := running()
+			if err != nil {
+				skip("long outage", err.Error())
+				continue
+			}
+			var spared []int64
+			for _, task := range tasks {
+				if task.failures >= chaosMaxFailures {
+					spared = append(spared, task.id)
+				}
+			}
+			if len(spared) > 0 {
+				skip("long outage", fmt.Sprintf("contexts %v failed %d attempts already", spared, chaosMaxFailures))
+				continue
+			}
+			var hit []chaosAttempt
+			for _, task := range tasks {
+				outageHit[task.chaosAttempt] = true
+				hit = append(hit, task.chaosAttempt)
+			}
+			start := time.Now()
+			srv.Stop(t, "fast")
+			time.Sleep(chaosOutage)
+			srv.Start(t)
+			outages++
+			counts["long outage"]++
+			note("server stopped for %s (%s with pg_ctl), running: %v", chaosOutage, time.Since(start).Round(time.Millisecond), hit)
+		}
+	}
+	chaosEnded := time.Now()
+	t.Logf("chaos: %d rounds in %s: %v; skipped: %v",
+		rounds, chaosEnded.Sub(began).Round(time.Millisecond), counts, skipped)
+
+	// Then calm: everything must settle.
+	testenv.Eventually(t, 120*time.Second, fmt.Sprintf("every task DONE with its job completed (seed %d)", seed), func() (bool, error) {
+		open, err := unsettled()
+		if err != nil {
+			return false, err
+		}
+		return open == "", fmt.Errorf("unsettled: %s", open)
+	})
+	t.Logf("calm: every task settled %s after the chaos ended", time.Since(chaosEnded).Round(time.Millisecond))
+
+	// No process of any attempt remains: nothing carries a run id of this
+	// test's tasks, and no beats file grows.
+	testenv.Eventually(t, 5*time.Second, fmt.Sprintf("every process of every attempt to be gone (seed %d)", seed), func() (bool, error) {
+		left := attemptProcesses(env.URL)
+		return len(left) == 0, fmt.Errorf("still running: %v", left)
+	})
+	sizes := beatSizes(env.Dir, ids)
+	time.Sleep(time.Second)
+	if after := beatSizes(env.Dir, ids); !maps.Equal(sizes, after) {
+		for _, id := range ids {
+			if sizes[id] != after[id] {
+				suspects[id] = true
+				t.Errorf("seed %d: context %d: its beats file grew from %d to %d bytes after every task was DONE: a process of an attempt still runs",
+					seed, id, sizes[id], after[id])
+			}
+		}
+	}
+
+	// orphans counts the killed task processes whose command's worker beat
+	// on after the kill: the retry had to wait for it.
+	totalAttempts, totalStarts, orphans := 0, 0, 0
+	var unexplained []string
+	for _, id := range ids {
+		got, err := etlcontext.Tasks(context.Background(), env.Pool, etlcontext.TaskQuery{ID: id})
+		if err != nil || len(got) != 1 {
+			t.Fatalf("seed %d: read context %d: %v (%d rows)", seed, id, err, len(got))
+		}
+		task := got[0]
+		totalAttempts += task.Attempt
+		starts := w.starts(id)
+		totalStarts += len(starts)
+
+		// (1) No overlap, by the commands' own clocks.
+		beats := w.beats(id)
+		if !checkNoOverlap(t, seed, id, starts, beats) {
+			suspects[id] = true
+		}
+		for a, killedAt := range runnerKilled {
+			if a.id == id && len(beats[a.attempt]) > 0 && slices.Max(beats[a.attempt]) > killedAt {
+				orphans++
+			}
+		}
+
+		// (2) The attempt that finished is the last that started.
+		if len(starts) == 0 || starts[len(starts)-1][0] != strconv.Itoa(task.Attempt) {
+			suspects[id] = true
+			t.Errorf("seed %d: context %d: DONE by attempt %d, but the starts are %v", seed, id, task.Attempt, starts)
+		}
+		// (3) No attempt started twice; each resumed from a checkpoint of
+		// an attempt that started before it.
+		started := map[int]bool{}
+		for _, s := range starts {
+			a, _ := strconv.Atoi(s[0])
+			if started[a] {
+				suspects[id] = true
+				t.Errorf("seed %d: context %d: attempt %d started twice: %v", seed, id, a, starts)
+			}
+			if cp := strings.Join(s[3:], " "); cp != "none" {
+				var c struct{ Attempt int }
+				if err := json.Unmarshal([]byte(cp), &c); err != nil || !started[c.Attempt] || c.Attempt >= a {
+					suspects[id] = true
+					t.Errorf("seed %d: context %d: attempt %d resumed from checkpoint %s, not one of an attempt that started before it (%v)",
+						seed, id, a, cp, starts)
+				}
+			}
+			started[a] = true
+		}
+
+		// Every failed attempt was hit by a fault that fails attempts: its
+		// task process was killed, or it was running when the server went
+		// away for longer than reconnect_grace. A restart within
+		// reconnect_grace, or a supervisor's crash, spends no attempt.
+		events, err := etlcontext.Events(context.Background(), env.Pool, id)
+		if err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+		for _, e := range events {
+			key := chaosAttempt{id, e.Attempt}
+			if e.Type != "chaos:ERROR" || runnerKilled[key] != 0 || outageHit[key] {
+				continue
+			}
+			suspects[id] = true
+			unexplained = append(unexplained, fmt.Sprintf("context %d attempt %d (running during a restart: %v): %s",
+				id, e.Attempt, restartHit[key], e.Payload))
+		}
+	}
+	for _, u := range unexplained {
+		t.Errorf("seed %d: an attempt failed that no fault explains: %s", seed, u)
+	}
+	t.Logf("seed %d: %d tasks DONE; rounds %d (%v); %d task processes killed (%d left a worker that beat on after the kill); %d attempts recorded, %d commands started; %s in all",
+		seed, len(ids), rounds, counts, len(runnerKilled), orphans, totalAttempts, totalStarts, time.Since(began).Round(time.Millisecond))
+}
+
+// checkNoOverlap fails unless every beat of each attempt was written before
+// any later attempt started, by the times the commands wrote (the logic of
+// beatWorld.assertNoOverlap, for starts and beats already read).
+func checkNoOverlap(t *testing.T, seed uint64, id int64, starts [][]string, beats map[int][]int64) bool {
+	t.Helper()
+	ok := true
+	for _, s := range starts {
+		attempt, _ := strconv.Atoi(s[0])
+		started, _ := strconv.ParseInt(s[2], 10, 64)
+		for prev := range beats {
+			if prev >= attempt || len(beats[prev]) == 0 {
+				continue
+			}
+			if last := slices.Max(beats[prev]); last >= started {
+				ok = false
+				t.Errorf("seed %d: context %d: attempt %d wrote %s after attempt %d started",
+					seed, id, prev, time.Duration(last-started), attempt)
+			}
+		}
+	}
+	return ok
+}
+
+// beatSpans summarises beats: per attempt, how many and from when to when.
+func beatSpans(beats map[int][]int64) map[int]string {
+	out := map[int]string{}
+	for a, b := range beats {
+		out[a] = fmt.Sprintf("%d beats %d..%d", len(b), slices.Min(b), slices.Max(b))
+	}
+	return out
+}
+
+func lastBytes(b []byte, n int) string {
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
+}
+
+// isTaskrunner reports whether pid is the task process of run runID of
+// context id (and not a process that reused the pid of a dead one).
+func isTaskrunner(pid int, id int64, runID string) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	return err == nil && strings.Contains(string(b),
+		fmt.Sprintf("\x00taskrunner\x00--context-id\x00%d\x00--run-id\x00%s\x00", id, runID))
+}
+
+// attemptProcesses lists the live processes that carry the run id of an
+// attempt of the test whose database is dbURL.
+func attemptProcesses(dbURL string) []string {
+	procs, err := process.Processes()
+	if err != nil {
+		return []string{"list processes: " + err.Error()}
+	}
+	var out []string
+	for _, p := range procs {
+		env, err := p.Environ()
+		if err != nil || !slices.Contains(env, "DATABASE_URL="+dbURL) {
+			continue
+		}
+		for _, kv := range env {
+			if strings.HasPrefix(kv, "DAMA_RUN_ID=") && testenv.Alive(int(p.Pid)) {
+				cmdline, _ := p.Cmdline()
+				out = append(out, fmt.Sprintf("%d %q %s", p.Pid, cmdline, kv))
+				break
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// beatSizes returns the size of each context's beats file.
+func beatSizes(dir string, ids []int64) map[int64]int64 {
+	out := map[int64]int64{}
+	for _, id := range ids {
+		if fi, err := os.Stat(filepath.Join(dir, fmt.Sprintf("beats-%d", id))); err == nil {
+			out[id] = fi.Size()
+		}
+	}
+	return out
+}

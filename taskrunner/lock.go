@@ -194,17 +194,24 @@ func (k *lockKeeper) retake(ctx context.Context) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		delay = min(delay*2, 2*time.Second)
+		// Short: the grace is what bounds the whole attempt, and a server
+		// that is back should be found at once.
+		delay = min(delay*2, 500*time.Millisecond)
 	}
 }
 
 func (k *lockKeeper) tryRetake(ctx context.Context, oldPID uint32) error {
-	cctx, cancel := context.WithTimeout(ctx, 2*lockPingTimeout(k.interval))
-	defer cancel()
-	conn, err := connect(cctx, k.url, k.appName(), true)
+	// Connecting to a silent server must fail fast, to be tried again; the
+	// statements after it may wait for a write connection that is being
+	// made again too.
+	dctx, dcancel := context.WithTimeout(ctx, 2*lockPingTimeout(k.interval))
+	conn, err := connect(dctx, k.url, k.appName(), true)
+	dcancel()
 	if err != nil {
 		return err
 	}
+	cctx, cancel := context.WithTimeout(ctx, stmtTimeout)
+	defer cancel()
 	ok := false
 	defer func() {
 		if !ok {

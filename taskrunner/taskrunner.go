@@ -310,12 +310,20 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 	}
 	// The lock is watched only from the command's start: make sure it is
 	// still held right before, so the fencing window holds from the start.
+	// A database restart since the lock was taken is ridden out here too:
+	// nothing runs yet, so the runner may simply wait to re-take it.
 	pctx, pcancel := context.WithTimeout(ctx, lockPingTimeout(cfg.HeartbeatInterval.D()))
 	_, err = r.lock.tx.Exec(pctx, "SELECT 1")
 	pcancel()
 	if err != nil {
-		eventsW.Close()
-		return r.finish(ctx, ExitLockLost, etlcontext.EventError, map[string]any{"reason": "lock connection failed before the command started"}, fmt.Errorf("check lock before starting the command: %w", err))
+		r.logger.Warn("lock connection failed before the command started; taking the lock again", "error", err, "reconnect_grace", cfg.ReconnectGraceD())
+		rctx, rcancel := context.WithTimeout(ctx, cfg.ReconnectGraceD())
+		err = r.lock.retake(rctx)
+		rcancel()
+		if err != nil {
+			eventsW.Close()
+			return r.finish(ctx, ExitLockLost, etlcontext.EventError, map[string]any{"reason": "the lock was lost before the command started and not taken again within reconnect_grace"}, fmt.Errorf("take the lock again before starting the command: %w", err))
+		}
 	}
 	exited, err := startLocked(cmd)
 	eventsW.Close()

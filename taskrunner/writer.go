@@ -210,11 +210,14 @@ func (w *writer) run(ctx context.Context, listen ...string) {
 		if w.conn == nil || w.conn.IsClosed() {
 			if err := w.connect(ctx, listen); err != nil {
 				w.logger.Warn("connect write connection", "error", err, "retry_in", delay)
+				// A queued write cuts the wait short: the lock keeper waits on
+				// this connection to finish taking its lock again.
 				select {
 				case <-time.After(delay):
+				case <-w.wake:
 				case <-ctx.Done():
 				}
-				delay = min(delay*2, 5*time.Second)
+				delay = min(delay*2, time.Second)
 				continue
 			}
 			delay = 100 * time.Millisecond

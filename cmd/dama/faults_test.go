@@ -177,7 +177,7 @@ func socketEnv(t *testing.T, env *testenv.Env) (*testenv.Env, string) {
 func TestPostgresRestartKillsNoTask(t *testing.T) {
 	srv := testenv.NewServer(t)
 	env := testenv.NewOn(t, srv)
-	w := &world{Env: env, cfg: env.WriteConfig(strings.Replace(sampleConfigFor(10), "kill_grace: 1s", "kill_grace: 1s\nreconnect_grace: 30s", 1)),
+	w := &world{Env: env, cfg: env.WriteConfig(strings.Replace(sampleConfigFor(10), "kill_grace: 1s", "kill_grace: 1s\nreconnect_grace: 10s", 1)),
 		startsDir: filepath.Join(env.Dir, "starts")}
 	if err := os.MkdirAll(w.startsDir, 0o755); err != nil {
 		t.Fatal(err)
@@ -185,8 +185,9 @@ func TestPostgresRestartKillsNoTask(t *testing.T) {
 	w.Start(w.cfg, "supervisor")
 	var ids []int64
 	for range 4 {
-		// Progress and a checkpoint every 100ms, for about 10s.
-		ids = append(ids, w.submit(100, 100))
+		// Progress and a checkpoint every 100ms, for about 30s: the
+		// commands run through the whole outage.
+		ids = append(ids, w.submit(300, 100))
 	}
 	pids := map[int64]string{}
 	for _, id := range ids {
@@ -201,7 +202,9 @@ func TestPostgresRestartKillsNoTask(t *testing.T) {
 	srv.Stop(t, "fast")
 	// A cancel issued while the server is down rides out the outage.
 	cancel := w.Start(w.cfg, "cancel", strconv.FormatInt(doomed, 10), "--wait", "60s")
-	time.Sleep(5 * time.Second) // the length of the outage
+	// The length of the outage: 70% of reconnect_grace, so that time lost
+	// between reconnection attempts shows.
+	time.Sleep(7 * time.Second)
 	srv.Start(t)
 	if err := cancel.Wait(); err != nil {
 		log, _ := os.ReadFile(cancel.Log)
@@ -240,8 +243,8 @@ func TestPostgresRestartKillsNoTask(t *testing.T) {
 				}
 			}
 		}
-		if progress != 100 {
-			t.Errorf("context %d: %d PROGRESS events, want 100", id, progress)
+		if progress != 300 {
+			t.Errorf("context %d: %d PROGRESS events, want 300", id, progress)
 		}
 	}
 }

@@ -265,11 +265,12 @@ func finishedError(id int64, s etlcontext.Status) error {
 func unreachableDatabase(err error) bool {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		switch pgErr.Code[:2] {
-		case "08", "57": // connection exception, operator intervention (shutdown)
+		switch pgErr.Code {
+		case "57P01", "57P02", "57P03", // admin_shutdown, crash_shutdown, cannot_connect_now
+			"53300": // too_many_connections
 			return true
 		}
-		return pgErr.Code == "53300" // too_many_connections
+		return pgErr.Code[:2] == "08" // connection exception
 	}
 	var connectErr *pgconn.ConnectError
 	return errors.As(err, &connectErr) || pgconn.Timeout(err)

@@ -37,22 +37,37 @@ func (s *Supervisor) sweepOrphans(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("find dead attempts of this host: %w", err)
 	}
+	var errs []error
 	for _, id := range ids {
 		c, err := etlcontext.Get(ctx, s.pool, id)
 		if err != nil {
-			return err
+			errs = append(errs, err)
+			continue
 		}
-		if c.RunnerStartTicks != nil {
-			if alive, _ := hostproc.Alive(*c.PID, uint64(*c.RunnerStartTicks)); alive {
-				continue
-			}
+		if runnerMayLive(c) {
+			continue
 		}
 		if procs, err := s.attemptProcesses(c).Processes(); err != nil || len(procs) > 0 {
 			s.stopOrphans(id)
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
+
+// runnerMayLive reports whether c's task process, on this host, may still
+// run: an error reading it, or a start time it never recorded (a task
+// process of an older release), counts as alive.
+func runnerMayLive(c *etlcontext.Context) bool {
+	if c.RunnerStartTicks == nil {
+		return true
+	}
+	alive, err := hostproc.Alive(*c.PID, uint64(*c.RunnerStartTicks))
+	return alive || err != nil
+}
+
+// maxOrphanStoppers bounds the orphan stoppers running at once: each holds a
+// pool connection (with the context's lock) until its orphans are gone.
+const maxOrphanStoppers = 4
 
 // stopOrphans stops, in the background and once at a time per context, the
 // processes that a dead task process of context id left behind on this
@@ -61,24 +76,31 @@ func (s *Supervisor) sweepOrphans(ctx context.Context) error {
 // host, judges the attempt over before they are gone.
 func (s *Supervisor) stopOrphans(id int64) {
 	s.mu.Lock()
-	if s.stopping[id] {
+	if s.stopping[id] || s.orphanCtx == nil || s.orphanCtx.Err() != nil {
 		s.mu.Unlock()
 		return
 	}
 	s.stopping[id] = true
+	ctx := s.orphanCtx
+	s.orphans.Add(1)
 	s.mu.Unlock()
-	s.orphans.Go(func() {
+	go func() {
+		defer s.orphans.Done()
 		defer func() {
 			s.mu.Lock()
 			delete(s.stopping, id)
 			s.mu.Unlock()
 		}()
-		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.KillGrace.D()+30*time.Second)
-		defer cancel()
-		if err := s.stopOrphansLocked(ctx, id); err != nil {
+		select {
+		case s.orphanSlots <- struct{}{}:
+			defer func() { <-s.orphanSlots }()
+		case <-ctx.Done():
+			return
+		}
+		if err := s.stopOrphansLocked(ctx, id); err != nil && ctx.Err() == nil {
 			s.logger.Error("stop the processes of a dead attempt", "etl_context_id", id, "error", err)
 		}
-	})
+	}()
 }
 
 func (s *Supervisor) stopOrphansLocked(ctx context.Context, id int64) error {
@@ -111,13 +133,8 @@ func (s *Supervisor) stopOrphansLocked(ctx context.Context, id int64) error {
 		}
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	if c.HostID == nil || *c.HostID != s.hostID || c.PID == nil {
+	if c.HostID == nil || *c.HostID != s.hostID || c.PID == nil || runnerMayLive(c) {
 		return nil
-	}
-	if c.RunnerStartTicks != nil {
-		if alive, _ := hostproc.Alive(*c.PID, uint64(*c.RunnerStartTicks)); alive {
-			return nil
-		}
 	}
 	a := s.attemptProcesses(c)
 	pids, err := a.Processes()
@@ -129,7 +146,11 @@ func (s *Supervisor) stopOrphansLocked(ctx context.Context, id int64) error {
 	if err := a.Signal(syscall.SIGTERM); err != nil {
 		logger.Warn("signal the processes of a dead attempt", "signal", "SIGTERM", "error", err)
 	}
+	// The lock is held until they are gone, however long that takes (a
+	// process in uninterruptible sleep dies late): while it is held, no
+	// supervisor on any host starts another attempt.
 	deadline := time.Now().Add(s.cfg.KillGrace.D())
+	nextReport := time.Now().Add(30 * time.Second)
 	for {
 		select {
 		case <-ctx.Done():
@@ -145,6 +166,10 @@ func (s *Supervisor) stopOrphansLocked(ctx context.Context, id int64) error {
 			if err := a.Signal(syscall.SIGKILL); err != nil {
 				logger.Warn("signal the processes of a dead attempt", "signal", "SIGKILL", "error", err)
 			}
+		}
+		if time.Now().After(nextReport) {
+			logger.Error("processes of a dead attempt survive SIGKILL; the task waits for them", "pids", pids, "error", err)
+			nextReport = time.Now().Add(30 * time.Second)
 		}
 	}
 }

@@ -223,7 +223,7 @@ func (s *Supervisor) attemptAlive(ctx context.Context, logger *slog.Logger, tx p
 	if err != nil {
 		return 0, err
 	}
-	window := taskrunner.FenceWindow(s.cfg.HeartbeatInterval.D(), s.cfg.ReconnectGraceD(), s.cfg.KillGrace.D())
+	window := taskrunner.FenceWindow(s.cfg.HeartbeatInterval.D(), s.cfg.ReconnectGraceD(), s.cfg.KillGrace.D(), s.cfg.PollInterval.D())
 	if c.FenceWindow != nil {
 		window = *c.FenceWindow
 	}

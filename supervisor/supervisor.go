@@ -62,8 +62,11 @@ type Supervisor struct {
 	// stopping holds the contexts whose dead attempt's orphans are being
 	// stopped.
 	stopping map[int64]bool
-	// orphans tracks the goroutines stopping them, which Run waits for.
-	orphans sync.WaitGroup
+	// orphans tracks the goroutines stopping them, which Run waits for;
+	// orphanCtx (nil outside Run) ends them, and orphanSlots bounds them.
+	orphans     sync.WaitGroup
+	orphanCtx   context.Context
+	orphanSlots chan struct{}
 	// launchFailures holds, per context, the last failed launch reported, so
 	// that a failure repeating at every poll is logged as an error once.
 	launchFailures map[int64]string
@@ -122,6 +125,7 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 		stopping:       map[int64]bool{},
 		launchFailures: map[int64]string{},
 		spawnFailures:  map[int64]string{},
+		orphanSlots:    make(chan struct{}, maxOrphanStoppers),
 
 		rescueGrace: rescueGraceFor(cfg.PollInterval.D()),
 		suspects:    map[suspect]time.Time{},
@@ -200,11 +204,17 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		return err
 	}
 	bgCtx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
+	s.mu.Lock()
+	s.orphanCtx = bgCtx
+	s.mu.Unlock()
 	var bg sync.WaitGroup
 	bg.Go(func() { s.holdLiveness(bgCtx, live) })
 	bg.Go(func() { s.listen(bgCtx, l) })
 	defer func() {
+		// Under s.mu: stopOrphans adds to s.orphans only before this.
+		s.mu.Lock()
 		stopBackground()
+		s.mu.Unlock()
 		bg.Wait()
 		s.orphans.Wait()
 	}()

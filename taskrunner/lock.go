@@ -39,15 +39,17 @@ func lockPingTimeout(heartbeat time.Duration) time.Duration {
 	return min(max(2*heartbeat, time.Second), 10*time.Second)
 }
 
-// FenceWindow is the longest a task process may run its command after its
-// lock was released: it notices the loss within a heartbeat interval plus a
-// ping's timeout, tries to take the lock again for reconnectGrace, then
-// stops its command's process group (SIGTERM, SIGKILL after killGrace). A
-// supervisor on another host, which cannot look at the processes, starts no
-// new attempt before this long has passed since it first found the lock
-// free (timed on the database's clock).
-func FenceWindow(heartbeat, reconnectGrace, killGrace time.Duration) time.Duration {
-	return heartbeat + lockPingTimeout(heartbeat) + reconnectGrace + killGrace + fenceMargin
+// FenceWindow is how long a supervisor on another host, which cannot look
+// at the processes, waits after it first found a task's lock free (timed on
+// the database's clock) before it starts a new attempt. A live task process
+// runs its command for at most this long after its lock was released: it
+// notices the loss within a heartbeat interval plus a ping's timeout, tries
+// to take the lock again for reconnectGrace, then stops its command's
+// process group (SIGTERM, SIGKILL after killGrace). A dead one's orphans
+// are found by a supervisor of its host within pollInterval (twice that,
+// for slack), which then holds the lock until they are gone.
+func FenceWindow(heartbeat, reconnectGrace, killGrace, pollInterval time.Duration) time.Duration {
+	return max(heartbeat+lockPingTimeout(heartbeat)+reconnectGrace+killGrace, 2*pollInterval) + fenceMargin
 }
 
 // lockState is what the lock keeper tells the runner's main loop.

@@ -274,7 +274,7 @@ func (r *runner) recordStart(ctx context.Context) (cancelRequested bool, err err
 	rec := etlcontext.Runner{
 		Host: r.opts.Host, HostID: r.opts.HostID, PID: os.Getpid(), StartedAt: started,
 		StartTicks: self.StartTicks, LogPath: r.logPath,
-		FenceWindow: FenceWindow(cfg.HeartbeatInterval.D(), cfg.ReconnectGraceD(), cfg.KillGrace.D()),
+		FenceWindow: FenceWindow(cfg.HeartbeatInterval.D(), cfg.ReconnectGraceD(), cfg.KillGrace.D(), cfg.PollInterval.D()),
 	}
 	rctx, cancel := context.WithTimeout(ctx, 2*stmtTimeout)
 	defer cancel()
@@ -380,7 +380,6 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 		commandEnded bool
 		ended        = make(chan struct{})
 	)
-	defer close(ended)
 	stop := func(reason string, code int) {
 		if stopReason != "" {
 			return
@@ -450,7 +449,10 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 	// Stragglers the command left behind end with it, in its group or not:
 	// the next attempt must not meet them.
 	_ = syscall.Kill(-pgid, syscall.SIGKILL)
-	r.stopDescendants(hostproc.Attempt{PGID: pgid, LeaderStartTicks: leaderTicks, Marker: RunIDEnv + "=" + r.opts.RunID}, cfg.KillGrace.D())
+	// The group is empty now: a pending SIGKILL must not reach whoever
+	// reuses its id.
+	close(ended)
+	r.stopDescendants(hostproc.Attempt{PGID: pgid, LeaderStartTicks: leaderTicks, Marker: RunIDEnv + "=" + r.opts.RunID})
 	r.drain(lines, readerDone)
 	stopWatch()
 	<-watchDone
@@ -474,18 +476,20 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 	}
 }
 
-// stopDescendants kills what remains of the attempt's processes and waits,
-// at most grace plus a little, for them to be gone.
-func (r *runner) stopDescendants(a hostproc.Attempt, grace time.Duration) {
-	deadline := time.Now().Add(grace + 2*time.Second)
+// stopDescendants kills what remains of the attempt's processes and waits
+// for them to be gone, however long that takes (a process in uninterruptible
+// sleep dies late): the outcome is recorded, and the lock released, only
+// once no process of the attempt is left to meet the next one.
+func (r *runner) stopDescendants(a hostproc.Attempt) {
+	nextReport := time.Now().Add(30 * time.Second)
 	for {
 		pids, err := a.Processes()
 		if err == nil && len(pids) == 0 {
 			return
 		}
-		if time.Now().After(deadline) {
-			r.logger.Error("processes of the command outlive it", "pids", pids, "error", err)
-			return
+		if time.Now().After(nextReport) {
+			r.logger.Error("processes of the command survive SIGKILL; waiting for them before recording the outcome", "pids", pids, "error", err)
+			nextReport = time.Now().Add(30 * time.Second)
 		}
 		_ = a.Signal(syscall.SIGKILL)
 		time.Sleep(50 * time.Millisecond)

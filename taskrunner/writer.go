@@ -271,8 +271,16 @@ func (w *writer) serveOne(ctx context.Context) bool {
 		err := w.exec(callCtx, c.fn)
 		if callCtx.Err() == nil && w.retry(ctx, err) {
 			w.mu.Lock()
-			c.started = false
+			if c.ctx.Err() == nil {
+				c.started = false
+				w.mu.Unlock()
+				return true
+			}
+			// Its caller gave up meanwhile and waits for this answer.
+			w.calls = w.calls[1:]
+			w.markIdle()
 			w.mu.Unlock()
+			c.done <- c.ctx.Err()
 			return true
 		}
 		w.mu.Lock()

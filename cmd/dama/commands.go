@@ -70,10 +70,11 @@ func connectMigrated(ctx context.Context, minConns int32) (*pgxpool.Pool, string
 	return pool, url, nil
 }
 
-// waitForDatabase is connectMigrated for the supervisor: a supervisor that
-// starts while the database restarts or fails over (systemd restarting it
-// after a crash, say) waits for it, reporting the wait, until ctx ends. An
-// unmigrated database or a bad URL is an error at once.
+// waitForDatabase is connectMigrated that waits, until ctx ends, for a
+// database that restarts or fails over (a supervisor that systemd restarts
+// meanwhile, say), reporting the wait. An unmigrated database or a malformed
+// URL is an error at once; a host name that does not resolve is waited for,
+// as a failover's DNS change may need.
 func waitForDatabase(ctx context.Context, logger *slog.Logger, minConns int32) (*pgxpool.Pool, string, error) {
 	start := time.Now()
 	for tries := 1; ; tries++ {
@@ -84,8 +85,12 @@ func waitForDatabase(ctx context.Context, logger *slog.Logger, minConns int32) (
 			}
 			return pool, url, nil
 		}
-		var connectErr *pgconn.ConnectError
-		if !errors.As(err, &connectErr) && !pgconn.Timeout(err) {
+		var (
+			connectErr *pgconn.ConnectError
+			pgErr      *pgconn.PgError
+		)
+		starting := errors.As(err, &pgErr) && (pgErr.Code == "57P01" || pgErr.Code == "57P03")
+		if !errors.As(err, &connectErr) && !pgconn.Timeout(err) && !starting {
 			return nil, "", err
 		}
 		if tries == 1 || tries%30 == 0 {

@@ -143,8 +143,8 @@ func (a Attempt) Processes() ([]int, error) {
 		default:
 			// The kernel never hands out a pid still in use as a process
 			// group id: a leader with another start time means every member
-			// of the old group is gone.
-			groupReused = leader.StartTicks != a.LeaderStartTicks
+			// of the old group is gone. An unknown start time proves nothing.
+			groupReused = a.LeaderStartTicks != 0 && leader.StartTicks != a.LeaderStartTicks
 		}
 	}
 	var (

@@ -291,6 +291,27 @@ func LatestPayload(ctx context.Context, db DB, id int64, suffix string) (json.Ra
 	return payload, nil
 }
 
+// Payloads returns, in one round trip, the task's arguments (the INITIAL
+// event's payload) and its latest CHECKPOINT payload (nil when there is
+// none).
+func Payloads(ctx context.Context, db DB, id int64) (args, checkpoint json.RawMessage, err error) {
+	err = db.QueryRow(ctx, `
+		SELECT i.payload,
+		       (SELECT e.payload FROM data_manager.event_store AS e
+		         WHERE e.etl_context_id = c.etl_context_id AND e.type = c.kind || ':' || $2
+		         ORDER BY e.event_id DESC LIMIT 1)
+		  FROM data_manager.etl_contexts AS c
+		  JOIN data_manager.event_store AS i ON i.event_id = c.initial_event_id
+		 WHERE c.etl_context_id = $1`, id, EventCheckpoint).Scan(&args, &checkpoint)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil, fmt.Errorf("read arguments of etl context %d: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("read arguments and checkpoint of etl context %d: %w", id, err)
+	}
+	return args, checkpoint, nil
+}
+
 // InitialPayload returns the payload of the INITIAL event: the task's
 // arguments.
 func InitialPayload(ctx context.Context, db DB, id int64) (json.RawMessage, error) {

@@ -190,10 +190,6 @@ func (r *runner) run(ctx context.Context) (int, error) {
 		return ExitUnfit, err
 	}
 	defer r.logFile.Close()
-	// Read before recording: a database that fails now spends no attempt.
-	if err := r.loadPayloads(ctx); err != nil {
-		return ExitSetup, err
-	}
 
 	cancelRequested, err := r.recordStart(ctx)
 	switch {
@@ -240,24 +236,6 @@ func (r *runner) prepare() error {
 	return nil
 }
 
-// loadPayloads reads the task's arguments and latest checkpoint.
-func (r *runner) loadPayloads(ctx context.Context) error {
-	rctx, cancel := context.WithTimeout(ctx, 2*stmtTimeout)
-	defer cancel()
-	return r.w.do(rctx, func(ctx context.Context, conn *pgx.Conn) error {
-		args, err := etlcontext.InitialPayload(ctx, conn, r.ctx.ID)
-		if err != nil {
-			return err
-		}
-		checkpoint, err := etlcontext.LatestPayload(ctx, conn, r.ctx.ID, etlcontext.EventCheckpoint)
-		if err != nil {
-			return err
-		}
-		r.args, r.checkpoint = args, checkpoint
-		return nil
-	})
-}
-
 // recordStart records the runner's process on the context and reports
 // whether the task was cancelled in the meantime; etlcontext.ErrStaleRun
 // means the launch is no longer current.
@@ -279,7 +257,14 @@ func (r *runner) recordStart(ctx context.Context) (cancelRequested bool, err err
 	rctx, cancel := context.WithTimeout(ctx, 2*stmtTimeout)
 	defer cancel()
 	err = r.w.do(rctx, func(ctx context.Context, conn *pgx.Conn) error {
-		var err error
+		// Read before recording: a database that fails now spends no
+		// attempt (the supervisor takes back a launch with no task process
+		// recorded).
+		args, checkpoint, err := etlcontext.Payloads(ctx, conn, r.ctx.ID)
+		if err != nil {
+			return err
+		}
+		r.args, r.checkpoint = args, checkpoint
 		cancelRequested, err = etlcontext.RecordRunner(ctx, conn, r.ctx.ID, r.opts.RunID, rec)
 		return err
 	})

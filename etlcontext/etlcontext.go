@@ -312,24 +312,6 @@ func Payloads(ctx context.Context, db DB, id int64) (args, checkpoint json.RawMe
 	return args, checkpoint, nil
 }
 
-// InitialPayload returns the payload of the INITIAL event: the task's
-// arguments.
-func InitialPayload(ctx context.Context, db DB, id int64) (json.RawMessage, error) {
-	var payload json.RawMessage
-	err := db.QueryRow(ctx, `
-		SELECT e.payload
-		  FROM data_manager.etl_contexts AS c
-		  JOIN data_manager.event_store AS e ON e.event_id = c.initial_event_id
-		 WHERE c.etl_context_id = $1`, id).Scan(&payload)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, fmt.Errorf("read arguments of etl context %d: %w", id, ErrNotFound)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("read arguments of etl context %d: %w", id, err)
-	}
-	return payload, nil
-}
-
 // classify maps the SQLSTATEs of dama's guards and of NOWAIT to this
 // package's sentinel errors, keeping the database's message.
 func classify(err error) error {

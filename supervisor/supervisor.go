@@ -245,8 +245,9 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	return nil
 }
 
-// rescueLoop rescues the steps of dead supervisors and reconciles contexts
-// with their jobs every poll interval.
+// rescueLoop rescues the steps of dead supervisors, reconciles contexts with
+// their jobs and stops the orphans of this host's dead attempts, every poll
+// interval.
 func (s *Supervisor) rescueLoop(ctx context.Context) {
 	ticker := time.NewTicker(s.cfg.PollInterval.D())
 	defer ticker.Stop()

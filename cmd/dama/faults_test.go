@@ -99,6 +99,22 @@ func (w *beatWorld) starts(id int64) [][]string {
 	return out
 }
 
+// killRunnerAndSettle SIGKILLs the task process pid of context id and waits
+// for the task to finish DONE by a second attempt; it returns when the kill
+// was sent and the settled task.
+func (w *beatWorld) killRunnerAndSettle(t *testing.T, id int64, pid int) (killedAt int64, got etlcontext.Task) {
+	t.Helper()
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killedAt = time.Now().UnixNano()
+	got = (&world{Env: w.Env}).waitSettled(id, 60*time.Second)
+	if got.Status != etlcontext.StatusDone || got.Attempt != 2 {
+		t.Fatalf("%s after %d attempts, want DONE after 2", got.Status, got.Attempt)
+	}
+	return killedAt, got
+}
+
 // assertNoOverlap fails unless every process of each attempt wrote its last
 // beat before the next attempt started, by the times the commands wrote.
 func (w *beatWorld) assertNoOverlap(t *testing.T, id int64) {
@@ -126,14 +142,7 @@ func TestForkingCommandNeverOverlapsItsRetry(t *testing.T) {
 
 	// SIGKILL the task process: its command (sh) dies with it, its worker
 	// does not.
-	if err := syscall.Kill(*running.PID, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	killedAt := time.Now().UnixNano()
-	got := (&world{Env: env}).waitSettled(id, 60*time.Second)
-	if got.Status != etlcontext.StatusDone || got.Attempt != 2 {
-		t.Fatalf("%s after %d attempts, want DONE after 2", got.Status, got.Attempt)
-	}
+	killedAt, _ := w.killRunnerAndSettle(t, id, *running.PID)
 	beats := w.beats(id)
 	if n := len(beats[1]); n == 0 || slices.Max(beats[1]) < killedAt {
 		t.Fatalf("the worker of attempt 1 did not outlive its task process (last beat before the kill): the test proves nothing")
@@ -420,14 +429,7 @@ kinds:
 
 	// The task process dies; the kernel kills its command, not the worker
 	// the command forked, which ignores SIGTERM.
-	if err := syscall.Kill(*running.PID, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	killedAt := time.Now().UnixNano()
-	got := (&world{Env: env}).waitSettled(id, 60*time.Second)
-	if got.Status != etlcontext.StatusDone || got.Attempt != 2 {
-		t.Fatalf("%s after %d attempts, want DONE after 2", got.Status, got.Attempt)
-	}
+	killedAt, got := w.killRunnerAndSettle(t, id, *running.PID)
 	if deref(got.HostID) == deref(running.HostID) {
 		t.Fatalf("attempt 2 ran on the first host: the test proves nothing")
 	}

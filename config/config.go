@@ -29,7 +29,35 @@ const (
 	DefaultMaxAttempts       = 3
 	DefaultMaxRunning        = 10
 	DefaultQueue             = "default"
+	DefaultLockMode          = LockModeRow
 )
+
+// LockMode says how a task process holds the lock that proves it runs.
+type LockMode string
+
+const (
+	// LockModeRow, the default, is the seed design: the context's INITIAL
+	// event row is locked FOR UPDATE in a transaction held open for the
+	// task's whole life, on a connection of its own; writes go over a
+	// second connection. Two server connections per task, and the open
+	// transaction keeps VACUUM from removing any row version that died
+	// after the task started, in every table of the cluster.
+	LockModeRow LockMode = "row"
+	// LockModeAdvisory holds a session-level advisory lock keyed by the
+	// context id, with no transaction left open: the lock, the writes and
+	// the cancellation LISTEN share one connection, and VACUUM is left
+	// alone. The guarantees are the same as row mode's.
+	LockModeAdvisory LockMode = "advisory"
+)
+
+// ConnectionsPerTask is how many server connections a running task process
+// of this mode holds.
+func (m LockMode) ConnectionsPerTask() int {
+	if m == LockModeAdvisory {
+		return 1
+	}
+	return 2
+}
 
 // Config is a parsed and validated configuration file.
 type Config struct {
@@ -52,6 +80,10 @@ type Config struct {
 	// Past it, the command is stopped and the task retried. Default 2m; "0s"
 	// stops the command as soon as the lock connection fails.
 	ReconnectGrace *Duration `yaml:"reconnect_grace"`
+	// LockMode is how task processes hold their lock, "row" (the default) or
+	// "advisory"; a kind may override it. See LockModeRow and
+	// LockModeAdvisory: advisory suits tasks that run for days.
+	LockMode LockMode `yaml:"lock_mode"`
 	// Queues maps a queue name to its limits.
 	Queues map[string]Queue `yaml:"queues"`
 	// Kinds maps a task kind to how it runs.
@@ -74,6 +106,9 @@ type Kind struct {
 	Command []string `yaml:"command"`
 	// MaxAttempts is how many times a task is started before it is FAILED.
 	MaxAttempts int `yaml:"max_attempts"`
+	// LockMode overrides the configuration's lock_mode for this kind; empty
+	// means the configuration's.
+	LockMode LockMode `yaml:"lock_mode"`
 }
 
 // Duration is a time.Duration written as "5s" or "1m30s" in YAML.
@@ -159,6 +194,13 @@ func Parse(data []byte) (*Config, error) {
 	if cfg.KillGrace.D() < 0 {
 		return nil, errors.New("kill_grace must not be negative")
 	}
+	switch cfg.LockMode {
+	case "":
+		cfg.LockMode = DefaultLockMode
+	case LockModeRow, LockModeAdvisory:
+	default:
+		return nil, fmt.Errorf("lock_mode %q: want %q or %q", cfg.LockMode, LockModeRow, LockModeAdvisory)
+	}
 	if len(cfg.Kinds) == 0 {
 		return nil, errors.New("no kinds: a supervisor with no kinds runs nothing")
 	}
@@ -199,6 +241,13 @@ func Parse(data []byte) (*Config, error) {
 		if k.MaxAttempts == 0 {
 			k.MaxAttempts = DefaultMaxAttempts
 		}
+		switch k.LockMode {
+		case "":
+			k.LockMode = cfg.LockMode
+		case LockModeRow, LockModeAdvisory:
+		default:
+			return nil, fmt.Errorf("kind %s: lock_mode %q: want %q or %q", name, k.LockMode, LockModeRow, LockModeAdvisory)
+		}
 		cfg.Kinds[name] = k
 	}
 	return &cfg, nil
@@ -211,6 +260,18 @@ func (c *Config) ReconnectGraceD() time.Duration {
 		return DefaultReconnectGrace
 	}
 	return c.ReconnectGrace.D()
+}
+
+// LockModeOf returns the lock mode of kind k: its own, else the
+// configuration's, else the default (for a hand-built Config).
+func (c *Config) LockModeOf(k Kind) LockMode {
+	switch {
+	case k.LockMode != "":
+		return k.LockMode
+	case c.LockMode != "":
+		return c.LockMode
+	}
+	return DefaultLockMode
 }
 
 // Kind returns the configuration of the named kind and whether it exists.

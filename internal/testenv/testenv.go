@@ -221,11 +221,20 @@ func (e *Env) killProcesses() {
 	}
 }
 
+// LockModeEnv names the environment variable that runs a test suite in
+// another lock mode: WriteConfig gives every configuration that sets none
+// "lock_mode: <value>" (scripts/test.sh runs the end-to-end suite once per
+// mode).
+const LockModeEnv = "DAMA_TEST_LOCK_MODE"
+
 // WriteConfig writes a configuration file into Dir and returns its path.
 // {{sample}} in body is replaced by the sample-etl binary's path, and
 // {{dir}} by Dir.
 func (e *Env) WriteConfig(body string) string {
 	e.T.Helper()
+	if mode := os.Getenv(LockModeEnv); mode != "" && !strings.Contains(body, "lock_mode:") {
+		body = "lock_mode: " + mode + "\n" + body
+	}
 	body = strings.ReplaceAll(body, "{{sample}}", e.SampleETL)
 	body = strings.ReplaceAll(body, "{{dir}}", e.Dir)
 	path := filepath.Join(e.Dir, "dama-"+randomHex(3)+".yaml")

@@ -19,6 +19,8 @@ type Runner struct {
 	StartTicks  uint64
 	LogPath     string
 	FenceWindow time.Duration
+	// LockMode is how the task process holds its lock: "row" or "advisory".
+	LockMode string
 }
 
 // RecordRunner records the task process of run runID on context id, and
@@ -28,10 +30,10 @@ func RecordRunner(ctx context.Context, db DB, id int64, runID string, r Runner) 
 	err = db.QueryRow(ctx, `
 		UPDATE data_manager.etl_contexts
 		   SET host = $3, pid = $4, process_started_at = $5, heartbeat_at = now(), log_path = $6,
-		       host_id = $7, runner_start_ticks = $8, fence_window = $9, lock_lost_at = NULL
+		       host_id = $7, runner_start_ticks = $8, fence_window = $9, lock_lost_at = NULL, lock_mode = $10
 		 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = 'RUNNING' AND pid IS NULL
 		RETURNING cancel_requested_at IS NOT NULL`,
-		id, runID, r.Host, r.PID, r.StartedAt, r.LogPath, r.HostID, int64(r.StartTicks), r.FenceWindow).Scan(&cancelRequested)
+		id, runID, r.Host, r.PID, r.StartedAt, r.LogPath, r.HostID, int64(r.StartTicks), r.FenceWindow, r.LockMode).Scan(&cancelRequested)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, fmt.Errorf("record task process of etl context %d: %w", id, ErrStaleRun)
 	}
@@ -62,20 +64,21 @@ func RecordCommand(ctx context.Context, db DB, id int64, runID string, pgid int,
 	return nil
 }
 
-// Heartbeat records that run runID is alive and reports whether the task was
-// asked to stop; ErrStaleRun means the run is no longer current.
-func Heartbeat(ctx context.Context, db DB, id int64, runID string) (cancelRequested bool, err error) {
-	err = db.QueryRow(ctx, `
-		UPDATE data_manager.etl_contexts SET heartbeat_at = now()
-		 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = 'RUNNING'
-		RETURNING cancel_requested_at IS NOT NULL`, id, runID).Scan(&cancelRequested)
+// CancelRequested reports whether run runID was asked to stop; ErrStaleRun
+// means the run is no longer current. A task process asks after it
+// reconnected, for a cancellation announced while it was away.
+func CancelRequested(ctx context.Context, db DB, id int64, runID string) (bool, error) {
+	var requested bool
+	err := db.QueryRow(ctx, `
+		SELECT cancel_requested_at IS NOT NULL FROM data_manager.etl_contexts
+		 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = 'RUNNING'`, id, runID).Scan(&requested)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return false, fmt.Errorf("heartbeat of etl context %d: %w", id, ErrStaleRun)
+		return false, fmt.Errorf("read cancellation of etl context %d: %w", id, ErrStaleRun)
 	}
 	if err != nil {
-		return false, fmt.Errorf("heartbeat of etl context %d: %w", id, err)
+		return false, fmt.Errorf("read cancellation of etl context %d: %w", id, err)
 	}
-	return cancelRequested, nil
+	return requested, nil
 }
 
 // ClearLockLost forgets when a supervisor found the lock of run runID free:
@@ -121,7 +124,7 @@ func StartAttempt(ctx context.Context, db DB, id int64, attempt int, launchedBy 
 		       started_at = coalesce(started_at, now()),
 		       host = NULL, pid = NULL, process_started_at = NULL, heartbeat_at = NULL,
 		       host_id = NULL, runner_start_ticks = NULL, command_pgid = NULL, command_start_ticks = NULL,
-		       fence_window = NULL, lock_lost_at = NULL
+		       fence_window = NULL, lock_lost_at = NULL, lock_mode = NULL
 		 WHERE etl_context_id = $1
 		RETURNING run_id::text, attempt`, id, attempt, launchedBy).Scan(&runID, &got)
 	if err != nil {

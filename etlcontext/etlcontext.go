@@ -58,6 +58,19 @@ const (
 // holds (the second is the context id); it spells 'dama'.
 const LockNamespace = 1684106593
 
+// FinishedChannel is the channel on which the database announces, in the
+// transaction that finishes it, every context that becomes DONE, FAILED or
+// CANCELLED, with a Finished as its JSON payload.
+const FinishedChannel = "dama_task_finished"
+
+// Finished is the payload of a notification on FinishedChannel.
+type Finished struct {
+	ID     int64  `json:"etl_context_id"`
+	Kind   string `json:"kind"`
+	Queue  string `json:"queue"`
+	Status Status `json:"status"`
+}
+
 // Errors reported by the database's guards, recognisable with errors.Is.
 var (
 	// ErrNotFound: no context has that id.
@@ -148,11 +161,45 @@ func Get(ctx context.Context, db DB, id int64) (*Context, error) {
 	return c, nil
 }
 
-// LockInitial locks the INITIAL event row of context id FOR UPDATE without
-// waiting, inside tx, and returns the context as it stands under the lock. It
-// returns ErrLocked when another transaction holds the lock. The lock lasts
-// until tx ends.
-func LockInitial(ctx context.Context, tx pgx.Tx, id int64) (*Context, error) {
+// The lock of a context is the advisory lock (LockNamespace, id): every task
+// process holds it for as long as it lives, whatever its lock mode (row mode
+// also locks the INITIAL event row FOR UPDATE, in the same transaction), and
+// whoever judges or changes a context that may be running (a supervisor's
+// step, `dama cancel`) takes it first. A held lock is visible in pg_locks,
+// which is how the view and the supervisors see, without trying it, which
+// tasks run. Trying it never fails with an error, so nothing fills the
+// server's log while tasks run.
+
+// Lock takes the lock of context id for the rest of tx, without waiting,
+// and returns the context as it stands once the lock is held. It returns
+// ErrLocked when a task process (or, for a moment, a supervisor) holds it.
+func Lock(ctx context.Context, tx pgx.Tx, id int64) (*Context, error) {
+	ok, err := tryXactLock(ctx, tx, id)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, fmt.Errorf("lock etl context %d: %w", id, ErrLocked)
+	}
+	// Read once the lock is held: a task process that released it just
+	// before has committed everything it wrote.
+	return Get(ctx, tx, id)
+}
+
+// LockRow takes, for the rest of tx, the lock of context id and then its
+// INITIAL event row FOR UPDATE: the lock of a row-mode task process, held
+// in a transaction left open for the task's life. It returns ErrLocked when
+// another process holds either.
+func LockRow(ctx context.Context, tx pgx.Tx, id int64) (*Context, error) {
+	ok, err := tryXactLock(ctx, tx, id)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, fmt.Errorf("lock etl context %d: %w", id, ErrLocked)
+	}
+	// Whoever locks the row holds the advisory lock first, so NOWAIT does
+	// not fail here unless something outside dama locks the row.
 	c, err := scanContext(tx.QueryRow(ctx, `
 		SELECT `+contextColumns+`
 		  FROM data_manager.etl_contexts AS c
@@ -168,15 +215,51 @@ func LockInitial(ctx context.Context, tx pgx.Tx, id int64) (*Context, error) {
 	return c, nil
 }
 
-// TryAdvisoryLock takes the transaction-level advisory lock that makes a
-// running task visible in pg_locks, and reports whether it got it.
-func TryAdvisoryLock(ctx context.Context, tx pgx.Tx, id int64) (bool, error) {
+// LockSession takes the lock of context id for the life of conn's session,
+// with no transaction left open (advisory lock mode), and returns the
+// context as it stands once the lock is held; ErrLocked when another
+// process holds it. The lock lasts until UnlockSession or the session's end.
+func LockSession(ctx context.Context, conn *pgx.Conn, id int64) (*Context, error) {
+	var ok bool
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, $2::int)`, LockNamespace, id).Scan(&ok); err != nil {
+		return nil, fmt.Errorf("take session lock of etl context %d: %w", id, err)
+	}
+	if !ok {
+		return nil, fmt.Errorf("take session lock of etl context %d: %w", id, ErrLocked)
+	}
+	c, err := Get(ctx, conn, id)
+	if err != nil {
+		return nil, errors.Join(err, UnlockSession(ctx, conn, id))
+	}
+	return c, nil
+}
+
+// UnlockSession releases the session lock LockSession took on conn.
+func UnlockSession(ctx context.Context, conn *pgx.Conn, id int64) error {
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_unlock($1, $2::int)`, LockNamespace, id); err != nil {
+		return fmt.Errorf("release session lock of etl context %d: %w", id, err)
+	}
+	return nil
+}
+
+func tryXactLock(ctx context.Context, tx pgx.Tx, id int64) (bool, error) {
 	var ok bool
 	if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1, $2::int)`, LockNamespace, id).Scan(&ok); err != nil {
-		return false, fmt.Errorf("take advisory lock of etl context %d: %w", id, err)
+		return false, fmt.Errorf("take lock of etl context %d: %w", id, err)
 	}
 	return ok, nil
 }
+
+// HeldLocks is a query, usable as a CTE, of the ids of the contexts whose
+// lock is held in the current database, read from pg_locks: reading takes
+// no lock and fails nothing.
+const HeldLocks = `SELECT l.objid::bigint AS etl_context_id
+	  FROM pg_catalog.pg_locks AS l
+	 WHERE l.locktype = 'advisory'
+	   AND l.granted
+	   AND l.classid = 1684106593::oid
+	   AND l.objsubid = 2
+	   AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d WHERE d.datname = current_database())`
 
 // Event is a row of data_manager.event_store.
 type Event struct {

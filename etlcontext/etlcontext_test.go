@@ -173,19 +173,14 @@ func TestEventGuards(t *testing.T) {
 	}
 }
 
-func TestLockInitialIsExclusiveAndVisibleThroughTheAdvisoryLock(t *testing.T) {
+// TestLocksExcludeEachOtherAndShowInTheView checks the three ways to hold a
+// context's lock (a step's Lock, a row-mode task's LockRow, an
+// advisory-mode task's LockSession): each excludes the others, fails with
+// ErrLocked rather than waiting, and shows in the view while held.
+func TestLocksExcludeEachOtherAndShowInTheView(t *testing.T) {
 	env := testenv.New(t)
 	ctx := context.Background()
 	id := newContext(t, env, 3)
-
-	holder, err := env.Pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Rollback(ctx)
-	if _, err := etlcontext.LockInitial(ctx, holder, id); err != nil {
-		t.Fatal(err)
-	}
 	locked := func() bool {
 		tasks, err := etlcontext.Tasks(ctx, env.Pool, etlcontext.TaskQuery{ID: id})
 		if err != nil || len(tasks) != 1 {
@@ -193,32 +188,68 @@ func TestLockInitialIsExclusiveAndVisibleThroughTheAdvisoryLock(t *testing.T) {
 		}
 		return tasks[0].InitialEventLocked
 	}
-	if locked() {
-		t.Error("view shows the lock before the advisory lock is taken")
+	inTx := func(lock func(pgx.Tx) error) func() (release func(), err error) {
+		return func() (func(), error) {
+			tx, err := env.Pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := lock(tx); err != nil {
+				tx.Rollback(ctx)
+				return nil, err
+			}
+			return func() { tx.Rollback(ctx) }, nil
+		}
 	}
-	if ok, err := etlcontext.TryAdvisoryLock(ctx, holder, id); err != nil || !ok {
-		t.Fatalf("advisory lock: %v %v", ok, err)
+	ways := map[string]func() (func(), error){
+		"Lock": inTx(func(tx pgx.Tx) error { _, err := etlcontext.Lock(ctx, tx, id); return err }),
+		"LockRow": inTx(func(tx pgx.Tx) error {
+			c, err := etlcontext.LockRow(ctx, tx, id)
+			if err == nil && c.ID != id {
+				t.Errorf("LockRow returned context %d", c.ID)
+			}
+			return err
+		}),
+		"LockSession": func() (func(), error) {
+			conn, err := env.Pool.Acquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := etlcontext.LockSession(ctx, conn.Conn(), id); err != nil {
+				conn.Release()
+				return nil, err
+			}
+			return func() {
+				if err := etlcontext.UnlockSession(ctx, conn.Conn(), id); err != nil {
+					t.Error(err)
+				}
+				conn.Release()
+			}, nil
+		},
 	}
-	if !locked() {
-		t.Error("view does not show the held lock")
-	}
-
-	err = pgx.BeginFunc(ctx, env.Pool, func(tx pgx.Tx) error {
-		_, err := etlcontext.LockInitial(ctx, tx, id)
-		return err
-	})
-	if !errors.Is(err, etlcontext.ErrLocked) {
-		t.Fatalf("second lock: got %v, want ErrLocked", err)
-	}
-
-	if err := holder.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if locked() {
-		t.Error("view still shows the lock after it was released")
-	}
-	if _, err := etlcontext.LockInitial(ctx, mustBegin(t, env), id); err != nil {
-		t.Errorf("lock after release: %v", err)
+	for holder, hold := range ways {
+		if locked() {
+			t.Fatalf("view shows a lock before %s", holder)
+		}
+		release, err := hold()
+		if err != nil {
+			t.Fatalf("%s: %v", holder, err)
+		}
+		if !locked() {
+			t.Errorf("view does not show the lock %s holds", holder)
+		}
+		for other, try := range ways {
+			if rel, err := try(); !errors.Is(err, etlcontext.ErrLocked) {
+				if rel != nil {
+					rel()
+				}
+				t.Errorf("%s while %s holds the lock: got %v, want ErrLocked", other, holder, err)
+			}
+		}
+		release()
+		if locked() {
+			t.Errorf("view still shows the lock after %s released it", holder)
+		}
 	}
 }
 

@@ -149,32 +149,112 @@ func (c *Client) Submit(ctx context.Context, p SubmitParams) (id int64, created 
 // before it could be cancelled.
 var ErrAlreadyFinished = errors.New("already finished")
 
+// cancelRecheck is how often Cancel looks at the context while it waits
+// for the announcement of its end, in case it missed it.
+const cancelRecheck = 10 * time.Second
+
 // Cancel cancels context id and waits, until ctx ends, for it to be
 // CANCELLED. A context that is not running is cancelled at once, together
 // with its River job. A running one is asked to stop: its task process, on
 // whichever host it runs, stops its command's process group (SIGTERM, then
-// SIGKILL after the kill grace) and records the cancellation.
+// SIGKILL after the kill grace) and records the cancellation. Cancel waits
+// on the database's announcement of the context's end (LISTEN
+// dama_task_finished), not by polling, and rides out a database restart
+// within ctx.
 func (c *Client) Cancel(ctx context.Context, id int64) (etlcontext.Status, error) {
 	requested := false
-	var unreachable error
+	var (
+		unreachable error
+		listener    *pgx.Conn
+	)
+	defer func() {
+		if listener != nil {
+			listener.Close(context.WithoutCancel(ctx))
+		}
+	}()
 	for {
-		status, done, err := c.tryCancel(ctx, id, &requested)
+		if listener == nil {
+			// Listening starts before the look, so that an end announced
+			// in between is heard.
+			conn, err := c.listenFinished(ctx)
+			switch {
+			case err == nil:
+				listener = conn
+			case unreachableDatabase(err) && ctx.Err() == nil:
+				unreachable = err
+			default:
+				return "", err
+			}
+		}
+		var (
+			status etlcontext.Status
+			done   bool
+			err    error
+		)
+		if listener != nil {
+			status, done, err = c.tryCancel(ctx, id, &requested)
+		}
 		switch {
 		case err != nil && unreachableDatabase(err) && ctx.Err() == nil:
-			// A database restart or failover: ride it out within ctx.
 			unreachable = err
 		case err != nil || done:
 			return status, err
-		default:
+		case listener != nil:
 			unreachable = nil
 		}
-		select {
-		case <-ctx.Done():
+		if listener != nil {
+			if err := waitFinished(ctx, listener, id); err != nil && ctx.Err() == nil {
+				// The connection failed: make another, and look again.
+				listener.Close(context.WithoutCancel(ctx))
+				listener = nil
+				unreachable = err
+			}
+		} else {
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+		}
+		if ctx.Err() != nil {
 			if unreachable != nil {
 				return status, fmt.Errorf("cancel etl context %d: database unreachable: %w", id, unreachable)
 			}
 			return status, fmt.Errorf("cancel etl context %d: still %s: %w", id, status, ctx.Err())
-		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// listenFinished opens a connection of its own (a pooled one would keep
+// listening for its next user) that listens for finished contexts.
+func (c *Client) listenFinished(ctx context.Context) (*pgx.Conn, error) {
+	conn, err := pgx.ConnectConfig(ctx, c.pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return nil, fmt.Errorf("connect to wait for the cancellation: %w", err)
+	}
+	if _, err := conn.Exec(ctx, "LISTEN "+etlcontext.FinishedChannel); err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("listen for finished contexts: %w", err)
+	}
+	return conn, nil
+}
+
+// waitFinished waits until the end of context id is announced on conn, or
+// cancelRecheck passes, or ctx ends; it returns an error only when the
+// connection failed.
+func waitFinished(ctx context.Context, conn *pgx.Conn, id int64) error {
+	wctx, cancel := context.WithTimeout(ctx, cancelRecheck)
+	defer cancel()
+	for {
+		n, err := conn.WaitForNotification(wctx)
+		if wctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		var f etlcontext.Finished
+		if json.Unmarshal([]byte(n.Payload), &f) == nil && f.ID == id {
+			return nil
 		}
 	}
 }
@@ -187,7 +267,7 @@ func (c *Client) tryCancel(ctx context.Context, id int64, requested *bool) (stat
 		return "", false, fmt.Errorf("begin cancellation of etl context %d: %w", id, err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	ec, err := etlcontext.LockInitial(ctx, tx, id)
+	ec, err := etlcontext.Lock(ctx, tx, id)
 	if errors.Is(err, etlcontext.ErrLocked) {
 		// A task process (or, for a moment, a supervisor) holds the lock.
 		_ = tx.Rollback(ctx)
@@ -221,7 +301,8 @@ func (c *Client) tryCancel(ctx context.Context, id int64, requested *bool) (stat
 }
 
 // requestCancel marks the context for cancellation and notifies its runner,
-// wherever it runs; the runner also sees the mark at its next heartbeat.
+// wherever it runs; a runner that was away from the database when the
+// notification went out reads the mark when it reconnects.
 func (c *Client) requestCancel(ctx context.Context, id int64, requested *bool) (etlcontext.Status, bool, error) {
 	var status etlcontext.Status
 	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {

@@ -186,7 +186,7 @@ func (s *Supervisor) rescueOrphanedSteps(ctx context.Context) error {
 
 	rows, err := s.pool.Query(ctx, `
 		UPDATE river_job AS j
-		   SET state = 'available', attempt = greatest(j.attempt - 1, 0), scheduled_at = now()
+		   SET `+rescueSQL+`
 		 WHERE j.kind = $1
 		   AND j.state = 'running'
 		   AND j.attempted_at < now() - $2::interval
@@ -250,7 +250,7 @@ func (s *Supervisor) rescueOrphanedSteps(ctx context.Context) error {
 		// The lock is looked at once more, in the statement that rescues.
 		rows, err := s.pool.Query(ctx, `
 			UPDATE river_job AS j
-			   SET state = 'available', attempt = greatest(j.attempt - 1, 0), scheduled_at = now()
+			   SET `+rescueSQL+`
 			  FROM unnest($3::bigint[], $4::timestamptz[]) AS due(id, attempted_at)
 			 WHERE j.id = due.id
 			   AND j.attempted_at = due.attempted_at

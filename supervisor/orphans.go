@@ -13,47 +13,6 @@ import (
 	"github.com/dama-etl/dama/internal/hostproc"
 )
 
-// sweepOrphans looks, on this host only, for attempts whose task process is
-// gone while processes of theirs live on (a forking command whose task
-// process was SIGKILLed), and stops them. It runs every poll interval
-// whichever supervisor steps those tasks: a supervisor on another host
-// cannot see these processes, but it finds the context's lock held while
-// they are being stopped, and so starts no attempt before they are gone.
-func (s *Supervisor) sweepOrphans(ctx context.Context) error {
-	rows, err := s.pool.Query(ctx, `
-		SELECT c.etl_context_id
-		  FROM data_manager.etl_contexts AS c
-		 WHERE c.etl_status = 'RUNNING' AND c.host_id = $1 AND c.pid IS NOT NULL
-		   AND NOT EXISTS (
-		       SELECT 1 FROM pg_catalog.pg_locks AS l
-		        WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
-		          AND l.classid = $2::oid AND l.objid = c.etl_context_id::oid
-		          AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d WHERE d.datname = current_database()))`,
-		s.hostID, etlcontext.LockNamespace)
-	if err != nil {
-		return fmt.Errorf("find dead attempts of this host: %w", err)
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil {
-		return fmt.Errorf("find dead attempts of this host: %w", err)
-	}
-	var errs []error
-	for _, id := range ids {
-		c, err := etlcontext.Get(ctx, s.pool, id)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if runnerMayLive(c) {
-			continue
-		}
-		if procs, err := s.attemptProcesses(c).Processes(); err != nil || len(procs) > 0 {
-			s.stopOrphans(id)
-		}
-	}
-	return errors.Join(errs...)
-}
-
 // runnerMayLive reports whether c's task process, on this host, may still
 // run: an error reading it, or a start time it never recorded (a task
 // process of an older release), counts as alive.
@@ -115,7 +74,7 @@ func (s *Supervisor) stopOrphansLocked(ctx context.Context, id int64) error {
 		if err != nil {
 			return fmt.Errorf("begin: %w", err)
 		}
-		c, err = etlcontext.LockInitial(ctx, tx, id)
+		c, err = etlcontext.Lock(ctx, tx, id)
 		if err == nil {
 			break
 		}

@@ -15,7 +15,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver"
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/dama-etl/dama/etlcontext"
@@ -65,9 +64,11 @@ func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcont
 	}
 	defer readyR.Close()
 
+	kind, _ := s.cfg.Kind(c.Kind)
 	cmd := exec.Command(s.opts.Executable, "taskrunner",
 		"--context-id", strconv.FormatInt(c.ID, 10),
 		"--run-id", runID,
+		"--lock-mode", string(s.cfg.LockModeOf(kind)),
 		"--ready-fd", "3")
 	cmd.Env = runnerEnv(s.opts.DatabaseURL, s.cfg.Path)
 	cmd.Stdout = logFile
@@ -150,7 +151,7 @@ func (s *Supervisor) reap(id int64, cmd *exec.Cmd, ch *child) {
 }
 
 // wake makes the snoozed job of context id available now, so that a step
-// settles the context without waiting out the poll interval. Steps are
+// settles the context without waiting out the job's snooze. Steps are
 // idempotent, so an extra one is harmless; a job in the middle of a step is
 // left alone and looked at again shortly.
 func (s *Supervisor) wake(ctx context.Context, id int64) {
@@ -158,16 +159,16 @@ func (s *Supervisor) wake(ctx context.Context, id int64) {
 	defer cancel()
 	for {
 		var (
-			jobID   int64
-			state   rivertype.JobState
-			queue   string
-			waiting bool
+			state rivertype.JobState
+			queue string
+			woken bool
 		)
+		// The outer select sees the job as it was before the wake.
 		err := s.pool.QueryRow(ctx, `
-			SELECT j.id, j.state, j.queue, j.scheduled_at > now()
-			  FROM data_manager.etl_contexts AS c
-			  JOIN river_job AS j ON j.id = c.river_job_id
-			 WHERE c.etl_context_id = $1`, id).Scan(&jobID, &state, &queue, &waiting)
+			WITH due AS (SELECT river_job_id AS id FROM data_manager.etl_contexts WHERE etl_context_id = $1),
+			woken AS (`+wakeSQL+`)
+			SELECT j.state, j.queue, EXISTS (SELECT 1 FROM woken)
+			  FROM river_job AS j JOIN due ON j.id = due.id`, id).Scan(&state, &queue, &woken)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return
 		}
@@ -176,21 +177,13 @@ func (s *Supervisor) wake(ctx context.Context, id int64) {
 			return
 		}
 		switch {
-		case state == rivertype.JobStateRunning:
-			// A step is under way; it may snooze the job without having seen
-			// the exit, so look again shortly.
-		case (state == rivertype.JobStateScheduled || state == rivertype.JobStateAvailable) && waiting:
-			// Snoozed: River keeps a short snooze 'available' with a future
-			// scheduled_at, a longer one 'scheduled'.
-			if _, err := s.river.JobRetry(ctx, jobID); err != nil {
-				s.logger.Warn("wake job", "etl_context_id", id, "job_id", jobID, "error", err)
-				return
-			}
-			// JobRetry sends no insert notification; without one the job
-			// would wait for the next fetch poll.
+		case woken:
 			s.notifyQueue(ctx, queue)
 			s.wakeWaiting(ctx, queue)
 			return
+		case state == rivertype.JobStateRunning:
+			// A step is under way; it may snooze the job without having seen
+			// the exit, so look again shortly.
 		default:
 			// Already due, in backoff, or finished: nothing to wake but the
 			// tasks waiting for the slot this one freed.
@@ -236,32 +229,30 @@ func (s *Supervisor) wakeWaiting(ctx context.Context, queue string) {
 		return
 	}
 	rows, err := s.pool.Query(ctx, `
-		SELECT j.id
-		  FROM data_manager.etl_contexts AS c
-		  JOIN river_job AS j ON j.id = c.river_job_id
-		 WHERE c.queue = $1
-		   AND c.etl_status IN ('QUEUED', 'RETRYING')
-		   AND j.state IN ('scheduled', 'available')
-		   AND j.scheduled_at > now()
-		   AND j.attempted_at IS NOT NULL
-		 ORDER BY c.etl_context_id
-		 LIMIT greatest(0, $2 - (SELECT count(*) FROM data_manager.etl_contexts
-		                          WHERE queue = $1 AND etl_status = 'RUNNING'))`, queue, q.MaxRunning)
+		WITH due AS (
+			SELECT j.id
+			  FROM data_manager.etl_contexts AS c
+			  JOIN river_job AS j ON j.id = c.river_job_id
+			 WHERE c.queue = $1
+			   AND c.etl_status IN ('QUEUED', 'RETRYING')
+			   AND j.state IN ('scheduled', 'available')
+			   AND j.scheduled_at > now()
+			   AND j.attempted_at IS NOT NULL
+			 ORDER BY c.etl_context_id
+			 LIMIT greatest(0, $2 - (SELECT count(*) FROM data_manager.etl_contexts
+			                          WHERE queue = $1 AND etl_status = 'RUNNING'))),
+		woken AS (`+wakeSQL+`)
+		SELECT id, queue FROM woken`, queue, q.MaxRunning)
 	if err != nil {
-		s.logger.Warn("find tasks waiting for a slot", "queue", queue, "error", err)
+		s.logger.Warn("wake tasks waiting for a slot", "queue", queue, "error", err)
 		return
 	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	_, n, err := collectWoken(rows)
 	if err != nil {
-		s.logger.Warn("find tasks waiting for a slot", "queue", queue, "error", err)
+		s.logger.Warn("wake tasks waiting for a slot", "queue", queue, "error", err)
 		return
 	}
-	for _, id := range ids {
-		if _, err := s.river.JobRetry(ctx, id); err != nil {
-			s.logger.Warn("wake waiting job", "job_id", id, "error", err)
-		}
-	}
-	if len(ids) > 0 {
+	if n > 0 {
 		s.notifyQueue(ctx, queue)
 	}
 }
@@ -427,16 +418,5 @@ func (s *Supervisor) serveListener(ctx context.Context, l *listener) error {
 		if !mine {
 			go s.wake(ctx, id)
 		}
-	}
-}
-
-// notifyQueue tells every supervisor's River producer of the queue that a job
-// is available, as River itself does after an insert.
-func (s *Supervisor) notifyQueue(ctx context.Context, queue string) {
-	if err := s.river.Driver().GetExecutor().NotifyMany(ctx, &riverdriver.NotifyManyParams{
-		Topic:   "river_insert",
-		Payload: []string{fmt.Sprintf(`{"queue": %q}`, queue)},
-	}); err != nil {
-		s.logger.Warn("notify queue", "queue", queue, "error", err)
 	}
 }

@@ -34,11 +34,10 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 
-	c, err := etlcontext.LockInitial(ctx, tx, id)
+	c, err := etlcontext.Lock(ctx, tx, id)
 	switch {
 	case errors.Is(err, etlcontext.ErrLocked):
-		// A live task process holds the lock, whoever started it: adopt it.
-		return river.JobSnooze(s.cfg.PollInterval.D())
+		return s.lockedElsewhere(ctx, logger, id)
 	case errors.Is(err, etlcontext.ErrNotFound):
 		return river.JobCancel(err)
 	case err != nil:
@@ -165,15 +164,15 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 		s.noteLaunchFailure(c.ID, err.Error())
 		outcome = launchExited
 	}
+	// The job is parked while the attempt runs: its exit, or the watch
+	// finding its lock free (a runner that never took it, or died), wakes
+	// it.
 	switch outcome {
 	case launchReady:
 		s.forgetLaunchFailure(c.ID)
-		return river.JobSnooze(s.cfg.PollInterval.D())
-	case launchPending:
-		return river.JobSnooze(s.cfg.PollInterval.D())
-	case launchLocked:
-		// Someone else holds the lock: that process is the task.
-		return river.JobSnooze(s.cfg.PollInterval.D())
+		return river.JobSnooze(parkFor)
+	case launchPending, launchLocked:
+		return river.JobSnooze(parkFor)
 	default:
 		// The runner exited before holding its lock; what it recorded (or
 		// failed to) decides, so look again.
@@ -182,6 +181,22 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 		}
 		return river.JobSnooze(s.cfg.PollInterval.D())
 	}
+}
+
+// lockedElsewhere decides a step that found the lock of context id held.
+// A RUNNING context's task process holds it, whoever started it: the job is
+// parked (this is adoption, from any host) until the task ends or the watch
+// finds the lock free. Otherwise someone looks at the context for a moment
+// (`dama cancel`, another supervisor stopping orphans): look again soon.
+func (s *Supervisor) lockedElsewhere(ctx context.Context, logger *slog.Logger, id int64) error {
+	c, err := etlcontext.Get(ctx, s.pool, id)
+	if err != nil {
+		return s.transient(logger, err)
+	}
+	if c.Status == etlcontext.StatusRunning {
+		return river.JobSnooze(parkFor)
+	}
+	return river.JobSnooze(time.Second)
 }
 
 // attemptAlive tells, for c RUNNING with a free lock and a recorded task

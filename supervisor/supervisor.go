@@ -228,6 +228,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		return fmt.Errorf("start River client: %w", err)
 	}
 	s.logger.Info("supervisor started", "host", s.host, "client_id", s.river.ID(), "queues", s.cfg.QueueNames(), "kinds", s.cfg.KindNames())
+	s.reportBudget(ctx)
 	bg.Go(func() { s.rescueLoop(bgCtx) })
 	<-ctx.Done()
 
@@ -246,8 +247,8 @@ func (s *Supervisor) Run(ctx context.Context) error {
 }
 
 // rescueLoop rescues the steps of dead supervisors, reconciles contexts with
-// their jobs and stops the orphans of this host's dead attempts, every poll
-// interval.
+// their jobs and watches the running tasks (see watch), every poll
+// interval: a constant number of statements, however many tasks run.
 func (s *Supervisor) rescueLoop(ctx context.Context) {
 	ticker := time.NewTicker(s.cfg.PollInterval.D())
 	defer ticker.Stop()
@@ -263,8 +264,8 @@ func (s *Supervisor) rescueLoop(ctx context.Context) {
 		if err := s.reconcile(ctx); err != nil && ctx.Err() == nil {
 			s.logger.Warn("reconcile contexts with their jobs", "error", err)
 		}
-		if err := s.sweepOrphans(ctx); err != nil && ctx.Err() == nil {
-			s.logger.Warn("sweep orphans of dead attempts", "error", err)
+		if err := s.watch(ctx); err != nil && ctx.Err() == nil {
+			s.logger.Warn("watch the running tasks", "error", err)
 		}
 	}
 }

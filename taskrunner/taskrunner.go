@@ -36,6 +36,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
@@ -96,6 +97,9 @@ type Options struct {
 	ContextID int64
 	// RunID is the run id the supervisor prepared for this launch.
 	RunID string
+	// LockMode is how to hold the lock, chosen by the supervisor from the
+	// kind's configuration; empty means row.
+	LockMode config.LockMode
 	// Host and HostID name the host the runner runs on (see hostproc).
 	Host, HostID string
 	// Ready, when set, receives one byte once the runner holds the lock and
@@ -134,36 +138,85 @@ type runner struct {
 	// args and checkpoint are handed to the command.
 	args, checkpoint json.RawMessage
 	w                *writer
+	writerStarted    bool
 	lock             *lockKeeper
+}
+
+// checkCancel runs first on every new write connection but the first: a
+// cancellation announced while the runner was away from the database is
+// delivered as if heard. It fails with etlcontext.ErrStaleRun when the run
+// is no longer current.
+func (r *runner) checkCancel(ctx context.Context, conn *pgx.Conn) error {
+	requested, err := etlcontext.CancelRequested(ctx, conn, r.opts.ContextID, r.opts.RunID)
+	if err != nil || !requested {
+		return err
+	}
+	select {
+	case r.w.notify <- &pgconn.Notification{Channel: CancelChannel, Payload: strconv.FormatInt(r.opts.ContextID, 10)}:
+	default:
+	}
+	return nil
 }
 
 func (r *runner) run(ctx context.Context) (int, error) {
 	cfg := r.opts.Config
-	r.w = newWriter(r.opts.DatabaseURL, fmt.Sprintf("dama-task:%d", r.opts.ContextID), r.logger, stmtTimeout)
-	// The write connection is made while the lock is taken: it is needed
-	// right after.
+	mode := r.opts.LockMode
+	if mode == "" {
+		mode = config.LockModeRow
+	}
+	r.lock = newLockKeeper(r.opts.DatabaseURL, r.opts.ContextID, r.opts.RunID, mode, cfg.HeartbeatInterval.D(), r.logger)
+	hooks := writerHooks{resume: r.checkCancel}
+	name := fmt.Sprintf("dama-task:%d", r.opts.ContextID)
+	var heartbeat time.Duration
+	if mode == config.LockModeAdvisory {
+		// One connection for everything: it holds the lock, so every new
+		// one takes the lock again before anything else is sent on it.
+		hooks = writerHooks{
+			resume: func(ctx context.Context, conn *pgx.Conn) error {
+				if err := r.lock.resume(ctx, conn); err != nil {
+					return err
+				}
+				return r.checkCancel(ctx, conn)
+			},
+			lost: r.lock.lost,
+		}
+		name, heartbeat = r.lock.appName(), cfg.HeartbeatInterval.D()
+	}
+	r.w = newWriter(r.opts.DatabaseURL, name, r.logger, stmtTimeout, hooks)
+	r.w.heartbeat = heartbeat
+	r.lock.w = r.w
 	wctx, stopWriter := context.WithCancel(context.WithoutCancel(ctx))
 	writerDone := make(chan struct{})
-	go func() {
-		defer close(writerDone)
-		r.w.run(wctx, CancelChannel)
-	}()
+	startWriter := func(conn *pgx.Conn) {
+		go func() {
+			defer close(writerDone)
+			r.w.run(wctx, conn, CancelChannel)
+		}()
+	}
 	defer func() {
 		stopWriter()
-		<-writerDone
+		if r.writerStarted {
+			<-writerDone
+		}
 	}()
-
-	r.lock = &lockKeeper{
-		url: r.opts.DatabaseURL, contextID: r.opts.ContextID, runID: r.opts.RunID,
-		logger: r.logger, interval: cfg.HeartbeatInterval.D(), w: r.w,
+	if mode == config.LockModeRow {
+		// The write connection is made while the lock is taken: it is
+		// needed right after.
+		r.writerStarted = true
+		startWriter(nil)
 	}
-	c, err := r.lock.lock(ctx)
+
+	c, conn, err := r.lock.lock(ctx)
 	switch {
 	case errors.Is(err, etlcontext.ErrLocked):
 		r.logger.Info("another process holds the lock of this context")
 		return ExitLocked, nil
 	case err != nil:
 		return ExitSetup, err
+	}
+	if conn != nil {
+		r.writerStarted = true
+		startWriter(conn)
 	}
 	defer r.lock.release(ctx, stmtTimeout)
 	if c.Status.Finished() {
@@ -253,6 +306,7 @@ func (r *runner) recordStart(ctx context.Context) (cancelRequested bool, err err
 		Host: r.opts.Host, HostID: r.opts.HostID, PID: os.Getpid(), StartedAt: started,
 		StartTicks: self.StartTicks, LogPath: r.logPath,
 		FenceWindow: FenceWindow(cfg.HeartbeatInterval.D(), cfg.ReconnectGraceD(), cfg.KillGrace.D(), cfg.PollInterval.D()),
+		LockMode:    string(r.lock.mode),
 	}
 	rctx, cancel := context.WithTimeout(ctx, 2*stmtTimeout)
 	defer cancel()
@@ -296,19 +350,10 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 	// The lock is watched only from the command's start: make sure it is
 	// still held right before, so the fencing window holds from the start.
 	// A database restart since the lock was taken is ridden out here too:
-	// nothing runs yet, so the runner may simply wait to re-take it.
-	pctx, pcancel := context.WithTimeout(ctx, lockPingTimeout(cfg.HeartbeatInterval.D()))
-	_, err = r.lock.tx.Exec(pctx, "SELECT 1")
-	pcancel()
-	if err != nil {
-		r.logger.Warn("lock connection failed before the command started; taking the lock again", "error", err, "reconnect_grace", cfg.ReconnectGraceD())
-		rctx, rcancel := context.WithTimeout(ctx, cfg.ReconnectGraceD())
-		err = r.lock.retake(rctx)
-		rcancel()
-		if err != nil {
-			eventsW.Close()
-			return r.finish(ctx, ExitLockLost, etlcontext.EventError, map[string]any{"reason": "the lock was lost before the command started and not taken again within reconnect_grace"}, fmt.Errorf("take the lock again before starting the command: %w", err))
-		}
+	// nothing runs yet, so the runner may simply wait to take it again.
+	if err := r.lock.check(ctx, cfg.ReconnectGraceD()); err != nil {
+		eventsW.Close()
+		return r.finish(ctx, ExitLockLost, etlcontext.EventError, map[string]any{"reason": "the lock was lost before the command started and not taken again within reconnect_grace"}, fmt.Errorf("take the lock again before starting the command: %w", err))
 	}
 	exited, err := startLocked(cmd)
 	eventsW.Close()
@@ -337,25 +382,21 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 	signal.Notify(signals, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer signal.Stop(signals)
 
-	lockEvents := make(chan lockEvent, 4)
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	watchDone := make(chan struct{})
 	go func() {
 		defer close(watchDone)
-		r.lock.watch(watchCtx, lockEvents)
+		r.lock.watch(watchCtx)
 	}()
 	defer func() {
 		stopWatch()
 		<-watchDone
 	}()
 
-	heartbeat := time.NewTicker(cfg.HeartbeatInterval.D())
-	defer heartbeat.Stop()
 	var (
-		hbResult   <-chan error
-		cancelled  bool
 		graceTimer <-chan time.Time
 		lostSince  time.Time
+		lockIsLost bool
 	)
 
 	var (
@@ -383,46 +424,29 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 			r.queue(line)
 		case waitErr = <-exited:
 			commandEnded = true
-		case <-heartbeat.C:
-			if hbResult == nil {
-				hbResult = r.w.call(func(ctx context.Context, conn *pgx.Conn) error {
-					var err error
-					cancelled, err = etlcontext.Heartbeat(ctx, conn, r.ctx.ID, r.opts.RunID)
-					return err
-				})
-			}
-		case err := <-hbResult:
-			hbResult = nil
-			switch {
-			case errors.Is(err, etlcontext.ErrStaleRun):
-				stop("the run is no longer current", ExitLockLost)
-			case err != nil:
-				r.logger.Warn("heartbeat", "error", err)
-			case cancelled:
-				stop("cancel requested", ExitCancelled)
-			}
 		case n := <-r.w.notify:
 			if n.Channel == CancelChannel && n.Payload == strconv.FormatInt(r.ctx.ID, 10) {
 				stop("cancel requested", ExitCancelled)
 			}
 		case <-r.w.superseded:
 			stop("the database refused a write of this run: it is no longer current", ExitLockLost)
-		case e := <-lockEvents:
-			switch e.state {
-			case lockLost:
-				lostSince = time.Now()
+		case <-r.lock.changed:
+			state, err := r.lock.get()
+			switch {
+			case state == lockLost && !lockIsLost:
+				lockIsLost, lostSince = true, time.Now()
 				grace := cfg.ReconnectGraceD()
-				r.logger.Error("lock connection failed; keeping the command running while taking the lock again", "error", e.err, "reconnect_grace", grace)
+				r.logger.Error("lock connection failed; keeping the command running while taking the lock again", "error", err, "reconnect_grace", grace)
 				if grace == 0 {
 					stop("lock connection failed", ExitLockLost)
 				} else {
 					graceTimer = time.After(grace)
 				}
-			case lockRegained:
-				graceTimer = nil
+			case state == lockHeld && lockIsLost:
+				lockIsLost, graceTimer = false, nil
 				r.logger.Info("lock held again", "unlocked_for", time.Since(lostSince).Round(time.Millisecond))
-			case lockSuperseded:
-				stop("the lock could not be taken again: "+e.err.Error(), ExitLockLost)
+			case state == lockSuperseded:
+				stop("the lock could not be taken again: "+err.Error(), ExitLockLost)
 			}
 		case <-graceTimer:
 			graceTimer = nil

@@ -30,7 +30,10 @@ const (
 // events carry a sequence number, so that a write retried after a lost
 // connection is stored once.
 type writer struct {
-	url, name   string
+	url, name string
+	// heartbeat, when not zero, makes the connection a lock connection (see
+	// connect): in advisory lock mode it holds the lock.
+	heartbeat   time.Duration
 	logger      *slog.Logger
 	contextID   int64
 	runID       string
@@ -54,6 +57,21 @@ type writer struct {
 	superseded chan struct{}
 	supOnce    sync.Once
 	conn       *pgx.Conn
+	// connErr is why the current connection failed, for hooks.lost.
+	connErr error
+	hooks   writerHooks
+}
+
+// writerHooks let the runner act on the writer's connection: in advisory
+// lock mode it is the connection that holds the lock.
+type writerHooks struct {
+	// resume runs first on every new connection but the first, after its
+	// LISTENs and before anything else is sent on it. An error closes the
+	// connection, to be made again; an error that says the run is no longer
+	// current (see permanent) supersedes the run: nothing more is written.
+	resume func(ctx context.Context, conn *pgx.Conn) error
+	// lost is told when a connection the writer had made fails.
+	lost func(err error)
 }
 
 type writeCall struct {
@@ -72,9 +90,9 @@ type pendingEvent struct {
 	checkpoint bool
 }
 
-func newWriter(url, name string, logger *slog.Logger, stmtTimeout time.Duration) *writer {
+func newWriter(url, name string, logger *slog.Logger, stmtTimeout time.Duration, hooks writerHooks) *writer {
 	return &writer{
-		url: url, name: name, logger: logger, stmtTimeout: stmtTimeout,
+		url: url, name: name, logger: logger, stmtTimeout: stmtTimeout, hooks: hooks,
 		idle:       make(chan struct{}),
 		wake:       make(chan struct{}, 1),
 		notify:     make(chan *pgconn.Notification, 16),
@@ -152,10 +170,15 @@ func (w *writer) enqueue(ctx context.Context, fn func(context.Context, *pgx.Conn
 // under ctx, so it ends at once, and it never runs after do returned.
 func (w *writer) do(ctx context.Context, fn func(context.Context, *pgx.Conn) error) error {
 	c := w.enqueue(ctx, fn)
+	var err error
 	select {
 	case err := <-c.done:
 		return err
 	case <-ctx.Done():
+		err = ctx.Err()
+	case <-w.superseded:
+		// Nothing more runs for this run (the writer stopped connecting).
+		err = etlcontext.ErrStaleRun
 	}
 	w.mu.Lock()
 	started := c.started
@@ -164,7 +187,12 @@ func (w *writer) do(ctx context.Context, fn func(context.Context, *pgx.Conn) err
 	if started {
 		return <-c.done
 	}
-	return ctx.Err()
+	return err
+}
+
+// supersede stops the writer for good: the run is no longer current.
+func (w *writer) supersede() {
+	w.supOnce.Do(func() { close(w.superseded) })
 }
 
 // flush waits until everything queued so far is written, or ctx ends. It
@@ -196,8 +224,11 @@ func (w *writer) flush(ctx context.Context) error {
 	}
 }
 
-// run serves the queues and delivers notifications until ctx ends.
-func (w *writer) run(ctx context.Context, listen ...string) {
+// run serves the queues and delivers notifications until ctx ends. conn,
+// when not nil, is the writer's first connection, made by the caller (in
+// advisory lock mode, the one that took the lock); otherwise the writer
+// makes it.
+func (w *writer) run(ctx context.Context, conn *pgx.Conn, listen ...string) {
 	defer func() {
 		if w.conn != nil {
 			closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
@@ -205,10 +236,30 @@ func (w *writer) run(ctx context.Context, listen ...string) {
 			cancel()
 		}
 	}()
+	first := true
+	if conn != nil {
+		if err := w.listen(ctx, conn, listen); err != nil {
+			w.logger.Warn("listen on the first connection", "error", err)
+			w.connErr = err
+			conn.Close(ctx)
+		}
+		w.conn = conn
+		first = false
+	}
 	delay := 100 * time.Millisecond
 	for ctx.Err() == nil {
+		select {
+		case <-w.superseded:
+			// The run is over: wait for the runner to end.
+			<-ctx.Done()
+			return
+		default:
+		}
 		if w.conn == nil || w.conn.IsClosed() {
-			if err := w.connect(ctx, listen); err != nil {
+			if w.conn != nil && w.hooks.lost != nil {
+				w.hooks.lost(w.connErr)
+			}
+			if err := w.connect(ctx, listen, first); err != nil {
 				w.logger.Warn("connect write connection", "error", err, "retry_in", delay)
 				// A queued write cuts the wait short: the lock keeper waits on
 				// this connection to finish taking its lock again.
@@ -220,6 +271,7 @@ func (w *writer) run(ctx context.Context, listen ...string) {
 				delay = min(delay*2, time.Second)
 				continue
 			}
+			first = false
 			delay = 100 * time.Millisecond
 		}
 		if w.serveOne(ctx) {
@@ -229,24 +281,38 @@ func (w *writer) run(ctx context.Context, listen ...string) {
 	}
 }
 
-func (w *writer) connect(ctx context.Context, listen []string) error {
-	if w.conn != nil {
-		w.conn.Close(ctx)
-		w.conn = nil
-	}
+func (w *writer) connect(ctx context.Context, listen []string, first bool) error {
+	w.conn = nil
 	cctx, cancel := context.WithTimeout(ctx, w.stmtTimeout)
 	defer cancel()
-	conn, err := connect(cctx, w.url, w.name, false)
+	conn, err := connect(cctx, w.url, w.name, w.heartbeat)
 	if err != nil {
 		return err
 	}
-	for _, ch := range listen {
-		if _, err := conn.Exec(cctx, "LISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
+	if err := w.listen(cctx, conn, listen); err != nil {
+		conn.Close(ctx)
+		return err
+	}
+	if !first && w.hooks.resume != nil {
+		if err := w.hooks.resume(cctx, conn); err != nil {
 			conn.Close(ctx)
-			return fmt.Errorf("listen on %s: %w", ch, err)
+			if permanent(err) {
+				w.logger.Warn("this run is no longer current: nothing more is written", "error", err)
+				w.supersede()
+			}
+			return err
 		}
 	}
 	w.conn = conn
+	return nil
+}
+
+func (w *writer) listen(ctx context.Context, conn *pgx.Conn, channels []string) error {
+	for _, ch := range channels {
+		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
+			return fmt.Errorf("listen on %s: %w", ch, err)
+		}
+	}
 	return nil
 }
 
@@ -301,7 +367,7 @@ func (w *writer) serveOne(ctx context.Context) bool {
 			return true
 		case errors.Is(err, etlcontext.ErrStaleRun) || errors.Is(err, etlcontext.ErrFinished):
 			w.logger.Warn("the database refused an event: this run is no longer current", "type", e.ev.Type, "error", err)
-			w.supOnce.Do(func() { close(w.superseded) })
+			w.supersede()
 		case err != nil:
 			w.logger.Warn("store event", "type", e.ev.Type, "error", err)
 			w.mu.Lock()
@@ -368,7 +434,12 @@ func (w *writer) waitNotification(ctx context.Context) {
 		}
 	case ctx.Err() != nil, errors.Is(err, context.Canceled):
 	default:
+		// Closed whatever the error: pgconn keeps a connection whose read
+		// timed out, and a kernel that gave up on a silent server reports a
+		// timeout too.
+		w.connErr = err
 		w.logger.Warn("write connection failed while listening", "error", err)
+		w.conn.Close(context.WithoutCancel(ctx))
 	}
 }
 
@@ -379,6 +450,7 @@ func (w *writer) retry(ctx context.Context, err error) bool {
 		return false
 	}
 	w.logger.Warn("write connection lost; the write is kept and tried again", "error", err)
+	w.connErr = err
 	w.conn.Close(context.WithoutCancel(ctx))
 	return true
 }

@@ -10,7 +10,7 @@ import (
 )
 
 func TestPendingEventsAreBoundedAndKeepTheNewestCheckpoint(t *testing.T) {
-	w := newWriter("", "test", slog.New(slog.DiscardHandler), time.Second)
+	w := newWriter("", "test", slog.New(slog.DiscardHandler), time.Second, writerHooks{})
 	w.bind(1, "00000000-0000-0000-0000-000000000001", "k")
 	// The database is away: nothing is written while events pile up.
 	for i := range maxPendingEvents {

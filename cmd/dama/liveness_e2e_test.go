@@ -21,6 +21,10 @@ import (
 // (supervisor's clientLockNamespace); the second is hashtext(client id).
 const livenessLockNamespace = etlcontext.LockNamespace + 2
 
+// queueLockNamespace is the first key of a queue's max_running lock
+// (supervisor's queueLockNamespace); the second is hashtext(queue).
+const queueLockNamespace = etlcontext.LockNamespace + 1
+
 // rescueGrace is what a supervisor with sampleConfig's 500ms poll interval
 // waits before rescuing a step whose supervisor's liveness lock is missing:
 // max(2*poll_interval, 10s).
@@ -28,32 +32,22 @@ const rescueGrace = 10 * time.Second
 
 const rescuedLine = "rescued the step of a dead supervisor"
 
-// lockEventStore holds data_manager.event_store in EXCLUSIVE mode in an open
-// transaction until the returned function (or the test's end) releases it:
-// plain reads go on, but a step blocks inside LockInitial (its FOR UPDATE
-// needs a ROW SHARE lock on the table, which NOWAIT does not cover), its
-// River job 'running', for as long as the test likes.
-func (w *world) lockEventStore() (release func()) {
+// holdQueue holds the max_running lock of the queue "etl" (what a step takes
+// before it starts an attempt) on a connection of the test's until the
+// returned function (or the test's end) releases it: a step of a QUEUED
+// task blocks there, its River job 'running', for as long as the test likes.
+func (w *world) holdQueue() (release func()) {
 	w.T.Helper()
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, w.URL)
 	if err != nil {
 		w.T.Fatal(err)
 	}
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		w.T.Fatal(err)
-	}
-	if _, err := tx.Exec(ctx, `LOCK TABLE data_manager.event_store IN EXCLUSIVE MODE`); err != nil {
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1, hashtext('etl'))`, queueLockNamespace); err != nil {
 		w.T.Fatal(err)
 	}
 	var once sync.Once
-	release = func() {
-		once.Do(func() {
-			_ = tx.Rollback(ctx)
-			conn.Close(ctx)
-		})
-	}
+	release = func() { once.Do(func() { conn.Close(ctx) }) }
 	w.T.Cleanup(release)
 	return release
 }
@@ -78,10 +72,10 @@ func (w *world) job(jobID int64) stepSnapshot {
 }
 
 // waitStepBlocked waits until the job of context id is 'running' and a step
-// waits for the event store's table lock, and returns the client running it.
+// waits for its queue's lock, and returns the client running it.
 func (w *world) waitStepBlocked(id int64) (jobID int64, client string) {
 	w.T.Helper()
-	testenv.Eventually(w.T, 30*time.Second, "a step to block in LockInitial", func() (bool, error) {
+	testenv.Eventually(w.T, 30*time.Second, "a step to block on its queue's lock", func() (bool, error) {
 		t := w.task(id)
 		if t.RiverJobID == nil {
 			return false, nil
@@ -92,7 +86,7 @@ func (w *world) waitStepBlocked(id int64) (jobID int64, client string) {
 		err := w.Pool.QueryRow(context.Background(), `
 			SELECT EXISTS (SELECT 1 FROM pg_stat_activity
 			                WHERE datname = current_database() AND wait_event_type = 'Lock'
-			                  AND query LIKE '%FOR UPDATE OF e NOWAIT%')`).Scan(&blocked)
+			                  AND query LIKE '%pg_advisory_xact_lock%')`).Scan(&blocked)
 		if j.State != "running" || len(j.AttemptedBy) == 0 || !blocked {
 			return false, err
 		}
@@ -189,7 +183,7 @@ func (w *world) allowConnections(allow bool) {
 func TestLiveSupervisorKeepsItsStepsWhenItsConnectionsFail(t *testing.T) {
 	w := newWorld(t, 10)
 	id := w.submit(5, 100)
-	release := w.lockEventStore()
+	release := w.holdQueue()
 	a, b, client, jobID := w.startTwoSupervisors(id)
 	stepStarted := time.Now()
 	before := w.job(jobID)
@@ -274,7 +268,7 @@ func TestLiveSupervisorKeepsItsStepsWhenItsConnectionsFail(t *testing.T) {
 func TestDeadSupervisorsStepIsRescued(t *testing.T) {
 	w := newWorld(t, 10)
 	id := w.submit(5, 100)
-	release := w.lockEventStore()
+	release := w.holdQueue()
 	a, b, client, jobID := w.startTwoSupervisors(id)
 
 	if err := syscall.Kill(-a.Cmd.Process.Pid, syscall.SIGKILL); err != nil {

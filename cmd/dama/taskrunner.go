@@ -17,6 +17,7 @@ func newTaskrunnerCommand(g *globals, code *exitCode) *cobra.Command {
 		contextID int64
 		runID     string
 		readyFD   int
+		lockMode  string
 	)
 	cmd := &cobra.Command{
 		Use:    "taskrunner",
@@ -41,7 +42,12 @@ func newTaskrunnerCommand(g *globals, code *exitCode) *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("read host name: %w", err)
 			}
+			mode := config.LockMode(lockMode)
+			if mode != config.LockModeRow && mode != config.LockModeAdvisory {
+				return fmt.Errorf("--lock-mode %q: want %q or %q", lockMode, config.LockModeRow, config.LockModeAdvisory)
+			}
 			opts := taskrunner.Options{
+				LockMode:    mode,
 				Host:        host,
 				HostID:      hostID,
 				DatabaseURL: url,
@@ -62,6 +68,7 @@ func newTaskrunnerCommand(g *globals, code *exitCode) *cobra.Command {
 	cmd.Flags().Int64Var(&contextID, "context-id", 0, "etl_context_id to run")
 	cmd.Flags().StringVar(&runID, "run-id", "", "run id prepared by the supervisor")
 	cmd.Flags().IntVar(&readyFD, "ready-fd", 0, "descriptor to write one byte to once the lock is held")
+	cmd.Flags().StringVar(&lockMode, "lock-mode", string(config.LockModeRow), "how to hold the lock: row or advisory (the kind's lock_mode)")
 	_ = cmd.MarkFlagRequired("context-id")
 	_ = cmd.MarkFlagRequired("run-id")
 	return cmd

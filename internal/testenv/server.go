@@ -47,6 +47,13 @@ type Server struct {
 // (-m immediate) and its files removed when t ends, whatever the outcome.
 func NewServer(t testing.TB) *Server {
 	t.Helper()
+	return NewServerWith(t, "")
+}
+
+// NewServerWith is NewServer with extra postgresql.conf lines, which win
+// over the defaults (e.g. "max_connections = 1200").
+func NewServerWith(t testing.TB, settings string) *Server {
+	t.Helper()
 	bindir, err := pgBindir()
 	if err != nil {
 		t.Fatal(err)
@@ -90,7 +97,8 @@ max_connections = 200
 fsync = off
 synchronous_commit = off
 full_page_writes = off
-`, s.dir)
+%s
+`, s.dir, settings)
 	if err := appendFile(s.confPath(), conf); err != nil {
 		t.Fatalf("configure server: %v", err)
 	}

@@ -37,7 +37,7 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 	c, err := etlcontext.Lock(ctx, tx, id)
 	switch {
 	case errors.Is(err, etlcontext.ErrLocked):
-		return s.lockedElsewhere(ctx, logger, id)
+		return s.lockedElsewhere(ctx, logger, tx, id)
 	case errors.Is(err, etlcontext.ErrNotFound):
 		return river.JobCancel(err)
 	case err != nil:
@@ -188,8 +188,10 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 // parked (this is adoption, from any host) until the task ends or the watch
 // finds the lock free. Otherwise someone looks at the context for a moment
 // (`dama cancel`, another supervisor stopping orphans): look again soon.
-func (s *Supervisor) lockedElsewhere(ctx context.Context, logger *slog.Logger, id int64) error {
-	c, err := etlcontext.Get(ctx, s.pool, id)
+func (s *Supervisor) lockedElsewhere(ctx context.Context, logger *slog.Logger, tx pgx.Tx, id int64) error {
+	// On the step's own connection: a step that waited for a second one
+	// while holding the first could exhaust the pool.
+	c, err := etlcontext.Get(ctx, tx, id)
 	if err != nil {
 		return s.transient(logger, err)
 	}

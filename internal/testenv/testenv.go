@@ -300,6 +300,9 @@ type Proc struct {
 	err  error
 }
 
+// Done is closed when the process has exited.
+func (p *Proc) Done() <-chan struct{} { return p.done }
+
 // Wait waits for the process to exit and returns its exit error.
 func (p *Proc) Wait() error {
 	<-p.done

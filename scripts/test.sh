@@ -20,3 +20,6 @@ fi
 
 go vet ./...
 go test -race -count=1 -timeout 30m "$@" ./...
+# The end-to-end suite again with every task in advisory lock mode (the
+# steady-state test runs both modes itself).
+DAMA_TEST_LOCK_MODE=advisory go test -race -count=1 -timeout 30m -skip TestSteadyState "$@" ./cmd/dama

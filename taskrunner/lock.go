@@ -126,6 +126,8 @@ type lockKeeper struct {
 	tx   pgx.Tx
 	// Advisory mode: the backend of the session that last held the lock.
 	lastPID uint32
+	// released is set by the first release (the runner's goroutine only).
+	released bool
 }
 
 func newLockKeeper(url string, contextID int64, runID string, mode config.LockMode, heartbeat time.Duration, logger *slog.Logger) *lockKeeper {
@@ -399,10 +401,14 @@ func (k *lockKeeper) resume(ctx context.Context, conn *pgx.Conn) error {
 	return nil
 }
 
-// release gives the lock back, waiting at most timeout for the server:
-// row mode ends the lock transaction and its connection; advisory mode
-// releases the session lock on the writer's connection.
+// release gives the lock back, once, waiting at most timeout for the
+// server: row mode ends the lock transaction and its connection; advisory
+// mode releases the session lock on the writer's connection.
 func (k *lockKeeper) release(ctx context.Context, timeout time.Duration) error {
+	if k.released {
+		return nil
+	}
+	k.released = true
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
 	if k.mode == config.LockModeAdvisory {

@@ -98,6 +98,23 @@ func TestSteadyStateCostsNothingPerTask(t *testing.T) {
 			}
 			perTask := map[string]int{"row": 2, "advisory": 1}[mode]
 
+			// The budget at start: max_running 100 against the private
+			// server's 200 connections (197 for non-superusers), which row
+			// mode, with the supervisor's own 22, exceeds.
+			testenv.Eventually(t, 30*time.Second, "the supervisor to log its connection budget", func() (bool, error) {
+				log, err := os.ReadFile(sup.Log)
+				return strings.Contains(string(log), "need_row_mode=200"), err
+			})
+			log, _ := os.ReadFile(sup.Log)
+			for _, want := range []string{"max_tasks=100", "need_advisory_mode=100", fmt.Sprintf("need_as_configured=%d", 100*perTask), "server_max_connections=197"} {
+				if !strings.Contains(string(log), want) {
+					t.Errorf("the supervisor's budget line lacks %s:\n%s", want, log)
+				}
+			}
+			if warned := strings.Contains(string(log), "the server allows fewer connections"); warned != (mode == "row") {
+				t.Errorf("budget warning logged: %t, want %t:\n%s", warned, mode == "row", log)
+			}
+
 			submit(4)
 			waitLocked(4)
 			logFrom := len(srv.Log())

@@ -65,11 +65,15 @@ type Config struct {
 	Path string `yaml:"-"`
 	// LogDir holds one log file per task, <etl_context_id>.log.
 	LogDir string `yaml:"log_dir"`
-	// PollInterval is how often the supervisor checks on a running task whose
-	// process is not its own child (an adopted one).
+	// PollInterval is how often the supervisor looks, in one statement, at
+	// the locks of every running task (to find those whose task process
+	// died), rescues the steps of dead supervisors and reconciles contexts
+	// with their jobs. Default 5s.
 	PollInterval Duration `yaml:"poll_interval"`
-	// HeartbeatInterval is how often a task process records that it is alive
-	// and checks its lock connection.
+	// HeartbeatInterval is how long a task process's lock connection may be
+	// silent before the kernel probes it (TCP keepalive); a loss is noticed
+	// within it plus three probes. Nothing is written: the lock is the proof
+	// of life. Default 5s.
 	HeartbeatInterval Duration `yaml:"heartbeat_interval"`
 	// KillGrace is how long a task's command has between SIGTERM and SIGKILL
 	// when it is cancelled or loses its lock.

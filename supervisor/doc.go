@@ -3,21 +3,24 @@
 // between.
 //
 // Every context has one River job for its whole life. The job's Work is a
-// short, idempotent step of a state machine, never a days-long wait: it locks
-// the context's INITIAL event without waiting and decides from what it finds.
+// short, idempotent step of a state machine, never a days-long wait: it tries
+// the context's lock without waiting and decides from what it finds.
 //
 //   - finished: the job completes (DONE), is cancelled (CANCELLED) or fails
 //     for good (FAILED);
-//   - lock held: a task process is alive, whoever started it: the job snoozes
-//     for the poll interval (this is how a restarted supervisor, on any host,
-//     adopts the tasks of the one before);
+//   - lock held: a task process is alive, whoever started it: the job is
+//     parked, snoozed for an hour (this is how a restarted supervisor, on any
+//     host, adopts the tasks of the one before);
 //   - lock free but RUNNING recorded: that attempt died (or lost its lock and
 //     is stopping its command): once its command is surely gone, an ERROR is
 //     recorded and the step returns an error, so River retries with backoff;
 //   - lock free and not started: a taskrunner process is spawned, detached,
-//     and the job snoozes.
+//     and the job is parked.
 //
-// The supervisor reaps the runners it spawned and wakes their jobs when they
+// A parked job is not fetched while its task runs, so a running task costs
+// nothing: once per poll interval one statement reads pg_locks for the
+// RUNNING contexts whose lock is free and wakes their jobs (see watch). The
+// supervisor reaps the runners it spawned and wakes their jobs when they
 // exit; a LISTEN connection does the same for runners it adopted.
 //
 // # Submitting and cancelling

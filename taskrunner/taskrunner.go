@@ -1,12 +1,17 @@
 // Package taskrunner is the detached process that runs one attempt of one
 // task (`dama taskrunner`, started by the supervisor).
 //
-// On a connection of its own it opens a transaction, locks the context's
-// INITIAL event row FOR UPDATE NOWAIT and takes an advisory lock keyed by the
-// context id. It keeps that transaction open for as long as it lives: the lock
+// It takes the context's lock and holds it for as long as it lives: the lock
 // is the proof that the task is running, and a second runner for the same
-// context exits at once with ExitLocked. Every write goes over a second
-// connection and carries the attempt's run id, which the database checks.
+// context exits at once with ExitLocked. In row lock mode that is an
+// advisory lock keyed by the context id and the INITIAL event row FOR
+// UPDATE, in a transaction left open on a connection of its own, with the
+// writes on a second connection; in advisory lock mode, the advisory lock at
+// session level, with no transaction open, on the one connection that also
+// carries the writes. Every write carries the attempt's run id, which the
+// database checks. While the task runs quietly nothing is sent to the
+// server: the lock connection is watched by waiting on it, and probed by the
+// kernel when silent.
 //
 // The kind's command runs as the runner's child in its own process group,
 // with its stdin on /dev/null, its output appended to the task's log file and

@@ -9,6 +9,12 @@
 -- for a task process of a release that predates the choice (row).
 ALTER TABLE data_manager.etl_contexts ADD COLUMN lock_mode text;
 
+-- The supervisors' watch reads the RUNNING contexts of their queues and
+-- hosts every poll interval: an index of those alone, which stays as small
+-- as the number of running tasks however many contexts the table holds.
+CREATE INDEX etl_contexts_running ON data_manager.etl_contexts (queue, host_id)
+    WHERE etl_status = 'RUNNING';
+
 -- Every context that finishes (DONE, FAILED or CANCELLED) is announced on the
 -- channel dama_task_finished, in the transaction that finishes it, with the
 -- payload {"etl_context_id": ..., "kind": ..., "queue": ..., "status": ...}:
@@ -33,6 +39,7 @@ CREATE TRIGGER etl_contexts_announce_finished AFTER UPDATE OF etl_status ON data
     EXECUTE FUNCTION data_manager.etl_contexts_announce_finished();
 
 -- +goose Down
+DROP INDEX data_manager.etl_contexts_running;
 DROP TRIGGER etl_contexts_announce_finished ON data_manager.etl_contexts;
 DROP FUNCTION data_manager.etl_contexts_announce_finished();
 ALTER TABLE data_manager.etl_contexts DROP COLUMN lock_mode;

@@ -75,3 +75,27 @@ func TestLoadResolvesPaths(t *testing.T) {
 		t.Errorf("Load(\"\"): %v", err)
 	}
 }
+
+func TestLockModeDefaultsAndValidation(t *testing.T) {
+	cfg, err := config.Parse([]byte("log_dir: /l\nkinds: {a: {command: [x]}, b: {command: [y], lock_mode: advisory}}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := cfg.Kind("a")
+	b, _ := cfg.Kind("b")
+	if cfg.LockMode != config.LockModeRow || cfg.LockModeOf(a) != config.LockModeRow || cfg.LockModeOf(b) != config.LockModeAdvisory {
+		t.Errorf("lock modes: config %q, a %q, b %q", cfg.LockMode, cfg.LockModeOf(a), cfg.LockModeOf(b))
+	}
+	// A hand-built configuration behaves like a parsed one.
+	if got := (&config.Config{}).LockModeOf(config.Kind{}); got != config.LockModeRow {
+		t.Errorf("hand-built config: lock mode %q, want row", got)
+	}
+	for _, bad := range []string{
+		"log_dir: /l\nlock_mode: rows\nkinds: {a: {command: [x]}}",
+		"log_dir: /l\nkinds: {a: {command: [x], lock_mode: Advisory}}",
+	} {
+		if _, err := config.Parse([]byte(bad)); err == nil || !strings.Contains(err.Error(), "lock_mode") {
+			t.Errorf("%q: got %v, want a lock_mode error", bad, err)
+		}
+	}
+}

@@ -33,3 +33,30 @@ kinds:
 	// cleanup: queue default (max_running 10), 3 attempts, [/opt/etl/cleanup]
 	// conflation: queue etl (max_running 4), 3 attempts, [/opt/etl/conflation --verbose]
 }
+
+// Days-long kinds hold their lock in advisory mode: one connection per task
+// and no transaction left open. The top-level lock_mode is every kind's
+// default.
+func ExampleConfig_LockModeOf() {
+	cfg, err := config.Parse([]byte(`
+log_dir: /var/lib/dama/logs
+lock_mode: row
+kinds:
+  nightly:
+    command: ["/opt/etl/nightly"]
+  backfill:
+    command: ["/opt/etl/backfill"]
+    lock_mode: advisory
+`))
+	if err != nil {
+		panic(err)
+	}
+	for _, name := range cfg.KindNames() {
+		k, _ := cfg.Kind(name)
+		mode := cfg.LockModeOf(k)
+		fmt.Printf("%s: %s, %d connections per task\n", name, mode, mode.ConnectionsPerTask())
+	}
+	// Output:
+	// backfill: advisory, 1 connections per task
+	// nightly: row, 2 connections per task
+}

@@ -47,6 +47,14 @@ type Server struct {
 // (-m immediate) and its files removed when t ends, whatever the outcome.
 func NewServer(t testing.TB) *Server {
 	t.Helper()
+	return NewServerWith(t, "")
+}
+
+// NewServerWith is NewServer with extraConf (postgresql.conf lines, such as
+// "max_connections = 1300") appended to the server's settings: the last
+// setting in the file wins.
+func NewServerWith(t testing.TB, extraConf string) *Server {
+	t.Helper()
 	bindir, err := pgBindir()
 	if err != nil {
 		t.Fatal(err)
@@ -90,7 +98,7 @@ max_connections = 200
 fsync = off
 synchronous_commit = off
 full_page_writes = off
-`, s.dir)
+`, s.dir) + extraConf + "\n"
 	if err := appendFile(s.confPath(), conf); err != nil {
 		t.Fatalf("configure server: %v", err)
 	}

@@ -417,7 +417,7 @@ func measureWindow(b *testing.B, p params, r *result, srv *testenv.Server, env *
 		r.m["runner_rss_med"], r.m["runner_rss_max"] = scalebench.Median(rss), slices.Max(rss)
 	}
 	r.say("CPU (%% of one core): supervisor %.1f, %d task processes together %.1f, server %.1f; RSS: supervisor %.1f MB, task process median %.1f MB, max %.1f MB",
-		r.m["sup_cpu"], len(runners), r.m["runners_cpu"], r.m["server_cpu"], r.m["sup_rss"], r.m["runner_rss_med"], r.m["runner_rss_max"])
+		r.m["sup_cpu"], len(runners), r.m["runners_cpu"], r.m["server_cpu"], r.get("sup_rss"), r.get("runner_rss_med"), r.get("runner_rss_max"))
 
 	errs, msgs := scalebench.ErrorLines(logText[min(logStart, len(logText)):])
 	r.m["errors"] = float64(errs)

@@ -2,9 +2,43 @@
 # The latency benchmark (README "Speed"), without the race detector, against
 # TEST_DATABASE_URL or a throwaway PostgreSQL cluster. Extra arguments go to
 # go test, e.g. scripts/bench.sh -benchtime 1000x.
+#
+# scripts/bench.sh scale [SIZES [MODES]] [go test flags]: the scale benchmark
+# (internal/scalebench): one supervisor with N quietly running tasks, for each
+# size N and lock mode, on PostgreSQL servers of its own (TEST_DATABASE_URL
+# is not used). SIZES and MODES are comma-separated, by default 50,500 and
+# row,advisory (a size 0 measures a supervisor with no task). About 5
+# minutes per size and mode at 500. Its environment:
+#   DAMA_BENCH_WINDOW (60s)        the steady window measured
+#   DAMA_BENCH_SETTLE (15s)        the wait, once all N hold their lock, before it
+#   DAMA_BENCH_PROBES (40)         submit->lock samples, at 0 and at N running
+#   DAMA_BENCH_FLOOR_SAMPLES (100) samples of each floor (plain River, fork/exec)
+#   DAMA_BENCH_ADOPT_WAIT (25s)    the new supervisor's time to adopt after a SIGKILL
+#   DAMA_BENCH_START_DEADLINE (10m) how long all N may take to hold their lock
+# A quick run: DAMA_BENCH_WINDOW=10s DAMA_BENCH_SETTLE=11s scripts/bench.sh scale 10,50 row
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib-postgres.sh
+
+if [ "${1:-}" = scale ]; then
+	shift
+	if [[ "${1:-}" =~ ^[0-9][0-9,]*$ ]]; then
+		export DAMA_BENCH_SIZES=$1
+		shift
+	fi
+	if [[ "${1:-}" =~ ^[a-z][a-z,]*$ ]]; then
+		export DAMA_BENCH_MODES=$1
+		shift
+	fi
+	dama_pg_install
+	# Row mode at 500 holds over 1000 server connections (the server's
+	# max_connections is set to fit), and the benchmark reads every process.
+	ulimit -n "$(ulimit -Hn)"
+	echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(free -g | awk '/Mem:/ {print $2}') GB; $(go version); $("$(dama_pg_bindir)/postgres" --version)"
+	# The benchmark's own deadlines end a stuck run, its processes and
+	# servers cleaned up, long before go test's timeout, which would not.
+	exec go test -run '^$' -bench Scale -benchtime 1x -count=1 -timeout 120m "$@" ./internal/scalebench
+fi
 
 dama_pg_use TEST_DATABASE_URL
 

@@ -17,8 +17,9 @@ type Budget struct {
 	// hold in each lock mode; Configured, with each kind's own lock_mode
 	// (a queue counts at its most demanding kind).
 	RowMode, AdvisoryMode, Configured int
-	// Supervisor is the most this supervisor holds itself: its pool, its
-	// liveness connection and its listener.
+	// Supervisor is the most this supervisor holds itself: its pool, River's
+	// listener (taken from the pool and then let go of by it, so the pool
+	// may open another), its liveness connection and its own listener.
 	Supervisor int
 	// ServerMax is the server's max_connections less the slots reserved for
 	// superusers; InUse, the client connections open now.
@@ -30,7 +31,7 @@ func (b Budget) Enough() bool { return b.Configured+b.Supervisor <= b.ServerMax 
 
 // ConnectionBudget computes the budget of cfg against the server.
 func (s *Supervisor) ConnectionBudget(ctx context.Context) (Budget, error) {
-	b := Budget{Supervisor: int(s.pool.Config().MaxConns) + 2}
+	b := Budget{Supervisor: int(s.pool.Config().MaxConns) + 3}
 	for name, q := range s.cfg.Queues {
 		perTask := 0
 		for _, k := range s.cfg.Kinds {

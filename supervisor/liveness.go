@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/pgsession"
 )
 
 // clientLockNamespace keys the session-level advisory lock that each
@@ -61,6 +62,10 @@ func (s *Supervisor) connectNamed(ctx context.Context, name string) (*pgx.Conn, 
 	cfg.RuntimeParams["application_name"] = name
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
+		return nil, fmt.Errorf("connect as %s: %w", name, err)
+	}
+	if err := pgsession.KeepIdle(ctx, conn); err != nil {
+		conn.Close(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("connect as %s: %w", name, err)
 	}
 	return conn, nil

@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -56,7 +57,9 @@ func (s *Supervisor) watch(ctx context.Context) error {
 		SELECT 'woken', id, queue FROM woken
 		UNION ALL
 		SELECT 'here', etl_context_id, queue FROM free WHERE host_id = $2`,
-		s.cfg.QueueNames(), s.hostID, TaskArgs{}.Kind(), parkFor+s.cfg.PollInterval.D())
+		// Twice the park: River times a snooze on the supervisor's clock,
+		// this on the database's.
+		s.cfg.QueueNames(), s.hostID, TaskArgs{}.Kind(), 2*parkFor)
 	if err != nil {
 		return fmt.Errorf("look for tasks whose lock is free: %w", err)
 	}
@@ -86,10 +89,12 @@ func (s *Supervisor) watch(ctx context.Context) error {
 	for q := range queues {
 		s.notifyQueue(ctx, q)
 	}
+	var errs []error
 	for _, id := range here {
 		c, err := etlcontext.Get(ctx, s.pool, id)
 		if err != nil {
-			return err
+			errs = append(errs, err)
+			continue
 		}
 		if c.PID == nil || runnerMayLive(c) {
 			continue
@@ -98,5 +103,5 @@ func (s *Supervisor) watch(ctx context.Context) error {
 			s.stopOrphans(id)
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/pgsession"
 )
 
 // Server-side TCP keepalives of the lock connection. A host that vanishes
@@ -126,8 +128,10 @@ type lockKeeper struct {
 	tx   pgx.Tx
 	// Advisory mode: the backend of the session that last held the lock.
 	lastPID uint32
-	// released is set by the first release (the runner's goroutine only).
-	released bool
+	// released is set by the first release (the runner's goroutine only);
+	// releasing too, for the writer's goroutine to read.
+	released  bool
+	releasing atomic.Bool
 }
 
 func newLockKeeper(url string, contextID int64, runID string, mode config.LockMode, heartbeat time.Duration, logger *slog.Logger) *lockKeeper {
@@ -181,7 +185,7 @@ func lockOn(ctx context.Context, conn *pgx.Conn, id int64) (*etlcontext.Context,
 	if _, err := tx.Exec(ctx, "SET LOCAL idle_in_transaction_session_timeout = 0"); err != nil {
 		return nil, nil, fmt.Errorf("disable idle timeout of lock transaction: %w", err)
 	}
-	if serverMajor(conn) >= 17 {
+	if pgsession.ServerMajor(conn) >= 17 {
 		if _, err := tx.Exec(ctx, "SET LOCAL transaction_timeout = 0"); err != nil {
 			return nil, nil, fmt.Errorf("disable transaction timeout of lock transaction: %w", err)
 		}
@@ -368,6 +372,10 @@ func (k *lockKeeper) lost(err error) { k.set(lockLost, err) }
 // permanent error (the run is no longer current) supersedes the run; any
 // other is tried again on another connection.
 func (k *lockKeeper) resume(ctx context.Context, conn *pgx.Conn) error {
+	if k.releasing.Load() {
+		// The runner is ending: a lock taken now would outlive it.
+		return fmt.Errorf("etl context %d: the runner released its lock: %w", k.contextID, etlcontext.ErrStaleRun)
+	}
 	k.endLostSession(ctx, conn, k.lastPID)
 	c, err := etlcontext.LockSession(ctx, conn, k.contextID)
 	if errors.Is(err, etlcontext.ErrLocked) {
@@ -409,6 +417,7 @@ func (k *lockKeeper) release(ctx context.Context, timeout time.Duration) error {
 		return nil
 	}
 	k.released = true
+	k.releasing.Store(true)
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
 	if k.mode == config.LockModeAdvisory {
@@ -430,22 +439,12 @@ func (k *lockKeeper) release(ctx context.Context, timeout time.Duration) error {
 	return nil
 }
 
-// serverMajor returns the server's major version, 0 when unknown.
-func serverMajor(conn *pgx.Conn) int {
-	v := conn.PgConn().ParameterStatus("server_version")
-	end := strings.IndexFunc(v, func(r rune) bool { return r < '0' || r > '9' })
-	if end < 0 {
-		end = len(v)
-	}
-	n, _ := strconv.Atoi(v[:end])
-	return n
-}
-
 // connect opens a connection named for pg_stat_activity, so that an operator
-// can tell a task's lock connection from its write connection. A lock
-// connection (heartbeat > 0) asks the server for keepalives, so that the
-// server releases the lock of a host that vanished, and has the kernel
-// probe it, so that the runner notices a server that went silent.
+// can tell a task's lock connection from its write connection. With
+// heartbeat > 0 it asks the server for keepalives, so that the server
+// releases the lock of a host that vanished, and has the kernel probe it,
+// so that the runner notices a server that went silent (a lost write
+// connection would lose cancellations).
 func connect(ctx context.Context, url, name string, heartbeat time.Duration) (*pgx.Conn, error) {
 	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
@@ -464,6 +463,10 @@ func connect(ctx context.Context, url, name string, heartbeat time.Duration) (*p
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connect as %s: %w", name, err)
+	}
+	if err := pgsession.KeepIdle(ctx, conn); err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	return conn, nil
 }

@@ -172,7 +172,6 @@ func (r *runner) run(ctx context.Context) (int, error) {
 	r.lock = newLockKeeper(r.opts.DatabaseURL, r.opts.ContextID, r.opts.RunID, mode, cfg.HeartbeatInterval.D(), r.logger)
 	hooks := writerHooks{resume: r.checkCancel}
 	name := fmt.Sprintf("dama-task:%d", r.opts.ContextID)
-	var heartbeat time.Duration
 	if mode == config.LockModeAdvisory {
 		// One connection for everything: it holds the lock, so every new
 		// one takes the lock again before anything else is sent on it.
@@ -185,10 +184,12 @@ func (r *runner) run(ctx context.Context) (int, error) {
 			},
 			lost: r.lock.lost,
 		}
-		name, heartbeat = r.lock.appName(), cfg.HeartbeatInterval.D()
+		name = r.lock.appName()
 	}
 	r.w = newWriter(r.opts.DatabaseURL, name, r.logger, stmtTimeout, hooks)
-	r.w.heartbeat = heartbeat
+	// Probed like the lock connection, in both modes: the write connection
+	// also hears cancellations, which a silently dead connection would lose.
+	r.w.heartbeat = cfg.HeartbeatInterval.D()
 	r.lock.w = r.w
 	wctx, stopWriter := context.WithCancel(context.WithoutCancel(ctx))
 	writerDone := make(chan struct{})

@@ -443,29 +443,59 @@ func (w *writer) waitNotification(ctx context.Context) {
 	}
 }
 
-// retry reports whether err says the connection, not the write, failed; the
-// connection is then dropped, and the write tried again on a new one.
+// retry reports whether the write that failed with err is to be tried
+// again: after a failure of the connection (dropped, to be made again), or
+// after the server refused it for want of resources or cut it short (kept:
+// in advisory lock mode it holds the lock).
 func (w *writer) retry(ctx context.Context, err error) bool {
-	if err == nil || ctx.Err() != nil || !connectionError(err, w.conn) {
+	if err == nil || ctx.Err() != nil {
 		return false
 	}
-	w.logger.Warn("write connection lost; the write is kept and tried again", "error", err)
-	w.connErr = err
-	w.conn.Close(context.WithoutCancel(ctx))
-	return true
+	switch classifyWriteError(err, w.conn) {
+	case connectionLost:
+		w.logger.Warn("write connection lost; the write is kept and tried again", "error", err)
+		w.connErr = err
+		w.conn.Close(context.WithoutCancel(ctx))
+		return true
+	case serverBusy:
+		w.logger.Warn("the server refused a write for now; it is kept and tried again", "error", err)
+		select {
+		case <-time.After(time.Second):
+		case <-ctx.Done():
+		}
+		return true
+	}
+	return false
 }
 
-// connectionError reports an error of the connection rather than of the
-// statement: the connection broke or timed out, or the server is going
-// away or out of connections.
-func connectionError(err error, conn *pgx.Conn) bool {
+type writeError int
+
+const (
+	// statementError: the write itself is wrong; trying again would not help.
+	statementError writeError = iota
+	// connectionLost: the connection broke or timed out, or the server ended
+	// the session.
+	connectionLost
+	// serverBusy: the server is short of resources (disk, memory) or
+	// cancelled the statement (statement_timeout); the connection is fine.
+	serverBusy
+)
+
+func classifyWriteError(err error, conn *pgx.Conn) writeError {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		switch pgErr.Code[:2] {
-		case "08", "53", "57": // connection exception, insufficient resources, operator intervention
-			return true
+		switch {
+		case conn.IsClosed(), pgErr.Code[:2] == "08", pgErr.Code == "53300":
+			return connectionLost
+		case pgErr.Code[:3] == "57P": // admin_shutdown, crash_shutdown, cannot_connect_now, idle_session_timeout...
+			return connectionLost
+		case pgErr.Code[:2] == "53", pgErr.Code == "57014":
+			return serverBusy
 		}
-		return false
+		return statementError
 	}
-	return conn.IsClosed() || pgconn.Timeout(err) || errors.Is(err, context.DeadlineExceeded)
+	if conn.IsClosed() || pgconn.Timeout(err) || errors.Is(err, context.DeadlineExceeded) {
+		return connectionLost
+	}
+	return statementError
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/pgsession"
 	damasql "github.com/dama-etl/dama/sql"
 	"github.com/dama-etl/dama/supervisor"
 )
@@ -44,6 +45,8 @@ func connectSized(ctx context.Context, minConns int32) (*pgxpool.Pool, string, e
 	if !strings.Contains(url, "pool_max_conns") {
 		pcfg.MaxConns = max(pcfg.MaxConns, minConns)
 	}
+	// River's listener waits idle on one of these connections for hours.
+	pcfg.AfterConnect = pgsession.KeepIdle
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, "", fmt.Errorf("connect to database: %w", err)

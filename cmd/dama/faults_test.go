@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dama-etl/dama/etlcontext"
@@ -491,5 +492,77 @@ func TestNoConnectionForTheTaskProcessSpendsNoAttempt(t *testing.T) {
 	}
 	if got := w.waitSettled(id, 30*time.Second); got.Status != etlcontext.StatusDone || got.Attempt != 1 {
 		t.Errorf("once connections are free: %s after %d attempts, want DONE after 1", got.Status, got.Attempt)
+	}
+}
+
+// quietConfig runs one quiet task (a command that sleeps) with a short
+// heartbeat_interval, so that a silent connection is noticed within 4 s.
+const quietConfig = `
+lock_mode: %s
+log_dir: {{dir}}/logs
+poll_interval: 300ms
+heartbeat_interval: 200ms
+kill_grace: 1s
+kinds:
+  quiet: { command: ["/bin/sleep", "%d"], max_attempts: 1 }
+`
+
+// A row-mode task hears cancellations on its write connection, not on its
+// lock connection. When that connection goes silent without a reset (an
+// idle flow dropped by a load balancer), the task process notices (the
+// kernel probes it), reconnects, and reads the cancellation it missed.
+func TestCancelReachesATaskWhoseWriteConnectionWentSilent(t *testing.T) {
+	srv := testenv.NewServer(t)
+	env := testenv.NewOn(t, srv)
+	cfg := env.WriteConfig(fmt.Sprintf(quietConfig, "row", 120))
+	w := &world{Env: env, cfg: cfg}
+	w.Start(cfg, "supervisor")
+	res := w.Dama(cfg, "submit", "quiet")
+	if res.Code != 0 {
+		t.Fatalf("submit: %s", res.Stderr)
+	}
+	id := testenv.Atoi(t, res.Stdout)
+	w.waitRunning(id)
+	testenv.SilenceConnection(t, env.Pool, fmt.Sprintf("dama-task:%d", id))
+	cancel := w.Dama(cfg, "cancel", strconv.FormatInt(id, 10), "--wait", "25s")
+	if cancel.Code != 0 || strings.TrimSpace(cancel.Stdout) != "CANCELLED" {
+		t.Fatalf("dama cancel: exit %d, stdout %q, stderr %q: want CANCELLED", cancel.Code, cancel.Stdout, cancel.Stderr)
+	}
+}
+
+// A server-wide idle_session_timeout (PostgreSQL 14+) ends sessions that
+// wait idle: dama's wait idle by design (an advisory-mode task's lock, a
+// supervisor's listeners), and turn it off for themselves, so a quiet task
+// never loses its lock to it.
+func TestIdleSessionTimeoutTakesNoLock(t *testing.T) {
+	env := testenv.New(t)
+	ctx := context.Background()
+	var name string
+	if err := env.Pool.QueryRow(ctx, `SELECT current_database()`).Scan(&name); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.Pool.Exec(ctx, fmt.Sprintf(`ALTER DATABASE %s SET idle_session_timeout = '1s'`, pgx.Identifier{name}.Sanitize())); err != nil {
+		t.Skipf("idle_session_timeout needs PostgreSQL 14+: %v", err)
+	}
+	env.Pool.Reset() // new sessions take the setting
+	cfg := env.WriteConfig(fmt.Sprintf(quietConfig, "advisory", 6))
+	w := &world{Env: env, cfg: cfg}
+	sup := w.Start(cfg, "supervisor")
+	res := w.Dama(cfg, "submit", "quiet")
+	if res.Code != 0 {
+		t.Fatalf("submit: %s", res.Stderr)
+	}
+	id := testenv.Atoi(t, res.Stdout)
+	got := w.waitSettled(id, 60*time.Second)
+	if got.Status != etlcontext.StatusDone || got.Attempt != 1 {
+		t.Errorf("%s after %d attempts, want DONE after 1", got.Status, got.Attempt)
+	}
+	taskLog, _ := os.ReadFile(filepath.Join(env.Dir, "logs", fmt.Sprintf("%d.log", id)))
+	if strings.Contains(string(taskLog), "lock connection failed") {
+		t.Errorf("the task lost its lock to idle_session_timeout:\n%s", taskLog)
+	}
+	supLog, _ := os.ReadFile(sup.Log)
+	if strings.Contains(string(supLog), "lost the database connection") {
+		t.Errorf("the supervisor lost its liveness connection to idle_session_timeout:\n%s", supLog)
 	}
 }

@@ -1,8 +1,10 @@
 -- What a running task costs must not grow with the number of tasks running:
 -- supervisors no longer poll each task, so a task's end is announced by the
 -- database itself; and task processes may hold an advisory lock instead of a
--- row lock (lock_mode), which the view shows. Additive only: task processes
--- of the previous release keep working.
+-- row lock (lock_mode), recorded on the context. Additive only: task
+-- processes of the previous release keep working (but a supervisor of the
+-- previous release does not see an advisory-mode task's lock: see the
+-- README's deployment notes).
 
 -- +goose Up
 -- How the attempt's task process holds its lock: 'row' or 'advisory'; NULL

@@ -282,10 +282,13 @@ func TestDeadSupervisorsStepIsRescued(t *testing.T) {
 	if waited := time.Since(killed); waited < rescueGrace {
 		t.Errorf("B rescued the step %s after A died, before the grace (%s) was over", waited, rescueGrace)
 	}
-	// B fetches it again: its step blocks on the table lock in turn.
+	// B fetches it again, spending no attempt. (Its step finds the context's
+	// lock held: A's backend, blocked on the queue's lock, still holds it
+	// until the test lets go and the server finds A gone. So B looks again
+	// every second.)
 	testenv.Eventually(t, 10*time.Second, "B to take the step over", func() (bool, error) {
 		j := w.job(jobID)
-		return j.State == "running" && j.Attempt == 1 && len(j.AttemptedBy) == 2 && j.AttemptedBy[1] != client, nil
+		return j.Attempt <= 1 && len(j.AttemptedBy) >= 2 && j.AttemptedBy[len(j.AttemptedBy)-1] != client, nil
 	})
 
 	release()

@@ -173,6 +173,14 @@ func (a Attempt) Processes() ([]int, error) {
 			continue
 		}
 		if a.Marker != "" {
+			// Only the command and what it started carry the marker, and
+			// none of them started before the command: reading the
+			// environment of every older process (the server's backends,
+			// other tasks) would make each of many tasks ending at once
+			// read the whole process table.
+			if a.LeaderStartTicks != 0 && st.StartTicks < a.LeaderStartTicks {
+				continue
+			}
 			marked, err := hasEnv(pid, a.Marker)
 			if err != nil {
 				// Another user's process: its environment is unreadable, and

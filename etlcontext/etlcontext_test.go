@@ -253,16 +253,6 @@ func TestLocksExcludeEachOtherAndShowInTheView(t *testing.T) {
 	}
 }
 
-func mustBegin(t *testing.T, env *testenv.Env) pgx.Tx {
-	t.Helper()
-	tx, err := env.Pool.Begin(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { tx.Rollback(context.Background()) })
-	return tx
-}
-
 func TestARetriedNumberedWriteIsStoredOnce(t *testing.T) {
 	env := testenv.New(t)
 	ctx := context.Background()

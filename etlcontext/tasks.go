@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -54,21 +56,49 @@ type TaskQuery struct {
 
 // Tasks reads the view, newest context first.
 func Tasks(ctx context.Context, db DB, q TaskQuery) ([]Task, error) {
-	statuses := make([]string, len(q.Statuses))
-	for i, st := range q.Statuses {
-		statuses[i] = string(st)
+	// Only the conditions asked for, rather than one statement whose
+	// conditions switch off by their arguments: PostgreSQL may run a cached
+	// statement with a plan made without its arguments, and such a plan of
+	// "($1 = 0 OR etl_context_id = $1)" reads every context. One status is
+	// "=", not "= ANY": then the (etl_status, etl_context_id) index returns
+	// the newest of that status first.
+	var (
+		where []string
+		args  []any
+	)
+	param := func(v any) string {
+		args = append(args, v)
+		return "$" + strconv.Itoa(len(args))
 	}
-	rows, err := db.Query(ctx, `
+	if q.ID != 0 {
+		where = append(where, "etl_context_id = "+param(q.ID))
+	}
+	switch len(q.Statuses) {
+	case 0:
+	case 1:
+		where = append(where, "etl_status = "+param(string(q.Statuses[0])))
+	default:
+		statuses := make([]string, len(q.Statuses))
+		for i, st := range q.Statuses {
+			statuses[i] = string(st)
+		}
+		where = append(where, "etl_status = ANY("+param(statuses)+"::text[])")
+	}
+	sql := `
 		SELECT etl_context_id, parent_context_id, kind, queue, etl_status, attempt, max_attempts,
 		       job_state, scheduled_at, host, pid, created_at, started_at, finished_at, heartbeat_at,
 		       latest_event_type, latest_event_at, progress, initial_event_locked, river_job_id,
 		       run_id::text, idempotency_key, cancel_requested_at, log_path,
 		       host_id, command_pgid, lock_lost_at
-		  FROM data_manager.dama_task_queue
-		 WHERE ($1 = 0 OR etl_context_id = $1)
-		   AND (cardinality($2::text[]) = 0 OR etl_status = ANY($2))
-		 ORDER BY etl_context_id DESC
-		 LIMIT CASE WHEN $3 > 0 THEN $3 END`, q.ID, statuses, q.Limit)
+		  FROM data_manager.dama_task_queue`
+	if len(where) > 0 {
+		sql += "\n\t\t WHERE " + strings.Join(where, " AND ")
+	}
+	sql += "\n\t\t ORDER BY etl_context_id DESC"
+	if q.Limit > 0 {
+		sql += "\n\t\t LIMIT " + param(q.Limit)
+	}
+	rows, err := db.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("read task queue: %w", err)
 	}

@@ -60,9 +60,9 @@ dama_pg_start() {
 	dama_pg_as "$bindir/initdb" -D "$DAMA_PG_DIR/data" -U postgres -A trust -E UTF8 --no-sync >"$DAMA_PG_DIR/initdb.log" 2>&1 ||
 		{ cat "$DAMA_PG_DIR/initdb.log" >&2; return 1; }
 	# fsync off: the cluster is thrown away; max_connections: every running
-	# task holds two connections.
+	# task holds two connections. DAMA_PG_OPTIONS adds server options.
 	dama_pg_as "$bindir/pg_ctl" -D "$DAMA_PG_DIR/data" -l "$DAMA_PG_DIR/server.log" -w -t 60 \
-		-o "-c listen_addresses='' -c unix_socket_directories='$DAMA_PG_DIR' -c max_connections=600 -c fsync=off -c synchronous_commit=off -c full_page_writes=off" \
+		-o "-c listen_addresses='' -c unix_socket_directories='$DAMA_PG_DIR' -c max_connections=600 -c fsync=off -c synchronous_commit=off -c full_page_writes=off ${DAMA_PG_OPTIONS:-}" \
 		start >/dev/null ||
 		{ cat "$DAMA_PG_DIR/server.log" >&2; return 1; }
 	DAMA_PG_BINDIR=$bindir

@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"path"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -31,6 +32,9 @@ const (
 	lockNamespace  = 1684106593
 	migrateLockKey = 0
 )
+
+// How often a Migrate waiting for another one tries the lock again.
+const migrateLockRetry = 100 * time.Millisecond
 
 // ErrNotMigrated is returned by CheckMigrated for a database that lacks
 // dama's latest migration.
@@ -69,6 +73,28 @@ func CheckMigrated(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
+// takeMigrateLock waits for the migration lock by trying it again and again
+// rather than in pg_advisory_lock: a statement waiting in the server holds a
+// snapshot, and CREATE INDEX CONCURRENTLY (migration 5) waits for every older
+// snapshot in the database to go, so a second Migrate waiting there would
+// wait for the first, and the first for it, forever.
+func takeMigrateLock(ctx context.Context, conn *pgxpool.Conn) error {
+	for {
+		var ok bool
+		if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1, $2)", lockNamespace, migrateLockKey).Scan(&ok); err != nil {
+			return fmt.Errorf("take migration lock: %w", err)
+		}
+		if ok {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("take migration lock: %w", ctx.Err())
+		case <-time.After(migrateLockRetry):
+		}
+	}
+}
+
 // Migrate applies River's migrations and then dama's own, idempotently. It
 // holds a session-level advisory lock for the whole run, so that several
 // Migrate calls at once (two deploys racing) apply each migration once.
@@ -78,8 +104,8 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error
 		return fmt.Errorf("acquire connection for migration lock: %w", err)
 	}
 	defer conn.Release()
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1, $2)", lockNamespace, migrateLockKey); err != nil {
-		return fmt.Errorf("take migration lock: %w", err)
+	if err := takeMigrateLock(ctx, conn); err != nil {
+		return err
 	}
 	defer func() {
 		// A fresh context: the lock must be released even when ctx is done.

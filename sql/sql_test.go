@@ -35,8 +35,8 @@ func TestMigrateConcurrentlyAndIdempotently(t *testing.T) {
 	if err := env.Pool.QueryRow(ctx, `SELECT count(*) FROM data_manager.schema_migrations WHERE version_id > 0`).Scan(&applied); err != nil {
 		t.Fatal(err)
 	}
-	if applied != 4 {
-		t.Errorf("schema_migrations has %d applied versions, want 4 (each migration applied once)", applied)
+	if applied != 5 {
+		t.Errorf("schema_migrations has %d applied versions, want 5 (each migration applied once)", applied)
 	}
 	var view bool
 	if err := env.Pool.QueryRow(ctx, `SELECT count(*) = 0 FROM data_manager.dama_task_queue`).Scan(&view); err != nil {

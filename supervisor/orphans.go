@@ -92,6 +92,12 @@ func (s *Supervisor) stopOrphansLocked(ctx context.Context, id int64) error {
 		}
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
+	// The lock may be held for long: the server keeps the last query's
+	// portal, and its snapshot, until the next statement, which would make
+	// CREATE INDEX CONCURRENTLY wait for it.
+	if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
+		return fmt.Errorf("end the lock query: %w", err)
+	}
 	if c.HostID == nil || *c.HostID != s.hostID || c.PID == nil || runnerMayLive(c) {
 		return nil
 	}

@@ -194,7 +194,23 @@ func lockOn(ctx context.Context, conn *pgx.Conn, id int64) (*etlcontext.Context,
 	if err != nil {
 		return nil, nil, err
 	}
+	// The server keeps the last query's portal, and with it a snapshot,
+	// until the next statement: left alone for days, it would make every
+	// CREATE INDEX CONCURRENTLY wait for the task to end.
+	if err := dropSnapshot(ctx, tx); err != nil {
+		return nil, nil, err
+	}
 	return c, tx, nil
+}
+
+// dropSnapshot ends the portal of the transaction's last query, which
+// holds a snapshot: a statement without parameters (simple protocol) runs
+// without one.
+func dropSnapshot(ctx context.Context, tx pgx.Tx) error {
+	if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
+		return fmt.Errorf("end the lock query: %w", err)
+	}
+	return nil
 }
 
 // check makes sure, right before the command starts, that the lock is

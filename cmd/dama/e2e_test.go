@@ -502,6 +502,16 @@ func TestLockConnectionLossIsRiddenOut(t *testing.T) {
 			 WHERE application_name = $1 AND datname = current_database()`, fmt.Sprintf("dama-task-lock:%d", id)).Scan(&n)
 		return n == 1 && w.task(id).InitialEventLocked, err
 	})
+	// The re-taken lock holds no snapshot: a long-lived one would make
+	// CREATE INDEX CONCURRENTLY (migration 5) wait for the task to end.
+	var snapshot bool
+	if err := w.Pool.QueryRow(context.Background(), `SELECT backend_xmin IS NOT NULL FROM pg_stat_activity
+		 WHERE application_name = $1 AND datname = current_database()`, fmt.Sprintf("dama-task-lock:%d", id)).Scan(&snapshot); err != nil {
+		t.Fatal(err)
+	}
+	if snapshot {
+		t.Error("the re-taken lock's session holds a snapshot")
+	}
 	got := w.waitSettled(id, 60*time.Second)
 	if got.Status != etlcontext.StatusDone || got.Attempt != 1 || len(w.starts(id)) != 1 {
 		t.Errorf("%s after %d attempts, starts %v: want DONE after a single start", got.Status, got.Attempt, w.starts(id))

@@ -3,22 +3,42 @@
 --
 -- Without a transaction, so that the index is built CONCURRENTLY: a plain
 -- CREATE INDEX blocks every write to etl_contexts (submissions, status
--- changes, heartbeats) while it reads the whole table, 0.7 s per million
--- contexts on the benchmark's machine (a task's write times out after 10 s).
--- The concurrent build blocks no write; it waits instead for every
--- transaction of this database that holds a snapshot older than its own (not
--- for the task processes' lock transactions, idle in READ COMMITTED without
--- one). A failed concurrent build leaves an invalid index behind, which the
--- first statement drops when the migration runs again.
+-- changes) while it reads the whole table (a task's write times out after
+-- 10 s). The concurrent build blocks no write; it waits instead for every
+-- transaction of this database that holds a snapshot older than its own.
+-- Task processes hold none (a row-mode lock transaction ends its query's
+-- portal right after taking the lock). Nothing here waits for a row-mode
+-- task's lock transaction, whose table locks (ACCESS SHARE, ROW SHARE) do
+-- not conflict: DROP INDEX CONCURRENTLY would, so an invalid index that an
+-- interrupted build left behind is renamed aside instead (drop it by hand,
+-- DROP INDEX CONCURRENTLY, once no row-mode task runs).
 -- +goose NO TRANSACTION
 
 -- +goose Up
-DROP INDEX CONCURRENTLY IF EXISTS data_manager.etl_contexts_status_id;
+-- A build that runs for long is not a hung statement.
+SET statement_timeout = 0;
+
+-- +goose StatementBegin
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1
+                 FROM pg_catalog.pg_index AS i
+                 JOIN pg_catalog.pg_class AS c ON c.oid = i.indexrelid
+                 JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+                WHERE n.nspname = 'data_manager' AND c.relname = 'etl_contexts_status_id'
+                  AND NOT i.indisvalid) THEN
+        EXECUTE format('ALTER INDEX data_manager.etl_contexts_status_id RENAME TO %I',
+                       'etl_contexts_status_id_invalid_' || to_char(clock_timestamp(), 'YYYYMMDDHH24MISS'));
+    END IF;
+END
+$$;
+-- +goose StatementEnd
 
 -- Contexts in given statuses, newest first, however rare the status: the
 -- existing (queue, etl_status) index cannot be searched by status alone, and
 -- etl_contexts_unfinished holds no FAILED or CANCELLED context.
-CREATE INDEX CONCURRENTLY etl_contexts_status_id ON data_manager.etl_contexts (etl_status, etl_context_id);
+-- A valid one exists when a run was cut short after the build.
+CREATE INDEX CONCURRENTLY IF NOT EXISTS etl_contexts_status_id ON data_manager.etl_contexts (etl_status, etl_context_id);
 
 -- As in 00003, row for row and value for value, but with the advisory locks
 -- joined as a subquery instead of a WITH clause: a view with a WITH clause is

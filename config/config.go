@@ -50,6 +50,13 @@ const (
 	LockModeAdvisory LockMode = "advisory"
 )
 
+func (m LockMode) validate() error {
+	if m != LockModeRow && m != LockModeAdvisory {
+		return fmt.Errorf("lock_mode %q: want %q or %q", m, LockModeRow, LockModeAdvisory)
+	}
+	return nil
+}
+
 // ConnectionsPerTask is how many server connections a running task process
 // of this mode holds.
 func (m LockMode) ConnectionsPerTask() int {
@@ -198,12 +205,11 @@ func Parse(data []byte) (*Config, error) {
 	if cfg.KillGrace.D() < 0 {
 		return nil, errors.New("kill_grace must not be negative")
 	}
-	switch cfg.LockMode {
-	case "":
+	if cfg.LockMode == "" {
 		cfg.LockMode = DefaultLockMode
-	case LockModeRow, LockModeAdvisory:
-	default:
-		return nil, fmt.Errorf("lock_mode %q: want %q or %q", cfg.LockMode, LockModeRow, LockModeAdvisory)
+	}
+	if err := cfg.LockMode.validate(); err != nil {
+		return nil, err
 	}
 	if len(cfg.Kinds) == 0 {
 		return nil, errors.New("no kinds: a supervisor with no kinds runs nothing")
@@ -245,12 +251,11 @@ func Parse(data []byte) (*Config, error) {
 		if k.MaxAttempts == 0 {
 			k.MaxAttempts = DefaultMaxAttempts
 		}
-		switch k.LockMode {
-		case "":
+		if k.LockMode == "" {
 			k.LockMode = cfg.LockMode
-		case LockModeRow, LockModeAdvisory:
-		default:
-			return nil, fmt.Errorf("kind %s: lock_mode %q: want %q or %q", name, k.LockMode, LockModeRow, LockModeAdvisory)
+		}
+		if err := k.LockMode.validate(); err != nil {
+			return nil, fmt.Errorf("kind %s: %w", name, err)
 		}
 		cfg.Kinds[name] = k
 	}

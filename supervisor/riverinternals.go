@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river/riverdriver"
 )
 
@@ -50,26 +49,6 @@ const wakeSQL = `UPDATE river_job AS j
 	   AND j.state IN ('scheduled', 'available')
 	   AND j.scheduled_at > now()
 	RETURNING j.id, j.queue`
-
-// collectWoken returns the distinct queues of the (id, queue) rows a wake
-// returned.
-func collectWoken(rows pgx.Rows) (map[string]bool, int, error) {
-	defer rows.Close()
-	queues := map[string]bool{}
-	n := 0
-	for rows.Next() {
-		var (
-			id    int64
-			queue string
-		)
-		if err := rows.Scan(&id, &queue); err != nil {
-			return nil, 0, err
-		}
-		queues[queue] = true
-		n++
-	}
-	return queues, n, rows.Err()
-}
 
 // parkFor is how long a running task's job is snoozed once its task process
 // holds the lock. Nothing needs the job meanwhile: the task's exit wakes it

@@ -228,7 +228,8 @@ func (s *Supervisor) wakeWaiting(ctx context.Context, queue string) {
 	if !ok {
 		return
 	}
-	rows, err := s.pool.Query(ctx, `
+	var n int
+	err := s.pool.QueryRow(ctx, `
 		WITH due AS (
 			SELECT j.id
 			  FROM data_manager.etl_contexts AS c
@@ -242,12 +243,7 @@ func (s *Supervisor) wakeWaiting(ctx context.Context, queue string) {
 			 LIMIT greatest(0, $2 - (SELECT count(*) FROM data_manager.etl_contexts
 			                          WHERE queue = $1 AND etl_status = 'RUNNING'))),
 		woken AS (`+wakeSQL+`)
-		SELECT id, queue FROM woken`, queue, q.MaxRunning)
-	if err != nil {
-		s.logger.Warn("wake tasks waiting for a slot", "queue", queue, "error", err)
-		return
-	}
-	_, n, err := collectWoken(rows)
+		SELECT count(*) FROM woken`, queue, q.MaxRunning).Scan(&n)
 	if err != nil {
 		s.logger.Warn("wake tasks waiting for a slot", "queue", queue, "error", err)
 		return

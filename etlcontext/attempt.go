@@ -21,6 +21,10 @@ type Runner struct {
 	FenceWindow time.Duration
 	// LockMode is how the task process holds its lock: "row" or "advisory".
 	LockMode string
+	// Release and Protocol name the task process's release of dama and the
+	// taskrunner.Protocol it speaks.
+	Release  string
+	Protocol int
 }
 
 // RecordRunner records the task process of run runID on context id, and
@@ -30,10 +34,11 @@ func RecordRunner(ctx context.Context, db DB, id int64, runID string, r Runner) 
 	err = db.QueryRow(ctx, `
 		UPDATE data_manager.etl_contexts
 		   SET host = $3, pid = $4, process_started_at = $5, heartbeat_at = now(), log_path = $6,
-		       host_id = $7, runner_start_ticks = $8, fence_window = $9, lock_lost_at = NULL, lock_mode = $10
+		       host_id = $7, runner_start_ticks = $8, fence_window = $9, lock_lost_at = NULL, lock_mode = $10,
+		       runner_release = $11, runner_protocol = $12
 		 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = 'RUNNING' AND pid IS NULL
 		RETURNING cancel_requested_at IS NOT NULL`,
-		id, runID, r.Host, r.PID, r.StartedAt, r.LogPath, r.HostID, int64(r.StartTicks), r.FenceWindow, r.LockMode).Scan(&cancelRequested)
+		id, runID, r.Host, r.PID, r.StartedAt, r.LogPath, r.HostID, int64(r.StartTicks), r.FenceWindow, r.LockMode, r.Release, r.Protocol).Scan(&cancelRequested)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, fmt.Errorf("record task process of etl context %d: %w", id, ErrStaleRun)
 	}
@@ -124,7 +129,7 @@ func StartAttempt(ctx context.Context, db DB, id int64, attempt int, launchedBy 
 		       started_at = coalesce(started_at, now()),
 		       host = NULL, pid = NULL, process_started_at = NULL, heartbeat_at = NULL,
 		       host_id = NULL, runner_start_ticks = NULL, command_pgid = NULL, command_start_ticks = NULL,
-		       fence_window = NULL, lock_lost_at = NULL, lock_mode = NULL
+		       fence_window = NULL, lock_lost_at = NULL, lock_mode = NULL, runner_release = NULL, runner_protocol = NULL
 		 WHERE etl_context_id = $1
 		RETURNING run_id::text, attempt`, id, attempt, launchedBy).Scan(&runID, &got)
 	if err != nil {

@@ -190,6 +190,12 @@ func Lock(ctx context.Context, tx pgx.Tx, id int64) (*Context, error) {
 // INITIAL event row FOR UPDATE: the lock of a row-mode task process, held
 // in a transaction left open for the task's life. It returns ErrLocked when
 // another process holds either.
+//
+// What tx keeps locked for the task's life is part of the contract between
+// releases (README "Releases and upgrades"): the advisory lock, the row,
+// and so event_store (ROW SHARE) and its indexes (ACCESS SHARE), but nothing
+// of etl_contexts, so that a later release's migration may add a column to
+// etl_contexts while this task runs.
 func LockRow(ctx context.Context, tx pgx.Tx, id int64) (*Context, error) {
 	ok, err := tryXactLock(ctx, tx, id)
 	if err != nil {
@@ -198,19 +204,33 @@ func LockRow(ctx context.Context, tx pgx.Tx, id int64) (*Context, error) {
 	if !ok {
 		return nil, fmt.Errorf("lock etl context %d: %w", id, ErrLocked)
 	}
+	// Found by event_store's own index, without reading etl_contexts.
 	// Whoever locks the row holds the advisory lock first, so NOWAIT does
 	// not fail here unless something outside dama locks the row.
-	c, err := scanContext(tx.QueryRow(ctx, `
-		SELECT `+contextColumns+`
-		  FROM data_manager.etl_contexts AS c
-		  JOIN data_manager.event_store AS e ON e.event_id = c.initial_event_id
-		 WHERE c.etl_context_id = $1
-		   FOR UPDATE OF e NOWAIT`, id))
+	var eventID int64
+	err = tx.QueryRow(ctx, `
+		SELECT event_id FROM data_manager.event_store
+		 WHERE etl_context_id = $1 AND type LIKE '%:INITIAL'
+		   FOR UPDATE NOWAIT`, id).Scan(&eventID)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return nil, fmt.Errorf("lock initial event of etl context %d: %w", id, ErrNotFound)
 	case err != nil:
 		return nil, fmt.Errorf("lock initial event of etl context %d: %w", id, classify(err))
+	}
+	// The context is read in a savepoint rolled back at once: the table
+	// lock the read takes on etl_contexts goes with it, while the locks
+	// taken before the savepoint stay.
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read etl context %d: %w", id, err)
+	}
+	c, err := Get(ctx, sp, id)
+	if rerr := sp.Rollback(ctx); rerr != nil && err == nil {
+		err = fmt.Errorf("read etl context %d: %w", id, rerr)
+	}
+	if err != nil {
+		return nil, err
 	}
 	return c, nil
 }

@@ -42,6 +42,11 @@ type Task struct {
 	HostID             *string         `json:"host_id"`
 	CommandPGID        *int            `json:"command_pgid"`
 	LockLostAt         *time.Time      `json:"lock_lost_at"`
+	// LockMode, RunnerRelease and RunnerProtocol describe the current
+	// attempt's task process; nil for one of an unreleased build.
+	LockMode       *string `json:"lock_mode"`
+	RunnerRelease  *string `json:"runner_release"`
+	RunnerProtocol *int    `json:"runner_protocol"`
 }
 
 // TaskQuery selects rows of the view.
@@ -89,7 +94,7 @@ func Tasks(ctx context.Context, db DB, q TaskQuery) ([]Task, error) {
 		       job_state, scheduled_at, host, pid, created_at, started_at, finished_at, heartbeat_at,
 		       latest_event_type, latest_event_at, progress, initial_event_locked, river_job_id,
 		       run_id::text, idempotency_key, cancel_requested_at, log_path,
-		       host_id, command_pgid, lock_lost_at
+		       host_id, command_pgid, lock_lost_at, lock_mode, runner_release, runner_protocol
 		  FROM data_manager.dama_task_queue`
 	if len(where) > 0 {
 		sql += "\n\t\t WHERE " + strings.Join(where, " AND ")
@@ -108,7 +113,7 @@ func Tasks(ctx context.Context, db DB, q TaskQuery) ([]Task, error) {
 			&t.JobState, &t.ScheduledAt, &t.Host, &t.PID, &t.CreatedAt, &t.StartedAt, &t.FinishedAt, &t.HeartbeatAt,
 			&t.LatestEventType, &t.LatestEventAt, &t.Progress, &t.InitialEventLocked, &t.RiverJobID,
 			&t.RunID, &t.IdempotencyKey, &t.CancelRequestedAt, &t.LogPath,
-			&t.HostID, &t.CommandPGID, &t.LockLostAt)
+			&t.HostID, &t.CommandPGID, &t.LockLostAt, &t.LockMode, &t.RunnerRelease, &t.RunnerProtocol)
 		return t, err
 	})
 	if err != nil {

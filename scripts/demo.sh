@@ -29,8 +29,7 @@ fi
 export DATABASE_URL
 
 echo "== building dama and the sample ETL program into $work/bin"
-go build -o "$work/bin/dama" ./cmd/dama
-go build -o "$work/bin/sample-etl" ./cmd/sample-etl
+scripts/build.sh "$work/bin"
 dama="$work/bin/dama"
 
 cat >"$work/dama.yaml" <<YAML

@@ -10,13 +10,18 @@ import (
 	"io/fs"
 	"log/slog"
 	"path"
+	"strconv"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
+
+	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/version"
 )
 
 //go:embed migrations/*.sql
@@ -36,41 +41,93 @@ const (
 // How often a Migrate waiting for another one tries the lock again.
 const migrateLockRetry = 100 * time.Millisecond
 
+// lockTimeout bounds how long a migration waits for a table lock. A
+// migration waiting for ACCESS EXCLUSIVE makes every later statement on the
+// table wait behind it, the writes of every running task among them: a
+// migration that cannot have its lock soon fails instead, having applied
+// nothing, and is run again later.
+const lockTimeout = 10 * time.Second
+
 // ErrNotMigrated is returned by CheckMigrated for a database that lacks
 // dama's latest migration.
 var ErrNotMigrated = errors.New("the database is not migrated: run dama migrate")
 
-// CheckMigrated reports ErrNotMigrated unless every migration this binary
-// embeds has been applied, so that commands fail with one clear line instead
-// of "relation does not exist".
-func CheckMigrated(ctx context.Context, pool *pgxpool.Pool) error {
+// ErrSchemaNewer is returned by CheckMigrated and Migrate for a database
+// migrated by a newer release than this binary: it refuses to run on a
+// schema it does not know rather than misjudge the tasks it finds there.
+var ErrSchemaNewer = errors.New("the database schema is newer than this dama")
+
+// Latest returns the version of the newest migration this binary embeds.
+func Latest() (int64, error) {
 	entries, err := fs.Glob(migrations, "migrations/*.sql")
 	if err != nil || len(entries) == 0 {
-		return fmt.Errorf("list embedded migrations: %w", err)
+		return 0, fmt.Errorf("list embedded migrations: %w", err)
 	}
 	var latest int64
 	if _, err := fmt.Sscanf(path.Base(entries[len(entries)-1]), "%d_", &latest); err != nil {
-		return fmt.Errorf("read embedded migration version: %w", err)
+		return 0, fmt.Errorf("read embedded migration version: %w", err)
 	}
-	var applied bool
-	err = pool.QueryRow(ctx, `
-		SELECT to_regclass('data_manager.schema_migrations') IS NOT NULL
-		   AND to_regclass('river_job') IS NOT NULL`).Scan(&applied)
+	return latest, nil
+}
+
+// CheckMigrated reports ErrNotMigrated unless every migration this binary
+// embeds has been applied, so that commands fail with one clear line instead
+// of "relation does not exist"; and ErrSchemaNewer when the database has
+// migrations this binary does not know.
+func CheckMigrated(ctx context.Context, pool *pgxpool.Pool) error {
+	applied, latest, err := versions(ctx, pool)
 	if err != nil {
-		return fmt.Errorf("check migrations: %w", err)
+		return err
 	}
-	if applied {
-		err = pool.QueryRow(ctx, `
-			SELECT EXISTS (SELECT 1 FROM data_manager.schema_migrations WHERE version_id = $1 AND is_applied)`,
-			latest).Scan(&applied)
-		if err != nil {
-			return fmt.Errorf("check migrations: %w", err)
-		}
-	}
-	if !applied {
+	if applied < latest {
 		return ErrNotMigrated
 	}
 	return nil
+}
+
+// versions returns the newest dama migration applied to the database (0
+// for none) and the newest this binary embeds, or ErrSchemaNewer, saying
+// which release migrated the database, when the first is past the second.
+func versions(ctx context.Context, pool *pgxpool.Pool) (applied, latest int64, err error) {
+	latest, err = Latest()
+	if err != nil {
+		return 0, 0, err
+	}
+	applied, err = appliedVersion(ctx, pool)
+	if err != nil {
+		return 0, 0, err
+	}
+	if applied <= latest {
+		return applied, latest, nil
+	}
+	by := "a newer release"
+	// Recorded from migration 6 (v0.1.0) on.
+	if c, err := etlcontext.ReadCompatibility(ctx, pool); err == nil && c.MigratedBy != nil {
+		by = "dama " + *c.MigratedBy
+	}
+	return 0, 0, fmt.Errorf("%w: it is at version %d, migrated by %s, and this dama %s knows versions up to %d: run %s or later",
+		ErrSchemaNewer, applied, by, version.Release, latest, by)
+}
+
+// appliedVersion returns the newest dama migration applied, 0 for none.
+func appliedVersion(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
+	var migrated bool
+	err := pool.QueryRow(ctx, `
+		SELECT to_regclass('data_manager.schema_migrations') IS NOT NULL
+		   AND to_regclass('river_job') IS NOT NULL`).Scan(&migrated)
+	if err != nil {
+		return 0, fmt.Errorf("check migrations: %w", err)
+	}
+	if !migrated {
+		return 0, nil
+	}
+	var applied int64
+	err = pool.QueryRow(ctx, `
+		SELECT coalesce(max(version_id), 0) FROM data_manager.schema_migrations WHERE is_applied`).Scan(&applied)
+	if err != nil {
+		return 0, fmt.Errorf("check migrations: %w", err)
+	}
+	return applied, nil
 }
 
 // takeMigrateLock waits for the migration lock by trying it again and again
@@ -114,6 +171,10 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error
 		}
 	}()
 
+	if _, _, err := versions(ctx, pool); err != nil {
+		return err
+	}
+
 	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Logger: logger})
 	if err != nil {
 		return fmt.Errorf("create River migrator: %w", err)
@@ -133,7 +194,9 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error
 	if err != nil {
 		return fmt.Errorf("open embedded migrations: %w", err)
 	}
-	db := stdlib.OpenDBFromPool(pool)
+	connConfig := pool.Config().ConnConfig.Copy()
+	connConfig.RuntimeParams["lock_timeout"] = strconv.FormatInt(lockTimeout.Milliseconds(), 10)
+	db := stdlib.OpenDB(*connConfig)
 	defer db.Close()
 	provider, err := goose.NewProvider(goose.DialectPostgres, db, fsys,
 		goose.WithTableName(Schema+".schema_migrations"),
@@ -146,12 +209,21 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error
 	if err != nil {
 		var partial *goose.PartialError
 		if errors.As(err, &partial) && partial.Failed != nil && partial.Failed.Source != nil {
+			var pgErr *pgconn.PgError
+			// lock_not_available: lock_timeout ran out.
+			if errors.As(partial.Err, &pgErr) && pgErr.Code == "55P03" {
+				return fmt.Errorf("apply dama migration %s: a table it changes stayed locked for %s (a long transaction, such as a row-mode task process of an unreleased build); nothing of it was applied: run dama migrate again once that has ended: %w",
+					partial.Failed.Source.Path, lockTimeout, partial.Err)
+			}
 			return fmt.Errorf("apply dama migration %s: %w", partial.Failed.Source.Path, partial.Err)
 		}
 		return fmt.Errorf("apply dama migrations: %w", err)
 	}
 	for _, r := range results {
 		logger.Info("applied dama migration", "version", r.Source.Version, "file", r.Source.Path)
+	}
+	if err := etlcontext.RecordMigration(ctx, pool, version.Release); err != nil {
+		return err
 	}
 	return nil
 }

@@ -2,13 +2,21 @@ package sql_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
+	"os"
+	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
 
 	"github.com/dama-etl/dama/internal/testenv"
 	damasql "github.com/dama-etl/dama/sql"
+	"github.com/dama-etl/dama/version"
 )
 
 func TestMigrateConcurrentlyAndIdempotently(t *testing.T) {
@@ -35,8 +43,16 @@ func TestMigrateConcurrentlyAndIdempotently(t *testing.T) {
 	if err := env.Pool.QueryRow(ctx, `SELECT count(*) FROM data_manager.schema_migrations WHERE version_id > 0`).Scan(&applied); err != nil {
 		t.Fatal(err)
 	}
-	if applied != 5 {
-		t.Errorf("schema_migrations has %d applied versions, want 5 (each migration applied once)", applied)
+	latest, err := damasql.Latest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if int64(applied) != latest || latest != 6 {
+		t.Errorf("schema_migrations has %d applied versions, want %d = 6 (each migration applied once)", applied, latest)
+	}
+	var migratedBy string
+	if err := env.Pool.QueryRow(ctx, `SELECT migrated_by FROM data_manager.compatibility`).Scan(&migratedBy); err != nil || migratedBy != version.Release {
+		t.Errorf("compatibility.migrated_by = %q (err %v), want %q", migratedBy, err, version.Release)
 	}
 	var view bool
 	if err := env.Pool.QueryRow(ctx, `SELECT count(*) = 0 FROM data_manager.dama_task_queue`).Scan(&view); err != nil {
@@ -45,5 +61,98 @@ func TestMigrateConcurrentlyAndIdempotently(t *testing.T) {
 	var riverJobs bool
 	if err := env.Pool.QueryRow(ctx, `SELECT to_regclass('river_job') IS NOT NULL`).Scan(&riverJobs); err != nil || !riverJobs {
 		t.Fatalf("river_job missing after migrate (err %v)", err)
+	}
+}
+
+// A binary older than the schema refuses to run on it, or to migrate it,
+// and says which release to run instead.
+func TestNewerSchemaIsRefused(t *testing.T) {
+	env := testenv.New(t)
+	ctx := context.Background()
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	// What a later release's migrate leaves behind.
+	if _, err := env.Pool.Exec(ctx, `
+		INSERT INTO data_manager.schema_migrations (version_id, is_applied) VALUES (999, true);
+		UPDATE data_manager.compatibility SET migrated_by = 'v9.9.9'`); err != nil {
+		t.Fatal(err)
+	}
+	state := func() string {
+		var s string
+		if err := env.Pool.QueryRow(ctx, `
+			SELECT (SELECT string_agg(version_id::text, ',' ORDER BY id) FROM data_manager.schema_migrations)
+			       || ' ' || (SELECT migrated_by FROM data_manager.compatibility)`).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	before := state()
+	for name, err := range map[string]error{
+		"CheckMigrated": damasql.CheckMigrated(ctx, env.Pool),
+		"Migrate":       damasql.Migrate(ctx, env.Pool, logger),
+	} {
+		if !errors.Is(err, damasql.ErrSchemaNewer) || !strings.Contains(err.Error(), "version 999, migrated by dama v9.9.9") ||
+			!strings.Contains(err.Error(), "run dama v9.9.9 or later") {
+			t.Errorf("%s: %v; want ErrSchemaNewer naming version 999 and dama v9.9.9", name, err)
+		}
+	}
+	if after := state(); after != before {
+		t.Errorf("the refused Migrate changed the schema: %s -> %s", before, after)
+	}
+}
+
+// A migration that cannot have its table lock soon fails, having applied
+// nothing, rather than queue ahead of every task's writes; run again once
+// the lock is gone, it applies.
+func TestMigrationWaitsForATableLockOnlySoLong(t *testing.T) {
+	env := testenv.New(t)
+	ctx := context.Background()
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	// Back to the schema before migration 6, which adds columns to
+	// etl_contexts.
+	db := stdlib.OpenDBFromPool(env.Pool)
+	defer db.Close()
+	provider, err := goose.NewProvider(goose.DialectPostgres, db, os.DirFS("migrations"),
+		goose.WithTableName(damasql.Schema+".schema_migrations"), goose.WithDisableGlobalRegistry(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := provider.DownTo(ctx, 5); err != nil {
+		t.Fatal(err)
+	}
+	// What a row-mode task process of an unreleased build holds for its
+	// life: a transaction that read etl_contexts.
+	holder, err := env.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx)
+	if _, err := holder.Exec(ctx, `SELECT count(*) FROM data_manager.etl_contexts`); err != nil {
+		t.Fatal(err)
+	}
+
+	start := time.Now()
+	err = damasql.Migrate(ctx, env.Pool, logger)
+	if err == nil || !strings.Contains(err.Error(), "00006_releases.sql") || !strings.Contains(err.Error(), "stayed locked for 10s") {
+		t.Fatalf("Migrate with etl_contexts locked: %v; want migration 6 refused after the lock timeout", err)
+	}
+	t.Logf("refused after %s: %v", time.Since(start).Round(time.Millisecond), err)
+	var applied bool
+	if err := env.Pool.QueryRow(ctx, `
+		SELECT EXISTS (SELECT 1 FROM data_manager.schema_migrations WHERE version_id = 6)
+		    OR to_regclass('data_manager.compatibility') IS NOT NULL`).Scan(&applied); err != nil {
+		t.Fatal(err)
+	}
+	if applied {
+		t.Error("the refused migration 6 left part of itself behind")
+	}
+
+	if err := holder.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := damasql.Migrate(ctx, env.Pool, logger); err != nil {
+		t.Fatalf("Migrate once the lock is gone: %v", err)
+	}
+	if err := damasql.CheckMigrated(ctx, env.Pool); err != nil {
+		t.Fatal(err)
 	}
 }

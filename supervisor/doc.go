@@ -41,4 +41,13 @@
 // spending an attempt. A context whose job was finalized behind dama's back
 // (by hand, or by River's own rescuer) is reconciled: its job is retried or
 // re-enqueued, once, however many supervisors reconcile at the same time.
+//
+// # Releases
+//
+// [Supervisor.Run] refuses a database migrated by a newer release than its
+// own, or one that no longer accepts its task processes' protocol, before
+// it touches any task. A supervisor already running when the database
+// retires its protocol stops at its first launch, which its task process
+// refuses (taskrunner.ExitRefused): the launch is taken back without
+// spending an attempt, and Run returns why.
 package supervisor

@@ -33,6 +33,9 @@ const (
 	launchLocked
 	// launchExited: the runner exited before holding its lock.
 	launchExited
+	// launchRefused: the database no longer accepts this release's task
+	// processes (taskrunner.ExitRefused).
+	launchRefused
 )
 
 // child is a runner this supervisor spawned and reaps.
@@ -105,8 +108,11 @@ func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcont
 	case <-ctx.Done():
 		return launchPending, nil
 	}
-	if ch.exitCode == taskrunner.ExitLocked {
+	switch ch.exitCode {
+	case taskrunner.ExitLocked:
 		return launchLocked, nil
+	case taskrunner.ExitRefused:
+		return launchRefused, nil
 	}
 	logger.Warn("task process exited before taking its lock", "pid", ch.pid, "exit_code", ch.exitCode, "log", logPath)
 	return launchExited, nil

@@ -27,6 +27,11 @@ const queueLockNamespace = etlcontext.LockNamespace + 1
 func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth int) error {
 	id := job.Args.ETLContextID
 	logger := s.logger.With("etl_context_id", id, "job_id", job.ID, "job_attempt", job.Attempt)
+	if depth == 0 && s.retired.Load() {
+		// Stopping because the database refused this release's task
+		// processes: leave the task to a newer supervisor.
+		return river.JobSnooze(s.cfg.PollInterval.D())
+	}
 
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
@@ -173,6 +178,15 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 		return river.JobSnooze(parkFor)
 	case launchPending, launchLocked:
 		return river.JobSnooze(parkFor)
+	case launchRefused:
+		s.retire(ctx)
+		// The runner wrote nothing: the next look takes the launch back
+		// without spending an attempt, and leaves the task to a newer
+		// supervisor.
+		if depth < 2 {
+			return s.step(ctx, job, depth+1)
+		}
+		return river.JobSnooze(s.cfg.PollInterval.D())
 	default:
 		// The runner exited before holding its lock; what it recorded (or
 		// failed to) decides, so look again.

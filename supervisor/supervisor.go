@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -15,7 +16,11 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/dama-etl/dama/config"
+	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/hostproc"
+	damasql "github.com/dama-etl/dama/sql"
+	"github.com/dama-etl/dama/taskrunner"
+	"github.com/dama-etl/dama/version"
 )
 
 // Options tune a Supervisor beyond its configuration file.
@@ -83,6 +88,11 @@ type Supervisor struct {
 	// holds more entries than there are running jobs.
 	rescueMu sync.Mutex
 	suspects map[suspect]time.Time
+
+	// retired is set, and why sent on stop, once the database refused
+	// this release's task processes: Run then stops the supervisor.
+	retired atomic.Bool
+	stop    chan error
 }
 
 // New returns a supervisor for cfg; Run starts it.
@@ -129,6 +139,7 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 
 		rescueGrace: rescueGraceFor(cfg.PollInterval.D()),
 		suspects:    map[suspect]time.Time{},
+		stop:        make(chan error, 1),
 	}
 	workers := river.NewWorkers()
 	if err := river.AddWorkerSafely(workers, &taskWorker{s: s}); err != nil {
@@ -189,6 +200,14 @@ func cmpOr(d, def time.Duration) time.Duration {
 // Run works tasks until ctx ends, then stops River cleanly: steps in progress
 // finish, and task processes are never signalled.
 func (s *Supervisor) Run(ctx context.Context) error {
+	// An older release than the schema, or one whose task processes the
+	// database no longer accepts, touches no task.
+	if err := damasql.CheckMigrated(ctx, s.pool); err != nil {
+		return err
+	}
+	if err := etlcontext.CheckRunnerProtocol(ctx, s.pool, taskrunner.Protocol); err != nil {
+		return err
+	}
 	// The liveness lock comes first: every job River fetches from now on
 	// names this client, and others judge it by that lock. It lives on a
 	// connection of its own, so that nothing but that connection's failure
@@ -227,10 +246,16 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	if err := s.river.Start(ctx); err != nil {
 		return fmt.Errorf("start River client: %w", err)
 	}
-	s.logger.Info("supervisor started", "host", s.host, "client_id", s.river.ID(), "queues", s.cfg.QueueNames(), "kinds", s.cfg.KindNames())
+	s.logger.Info("supervisor started", "host", s.host, "client_id", s.river.ID(), "queues", s.cfg.QueueNames(), "kinds", s.cfg.KindNames(),
+		"release", version.Release, "commit", version.Commit(), "protocol", taskrunner.Protocol)
 	s.reportBudget(ctx)
 	bg.Go(func() { s.rescueLoop(bgCtx) })
-	<-ctx.Done()
+	var stopErr error
+	select {
+	case <-ctx.Done():
+	case stopErr = <-s.stop:
+		s.logger.Error("supervisor stopping", "error", stopErr)
+	}
 
 	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stepTimeout(s.opts.LaunchTimeout))
 	defer cancel()
@@ -243,7 +268,20 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		}
 	}
 	s.logger.Info("supervisor stopped; task processes keep running")
-	return nil
+	return stopErr
+}
+
+// retire stops the supervisor, once, after the database refused one of its
+// task processes: every later launch would be refused too.
+func (s *Supervisor) retire(ctx context.Context) {
+	if s.retired.Swap(true) {
+		return
+	}
+	err := etlcontext.CheckRunnerProtocol(ctx, s.pool, taskrunner.Protocol)
+	if err == nil {
+		err = fmt.Errorf("a task process exited with code %d: %w", taskrunner.ExitRefused, etlcontext.ErrProtocolRefused)
+	}
+	s.stop <- err
 }
 
 // rescueLoop rescues the steps of dead supervisors, reconciles contexts with

@@ -154,6 +154,12 @@ func (k *lockKeeper) lock(ctx context.Context) (*etlcontext.Context, *pgx.Conn, 
 	if err != nil {
 		return nil, nil, err
 	}
+	// Before the lock: a runner the database no longer accepts touches
+	// nothing.
+	if err := etlcontext.CheckRunnerProtocol(cctx, conn, Protocol); err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return nil, nil, err
+	}
 	if k.mode == config.LockModeAdvisory {
 		c, err := etlcontext.LockSession(cctx, conn, k.contextID)
 		if err != nil {

@@ -46,6 +46,7 @@ import (
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/hostproc"
+	"github.com/dama-etl/dama/version"
 )
 
 // Exit codes of the runner process.
@@ -75,7 +76,22 @@ const (
 	// WARNING event records why, and the supervisor takes the launch back
 	// without spending an attempt.
 	ExitUnfit = 105
+	// ExitRefused: the database no longer accepts task processes of this
+	// Protocol (it was migrated by a release that retired it); the runner
+	// wrote nothing and took no lock. The supervisor that launched it is as
+	// old: it stops, and leaves the task to a newer one.
+	ExitRefused = 106
 )
+
+// Protocol is the version of what a task process and the rest of dama rely
+// on of each other, across releases: the runner's arguments and
+// environment, its exit codes, the NOTIFY channels, the lock keys and lock
+// modes, and the columns and events it writes under the database's
+// checks. A release raises it when it changes any of these so that a task
+// process of an older release could no longer work with it; the database
+// records the oldest protocol it accepts (data_manager.compatibility),
+// which a migration raises only once no task process of an older one runs.
+const Protocol = 1
 
 // RunIDEnv names the environment variable that carries the attempt's run id
 // to the command and, inherited, to every process it starts: a supervisor on
@@ -217,6 +233,8 @@ func (r *runner) run(ctx context.Context) (int, error) {
 	case errors.Is(err, etlcontext.ErrLocked):
 		r.logger.Info("another process holds the lock of this context")
 		return ExitLocked, nil
+	case errors.Is(err, etlcontext.ErrProtocolRefused):
+		return ExitRefused, err
 	case err != nil:
 		return ExitSetup, err
 	}
@@ -313,6 +331,8 @@ func (r *runner) recordStart(ctx context.Context) (cancelRequested bool, err err
 		StartTicks: self.StartTicks, LogPath: r.logPath,
 		FenceWindow: FenceWindow(cfg.HeartbeatInterval.D(), cfg.ReconnectGraceD(), cfg.KillGrace.D(), cfg.PollInterval.D()),
 		LockMode:    string(r.lock.mode),
+		Release:     version.Release,
+		Protocol:    Protocol,
 	}
 	rctx, cancel := context.WithTimeout(ctx, 2*stmtTimeout)
 	defer cancel()

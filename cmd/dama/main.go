@@ -13,6 +13,8 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/dama-etl/dama/version"
 )
 
 func main() {
@@ -61,6 +63,9 @@ data_manager.dama_task_queue shows what runs where, and how far along.`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
 	}
+	// --version prints what `dama version` prints.
+	root.Version = version.Release
+	root.SetVersionTemplate(versionText())
 	root.PersistentFlags().StringVar(&g.configPath, "config", os.Getenv("DAMA_CONFIG"), "configuration file (default $DAMA_CONFIG)")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return err })
 	root.CompletionOptions.DisableDefaultCmd = true
@@ -73,6 +78,7 @@ data_manager.dama_task_queue shows what runs where, and how far along.`,
 		newLogsCommand(),
 		newCancelCommand(g),
 		newTaskrunnerCommand(g, code),
+		newVersionCommand(),
 	)
 	return root
 }

@@ -49,6 +49,9 @@ func runMain(m *testing.M) int {
 	defer os.RemoveAll(dir)
 	for _, pkg := range []string{"cmd/dama", "cmd/sample-etl"} {
 		args := []string{"build", "-o", filepath.Join(dir, filepath.Base(pkg))}
+		if commit := headCommit(); commit != "" {
+			args = append(args, "-ldflags", "-X github.com/dama-etl/dama/version.commit="+commit)
+		}
 		if raceEnabled {
 			args = append(args, "-race")
 		}
@@ -61,6 +64,17 @@ func runMain(m *testing.M) int {
 	}
 	os.Setenv(binDirEnv, dir)
 	return m.Run()
+}
+
+// headCommit is the commit the module's checkout is at, "" when unknown.
+func headCommit() string {
+	cmd := exec.Command("git", "rev-parse", "HEAD")
+	cmd.Dir = moduleRoot()
+	out, err := cmd.Output()
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(out))
 }
 
 func moduleRoot() string {

@@ -1,0 +1,39 @@
+package main
+
+import (
+	"fmt"
+	"runtime"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	damasql "github.com/dama-etl/dama/sql"
+	"github.com/dama-etl/dama/taskrunner"
+	"github.com/dama-etl/dama/version"
+)
+
+func newVersionCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the release, commit, runner protocol and schema version",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			_, err := fmt.Fprint(cmd.OutOrStdout(), versionText())
+			return err
+		},
+	}
+}
+
+// versionText is what `dama version` and `dama --version` print: a line
+// per fact, "name value", for people and scripts alike.
+func versionText() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "dama %s\n", version.Release)
+	fmt.Fprintf(&b, "commit %s\n", version.Commit())
+	fmt.Fprintf(&b, "protocol %d\n", taskrunner.Protocol)
+	if latest, err := damasql.Latest(); err == nil {
+		fmt.Fprintf(&b, "schema %d\n", latest)
+	}
+	fmt.Fprintf(&b, "go %s\n", runtime.Version())
+	return b.String()
+}

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Builds dama (and the sample ETL program) into DIR (default ./bin), with the
+# commit stamped in: `dama version` prints it. The Go toolchain stamps it by
+# itself only with -buildvcs, which some environments turn off (GOFLAGS).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-bin}
+mkdir -p "$out"
+commit=$(git rev-parse HEAD 2>/dev/null || true)
+if [ -n "$commit" ] && ! git diff --quiet HEAD 2>/dev/null; then
+	commit=$commit-dirty
+fi
+ldflags=
+if [ -n "$commit" ]; then
+	ldflags="-X github.com/dama-etl/dama/version.commit=$commit"
+fi
+go build -ldflags "$ldflags" -o "$out/dama" ./cmd/dama
+go build -o "$out/sample-etl" ./cmd/sample-etl

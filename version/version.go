@@ -1,0 +1,47 @@
+// Package version tells which release of dama a binary is.
+//
+// A release is cut by setting Release to its vMAJOR.MINOR.PATCH and
+// recording the commit in CHANGELOG.md; between releases Release names the
+// next one with a "-dev" suffix. The commit comes from the build: the Go
+// toolchain stamps it when it builds inside a git checkout, and a build from
+// an exported tree sets it with
+//
+//	go build -ldflags "-X github.com/dama-etl/dama/version.commit=<sha>" ./cmd/dama
+package version
+
+import "runtime/debug"
+
+// Release is this build's release, vMAJOR.MINOR.PATCH (Semantic Versioning);
+// a "-dev" suffix marks a build between releases.
+const Release = "v0.1.0"
+
+// commit is set by the linker (-X) when the build has no VCS stamp.
+var commit string
+
+// Commit returns the commit the binary was built from, with "-dirty" when
+// the tree had local changes, or "unknown".
+func Commit() string {
+	if commit != "" {
+		return commit
+	}
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	var rev, modified string
+	for _, s := range info.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			modified = s.Value
+		}
+	}
+	if rev == "" {
+		return "unknown"
+	}
+	if modified == "true" {
+		rev += "-dirty"
+	}
+	return rev
+}

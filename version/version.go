@@ -13,7 +13,7 @@ import "runtime/debug"
 
 // Release is this build's release, vMAJOR.MINOR.PATCH (Semantic Versioning);
 // a "-dev" suffix marks a build between releases.
-const Release = "v0.1.0"
+const Release = "v0.2.0-dev"
 
 // commit is set by the linker (-X) when the build has no VCS stamp.
 var commit string

@@ -193,7 +193,7 @@ func Lock(ctx context.Context, tx pgx.Tx, id int64) (*Context, error) {
 //
 // What tx keeps locked for the task's life is part of the contract between
 // releases (README "Releases and upgrades"): the advisory lock, the row,
-// and so event_store (ROW SHARE) and its indexes (ACCESS SHARE), but nothing
+// and so event_store and its indexes (ROW SHARE), but nothing
 // of etl_contexts, so that a later release's migration may add a column to
 // etl_contexts while this task runs.
 func LockRow(ctx context.Context, tx pgx.Tx, id int64) (*Context, error) {

@@ -18,8 +18,15 @@ if [ "$(id -u)" -eq 0 ] && ! command -v nft >/dev/null; then
 		{ echo "installing nftables failed" >&2; exit 1; }
 fi
 
+# The upgrade test builds the previous release from the commit CHANGELOG.md
+# records, which a shallow clone lacks.
+if [ "$(git rev-parse --is-shallow-repository 2>/dev/null)" = true ]; then
+	echo "shallow clone: fetching the full history for the upgrade test" >&2
+	git fetch --quiet --unshallow >&2 || echo "git fetch --unshallow failed; the upgrade test will say which commit is missing" >&2
+fi
+
 go vet ./...
 go test -race -count=1 -timeout 30m "$@" ./...
 # The end-to-end suite again with every task in advisory lock mode (the
-# steady-state test runs both modes itself).
-DAMA_TEST_LOCK_MODE=advisory go test -race -count=1 -timeout 30m -skip TestSteadyState "$@" ./cmd/dama
+# steady-state and upgrade tests run both modes themselves).
+DAMA_TEST_LOCK_MODE=advisory go test -race -count=1 -timeout 30m -skip 'TestSteadyState|TestUpgradeFromThePreviousRelease' "$@" ./cmd/dama

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"path"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -46,7 +47,22 @@ const migrateLockRetry = 100 * time.Millisecond
 // table wait behind it, the writes of every running task among them: a
 // migration that cannot have its lock soon fails instead, having applied
 // nothing, and is run again later.
-const lockTimeout = 10 * time.Second
+const lockTimeout = 2 * time.Second
+
+// A migration refused for its lock is tried lockTries times in all,
+// lockRetryPause apart: short waits, each well within a task's write
+// timeout (10 s), rather than one long one.
+const (
+	lockTries      = 5
+	lockRetryPause = time.Second
+)
+
+// noTransaction reports whether the migration in file runs outside a
+// transaction (goose's NO TRANSACTION annotation).
+func noTransaction(file string) bool {
+	body, err := fs.ReadFile(migrations, "migrations/"+path.Base(file))
+	return err == nil && strings.Contains(string(body), "-- +goose NO TRANSACTION")
+}
 
 // ErrNotMigrated is returned by CheckMigrated for a database that lacks
 // dama's latest migration.
@@ -205,25 +221,51 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error
 	if err != nil {
 		return fmt.Errorf("load dama migrations: %w", err)
 	}
-	results, err := provider.Up(ctx)
-	if err != nil {
+	applied := len(res.Versions)
+	for try := 1; ; try++ {
+		results, err := provider.Up(ctx)
 		var partial *goose.PartialError
-		if errors.As(err, &partial) && partial.Failed != nil && partial.Failed.Source != nil {
-			var pgErr *pgconn.PgError
-			// lock_not_available: lock_timeout ran out.
-			if errors.As(partial.Err, &pgErr) && pgErr.Code == "55P03" {
-				return fmt.Errorf("apply dama migration %s: a table it changes stayed locked for %s (a long transaction, such as a row-mode task process of an unreleased build); nothing of it was applied: run dama migrate again once that has ended: %w",
-					partial.Failed.Source.Path, lockTimeout, partial.Err)
-			}
-			return fmt.Errorf("apply dama migration %s: %w", partial.Failed.Source.Path, partial.Err)
+		if errors.As(err, &partial) {
+			results = partial.Applied
 		}
-		return fmt.Errorf("apply dama migrations: %w", err)
+		for _, r := range results {
+			logger.Info("applied dama migration", "version", r.Source.Version, "file", r.Source.Path)
+		}
+		applied += len(results)
+		if err == nil {
+			break
+		}
+		if partial == nil || partial.Failed == nil || partial.Failed.Source == nil {
+			return fmt.Errorf("apply dama migrations: %w", err)
+		}
+		file := partial.Failed.Source.Path
+		var pgErr *pgconn.PgError
+		// lock_not_available: lock_timeout ran out.
+		if !errors.As(partial.Err, &pgErr) || pgErr.Code != "55P03" {
+			return fmt.Errorf("apply dama migration %s: %w", file, partial.Err)
+		}
+		if try < lockTries {
+			logger.Warn("a table the migration changes is locked; trying again", "file", file, "try", try, "of", lockTries)
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("apply dama migration %s: %w", file, ctx.Err())
+			case <-time.After(lockRetryPause):
+			}
+			continue
+		}
+		what := "nothing of it was applied"
+		if noTransaction(file) {
+			what = "it may have been applied in part, and is written to be run again"
+		}
+		return fmt.Errorf("apply dama migration %s: a table it changes stayed locked through %d tries of %s (a long transaction, such as a row-mode task process of an unreleased build); %s: run dama migrate again once that has ended: %w",
+			file, lockTries, lockTimeout, what, partial.Err)
 	}
-	for _, r := range results {
-		logger.Info("applied dama migration", "version", r.Source.Version, "file", r.Source.Path)
-	}
-	if err := etlcontext.RecordMigration(ctx, pool, version.Release); err != nil {
-		return err
+	// Only a run that changed something says so: a binary that found
+	// nothing to do must not pass for the release that shaped the schema.
+	if applied > 0 {
+		if err := etlcontext.RecordMigration(ctx, pool, version.Release); err != nil {
+			return err
+		}
 	}
 	return nil
 }

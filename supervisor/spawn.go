@@ -68,11 +68,13 @@ func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcont
 	defer readyR.Close()
 
 	kind, _ := s.cfg.Kind(c.Kind)
-	cmd := exec.Command(s.opts.Executable, "taskrunner",
+	cmd := exec.Command(s.spawnPath, "taskrunner",
 		"--context-id", strconv.FormatInt(c.ID, 10),
 		"--run-id", runID,
 		"--lock-mode", string(s.cfg.LockModeOf(kind)),
 		"--ready-fd", "3")
+	// Named by its path in a process listing, whichever file it runs from.
+	cmd.Args[0] = s.opts.Executable
 	cmd.Env = runnerEnv(s.opts.DatabaseURL, s.cfg.Path)
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile
@@ -151,6 +153,10 @@ func (s *Supervisor) reap(id int64, cmd *exec.Cmd, ch *child) {
 	}
 	s.mu.Unlock()
 	s.logger.Info("task process exited", "etl_context_id", id, "pid", ch.pid, "exit_code", ch.exitCode)
+	if ch.exitCode == taskrunner.ExitRefused {
+		// Also when the refusal came after the launch stopped waiting.
+		s.retire(context.Background())
+	}
 	if ch.exitCode != taskrunner.ExitLocked {
 		s.wake(context.Background(), id)
 	}

@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -28,7 +29,9 @@ type Options struct {
 	// DatabaseURL is handed to task processes in their environment.
 	DatabaseURL string
 	// Executable is the dama binary that runs `dama taskrunner`; empty means
-	// the running executable.
+	// the binary this process started from, even after the file at its path
+	// was replaced (a redeploy): task processes are of the supervisor's own
+	// release.
 	Executable string
 	// Logger receives the supervisor's logs; nil means slog.Default().
 	Logger *slog.Logger
@@ -45,6 +48,10 @@ type Options struct {
 	MaxWorkers int
 }
 
+// selfExe names, in the child a supervisor forks to launch a task
+// process, the binary the supervisor started from.
+const selfExe = "/proc/self/exe"
+
 // River's fetch settings: every task start and finish goes through a fetch,
 // so dama's defaults are tighter than River's own (100ms and 1s).
 const (
@@ -54,13 +61,17 @@ const (
 
 // Supervisor runs the tasks of the configured kinds.
 type Supervisor struct {
-	cfg    *config.Config
-	opts   Options
-	pool   *pgxpool.Pool
-	river  *river.Client[pgx.Tx]
-	logger *slog.Logger
-	host   string
-	hostID string
+	cfg  *config.Config
+	opts Options
+	// spawnPath is the file task processes are executed from: the
+	// supervisor's own binary (selfExe) unless Options.Executable names
+	// another.
+	spawnPath string
+	pool      *pgxpool.Pool
+	river     *river.Client[pgx.Tx]
+	logger    *slog.Logger
+	host      string
+	hostID    string
 
 	mu       sync.Mutex
 	children map[int64]*child
@@ -100,12 +111,21 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	var spawnPath string
 	if opts.Executable == "" {
 		exe, err := os.Executable()
 		if err != nil {
 			return nil, fmt.Errorf("find dama executable: %w", err)
 		}
 		opts.Executable = exe
+		// A redeploy replaces the file at exe while this supervisor runs
+		// on: the task processes it launches must still be of its own
+		// release, the one its checks of the schema were for. The forked
+		// child's /proc/self/exe is the file this process started from,
+		// even once it is replaced or deleted.
+		if _, err := os.Stat(selfExe); err == nil {
+			spawnPath = selfExe
+		}
 	}
 	if opts.DatabaseURL == "" {
 		return nil, errors.New("supervisor needs the database URL to hand to task processes")
@@ -127,6 +147,7 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 	s := &Supervisor{
 		cfg:            cfg,
 		opts:           opts,
+		spawnPath:      cmp.Or(spawnPath, opts.Executable),
 		pool:           pool,
 		logger:         opts.Logger,
 		host:           host,
@@ -264,7 +285,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		hardCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
 		if err := s.river.StopAndCancel(hardCtx); err != nil {
-			return fmt.Errorf("stop River client: %w", err)
+			return errors.Join(stopErr, fmt.Errorf("stop River client: %w", err))
 		}
 	}
 	s.logger.Info("supervisor stopped; task processes keep running")
@@ -278,8 +299,9 @@ func (s *Supervisor) retire(ctx context.Context) {
 		return
 	}
 	err := etlcontext.CheckRunnerProtocol(ctx, s.pool, taskrunner.Protocol)
-	if err == nil {
-		err = fmt.Errorf("a task process exited with code %d: %w", taskrunner.ExitRefused, etlcontext.ErrProtocolRefused)
+	if !errors.Is(err, etlcontext.ErrProtocolRefused) {
+		// The database could not say more (or changed its mind since).
+		err = errors.Join(fmt.Errorf("a task process exited with code %d: %w", taskrunner.ExitRefused, etlcontext.ErrProtocolRefused), err)
 	}
 	s.stop <- err
 }

@@ -235,6 +235,14 @@ func (e *Env) killProcesses() {
 	}
 }
 
+// With returns the test's world with dama run from bin, another release's
+// binary: the same database, directory and cleanup.
+func (e *Env) With(bin string) *Env {
+	c := *e
+	c.DamaBin = bin
+	return &c
+}
+
 // LockModeEnv names the environment variable that runs a test suite in
 // another lock mode: WriteConfig gives every configuration that sets none
 // "lock_mode: <value>" (scripts/test.sh runs the end-to-end suite once per

@@ -15,8 +15,11 @@
 -- +goose NO TRANSACTION
 
 -- +goose Up
--- A build that runs for long is not a hung statement.
+-- A build that runs for long is not a hung statement, and its wait for
+-- older snapshots is no table lock held against the tasks' writes (dama
+-- migrate's lock_timeout is for those).
 SET statement_timeout = 0;
+SET lock_timeout = 0;
 
 -- +goose StatementBegin
 DO $$

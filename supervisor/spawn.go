@@ -155,7 +155,9 @@ func (s *Supervisor) reap(id int64, cmd *exec.Cmd, ch *child) {
 	s.logger.Info("task process exited", "etl_context_id", id, "pid", ch.pid, "exit_code", ch.exitCode)
 	if ch.exitCode == taskrunner.ExitRefused {
 		// Also when the refusal came after the launch stopped waiting.
-		s.retire(context.Background())
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		s.retire(ctx)
+		cancel()
 	}
 	if ch.exitCode != taskrunner.ExitLocked {
 		s.wake(context.Background(), id)

@@ -45,8 +45,8 @@ const migrateLockRetry = 100 * time.Millisecond
 // lockTimeout bounds how long a migration waits for a table lock. A
 // migration waiting for ACCESS EXCLUSIVE makes every later statement on the
 // table wait behind it, the writes of every running task among them: a
-// migration that cannot have its lock soon fails instead, having applied
-// nothing, and is run again later.
+// migration that cannot have its lock soon gives up (rolled back when it
+// runs in a transaction) and is tried again (lockTries).
 const lockTimeout = 2 * time.Second
 
 // A migration refused for its lock is tried lockTries times in all,

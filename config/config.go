@@ -9,12 +9,14 @@ package config
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -28,6 +30,7 @@ const (
 	DefaultReconnectGrace    = 2 * time.Minute
 	DefaultMaxAttempts       = 3
 	DefaultMaxRunning        = 10
+	DefaultMaxRunningPerKey  = 1
 	DefaultQueue             = "default"
 	DefaultLockMode          = LockModeRow
 )
@@ -120,6 +123,20 @@ type Kind struct {
 	// LockMode overrides the configuration's lock_mode for this kind; empty
 	// means the configuration's.
 	LockMode LockMode `yaml:"lock_mode"`
+	// MaxRunning bounds the tasks of this kind running at once, across
+	// every supervisor sharing the database and every queue; 1 means the
+	// kind's tasks never run concurrently. 0, the default, means no bound
+	// but the queue's.
+	MaxRunning int `yaml:"max_running"`
+	// ConcurrencyKey names a field of the task's arguments ("region", or
+	// "source.region" inside an object); tasks of the kind with the same
+	// value run at most MaxRunningPerKey at a time, across every
+	// supervisor. A submission whose arguments lack the field is refused.
+	// Empty, the default, means no key.
+	ConcurrencyKey string `yaml:"concurrency_key"`
+	// MaxRunningPerKey bounds the running tasks of each concurrency key;
+	// default 1 when ConcurrencyKey is set.
+	MaxRunningPerKey int `yaml:"max_running_per_key"`
 }
 
 // Duration is a time.Duration written as "5s" or "1m30s" in YAML.
@@ -142,7 +159,13 @@ func (d *Duration) UnmarshalYAML(node *yaml.Node) error {
 // D returns d as a time.Duration.
 func (d Duration) D() time.Duration { return time.Duration(d) }
 
-var nameRE = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_.-]{0,62}$`)
+var (
+	nameRE    = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_.-]{0,62}$`)
+	keyPathRE = regexp.MustCompile(`^[^.]+(\.[^.]+)*$`)
+)
+
+// ValidName reports whether name may name a queue or a kind.
+func ValidName(name string) bool { return nameRE.MatchString(name) }
 
 // Load reads and validates the configuration file at path.
 func Load(path string) (*Config, error) {
@@ -251,6 +274,23 @@ func Parse(data []byte) (*Config, error) {
 		if k.MaxAttempts == 0 {
 			k.MaxAttempts = DefaultMaxAttempts
 		}
+		if k.MaxRunning < 0 {
+			return nil, fmt.Errorf("kind %s: max_running must not be negative", name)
+		}
+		if k.MaxRunningPerKey < 0 {
+			return nil, fmt.Errorf("kind %s: max_running_per_key must not be negative", name)
+		}
+		if k.ConcurrencyKey == "" && k.MaxRunningPerKey > 0 {
+			return nil, fmt.Errorf("kind %s: max_running_per_key needs concurrency_key", name)
+		}
+		if k.ConcurrencyKey != "" {
+			if !keyPathRE.MatchString(k.ConcurrencyKey) {
+				return nil, fmt.Errorf("kind %s: concurrency_key %q: want a field name, or names joined by '.'", name, k.ConcurrencyKey)
+			}
+			if k.MaxRunningPerKey == 0 {
+				k.MaxRunningPerKey = DefaultMaxRunningPerKey
+			}
+		}
 		if k.LockMode == "" {
 			k.LockMode = cfg.LockMode
 		}
@@ -260,6 +300,45 @@ func Parse(data []byte) (*Config, error) {
 		cfg.Kinds[name] = k
 	}
 	return &cfg, nil
+}
+
+// ConcurrencyKeyOf returns the concurrency key of a task of kind k with
+// the given arguments: nil when the kind has none, else the value of the
+// field ConcurrencyKey names, as text (a string as itself, anything else as
+// its JSON). It fails when the field is missing or null.
+func (k Kind) ConcurrencyKeyOf(args json.RawMessage) (*string, error) {
+	if k.ConcurrencyKey == "" {
+		return nil, nil
+	}
+	var v any
+	if len(args) > 0 {
+		// Numbers as written: a float64 would round a large id.
+		dec := json.NewDecoder(bytes.NewReader(args))
+		dec.UseNumber()
+		if err := dec.Decode(&v); err != nil {
+			return nil, fmt.Errorf("arguments are not valid JSON: %w", err)
+		}
+	}
+	for _, field := range strings.Split(k.ConcurrencyKey, ".") {
+		obj, ok := v.(map[string]any)
+		if !ok {
+			return nil, fmt.Errorf("the arguments have no field %s, the kind's concurrency_key", k.ConcurrencyKey)
+		}
+		v = obj[field]
+	}
+	switch v := v.(type) {
+	case nil:
+		return nil, fmt.Errorf("the arguments have no field %s, the kind's concurrency_key", k.ConcurrencyKey)
+	case string:
+		return &v, nil
+	default:
+		b, err := json.Marshal(v)
+		if err != nil {
+			return nil, fmt.Errorf("encode concurrency key: %w", err)
+		}
+		s := string(b)
+		return &s, nil
+	}
 }
 
 // ReconnectGraceD returns reconnect_grace, or its default when the field

@@ -129,7 +129,8 @@ func StartAttempt(ctx context.Context, db DB, id int64, attempt int, launchedBy 
 		       started_at = coalesce(started_at, now()),
 		       host = NULL, pid = NULL, process_started_at = NULL, heartbeat_at = NULL,
 		       host_id = NULL, runner_start_ticks = NULL, command_pgid = NULL, command_start_ticks = NULL,
-		       fence_window = NULL, lock_lost_at = NULL, lock_mode = NULL, runner_release = NULL, runner_protocol = NULL
+		       fence_window = NULL, lock_lost_at = NULL, lock_mode = NULL, runner_release = NULL, runner_protocol = NULL,
+		       waiting_for = NULL, waiting_since = NULL
 		 WHERE etl_context_id = $1
 		RETURNING run_id::text, attempt`, id, attempt, launchedBy).Scan(&runID, &got)
 	if err != nil {

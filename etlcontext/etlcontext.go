@@ -128,13 +128,21 @@ type Context struct {
 	// LockLostAt is when a supervisor first found the lock free while the
 	// context was RUNNING.
 	LockLostAt *time.Time
+	// DueAt is when the task may first start; ConcurrencyKey its kind's
+	// concurrency key, from its arguments; WaitingFor and WaitingSince why
+	// and since when a due task waits to start (WaitNone once it starts).
+	DueAt          *time.Time
+	ConcurrencyKey *string
+	WaitingFor     Wait
+	WaitingSince   *time.Time
 }
 
 const contextColumns = `c.etl_context_id, c.parent_context_id, c.kind, c.queue, c.etl_status,
 	c.initial_event_id, c.latest_event_id, c.river_job_id, c.idempotency_key, c.max_attempts,
 	c.attempt, c.run_id::text, c.launched_by, c.host, c.pid, c.process_started_at, c.log_path,
 	c.heartbeat_at, c.cancel_requested_at, c.created_at, c.started_at, c.finished_at,
-	c.host_id, c.runner_start_ticks, c.command_pgid, c.command_start_ticks, c.fence_window, c.lock_lost_at`
+	c.host_id, c.runner_start_ticks, c.command_pgid, c.command_start_ticks, c.fence_window, c.lock_lost_at,
+	c.due_at, c.concurrency_key, coalesce(c.waiting_for, ''), c.waiting_since`
 
 func scanContext(row pgx.Row) (*Context, error) {
 	var c Context
@@ -142,7 +150,8 @@ func scanContext(row pgx.Row) (*Context, error) {
 		&c.InitialEventID, &c.LatestEventID, &c.RiverJobID, &c.IdempotencyKey, &c.MaxAttempts,
 		&c.Attempt, &c.RunID, &c.LaunchedBy, &c.Host, &c.PID, &c.ProcessStartedAt, &c.LogPath,
 		&c.HeartbeatAt, &c.CancelRequestedAt, &c.CreatedAt, &c.StartedAt, &c.FinishedAt,
-		&c.HostID, &c.RunnerStartTicks, &c.CommandPGID, &c.CommandStartTicks, &c.FenceWindow, &c.LockLostAt)
+		&c.HostID, &c.RunnerStartTicks, &c.CommandPGID, &c.CommandStartTicks, &c.FenceWindow, &c.LockLostAt,
+		&c.DueAt, &c.ConcurrencyKey, &c.WaitingFor, &c.WaitingSince)
 	if err != nil {
 		return nil, err
 	}

@@ -47,6 +47,14 @@ type Task struct {
 	LockMode       *string `json:"lock_mode"`
 	RunnerRelease  *string `json:"runner_release"`
 	RunnerProtocol *int    `json:"runner_protocol"`
+	// DueAt is when the task may first start; WaitingFor and WaitingSince
+	// say why, and since when, a due QUEUED or RETRYING task has not
+	// started (nil when it is not waiting for a slot); ConcurrencyKey is
+	// its kind's concurrency key, from its arguments.
+	DueAt          *time.Time `json:"due_at"`
+	WaitingFor     *string    `json:"waiting_for"`
+	WaitingSince   *time.Time `json:"waiting_since"`
+	ConcurrencyKey *string    `json:"concurrency_key"`
 }
 
 // TaskQuery selects rows of the view.
@@ -94,7 +102,8 @@ func Tasks(ctx context.Context, db DB, q TaskQuery) ([]Task, error) {
 		       job_state, scheduled_at, host, pid, created_at, started_at, finished_at, heartbeat_at,
 		       latest_event_type, latest_event_at, progress, initial_event_locked, river_job_id,
 		       run_id::text, idempotency_key, cancel_requested_at, log_path,
-		       host_id, command_pgid, lock_lost_at, lock_mode, runner_release, runner_protocol
+		       host_id, command_pgid, lock_lost_at, lock_mode, runner_release, runner_protocol,
+		       due_at, waiting_for, waiting_since, concurrency_key
 		  FROM data_manager.dama_task_queue`
 	if len(where) > 0 {
 		sql += "\n\t\t WHERE " + strings.Join(where, " AND ")
@@ -113,7 +122,8 @@ func Tasks(ctx context.Context, db DB, q TaskQuery) ([]Task, error) {
 			&t.JobState, &t.ScheduledAt, &t.Host, &t.PID, &t.CreatedAt, &t.StartedAt, &t.FinishedAt, &t.HeartbeatAt,
 			&t.LatestEventType, &t.LatestEventAt, &t.Progress, &t.InitialEventLocked, &t.RiverJobID,
 			&t.RunID, &t.IdempotencyKey, &t.CancelRequestedAt, &t.LogPath,
-			&t.HostID, &t.CommandPGID, &t.LockLostAt, &t.LockMode, &t.RunnerRelease, &t.RunnerProtocol)
+			&t.HostID, &t.CommandPGID, &t.LockLostAt, &t.LockMode, &t.RunnerRelease, &t.RunnerProtocol,
+			&t.DueAt, &t.WaitingFor, &t.WaitingSince, &t.ConcurrencyKey)
 		return t, err
 	})
 	if err != nil {

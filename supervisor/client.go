@@ -63,7 +63,8 @@ type SubmitParams struct {
 	IdempotencyKey string
 	// ParentID makes the new context a child of another.
 	ParentID int64
-	// ScheduledAt delays the task's first start.
+	// ScheduledAt delays the task's first start until then: the task stays
+	// QUEUED, and the view shows it as due_at. Zero or past means now.
 	ScheduledAt time.Time
 }
 
@@ -93,6 +94,14 @@ func (c *Client) Submit(ctx context.Context, p SubmitParams) (id int64, created 
 	if len(args) > taskrunner.MaxEnvPayload {
 		return 0, false, fmt.Errorf("arguments are %d bytes; a task receives them in DAMA_ARGS, which holds at most %d", len(args), taskrunner.MaxEnvPayload)
 	}
+	concurrencyKey, err := kind.ConcurrencyKeyOf(args)
+	if err != nil {
+		return 0, false, fmt.Errorf("submit %s task: %w", p.Kind, err)
+	}
+	var dueAt any
+	if !p.ScheduledAt.IsZero() {
+		dueAt = p.ScheduledAt
+	}
 	var key, parent any
 	if p.IdempotencyKey != "" {
 		key = p.IdempotencyKey
@@ -103,10 +112,11 @@ func (c *Client) Submit(ctx context.Context, p SubmitParams) (id int64, created 
 
 	err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
 		err := tx.QueryRow(ctx, `
-			INSERT INTO data_manager.etl_contexts (parent_context_id, kind, queue, max_attempts, idempotency_key)
-			VALUES ($1, $2, $3, $4, $5)
+			INSERT INTO data_manager.etl_contexts (parent_context_id, kind, queue, max_attempts, idempotency_key,
+			                                       concurrency_key, due_at)
+			VALUES ($1, $2, $3, $4, $5, $6, greatest(now(), coalesce($7, now())))
 			ON CONFLICT (idempotency_key) DO NOTHING
-			RETURNING etl_context_id`, parent, p.Kind, kind.Queue, kind.MaxAttempts, key).Scan(&id)
+			RETURNING etl_context_id`, parent, p.Kind, kind.Queue, kind.MaxAttempts, key, concurrencyKey, dueAt).Scan(&id)
 		if errors.Is(err, pgx.ErrNoRows) {
 			// The key was used before; that submission stands.
 			return tx.QueryRow(ctx, `SELECT etl_context_id FROM data_manager.etl_contexts WHERE idempotency_key = $1`, key).Scan(&id)

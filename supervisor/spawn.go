@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -225,41 +226,42 @@ func (s *Supervisor) connectListener(ctx context.Context) (*listener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open listening connection: %w", err)
 	}
-	if _, err := conn.Exec(ctx, "LISTEN "+taskrunner.ExitedChannel); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+taskrunner.ExitedChannel+"; LISTEN "+etlcontext.ControlChannel); err != nil {
 		conn.Close(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("listen for task exits: %w", err)
 	}
 	return &listener{conn: conn}, nil
 }
 
-// wakeWaiting wakes the jobs of the queue's tasks that are waiting for a
-// free slot (snoozed by a full queue), oldest first, as many as there are
-// free slots, so that a slot freed by a task's exit is taken at once rather
-// than a poll interval later. Delayed submissions (never attempted) and
-// retries in backoff ('retryable') are left alone.
+// wakeWaiting wakes the parked jobs of the queue's due tasks that wait for
+// a slot and would find one now, as many as the queue has free slots, the
+// kinds taking turns (etlcontext.WakeWaiting), so that a slot freed by a
+// task's end, a resumed queue or an unblocked kind is taken at once. It is
+// also the backstop, every poll interval, for a wake-up that came while the
+// task's step was still parking it. A woken task that finds no slot after
+// all (another supervisor's start took it) is parked again.
 func (s *Supervisor) wakeWaiting(ctx context.Context, queue string) {
 	q, ok := s.cfg.Queues[queue]
 	if !ok {
 		return
 	}
+	var (
+		kinds         = s.cfg.KindNames()
+		maxes, keyMax = make([]int32, len(kinds)), make([]int32, len(kinds))
+	)
+	for i, name := range kinds {
+		k, _ := s.cfg.Kind(name)
+		maxes[i], keyMax[i] = int32(k.MaxRunning), int32(k.MaxRunningPerKey)
+	}
 	var n int
 	err := s.pool.QueryRow(ctx, `
-		WITH due AS (
-			SELECT j.id
-			  FROM data_manager.etl_contexts AS c
-			  JOIN river_job AS j ON j.id = c.river_job_id
-			 WHERE c.queue = $1
-			   AND c.etl_status IN ('QUEUED', 'RETRYING')
-			   AND j.state IN ('scheduled', 'available')
-			   AND j.scheduled_at > now()
-			   AND j.attempted_at IS NOT NULL
-			 ORDER BY c.etl_context_id
-			 LIMIT greatest(0, $2 - (SELECT count(*) FROM data_manager.etl_contexts
-			                          WHERE queue = $1 AND etl_status = 'RUNNING'))),
+		WITH due AS (`+etlcontext.WakeWaiting+`),
 		woken AS (`+wakeSQL+`)
-		SELECT count(*) FROM woken`, queue, q.MaxRunning).Scan(&n)
+		SELECT count(*) FROM woken`, queue, q.MaxRunning, kinds, maxes, keyMax).Scan(&n)
 	if err != nil {
-		s.logger.Warn("wake tasks waiting for a slot", "queue", queue, "error", err)
+		if ctx.Err() == nil {
+			s.logger.Warn("wake tasks waiting for a slot", "queue", queue, "error", err)
+		}
 		return
 	}
 	if n > 0 {
@@ -418,6 +420,13 @@ func (s *Supervisor) serveListener(ctx context.Context, l *listener) error {
 		if err != nil {
 			return err
 		}
+		if n.Channel == etlcontext.ControlChannel {
+			var c etlcontext.Control
+			if json.Unmarshal([]byte(n.Payload), &c) == nil {
+				go s.controlled(ctx, c)
+			}
+			continue
+		}
 		id, err := strconv.ParseInt(n.Payload, 10, 64)
 		if err != nil {
 			continue
@@ -427,6 +436,16 @@ func (s *Supervisor) serveListener(ctx context.Context, l *listener) error {
 		s.mu.Unlock()
 		if !mine {
 			go s.wake(ctx, id)
+		}
+	}
+}
+
+// controlled starts the tasks a resumed queue or an unblocked kind held
+// back.
+func (s *Supervisor) controlled(ctx context.Context, c etlcontext.Control) {
+	for _, q := range s.cfg.QueueNames() {
+		if c.Queue == q || c.Kind != "" {
+			s.wakeWaiting(ctx, q)
 		}
 	}
 }

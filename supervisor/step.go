@@ -19,10 +19,6 @@ import (
 	"github.com/dama-etl/dama/taskrunner"
 )
 
-// queueLockNamespace keys the transaction-level advisory lock that makes the
-// max_running check of a queue race-free across supervisors.
-const queueLockNamespace = etlcontext.LockNamespace + 1
-
 // step is one short, idempotent step of a context's state machine.
 func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth int) error {
 	id := job.Args.ETLContextID
@@ -147,12 +143,21 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 			return river.JobSnooze(time.Second)
 		}
 	}
-	full, err := s.queueFull(ctx, tx, c.Queue)
+	wait, err := s.admit(ctx, tx, c)
 	if err != nil {
 		return s.transient(logger, err)
 	}
-	if full {
-		return river.JobSnooze(s.cfg.PollInterval.D())
+	if wait != etlcontext.WaitNone {
+		// Parked until a slot frees (a task of the queue or kind ends, the
+		// queue is resumed, the kind unblocked): see wakeWaiting. Parking
+		// costs nothing while it waits, however many tasks wait.
+		if err := etlcontext.MarkWaiting(ctx, tx, id, wait); err != nil {
+			return s.transient(logger, err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return s.transient(logger, fmt.Errorf("commit wait of etl context %d: %w", id, err))
+		}
+		return river.JobSnooze(parkFor)
 	}
 	runID, attempt, err := etlcontext.StartAttempt(ctx, tx, id, max(job.Attempt, c.Attempt+1), s.host)
 	if err != nil {
@@ -291,23 +296,19 @@ func (s *Supervisor) transient(logger *slog.Logger, err error) error {
 	return river.JobSnooze(s.cfg.PollInterval.D())
 }
 
-// queueFull takes the queue's advisory lock for the rest of tx and reports
-// whether the queue already runs max_running tasks.
-func (s *Supervisor) queueFull(ctx context.Context, tx pgx.Tx, queue string) (bool, error) {
-	q, ok := s.cfg.Queues[queue]
+// admit decides, under the locks of c's queue, kind and key held for the
+// rest of tx, whether c may start now (see etlcontext.Admit).
+func (s *Supervisor) admit(ctx context.Context, tx pgx.Tx, c *etlcontext.Context) (etlcontext.Wait, error) {
+	q, ok := s.cfg.Queues[c.Queue]
 	if !ok {
-		return false, fmt.Errorf("queue %s is not configured", queue)
+		return etlcontext.WaitNone, fmt.Errorf("queue %s is not configured", c.Queue)
 	}
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, queueLockNamespace, queue); err != nil {
-		return false, fmt.Errorf("lock queue %s: %w", queue, err)
-	}
-	var running int
-	if err := tx.QueryRow(ctx, `
-		SELECT count(*) FROM data_manager.etl_contexts WHERE queue = $1 AND etl_status = 'RUNNING'`,
-		queue).Scan(&running); err != nil {
-		return false, fmt.Errorf("count running tasks of queue %s: %w", queue, err)
-	}
-	return running >= q.MaxRunning, nil
+	k, _ := s.cfg.Kind(c.Kind)
+	return etlcontext.Admit(ctx, tx, etlcontext.Admission{
+		Queue: c.Queue, QueueMax: q.MaxRunning,
+		Kind: c.Kind, KindMax: k.MaxRunning,
+		Key: c.ConcurrencyKey, KeyMax: k.MaxRunningPerKey,
+	})
 }
 
 // recordDeath ends the current attempt of c with an ERROR written in the

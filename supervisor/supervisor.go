@@ -327,6 +327,9 @@ func (s *Supervisor) rescueLoop(ctx context.Context) {
 		if err := s.watch(ctx); err != nil && ctx.Err() == nil {
 			s.logger.Warn("watch the running tasks", "error", err)
 		}
+		for _, q := range s.cfg.QueueNames() {
+			s.wakeWaiting(ctx, q)
+		}
 	}
 }
 

@@ -189,6 +189,7 @@ func newSubmitCommand(g *globals) *cobra.Command {
 		key    string
 		parent int64
 		delay  time.Duration
+		runAt  string
 	)
 	cmd := &cobra.Command{
 		Use:   "submit KIND",
@@ -211,6 +212,19 @@ id of the first submission and creates nothing.`,
 			if delay < 0 {
 				return errors.New("--delay must not be negative")
 			}
+			var due time.Time
+			switch {
+			case runAt != "" && delay > 0:
+				return errors.New("--run-at and --delay exclude each other")
+			case runAt != "":
+				t, err := time.Parse(time.RFC3339, runAt)
+				if err != nil {
+					return fmt.Errorf("--run-at %q: want an RFC 3339 time such as 2026-11-22T18:00:00Z", runAt)
+				}
+				due = t
+			case delay > 0:
+				due = time.Now().Add(delay)
+			}
 			pool, _, err := connectMigrated(cmd.Context(), 0)
 			if err != nil {
 				return err
@@ -220,10 +234,7 @@ id of the first submission and creates nothing.`,
 			if err != nil {
 				return err
 			}
-			p := supervisor.SubmitParams{Kind: argv[0], Args: json.RawMessage(args), IdempotencyKey: key, ParentID: parent}
-			if delay > 0 {
-				p.ScheduledAt = time.Now().Add(delay)
-			}
+			p := supervisor.SubmitParams{Kind: argv[0], Args: json.RawMessage(args), IdempotencyKey: key, ParentID: parent, ScheduledAt: due}
 			id, _, err := client.Submit(cmd.Context(), p)
 			if err != nil {
 				return err
@@ -236,6 +247,7 @@ id of the first submission and creates nothing.`,
 	cmd.Flags().StringVar(&key, "idempotency-key", "", "submit at most once for this key")
 	cmd.Flags().Int64Var(&parent, "parent", 0, "etl_context_id of the parent task")
 	cmd.Flags().DurationVar(&delay, "delay", 0, "start no earlier than this long from now")
+	cmd.Flags().StringVar(&runAt, "run-at", "", "start no earlier than this time (RFC 3339, e.g. 2026-11-22T18:00:00+01:00)")
 	return cmd
 }
 
@@ -302,7 +314,7 @@ or the newest --limit tasks, optionally only those in the given --status.`,
 
 func printTasks(w io.Writer, tasks []etlcontext.Task) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tKIND\tQUEUE\tSTATUS\tATTEMPT\tJOB\tHOST\tPID\tLOCKED\tLATEST EVENT\tPROGRESS")
+	fmt.Fprintln(tw, "ID\tKIND\tQUEUE\tSTATUS\tATTEMPT\tJOB\tWAITING\tHOST\tPID\tLOCKED\tLATEST EVENT\tPROGRESS")
 	for _, t := range tasks {
 		latest := "-"
 		if t.LatestEventType != nil {
@@ -315,11 +327,25 @@ func printTasks(w io.Writer, tasks []etlcontext.Task) error {
 		if len(t.Progress) > 0 {
 			progress = string(t.Progress)
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\t%t\t%s\t%s\n",
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\t%s\t%t\t%s\t%s\n",
 			t.ID, t.Kind, t.Queue, t.Status, t.Attempt, t.MaxAttempts,
-			orDash(t.JobState), orDash(t.Host), intOrDash(t.PID), t.InitialEventLocked, latest, progress)
+			orDash(t.JobState), waiting(t), orDash(t.Host), intOrDash(t.PID), t.InitialEventLocked, latest, progress)
 	}
 	return tw.Flush()
+}
+
+// waiting says why a task that has not started waits: until when it is
+// due, or for what.
+func waiting(t etlcontext.Task) string {
+	switch {
+	case t.Status != etlcontext.StatusQueued && t.Status != etlcontext.StatusRetrying:
+		return "-"
+	case t.WaitingFor != nil:
+		return *t.WaitingFor
+	case t.Status == etlcontext.StatusQueued && t.DueAt != nil && t.DueAt.After(time.Now()):
+		return "until " + t.DueAt.Local().Format(time.DateTime)
+	}
+	return "-"
 }
 
 func orDash(s *string) string {

@@ -1,0 +1,385 @@
+package etlcontext
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The locks that make a start race-free across supervisors: whoever starts
+// a task, pauses a queue or blocks a kind takes, for the rest of its
+// transaction, the advisory lock (namespace, hashtext(name)) of the queue,
+// then of the kind, then of the kind's concurrency key; always in that
+// order, so that no two transactions wait for each other.
+const (
+	queueLockNamespace = LockNamespace + 1
+	kindLockNamespace  = LockNamespace + 2
+	keyLockNamespace   = LockNamespace + 3
+)
+
+// ControlChannel is the NOTIFY channel on which a queue's resumption or a
+// kind's unblocking is announced, with a Control as its JSON payload, so
+// that supervisors start the tasks that waited at once.
+const ControlChannel = "dama_queue_control"
+
+// Control is the payload of a notification on ControlChannel: one of Queue
+// and Kind is set.
+type Control struct {
+	Queue string `json:"queue,omitempty"`
+	Kind  string `json:"kind,omitempty"`
+}
+
+// Wait says why a due task has not started; WaitNone that it may.
+type Wait string
+
+// The reasons a due task waits, as stored in etl_contexts.waiting_for.
+const (
+	WaitNone        Wait = ""
+	WaitQueuePaused Wait = "queue_paused"
+	WaitKindBlocked Wait = "kind_blocked"
+	WaitQueueFull   Wait = "queue_full"
+	WaitKindFull    Wait = "kind_full"
+	WaitKeyFull     Wait = "key_full"
+)
+
+// Admission is what a start must respect, from the configuration of the
+// supervisor that starts the task.
+type Admission struct {
+	Queue string
+	// QueueMax bounds the running tasks of the queue.
+	QueueMax int
+	Kind     string
+	// KindMax bounds the running tasks of the kind, in every queue; 0
+	// means no bound but the queue's.
+	KindMax int
+	// Key is the task's concurrency key (nil: none), and KeyMax bounds the
+	// running tasks of the kind with that key; 0 means no bound.
+	Key    *string
+	KeyMax int
+}
+
+// Admit decides, for the rest of tx, whether a task may start now: it takes
+// the locks of the queue, the kind and the key (see above), so that no other
+// start, pause or block is decided meanwhile, and counts the running tasks.
+// A start decided under these locks and committed in tx can never exceed a
+// bound or start in a paused queue or a blocked kind.
+func Admit(ctx context.Context, tx pgx.Tx, a Admission) (Wait, error) {
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, queueLockNamespace, a.Queue); err != nil {
+		return WaitNone, fmt.Errorf("lock queue %s: %w", a.Queue, err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, kindLockNamespace, a.Kind); err != nil {
+		return WaitNone, fmt.Errorf("lock kind %s: %w", a.Kind, err)
+	}
+	key := a.Key
+	if a.KeyMax <= 0 {
+		key = nil
+	}
+	if key != nil {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2 || '/' || $3))`, keyLockNamespace, a.Kind, *key); err != nil {
+			return WaitNone, fmt.Errorf("lock concurrency key of kind %s: %w", a.Kind, err)
+		}
+	}
+	var (
+		paused, blocked                   bool
+		queueRunning, kindRunning, keyRun int
+	)
+	err := tx.QueryRow(ctx, `
+		SELECT EXISTS (SELECT 1 FROM data_manager.queue_pauses WHERE queue = $1),
+		       EXISTS (SELECT 1 FROM data_manager.kind_blocks WHERE kind = $2),
+		       (SELECT count(*) FROM data_manager.etl_contexts WHERE queue = $1 AND etl_status = 'RUNNING'),
+		       (SELECT count(*) FROM data_manager.etl_contexts WHERE kind = $2 AND etl_status = 'RUNNING' AND $4),
+		       (SELECT count(*) FROM data_manager.etl_contexts
+		         WHERE kind = $2 AND concurrency_key = $3 AND etl_status = 'RUNNING')`,
+		a.Queue, a.Kind, key, a.KindMax > 0).Scan(&paused, &blocked, &queueRunning, &kindRunning, &keyRun)
+	if err != nil {
+		return WaitNone, fmt.Errorf("count running tasks of queue %s and kind %s: %w", a.Queue, a.Kind, err)
+	}
+	switch {
+	case paused:
+		return WaitQueuePaused, nil
+	case blocked:
+		return WaitKindBlocked, nil
+	case queueRunning >= a.QueueMax:
+		return WaitQueueFull, nil
+	case a.KindMax > 0 && kindRunning >= a.KindMax:
+		return WaitKindFull, nil
+	case key != nil && keyRun >= a.KeyMax:
+		return WaitKeyFull, nil
+	}
+	return WaitNone, nil
+}
+
+// MarkWaiting records why the due context id waits to start, unless that is
+// recorded already (a task woken to find no slot again writes nothing).
+func MarkWaiting(ctx context.Context, db DB, id int64, w Wait) error {
+	if _, err := db.Exec(ctx, `
+		UPDATE data_manager.etl_contexts
+		   SET waiting_for = $2, waiting_since = coalesce(waiting_since, now())
+		 WHERE etl_context_id = $1 AND waiting_for IS DISTINCT FROM $2
+		   AND etl_status IN ('QUEUED', 'RETRYING')`, id, string(w)); err != nil {
+		return fmt.Errorf("record why etl context %d waits: %w", id, err)
+	}
+	return nil
+}
+
+// KindLimit is one kind's bounds, for WakeWaiting.
+type KindLimit struct {
+	Kind   string
+	Max    int
+	KeyMax int
+}
+
+// WakeWaiting is a query, usable as a CTE, of the River job ids of the
+// due tasks of one queue that wait for a slot and would find one now, at
+// most as many as the queue has free slots: $1 the queue, $2 its
+// max_running, $3, $4 and $5 the kinds' names, max_running and
+// max_running_per_key (0: no bound). A paused queue or a blocked kind wakes
+// nothing. Kinds take turns: the tasks are ordered by how many of their
+// kind run, plus their rank in their kind and key, then by age, so that a
+// kind with a thousand tasks waiting never holds back another of the same
+// queue. Once a pause or a block is lifted, the tasks it held back are all
+// woken, once, to find out what they wait for now.
+const WakeWaiting = `
+	WITH free AS (
+		SELECT $2::int - (SELECT count(*) FROM data_manager.etl_contexts
+		                   WHERE queue = $1 AND etl_status = 'RUNNING') AS n
+		 WHERE NOT EXISTS (SELECT 1 FROM data_manager.queue_pauses WHERE queue = $1)),
+	limits AS (
+		SELECT * FROM unnest($3::text[], $4::int[], $5::int[]) AS l(kind, max_running, max_per_key)),
+	groups AS (
+		SELECT DISTINCT w.kind, w.concurrency_key
+		  FROM data_manager.etl_contexts AS w
+		 WHERE w.queue = $1 AND w.waiting_for IS NOT NULL AND w.etl_status IN ('QUEUED', 'RETRYING')
+		   AND (SELECT n FROM free) > 0),
+	allowed AS (
+		SELECT g.kind, g.concurrency_key, kr.n AS kind_running,
+		       least((SELECT n FROM free),
+		             CASE WHEN coalesce(l.max_running, 0) > 0 THEN l.max_running - kr.n END,
+		             CASE WHEN coalesce(l.max_per_key, 0) > 0 AND g.concurrency_key IS NOT NULL THEN l.max_per_key - keyr.n END) AS n
+		  FROM groups AS g
+		  LEFT JOIN limits AS l ON l.kind = g.kind
+		  CROSS JOIN LATERAL (SELECT count(*) AS n FROM data_manager.etl_contexts AS r
+		                       WHERE r.kind = g.kind AND r.etl_status = 'RUNNING') AS kr
+		  CROSS JOIN LATERAL (SELECT count(*) AS n FROM data_manager.etl_contexts AS r
+		                       WHERE r.kind = g.kind AND r.concurrency_key = g.concurrency_key
+		                         AND r.etl_status = 'RUNNING') AS keyr
+		 WHERE NOT EXISTS (SELECT 1 FROM data_manager.kind_blocks AS b WHERE b.kind = g.kind)),
+	candidates AS (
+		SELECT t.river_job_id, t.etl_context_id, a.kind_running + t.rank AS turn
+		  FROM allowed AS a
+		 CROSS JOIN LATERAL (
+		       SELECT w.river_job_id, w.etl_context_id,
+		              row_number() OVER (ORDER BY w.etl_context_id) - 1 AS rank
+		         FROM data_manager.etl_contexts AS w
+		        WHERE w.queue = $1 AND w.kind = a.kind
+		          AND w.concurrency_key IS NOT DISTINCT FROM a.concurrency_key
+		          AND w.waiting_for IS NOT NULL AND w.etl_status IN ('QUEUED', 'RETRYING')
+		        ORDER BY w.etl_context_id
+		        LIMIT greatest(a.n, 0)) AS t
+		 WHERE t.river_job_id IS NOT NULL)
+	(SELECT river_job_id AS id
+	   FROM candidates
+	  ORDER BY turn, etl_context_id
+	  LIMIT greatest((SELECT n FROM free), 0))
+	UNION
+	-- Tasks parked by a pause or a block that is lifted, slot or not: their
+	-- step looks again and records what they wait for now.
+	SELECT w.river_job_id
+	  FROM data_manager.etl_contexts AS w
+	 WHERE w.queue = $1 AND w.waiting_for IN ('queue_paused', 'kind_blocked')
+	   AND w.etl_status IN ('QUEUED', 'RETRYING') AND w.river_job_id IS NOT NULL
+	   AND NOT EXISTS (SELECT 1 FROM data_manager.queue_pauses WHERE queue = $1)
+	   AND (w.waiting_for = 'queue_paused'
+	        OR NOT EXISTS (SELECT 1 FROM data_manager.kind_blocks AS b WHERE b.kind = w.kind))`
+
+// QueuePause is a paused queue.
+type QueuePause struct {
+	Queue    string    `json:"queue"`
+	Reason   string    `json:"reason"`
+	PausedBy string    `json:"paused_by"`
+	PausedAt time.Time `json:"paused_at"`
+}
+
+// KindBlock is a blocked kind.
+type KindBlock struct {
+	Kind      string    `json:"kind"`
+	Reason    string    `json:"reason"`
+	BlockedBy string    `json:"blocked_by"`
+	BlockedAt time.Time `json:"blocked_at"`
+}
+
+// Beginner is what PauseQueue and BlockKind need: a pool, a connection or a
+// transaction (in which they run as a savepoint).
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// PauseQueue pauses queue: once it returns, no task of the queue starts
+// until ResumeQueue (a start decided before it is already RUNNING). The
+// running tasks go on. It returns the pause in force, which is an earlier
+// one when the queue was paused already.
+func PauseQueue(ctx context.Context, db Beginner, queue, reason string, by string) (QueuePause, error) {
+	var p QueuePause
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		// Waits for the starts being decided.
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, queueLockNamespace, queue); err != nil {
+			return fmt.Errorf("lock queue %s: %w", queue, err)
+		}
+		return tx.QueryRow(ctx, `
+			WITH ins AS (
+				INSERT INTO data_manager.queue_pauses (queue, reason, paused_by) VALUES ($1, $2, $3)
+				ON CONFLICT (queue) DO NOTHING
+				RETURNING queue, reason, paused_by, paused_at)
+			SELECT * FROM ins
+			UNION ALL
+			SELECT queue, reason, paused_by, paused_at FROM data_manager.queue_pauses
+			 WHERE queue = $1 AND NOT EXISTS (SELECT 1 FROM ins)`, queue, reason, by).Scan(&p.Queue, &p.Reason, &p.PausedBy, &p.PausedAt)
+	})
+	if err != nil {
+		return QueuePause{}, fmt.Errorf("pause queue %s: %w", queue, err)
+	}
+	return p, nil
+}
+
+// ResumeQueue lifts the pause of queue and announces it on ControlChannel;
+// it reports whether the queue was paused.
+func ResumeQueue(ctx context.Context, db Beginner, queue string) (bool, error) {
+	var resumed bool
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `DELETE FROM data_manager.queue_pauses WHERE queue = $1`, queue)
+		if err != nil {
+			return err
+		}
+		resumed = tag.RowsAffected() > 0
+		return announceControl(ctx, tx, Control{Queue: queue})
+	})
+	if err != nil {
+		return false, fmt.Errorf("resume queue %s: %w", queue, err)
+	}
+	return resumed, nil
+}
+
+// BlockKind blocks kind: once it returns, no task of the kind starts, in
+// any queue, until UnblockKind. Submissions are still accepted. It returns
+// the block in force, which is an earlier one (with its reason) when the
+// kind was blocked already.
+func BlockKind(ctx context.Context, db Beginner, kind, reason string, by string) (KindBlock, error) {
+	if reason == "" {
+		return KindBlock{}, errors.New("block kind: a reason is required")
+	}
+	var b KindBlock
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, kindLockNamespace, kind); err != nil {
+			return fmt.Errorf("lock kind %s: %w", kind, err)
+		}
+		return tx.QueryRow(ctx, `
+			WITH ins AS (
+				INSERT INTO data_manager.kind_blocks (kind, reason, blocked_by) VALUES ($1, $2, $3)
+				ON CONFLICT (kind) DO NOTHING
+				RETURNING kind, reason, blocked_by, blocked_at)
+			SELECT * FROM ins
+			UNION ALL
+			SELECT kind, reason, blocked_by, blocked_at FROM data_manager.kind_blocks
+			 WHERE kind = $1 AND NOT EXISTS (SELECT 1 FROM ins)`, kind, reason, by).Scan(&b.Kind, &b.Reason, &b.BlockedBy, &b.BlockedAt)
+	})
+	if err != nil {
+		return KindBlock{}, fmt.Errorf("block kind %s: %w", kind, err)
+	}
+	return b, nil
+}
+
+// UnblockKind lifts the block of kind and announces it on ControlChannel;
+// it reports whether the kind was blocked.
+func UnblockKind(ctx context.Context, db Beginner, kind string) (bool, error) {
+	var unblocked bool
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `DELETE FROM data_manager.kind_blocks WHERE kind = $1`, kind)
+		if err != nil {
+			return err
+		}
+		unblocked = tag.RowsAffected() > 0
+		return announceControl(ctx, tx, Control{Kind: kind})
+	})
+	if err != nil {
+		return false, fmt.Errorf("unblock kind %s: %w", kind, err)
+	}
+	return unblocked, nil
+}
+
+func announceControl(ctx context.Context, db DB, c Control) error {
+	_, err := db.Exec(ctx, `SELECT pg_notify($1, json_build_object('queue', $2::text, 'kind', $3::text)::text)`,
+		ControlChannel, c.Queue, c.Kind)
+	return err
+}
+
+// KnownQueue reports whether any context was ever submitted to queue, or it
+// is paused: for commands run without a configuration naming it. An unknown
+// name costs a scan of etl_contexts' queue index.
+func KnownQueue(ctx context.Context, db DB, queue string) (bool, error) {
+	var known bool
+	err := db.QueryRow(ctx, `
+		SELECT EXISTS (SELECT 1 FROM data_manager.etl_contexts WHERE queue = $1)
+		    OR EXISTS (SELECT 1 FROM data_manager.queue_pauses WHERE queue = $1)`, queue).Scan(&known)
+	if err != nil {
+		return false, fmt.Errorf("look for queue %s: %w", queue, err)
+	}
+	return known, nil
+}
+
+// KnownKind is KnownQueue for a kind; an unknown name costs a scan of
+// etl_contexts, as no index leads with the kind.
+func KnownKind(ctx context.Context, db DB, kind string) (bool, error) {
+	var known bool
+	err := db.QueryRow(ctx, `
+		SELECT EXISTS (SELECT 1 FROM data_manager.etl_contexts WHERE kind = $1)
+		    OR EXISTS (SELECT 1 FROM data_manager.kind_blocks WHERE kind = $1)`, kind).Scan(&known)
+	if err != nil {
+		return false, fmt.Errorf("look for kind %s: %w", kind, err)
+	}
+	return known, nil
+}
+
+// QueueStat is a row of the data_manager.dama_queue_stats view.
+type QueueStat struct {
+	Queue         *string        `json:"queue"`
+	Kind          *string        `json:"kind"`
+	Queued        int64          `json:"queued"`
+	Scheduled     int64          `json:"scheduled"`
+	Running       int64          `json:"running"`
+	Retrying      int64          `json:"retrying"`
+	Done24h       int64          `json:"done_24h"`
+	Failed24h     int64          `json:"failed_24h"`
+	Cancelled24h  int64          `json:"cancelled_24h"`
+	OldestWaiting *time.Duration `json:"oldest_waiting"`
+	Paused        bool           `json:"paused"`
+	PauseReason   *string        `json:"pause_reason"`
+	PausedAt      *time.Time     `json:"paused_at"`
+	Blocked       bool           `json:"blocked"`
+	BlockReason   *string        `json:"block_reason"`
+	BlockedAt     *time.Time     `json:"blocked_at"`
+}
+
+// QueueStats reads dama_queue_stats, by queue and kind.
+func QueueStats(ctx context.Context, db DB) ([]QueueStat, error) {
+	rows, err := db.Query(ctx, `
+		SELECT queue, kind, queued, scheduled, running, retrying, done_24h, failed_24h, cancelled_24h,
+		       oldest_waiting, paused, pause_reason, paused_at, blocked, block_reason, blocked_at
+		  FROM data_manager.dama_queue_stats
+		 ORDER BY queue NULLS LAST, kind NULLS FIRST`)
+	if err != nil {
+		return nil, fmt.Errorf("read queue statistics: %w", err)
+	}
+	stats, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (QueueStat, error) {
+		var s QueueStat
+		err := row.Scan(&s.Queue, &s.Kind, &s.Queued, &s.Scheduled, &s.Running, &s.Retrying, &s.Done24h, &s.Failed24h, &s.Cancelled24h,
+			&s.OldestWaiting, &s.Paused, &s.PauseReason, &s.PausedAt, &s.Blocked, &s.BlockReason, &s.BlockedAt)
+		return s, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read queue statistics: %w", err)
+	}
+	return stats, nil
+}

@@ -1,0 +1,124 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/user"
+	"strings"
+
+	"github.com/dama-etl/dama/config"
+	"github.com/dama-etl/dama/etlcontext"
+)
+
+// ErrUnknownQueue is returned for a queue that neither the client's
+// configuration nor the database knows.
+var ErrUnknownQueue = errors.New("unknown queue")
+
+// PauseQueue pauses queue: once it returns, none of its tasks starts, on
+// any supervisor, until ResumeQueue. Its running tasks go on and are still
+// watched and completed; submissions are accepted and wait. Pausing a
+// paused queue changes nothing and returns the pause in force.
+func (c *Client) PauseQueue(ctx context.Context, queue, reason string) (etlcontext.QueuePause, error) {
+	if err := c.checkQueue(ctx, queue); err != nil {
+		return etlcontext.QueuePause{}, err
+	}
+	return etlcontext.PauseQueue(ctx, c.pool, queue, reason, actor())
+}
+
+// ResumeQueue lifts the pause of queue; the tasks that waited start at
+// once, within the queue's limits. It reports whether the queue was paused.
+func (c *Client) ResumeQueue(ctx context.Context, queue string) (bool, error) {
+	if err := c.checkQueue(ctx, queue); err != nil {
+		return false, err
+	}
+	return etlcontext.ResumeQueue(ctx, c.pool, queue)
+}
+
+// BlockKind blocks kind, giving the reason: once it returns, none of its
+// tasks starts, on any supervisor, until UnblockKind. Submissions are
+// accepted and kept. Blocking a blocked kind changes nothing and returns
+// the block in force.
+func (c *Client) BlockKind(ctx context.Context, kind, reason string) (etlcontext.KindBlock, error) {
+	if strings.TrimSpace(reason) == "" {
+		return etlcontext.KindBlock{}, errors.New("block kind: a reason is required")
+	}
+	if err := c.checkKind(ctx, kind); err != nil {
+		return etlcontext.KindBlock{}, err
+	}
+	return etlcontext.BlockKind(ctx, c.pool, kind, reason, actor())
+}
+
+// UnblockKind lifts the block of kind; its tasks that waited start at once,
+// within their limits. It reports whether the kind was blocked.
+func (c *Client) UnblockKind(ctx context.Context, kind string) (bool, error) {
+	if err := c.checkKind(ctx, kind); err != nil {
+		return false, err
+	}
+	return etlcontext.UnblockKind(ctx, c.pool, kind)
+}
+
+// QueueStats reads data_manager.dama_queue_stats: per queue and kind, the
+// tasks queued, scheduled, running and retrying, those finished in the last
+// 24 hours, the oldest due task's wait, and the pauses and blocks.
+func (c *Client) QueueStats(ctx context.Context) ([]etlcontext.QueueStat, error) {
+	return etlcontext.QueueStats(ctx, c.pool)
+}
+
+// checkQueue refuses a name that is no queue: one not in the client's
+// configuration, or, for a client without one, one the database has never
+// seen.
+func (c *Client) checkQueue(ctx context.Context, queue string) error {
+	if !config.ValidName(queue) {
+		return fmt.Errorf("%w %q: want letters, digits, '_', '.', '-', starting with a letter", ErrUnknownQueue, queue)
+	}
+	if c.cfg != nil {
+		if _, ok := c.cfg.Queues[queue]; !ok {
+			return fmt.Errorf("%w %q: the configuration has %v", ErrUnknownQueue, queue, c.cfg.QueueNames())
+		}
+		return nil
+	}
+	known, err := etlcontext.KnownQueue(ctx, c.pool, queue)
+	if err != nil {
+		return err
+	}
+	if !known {
+		return fmt.Errorf("%w %q: no task was ever submitted to it (give the configuration to name a queue before its first task)", ErrUnknownQueue, queue)
+	}
+	return nil
+}
+
+// checkKind is checkQueue for a kind.
+func (c *Client) checkKind(ctx context.Context, kind string) error {
+	if !config.ValidName(kind) {
+		return fmt.Errorf("%w %q: want letters, digits, '_', '.', '-', starting with a letter", ErrUnknownKind, kind)
+	}
+	if c.cfg != nil {
+		if _, ok := c.cfg.Kind(kind); !ok {
+			return fmt.Errorf("%w %q: the configuration has %v", ErrUnknownKind, kind, c.cfg.KindNames())
+		}
+		return nil
+	}
+	known, err := etlcontext.KnownKind(ctx, c.pool, kind)
+	if err != nil {
+		return err
+	}
+	if !known {
+		return fmt.Errorf("%w %q: no task of it was ever submitted (give the configuration to name a kind before its first task)", ErrUnknownKind, kind)
+	}
+	return nil
+}
+
+// actor names who pauses or blocks, for the record: user@host.
+func actor() string {
+	name := "unknown"
+	if u, err := user.Current(); err == nil {
+		name = u.Username
+	}
+	host, err := os.Hostname()
+	if err != nil {
+		host = "unknown"
+	}
+	return name + "@" + host
+}

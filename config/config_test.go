@@ -37,16 +37,19 @@ kinds:
 
 func TestParseRejectsBadConfigurations(t *testing.T) {
 	cases := map[string]struct{ yaml, want string }{
-		"no log_dir":       {"kinds: {a: {command: [x]}}", "log_dir is required"},
-		"no kinds":         {"log_dir: /l", "no kinds"},
-		"empty command":    {"log_dir: /l\nkinds: {a: {command: []}}", "command is required"},
-		"unknown queue":    {"log_dir: /l\nkinds: {a: {command: [x], queue: q}}", "queue q is not in queues"},
-		"misspelt key":     {"log_dir: /l\npoll_intervall: 5s\nkinds: {a: {command: [x]}}", "poll_intervall"},
-		"bad duration":     {"log_dir: /l\npoll_interval: soon\nkinds: {a: {command: [x]}}", "soon"},
-		"tiny poll":        {"log_dir: /l\npoll_interval: 1ms\nkinds: {a: {command: [x]}}", "at least 100ms"},
-		"bad kind name":    {"log_dir: /l\nkinds: {'a b': {command: [x]}}", "kind name"},
-		"negative running": {"log_dir: /l\nqueues: {q: {max_running: -1}}\nkinds: {a: {command: [x], queue: q}}", "must not be negative"},
-		"not YAML":         {"log_dir: [", "parse YAML"},
+		"no log_dir":        {"kinds: {a: {command: [x]}}", "log_dir is required"},
+		"no kinds":          {"log_dir: /l", "no kinds"},
+		"empty command":     {"log_dir: /l\nkinds: {a: {command: []}}", "command is required"},
+		"unknown queue":     {"log_dir: /l\nkinds: {a: {command: [x], queue: q}}", "queue q is not in queues"},
+		"misspelt key":      {"log_dir: /l\npoll_intervall: 5s\nkinds: {a: {command: [x]}}", "poll_intervall"},
+		"bad duration":      {"log_dir: /l\npoll_interval: soon\nkinds: {a: {command: [x]}}", "soon"},
+		"tiny poll":         {"log_dir: /l\npoll_interval: 1ms\nkinds: {a: {command: [x]}}", "at least 100ms"},
+		"bad kind name":     {"log_dir: /l\nkinds: {'a b': {command: [x]}}", "kind name"},
+		"negative running":  {"log_dir: /l\nqueues: {q: {max_running: -1}}\nkinds: {a: {command: [x], queue: q}}", "must not be negative"},
+		"not YAML":          {"log_dir: [", "parse YAML"},
+		"negative kind max": {"log_dir: /l\nkinds: {a: {command: [x], max_running: -2}}", "max_running must not be negative"},
+		"per key, no key":   {"log_dir: /l\nkinds: {a: {command: [x], max_running_per_key: 2}}", "needs concurrency_key"},
+		"empty key part":    {"log_dir: /l\nkinds: {a: {command: [x], concurrency_key: 'a..b'}}", "concurrency_key"},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -97,5 +100,35 @@ func TestLockModeDefaultsAndValidation(t *testing.T) {
 		if _, err := config.Parse([]byte(bad)); err == nil || !strings.Contains(err.Error(), "lock_mode") {
 			t.Errorf("%q: got %v, want a lock_mode error", bad, err)
 		}
+	}
+}
+
+func TestConcurrencyKey(t *testing.T) {
+	cfg, err := config.Parse([]byte("log_dir: /l\nkinds: {a: {command: [x], concurrency_key: source.region}, b: {command: [y]}}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := cfg.Kind("a")
+	if a.MaxRunningPerKey != config.DefaultMaxRunningPerKey {
+		t.Errorf("max_running_per_key %d, want the default %d", a.MaxRunningPerKey, config.DefaultMaxRunningPerKey)
+	}
+	for args, want := range map[string]string{
+		`{"source": {"region": "eu-west"}}`:            "eu-west",
+		`{"source": {"region": 12345678901234567890}}`: "12345678901234567890",
+		`{"source": {"region": {"b": 1, "a": 2}}}`:     `{"a":2,"b":1}`,
+	} {
+		got, err := a.ConcurrencyKeyOf([]byte(args))
+		if err != nil || got == nil || *got != want {
+			t.Errorf("ConcurrencyKeyOf(%s) = %v, %v; want %q", args, got, err, want)
+		}
+	}
+	for _, args := range []string{`{}`, `{"source": "eu"}`, `{"source": {"region": null}}`, ``} {
+		if got, err := a.ConcurrencyKeyOf([]byte(args)); err == nil {
+			t.Errorf("ConcurrencyKeyOf(%s) = %v, want an error naming the field", args, *got)
+		}
+	}
+	b, _ := cfg.Kind("b")
+	if got, err := b.ConcurrencyKeyOf([]byte(`{"region": "eu"}`)); got != nil || err != nil {
+		t.Errorf("a kind without concurrency_key: %v, %v", got, err)
 	}
 }

@@ -77,6 +77,18 @@ var ErrUnknownKind = errors.New("unknown kind")
 // nothing. It reports whether the context is new (false when the idempotency
 // key matched an earlier submission).
 func (c *Client) Submit(ctx context.Context, p SubmitParams) (id int64, created bool, err error) {
+	err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		id, created, err = c.SubmitTx(ctx, tx, p)
+		return err
+	})
+	return id, created, err
+}
+
+// SubmitTx is Submit inside the caller's transaction: the task exists
+// exactly when tx commits, together with whatever else the caller wrote in
+// it, and no supervisor sees it before. It works in a savepoint, so that a
+// refused submission (an unknown parent, say) leaves tx usable.
+func (c *Client) SubmitTx(ctx context.Context, tx pgx.Tx, p SubmitParams) (id int64, created bool, err error) {
 	if c.cfg == nil {
 		return 0, false, errors.New("submit needs a configuration naming the kinds")
 	}
@@ -110,7 +122,7 @@ func (c *Client) Submit(ctx context.Context, p SubmitParams) (id int64, created 
 		parent = p.ParentID
 	}
 
-	err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, tx, func(tx pgx.Tx) error {
 		err := tx.QueryRow(ctx, `
 			INSERT INTO data_manager.etl_contexts (parent_context_id, kind, queue, max_attempts, idempotency_key,
 			                                       concurrency_key, due_at)

@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -118,8 +119,30 @@ type Kind struct {
 	// Command is the program and its arguments; it is executed directly,
 	// never through a shell.
 	Command []string `yaml:"command"`
-	// MaxAttempts is how many times a task is started before it is FAILED.
+	// MaxAttempts is how many times a task is started before it is FAILED;
+	// default 3. Retry.MaxAttempts is the same setting.
 	MaxAttempts int `yaml:"max_attempts"`
+	// Retry is when a failed attempt is tried again; nil means River's
+	// default backoff (attempt⁴ seconds, with jitter).
+	Retry *RetryPolicy `yaml:"retry"`
+	// RetryOnExitCodes, when set, lists the command's exit codes after
+	// which the task is retried: any other failure fails it for good.
+	// FailOnExitCodes lists the exit codes after which it fails for good
+	// (the command says "do not retry this"). At most one of the two is
+	// set; by default every failure is retried.
+	RetryOnExitCodes []int `yaml:"retry_on_exit_codes"`
+	FailOnExitCodes  []int `yaml:"fail_on_exit_codes"`
+	// Timeout bounds the wall time of one attempt's command; 0, the
+	// default, means none: tasks that run for days are normal. A command
+	// that runs longer is stopped (its process group gets SIGTERM, then
+	// SIGKILL after KillGrace), a TIMEOUT event is recorded, and the
+	// attempt fails; OnTimeout says whether the task is then retried
+	// ("retry", the default) or FAILED ("fail").
+	Timeout   Duration  `yaml:"timeout"`
+	OnTimeout OnTimeout `yaml:"on_timeout"`
+	// KillGrace overrides the configuration's kill_grace for this kind;
+	// nil means the configuration's.
+	KillGrace *Duration `yaml:"kill_grace"`
 	// LockMode overrides the configuration's lock_mode for this kind; empty
 	// means the configuration's.
 	LockMode LockMode `yaml:"lock_mode"`
@@ -137,6 +160,88 @@ type Kind struct {
 	// MaxRunningPerKey bounds the running tasks of each concurrency key;
 	// default 1 when ConcurrencyKey is set.
 	MaxRunningPerKey int `yaml:"max_running_per_key"`
+}
+
+// RetryPolicy says how long a failed attempt waits before the next.
+type RetryPolicy struct {
+	// MaxAttempts is the kind's max_attempts (either may be set; both
+	// must then agree).
+	MaxAttempts int `yaml:"max_attempts"`
+	// Backoff is "exponential" (the default: Delay, then twice as long
+	// after each failure) or "fixed" (Delay after every failure).
+	Backoff Backoff `yaml:"backoff"`
+	// Delay is the wait after the first failure; default 1m.
+	Delay Duration `yaml:"delay"`
+	// MaxDelay caps an exponential backoff's wait; default 1h.
+	MaxDelay Duration `yaml:"max_delay"`
+}
+
+// Backoff is how a retry's wait grows.
+type Backoff string
+
+// The backoffs.
+const (
+	BackoffExponential Backoff = "exponential"
+	BackoffFixed       Backoff = "fixed"
+)
+
+// OnTimeout is what a timed-out attempt leads to.
+type OnTimeout string
+
+// What a timeout does.
+const (
+	OnTimeoutRetry OnTimeout = "retry"
+	OnTimeoutFail  OnTimeout = "fail"
+)
+
+// Defaults of a retry policy.
+const (
+	DefaultRetryDelay    = time.Minute
+	DefaultRetryMaxDelay = time.Hour
+)
+
+// RetryDelay is how long to wait after the failure of attempt (from 1)
+// before the next; 0 means River's default backoff.
+func (k Kind) RetryDelay(attempt int) time.Duration {
+	p := k.Retry
+	if p == nil {
+		return 0
+	}
+	delay, maxDelay := p.Delay.D(), p.MaxDelay.D()
+	if delay == 0 {
+		delay = DefaultRetryDelay
+	}
+	if maxDelay == 0 {
+		maxDelay = DefaultRetryMaxDelay
+	}
+	if p.Backoff == BackoffFixed {
+		return delay
+	}
+	for i := 1; i < attempt && delay < maxDelay; i++ {
+		delay *= 2
+	}
+	return min(delay, maxDelay)
+}
+
+// RetriesExit reports whether a command that exited with code is retried
+// (while attempts remain), by RetryOnExitCodes and FailOnExitCodes.
+func (k Kind) RetriesExit(code int) bool {
+	if len(k.RetryOnExitCodes) > 0 {
+		return slices.Contains(k.RetryOnExitCodes, code)
+	}
+	return !slices.Contains(k.FailOnExitCodes, code)
+}
+
+// KillGraceOf returns kind k's kill grace: its own, else the
+// configuration's, else the default.
+func (c *Config) KillGraceOf(k Kind) time.Duration {
+	switch {
+	case k.KillGrace != nil:
+		return k.KillGrace.D()
+	case c.KillGrace != 0:
+		return c.KillGrace.D()
+	}
+	return DefaultKillGrace
 }
 
 // Duration is a time.Duration written as "5s" or "1m30s" in YAML.
@@ -271,6 +376,9 @@ func Parse(data []byte) (*Config, error) {
 		if k.MaxAttempts < 0 {
 			return nil, fmt.Errorf("kind %s: max_attempts must not be negative", name)
 		}
+		if err := k.validateFailures(); err != nil {
+			return nil, fmt.Errorf("kind %s: %w", name, err)
+		}
 		if k.MaxAttempts == 0 {
 			k.MaxAttempts = DefaultMaxAttempts
 		}
@@ -339,6 +447,62 @@ func (k Kind) ConcurrencyKeyOf(args json.RawMessage) (*string, error) {
 		s := string(b)
 		return &s, nil
 	}
+}
+
+// validateFailures checks the retry, exit code and timeout settings, and
+// fills in their defaults.
+func (k *Kind) validateFailures() error {
+	if p := k.Retry; p != nil {
+		switch {
+		case p.MaxAttempts < 0:
+			return errors.New("retry.max_attempts must not be negative")
+		case p.MaxAttempts > 0 && k.MaxAttempts > 0 && p.MaxAttempts != k.MaxAttempts:
+			return fmt.Errorf("max_attempts %d and retry.max_attempts %d disagree: set one", k.MaxAttempts, p.MaxAttempts)
+		case p.Delay < 0 || p.MaxDelay < 0:
+			return errors.New("retry delays must not be negative")
+		}
+		if p.MaxAttempts > 0 {
+			k.MaxAttempts = p.MaxAttempts
+		}
+		switch p.Backoff {
+		case "":
+			p.Backoff = BackoffExponential
+		case BackoffExponential, BackoffFixed:
+		default:
+			return fmt.Errorf("retry.backoff %q: want %q or %q", p.Backoff, BackoffFixed, BackoffExponential)
+		}
+		if p.Delay == 0 {
+			p.Delay = Duration(DefaultRetryDelay)
+		}
+		if p.MaxDelay == 0 {
+			p.MaxDelay = Duration(max(DefaultRetryMaxDelay, p.Delay.D()))
+		}
+		if p.MaxDelay < p.Delay {
+			return fmt.Errorf("retry.max_delay %s is shorter than retry.delay %s", p.MaxDelay.D(), p.Delay.D())
+		}
+	}
+	if len(k.RetryOnExitCodes) > 0 && len(k.FailOnExitCodes) > 0 {
+		return errors.New("retry_on_exit_codes and fail_on_exit_codes exclude each other: set one")
+	}
+	for _, c := range append(slices.Clone(k.RetryOnExitCodes), k.FailOnExitCodes...) {
+		if c < 1 || c > 255 {
+			return fmt.Errorf("exit code %d: want 1 to 255 (0 is success)", c)
+		}
+	}
+	if k.Timeout < 0 {
+		return errors.New("timeout must not be negative")
+	}
+	switch k.OnTimeout {
+	case "":
+		k.OnTimeout = OnTimeoutRetry
+	case OnTimeoutRetry, OnTimeoutFail:
+	default:
+		return fmt.Errorf("on_timeout %q: want %q or %q", k.OnTimeout, OnTimeoutRetry, OnTimeoutFail)
+	}
+	if k.KillGrace != nil && k.KillGrace.D() < 0 {
+		return errors.New("kill_grace must not be negative")
+	}
+	return nil
 }
 
 // ReconnectGraceD returns reconnect_grace, or its default when the field

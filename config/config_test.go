@@ -3,6 +3,7 @@ package config_test
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -37,19 +38,26 @@ kinds:
 
 func TestParseRejectsBadConfigurations(t *testing.T) {
 	cases := map[string]struct{ yaml, want string }{
-		"no log_dir":        {"kinds: {a: {command: [x]}}", "log_dir is required"},
-		"no kinds":          {"log_dir: /l", "no kinds"},
-		"empty command":     {"log_dir: /l\nkinds: {a: {command: []}}", "command is required"},
-		"unknown queue":     {"log_dir: /l\nkinds: {a: {command: [x], queue: q}}", "queue q is not in queues"},
-		"misspelt key":      {"log_dir: /l\npoll_intervall: 5s\nkinds: {a: {command: [x]}}", "poll_intervall"},
-		"bad duration":      {"log_dir: /l\npoll_interval: soon\nkinds: {a: {command: [x]}}", "soon"},
-		"tiny poll":         {"log_dir: /l\npoll_interval: 1ms\nkinds: {a: {command: [x]}}", "at least 100ms"},
-		"bad kind name":     {"log_dir: /l\nkinds: {'a b': {command: [x]}}", "kind name"},
-		"negative running":  {"log_dir: /l\nqueues: {q: {max_running: -1}}\nkinds: {a: {command: [x], queue: q}}", "must not be negative"},
-		"not YAML":          {"log_dir: [", "parse YAML"},
-		"negative kind max": {"log_dir: /l\nkinds: {a: {command: [x], max_running: -2}}", "max_running must not be negative"},
-		"per key, no key":   {"log_dir: /l\nkinds: {a: {command: [x], max_running_per_key: 2}}", "needs concurrency_key"},
-		"empty key part":    {"log_dir: /l\nkinds: {a: {command: [x], concurrency_key: 'a..b'}}", "concurrency_key"},
+		"no log_dir":          {"kinds: {a: {command: [x]}}", "log_dir is required"},
+		"no kinds":            {"log_dir: /l", "no kinds"},
+		"empty command":       {"log_dir: /l\nkinds: {a: {command: []}}", "command is required"},
+		"unknown queue":       {"log_dir: /l\nkinds: {a: {command: [x], queue: q}}", "queue q is not in queues"},
+		"misspelt key":        {"log_dir: /l\npoll_intervall: 5s\nkinds: {a: {command: [x]}}", "poll_intervall"},
+		"bad duration":        {"log_dir: /l\npoll_interval: soon\nkinds: {a: {command: [x]}}", "soon"},
+		"tiny poll":           {"log_dir: /l\npoll_interval: 1ms\nkinds: {a: {command: [x]}}", "at least 100ms"},
+		"bad kind name":       {"log_dir: /l\nkinds: {'a b': {command: [x]}}", "kind name"},
+		"negative running":    {"log_dir: /l\nqueues: {q: {max_running: -1}}\nkinds: {a: {command: [x], queue: q}}", "must not be negative"},
+		"not YAML":            {"log_dir: [", "parse YAML"},
+		"negative kind max":   {"log_dir: /l\nkinds: {a: {command: [x], max_running: -2}}", "max_running must not be negative"},
+		"per key, no key":     {"log_dir: /l\nkinds: {a: {command: [x], max_running_per_key: 2}}", "needs concurrency_key"},
+		"empty key part":      {"log_dir: /l\nkinds: {a: {command: [x], concurrency_key: 'a..b'}}", "concurrency_key"},
+		"attempts disagree":   {"log_dir: /l\nkinds: {a: {command: [x], max_attempts: 2, retry: {max_attempts: 3}}}", "disagree"},
+		"bad backoff":         {"log_dir: /l\nkinds: {a: {command: [x], retry: {backoff: linear}}}", "retry.backoff"},
+		"max below delay":     {"log_dir: /l\nkinds: {a: {command: [x], retry: {delay: 1h, max_delay: 1m}}}", "shorter than"},
+		"both exit lists":     {"log_dir: /l\nkinds: {a: {command: [x], retry_on_exit_codes: [1], fail_on_exit_codes: [2]}}", "exclude each other"},
+		"exit code 0":         {"log_dir: /l\nkinds: {a: {command: [x], fail_on_exit_codes: [0]}}", "exit code 0"},
+		"bad on_timeout":      {"log_dir: /l\nkinds: {a: {command: [x], timeout: 1h, on_timeout: ignore}}", "on_timeout"},
+		"negative kind grace": {"log_dir: /l\nkinds: {a: {command: [x], kill_grace: -1s}}", "kill_grace"},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -130,5 +138,41 @@ func TestConcurrencyKey(t *testing.T) {
 	b, _ := cfg.Kind("b")
 	if got, err := b.ConcurrencyKeyOf([]byte(`{"region": "eu"}`)); got != nil || err != nil {
 		t.Errorf("a kind without concurrency_key: %v, %v", got, err)
+	}
+}
+
+func TestRetryPolicy(t *testing.T) {
+	cfg, err := config.Parse([]byte(`
+log_dir: /l
+kill_grace: 7s
+kinds:
+  seed: {command: [x], retry: {max_attempts: 3, backoff: fixed, delay: 5m}, fail_on_exit_codes: [2]}
+  doubling: {command: [x], retry: {delay: 10s, max_delay: 1m}, retry_on_exit_codes: [75], kill_grace: 1s}
+  plain: {command: [x]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed, _ := cfg.Kind("seed")
+	if seed.MaxAttempts != 3 || seed.RetryDelay(1) != 5*time.Minute || seed.RetryDelay(2) != 5*time.Minute {
+		t.Errorf("seed: max_attempts %d, delays %v %v; want 3 attempts 5 minutes apart", seed.MaxAttempts, seed.RetryDelay(1), seed.RetryDelay(2))
+	}
+	if seed.RetriesExit(2) || !seed.RetriesExit(1) || seed.OnTimeout != config.OnTimeoutRetry || cfg.KillGraceOf(seed) != 7*time.Second {
+		t.Errorf("seed: retries exit 2 %t, exit 1 %t, on_timeout %q, kill grace %v", seed.RetriesExit(2), seed.RetriesExit(1), seed.OnTimeout, cfg.KillGraceOf(seed))
+	}
+	d, _ := cfg.Kind("doubling")
+	var delays []time.Duration
+	for attempt := 1; attempt <= 5; attempt++ {
+		delays = append(delays, d.RetryDelay(attempt))
+	}
+	if want := []time.Duration{10 * time.Second, 20 * time.Second, 40 * time.Second, time.Minute, time.Minute}; !slices.Equal(delays, want) {
+		t.Errorf("exponential delays %v, want %v", delays, want)
+	}
+	if !d.RetriesExit(75) || d.RetriesExit(1) || d.RetriesExit(-1) || cfg.KillGraceOf(d) != time.Second {
+		t.Errorf("doubling: retries 75 %t, 1 %t, a signal %t; kill grace %v", d.RetriesExit(75), d.RetriesExit(1), d.RetriesExit(-1), cfg.KillGraceOf(d))
+	}
+	p, _ := cfg.Kind("plain")
+	if p.RetryDelay(1) != 0 || p.Timeout != 0 || !p.RetriesExit(2) {
+		t.Errorf("plain: delay %v (want River's), timeout %v, retries 2 %t", p.RetryDelay(1), p.Timeout.D(), p.RetriesExit(2))
 	}
 }

@@ -160,3 +160,28 @@ func AbandonLaunch(ctx context.Context, db DB, c *Context) error {
 	}
 	return nil
 }
+
+// Reopen makes c, FAILED or CANCELLED, QUEUED again for a new attempt
+// (`dama retry`), allowing it attempts up to maxAttempts in all: its
+// RETRIED event, naming by, makes the database reopen it, keeping its
+// attempt number, run id and checkpoints. The caller holds the lock.
+func Reopen(ctx context.Context, db DB, c *Context, maxAttempts int, by string) error {
+	if c.Status != StatusFailed && c.Status != StatusCancelled {
+		return fmt.Errorf("etl context %d is %s: only a FAILED or CANCELLED task can be retried", c.ID, c.Status)
+	}
+	_, err := Append(ctx, db, NewEvent{
+		ContextID: c.ID,
+		Type:      c.Kind + ":" + EventRetried,
+		Payload:   map[string]any{"by": by, "previous_status": c.Status, "max_attempts": maxAttempts},
+		RunID:     c.RunID,
+	})
+	return err
+}
+
+// SetJob records job as the River job of context id.
+func SetJob(ctx context.Context, db DB, id, job int64) error {
+	if _, err := db.Exec(ctx, `UPDATE data_manager.etl_contexts SET river_job_id = $2 WHERE etl_context_id = $1`, id, job); err != nil {
+		return fmt.Errorf("record River job %d of etl context %d: %w", job, id, err)
+	}
+	return nil
+}

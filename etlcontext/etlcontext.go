@@ -52,11 +52,40 @@ const (
 	EventProgress   = "PROGRESS"
 	EventCheckpoint = "CHECKPOINT"
 	EventWarning    = "WARNING"
+	// EventTimeout records that an attempt's command outran its kind's
+	// timeout and was stopped; the attempt's ERROR follows.
+	EventTimeout = "TIMEOUT"
+	// EventRetried reopens a FAILED or CANCELLED context for a new attempt
+	// (`dama retry`): the one event a finished context accepts.
+	EventRetried = "RETRIED"
 )
 
-// LockNamespace is the first key of the two-int advisory lock a task process
-// holds (the second is the context id); it spells 'dama'.
-const LockNamespace = 1684106593
+// ErrorFinal is the field of an ERROR event's payload that, set to false,
+// makes the context FAILED whatever attempts remain: the kind's policy
+// says not to retry this failure (an exit code in fail_on_exit_codes, a
+// timeout with on_timeout: fail).
+const ErrorFinal = "retry"
+
+// dama's advisory locks, all two-int keys (namespace, key), one namespace
+// per kind of lock so that no two ever collide.
+const (
+	// LockNamespace is the first key of the lock a task process holds
+	// (the second is the context id); it spells 'dama'. Key 0, which no
+	// context id takes, serializes `dama migrate`.
+	LockNamespace = 1684106593
+	// queueLockNamespace, kindLockNamespace and keyLockNamespace make a
+	// start race-free across supervisors: whoever starts a task, pauses a
+	// queue or blocks a kind takes, for the rest of its transaction, the
+	// lock (namespace, hashtext(name)) of the queue, then of the kind,
+	// then of the kind's concurrency key; always in that order, so that no
+	// two transactions wait for each other.
+	queueLockNamespace = LockNamespace + 1
+	// ClientLockNamespace keys the session lock each supervisor holds for
+	// its life, by its River client id's hash (supervisor/liveness.go).
+	ClientLockNamespace = LockNamespace + 2
+	kindLockNamespace   = LockNamespace + 4
+	keyLockNamespace    = LockNamespace + 5
+)
 
 // FinishedChannel is the channel on which the database announces, in the
 // transaction that finishes it, every context that becomes DONE, FAILED or

@@ -9,17 +9,6 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// The locks that make a start race-free across supervisors: whoever starts
-// a task, pauses a queue or blocks a kind takes, for the rest of its
-// transaction, the advisory lock (namespace, hashtext(name)) of the queue,
-// then of the kind, then of the kind's concurrency key; always in that
-// order, so that no two transactions wait for each other.
-const (
-	queueLockNamespace = LockNamespace + 1
-	kindLockNamespace  = LockNamespace + 2
-	keyLockNamespace   = LockNamespace + 3
-)
-
 // ControlChannel is the NOTIFY channel on which a queue's resumption or a
 // kind's unblocking is announced, with a Control as its JSON payload, so
 // that supervisors start the tasks that waited at once.
@@ -125,64 +114,68 @@ func MarkWaiting(ctx context.Context, db DB, id int64, w Wait) error {
 	return nil
 }
 
-// KindLimit is one kind's bounds, for WakeWaiting.
-type KindLimit struct {
-	Kind   string
-	Max    int
-	KeyMax int
+// SetConcurrencyKey records the concurrency key of context id.
+func SetConcurrencyKey(ctx context.Context, db DB, id int64, key string) error {
+	if _, err := db.Exec(ctx, `UPDATE data_manager.etl_contexts SET concurrency_key = $2 WHERE etl_context_id = $1`, id, key); err != nil {
+		return fmt.Errorf("record concurrency key of etl context %d: %w", id, err)
+	}
+	return nil
 }
 
 // WakeWaiting is a query, usable as a CTE, of the River job ids of the
 // due tasks of one queue that wait for a slot and would find one now, at
 // most as many as the queue has free slots: $1 the queue, $2 its
 // max_running, $3, $4 and $5 the kinds' names, max_running and
-// max_running_per_key (0: no bound). A paused queue or a blocked kind wakes
-// nothing. Kinds take turns: the tasks are ordered by how many of their
-// kind run, plus their rank in their kind and key, then by age, so that a
-// kind with a thousand tasks waiting never holds back another of the same
-// queue. Once a pause or a block is lifted, the tasks it held back are all
-// woken, once, to find out what they wait for now.
+// max_running_per_key (0: no bound), for the kinds of the configuration;
+// the tasks of other kinds are left to the supervisors that run them. A
+// paused queue or a blocked kind wakes nothing. Kinds take turns: the
+// tasks are ordered by how many of their kind run, plus their rank among
+// their kind's tasks that would find a slot, then by age, so that a kind
+// with a thousand tasks waiting never holds back another of the same
+// queue; no kind has more tasks woken than it has room for. Once a pause
+// or a block is lifted, the tasks it held back are all woken, once, to
+// find out what they wait for now. It reads the queue's waiting tasks once
+// (the etl_contexts_waiting index), and the running ones of its kinds.
 const WakeWaiting = `
 	WITH free AS (
 		SELECT $2::int - (SELECT count(*) FROM data_manager.etl_contexts
 		                   WHERE queue = $1 AND etl_status = 'RUNNING') AS n
 		 WHERE NOT EXISTS (SELECT 1 FROM data_manager.queue_pauses WHERE queue = $1)),
 	limits AS (
-		SELECT * FROM unnest($3::text[], $4::int[], $5::int[]) AS l(kind, max_running, max_per_key)),
-	groups AS (
-		SELECT DISTINCT w.kind, w.concurrency_key
+		SELECT l.*
+		  FROM unnest($3::text[], $4::int[], $5::int[]) AS l(kind, max_running, max_per_key)
+		 WHERE NOT EXISTS (SELECT 1 FROM data_manager.kind_blocks AS b WHERE b.kind = l.kind)),
+	waiting AS (
+		SELECT w.etl_context_id, w.river_job_id, w.kind, w.concurrency_key,
+		       row_number() OVER (PARTITION BY w.kind, w.concurrency_key ORDER BY w.etl_context_id) - 1 AS key_rank
 		  FROM data_manager.etl_contexts AS w
 		 WHERE w.queue = $1 AND w.waiting_for IS NOT NULL AND w.etl_status IN ('QUEUED', 'RETRYING')
+		   AND w.river_job_id IS NOT NULL
+		   AND w.kind IN (SELECT kind FROM limits)
 		   AND (SELECT n FROM free) > 0),
-	allowed AS (
-		SELECT g.kind, g.concurrency_key, kr.n AS kind_running,
-		       least((SELECT n FROM free),
-		             CASE WHEN coalesce(l.max_running, 0) > 0 THEN l.max_running - kr.n END,
-		             CASE WHEN coalesce(l.max_per_key, 0) > 0 AND g.concurrency_key IS NOT NULL THEN l.max_per_key - keyr.n END) AS n
-		  FROM groups AS g
-		  LEFT JOIN limits AS l ON l.kind = g.kind
-		  CROSS JOIN LATERAL (SELECT count(*) AS n FROM data_manager.etl_contexts AS r
-		                       WHERE r.kind = g.kind AND r.etl_status = 'RUNNING') AS kr
-		  CROSS JOIN LATERAL (SELECT count(*) AS n FROM data_manager.etl_contexts AS r
-		                       WHERE r.kind = g.kind AND r.concurrency_key = g.concurrency_key
-		                         AND r.etl_status = 'RUNNING') AS keyr
-		 WHERE NOT EXISTS (SELECT 1 FROM data_manager.kind_blocks AS b WHERE b.kind = g.kind)),
-	candidates AS (
-		SELECT t.river_job_id, t.etl_context_id, a.kind_running + t.rank AS turn
-		  FROM allowed AS a
-		 CROSS JOIN LATERAL (
-		       SELECT w.river_job_id, w.etl_context_id,
-		              row_number() OVER (ORDER BY w.etl_context_id) - 1 AS rank
-		         FROM data_manager.etl_contexts AS w
-		        WHERE w.queue = $1 AND w.kind = a.kind
-		          AND w.concurrency_key IS NOT DISTINCT FROM a.concurrency_key
-		          AND w.waiting_for IS NOT NULL AND w.etl_status IN ('QUEUED', 'RETRYING')
-		        ORDER BY w.etl_context_id
-		        LIMIT greatest(a.n, 0)) AS t
-		 WHERE t.river_job_id IS NOT NULL)
+	kind_running AS (
+		SELECT r.kind, count(*) AS n
+		  FROM data_manager.etl_contexts AS r
+		 WHERE r.etl_status = 'RUNNING' AND r.kind IN (SELECT kind FROM waiting)
+		 GROUP BY r.kind),
+	key_running AS (
+		SELECT r.kind, r.concurrency_key, count(*) AS n
+		  FROM data_manager.etl_contexts AS r
+		 WHERE r.etl_status = 'RUNNING' AND r.concurrency_key IS NOT NULL AND r.kind IN (SELECT kind FROM waiting)
+		 GROUP BY r.kind, r.concurrency_key),
+	eligible AS (
+		SELECT w.river_job_id, w.etl_context_id, w.kind, coalesce(kr.n, 0) AS kind_running, l.max_running,
+		       row_number() OVER (PARTITION BY w.kind ORDER BY w.key_rank, w.etl_context_id) - 1 AS kind_rank
+		  FROM waiting AS w
+		  JOIN limits AS l ON l.kind = w.kind
+		  LEFT JOIN kind_running AS kr ON kr.kind = w.kind
+		  LEFT JOIN key_running AS yr ON yr.kind = w.kind AND yr.concurrency_key = w.concurrency_key
+		 WHERE l.max_per_key <= 0 OR w.concurrency_key IS NULL
+		    OR w.key_rank < l.max_per_key - coalesce(yr.n, 0))
 	(SELECT river_job_id AS id
-	   FROM candidates
-	  ORDER BY turn, etl_context_id
+	   FROM eligible
+	  WHERE max_running <= 0 OR kind_rank < max_running - kind_running
+	  ORDER BY kind_running + kind_rank, etl_context_id
 	  LIMIT greatest((SELECT n FROM free), 0))
 	UNION
 	-- Tasks parked by a pause or a block that is lifted, slot or not: their
@@ -191,9 +184,8 @@ const WakeWaiting = `
 	  FROM data_manager.etl_contexts AS w
 	 WHERE w.queue = $1 AND w.waiting_for IN ('queue_paused', 'kind_blocked')
 	   AND w.etl_status IN ('QUEUED', 'RETRYING') AND w.river_job_id IS NOT NULL
-	   AND NOT EXISTS (SELECT 1 FROM data_manager.queue_pauses WHERE queue = $1)
-	   AND (w.waiting_for = 'queue_paused'
-	        OR NOT EXISTS (SELECT 1 FROM data_manager.kind_blocks AS b WHERE b.kind = w.kind))`
+	   AND w.kind IN (SELECT kind FROM limits)
+	   AND NOT EXISTS (SELECT 1 FROM data_manager.queue_pauses WHERE queue = $1)`
 
 // QueuePause is a paused queue.
 type QueuePause struct {

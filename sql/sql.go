@@ -35,7 +35,7 @@ const Schema = "data_manager"
 // namespace ('dama', as etlcontext.LockNamespace), and 0, which no context id
 // takes.
 const (
-	lockNamespace  = 1684106593
+	lockNamespace  = etlcontext.LockNamespace
 	migrateLockKey = 0
 )
 

@@ -24,6 +24,10 @@ import (
 // INITIAL event, not in the job.
 type TaskArgs struct {
 	ETLContextID int64 `json:"etl_context_id"`
+	// TaskKind is the task's kind, for the kind's retry policy (NextRetry);
+	// empty in the jobs of releases before it, which then back off as
+	// River does by default.
+	TaskKind string `json:"kind,omitempty"`
 }
 
 // Kind is the River job kind of every dama task.
@@ -148,7 +152,7 @@ func (c *Client) SubmitTx(ctx context.Context, tx pgx.Tx, p SubmitParams) (id in
 		}); err != nil {
 			return err
 		}
-		res, err := c.river.InsertTx(ctx, tx, TaskArgs{ETLContextID: id}, &river.InsertOpts{
+		res, err := c.river.InsertTx(ctx, tx, TaskArgs{ETLContextID: id, TaskKind: p.Kind}, &river.InsertOpts{
 			Queue:       kind.Queue,
 			MaxAttempts: kind.MaxAttempts,
 			ScheduledAt: p.ScheduledAt,

@@ -16,7 +16,7 @@ import (
 // supervisor holds, on its liveness connection, for as long as it lives: a
 // River job left 'running' by a client whose lock stays gone belongs to a
 // dead supervisor.
-const clientLockNamespace = etlcontext.LockNamespace + 2
+const clientLockNamespace = etlcontext.ClientLockNamespace
 
 // The application_name prefixes of the supervisor's own connections, followed
 // by its River client id, so that an operator (or a test) can tell them apart

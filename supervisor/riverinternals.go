@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river/riverdriver"
 )
 
@@ -20,11 +21,18 @@ import (
 //     again with its attempt given back (state 'available', attempt - 1):
 //     what River's own snooze does, without River's rescuer spending an
 //     attempt or discarding the job an hour later.
-//   - wakeSQL makes a snoozed job ('scheduled', or 'available' with a future
-//     scheduled_at, as River's snooze leaves it) available now, in the same
-//     statement that finds it, which Client.JobRetry cannot do for a batch
-//     and would do even to a job that finished meanwhile. It is what River's
-//     scheduler does when a job's time comes.
+//   - alignAttempt gives a retried task's new job (dama retry) the task's
+//     attempt count, which InsertOpts cannot set: a step compares River's
+//     attempt with the context's to tell a failure River has counted from
+//     one it has not.
+//   - wakeSQL makes a parked job ('scheduled': River's snooze leaves a job
+//     snoozed beyond its scheduler interval, 5s, so) available now, in the
+//     same statement that finds it, which Client.JobRetry cannot do for a
+//     batch and would do even to a job that finished meanwhile. It is what
+//     River's scheduler does when a job's time comes. A job 'available'
+//     with a future scheduled_at is left alone: River leaves so both a
+//     short snooze and a short retry backoff, and a retry must wait out
+//     its kind's backoff.
 
 // notifyQueue tells every supervisor's River producer of the queue that a job
 // is available, as River itself does after an insert.
@@ -46,7 +54,7 @@ const wakeSQL = `UPDATE river_job AS j
 	   SET state = 'available', scheduled_at = now()
 	  FROM due
 	 WHERE j.id = due.id
-	   AND j.state IN ('scheduled', 'available')
+	   AND j.state = 'scheduled'
 	   AND j.scheduled_at > now()
 	RETURNING j.id, j.queue`
 
@@ -56,3 +64,12 @@ const wakeSQL = `UPDATE river_job AS j
 // interval). The snooze's end is only a backstop, so it costs each running
 // task one step an hour.
 const parkFor = time.Hour
+
+// alignAttempt sets the attempt count of job, inserted in tx and not yet
+// fetched, to attempt.
+func alignAttempt(ctx context.Context, tx pgx.Tx, job int64, attempt int) error {
+	if _, err := tx.Exec(ctx, `UPDATE river_job SET attempt = $2 WHERE id = $1 AND state = 'available' AND attempted_at IS NULL`, job, attempt); err != nil {
+		return fmt.Errorf("align attempt of job %d: %w", job, err)
+	}
+	return nil
+}

@@ -194,7 +194,7 @@ func (s *Supervisor) wake(ctx context.Context, id int64) {
 		switch {
 		case woken:
 			s.notifyQueue(ctx, queue)
-			s.wakeWaiting(ctx, queue)
+			s.wakeWaiting(context.WithoutCancel(ctx), queue)
 			return
 		case state == rivertype.JobStateRunning:
 			// A step is under way; it may snooze the job without having seen
@@ -202,7 +202,7 @@ func (s *Supervisor) wake(ctx context.Context, id int64) {
 		default:
 			// Already due, in backoff, or finished: nothing to wake but the
 			// tasks waiting for the slot this one freed.
-			s.wakeWaiting(ctx, queue)
+			s.wakeWaiting(context.WithoutCancel(ctx), queue)
 			return
 		}
 		select {
@@ -233,6 +233,9 @@ func (s *Supervisor) connectListener(ctx context.Context) (*listener, error) {
 	return &listener{conn: conn}, nil
 }
 
+// wakeTimeout bounds a wake-up of waiting tasks.
+const wakeTimeout = 10 * time.Second
+
 // wakeWaiting wakes the parked jobs of the queue's due tasks that wait for
 // a slot and would find one now, as many as the queue has free slots, the
 // kinds taking turns (etlcontext.WakeWaiting), so that a slot freed by a
@@ -240,7 +243,36 @@ func (s *Supervisor) connectListener(ctx context.Context) (*listener, error) {
 // also the backstop, every poll interval, for a wake-up that came while the
 // task's step was still parking it. A woken task that finds no slot after
 // all (another supervisor's start took it) is parked again.
+//
+// Wake-ups of one queue are coalesced: while one runs, those asked for
+// meanwhile (500 tasks ending at once) make it run once more, not 500
+// times at once.
 func (s *Supervisor) wakeWaiting(ctx context.Context, queue string) {
+	s.mu.Lock()
+	if again, running := s.waking[queue]; running {
+		if !again {
+			s.waking[queue] = true
+		}
+		s.mu.Unlock()
+		return
+	}
+	s.waking[queue] = false
+	s.mu.Unlock()
+	for {
+		s.wakeOnce(ctx, queue)
+		s.mu.Lock()
+		if !s.waking[queue] {
+			delete(s.waking, queue)
+			s.mu.Unlock()
+			return
+		}
+		s.waking[queue] = false
+		s.mu.Unlock()
+	}
+}
+
+// wakeOnce is one wake-up of the queue's waiting tasks.
+func (s *Supervisor) wakeOnce(ctx context.Context, queue string) {
 	q, ok := s.cfg.Queues[queue]
 	if !ok {
 		return
@@ -253,13 +285,16 @@ func (s *Supervisor) wakeWaiting(ctx context.Context, queue string) {
 		k, _ := s.cfg.Kind(name)
 		maxes[i], keyMax[i] = int32(k.MaxRunning), int32(k.MaxRunningPerKey)
 	}
+	ctx, cancel := context.WithTimeout(ctx, wakeTimeout)
+	defer cancel()
 	var n int
 	err := s.pool.QueryRow(ctx, `
 		WITH due AS (`+etlcontext.WakeWaiting+`),
 		woken AS (`+wakeSQL+`)
 		SELECT count(*) FROM woken`, queue, q.MaxRunning, kinds, maxes, keyMax).Scan(&n)
 	if err != nil {
-		if ctx.Err() == nil {
+		// The backstop tries again at the next poll interval.
+		if !errors.Is(err, context.Canceled) {
 			s.logger.Warn("wake tasks waiting for a slot", "queue", queue, "error", err)
 		}
 		return
@@ -278,7 +313,7 @@ func (s *Supervisor) wakeWaiting(ctx context.Context, queue string) {
 // context like any other.
 func (s *Supervisor) reconcile(ctx context.Context) error {
 	rows, err := s.pool.Query(ctx, `
-		SELECT c.etl_context_id, c.queue, c.max_attempts, j.id
+		SELECT c.etl_context_id, c.queue, c.kind, c.max_attempts, j.id
 		  FROM data_manager.etl_contexts AS c
 		  LEFT JOIN river_job AS j ON j.id = c.river_job_id
 		 WHERE c.etl_status NOT IN ('DONE', 'FAILED', 'CANCELLED')
@@ -287,7 +322,7 @@ func (s *Supervisor) reconcile(ctx context.Context) error {
 		UNION ALL
 		-- Finished contexts are many; only recently finalized jobs can
 		-- disagree with theirs (River deletes old finalized jobs anyway).
-		SELECT c.etl_context_id, c.queue, c.max_attempts, j.id
+		SELECT c.etl_context_id, c.queue, c.kind, c.max_attempts, j.id
 		  FROM river_job AS j
 		  JOIN data_manager.etl_contexts AS c ON c.river_job_id = j.id
 		 WHERE j.state IN ('completed', 'cancelled', 'discarded')
@@ -306,7 +341,7 @@ func (s *Supervisor) reconcile(ctx context.Context) error {
 	}
 	type orphan struct {
 		id, job     int64
-		queue       string
+		queue, kind string
 		maxAttempts int
 		hasJob      bool
 	}
@@ -315,7 +350,7 @@ func (s *Supervisor) reconcile(ctx context.Context) error {
 			o   orphan
 			job *int64
 		)
-		err := row.Scan(&o.id, &o.queue, &o.maxAttempts, &job)
+		err := row.Scan(&o.id, &o.queue, &o.kind, &o.maxAttempts, &job)
 		if job != nil {
 			o.job, o.hasJob = *job, true
 		}
@@ -333,7 +368,7 @@ func (s *Supervisor) reconcile(ctx context.Context) error {
 		} else {
 			// Retrying a job twice is harmless, inserting two is not: a
 			// context must have exactly one job.
-			jobID, err := s.enqueueMissingJob(ctx, o.id, o.queue, o.maxAttempts)
+			jobID, err := s.enqueueMissingJob(ctx, o.id, o.queue, o.kind, o.maxAttempts)
 			if err != nil {
 				return fmt.Errorf("enqueue a job for unsettled etl context %d: %w", o.id, err)
 			}
@@ -357,7 +392,7 @@ func (s *Supervisor) reconcile(ctx context.Context) error {
 // granted: under READ COMMITTED a statement sees only what was committed
 // before it began, so a check inside the locking statement would re-read the
 // context's new river_job_id yet miss the job it names.
-func (s *Supervisor) enqueueMissingJob(ctx context.Context, id int64, queue string, maxAttempts int) (int64, error) {
+func (s *Supervisor) enqueueMissingJob(ctx context.Context, id int64, queue, kind string, maxAttempts int) (int64, error) {
 	var inserted int64
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var current *int64
@@ -375,7 +410,7 @@ func (s *Supervisor) enqueueMissingJob(ctx context.Context, id int64, queue stri
 				return nil
 			}
 		}
-		res, err := s.river.InsertTx(ctx, tx, TaskArgs{ETLContextID: id}, &river.InsertOpts{Queue: queue, MaxAttempts: maxAttempts})
+		res, err := s.river.InsertTx(ctx, tx, TaskArgs{ETLContextID: id, TaskKind: kind}, &river.InsertOpts{Queue: queue, MaxAttempts: maxAttempts})
 		if err != nil {
 			return fmt.Errorf("insert job: %w", err)
 		}

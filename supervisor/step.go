@@ -14,6 +14,7 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
+	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/hostproc"
 	"github.com/dama-etl/dama/taskrunner"
@@ -63,7 +64,10 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 		if job.Attempt >= job.MaxAttempts {
 			return failure
 		}
-		// The job was retried by hand after the context failed for good.
+		// The task failed for good before its attempts were used up (an
+		// exit code or a timeout its kind does not retry), or the job was
+		// retried by hand after it failed: River cannot discard a job
+		// early, so it is cancelled.
 		return river.JobCancel(failure)
 	case etlcontext.StatusRunning:
 		if c.PID == nil {
@@ -78,6 +82,7 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 				return s.transient(logger, fmt.Errorf("commit abandoned launch of etl context %d: %w", id, err))
 			}
 			s.reportLaunchFailure(ctx, logger, c)
+			s.wakeWaiting(ctx, c.Queue)
 			return river.JobSnooze(s.cfg.PollInterval.D())
 		}
 		// RUNNING recorded but the lock is free: the attempt's process is
@@ -101,6 +106,7 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 		if err := tx.Commit(ctx); err != nil {
 			return s.transient(logger, fmt.Errorf("commit death of etl context %d: %w", id, err))
 		}
+		s.wakeWaiting(ctx, c.Queue)
 		logger.Warn("task attempt died", "attempt", c.Attempt, "reason", reason)
 		return fmt.Errorf("attempt %d of etl context %d died: %s", c.Attempt, id, reason)
 	case etlcontext.StatusRetrying:
@@ -304,11 +310,39 @@ func (s *Supervisor) admit(ctx context.Context, tx pgx.Tx, c *etlcontext.Context
 		return etlcontext.WaitNone, fmt.Errorf("queue %s is not configured", c.Queue)
 	}
 	k, _ := s.cfg.Kind(c.Kind)
+	key := c.ConcurrencyKey
+	if k.ConcurrencyKey != "" && key == nil {
+		// Submitted without the key (before the kind had one, or by a
+		// client whose configuration lacks it): take it from the arguments
+		// now, or count the task with the others that lack it.
+		var err error
+		if key, err = s.deriveKey(ctx, tx, c, k); err != nil {
+			return etlcontext.WaitNone, err
+		}
+	}
 	return etlcontext.Admit(ctx, tx, etlcontext.Admission{
 		Queue: c.Queue, QueueMax: q.MaxRunning,
 		Kind: c.Kind, KindMax: k.MaxRunning,
-		Key: c.ConcurrencyKey, KeyMax: k.MaxRunningPerKey,
+		Key: key, KeyMax: k.MaxRunningPerKey,
 	})
+}
+
+// deriveKey records on c the concurrency key of kind k taken from its
+// arguments, or "" when they lack the field, and returns it.
+func (s *Supervisor) deriveKey(ctx context.Context, tx pgx.Tx, c *etlcontext.Context, k config.Kind) (*string, error) {
+	args, _, err := etlcontext.Payloads(ctx, tx, c.ID)
+	if err != nil {
+		return nil, err
+	}
+	key, err := k.ConcurrencyKeyOf(args)
+	if err != nil || key == nil {
+		empty := ""
+		key = &empty
+	}
+	if err := etlcontext.SetConcurrencyKey(ctx, tx, c.ID, *key); err != nil {
+		return nil, err
+	}
+	return key, nil
 }
 
 // recordDeath ends the current attempt of c with an ERROR written in the

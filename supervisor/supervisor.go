@@ -89,6 +89,9 @@ type Supervisor struct {
 	// spawnFailures holds why this supervisor could not spawn a context's
 	// task process, until the failure is reported.
 	spawnFailures map[int64]string
+	// waking holds the queues whose waiting tasks are being woken, and
+	// whether another wake-up was asked for meanwhile (wakeWaiting).
+	waking map[string]bool
 
 	// rescueGrace is how long a running job's client lock must be seen
 	// missing before the job's step is rescued (see rescueGraceFor).
@@ -156,6 +159,7 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 		stopping:       map[int64]bool{},
 		launchFailures: map[int64]string{},
 		spawnFailures:  map[int64]string{},
+		waking:         map[string]bool{},
 		orphanSlots:    make(chan struct{}, maxOrphanStoppers),
 
 		rescueGrace: rescueGraceFor(cfg.PollInterval.D()),
@@ -341,6 +345,20 @@ type taskWorker struct {
 
 func (w *taskWorker) Work(ctx context.Context, job *river.Job[TaskArgs]) error {
 	return w.s.step(ctx, job, 0)
+}
+
+// NextRetry applies the kind's retry policy after a failed attempt (the
+// step returns an error only then); zero means River's default backoff.
+func (w *taskWorker) NextRetry(job *river.Job[TaskArgs]) time.Time {
+	k, ok := w.s.cfg.Kind(job.Args.TaskKind)
+	if !ok {
+		return time.Time{}
+	}
+	d := k.RetryDelay(job.Attempt)
+	if d == 0 {
+		return time.Time{}
+	}
+	return time.Now().Add(d)
 }
 
 func (w *taskWorker) Timeout(*river.Job[TaskArgs]) time.Duration {

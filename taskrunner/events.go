@@ -40,6 +40,8 @@ var reservedSuffixes = map[string]bool{
 	etlcontext.EventFinal:     true,
 	etlcontext.EventError:     true,
 	etlcontext.EventCancelled: true,
+	etlcontext.EventTimeout:   true,
+	etlcontext.EventRetried:   true,
 }
 
 // decodeLine turns one line of the events pipe into the event to store: the

@@ -329,7 +329,7 @@ func (r *runner) recordStart(ctx context.Context) (cancelRequested bool, err err
 	rec := etlcontext.Runner{
 		Host: r.opts.Host, HostID: r.opts.HostID, PID: os.Getpid(), StartedAt: started,
 		StartTicks: self.StartTicks, LogPath: r.logPath,
-		FenceWindow: FenceWindow(cfg.HeartbeatInterval.D(), cfg.ReconnectGraceD(), cfg.KillGrace.D(), cfg.PollInterval.D()),
+		FenceWindow: FenceWindow(cfg.HeartbeatInterval.D(), cfg.ReconnectGraceD(), cfg.KillGraceOf(r.kind), cfg.PollInterval.D()),
 		LockMode:    string(r.lock.mode),
 		Release:     version.Release,
 		Protocol:    Protocol,
@@ -423,7 +423,12 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 		graceTimer <-chan time.Time
 		lostSince  time.Time
 		lockIsLost bool
+		timeout    <-chan time.Time
+		timedOut   bool
 	)
+	if d := r.kind.Timeout.D(); d > 0 {
+		timeout = time.After(d)
+	}
 
 	var (
 		waitErr      error
@@ -438,7 +443,7 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 		}
 		stopReason, stopCode = reason, code
 		r.logger.Info("stopping command", "reason", reason)
-		go killGroup(pgid, cfg.KillGrace.D(), ended)
+		go killGroup(pgid, cfg.KillGraceOf(r.kind), ended)
 	}
 	for !commandEnded {
 		select {
@@ -474,6 +479,12 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 			case state == lockSuperseded:
 				stop("the lock could not be taken again: "+err.Error(), ExitLockLost)
 			}
+		case <-timeout:
+			timeout, timedOut = nil, true
+			r.w.event(etlcontext.EventTimeout, map[string]any{
+				"timeout": r.kind.Timeout.D().String(), "on_timeout": string(r.kind.OnTimeout), "kill_grace": cfg.KillGraceOf(r.kind).String(),
+			}, nil, false, 256)
+			stop(fmt.Sprintf("timed out after %s", r.kind.Timeout.D()), ExitFailed)
 		case <-graceTimer:
 			graceTimer = nil
 			stop(fmt.Sprintf("the lock was not taken again within reconnect_grace (%s)", cfg.ReconnectGraceD()), ExitLockLost)
@@ -507,7 +518,18 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 		if reason == "" {
 			reason = describeExit(waitErr)
 		}
-		return r.finish(ctx, ExitFailed, etlcontext.EventError, map[string]any{"reason": reason, "exit_code": exitCode, "log_tail": tail(r.logPath, 4096)}, nil)
+		payload := map[string]any{"reason": reason, "exit_code": exitCode, "log_tail": tail(r.logPath, 4096)}
+		switch {
+		case timedOut:
+			payload["timed_out"] = true
+			if r.kind.OnTimeout == config.OnTimeoutFail {
+				payload[etlcontext.ErrorFinal] = false
+			}
+		case stopReason == "" && !r.kind.RetriesExit(exitCode):
+			// The command said not to retry this failure.
+			payload[etlcontext.ErrorFinal] = false
+		}
+		return r.finish(ctx, ExitFailed, etlcontext.EventError, payload, nil)
 	}
 }
 

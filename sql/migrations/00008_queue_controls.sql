@@ -3,7 +3,8 @@
 -- data_manager.dama_queue_stats counts what every queue holds. Additive, and
 -- safe while task processes of v0.1.0 run: new tables, new nullable columns
 -- on etl_contexts (ALTER TABLE holds ACCESS EXCLUSIVE on it for
--- milliseconds; no task process holds a lock there), and views.
+-- milliseconds, rewriting nothing; no task process holds a lock there),
+-- and views.
 
 -- +goose Up
 -- A paused queue starts nothing; its running tasks go on. The row is the
@@ -36,16 +37,10 @@ ALTER TABLE data_manager.etl_contexts
     ADD COLUMN waiting_since   timestamptz;
 -- Only for rows inserted from now on (an older release's submissions
 -- included): a default set with ADD COLUMN would be stored for every
--- existing row.
+-- existing row. The rows before have none, and are read as due when they
+-- were created: no backfill, which would hold ACCESS EXCLUSIVE on the table
+-- while it rewrote every unfinished row.
 ALTER TABLE data_manager.etl_contexts ALTER COLUMN due_at SET DEFAULT now();
--- The unfinished tasks' own, as near as is known (finished ones need none).
-UPDATE data_manager.etl_contexts AS c
-   SET due_at = greatest(c.created_at, coalesce(j.scheduled_at, c.created_at))
-  FROM (SELECT c2.etl_context_id, j2.scheduled_at
-          FROM data_manager.etl_contexts AS c2
-          LEFT JOIN river_job AS j2 ON j2.id = c2.river_job_id AND j2.attempted_at IS NULL
-         WHERE c2.etl_status IN ('QUEUED', 'RUNNING', 'RETRYING')) AS j
- WHERE c.etl_context_id = j.etl_context_id AND c.due_at IS NULL;
 
 -- As in 00006, with when the task is due, why it waits and its
 -- concurrency key.
@@ -80,7 +75,7 @@ SELECT c.etl_context_id,
        c.lock_mode,
        c.runner_release,
        c.runner_protocol,
-       c.due_at,
+       coalesce(c.due_at, c.created_at)          AS due_at,
        -- A finished task waits for nothing, whatever it waited for before.
        CASE WHEN c.etl_status IN ('QUEUED', 'RETRYING') THEN c.waiting_for END   AS waiting_for,
        CASE WHEN c.etl_status IN ('QUEUED', 'RETRYING') THEN c.waiting_since END AS waiting_since,
@@ -115,11 +110,12 @@ SELECT c.etl_context_id,
 CREATE VIEW data_manager.dama_queue_stats AS
 WITH active AS (
     SELECT queue, kind,
-           count(*) FILTER (WHERE etl_status = 'QUEUED' AND due_at <= now())  AS queued,
-           count(*) FILTER (WHERE etl_status = 'QUEUED' AND due_at > now())   AS scheduled,
-           count(*) FILTER (WHERE etl_status = 'RUNNING')                      AS running,
-           count(*) FILTER (WHERE etl_status = 'RETRYING')                     AS retrying,
-           min(due_at) FILTER (WHERE etl_status = 'QUEUED' AND due_at <= now()) AS oldest_due_at
+           count(*) FILTER (WHERE etl_status = 'QUEUED' AND coalesce(due_at, created_at) <= now()) AS queued,
+           count(*) FILTER (WHERE etl_status = 'QUEUED' AND coalesce(due_at, created_at) > now())  AS scheduled,
+           count(*) FILTER (WHERE etl_status = 'RUNNING')                                           AS running,
+           count(*) FILTER (WHERE etl_status = 'RETRYING')                                          AS retrying,
+           min(coalesce(due_at, created_at))
+               FILTER (WHERE etl_status = 'QUEUED' AND coalesce(due_at, created_at) <= now())       AS oldest_due_at
       FROM data_manager.etl_contexts
      WHERE etl_status IN ('QUEUED', 'RUNNING', 'RETRYING')
      GROUP BY queue, kind),

@@ -44,9 +44,10 @@ CREATE INDEX CONCURRENTLY IF NOT EXISTS etl_contexts_running_kind
 CREATE INDEX CONCURRENTLY IF NOT EXISTS etl_contexts_waiting
     ON data_manager.etl_contexts (queue, kind, concurrency_key, etl_context_id)
     WHERE waiting_for IS NOT NULL AND etl_status IN ('QUEUED', 'RETRYING');
--- dama_queue_stats: the unfinished tasks, counted from the index alone.
+-- dama_queue_stats: the unfinished tasks, counted from the index (without
+-- reading the table once VACUUM has marked its pages all-visible).
 CREATE INDEX CONCURRENTLY IF NOT EXISTS etl_contexts_active
-    ON data_manager.etl_contexts (queue, kind, etl_status, due_at)
+    ON data_manager.etl_contexts (queue, kind, etl_status, due_at) INCLUDE (created_at)
     WHERE etl_status IN ('QUEUED', 'RUNNING', 'RETRYING');
 -- dama_queue_stats: the last day's finished tasks.
 CREATE INDEX CONCURRENTLY IF NOT EXISTS etl_contexts_finished_at

@@ -1,0 +1,56 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+
+	"github.com/dama-etl/dama/etlcontext"
+)
+
+// Retry runs a FAILED or CANCELLED task again: a new attempt, given the
+// task's latest checkpoint in DAMA_CHECKPOINT like any retry, with the
+// kind's max_attempts more attempts. The context is reopened (QUEUED, its
+// attempt number and events kept, a RETRIED event naming who) and given a
+// new River job, in one transaction. It needs the configuration naming the
+// kind.
+func (c *Client) Retry(ctx context.Context, id int64) error {
+	if c.cfg == nil {
+		return errors.New("retry needs a configuration naming the kinds")
+	}
+	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		ec, err := etlcontext.Lock(ctx, tx, id)
+		if errors.Is(err, etlcontext.ErrLocked) {
+			return fmt.Errorf("etl context %d is running or being looked at: %w", id, err)
+		}
+		if err != nil {
+			return err
+		}
+		kind, ok := c.cfg.Kind(ec.Kind)
+		if !ok {
+			return fmt.Errorf("%w %q: the configuration has %v", ErrUnknownKind, ec.Kind, c.cfg.KindNames())
+		}
+		maxAttempts := ec.Attempt + kind.MaxAttempts
+		if err := etlcontext.Reopen(ctx, tx, ec, maxAttempts, actor()); err != nil {
+			return err
+		}
+		res, err := c.river.InsertTx(ctx, tx, TaskArgs{ETLContextID: id, TaskKind: ec.Kind}, &river.InsertOpts{
+			Queue:       ec.Queue,
+			MaxAttempts: maxAttempts,
+		})
+		if err != nil {
+			return fmt.Errorf("enqueue River job: %w", err)
+		}
+		if err := alignAttempt(ctx, tx, res.Job.ID, ec.Attempt); err != nil {
+			return err
+		}
+		return etlcontext.SetJob(ctx, tx, id, res.Job.ID)
+	})
+	if err != nil {
+		return fmt.Errorf("retry etl context %d: %w", id, err)
+	}
+	return nil
+}

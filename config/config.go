@@ -160,6 +160,22 @@ type Kind struct {
 	// MaxRunningPerKey bounds the running tasks of each concurrency key;
 	// default 1 when ConcurrencyKey is set.
 	MaxRunningPerKey int `yaml:"max_running_per_key"`
+	// Schedule makes the kind periodic: a cron expression ("*/15 * * * *",
+	// five fields from the minute, or six from the second, or a descriptor
+	// such as "@daily"; not "@every"). At each tick one task is submitted,
+	// by one of the supervisors that configure the kind, whichever runs;
+	// ticks missed while none ran give one task, at the first start after.
+	// Empty, the default, means none.
+	Schedule string `yaml:"schedule"`
+	// Timezone is the IANA time zone the schedule is read in ("Europe/Paris");
+	// default UTC.
+	Timezone string `yaml:"timezone"`
+	// Overlap is what a tick does while an earlier task of the kind is
+	// unfinished: "skip" (the default), "queue" or "allow"; see Overlap.
+	Overlap Overlap `yaml:"overlap"`
+	// ScheduleArgs are the arguments of the tasks a tick submits, a
+	// mapping; default {}.
+	ScheduleArgs JSONObject `yaml:"schedule_args"`
 }
 
 // RetryPolicy says how long a failed attempt waits before the next.
@@ -398,6 +414,9 @@ func Parse(data []byte) (*Config, error) {
 			if k.MaxRunningPerKey == 0 {
 				k.MaxRunningPerKey = DefaultMaxRunningPerKey
 			}
+		}
+		if err := k.validateSchedule(); err != nil {
+			return nil, fmt.Errorf("kind %s: %w", name, err)
 		}
 		if k.LockMode == "" {
 			k.LockMode = cfg.LockMode

@@ -58,6 +58,16 @@ func TestParseRejectsBadConfigurations(t *testing.T) {
 		"exit code 0":         {"log_dir: /l\nkinds: {a: {command: [x], fail_on_exit_codes: [0]}}", "exit code 0"},
 		"bad on_timeout":      {"log_dir: /l\nkinds: {a: {command: [x], timeout: 1h, on_timeout: ignore}}", "on_timeout"},
 		"negative kind grace": {"log_dir: /l\nkinds: {a: {command: [x], kill_grace: -1s}}", "kill_grace"},
+		"bad schedule":        {"log_dir: /l\nkinds: {a: {command: [x], schedule: '61 * * * *'}}", "schedule"},
+		"every":               {"log_dir: /l\nkinds: {a: {command: [x], schedule: '@every 5m'}}", "@every is not supported"},
+		"zone in spec":        {"log_dir: /l\nkinds: {a: {command: [x], schedule: 'CRON_TZ=UTC 0 * * * *'}}", "with timezone"},
+		"bad timezone":        {"log_dir: /l\nkinds: {a: {command: [x], schedule: '@daily', timezone: Mars/Olympus}}", "Mars/Olympus"},
+		"zone, no schedule":   {"log_dir: /l\nkinds: {a: {command: [x], timezone: UTC}}", "timezone needs schedule"},
+		"overlap, no sched":   {"log_dir: /l\nkinds: {a: {command: [x], overlap: allow}}", "overlap needs schedule"},
+		"bad overlap":         {"log_dir: /l\nkinds: {a: {command: [x], schedule: '@daily', overlap: replace}}", "overlap"},
+		"queue, max 2":        {"log_dir: /l\nkinds: {a: {command: [x], schedule: '@daily', overlap: queue, max_running: 2}}", "one task at a time"},
+		"args not a map":      {"log_dir: /l\nkinds: {a: {command: [x], schedule: '@daily', schedule_args: [1]}}", "want a mapping"},
+		"args lack the key":   {"log_dir: /l\nkinds: {a: {command: [x], schedule: '@daily', concurrency_key: region}}", "schedule_args"},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {

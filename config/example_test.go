@@ -2,6 +2,7 @@ package config_test
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/dama-etl/dama/config"
 )
@@ -59,4 +60,21 @@ kinds:
 	// Output:
 	// backfill: advisory, 1 connections per task
 	// nightly: row, 2 connections per task
+}
+
+// A periodic kind's schedule in its time zone: Next gives the coming tick,
+// and Latest the one tick a supervisor starts for all those missed while
+// none ran.
+func ExampleParseSchedule() {
+	s, err := config.ParseSchedule("30 2 * * *", "Europe/Paris")
+	if err != nil {
+		panic(err)
+	}
+	lastRun := time.Date(2026, 11, 19, 1, 30, 0, 0, time.UTC)
+	now := time.Date(2026, 11, 22, 9, 0, 0, 0, time.UTC)
+	fmt.Println("next:", s.Next(now).UTC())
+	fmt.Println("after three missed nights, one run for:", s.Latest(lastRun, now).UTC())
+	// Output:
+	// next: 2026-11-23 01:30:00 +0000 UTC
+	// after three missed nights, one run for: 2026-11-22 01:30:00 +0000 UTC
 }

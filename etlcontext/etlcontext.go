@@ -85,6 +85,9 @@ const (
 	ClientLockNamespace = LockNamespace + 2
 	kindLockNamespace   = LockNamespace + 4
 	keyLockNamespace    = LockNamespace + 5
+	// scheduleLockNamespace, by hashtext(kind), serializes the taking of
+	// a periodic kind's ticks (LockSchedule).
+	scheduleLockNamespace = LockNamespace + 6
 )
 
 // FinishedChannel is the channel on which the database announces, in the

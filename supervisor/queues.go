@@ -122,3 +122,10 @@ func actor() string {
 	}
 	return name + "@" + host
 }
+
+// Schedules reads data_manager.dama_schedules: per periodic kind, the last
+// tick taken and what it did, the status of the task it submitted, and the
+// next tick.
+func (c *Client) Schedules(ctx context.Context) ([]etlcontext.Schedule, error) {
+	return etlcontext.Schedules(ctx, c.pool)
+}

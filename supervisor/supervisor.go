@@ -69,9 +69,11 @@ type Supervisor struct {
 	spawnPath string
 	pool      *pgxpool.Pool
 	river     *river.Client[pgx.Tx]
-	logger    *slog.Logger
-	host      string
-	hostID    string
+	// client submits the tasks of periodic kinds' ticks.
+	client *Client
+	logger *slog.Logger
+	host   string
+	hostID string
 
 	mu       sync.Mutex
 	children map[int64]*child
@@ -191,6 +193,12 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 	if err != nil {
 		return nil, fmt.Errorf("create River client: %w", err)
 	}
+	s.client = &Client{pool: pool, cfg: cfg, river: s.river}
+	for _, name := range cfg.KindNames() {
+		if _, err := cfg.Kinds[name].ScheduleOf(); err != nil {
+			return nil, fmt.Errorf("kind %s: %w", name, err)
+		}
+	}
 	return s, nil
 }
 
@@ -275,6 +283,12 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		"release", version.Release, "commit", version.Commit(), "protocol", taskrunner.Protocol)
 	s.reportBudget(ctx)
 	bg.Go(func() { s.rescueLoop(bgCtx) })
+	for _, name := range s.cfg.KindNames() {
+		k := s.cfg.Kinds[name]
+		if sched, _ := k.ScheduleOf(); sched != nil {
+			bg.Go(func() { s.scheduleLoop(bgCtx, name, k, sched) })
+		}
+	}
 	var stopErr error
 	select {
 	case <-ctx.Done():

@@ -11,6 +11,9 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	// Schedules' time zones read the same rules on every host, whatever
+	// its tzdata package holds, or lacks in a minimal container.
+	_ "time/tzdata"
 
 	"github.com/spf13/cobra"
 
@@ -83,6 +86,7 @@ data_manager.dama_task_queue shows what runs where, and how far along.`,
 		newBlockCommand(g),
 		newUnblockCommand(g),
 		newQueuesCommand(),
+		newSchedulesCommand(),
 		newTaskrunnerCommand(g, code),
 		newVersionCommand(),
 	)

@@ -207,3 +207,52 @@ func quoted(s *string) string {
 	}
 	return ": " + strconv.Quote(*s)
 }
+
+func newSchedulesCommand() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "schedules",
+		Short: "Show the periodic kinds' last and next ticks (data_manager.dama_schedules)",
+		Long: `Show, per periodic kind, its schedule, the last tick taken and what it did
+(submitted a task, skipped because one was unfinished, or the baseline of a
+new or changed schedule), the status of the task it submitted, and the next
+tick. A kind appears once a supervisor configuring it has run.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			pool, _, err := connectMigrated(cmd.Context(), 0)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			list, err := etlcontext.Schedules(cmd.Context(), pool)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if asJSON {
+				enc := json.NewEncoder(out)
+				enc.SetIndent("", "  ")
+				return enc.Encode(list)
+			}
+			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "KIND\tSCHEDULE\tTIMEZONE\tOVERLAP\tLAST TICK\tOUTCOME\tTASK\tSTATUS\tNEXT TICK")
+			for _, s := range list {
+				task, status, next := "-", "-", "-"
+				if s.LastContextID != nil {
+					task = strconv.FormatInt(*s.LastContextID, 10)
+				}
+				if s.LastStatus != nil {
+					status = string(*s.LastStatus)
+				}
+				if s.NextTick != nil {
+					next = s.NextTick.Local().Format(time.DateTime)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Kind, s.Spec, s.Timezone, s.Overlap,
+					s.LastTick.Local().Format(time.DateTime), s.LastOutcome, task, status, next)
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}

@@ -1,0 +1,230 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/dama-etl/dama/internal/testenv"
+)
+
+// scheduledTask is a context a periodic kind's tick submitted.
+type scheduledTask struct {
+	id       int64
+	tick     time.Time
+	status   string
+	created  time.Time
+	started  *time.Time
+	finished *time.Time
+}
+
+// scheduled returns the contexts kind's ticks submitted, by tick, read
+// from their idempotency keys.
+func (w *world) scheduled(kind string) []scheduledTask {
+	w.T.Helper()
+	rows, err := w.Pool.Query(context.Background(), `
+		SELECT etl_context_id, idempotency_key, etl_status, created_at, started_at, finished_at
+		  FROM data_manager.etl_contexts WHERE kind = $1 ORDER BY idempotency_key`, kind)
+	if err != nil {
+		w.T.Fatal(err)
+	}
+	defer rows.Close()
+	var list []scheduledTask
+	for rows.Next() {
+		var (
+			s   scheduledTask
+			key *string
+		)
+		if err := rows.Scan(&s.id, &key, &s.status, &s.created, &s.started, &s.finished); err != nil {
+			w.T.Fatal(err)
+		}
+		prefix := "dama:schedule:" + kind + ":"
+		if key == nil || !strings.HasPrefix(*key, prefix) {
+			w.T.Fatalf("context %d of %s has idempotency key %v, want %s…", s.id, kind, deref(key), prefix)
+		}
+		if s.tick, err = time.Parse(time.RFC3339, strings.TrimPrefix(*key, prefix)); err != nil {
+			w.T.Fatal(err)
+		}
+		list = append(list, s)
+	}
+	if err := rows.Err(); err != nil {
+		w.T.Fatal(err)
+	}
+	return list
+}
+
+// waitScheduled waits until kind's ticks have submitted at least n tasks.
+func (w *world) waitScheduled(kind string, n int, timeout time.Duration) []scheduledTask {
+	w.T.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		list := w.scheduled(kind)
+		if len(list) >= n {
+			return list
+		}
+		if time.Now().After(deadline) {
+			w.T.Fatalf("%d tasks of %s after %v, want %d", len(list), kind, timeout, n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// dbNow is the database's clock, by which ticks are taken.
+func (w *world) dbNow() time.Time {
+	w.T.Helper()
+	var now time.Time
+	if err := w.Pool.QueryRow(context.Background(), `SELECT clock_timestamp()`).Scan(&now); err != nil {
+		w.T.Fatal(err)
+	}
+	return now
+}
+
+// Three supervisors configure the same kind, ticking every second; one of
+// them is killed with SIGKILL and started again meanwhile. Every tick from
+// the first to the last gives exactly one task, started once.
+func TestScheduleOneTaskPerTickAcrossSupervisors(t *testing.T) {
+	w, _ := queueWorld(t, `
+log_dir: {{dir}}/logs
+poll_interval: 300ms
+queues:
+  etl: { max_running: 10 }
+kinds:
+  tick:
+    queue: etl
+    command: ["{{sample}}"]
+    schedule: "* * * * * *"
+    overlap: allow
+    schedule_args: { steps: 1, step_ms: 10, starts_dir: "{{dir}}/starts" }
+`)
+	sups := []*testenv.Proc{w.Start(w.cfg, "supervisor"), w.Start(w.cfg, "supervisor"), w.Start(w.cfg, "supervisor")}
+	w.waitScheduled("tick", 3, 30*time.Second)
+	sups[0].Kill(t, syscall.SIGKILL)
+	<-sups[0].Done()
+	w.waitScheduled("tick", 6, 30*time.Second)
+	sups[0] = w.Start(w.cfg, "supervisor")
+	waitLogged(t, sups[0], "supervisor started", 30*time.Second)
+	w.waitScheduled("tick", 10, 30*time.Second)
+	// The supervisors run on, to finish these tasks and submit later ones.
+	list := w.scheduled("tick")
+	for i, s := range list {
+		if i > 0 {
+			if gap := s.tick.Sub(list[i-1].tick); gap != time.Second {
+				t.Errorf("ticks %s and %s are %v apart: want one task per tick, every second", list[i-1].tick, s.tick, gap)
+			}
+		}
+		w.waitSettled(s.id, 30*time.Second)
+	}
+	ids := make([]int64, len(list))
+	for i, s := range list {
+		ids[i] = s.id
+	}
+	w.startedOnce(ids)
+	t.Logf("%d ticks from %s to %s, one task each", len(list), list[0].tick.Format(time.TimeOnly), list[len(list)-1].tick.Format(time.TimeOnly))
+}
+
+// Ticks missed while no supervisor ran give one task, for the last of
+// them, at the next start; a new schedule starts with its next tick.
+func TestMissedTicksGiveOneTask(t *testing.T) {
+	w, _ := queueWorld(t, `
+log_dir: {{dir}}/logs
+poll_interval: 300ms
+kinds:
+  tick:
+    command: ["{{sample}}"]
+    schedule: "* * * * * *"
+    schedule_args: { steps: 1, step_ms: 10, starts_dir: "{{dir}}/starts" }
+`)
+	sup := w.Start(w.cfg, "supervisor")
+	waitLogged(t, sup, "schedule taken up", 30*time.Second)
+	var baseline time.Time
+	if err := w.Pool.QueryRow(context.Background(), `SELECT last_tick FROM data_manager.schedules WHERE kind = 'tick'`).Scan(&baseline); err != nil {
+		t.Fatal(err)
+	}
+	before := w.waitScheduled("tick", 2, 30*time.Second)
+	if !before[0].tick.After(baseline) {
+		t.Errorf("first task for tick %s, at or before the schedule was taken up (%s)", before[0].tick, baseline)
+	}
+	sup.Kill(t, syscall.SIGKILL)
+	<-sup.Done()
+	last := w.scheduled("tick")
+	killed := w.dbNow()
+	// The outage itself: ticks pass with no supervisor.
+	for w.dbNow().Sub(killed) < 4*time.Second {
+		time.Sleep(100 * time.Millisecond)
+	}
+	restarted := w.dbNow()
+	w.Start(w.cfg, "supervisor")
+	// The catch-up task and two regular ticks' after it.
+	after := w.waitScheduled("tick", len(last)+3, 30*time.Second)
+	caughtUp := after[len(last)]
+	if next := after[len(last)+1]; !next.tick.After(restarted) {
+		t.Errorf("ticks %s and %s, both missed while no supervisor ran, gave a task each: want one", caughtUp.tick, next.tick)
+	}
+	if !caughtUp.tick.After(restarted.Add(-time.Second)) || caughtUp.tick.Sub(last[len(last)-1].tick) < 4*time.Second {
+		t.Errorf("missed ticks gave a task for %s; the last before the outage was %s, and the supervisor came back at %s: want the last missed tick",
+			caughtUp.tick, last[len(last)-1].tick, restarted)
+	}
+	w.waitSettled(caughtUp.id, 30*time.Second)
+	res := w.Dama(w.cfg, "schedules")
+	if res.Code != 0 || lineWith(res.Stdout, "tick", "* * * * * *", "UTC", "skip") == "" {
+		t.Errorf("dama schedules: exit %d\n%s%s", res.Code, res.Stdout, res.Stderr)
+	}
+	t.Logf("last tick before the outage %s, supervisor back at %s, catch-up task for %s",
+		last[len(last)-1].tick.Format(time.TimeOnly), restarted.Format("15:04:05.000"), caughtUp.tick.Format(time.TimeOnly))
+}
+
+// overlap: skip lets ticks pass while a task of the kind is unfinished;
+// queue submits them to run one after another; allow lets them run at once.
+func TestOverlap(t *testing.T) {
+	w, _ := queueWorld(t, `
+log_dir: {{dir}}/logs
+poll_interval: 300ms
+queues:
+  etl: { max_running: 20 }
+kinds:
+  skipper:
+    queue: etl
+    command: ["{{sample}}"]
+    schedule: "* * * * * *"
+    overlap: skip
+    schedule_args: { steps: 5, step_ms: 500, starts_dir: "{{dir}}/starts" }
+  queuer:
+    queue: etl
+    command: ["{{sample}}"]
+    schedule: "* * * * * *"
+    overlap: queue
+    schedule_args: { steps: 4, step_ms: 500, starts_dir: "{{dir}}/starts" }
+  allower:
+    queue: etl
+    command: ["{{sample}}"]
+    schedule: "* * * * * *"
+    overlap: allow
+    schedule_args: { steps: 5, step_ms: 500, starts_dir: "{{dir}}/starts" }
+`)
+	running := w.sample(`SELECT kind, count(*) FROM data_manager.etl_contexts WHERE etl_status = 'RUNNING' GROUP BY kind`)
+	outcomes := w.sample(`SELECT kind || ':' || last_outcome, 1 FROM data_manager.schedules`)
+	sup := w.Start(w.cfg, "supervisor")
+	w.waitScheduled("allower", 8, 60*time.Second)
+	sup.Kill(t, syscall.SIGTERM)
+	<-sup.Done()
+	most, seen := running.finish(t), outcomes.finish(t)
+
+	skipped, queued, allowed := w.scheduled("skipper"), w.scheduled("queuer"), w.scheduled("allower")
+	t.Logf("in the time allow took %d ticks: skip submitted %d, queue %d; most running at once: %v", len(allowed), len(skipped), len(queued), most)
+	if most["skipper"] != 1 || seen["skipper:skipped"] == 0 || len(skipped) > 3 {
+		t.Errorf("skip: %d running at once, skipped seen %v, %d tasks: want 1 at a time, ticks skipped", most["skipper"], seen["skipper:skipped"] > 0, len(skipped))
+	}
+	for i := 1; i < len(skipped); i++ {
+		if skipped[i-1].finished == nil || skipped[i].created.Before(*skipped[i-1].finished) {
+			t.Errorf("skip: tick %s submitted at %s, before the task of tick %s finished (%v)", skipped[i].tick, skipped[i].created, skipped[i-1].tick, deref(skipped[i-1].finished))
+		}
+	}
+	if most["queuer"] != 1 || seen["queuer:skipped"] != 0 || len(queued) < len(allowed)-2 {
+		t.Errorf("queue: %d running at once, %d tasks for %d ticks of allow: want 1 at a time, a task per tick", most["queuer"], len(queued), len(allowed))
+	}
+	if most["allower"] < 2 {
+		t.Errorf("allow: at most %d running at once, want overlapping runs", most["allower"])
+	}
+}

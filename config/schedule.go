@@ -1,0 +1,170 @@
+package config
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/robfig/cron/v3"
+	"go.yaml.in/yaml/v3"
+)
+
+// Overlap says what a periodic kind's tick does while an earlier task of
+// the kind has not finished.
+type Overlap string
+
+// The overlaps.
+const (
+	// OverlapSkip, the default, lets the tick pass: no task is submitted
+	// while one of the kind is queued, running or retrying. Runs never
+	// pile up.
+	OverlapSkip Overlap = "skip"
+	// OverlapQueue submits the tick's task, which starts once the earlier
+	// ones have finished: the kind's max_running is 1.
+	OverlapQueue Overlap = "queue"
+	// OverlapAllow submits the tick's task, which may run beside the
+	// earlier ones (within max_running).
+	OverlapAllow Overlap = "allow"
+)
+
+// cronParser reads five fields (minute to day of week), an optional
+// leading seconds field, and descriptors such as @hourly.
+var cronParser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
+
+// Schedule is a parsed cron schedule in its time zone.
+type Schedule struct {
+	spec cron.Schedule
+	loc  *time.Location
+	// Spec and Zone are the expression and time zone as written.
+	Spec string
+	Zone string
+}
+
+// maxTickGap bounds the backwards search for a missed tick: cron gives up
+// finding a tick past five years too.
+const maxTickGap = 5 * 366 * 24 * time.Hour
+
+// ParseSchedule parses a cron expression ("*/15 * * * *", with an optional
+// leading seconds field, or a descriptor such as "@daily") in the named
+// time zone ("" means UTC).
+func ParseSchedule(spec, zone string) (*Schedule, error) {
+	if zone == "" {
+		zone = "UTC"
+	}
+	loc, err := time.LoadLocation(zone)
+	if err != nil {
+		return nil, fmt.Errorf("timezone %q: %w", zone, err)
+	}
+	if strings.HasPrefix(spec, "TZ=") || strings.HasPrefix(spec, "CRON_TZ=") {
+		return nil, fmt.Errorf("schedule %q: set the time zone with timezone, not in the expression", spec)
+	}
+	if strings.HasPrefix(strings.TrimSpace(spec), "@every") {
+		// An interval has no ticks on the clock, so supervisors that start
+		// at different times could not agree on them.
+		return nil, fmt.Errorf("schedule %q: @every is not supported; write the interval as a cron expression", spec)
+	}
+	s, err := cronParser.Parse(spec)
+	if err != nil {
+		return nil, fmt.Errorf("schedule %q: %w", spec, err)
+	}
+	return &Schedule{spec: s, loc: loc, Spec: spec, Zone: zone}, nil
+}
+
+// Next returns the first tick after t (zero if none within five years).
+func (s *Schedule) Next(t time.Time) time.Time {
+	return s.spec.Next(t.In(s.loc))
+}
+
+// Latest returns the last tick in (after, now], or zero when there is none:
+// when several ticks were missed, only the last is returned.
+func (s *Schedule) Latest(after, now time.Time) time.Time {
+	first := s.Next(after)
+	if first.IsZero() || first.After(now) {
+		return time.Time{}
+	}
+	// Find a window (now-w, now] holding a tick, doubling w, then walk it.
+	from := after
+	for w := time.Second; w < maxTickGap; w *= 2 {
+		start := now.Add(-w)
+		if !start.After(after) {
+			break
+		}
+		if !s.Next(start).After(now) {
+			from = start
+			break
+		}
+	}
+	var last time.Time
+	for t := s.Next(from); !t.IsZero() && !t.After(now); t = s.Next(t) {
+		last = t
+	}
+	return last
+}
+
+// ScheduleOf returns kind k's parsed schedule, nil when it has none.
+func (k Kind) ScheduleOf() (*Schedule, error) {
+	if k.Schedule == "" {
+		return nil, nil
+	}
+	return ParseSchedule(k.Schedule, k.Timezone)
+}
+
+// JSONObject is a JSON object written as a YAML mapping.
+type JSONObject json.RawMessage
+
+// UnmarshalYAML converts a YAML mapping to its JSON text.
+func (o *JSONObject) UnmarshalYAML(node *yaml.Node) error {
+	if node.Kind != yaml.MappingNode {
+		return fmt.Errorf("line %d: want a mapping", node.Line)
+	}
+	var v map[string]any
+	if err := node.Decode(&v); err != nil {
+		return fmt.Errorf("line %d: %w", node.Line, err)
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("line %d: not representable as JSON: %w", node.Line, err)
+	}
+	*o = b
+	return nil
+}
+
+// validateSchedule checks the schedule settings and fills in their
+// defaults.
+func (k *Kind) validateSchedule() error {
+	if k.Schedule == "" {
+		switch {
+		case k.Timezone != "":
+			return errors.New("timezone needs schedule")
+		case k.Overlap != "":
+			return errors.New("overlap needs schedule")
+		case k.ScheduleArgs != nil:
+			return errors.New("schedule_args needs schedule")
+		}
+		return nil
+	}
+	if _, err := k.ScheduleOf(); err != nil {
+		return err
+	}
+	switch k.Overlap {
+	case "":
+		k.Overlap = OverlapSkip
+	case OverlapSkip, OverlapAllow:
+	case OverlapQueue:
+		if k.MaxRunning > 1 {
+			return fmt.Errorf("overlap queue runs one task at a time, but max_running is %d", k.MaxRunning)
+		}
+		k.MaxRunning = 1
+	default:
+		return fmt.Errorf("overlap %q: want %q, %q or %q", k.Overlap, OverlapSkip, OverlapQueue, OverlapAllow)
+	}
+	if k.ScheduleArgs == nil {
+		k.ScheduleArgs = JSONObject("{}")
+	}
+	if _, err := k.ConcurrencyKeyOf(json.RawMessage(k.ScheduleArgs)); err != nil {
+		return fmt.Errorf("schedule_args: %w", err)
+	}
+	return nil
+}

@@ -176,6 +176,12 @@ type Kind struct {
 	// ScheduleArgs are the arguments of the tasks a tick submits, a
 	// mapping; default {}.
 	ScheduleArgs JSONObject `yaml:"schedule_args"`
+	// AwaitChildren makes a task of the kind, once its command succeeded,
+	// wait for the children it submitted: DONE when every child is DONE,
+	// FAILED (for good) as soon as one is FAILED or CANCELLED. Its task
+	// process waits, holding the lock, on the database's announcements.
+	// Default false: the task is DONE when its command succeeds.
+	AwaitChildren bool `yaml:"await_children"`
 }
 
 // RetryPolicy says how long a failed attempt waits before the next.

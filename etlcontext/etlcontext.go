@@ -58,6 +58,13 @@ const (
 	// EventRetried reopens a FAILED or CANCELLED context for a new attempt
 	// (`dama retry`): the one event a finished context accepts.
 	EventRetried = "RETRIED"
+	// EventSubmitted records a child submitted by the task's command on its
+	// events pipe, in the transaction that creates the child: only the
+	// current attempt can submit one.
+	EventSubmitted = "SUBMITTED"
+	// EventAwaiting records that the command of a kind with await_children
+	// succeeded and the task now waits for its children to finish.
+	EventAwaiting = "AWAITING"
 )
 
 // ErrorFinal is the field of an ERROR event's payload that, set to false,
@@ -101,6 +108,8 @@ type Finished struct {
 	Kind   string `json:"kind"`
 	Queue  string `json:"queue"`
 	Status Status `json:"status"`
+	// ParentID is the context's parent (migration 12 on; nil for none).
+	ParentID *int64 `json:"parent_context_id,omitempty"`
 }
 
 // Errors reported by the database's guards, recognisable with errors.Is.

@@ -55,6 +55,8 @@ type Task struct {
 	WaitingFor     *string    `json:"waiting_for"`
 	WaitingSince   *time.Time `json:"waiting_since"`
 	ConcurrencyKey *string    `json:"concurrency_key"`
+	// Children counts the task's children by status; nil when it has none.
+	Children Children `json:"children"`
 }
 
 // TaskQuery selects rows of the view.
@@ -65,6 +67,8 @@ type TaskQuery struct {
 	Statuses []Status
 	// Limit, when positive, keeps the newest Limit rows.
 	Limit int
+	// ParentID, when non-zero, selects the children of that context.
+	ParentID int64
 }
 
 // Tasks reads the view, newest context first.
@@ -86,6 +90,9 @@ func Tasks(ctx context.Context, db DB, q TaskQuery) ([]Task, error) {
 	if q.ID != 0 {
 		where = append(where, "etl_context_id = "+param(q.ID))
 	}
+	if q.ParentID != 0 {
+		where = append(where, "parent_context_id = "+param(q.ParentID))
+	}
 	switch len(q.Statuses) {
 	case 0:
 	case 1:
@@ -103,7 +110,7 @@ func Tasks(ctx context.Context, db DB, q TaskQuery) ([]Task, error) {
 		       latest_event_type, latest_event_at, progress, initial_event_locked, river_job_id,
 		       run_id::text, idempotency_key, cancel_requested_at, log_path,
 		       host_id, command_pgid, lock_lost_at, lock_mode, runner_release, runner_protocol,
-		       due_at, waiting_for, waiting_since, concurrency_key
+		       due_at, waiting_for, waiting_since, concurrency_key, children
 		  FROM data_manager.dama_task_queue`
 	if len(where) > 0 {
 		sql += "\n\t\t WHERE " + strings.Join(where, " AND ")
@@ -123,11 +130,48 @@ func Tasks(ctx context.Context, db DB, q TaskQuery) ([]Task, error) {
 			&t.LatestEventType, &t.LatestEventAt, &t.Progress, &t.InitialEventLocked, &t.RiverJobID,
 			&t.RunID, &t.IdempotencyKey, &t.CancelRequestedAt, &t.LogPath,
 			&t.HostID, &t.CommandPGID, &t.LockLostAt, &t.LockMode, &t.RunnerRelease, &t.RunnerProtocol,
-			&t.DueAt, &t.WaitingFor, &t.WaitingSince, &t.ConcurrencyKey)
+			&t.DueAt, &t.WaitingFor, &t.WaitingSince, &t.ConcurrencyKey, &t.Children)
 		return t, err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("read task queue: %w", err)
 	}
 	return tasks, nil
+}
+
+// Children counts the children of context parent by status.
+type Children map[Status]int
+
+// Pending is how many children are not finished.
+func (c Children) Pending() int {
+	return c[StatusQueued] + c[StatusRunning] + c[StatusRetrying]
+}
+
+// Failed is how many children finished other than DONE: FAILED or
+// CANCELLED.
+func (c Children) Failed() int {
+	return c[StatusFailed] + c[StatusCancelled]
+}
+
+// ChildCounts counts the children of context parent by status.
+func ChildCounts(ctx context.Context, db DB, parent int64) (Children, error) {
+	rows, err := db.Query(ctx, `
+		SELECT etl_status, count(*) FROM data_manager.etl_contexts
+		 WHERE parent_context_id = $1 GROUP BY etl_status`, parent)
+	if err != nil {
+		return nil, fmt.Errorf("count children of etl context %d: %w", parent, err)
+	}
+	counts := Children{}
+	var (
+		st Status
+		n  int
+	)
+	_, err = pgx.ForEachRow(rows, []any{&st, &n}, func() error {
+		counts[st] = n
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("count children of etl context %d: %w", parent, err)
+	}
+	return counts, nil
 }

@@ -29,7 +29,34 @@ type reported struct {
 	payload json.RawMessage
 	meta    any
 	isError bool
+	// child, when set, is a child to submit (a "submit" line); it is
+	// recorded as a SUBMITTED event.
+	child *Child
 }
+
+// Child is a task a command submits as its task's child, with a line
+//
+//	{"type": "submit", "payload": {"kind": "...", "args": {...}, "idempotency_key": "..."}}
+//
+// on its events pipe.
+type Child struct {
+	// ParentID is the submitting task's context.
+	ParentID int64
+	// Kind must be a kind of the runner's configuration.
+	Kind string `json:"kind"`
+	// Args are the child's arguments; empty means {}.
+	Args json.RawMessage `json:"args"`
+	// IdempotencyKey, when the command gives one, makes the submission
+	// return the parent's earlier child with the same key (a later attempt
+	// of the parent submitting it again, say). The key is stored scoped to
+	// the parent: dama:child:<parent id>:<key>. Without one, the key is
+	// dama:child:<parent id>:<run id>:<line's sequence number>, so that a
+	// write retried after a lost connection submits one child.
+	IdempotencyKey string `json:"idempotency_key"`
+}
+
+// submitType is the type of the line that submits a child.
+const submitType = "SUBMIT"
 
 var suffixRE = regexp.MustCompile(`^[A-Z][A-Z0-9_]{0,62}$`)
 
@@ -42,6 +69,8 @@ var reservedSuffixes = map[string]bool{
 	etlcontext.EventCancelled: true,
 	etlcontext.EventTimeout:   true,
 	etlcontext.EventRetried:   true,
+	etlcontext.EventSubmitted: true,
+	etlcontext.EventAwaiting:  true,
 }
 
 // decodeLine turns one line of the events pipe into the event to store: the
@@ -70,10 +99,29 @@ func decodeLine(line []byte) reported {
 	if len(payload) == 0 || string(payload) == "null" {
 		payload = nil
 	}
+	if suffix == submitType {
+		return decodeChild(payload, line)
+	}
 	if suffix == etlcontext.EventCheckpoint && len(payload) > MaxEnvPayload {
 		return warning(fmt.Sprintf("checkpoint of %d bytes exceeds the %d bytes a retry receives in DAMA_CHECKPOINT; the previous checkpoint stands", len(payload), MaxEnvPayload), line)
 	}
 	return reported{suffix: suffix, payload: payload}
+}
+
+func decodeChild(payload json.RawMessage, line []byte) reported {
+	var c Child
+	dec := json.NewDecoder(bytes.NewReader(payload))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		return warning(fmt.Sprintf(`submit: want {"kind": ..., "args": {...}, "idempotency_key": ...}: %v`, err), line)
+	}
+	if c.Kind == "" {
+		return warning("submit: kind is required", line)
+	}
+	if len(c.Args) > MaxEnvPayload {
+		return warning(fmt.Sprintf("submit: arguments of %d bytes exceed the %d bytes a task receives in DAMA_ARGS", len(c.Args), MaxEnvPayload), line)
+	}
+	return reported{suffix: etlcontext.EventSubmitted, child: &c}
 }
 
 func warning(problem string, line []byte) reported {

@@ -128,6 +128,9 @@ type Options struct {
 	Ready io.WriteCloser
 	// Logger receives the runner's own log lines.
 	Logger *slog.Logger
+	// Submit records the children the command submits on its events pipe;
+	// nil refuses them (each "submit" line is then recorded as a WARNING).
+	Submit SubmitFunc
 }
 
 // stmtTimeout bounds every statement the runner sends: no database call
@@ -203,6 +206,7 @@ func (r *runner) run(ctx context.Context) (int, error) {
 		name = r.lock.appName()
 	}
 	r.w = newWriter(r.opts.DatabaseURL, name, r.logger, stmtTimeout, hooks)
+	r.w.submit = r.opts.Submit
 	// Probed like the lock connection, in both modes: the write connection
 	// also hears cancellations, which a silently dead connection would lose.
 	r.w.heartbeat = cfg.HeartbeatInterval.D()
@@ -511,6 +515,8 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 		return r.finish(ctx, ExitLockLost, etlcontext.EventError, map[string]any{"reason": stopReason, "exit_code": exitCode}, errors.New(stopReason))
 	case stopCode == ExitCancelled:
 		return r.finish(ctx, ExitCancelled, etlcontext.EventCancelled, map[string]any{"reason": stopReason, "exit_code": exitCode}, nil)
+	case waitErr == nil && stopReason == "" && r.kind.AwaitChildren:
+		return r.awaitChildren(ctx, signals)
 	case waitErr == nil && stopReason == "":
 		return r.finish(ctx, ExitDone, etlcontext.EventFinal, map[string]any{"exit_code": 0}, nil)
 	default:
@@ -620,6 +626,10 @@ func (r *runner) drain(lines <-chan reported, readerDone <-chan error) {
 }
 
 func (r *runner) queue(line reported) {
+	if line.child != nil {
+		r.w.submitChild(*line.child, 256+len(line.child.Args))
+		return
+	}
 	var payload any
 	size := 256
 	if line.payload != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -60,6 +61,11 @@ type writer struct {
 	// connErr is why the current connection failed, for hooks.lost.
 	connErr error
 	hooks   writerHooks
+	// submit records the children the command submits; nil refuses them.
+	submit SubmitFunc
+	// listenAlso holds the channels listened to since listenToo, guarded
+	// by mu, listened to again on every new connection.
+	alsoListen []string
 }
 
 // writerHooks let the runner act on the writer's connection: in advisory
@@ -88,7 +94,14 @@ type pendingEvent struct {
 	ev         etlcontext.NewEvent
 	size       int
 	checkpoint bool
+	// child, when set, is submitted in the transaction that stores ev (a
+	// SUBMITTED event, whose payload then names the child).
+	child *Child
 }
+
+// SubmitFunc records child c in tx (its context, INITIAL event and River
+// job) and returns its id, and whether it is new.
+type SubmitFunc func(ctx context.Context, tx pgx.Tx, c Child) (id int64, created bool, err error)
 
 func newWriter(url, name string, logger *slog.Logger, stmtTimeout time.Duration, hooks writerHooks) *writer {
 	return &writer{
@@ -147,6 +160,46 @@ func (w *writer) event(suffix string, payload, meta any, isError bool, size int)
 	})
 	w.bytes += size
 	w.signal()
+}
+
+// submitChild queues the submission of c, stored in order with the events
+// as a SUBMITTED event of the run in the same transaction: the database's
+// fence on the event refuses the child of a run that is no longer current.
+func (w *writer) submitChild(c Child, size int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.events)-w.overflow >= maxPendingEvents || w.bytes+size > maxPendingBytes {
+		w.dropped++
+		return
+	}
+	w.nextSeq++
+	seq, runID := w.nextSeq, w.runID
+	c.ParentID = w.contextID
+	if c.IdempotencyKey == "" {
+		c.IdempotencyKey = fmt.Sprintf("dama:child:%d:%s:%d", w.contextID, runID, seq)
+	} else {
+		c.IdempotencyKey = fmt.Sprintf("dama:child:%d:%s", w.contextID, c.IdempotencyKey)
+	}
+	w.events = append(w.events, pendingEvent{
+		ev: etlcontext.NewEvent{
+			ContextID: w.contextID, Type: w.kind + ":" + etlcontext.EventSubmitted, RunID: &runID, Seq: &seq,
+		},
+		size: size, child: &c,
+	})
+	w.bytes += size
+	w.signal()
+}
+
+// listenToo listens on channel from now on, on this connection and every
+// later one. After a new connection, a notification with channel and an
+// empty payload stands for those that may have been missed meanwhile.
+func (w *writer) listenToo(ctx context.Context, channel string) error {
+	w.mu.Lock()
+	w.alsoListen = append(w.alsoListen, channel)
+	w.mu.Unlock()
+	return w.do(ctx, func(ctx context.Context, conn *pgx.Conn) error {
+		return w.listen(ctx, conn, []string{channel})
+	})
 }
 
 // call queues fn ahead of the events and returns a channel that receives its
@@ -289,9 +342,18 @@ func (w *writer) connect(ctx context.Context, listen []string, first bool) error
 	if err != nil {
 		return err
 	}
-	if err := w.listen(cctx, conn, listen); err != nil {
+	w.mu.Lock()
+	also := slices.Clone(w.alsoListen)
+	w.mu.Unlock()
+	if err := w.listen(cctx, conn, append(slices.Clone(listen), also...)); err != nil {
 		conn.Close(ctx)
 		return err
+	}
+	for _, ch := range also {
+		select {
+		case w.notify <- &pgconn.Notification{Channel: ch}:
+		default:
+		}
 	}
 	if !first && w.hooks.resume != nil {
 		if err := w.hooks.resume(cctx, conn); err != nil {
@@ -358,12 +420,43 @@ func (w *writer) serveOne(ctx context.Context) bool {
 	case len(w.events) > 0:
 		e := w.events[0]
 		w.mu.Unlock()
+		var refused error
 		err := w.exec(ctx, func(ctx context.Context, conn *pgx.Conn) error {
-			_, err := etlcontext.Append(ctx, conn, e.ev)
-			return err
+			if e.child == nil {
+				_, err := etlcontext.Append(ctx, conn, e.ev)
+				return err
+			}
+			return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+				refused = nil
+				if w.submit == nil {
+					refused = errors.New("this task process cannot submit children")
+					return refused
+				}
+				id, created, err := w.submit(ctx, tx, *e.child)
+				if err != nil {
+					refused = err
+					return err
+				}
+				ev := e.ev
+				ev.Payload = map[string]any{"child_id": id, "kind": e.child.Kind, "idempotency_key": e.child.IdempotencyKey, "created": created}
+				_, err = etlcontext.Append(ctx, tx, ev)
+				return err
+			})
 		})
+		again := w.retry(ctx, err)
 		switch {
-		case w.retry(ctx, err):
+		case again:
+			return true
+		case refused != nil:
+			// The child is refused for good (an unknown kind, arguments that
+			// lack the kind's concurrency key): the line is recorded as a
+			// WARNING in its place, under the same sequence number.
+			w.logger.Warn("submit child", "kind", e.child.Kind, "error", refused)
+			w.mu.Lock()
+			w.events[0].child = nil
+			w.events[0].ev.Type = w.kind + ":" + etlcontext.EventWarning
+			w.events[0].ev.Meta = map[string]any{"problem": "submit " + e.child.Kind + " child: " + refused.Error()}
+			w.mu.Unlock()
 			return true
 		case errors.Is(err, etlcontext.ErrStaleRun) || errors.Is(err, etlcontext.ErrFinished):
 			w.logger.Warn("the database refused an event: this run is no longer current", "type", e.ev.Type, "error", err)

@@ -314,7 +314,7 @@ or the newest --limit tasks, optionally only those in the given --status.`,
 
 func printTasks(w io.Writer, tasks []etlcontext.Task) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tKIND\tQUEUE\tSTATUS\tATTEMPT\tJOB\tWAITING\tHOST\tPID\tLOCKED\tLATEST EVENT\tPROGRESS")
+	fmt.Fprintln(tw, "ID\tKIND\tQUEUE\tSTATUS\tATTEMPT\tJOB\tWAITING\tCHILDREN\tHOST\tPID\tLOCKED\tLATEST EVENT\tPROGRESS")
 	for _, t := range tasks {
 		latest := "-"
 		if t.LatestEventType != nil {
@@ -327,11 +327,28 @@ func printTasks(w io.Writer, tasks []etlcontext.Task) error {
 		if len(t.Progress) > 0 {
 			progress = string(t.Progress)
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\t%s\t%t\t%s\t%s\n",
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\t%s\t%s\t%t\t%s\t%s\n",
 			t.ID, t.Kind, t.Queue, t.Status, t.Attempt, t.MaxAttempts,
-			orDash(t.JobState), waiting(t), orDash(t.Host), intOrDash(t.PID), t.InitialEventLocked, latest, progress)
+			orDash(t.JobState), waiting(t), children(t.Children), orDash(t.Host), intOrDash(t.PID), t.InitialEventLocked, latest, progress)
 	}
 	return tw.Flush()
+}
+
+// children summarizes a task's children: how many are DONE of how many,
+// and how many did not end DONE.
+func children(c etlcontext.Children) string {
+	if len(c) == 0 {
+		return "-"
+	}
+	total := 0
+	for _, n := range c {
+		total += n
+	}
+	s := fmt.Sprintf("%d/%d done", c[etlcontext.StatusDone], total)
+	if f := c.Failed(); f > 0 {
+		s += fmt.Sprintf(", %d failed", f)
+	}
+	return s
 }
 
 // waiting says why a task that has not started waits: until when it is

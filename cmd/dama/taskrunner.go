@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/internal/hostproc"
+	"github.com/dama-etl/dama/supervisor"
 	"github.com/dama-etl/dama/taskrunner"
 )
 
@@ -46,6 +48,13 @@ func newTaskrunnerCommand(g *globals, code *exitCode) *cobra.Command {
 			if mode != config.LockModeRow && mode != config.LockModeAdvisory {
 				return fmt.Errorf("--lock-mode %q: want %q or %q", lockMode, config.LockModeRow, config.LockModeAdvisory)
 			}
+			// Insert-only: children are submitted in the transaction of
+			// the parent's SUBMITTED event, on the task process's own
+			// connection.
+			children, err := supervisor.NewClient(nil, cfg)
+			if err != nil {
+				return err
+			}
 			opts := taskrunner.Options{
 				LockMode:    mode,
 				Host:        host,
@@ -55,6 +64,11 @@ func newTaskrunnerCommand(g *globals, code *exitCode) *cobra.Command {
 				ContextID:   contextID,
 				RunID:       runID,
 				Logger:      newLogger(os.Stderr).With("component", "taskrunner"),
+				Submit: func(ctx context.Context, tx pgx.Tx, c taskrunner.Child) (int64, bool, error) {
+					return children.SubmitTx(ctx, tx, supervisor.SubmitParams{
+						Kind: c.Kind, Args: c.Args, IdempotencyKey: c.IdempotencyKey, ParentID: c.ParentID,
+					})
+				},
 			}
 			if readyFD > 0 {
 				opts.Ready = os.NewFile(uintptr(readyFD), "ready")

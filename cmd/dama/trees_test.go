@@ -1,0 +1,162 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dama-etl/dama/etlcontext"
+)
+
+// treeConfig has a parent kind whose command submits three children on its
+// events pipe and awaits them, and one that also submits a child that fails.
+const treeConfig = `
+log_dir: {{dir}}/logs
+poll_interval: 300ms
+queues:
+  etl: { max_running: 10 }
+kinds:
+  mapper:
+    queue: etl
+    await_children: true
+    command: ["/bin/sh", "-c", "for i in 1 2 3; do printf '{\"type\":\"submit\",\"payload\":{\"kind\":\"piece\",\"idempotency_key\":\"part-%s\",\"args\":{\"steps\":4,\"step_ms\":250,\"starts_dir\":\"{{dir}}/starts\"}}}\n' $i >&3; done"]
+  failing_mapper:
+    queue: etl
+    await_children: true
+    max_attempts: 3
+    command: ["/bin/sh", "-c", "printf '{\"type\":\"submit\",\"payload\":{\"kind\":\"piece\",\"args\":{\"steps\":8,\"step_ms\":250}}}\n{\"type\":\"submit\",\"payload\":{\"kind\":\"bad\"}}\n{\"type\":\"submit\",\"payload\":{\"kind\":\"nosuchkind\"}}\n' >&3"]
+  piece:
+    queue: etl
+    command: ["{{sample}}"]
+  bad:
+    queue: etl
+    max_attempts: 1
+    command: ["/bin/sh", "-c", "exit 1"]
+`
+
+func submittedID(t *testing.T, out string) int64 {
+	t.Helper()
+	id, err := strconv.ParseInt(strings.TrimSpace(out), 10, 64)
+	if err != nil {
+		t.Fatalf("submit printed %q, want an id", out)
+	}
+	return id
+}
+
+// eventTypes returns the types of context id's events in order.
+func (w *world) eventTypes(id int64) []string {
+	w.T.Helper()
+	evs, err := etlcontext.Events(context.Background(), w.Pool, id)
+	if err != nil {
+		w.T.Fatal(err)
+	}
+	types := make([]string, len(evs))
+	for i, e := range evs {
+		types[i] = e.Type
+	}
+	return types
+}
+
+// children returns the children of context parent, oldest first.
+func (w *world) children(parent int64) []etlcontext.Task {
+	w.T.Helper()
+	tasks, err := etlcontext.Tasks(context.Background(), w.Pool, etlcontext.TaskQuery{ParentID: parent})
+	if err != nil {
+		w.T.Fatal(err)
+	}
+	for i, j := 0, len(tasks)-1; i < j; i, j = i+1, j-1 {
+		tasks[i], tasks[j] = tasks[j], tasks[i]
+	}
+	return tasks
+}
+
+// A task's command submits three children on its events pipe; its kind
+// awaits them: the task stays RUNNING, its lock held, until the last child
+// is DONE, and is DONE then.
+func TestAwaitChildren(t *testing.T) {
+	w, _ := queueWorld(t, treeConfig)
+	w.Start(w.cfg, "supervisor")
+	res := w.Dama(w.cfg, "submit", "mapper")
+	if res.Code != 0 {
+		t.Fatalf("submit: exit %d: %s", res.Code, res.Stderr)
+	}
+	parent := submittedID(t, res.Stdout)
+
+	awaiting := w.waitFor(parent, 30*time.Second, "to await its children", func(t etlcontext.Task) bool {
+		return t.LatestEventType != nil && strings.HasSuffix(*t.LatestEventType, ":"+etlcontext.EventAwaiting)
+	})
+	if awaiting.Status != etlcontext.StatusRunning || !awaiting.InitialEventLocked || awaiting.Children.Pending() == 0 {
+		t.Errorf("awaiting parent: %s, locked %t, children %v: want RUNNING, locked, children pending", awaiting.Status, awaiting.InitialEventLocked, awaiting.Children)
+	}
+	done := w.waitSettled(parent, 60*time.Second)
+	kids := w.children(parent)
+	if done.Status != etlcontext.StatusDone || done.Attempt != 1 || len(kids) != 3 || done.Children[etlcontext.StatusDone] != 3 {
+		t.Fatalf("parent %s at attempt %d with %d children %v: want DONE at 1 with 3 DONE children", done.Status, done.Attempt, len(kids), done.Children)
+	}
+	ids := make([]int64, len(kids))
+	for i, k := range kids {
+		ids[i] = k.ID
+		if k.Status != etlcontext.StatusDone || k.FinishedAt.After(*done.FinishedAt) {
+			t.Errorf("child %d: %s, finished %v, after its parent (%v)", k.ID, k.Status, k.FinishedAt, done.FinishedAt)
+		}
+		if want := "dama:child:" + strconv.FormatInt(parent, 10) + ":part-"; k.IdempotencyKey == nil || !strings.HasPrefix(*k.IdempotencyKey, want) {
+			t.Errorf("child %d has key %v, want %s…", k.ID, deref(k.IdempotencyKey), want)
+		}
+	}
+	w.startedOnce(ids)
+	types := w.eventTypes(parent)
+	if n := countLines(strings.Join(types, "\n"), "mapper:SUBMITTED"); n != 3 || types[len(types)-1] != "mapper:FINAL" {
+		t.Errorf("parent events %v: want 3 SUBMITTED, AWAITING and FINAL last", types)
+	}
+	out := w.Dama(w.cfg, "status", strconv.FormatInt(parent, 10))
+	if lineWith(out.Stdout, "mapper", "DONE", "3/3 done") == "" {
+		t.Errorf("dama status:\n%s", out.Stdout)
+	}
+	t.Logf("parent DONE %v after its last child", done.FinishedAt.Sub(*kids[len(kids)-1].FinishedAt).Round(time.Millisecond))
+}
+
+// A child that fails for good fails its awaiting parent for good at once,
+// whatever attempts the parent has left; a child of an unknown kind is
+// refused and recorded as a WARNING.
+func TestFailedChildFailsItsParent(t *testing.T) {
+	w, _ := queueWorld(t, treeConfig)
+	w.Start(w.cfg, "supervisor")
+	res := w.Dama(w.cfg, "submit", "failing_mapper")
+	if res.Code != 0 {
+		t.Fatalf("submit: exit %d: %s", res.Code, res.Stderr)
+	}
+	parent := submittedID(t, res.Stdout)
+	got := w.waitFinished(parent, 60*time.Second)
+	if got.Status != etlcontext.StatusFailed || got.Attempt != 1 {
+		t.Fatalf("parent %s at attempt %d: want FAILED at 1", got.Status, got.Attempt)
+	}
+	kids := w.children(parent)
+	if len(kids) != 2 {
+		t.Fatalf("%d children, want 2 (the unknown kind refused)", len(kids))
+	}
+	if kids[0].Status.Finished() {
+		t.Errorf("the slow child was %s when its parent failed: want the parent to fail as soon as one child failed", kids[0].Status)
+	}
+	evs, err := etlcontext.Events(context.Background(), w.Pool, parent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var warned, finalError bool
+	for _, e := range evs {
+		switch e.Type {
+		case "failing_mapper:WARNING":
+			warned = warned || strings.Contains(string(e.Meta), "nosuchkind")
+		case "failing_mapper:ERROR":
+			var p map[string]any
+			_ = json.Unmarshal(e.Payload, &p)
+			finalError = p[etlcontext.ErrorFinal] == false
+		}
+	}
+	if !warned || !finalError {
+		t.Errorf("parent events: WARNING for the unknown kind %t, ERROR with retry false %t", warned, finalError)
+	}
+	w.waitSettled(kids[0].ID, 60*time.Second)
+}

@@ -1,0 +1,112 @@
+package taskrunner
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/dama-etl/dama/etlcontext"
+)
+
+// awaitRecount bounds how long an awaiting task process goes without
+// counting its children, should an announcement be lost.
+const awaitRecount = time.Minute
+
+// awaitChildren follows the success of the command of a kind with
+// await_children: holding the lock, the task process waits for the
+// database's announcements of its children's ends, and records DONE once
+// every child is DONE, or an ERROR that fails the task for good as soon as
+// one is FAILED or CANCELLED. A cancellation ends the wait.
+func (r *runner) awaitChildren(ctx context.Context, signals <-chan os.Signal) (int, error) {
+	// The children submitted last must be written before they are counted.
+	fctx, cancel := context.WithTimeout(ctx, r.opts.Config.ReconnectGraceD()+stmtTimeout)
+	err := r.w.flush(fctx)
+	cancel()
+	if err == nil {
+		lctx, cancel := context.WithTimeout(ctx, 2*stmtTimeout)
+		err = r.w.listenToo(lctx, etlcontext.FinishedChannel)
+		cancel()
+	}
+	if err != nil {
+		return r.finish(ctx, ExitFailed, etlcontext.EventError, map[string]any{"reason": "could not wait for the children: " + err.Error()}, err)
+	}
+
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		r.lock.watch(watchCtx)
+	}()
+	defer func() {
+		stopWatch()
+		<-watchDone
+	}()
+
+	recount := time.NewTicker(awaitRecount)
+	defer recount.Stop()
+	announced := false
+	self := r.ctx.ID
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 2*stmtTimeout)
+		var counts etlcontext.Children
+		err := r.w.do(cctx, func(ctx context.Context, conn *pgx.Conn) error {
+			var err error
+			counts, err = etlcontext.ChildCounts(ctx, conn, self)
+			return err
+		})
+		cancel()
+		switch {
+		case errors.Is(err, etlcontext.ErrStaleRun):
+			return ExitLockLost, errors.New("the run is no longer current")
+		case err != nil:
+			r.logger.Warn("count the children", "error", err)
+		case counts.Failed() > 0:
+			return r.finish(ctx, ExitFailed, etlcontext.EventError, map[string]any{
+				"reason":              fmt.Sprintf("%d children did not finish DONE", counts.Failed()),
+				"children":            counts,
+				etlcontext.ErrorFinal: false,
+			}, nil)
+		case counts.Pending() == 0:
+			return r.finish(ctx, ExitDone, etlcontext.EventFinal, map[string]any{"exit_code": 0, "children": counts}, nil)
+		case !announced:
+			announced = true
+			r.w.event(etlcontext.EventAwaiting, map[string]any{"children": counts}, nil, false, 256)
+			r.logger.Info("command succeeded; awaiting the children", "children", counts)
+		}
+	wait:
+		for {
+			select {
+			case n := <-r.w.notify:
+				switch n.Channel {
+				case CancelChannel:
+					if n.Payload == strconv.FormatInt(self, 10) {
+						return r.finish(ctx, ExitCancelled, etlcontext.EventCancelled, map[string]any{"reason": "cancel requested while awaiting the children"}, nil)
+					}
+				case etlcontext.FinishedChannel:
+					var f etlcontext.Finished
+					// An empty payload stands for announcements missed while
+					// the connection was re-made.
+					if n.Payload == "" || json.Unmarshal([]byte(n.Payload), &f) != nil || (f.ParentID != nil && *f.ParentID == self) {
+						break wait
+					}
+				}
+			case <-r.w.superseded:
+				return ExitLockLost, errors.New("the database refused a write of this run: it is no longer current")
+			case <-r.lock.changed:
+				if state, err := r.lock.get(); state == lockSuperseded {
+					return r.finish(ctx, ExitLockLost, etlcontext.EventError, map[string]any{"reason": "the lock could not be taken again: " + err.Error()}, err)
+				}
+			case <-recount.C:
+				break wait
+			case sig := <-signals:
+				return r.finish(ctx, ExitFailed, etlcontext.EventError, map[string]any{"reason": "runner received " + sig.String() + " while awaiting the children"}, nil)
+			}
+		}
+	}
+}

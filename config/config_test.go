@@ -67,6 +67,7 @@ func TestParseRejectsBadConfigurations(t *testing.T) {
 		"bad overlap":         {"log_dir: /l\nkinds: {a: {command: [x], schedule: '@daily', overlap: replace}}", "overlap"},
 		"queue, max 2":        {"log_dir: /l\nkinds: {a: {command: [x], schedule: '@daily', overlap: queue, max_running: 2}}", "one task at a time"},
 		"args not a map":      {"log_dir: /l\nkinds: {a: {command: [x], schedule: '@daily', schedule_args: [1]}}", "want a mapping"},
+		"impossible date":     {"log_dir: /l\nkinds: {a: {command: [x], schedule: '0 0 30 2 *'}}", "no tick"},
 		"args lack the key":   {"log_dir: /l\nkinds: {a: {command: [x], schedule: '@daily', concurrency_key: region}}", "schedule_args"},
 	}
 	for name, c := range cases {

@@ -131,6 +131,10 @@ func (o *JSONObject) UnmarshalYAML(node *yaml.Node) error {
 	return nil
 }
 
+// maxScheduleArgs is taskrunner.MaxEnvPayload, which config cannot import:
+// a submission of larger arguments is refused.
+const maxScheduleArgs = 96 << 10
+
 // validateSchedule checks the schedule settings and fills in their
 // defaults.
 func (k *Kind) validateSchedule() error {
@@ -145,8 +149,12 @@ func (k *Kind) validateSchedule() error {
 		}
 		return nil
 	}
-	if _, err := k.ScheduleOf(); err != nil {
+	sched, err := k.ScheduleOf()
+	if err != nil {
 		return err
+	}
+	if sched.Next(time.Now()).IsZero() {
+		return fmt.Errorf("schedule %q has no tick in the next five years", k.Schedule)
 	}
 	switch k.Overlap {
 	case "":
@@ -162,6 +170,9 @@ func (k *Kind) validateSchedule() error {
 	}
 	if k.ScheduleArgs == nil {
 		k.ScheduleArgs = JSONObject("{}")
+	}
+	if len(k.ScheduleArgs) > maxScheduleArgs {
+		return fmt.Errorf("schedule_args are %d bytes; a task receives them in DAMA_ARGS, which holds at most %d", len(k.ScheduleArgs), maxScheduleArgs)
 	}
 	if _, err := k.ConcurrencyKeyOf(json.RawMessage(k.ScheduleArgs)); err != nil {
 		return fmt.Errorf("schedule_args: %w", err)

@@ -34,6 +34,15 @@ const (
 	WaitKeyFull     Wait = "key_full"
 )
 
+// holdsSlot is the condition on a context r that it takes a slot of its
+// queue, its kind and its key: it is RUNNING, and not a parent whose
+// command succeeded and which now only awaits its children (its latest
+// event is then AWAITING). Parents awaiting children of their own queue
+// would otherwise take every slot, and wait for ever.
+const holdsSlot = `(r.etl_status = 'RUNNING' AND NOT EXISTS (
+	SELECT 1 FROM data_manager.event_store AS ae
+	 WHERE ae.event_id = r.latest_event_id AND ae.type LIKE '%:` + EventAwaiting + `'))`
+
 // Admission is what a start must respect, from the configuration of the
 // supervisor that starts the task.
 type Admission struct {
@@ -78,10 +87,10 @@ func Admit(ctx context.Context, tx pgx.Tx, a Admission) (Wait, error) {
 	err := tx.QueryRow(ctx, `
 		SELECT EXISTS (SELECT 1 FROM data_manager.queue_pauses WHERE queue = $1),
 		       EXISTS (SELECT 1 FROM data_manager.kind_blocks WHERE kind = $2),
-		       (SELECT count(*) FROM data_manager.etl_contexts WHERE queue = $1 AND etl_status = 'RUNNING'),
-		       (SELECT count(*) FROM data_manager.etl_contexts WHERE kind = $2 AND etl_status = 'RUNNING' AND $4),
-		       (SELECT count(*) FROM data_manager.etl_contexts
-		         WHERE kind = $2 AND concurrency_key = $3 AND etl_status = 'RUNNING')`,
+		       (SELECT count(*) FROM data_manager.etl_contexts AS r WHERE r.queue = $1 AND `+holdsSlot+`),
+		       (SELECT count(*) FROM data_manager.etl_contexts AS r WHERE r.kind = $2 AND `+holdsSlot+` AND $4),
+		       (SELECT count(*) FROM data_manager.etl_contexts AS r
+		         WHERE r.kind = $2 AND r.concurrency_key = $3 AND `+holdsSlot+`)`,
 		a.Queue, a.Kind, key, a.KindMax > 0).Scan(&paused, &blocked, &queueRunning, &kindRunning, &keyRun)
 	if err != nil {
 		return WaitNone, fmt.Errorf("count running tasks of queue %s and kind %s: %w", a.Queue, a.Kind, err)
@@ -138,8 +147,8 @@ func SetConcurrencyKey(ctx context.Context, db DB, id int64, key string) error {
 // (the etl_contexts_waiting index), and the running ones of its kinds.
 const WakeWaiting = `
 	WITH free AS (
-		SELECT $2::int - (SELECT count(*) FROM data_manager.etl_contexts
-		                   WHERE queue = $1 AND etl_status = 'RUNNING') AS n
+		SELECT $2::int - (SELECT count(*) FROM data_manager.etl_contexts AS r
+		                   WHERE r.queue = $1 AND ` + holdsSlot + `) AS n
 		 WHERE NOT EXISTS (SELECT 1 FROM data_manager.queue_pauses WHERE queue = $1)),
 	limits AS (
 		SELECT l.*
@@ -156,12 +165,12 @@ const WakeWaiting = `
 	kind_running AS (
 		SELECT r.kind, count(*) AS n
 		  FROM data_manager.etl_contexts AS r
-		 WHERE r.etl_status = 'RUNNING' AND r.kind IN (SELECT kind FROM waiting)
+		 WHERE ` + holdsSlot + ` AND r.kind IN (SELECT kind FROM waiting)
 		 GROUP BY r.kind),
 	key_running AS (
 		SELECT r.kind, r.concurrency_key, count(*) AS n
 		  FROM data_manager.etl_contexts AS r
-		 WHERE r.etl_status = 'RUNNING' AND r.concurrency_key IS NOT NULL AND r.kind IN (SELECT kind FROM waiting)
+		 WHERE ` + holdsSlot + ` AND r.concurrency_key IS NOT NULL AND r.kind IN (SELECT kind FROM waiting)
 		 GROUP BY r.kind, r.concurrency_key),
 	eligible AS (
 		SELECT w.river_job_id, w.etl_context_id, w.kind, coalesce(kr.n, 0) AS kind_running, l.max_running,

@@ -69,6 +69,12 @@ func (s *Supervisor) takeTick(ctx context.Context, name string, k config.Kind, s
 			// Like cron, a new or changed schedule starts with its next
 			// tick, not with one from before it existed.
 			rec.LastTick, rec.LastOutcome = now, etlcontext.TickBaseline
+			if ok {
+				// Two supervisors that disagree reset each other's ticks, and
+				// none is taken until they agree.
+				s.logger.Warn("schedule changed: ticks count from now", "kind", name, "schedule", sched.Spec, "timezone", sched.Zone,
+					"previous_schedule", row.Spec, "previous_timezone", row.Timezone, "previous_by", row.UpdatedBy)
+			}
 			s.logger.Info("schedule taken up", "kind", name, "schedule", sched.Spec, "timezone", sched.Zone, "next_tick", next)
 			return etlcontext.RecordTick(ctx, tx, rec)
 		}

@@ -36,6 +36,13 @@ func (r *runner) awaitChildren(ctx context.Context, signals <-chan os.Signal) (i
 	if err != nil {
 		return r.finish(ctx, ExitFailed, etlcontext.EventError, map[string]any{"reason": "could not wait for the children: " + err.Error()}, err)
 	}
+	if n := r.w.refused(); n > 0 {
+		// The command meant them to exist: the tree is incomplete for good.
+		return r.finish(ctx, ExitFailed, etlcontext.EventError, map[string]any{
+			"reason":              fmt.Sprintf("%d children could not be submitted (see the WARNING events)", n),
+			etlcontext.ErrorFinal: false,
+		}, nil)
+	}
 
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	watchDone := make(chan struct{})
@@ -54,10 +61,18 @@ func (r *runner) awaitChildren(ctx context.Context, signals <-chan os.Signal) (i
 	self := r.ctx.ID
 	for {
 		cctx, cancel := context.WithTimeout(ctx, 2*stmtTimeout)
-		var counts etlcontext.Children
+		var (
+			counts    etlcontext.Children
+			cancelled bool
+		)
 		err := r.w.do(cctx, func(ctx context.Context, conn *pgx.Conn) error {
 			var err error
-			counts, err = etlcontext.ChildCounts(ctx, conn, self)
+			if counts, err = etlcontext.ChildCounts(ctx, conn, self); err != nil {
+				return err
+			}
+			// A cancellation's announcement may have been missed (a full
+			// notification buffer, a reconnection): look.
+			cancelled, err = etlcontext.CancelRequested(ctx, conn, self, r.opts.RunID)
 			return err
 		})
 		cancel()
@@ -66,6 +81,8 @@ func (r *runner) awaitChildren(ctx context.Context, signals <-chan os.Signal) (i
 			return ExitLockLost, errors.New("the run is no longer current")
 		case err != nil:
 			r.logger.Warn("count the children", "error", err)
+		case cancelled:
+			return r.finish(ctx, ExitCancelled, etlcontext.EventCancelled, map[string]any{"reason": "cancel requested while awaiting the children"}, nil)
 		case counts.Failed() > 0:
 			return r.finish(ctx, ExitFailed, etlcontext.EventError, map[string]any{
 				"reason":              fmt.Sprintf("%d children did not finish DONE", counts.Failed()),

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -63,6 +64,8 @@ type writer struct {
 	hooks   writerHooks
 	// submit records the children the command submits; nil refuses them.
 	submit SubmitFunc
+	// refusedChildren counts the children refused for good, guarded by mu.
+	refusedChildren int
 	// listenAlso holds the channels listened to since listenToo, guarded
 	// by mu, listened to again on every new connection.
 	alsoListen []string
@@ -165,13 +168,12 @@ func (w *writer) event(suffix string, payload, meta any, isError bool, size int)
 // submitChild queues the submission of c, stored in order with the events
 // as a SUBMITTED event of the run in the same transaction: the database's
 // fence on the event refuses the child of a run that is no longer current.
+//
+// A child is never dropped, whatever the bounds on pending events: it is
+// work, not telemetry.
 func (w *writer) submitChild(c Child, size int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if len(w.events)-w.overflow >= maxPendingEvents || w.bytes+size > maxPendingBytes {
-		w.dropped++
-		return
-	}
 	w.nextSeq++
 	seq, runID := w.nextSeq, w.runID
 	c.ParentID = w.contextID
@@ -188,6 +190,24 @@ func (w *writer) submitChild(c Child, size int) {
 	})
 	w.bytes += size
 	w.signal()
+}
+
+// refused returns how many children were refused for good.
+func (w *writer) refused() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.refusedChildren
+}
+
+// transient reports whether the database refused a write for a reason
+// that passes: a deadlock, a serialization failure, a lock or statement
+// timeout, a server shutting down.
+func transient(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	return strings.HasPrefix(pgErr.Code, "40") || strings.HasPrefix(pgErr.Code, "57") || pgErr.Code == "55P03" || strings.HasPrefix(pgErr.Code, "53")
 }
 
 // listenToo listens on channel from now on, on this connection and every
@@ -447,7 +467,17 @@ func (w *writer) serveOne(ctx context.Context) bool {
 		switch {
 		case again:
 			return true
+		case refused != nil && transient(refused):
+			w.logger.Warn("submit child: the database refused it for now; it is tried again", "kind", e.child.Kind, "error", refused)
+			select {
+			case <-time.After(time.Second):
+			case <-ctx.Done():
+			}
+			return true
 		case refused != nil:
+			w.mu.Lock()
+			w.refusedChildren++
+			w.mu.Unlock()
 			// The child is refused for good (an unknown kind, arguments that
 			// lack the kind's concurrency key): the line is recorded as a
 			// WARNING in its place, under the same sequence number.

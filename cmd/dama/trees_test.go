@@ -13,11 +13,14 @@ import (
 
 // treeConfig has a parent kind whose command submits three children on its
 // events pipe and awaits them, and one that also submits a child that fails.
+// The queue etl runs one task at a time: a parent awaiting its children
+// must not hold that slot.
 const treeConfig = `
 log_dir: {{dir}}/logs
 poll_interval: 300ms
 queues:
-  etl: { max_running: 10 }
+  etl: { max_running: 1 }
+  wide: { max_running: 5 }
 kinds:
   mapper:
     queue: etl
@@ -27,12 +30,19 @@ kinds:
     queue: etl
     await_children: true
     max_attempts: 3
-    command: ["/bin/sh", "-c", "printf '{\"type\":\"submit\",\"payload\":{\"kind\":\"piece\",\"args\":{\"steps\":8,\"step_ms\":250}}}\n{\"type\":\"submit\",\"payload\":{\"kind\":\"bad\"}}\n{\"type\":\"submit\",\"payload\":{\"kind\":\"nosuchkind\"}}\n' >&3"]
+    command: ["/bin/sh", "-c", "printf '{\"type\":\"submit\",\"payload\":{\"kind\":\"slow\",\"args\":{\"steps\":8,\"step_ms\":250}}}\n{\"type\":\"submit\",\"payload\":{\"kind\":\"bad\"}}\n' >&3"]
+  sloppy_mapper:
+    queue: etl
+    await_children: true
+    command: ["/bin/sh", "-c", "printf '{\"type\":\"submit\",\"payload\":{\"kind\":\"nosuchkind\"}}\n' >&3"]
   piece:
     queue: etl
     command: ["{{sample}}"]
+  slow:
+    queue: wide
+    command: ["{{sample}}"]
   bad:
-    queue: etl
+    queue: wide
     max_attempts: 1
     command: ["/bin/sh", "-c", "exit 1"]
 `
@@ -120,7 +130,7 @@ func TestAwaitChildren(t *testing.T) {
 
 // A child that fails for good fails its awaiting parent for good at once,
 // whatever attempts the parent has left; a child of an unknown kind is
-// refused and recorded as a WARNING.
+// refused, recorded as a WARNING, and fails its awaiting parent too.
 func TestFailedChildFailsItsParent(t *testing.T) {
 	w, _ := queueWorld(t, treeConfig)
 	w.Start(w.cfg, "supervisor")
@@ -135,28 +145,39 @@ func TestFailedChildFailsItsParent(t *testing.T) {
 	}
 	kids := w.children(parent)
 	if len(kids) != 2 {
-		t.Fatalf("%d children, want 2 (the unknown kind refused)", len(kids))
+		t.Fatalf("%d children, want 2", len(kids))
 	}
 	if kids[0].Status.Finished() {
 		t.Errorf("the slow child was %s when its parent failed: want the parent to fail as soon as one child failed", kids[0].Status)
 	}
-	evs, err := etlcontext.Events(context.Background(), w.Pool, parent)
-	if err != nil {
-		t.Fatal(err)
+	w.waitSettled(kids[0].ID, 60*time.Second)
+
+	res = w.Dama(w.cfg, "submit", "sloppy_mapper")
+	if res.Code != 0 {
+		t.Fatalf("submit: exit %d: %s", res.Code, res.Stderr)
 	}
-	var warned, finalError bool
-	for _, e := range evs {
-		switch e.Type {
-		case "failing_mapper:WARNING":
-			warned = warned || strings.Contains(string(e.Meta), "nosuchkind")
-		case "failing_mapper:ERROR":
-			var p map[string]any
-			_ = json.Unmarshal(e.Payload, &p)
-			finalError = p[etlcontext.ErrorFinal] == false
+	sloppy := submittedID(t, res.Stdout)
+	if got := w.waitFinished(sloppy, 60*time.Second); got.Status != etlcontext.StatusFailed || got.Attempt != 1 || len(w.children(sloppy)) != 0 {
+		t.Fatalf("parent of a refused child: %s at attempt %d: want FAILED at 1, with no child", got.Status, got.Attempt)
+	}
+	for _, id := range []int64{parent, sloppy} {
+		evs, err := etlcontext.Events(context.Background(), w.Pool, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var warned, finalError bool
+		for _, e := range evs {
+			switch {
+			case strings.HasSuffix(e.Type, ":WARNING"):
+				warned = warned || strings.Contains(string(e.Meta), "nosuchkind")
+			case strings.HasSuffix(e.Type, ":ERROR"):
+				var p map[string]any
+				_ = json.Unmarshal(e.Payload, &p)
+				finalError = p[etlcontext.ErrorFinal] == false
+			}
+		}
+		if !finalError || (id == sloppy) != warned {
+			t.Errorf("context %d: WARNING for the unknown kind %t, ERROR with retry false %t", id, warned, finalError)
 		}
 	}
-	if !warned || !finalError {
-		t.Errorf("parent events: WARNING for the unknown kind %t, ERROR with retry false %t", warned, finalError)
-	}
-	w.waitSettled(kids[0].ID, 60*time.Second)
 }

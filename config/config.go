@@ -117,8 +117,15 @@ type Kind struct {
 	// Queue is the queue the kind's tasks wait in.
 	Queue string `yaml:"queue"`
 	// Command is the program and its arguments; it is executed directly,
-	// never through a shell.
+	// never through a shell. A kind has a command or a function, not both.
 	Command []string `yaml:"command"`
+	// Function names a Go function that the program embedding the
+	// supervisor registers (supervisor.Options.Funcs): the task process is
+	// that program, executed again, calling it. Several kinds may name
+	// one function. Only such a program's supervisor runs the kind; the
+	// dama binary refuses a configuration with function kinds in its
+	// supervisor, and accepts it everywhere else (submit, status).
+	Function string `yaml:"function"`
 	// MaxAttempts is how many times a task is started before it is FAILED;
 	// default 3. Retry.MaxAttempts is the same setting.
 	MaxAttempts int `yaml:"max_attempts"`
@@ -383,8 +390,18 @@ func Parse(data []byte) (*Config, error) {
 		if !nameRE.MatchString(name) {
 			return nil, fmt.Errorf("kind name %q: want letters, digits, '_', '.', '-', starting with a letter", name)
 		}
-		if len(k.Command) == 0 || k.Command[0] == "" {
-			return nil, fmt.Errorf("kind %s: command is required", name)
+		switch {
+		case k.Function != "" && len(k.Command) > 0:
+			return nil, fmt.Errorf("kind %s: command and function exclude each other: set one", name)
+		case k.Function != "":
+			if !nameRE.MatchString(k.Function) {
+				return nil, fmt.Errorf("kind %s: function name %q: want letters, digits, '_', '.', '-', starting with a letter", name, k.Function)
+			}
+			if len(k.RetryOnExitCodes) > 0 || len(k.FailOnExitCodes) > 0 {
+				return nil, fmt.Errorf("kind %s: a function kind has no exit codes to list: its function returns taskrunner.NoRetry(err) to fail for good", name)
+			}
+		case len(k.Command) == 0 || k.Command[0] == "":
+			return nil, fmt.Errorf("kind %s: command (or function) is required", name)
 		}
 		if k.Queue == "" {
 			k.Queue = DefaultQueue
@@ -562,6 +579,19 @@ func (c *Config) QueueNames() []string {
 	names := make([]string, 0, len(c.Queues))
 	for n := range c.Queues {
 		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Functions returns the names of the functions the function kinds name,
+// in order, without repeats.
+func (c *Config) Functions() []string {
+	var names []string
+	for _, k := range c.Kinds {
+		if k.Function != "" && !slices.Contains(names, k.Function) {
+			names = append(names, k.Function)
+		}
 	}
 	sort.Strings(names)
 	return names

@@ -40,7 +40,10 @@ func TestParseRejectsBadConfigurations(t *testing.T) {
 	cases := map[string]struct{ yaml, want string }{
 		"no log_dir":          {"kinds: {a: {command: [x]}}", "log_dir is required"},
 		"no kinds":            {"log_dir: /l", "no kinds"},
-		"empty command":       {"log_dir: /l\nkinds: {a: {command: []}}", "command is required"},
+		"empty command":       {"log_dir: /l\nkinds: {a: {command: []}}", "command (or function) is required"},
+		"command and func":    {"log_dir: /l\nkinds: {a: {command: [x], function: f}}", "exclude each other"},
+		"bad function name":   {"log_dir: /l\nkinds: {a: {function: 'f g'}}", "function name"},
+		"function exit codes": {"log_dir: /l\nkinds: {a: {function: f, fail_on_exit_codes: [3]}}", "NoRetry"},
 		"unknown queue":       {"log_dir: /l\nkinds: {a: {command: [x], queue: q}}", "queue q is not in queues"},
 		"misspelt key":        {"log_dir: /l\npoll_intervall: 5s\nkinds: {a: {command: [x]}}", "poll_intervall"},
 		"bad duration":        {"log_dir: /l\npoll_interval: soon\nkinds: {a: {command: [x]}}", "soon"},

@@ -69,11 +69,8 @@ func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcont
 	defer readyR.Close()
 
 	kind, _ := s.cfg.Kind(c.Kind)
-	cmd := exec.Command(s.spawnPath, "taskrunner",
-		"--context-id", strconv.FormatInt(c.ID, 10),
-		"--run-id", runID,
-		"--lock-mode", string(s.cfg.LockModeOf(kind)),
-		"--ready-fd", "3")
+	launch := taskrunner.Launch{ContextID: c.ID, RunID: runID, LockMode: s.cfg.LockModeOf(kind), ReadyFD: 3}
+	cmd := exec.Command(s.spawnPath, launch.Args()...)
 	// Named by its path in a process listing, whichever file it runs from.
 	cmd.Args[0] = s.opts.Executable
 	cmd.Env = runnerEnv(s.opts.DatabaseURL, s.cfg.Path)
@@ -122,17 +119,21 @@ func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcont
 }
 
 // runnerEnv is the supervisor's environment with the database URL and the
-// configuration path set, for the runner to read.
+// configuration path set, for the runner to read, and the process it is
+// to be, for a program embedding the supervisor.
 func runnerEnv(databaseURL, configPath string) []string {
-	env := make([]string, 0, len(os.Environ())+2)
+	env := make([]string, 0, len(os.Environ())+3)
 	for _, kv := range os.Environ() {
-		name, _, _ := strings.Cut(kv, "=")
-		if name == "DATABASE_URL" || name == "DAMA_CONFIG" {
+		switch name, _, _ := strings.Cut(kv, "="); name {
+		case taskrunner.DatabaseURLEnv, taskrunner.ConfigEnv, taskrunner.ProcessEnv, taskrunner.FunctionEnv:
 			continue
 		}
 		env = append(env, kv)
 	}
-	return append(env, "DATABASE_URL="+databaseURL, "DAMA_CONFIG="+configPath)
+	return append(env,
+		taskrunner.DatabaseURLEnv+"="+databaseURL,
+		taskrunner.ConfigEnv+"="+configPath,
+		taskrunner.ProcessEnv+"="+taskrunner.ProcessRunner)
 }
 
 // reap waits for a spawned runner so that it does not linger as a zombie,

@@ -31,8 +31,14 @@ type Options struct {
 	// Executable is the dama binary that runs `dama taskrunner`; empty means
 	// the binary this process started from, even after the file at its path
 	// was replaced (a redeploy): task processes are of the supervisor's own
-	// release.
+	// release. A program that registers Funcs leaves it empty: its task
+	// processes are itself (see RunTaskProcess).
 	Executable string
+	// Funcs are the functions of the configuration's function kinds (a
+	// kind's `function` setting names one); New refuses a configuration
+	// naming a function missing here. nil means none: the dama binary
+	// runs command kinds only.
+	Funcs taskrunner.Funcs
 	// Logger receives the supervisor's logs; nil means slog.Default().
 	Logger *slog.Logger
 	// LaunchTimeout bounds how long a step waits for a spawned runner to
@@ -134,6 +140,14 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 	}
 	if opts.DatabaseURL == "" {
 		return nil, errors.New("supervisor needs the database URL to hand to task processes")
+	}
+	if cfg.Path == "" {
+		return nil, errors.New("the configuration names no file (config.Load sets its Path): task processes read it from there")
+	}
+	for _, name := range cfg.Functions() {
+		if opts.Funcs[name] == nil {
+			return nil, fmt.Errorf("%w: the configuration's function kinds name %s, which this program does not register (Options.Funcs); run them under the program that does", ErrUnknownFunction, name)
+		}
 	}
 	opts.LaunchTimeout = cmpOr(opts.LaunchTimeout, 10*time.Second)
 	opts.FetchCooldown = cmpOr(opts.FetchCooldown, defaultFetchCooldown)

@@ -9,6 +9,7 @@ import (
 	"io"
 	"regexp"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/dama-etl/dama/etlcontext"
 )
@@ -32,7 +33,30 @@ type reported struct {
 	// child, when set, is a child to submit (a "submit" line); it is
 	// recorded as a SUBMITTED event.
 	child *Child
+	// failure, when set, is why the command is about to fail (a "failure"
+	// line); it is recorded in the attempt's ERROR event, not as an event
+	// of its own.
+	failure *Failure
 }
+
+// Failure is why a command is about to fail, which it may say with a line
+//
+//	{"type": "failure", "payload": {"error": "...", "retry": false}}
+//
+// on its events pipe before it exits. When the command then exits non-zero
+// (and was not stopped by dama), the attempt's ERROR event gives Error as
+// its reason, and Retry false fails the task for good whatever attempts
+// remain. The last such line counts; a command that exits 0 is DONE
+// whatever it said.
+type Failure struct {
+	// Error says what went wrong; it is cut to MaxFailureError bytes.
+	Error string `json:"error"`
+	// Retry, when false, says not to try again; default true.
+	Retry *bool `json:"retry"`
+}
+
+// MaxFailureError bounds the reason a failure line gives.
+const MaxFailureError = 4 << 10
 
 // Child is a task a command submits as its task's child, with a line
 //
@@ -55,8 +79,12 @@ type Child struct {
 	IdempotencyKey string `json:"idempotency_key"`
 }
 
-// submitType is the type of the line that submits a child.
-const submitType = "SUBMIT"
+// The types of the lines that are directives to the runner rather than
+// events: a child to submit, a failure to report.
+const (
+	submitType  = "SUBMIT"
+	failureType = "FAILURE"
+)
 
 var suffixRE = regexp.MustCompile(`^[A-Z][A-Z0-9_]{0,62}$`)
 
@@ -99,8 +127,11 @@ func decodeLine(line []byte) reported {
 	if len(payload) == 0 || string(payload) == "null" {
 		payload = nil
 	}
-	if suffix == submitType {
+	switch suffix {
+	case submitType:
 		return decodeChild(payload, line)
+	case failureType:
+		return decodeFailure(payload, line)
 	}
 	if suffix == etlcontext.EventCheckpoint && len(payload) > MaxEnvPayload {
 		return warning(fmt.Sprintf("checkpoint of %d bytes exceeds the %d bytes a retry receives in DAMA_CHECKPOINT; the previous checkpoint stands", len(payload), MaxEnvPayload), line)
@@ -122,6 +153,31 @@ func decodeChild(payload json.RawMessage, line []byte) reported {
 		return warning(fmt.Sprintf("submit: arguments of %d bytes exceed the %d bytes a task receives in DAMA_ARGS", len(c.Args), MaxEnvPayload), line)
 	}
 	return reported{suffix: etlcontext.EventSubmitted, child: &c}
+}
+
+func decodeFailure(payload json.RawMessage, line []byte) reported {
+	var f Failure
+	dec := json.NewDecoder(bytes.NewReader(payload))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&f); err != nil {
+		return warning(fmt.Sprintf(`failure: want {"error": "...", "retry": true|false}: %v`, err), line)
+	}
+	if f.Error == "" {
+		return warning("failure: error is required", line)
+	}
+	f.Error = truncateUTF8(f.Error, MaxFailureError)
+	return reported{failure: &f}
+}
+
+// truncateUTF8 cuts s to at most n bytes, on a character boundary.
+func truncateUTF8(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 func warning(problem string, line []byte) reported {

@@ -131,7 +131,17 @@ type Options struct {
 	// Submit records the children the command submits on its events pipe;
 	// nil refuses them (each "submit" line is then recorded as a WARNING).
 	Submit SubmitFunc
+	// Funcs are the functions of function kinds this program registers: a
+	// task of a function kind whose function is missing here is unfit for
+	// this host. The runner calls none of them; it starts its own program
+	// again as the task's function process (see RunFunction).
+	Funcs Funcs
 }
+
+// selfExe names the file the running program started from, even once a
+// redeploy replaced or deleted it: a function process is of its runner's
+// release.
+const selfExe = "/proc/self/exe"
 
 // stmtTimeout bounds every statement the runner sends: no database call
 // waits forever.
@@ -154,9 +164,14 @@ type runner struct {
 	opts   Options
 	logger *slog.Logger
 
-	ctx     *etlcontext.Context
-	kind    config.Kind
-	path    string
+	ctx  *etlcontext.Context
+	kind config.Kind
+	// path and argv are the command to run: the kind's, or for a function
+	// kind this program again.
+	path string
+	argv []string
+	// failure is what the command said, last, of why it fails.
+	failure *Failure
 	logPath string
 	logFile *os.File
 	// args and checkpoint are handed to the command.
@@ -300,11 +315,18 @@ func (r *runner) prepare() error {
 		return fmt.Errorf("kind %s is not in the configuration %s", r.ctx.Kind, cfg.Path)
 	}
 	r.kind = kind
-	path, err := exec.LookPath(kind.Command[0])
-	if err != nil {
-		return fmt.Errorf("find command of kind %s: %w", r.ctx.Kind, err)
+	if kind.Function != "" {
+		if r.opts.Funcs[kind.Function] == nil {
+			return fmt.Errorf("function %s of kind %s is not registered in this program (%s)", kind.Function, r.ctx.Kind, os.Args[0])
+		}
+		r.path, r.argv = selfExe, []string{os.Args[0], "dama-function", kind.Function}
+	} else {
+		path, err := exec.LookPath(kind.Command[0])
+		if err != nil {
+			return fmt.Errorf("find command of kind %s: %w", r.ctx.Kind, err)
+		}
+		r.path, r.argv = path, kind.Command
 	}
-	r.path = path
 	if err := os.MkdirAll(cfg.LogDir, 0o755); err != nil {
 		return fmt.Errorf("create log directory: %w", err)
 	}
@@ -367,7 +389,7 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 	defer eventsR.Close()
 	cmd := &exec.Cmd{
 		Path:       r.path,
-		Args:       r.kind.Command,
+		Args:       r.argv,
 		Env:        r.commandEnv(r.args, r.checkpoint),
 		Stdout:     r.logFile,
 		Stderr:     r.logFile,
@@ -399,7 +421,7 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 	r.w.call(func(ctx context.Context, conn *pgx.Conn) error {
 		return etlcontext.RecordCommand(ctx, conn, r.ctx.ID, r.opts.RunID, pgid, leaderTicks)
 	})
-	r.logger.Info("command started", "pid", pgid, "command", r.kind.Command, "attempt", r.ctx.Attempt)
+	r.logger.Info("command started", "pid", pgid, "command", r.argv, "attempt", r.ctx.Attempt)
 
 	lines := make(chan reported, 64)
 	readerDone := make(chan error, 1)
@@ -525,13 +547,17 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 			reason = describeExit(waitErr)
 		}
 		payload := map[string]any{"reason": reason, "exit_code": exitCode, "log_tail": tail(r.logPath, 4096)}
+		if f := r.failure; stopReason == "" && f != nil {
+			payload["reason"], payload["exit"] = f.Error, reason
+		}
 		switch {
 		case timedOut:
 			payload["timed_out"] = true
 			if r.kind.OnTimeout == config.OnTimeoutFail {
 				payload[etlcontext.ErrorFinal] = false
 			}
-		case stopReason == "" && !r.kind.RetriesExit(exitCode):
+		case stopReason == "" && r.failure != nil && r.failure.Retry != nil && !*r.failure.Retry,
+			stopReason == "" && !r.kind.RetriesExit(exitCode):
 			// The command said not to retry this failure.
 			payload[etlcontext.ErrorFinal] = false
 		}
@@ -626,6 +652,10 @@ func (r *runner) drain(lines <-chan reported, readerDone <-chan error) {
 }
 
 func (r *runner) queue(line reported) {
+	if line.failure != nil {
+		r.failure = line.failure
+		return
+	}
 	if line.child != nil {
 		r.w.submitChild(*line.child, 256+len(line.child.Args))
 		return
@@ -640,7 +670,7 @@ func (r *runner) queue(line reported) {
 }
 
 func (r *runner) commandEnv(args, checkpoint json.RawMessage) []string {
-	env := make([]string, 0, len(os.Environ())+5)
+	env := make([]string, 0, len(os.Environ())+9)
 	for _, kv := range os.Environ() {
 		if name, _, _ := strings.Cut(kv, "="); strings.HasPrefix(name, "DAMA_") {
 			continue
@@ -650,8 +680,12 @@ func (r *runner) commandEnv(args, checkpoint json.RawMessage) []string {
 	if len(args) == 0 {
 		args = json.RawMessage("null")
 	}
+	if r.kind.Function != "" {
+		env = append(env, ProcessEnv+"="+ProcessFunction, FunctionEnv+"="+r.kind.Function)
+	}
 	return append(env,
 		"DAMA_ETL_CONTEXT_ID="+strconv.FormatInt(r.ctx.ID, 10),
+		"DAMA_KIND="+r.ctx.Kind,
 		"DAMA_ATTEMPT="+strconv.Itoa(r.ctx.Attempt),
 		"DAMA_ARGS="+string(args),
 		"DAMA_CHECKPOINT="+string(checkpoint),

@@ -87,7 +87,7 @@ data_manager.dama_task_queue shows what runs where, and how far along.`,
 		newUnblockCommand(g),
 		newQueuesCommand(),
 		newSchedulesCommand(),
-		newTaskrunnerCommand(g, code),
+		newTaskrunnerCommand(code),
 		newVersionCommand(),
 	)
 	return root

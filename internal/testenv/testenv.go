@@ -47,7 +47,7 @@ func runMain(m *testing.M) int {
 		return 2
 	}
 	defer os.RemoveAll(dir)
-	for _, pkg := range []string{"cmd/dama", "cmd/sample-etl"} {
+	for _, pkg := range []string{"cmd/dama", "cmd/sample-etl", "cmd/sample-embedded"} {
 		args := []string{"build", "-o", filepath.Join(dir, filepath.Base(pkg))}
 		if commit := headCommit(); commit != "" {
 			args = append(args, "-ldflags", "-X github.com/dama-etl/dama/version.commit="+commit)
@@ -94,8 +94,8 @@ type Env struct {
 	Pool *pgxpool.Pool
 	// Dir is a temporary directory for configuration, logs and records.
 	Dir string
-	// DamaBin and SampleETL are the built binaries.
-	DamaBin, SampleETL string
+	// DamaBin, SampleETL and SampleEmbedded are the built binaries.
+	DamaBin, SampleETL, SampleEmbedded string
 	// Server is the private server the database is on (NewOn), or nil for
 	// the shared server named by TEST_DATABASE_URL.
 	Server *Server
@@ -152,7 +152,7 @@ func newEnv(t testing.TB, admin string, srv *Server, migrate bool) *Env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &Env{T: t, URL: dbURL, Dir: t.TempDir(), DamaBin: filepath.Join(binDir, "dama"), SampleETL: filepath.Join(binDir, "sample-etl"), Server: srv}
+	e := &Env{T: t, URL: dbURL, Dir: t.TempDir(), DamaBin: filepath.Join(binDir, "dama"), SampleETL: filepath.Join(binDir, "sample-etl"), SampleEmbedded: filepath.Join(binDir, "sample-embedded"), Server: srv}
 	t.Cleanup(func() {
 		e.killProcesses()
 		if e.Pool != nil {
@@ -349,19 +349,31 @@ func (e *Env) StartWrapped(configPath string, wrapper []string, args ...string) 
 // the test's environment, e.g. another DATABASE_URL for the same database.
 func (e *Env) StartWith(configPath string, extraEnv, wrapper []string, args ...string) *Proc {
 	e.T.Helper()
+	return e.start(e.DamaBin, configPath, extraEnv, wrapper, args)
+}
+
+// StartProgram is Start for another program than dama, e.g.
+// SampleEmbedded.
+func (e *Env) StartProgram(bin, configPath string, args ...string) *Proc {
+	e.T.Helper()
+	return e.start(bin, configPath, nil, nil, args)
+}
+
+func (e *Env) start(bin, configPath string, extraEnv, wrapper []string, args []string) *Proc {
+	e.T.Helper()
 	logPath := filepath.Join(e.Dir, fmt.Sprintf("%s-%s.log", args[0], randomHex(3)))
 	logFile, err := os.Create(logPath)
 	if err != nil {
 		e.T.Fatal(err)
 	}
 	defer logFile.Close()
-	argv := append(append(append([]string{}, wrapper...), e.DamaBin), args...)
+	argv := append(append(append([]string{}, wrapper...), bin), args...)
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(e.Environ(configPath), extraEnv...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
-		e.T.Fatalf("start dama %v: %v", args, err)
+		e.T.Fatalf("start %s %v: %v", filepath.Base(bin), args, err)
 	}
 	p := &Proc{Cmd: cmd, Log: logPath, done: make(chan struct{})}
 	go func() {
@@ -373,7 +385,7 @@ func (e *Env) StartWith(configPath string, extraEnv, wrapper []string, args ...s
 		<-p.done
 		if e.T.Failed() {
 			out, _ := os.ReadFile(logPath)
-			e.T.Logf("log of dama %v:\n%s", args, out)
+			e.T.Logf("log of %s %v:\n%s", filepath.Base(bin), args, out)
 		}
 	})
 	return p

@@ -1,0 +1,111 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/dama-etl/dama/config"
+	"github.com/dama-etl/dama/internal/hostproc"
+	"github.com/dama-etl/dama/taskrunner"
+)
+
+// RunTaskProcess runs this process as the task process a supervisor or a
+// runner started it as, and returns its exit code and true; it returns
+// false at once when the process is not one. A program that embeds the
+// supervisor with function kinds calls it first thing in main, with the
+// Funcs it gives the supervisor, and exits with the code:
+//
+//	if code, ok := supervisor.RunTaskProcess(ctx, funcs); ok {
+//		os.Exit(code)
+//	}
+//
+// A supervisor runs each task in a process of its own: this program started
+// again, which holds the task's lock as the runner (see [RunTaskrunner]),
+// and which starts this program a third time to call the kind's function
+// (see [taskrunner.RunFunction]). Which of these the process is comes from
+// its environment (taskrunner.ProcessEnv), which only dama sets.
+func RunTaskProcess(ctx context.Context, funcs taskrunner.Funcs) (code int, ok bool) {
+	switch os.Getenv(taskrunner.ProcessEnv) {
+	case taskrunner.ProcessRunner:
+		args := os.Args[1:]
+		if len(args) > 0 && args[0] == taskrunner.Subcommand {
+			args = args[1:]
+		}
+		return RunTaskrunner(ctx, args, funcs), true
+	case taskrunner.ProcessFunction:
+		return taskrunner.RunFunction(ctx, funcs), true
+	}
+	return 0, false
+}
+
+// RunTaskrunner runs one attempt of a task as its runner, with the
+// arguments a supervisor gives after taskrunner.Subcommand, and returns the
+// process's exit code (taskrunner's Exit codes). The configuration and the
+// database come from the environment (taskrunner.ConfigEnv and
+// taskrunner.DatabaseURLEnv); the runner logs to stderr, the task's log
+// file. It is `dama taskrunner`.
+func RunTaskrunner(ctx context.Context, args []string, funcs taskrunner.Funcs) int {
+	logger := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "taskrunner")
+	opts, err := runnerOptions(args, funcs)
+	if err != nil {
+		logger.Error("taskrunner", "error", err, "exit_code", taskrunner.ExitSetup)
+		return taskrunner.ExitSetup
+	}
+	opts.Logger = logger
+	// The runner ends on its own terms: a signal to it stops its command,
+	// it does not abandon it.
+	return taskrunner.Run(context.WithoutCancel(ctx), opts)
+}
+
+func runnerOptions(args []string, funcs taskrunner.Funcs) (taskrunner.Options, error) {
+	launch, err := taskrunner.ParseLaunch(args)
+	if err != nil {
+		return taskrunner.Options{}, err
+	}
+	cfg, err := config.Load(os.Getenv(taskrunner.ConfigEnv))
+	if err != nil {
+		return taskrunner.Options{}, err
+	}
+	url := os.Getenv(taskrunner.DatabaseURLEnv)
+	if url == "" {
+		return taskrunner.Options{}, errors.New(taskrunner.DatabaseURLEnv + " is not set")
+	}
+	hostID, err := hostproc.ID()
+	if err != nil {
+		return taskrunner.Options{}, err
+	}
+	host, err := os.Hostname()
+	if err != nil {
+		return taskrunner.Options{}, fmt.Errorf("read host name: %w", err)
+	}
+	// Insert-only: children are submitted in the transaction of the
+	// parent's SUBMITTED event, on the task process's own connection.
+	children, err := NewClient(nil, cfg)
+	if err != nil {
+		return taskrunner.Options{}, err
+	}
+	opts := taskrunner.Options{
+		LockMode:    launch.LockMode,
+		Host:        host,
+		HostID:      hostID,
+		DatabaseURL: url,
+		Config:      cfg,
+		ContextID:   launch.ContextID,
+		RunID:       launch.RunID,
+		Funcs:       funcs,
+		Submit: func(ctx context.Context, tx pgx.Tx, c taskrunner.Child) (int64, bool, error) {
+			return children.SubmitTx(ctx, tx, SubmitParams{
+				Kind: c.Kind, Args: c.Args, IdempotencyKey: c.IdempotencyKey, ParentID: c.ParentID,
+			})
+		},
+	}
+	if launch.ReadyFD > 0 {
+		opts.Ready = os.NewFile(uintptr(launch.ReadyFD), "ready")
+	}
+	return opts, nil
+}

@@ -1,0 +1,91 @@
+package taskrunner
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+
+	"github.com/dama-etl/dama/config"
+)
+
+// The environment of task processes, beside RunIDEnv and what a command
+// receives (DAMA_ETL_CONTEXT_ID, DAMA_KIND, DAMA_ATTEMPT, DAMA_ARGS,
+// DAMA_CHECKPOINT, DAMA_EVENTS_FD).
+const (
+	// DatabaseURLEnv and ConfigEnv name the database and the configuration
+	// file a runner reads; the supervisor sets both.
+	DatabaseURLEnv = "DATABASE_URL"
+	ConfigEnv      = "DAMA_CONFIG"
+	// ProcessEnv says which task process a program was started as:
+	// ProcessRunner (by a supervisor, with Launch's arguments) or
+	// ProcessFunction (by a runner, to call FunctionEnv's function). A
+	// program embedding the supervisor reads it in
+	// supervisor.RunTaskProcess; the dama binary is told by its arguments.
+	ProcessEnv      = "DAMA_TASK_PROCESS"
+	ProcessRunner   = "runner"
+	ProcessFunction = "function"
+	// FunctionEnv names the function a function process calls.
+	FunctionEnv = "DAMA_FUNCTION"
+)
+
+// Subcommand is the first argument of a runner's command line: a runner
+// shows as "dama taskrunner --context-id 42 ..." in a process listing.
+const Subcommand = "taskrunner"
+
+// Launch is what a supervisor tells the runner it starts, on its command
+// line.
+type Launch struct {
+	// ContextID is the context to run.
+	ContextID int64
+	// RunID is the run id the supervisor prepared for this launch.
+	RunID string
+	// LockMode is how to hold the lock (the kind's lock_mode).
+	LockMode config.LockMode
+	// ReadyFD, when above 0, is a descriptor to write one byte to once the
+	// lock is held.
+	ReadyFD int
+}
+
+// Args returns the runner's command line after the program name.
+func (l Launch) Args() []string {
+	args := []string{Subcommand,
+		"--context-id", strconv.FormatInt(l.ContextID, 10),
+		"--run-id", l.RunID,
+		"--lock-mode", string(l.LockMode),
+	}
+	if l.ReadyFD > 0 {
+		args = append(args, "--ready-fd", strconv.Itoa(l.ReadyFD))
+	}
+	return args
+}
+
+// ParseLaunch reads the arguments that follow Subcommand.
+func ParseLaunch(args []string) (Launch, error) {
+	var (
+		l        Launch
+		lockMode string
+	)
+	fs := flag.NewFlagSet(Subcommand, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Int64Var(&l.ContextID, "context-id", 0, "etl_context_id to run")
+	fs.StringVar(&l.RunID, "run-id", "", "run id prepared by the supervisor")
+	fs.IntVar(&l.ReadyFD, "ready-fd", 0, "descriptor to write one byte to once the lock is held")
+	fs.StringVar(&lockMode, "lock-mode", string(config.LockModeRow), "how to hold the lock: row or advisory")
+	if err := fs.Parse(args); err != nil {
+		return Launch{}, fmt.Errorf("%s arguments: %w", Subcommand, err)
+	}
+	l.LockMode = config.LockMode(lockMode)
+	switch {
+	case fs.NArg() > 0:
+		return Launch{}, fmt.Errorf("%s arguments: unexpected %q", Subcommand, fs.Arg(0))
+	case l.ContextID <= 0:
+		return Launch{}, errors.New("--context-id is required: a positive etl_context_id")
+	case l.RunID == "":
+		return Launch{}, errors.New("--run-id is required")
+	case l.LockMode != config.LockModeRow && l.LockMode != config.LockModeAdvisory:
+		return Launch{}, fmt.Errorf("--lock-mode %q: want %q or %q", lockMode, config.LockModeRow, config.LockModeAdvisory)
+	}
+	return l, nil
+}

@@ -16,6 +16,11 @@
 #   DAMA_BENCH_ADOPT_WAIT (25s)    the new supervisor's time to adopt after a SIGKILL
 #   DAMA_BENCH_START_DEADLINE (10m) how long all N may take to hold their lock
 # A quick run: DAMA_BENCH_WINDOW=10s DAMA_BENCH_SETTLE=11s scripts/bench.sh scale 10,50 row
+#
+# scripts/bench.sh memory [go test flags]: the memory of a running task by
+# kind (cmd/sample-embedded): a function kind's, the sample ETL command's
+# and a bare /bin/sleep's, DAMA_BENCH_TASKS (20) of each side by side, as
+# the median RSS of their runners and of their commands' processes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib-postgres.sh
@@ -41,6 +46,12 @@ if [ "${1:-}" = scale ]; then
 fi
 
 dama_pg_use TEST_DATABASE_URL
+
+if [ "${1:-}" = memory ]; then
+	shift
+	echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(free -g | awk '/Mem:/ {print $2}') GB; $(go version)"
+	exec go test -run '^$' -bench TaskMemory -benchtime 1x -count=3 "$@" ./cmd/sample-embedded
+fi
 
 echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(free -g | awk '/Mem:/ {print $2}') GB; $(go version); $(psql "$TEST_DATABASE_URL" -AtqX -c 'SHOW server_version')"
 go test -run '^$' -bench Latency -benchtime 300x -count=1 "$@" ./supervisor

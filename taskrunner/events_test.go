@@ -36,6 +36,58 @@ func TestDecodeLine(t *testing.T) {
 	}
 }
 
+func TestDecodeFailureLine(t *testing.T) {
+	cases := []struct {
+		line, err string
+		retry     *bool
+		problem   string
+	}{
+		{line: `{"type":"failure","payload":{"error":"disk full"}}`, err: "disk full"},
+		{line: `{"type":"FAILURE","payload":{"error":"bad row","retry":false}}`, err: "bad row", retry: new(false)},
+		{line: `{"type":"failure","payload":{"error":"` + strings.Repeat("é", MaxFailureError) + `"}}`, err: strings.Repeat("é", MaxFailureError/2)},
+		{line: `{"type":"failure"}`, problem: "failure: want"},
+		{line: `{"type":"failure","payload":{"error":""}}`, problem: "error is required"},
+		{line: `{"type":"failure","payload":{"error":"x","why":1}}`, problem: "unknown field"},
+	}
+	for _, c := range cases {
+		got := decodeLine([]byte(c.line))
+		if c.problem != "" {
+			meta, _ := got.meta.(map[string]any)
+			if p, _ := meta["problem"].(string); got.failure != nil || !strings.Contains(p, c.problem) {
+				t.Errorf("%.80s: failure %+v, problem %q: want a WARNING mentioning %q", c.line, got.failure, p, c.problem)
+			}
+			continue
+		}
+		if got.failure == nil || got.failure.Error != c.err || (got.failure.Retry == nil) != (c.retry == nil) ||
+			(c.retry != nil && *got.failure.Retry != *c.retry) {
+			t.Errorf("%.80s: got %+v, want error %.40q retry %v", c.line, got.failure, c.err, c.retry)
+		}
+	}
+}
+
+func TestLaunchArgsRoundTrip(t *testing.T) {
+	want := Launch{ContextID: 42, RunID: "r-1", LockMode: "advisory", ReadyFD: 3}
+	args := want.Args()
+	if args[0] != Subcommand {
+		t.Fatalf("args %v: want %s first", args, Subcommand)
+	}
+	got, err := ParseLaunch(args[1:])
+	if err != nil || got != want {
+		t.Errorf("ParseLaunch(%v) = %+v, %v: want %+v", args[1:], got, err, want)
+	}
+	for _, bad := range [][]string{
+		{"--run-id", "r"},
+		{"--context-id", "1"},
+		{"--context-id", "1", "--run-id", "r", "--lock-mode", "table"},
+		{"--context-id", "1", "--run-id", "r", "extra"},
+		{"--context-id", "x", "--run-id", "r"},
+	} {
+		if _, err := ParseLaunch(bad); err == nil {
+			t.Errorf("ParseLaunch(%v): no error", bad)
+		}
+	}
+}
+
 func TestReadEventsSkipsOversizedLinesAndGoesOn(t *testing.T) {
 	input := `{"type":"progress","payload":1}` + "\n" +
 		strings.Repeat("x", MaxEventLine+10) + "\n" +
@@ -63,6 +115,9 @@ func FuzzDecodeLine(f *testing.F) {
 	f.Add([]byte("\xff\xfe"))
 	f.Fuzz(func(t *testing.T, line []byte) {
 		r := decodeLine(line)
+		if r.child != nil || r.failure != nil {
+			return // directives, not events
+		}
 		if !suffixRE.MatchString(r.suffix) || reservedSuffixes[r.suffix] {
 			t.Fatalf("line %q decoded to suffix %q", line, r.suffix)
 		}

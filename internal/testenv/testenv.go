@@ -359,6 +359,13 @@ func (e *Env) StartProgram(bin, configPath string, args ...string) *Proc {
 	return e.start(bin, configPath, nil, nil, args)
 }
 
+// StartProgramWith is StartProgram with extraEnv entries (NAME=value)
+// added to the test's environment.
+func (e *Env) StartProgramWith(bin, configPath string, extraEnv []string, args ...string) *Proc {
+	e.T.Helper()
+	return e.start(bin, configPath, extraEnv, nil, args)
+}
+
 func (e *Env) start(bin, configPath string, extraEnv, wrapper []string, args []string) *Proc {
 	e.T.Helper()
 	logPath := filepath.Join(e.Dir, fmt.Sprintf("%s-%s.log", args[0], randomHex(3)))

@@ -1,0 +1,125 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/testenv"
+)
+
+// benchConfig runs, side by side under one supervisor of sample-embedded,
+// tasks of a function kind, of the sample ETL command, and of a bare
+// /bin/sleep: the last is the floor a task process costs.
+const benchConfig = `
+log_dir: {{dir}}/logs
+poll_interval: 1s
+lock_mode: advisory
+queues:
+  bench: { max_running: 1000 }
+kinds:
+  function:
+    queue: bench
+    function: copy_rows
+  command:
+    queue: bench
+    command: ["{{sample}}"]
+  sleep:
+    queue: bench
+    command: ["/bin/sleep", "600"]
+`
+
+// BenchmarkTaskMemory measures the memory a running task costs by kind
+// (DAMA_BENCH_TASKS of each, default 20): the median RSS of its runner and
+// of its command's process, which for a function kind is the program again.
+// It is run by scripts/bench.sh memory.
+func BenchmarkTaskMemory(b *testing.B) {
+	n := 20
+	if s := os.Getenv("DAMA_BENCH_TASKS"); s != "" {
+		var err error
+		if n, err = strconv.Atoi(s); err != nil {
+			b.Fatalf("DAMA_BENCH_TASKS %q: %v", s, err)
+		}
+	}
+	env := testenv.New(b)
+	cfg := env.WriteConfig(benchConfig)
+	env.StartProgram(env.SampleEmbedded, cfg, "supervisor")
+	args := map[string]string{
+		"function": `{"rows": 100000, "step_ms": 1000}`,
+		"command":  `{"steps": 100000, "step_ms": 1000}`,
+		"sleep":    `{}`,
+	}
+	ids := map[string][]int64{}
+	for _, kind := range []string{"function", "command", "sleep"} {
+		for range n {
+			res := env.Dama(cfg, "submit", kind, "--args", args[kind])
+			if res.Code != 0 {
+				b.Fatalf("submit %s: %s", kind, res.Stderr)
+			}
+			ids[kind] = append(ids[kind], testenv.Atoi(b, res.Stdout))
+		}
+	}
+	ctx := context.Background()
+	testenv.Eventually(b, 5*time.Minute, "every task to run its command", func() (bool, error) {
+		tasks, err := etlcontext.Tasks(ctx, env.Pool, etlcontext.TaskQuery{Limit: 3 * n})
+		if err != nil {
+			return false, err
+		}
+		running := 0
+		for _, t := range tasks {
+			if t.Status == etlcontext.StatusRunning && t.CommandPGID != nil {
+				running++
+			}
+		}
+		return running == 3*n, fmt.Errorf("%d of %d running", running, 3*n)
+	})
+	// Let the function processes reach their steady state (a few steps).
+	time.Sleep(5 * time.Second)
+	b.ResetTimer()
+	for _, kind := range []string{"function", "command", "sleep"} {
+		var runners, commands []float64
+		for _, id := range ids[kind] {
+			tasks, err := etlcontext.Tasks(ctx, env.Pool, etlcontext.TaskQuery{ID: id})
+			if err != nil || len(tasks) != 1 || tasks[0].PID == nil || tasks[0].CommandPGID == nil {
+				b.Fatalf("task %d: %v", id, err)
+			}
+			runners = append(runners, rssMB(b, *tasks[0].PID))
+			commands = append(commands, rssMB(b, *tasks[0].CommandPGID))
+		}
+		b.ReportMetric(median(runners), kind+"-runner-MB")
+		b.ReportMetric(median(commands), kind+"-command-MB")
+	}
+}
+
+func median(v []float64) float64 {
+	slices.Sort(v)
+	return v[len(v)/2]
+}
+
+// rssMB reads a process's resident set size in MB.
+func rssMB(b *testing.B, pid int) float64 {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
+			kb, err := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(rest), " kB"))
+			if err != nil {
+				b.Fatalf("VmRSS of %d: %q", pid, rest)
+			}
+			return float64(kb) / 1000
+		}
+	}
+	b.Fatalf("no VmRSS for pid %d", pid)
+	return 0
+}

@@ -76,10 +76,6 @@ type SubmitParams struct {
 // name.
 var ErrUnknownKind = errors.New("unknown kind")
 
-// ErrUnknownFunction is returned by New for a configuration whose function
-// kinds name a function Options.Funcs lacks.
-var ErrUnknownFunction = errors.New("unregistered function")
-
 // Submit records a new QUEUED context with its INITIAL event and enqueues its
 // River job, all in one transaction: either everything is written or
 // nothing. It reports whether the context is new (false when the idempotency

@@ -50,4 +50,15 @@
 // retires its protocol stops at its first launch, which its task process
 // refuses (taskrunner.ExitRefused): the launch is taken back without
 // spending an attempt, and Run returns why.
+//
+// # Function kinds
+//
+// A Go program can embed the supervisor and write tasks as Go functions
+// ([taskrunner.Func]) of kinds that name them (config.Kind.Function). It
+// gives them to [New] in Options.Funcs and calls [RunTaskProcess] first in
+// main: the supervisor starts the program again as each task's runner,
+// and the runner starts it a third time to call the function, in a process
+// it stops like a command's. Lock, fencing, retries from the last
+// checkpoint, timeouts, cancellation and adoption are those of command
+// kinds.
 package supervisor

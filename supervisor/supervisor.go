@@ -117,10 +117,19 @@ type Supervisor struct {
 	stop    chan error
 }
 
+// ErrUnregisteredFunction is returned by New for a configuration whose
+// function kinds name a function Options.Funcs lacks.
+var ErrUnregisteredFunction = errors.New("unregistered function")
+
 // New returns a supervisor for cfg; Run starts it.
 func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
+	}
+	if opts.Executable != "" && len(opts.Funcs) > 0 {
+		// Another program would find none of the functions: its task
+		// processes would be unfit on every host, forever.
+		return nil, errors.New("with Options.Funcs, Options.Executable must be empty: the task processes of function kinds are this program")
 	}
 	var spawnPath string
 	if opts.Executable == "" {
@@ -146,7 +155,7 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 	}
 	for _, name := range cfg.Functions() {
 		if opts.Funcs[name] == nil {
-			return nil, fmt.Errorf("%w: the configuration's function kinds name %s, which this program does not register (Options.Funcs); run them under the program that does", ErrUnknownFunction, name)
+			return nil, fmt.Errorf("%w: the configuration's function kinds name %s, which this program does not register (Options.Funcs); run them under the program that does", ErrUnregisteredFunction, name)
 		}
 	}
 	opts.LaunchTimeout = cmpOr(opts.LaunchTimeout, 10*time.Second)

@@ -28,19 +28,28 @@ import (
 // again, which holds the task's lock as the runner (see [RunTaskrunner]),
 // and which starts this program a third time to call the kind's function
 // (see [taskrunner.RunFunction]). Which of these the process is comes from
-// its environment (taskrunner.ProcessEnv), which only dama sets.
+// its environment (taskrunner.ProcessEnv), which only dama sets. The
+// functions must be those given to New in Options.Funcs: a runner whose
+// program lacks its kind's function leaves the task to another host, and
+// no host would have it.
 func RunTaskProcess(ctx context.Context, funcs taskrunner.Funcs) (code int, ok bool) {
-	switch os.Getenv(taskrunner.ProcessEnv) {
-	case taskrunner.ProcessRunner:
+	switch role, set := os.LookupEnv(taskrunner.ProcessEnv); {
+	case !set:
+		return 0, false
+	case role == taskrunner.ProcessRunner:
 		args := os.Args[1:]
 		if len(args) > 0 && args[0] == taskrunner.Subcommand {
 			args = args[1:]
 		}
 		return RunTaskrunner(ctx, args, funcs), true
-	case taskrunner.ProcessFunction:
+	case role == taskrunner.ProcessFunction:
 		return taskrunner.RunFunction(ctx, funcs), true
+	default:
+		// Not this program's normal run either: that could start a
+		// whole supervisor where a task process was meant.
+		fmt.Fprintf(os.Stderr, "dama: %s=%q: want %q or %q\n", taskrunner.ProcessEnv, role, taskrunner.ProcessRunner, taskrunner.ProcessFunction)
+		return taskrunner.ExitSetup, true
 	}
-	return 0, false
 }
 
 // RunTaskrunner runs one attempt of a task as its runner, with the

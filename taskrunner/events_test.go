@@ -75,6 +75,12 @@ func TestLaunchArgsRoundTrip(t *testing.T) {
 	if err != nil || got != want {
 		t.Errorf("ParseLaunch(%v) = %+v, %v: want %+v", args[1:], got, err, want)
 	}
+	// What a v0.1.0 supervisor passes to the binary at its path, which may
+	// be this release's after a redeploy.
+	v010 := []string{"--context-id", "42", "--run-id", "r-1", "--lock-mode", "advisory", "--ready-fd", "3"}
+	if got, err := ParseLaunch(v010); err != nil || got != want {
+		t.Errorf("ParseLaunch(%v) = %+v, %v: want %+v", v010, got, err, want)
+	}
 	for _, bad := range [][]string{
 		{"--run-id", "r"},
 		{"--context-id", "1"},

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -51,9 +52,11 @@ func (e noRetryError) Unwrap() error { return e.err }
 // checkpoint, and the means to report progress, checkpoints, events and
 // children. What it reports goes to the runner on the events pipe, exactly
 // as a command's lines do, and is recorded only while this attempt is the
-// task's current one. Its methods are safe for concurrent use; they fail
-// when what is reported could not be recorded (it is refused, or the
-// runner is gone), and report nothing then.
+// task's current one. Its methods are safe for concurrent use. A method
+// fails when its report is invalid (a reserved event type, a checkpoint
+// too large) or cannot reach the runner (it is gone); nil means the runner
+// got the report, not that it was recorded: what the database refuses (a
+// child of an unknown kind, say) is recorded as a WARNING event instead.
 type Task struct {
 	id      int64
 	kind    string
@@ -204,10 +207,12 @@ func RunFunction(ctx context.Context, funcs Funcs) int {
 		fmt.Fprintf(os.Stderr, "dama: function %s: %v\n", name, err)
 		return 1
 	}
-	// What this process starts is not a task process, nor does it own the
-	// events pipe; it keeps DAMA_RUN_ID, by which the runner finds it.
-	for _, env := range []string{ProcessEnv, FunctionEnv, "DAMA_EVENTS_FD"} {
-		os.Unsetenv(env)
+	// What this process starts is not the task: it gets none of the task's
+	// environment but DAMA_RUN_ID, by which the runner finds it.
+	for _, kv := range os.Environ() {
+		if name, _, _ := strings.Cut(kv, "="); strings.HasPrefix(name, "DAMA_") && name != RunIDEnv {
+			os.Unsetenv(name)
+		}
 	}
 	fn := funcs[name]
 	if fn == nil {
@@ -244,9 +249,30 @@ func call(ctx context.Context, fn Func, t *Task) (panicked bool, err error) {
 		if v := recover(); v != nil {
 			fmt.Fprintf(os.Stderr, "panic: %v\n\n%s", v, debug.Stack())
 			panicked, err = true, fmt.Errorf("panic: %v", v)
+			if site := panicSite(); site != "" {
+				// The log's tail may have lost the top of a deep stack.
+				err = fmt.Errorf("panic: %v (at %s)", v, site)
+			}
 		}
 	}()
 	return false, fn(ctx, t)
+}
+
+// panicSite names the function and line that panicked, called from the
+// deferred function that recovered: the first frame below the runtime's
+// panic machinery.
+func panicSite() string {
+	pcs := make([]uintptr, 32)
+	frames := runtime.CallersFrames(pcs[:runtime.Callers(3, pcs)])
+	for {
+		f, more := frames.Next()
+		if !strings.HasPrefix(f.Function, "runtime.") && f.Function != "" {
+			return fmt.Sprintf("%s %s:%d", f.Function, f.File, f.Line)
+		}
+		if !more {
+			return ""
+		}
+	}
 }
 
 // fail reports why the function failed, a failure line.

@@ -21,6 +21,10 @@
 // fails, the command runs on for at most reconnect_grace while the lock is
 // taken again under the same run, then its process group is stopped: it
 // runs unlocked for at most FenceWindow.
+//
+// A function kind's command is the runner's own program, started again to
+// call the kind's Func with a Task (see RunFunction): everything above
+// holds for it unchanged.
 package taskrunner
 
 import (
@@ -149,6 +153,12 @@ const stmtTimeout = 10 * time.Second
 
 // Run runs the task and returns the process exit code.
 func Run(ctx context.Context, opts Options) int {
+	// A signal never kills the runner outright, before its command starts
+	// either: it is caught (and, once the command runs, stops it). Caught,
+	// not ignored: an ignored signal would stay ignored in the command.
+	caught := make(chan os.Signal, 1)
+	signal.Notify(caught, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	defer signal.Stop(caught)
 	r := &runner{opts: opts, logger: opts.Logger.With("etl_context_id", opts.ContextID, "run_id", opts.RunID)}
 	code, err := r.run(ctx)
 	if err != nil {

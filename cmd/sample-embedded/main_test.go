@@ -222,8 +222,8 @@ func TestNoRetryFailsForGoodAndAPanicIsRecorded(t *testing.T) {
 	}
 	_, payloads = w.events(panicky)
 	e := decode[errorPayload](t, payloads[etlcontext.EventError][0])
-	if e.Reason != "panic: row 2: unexpected NULL" || !strings.Contains(e.LogTail, "main.copyRows") {
-		t.Errorf("panic ERROR reason %q, log tail %q: want the panic and its stack", e.Reason, e.LogTail)
+	if !strings.HasPrefix(e.Reason, "panic: row 2: unexpected NULL (at main.copyRows ") || !strings.Contains(e.LogTail, "main.copyRows") {
+		t.Errorf("panic ERROR reason %q, log tail %q: want the panic, where it happened, and its stack", e.Reason, e.LogTail)
 	}
 }
 
@@ -242,9 +242,9 @@ func TestAFunctionTaskIsAdoptedAfterItsSupervisorIsKilled(t *testing.T) {
 
 	// The lock proves the task runs: a second runner for it, started as
 	// the supervisor starts one, exits at once.
-	res := w.runner(id, *running.RunID)
-	if res != taskrunner.ExitLocked {
-		t.Errorf("second runner: exit %d, want %d (ExitLocked)", res, taskrunner.ExitLocked)
+	res, log := w.runner(id, *running.RunID)
+	if res != taskrunner.ExitLocked || !strings.Contains(log, "another process holds the lock") {
+		t.Errorf("second runner: exit %d, log %q: want %d (ExitLocked) because another process holds the lock", res, log, taskrunner.ExitLocked)
 	}
 	if now := w.task(id); now.Status != etlcontext.StatusRunning || !now.InitialEventLocked || *now.PID != *running.PID {
 		t.Fatalf("after the supervisor's kill: %s, locked %v, pid %v: want RUNNING and locked by pid %d", now.Status, now.InitialEventLocked, now.PID, *running.PID)
@@ -262,8 +262,8 @@ func TestAFunctionTaskIsAdoptedAfterItsSupervisorIsKilled(t *testing.T) {
 }
 
 // runner starts sample-embedded as the runner of context id, as a
-// supervisor would, and returns its exit code.
-func (w *world) runner(id int64, runID string) int {
+// supervisor would, and returns its exit code and its log.
+func (w *world) runner(id int64, runID string) (int, string) {
 	w.T.Helper()
 	launch := taskrunner.Launch{ContextID: id, RunID: runID, LockMode: config.LockModeRow}
 	if mode := os.Getenv(testenv.LockModeEnv); mode != "" {
@@ -275,7 +275,11 @@ func (w *world) runner(id int64, runID string) int {
 	case <-time.After(30 * time.Second):
 		w.T.Fatal("the second runner did not exit within 30s")
 	}
-	return p.Cmd.ProcessState.ExitCode()
+	log, err := os.ReadFile(p.Log)
+	if err != nil {
+		w.T.Fatal(err)
+	}
+	return p.Cmd.ProcessState.ExitCode(), string(log)
 }
 
 // TestAFunctionThatIgnoresCancellationIsStopped: cancelling cancels the
@@ -293,10 +297,21 @@ func TestAFunctionThatIgnoresCancellationIsStopped(t *testing.T) {
 			t.Fatalf("cancel %d: exit %d: %s", id, res.Code, res.Stderr)
 		}
 	}
+	// The polite function returns when its ctx is cancelled (exit 1); the
+	// others are killed (-1).
+	wantExit := map[int64]int{polite: 1, stubborn: -1, timed: -1}
 	for id, want := range map[int64]etlcontext.Status{polite: etlcontext.StatusCancelled, stubborn: etlcontext.StatusCancelled, timed: etlcontext.StatusFailed} {
 		got := w.waitSettled(id)
 		if got.Status != want || got.Attempt != 1 {
 			t.Errorf("task %d %s at attempt %d: want %s at attempt 1", id, got.Status, got.Attempt, want)
+		}
+		_, payloads := w.events(id)
+		outcome := payloads[etlcontext.EventCancelled]
+		if want == etlcontext.StatusFailed {
+			outcome = payloads[etlcontext.EventError]
+		}
+		if len(outcome) != 1 || decode[map[string]any](t, outcome[0])["exit_code"] != float64(wantExit[id]) {
+			t.Errorf("task %d: outcome %s, want exit_code %d", id, outcome, wantExit[id])
 		}
 		for _, s := range w.starts(id) {
 			if testenv.Alive(s[0]) {
@@ -336,5 +351,22 @@ func TestTheDamaSupervisorRefusesFunctionKinds(t *testing.T) {
 	res := w.Dama(w.cfg, "supervisor")
 	if res.Code == 0 || strings.Count(strings.TrimSpace(res.Stderr), "\n") != 0 || !strings.Contains(res.Stderr, "unregistered function") {
 		t.Errorf("dama supervisor: exit %d, stderr %q: want one line about the unregistered function", res.Code, res.Stderr)
+	}
+}
+
+// TestAnUnknownTaskProcessRoleIsRefused: a program told to be a task
+// process it does not know exits, rather than running its normal main (a
+// whole supervisor).
+func TestAnUnknownTaskProcessRoleIsRefused(t *testing.T) {
+	w := newWorld(t)
+	p := w.StartProgramWith(w.SampleEmbedded, w.cfg, []string{taskrunner.ProcessEnv + "=janitor"}, "supervisor")
+	select {
+	case <-p.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("sample-embedded with an unknown task process role still runs after 30s")
+	}
+	log, _ := os.ReadFile(p.Log)
+	if code := p.Cmd.ProcessState.ExitCode(); code != taskrunner.ExitSetup || !strings.Contains(string(log), `DAMA_TASK_PROCESS="janitor"`) {
+		t.Errorf("exit %d, output %q: want %d and the role refused", code, log, taskrunner.ExitSetup)
 	}
 }

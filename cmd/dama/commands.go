@@ -111,6 +111,36 @@ func newLogger(w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo}))
 }
 
+// logger returns the logger of --log-format: logfmt text (the default) or
+// one JSON object per line.
+func (g *globals) logger(w io.Writer) (*slog.Logger, error) {
+	switch g.logFormat {
+	case "text":
+		return newLogger(w), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo})), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", g.logFormat)
+}
+
+// completeKinds completes a kind of the configuration.
+func (g *globals) completeKinds(_ *cobra.Command, args []string, _ string) ([]string, cobra.ShellCompDirective) {
+	cfg, err := config.Load(g.configPath)
+	if err != nil || len(args) > 0 {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	return cfg.KindNames(), cobra.ShellCompDirectiveNoFileComp
+}
+
+// completeQueues completes a queue of the configuration.
+func (g *globals) completeQueues(_ *cobra.Command, args []string, _ string) ([]string, cobra.ShellCompDirective) {
+	cfg, err := config.Load(g.configPath)
+	if err != nil || len(args) > 0 {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	return cfg.QueueNames(), cobra.ShellCompDirectiveNoFileComp
+}
+
 func parseID(s string) (int64, error) {
 	id, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || id <= 0 {
@@ -133,18 +163,22 @@ func openContext(ctx context.Context, arg string) (int64, *pgxpool.Pool, error) 
 	return id, pool, nil
 }
 
-func newMigrateCommand() *cobra.Command {
+func newMigrateCommand(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "migrate",
 		Short: "Apply River's and dama's migrations (idempotent)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			logger, err := g.logger(cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
 			pool, _, err := connect(cmd.Context())
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
-			return damasql.Migrate(cmd.Context(), pool, newLogger(cmd.ErrOrStderr()))
+			return damasql.Migrate(cmd.Context(), pool, logger)
 		},
 	}
 }
@@ -165,7 +199,10 @@ running.`,
 			// Steps hold a connection for a few milliseconds each, River's
 			// producers and completer need their own: pgxpool's default
 			// (4 on two cores) would make steps queue for connections.
-			logger := newLogger(cmd.ErrOrStderr())
+			logger, err := g.logger(cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
 			pool, url, err := waitForDatabase(cmd.Context(), logger, 20)
 			if err != nil {
 				return err
@@ -183,8 +220,9 @@ running.`,
 	}
 }
 
-func newSubmitCommand(g *globals) *cobra.Command {
+func newSubmitCommand(g *globals, code *exitCode) *cobra.Command {
 	var (
+		wait   bool
 		args   string
 		key    string
 		parent int64
@@ -192,8 +230,9 @@ func newSubmitCommand(g *globals) *cobra.Command {
 		runAt  string
 	)
 	cmd := &cobra.Command{
-		Use:   "submit KIND",
-		Short: "Submit a task; prints its etl_context_id",
+		Use:               "submit KIND",
+		ValidArgsFunction: g.completeKinds,
+		Short:             "Submit a task; prints its etl_context_id",
 		Long: `Submit a task of a configured kind and print its etl_context_id alone on
 stdout. With --idempotency-key, submitting the same key again prints the
 id of the first submission and creates nothing.`,
@@ -240,9 +279,15 @@ id of the first submission and creates nothing.`,
 				return err
 			}
 			fmt.Fprintln(cmd.OutOrStdout(), id)
-			return nil
+			if !wait {
+				return nil
+			}
+			c, err := waitForTask(cmd.Context(), pool, id, cmd.ErrOrStderr(), 250*time.Millisecond)
+			*code = exitCode(c)
+			return err
 		},
 	}
+	cmd.Flags().BoolVar(&wait, "wait", false, "wait for the task to finish, showing its progress on stderr; exit 0 only when it is DONE (2 FAILED, 3 CANCELLED)")
 	cmd.Flags().StringVar(&args, "args", "{}", "the task's arguments, a JSON document")
 	cmd.Flags().StringVar(&key, "idempotency-key", "", "submit at most once for this key")
 	cmd.Flags().Int64Var(&parent, "parent", 0, "etl_context_id of the parent task")
@@ -256,6 +301,8 @@ func newStatusCommand() *cobra.Command {
 		asJSON   bool
 		limit    int
 		statuses []string
+		watch    bool
+		interval time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "status [ID]",
@@ -282,11 +329,20 @@ or the newest --limit tasks, optionally only those in the given --status.`,
 				q.Statuses = append(q.Statuses, st)
 			}
 			id := q.ID
+			if watch && asJSON {
+				return errors.New("--watch and --json exclude each other")
+			}
+			if interval < 100*time.Millisecond {
+				return errors.New("--interval must be at least 100ms")
+			}
 			pool, _, err := connectMigrated(cmd.Context(), 0)
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
+			if watch {
+				return watchTasks(cmd.Context(), pool, q, cmd.OutOrStdout(), interval)
+			}
 			tasks, err := etlcontext.Tasks(cmd.Context(), pool, q)
 			if err != nil {
 				return err
@@ -309,10 +365,17 @@ or the newest --limit tasks, optionally only those in the given --status.`,
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	cmd.Flags().IntVar(&limit, "limit", 50, "show at most this many tasks, newest first (0: all)")
 	cmd.Flags().StringSliceVar(&statuses, "status", nil, "show only tasks in these statuses (QUEUED,RUNNING,...)")
+	cmd.Flags().BoolVar(&watch, "watch", false, "redraw the table, with progress bars, every --interval until interrupted")
+	cmd.Flags().DurationVar(&interval, "interval", time.Second, "how often --watch redraws")
 	return cmd
 }
 
 func printTasks(w io.Writer, tasks []etlcontext.Task) error {
+	return printTaskTable(w, tasks, func(p []byte) string { return string(p) })
+}
+
+// printTaskTable prints tasks as a table, their progress drawn by progress.
+func printTaskTable(w io.Writer, tasks []etlcontext.Task, progress func([]byte) string) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tKIND\tQUEUE\tSTATUS\tATTEMPT\tJOB\tWAITING\tCHILDREN\tHOST\tPID\tLOCKED\tLATEST EVENT\tPROGRESS")
 	for _, t := range tasks {
@@ -323,13 +386,13 @@ func printTasks(w io.Writer, tasks []etlcontext.Task) error {
 				latest += " " + t.LatestEventAt.Local().Format("15:04:05")
 			}
 		}
-		progress := "-"
+		shown := "-"
 		if len(t.Progress) > 0 {
-			progress = string(t.Progress)
+			shown = progress(t.Progress)
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\t%s\t%s\t%t\t%s\t%s\n",
 			t.ID, t.Kind, t.Queue, t.Status, t.Attempt, t.MaxAttempts,
-			orDash(t.JobState), waiting(t), children(t.Children), orDash(t.Host), intOrDash(t.PID), t.InitialEventLocked, latest, progress)
+			orDash(t.JobState), waiting(t), children(t.Children), orDash(t.Host), intOrDash(t.PID), t.InitialEventLocked, latest, shown)
 	}
 	return tw.Flush()
 }

@@ -52,6 +52,7 @@ func oneLine(s string) string {
 
 type globals struct {
 	configPath string
+	logFormat  string
 }
 
 func newRootCommand(code *exitCode) *cobra.Command {
@@ -71,11 +72,11 @@ data_manager.dama_task_queue shows what runs where, and how far along.`,
 	root.SetVersionTemplate(versionText())
 	root.PersistentFlags().StringVar(&g.configPath, "config", os.Getenv("DAMA_CONFIG"), "configuration file (default $DAMA_CONFIG)")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return err })
-	root.CompletionOptions.DisableDefaultCmd = true
+	root.PersistentFlags().StringVar(&g.logFormat, "log-format", "text", "format of the supervisor's and migrate's logs: text (logfmt) or json")
 	root.AddCommand(
-		newMigrateCommand(),
+		newMigrateCommand(g),
 		newSupervisorCommand(g),
-		newSubmitCommand(g),
+		newSubmitCommand(g, code),
 		newStatusCommand(),
 		newEventsCommand(),
 		newLogsCommand(),

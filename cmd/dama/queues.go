@@ -41,8 +41,9 @@ func controlClient(cmd *cobra.Command, g *globals) (*supervisor.Client, func(), 
 func newPauseCommand(g *globals) *cobra.Command {
 	var reason string
 	cmd := &cobra.Command{
-		Use:   "pause QUEUE",
-		Short: "Start no task of a queue until it is resumed; running tasks go on",
+		Use:               "pause QUEUE",
+		ValidArgsFunction: g.completeQueues,
+		Short:             "Start no task of a queue until it is resumed; running tasks go on",
 		Long: `Pause a queue: once the command returns, no task of the queue starts, on any
 supervisor, until dama resume. Running tasks go on and are still watched and
 completed; submitted tasks wait, and dama queues counts them.`,
@@ -67,9 +68,10 @@ completed; submitted tasks wait, and dama queues counts them.`,
 
 func newResumeCommand(g *globals) *cobra.Command {
 	return &cobra.Command{
-		Use:   "resume QUEUE",
-		Short: "Resume a paused queue",
-		Args:  cobra.ExactArgs(1),
+		Use:               "resume QUEUE",
+		ValidArgsFunction: g.completeQueues,
+		Short:             "Resume a paused queue",
+		Args:              cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			client, done, err := controlClient(cmd, g)
 			if err != nil {
@@ -93,8 +95,9 @@ func newResumeCommand(g *globals) *cobra.Command {
 func newBlockCommand(g *globals) *cobra.Command {
 	var reason string
 	cmd := &cobra.Command{
-		Use:   "block KIND --reason TEXT",
-		Short: "Start no task of a kind until it is unblocked; submissions are kept",
+		Use:               "block KIND --reason TEXT",
+		ValidArgsFunction: g.completeKinds,
+		Short:             "Start no task of a kind until it is unblocked; submissions are kept",
 		Long: `Block a kind: once the command returns, no task of the kind starts, on any
 supervisor and in any queue, until dama unblock. Submissions are accepted and
 kept; running tasks go on. dama queues and the view show the block and its
@@ -120,9 +123,10 @@ reason.`,
 
 func newUnblockCommand(g *globals) *cobra.Command {
 	return &cobra.Command{
-		Use:   "unblock KIND",
-		Short: "Unblock a blocked kind",
-		Args:  cobra.ExactArgs(1),
+		Use:               "unblock KIND",
+		ValidArgsFunction: g.completeKinds,
+		Short:             "Unblock a blocked kind",
+		Args:              cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			client, done, err := controlClient(cmd, g)
 			if err != nil {

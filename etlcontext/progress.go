@@ -1,0 +1,84 @@
+package etlcontext
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Progress is how far along a task's latest PROGRESS payload says it is.
+type Progress struct {
+	// Fraction is between 0 and 1.
+	Fraction float64
+	// Label says it as the task did: "3/10" or "30%".
+	Label string
+}
+
+// ParseProgress reads a PROGRESS payload of one of the two forms dama
+// draws as a bar, {"step": 3, "of": 10} and {"percent": 30}; ok is false
+// for any other payload, which is shown as it is.
+func ParseProgress(payload json.RawMessage) (p Progress, ok bool) {
+	var v struct {
+		Step    *float64 `json:"step"`
+		Of      *float64 `json:"of"`
+		Percent *float64 `json:"percent"`
+	}
+	if len(payload) == 0 || payload[0] != '{' {
+		return Progress{}, false
+	}
+	if err := json.NewDecoder(bytes.NewReader(payload)).Decode(&v); err != nil {
+		return Progress{}, false
+	}
+	switch {
+	case v.Step != nil && v.Of != nil && *v.Of > 0:
+		f := *v.Step / *v.Of
+		return Progress{Fraction: clamp(f), Label: number(*v.Step) + "/" + number(*v.Of)}, true
+	case v.Percent != nil:
+		return Progress{Fraction: clamp(*v.Percent / 100), Label: number(*v.Percent) + "%"}, true
+	}
+	return Progress{}, false
+}
+
+func clamp(f float64) float64 {
+	if math.IsNaN(f) {
+		return 0
+	}
+	return min(max(f, 0), 1)
+}
+
+func number(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
+
+// LastFailure returns the reason of the latest ERROR or CANCELLED event of
+// context id, of kind kind, and its type's suffix; "" when there is none.
+func LastFailure(ctx context.Context, db DB, id int64, kind string) (suffix, reason string, err error) {
+	var (
+		typ     string
+		payload json.RawMessage
+	)
+	err = db.QueryRow(ctx, `
+		SELECT type, payload FROM data_manager.event_store
+		 WHERE etl_context_id = $1 AND type IN ($2, $3)
+		 ORDER BY event_id DESC LIMIT 1`,
+		id, kind+":"+EventError, kind+":"+EventCancelled).Scan(&typ, &payload)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return "", "", nil
+	case err != nil:
+		return "", "", fmt.Errorf("read the last failure of context %d: %w", id, err)
+	}
+	var p struct {
+		Reason string `json:"reason"`
+	}
+	_ = json.Unmarshal(payload, &p) // a payload without a reason has none to give
+	suffix = EventError
+	if typ == kind+":"+EventCancelled {
+		suffix = EventCancelled
+	}
+	return suffix, p.Reason, nil
+}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -55,30 +56,21 @@ func clamp(f float64) float64 {
 func number(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
 
 // LastFailure returns the reason of the latest ERROR or CANCELLED event of
-// context id, of kind kind, and its type's suffix; "" when there is none.
-func LastFailure(ctx context.Context, db DB, id int64, kind string) (suffix, reason string, err error) {
-	var (
-		typ     string
-		payload json.RawMessage
-	)
-	err = db.QueryRow(ctx, `
-		SELECT type, payload FROM data_manager.event_store
+// context id, of kind kind; "" when there is none, or it gives none.
+func LastFailure(ctx context.Context, db DB, id int64, kind string) (string, error) {
+	var reason *string
+	err := db.QueryRow(ctx, `
+		SELECT coalesce(payload->>'reason', payload::text) FROM data_manager.event_store
 		 WHERE etl_context_id = $1 AND type IN ($2, $3)
 		 ORDER BY event_id DESC LIMIT 1`,
-		id, kind+":"+EventError, kind+":"+EventCancelled).Scan(&typ, &payload)
+		id, kind+":"+EventError, kind+":"+EventCancelled).Scan(&reason)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return "", "", nil
+		return "", nil
 	case err != nil:
-		return "", "", fmt.Errorf("read the last failure of context %d: %w", id, err)
+		return "", fmt.Errorf("read the last failure of context %d: %w", id, err)
+	case reason == nil:
+		return "", nil
 	}
-	var p struct {
-		Reason string `json:"reason"`
-	}
-	_ = json.Unmarshal(payload, &p) // a payload without a reason has none to give
-	suffix = EventError
-	if typ == kind+":"+EventCancelled {
-		suffix = EventCancelled
-	}
-	return suffix, p.Reason, nil
+	return strings.TrimSpace(*reason), nil
 }

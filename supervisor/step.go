@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -368,16 +367,11 @@ func (s *Supervisor) recordDeath(ctx context.Context, tx pgx.Tx, c *etlcontext.C
 
 // lastError returns the reason recorded by the context's latest ERROR event.
 func lastError(ctx context.Context, db etlcontext.DB, c *etlcontext.Context) string {
-	var reason *string
-	err := db.QueryRow(ctx, `
-		SELECT coalesce(payload->>'reason', payload::text)
-		  FROM data_manager.event_store
-		 WHERE etl_context_id = $1 AND type = $2
-		 ORDER BY event_id DESC LIMIT 1`, c.ID, c.Kind+":"+etlcontext.EventError).Scan(&reason)
-	if err != nil || reason == nil {
+	reason, err := etlcontext.LastFailure(ctx, db, c.ID, c.Kind)
+	if err != nil || reason == "" {
 		return "no error recorded"
 	}
-	return strings.TrimSpace(*reason)
+	return reason
 }
 
 // noteLaunchFailure remembers why this supervisor could not spawn the task

@@ -111,6 +111,11 @@ func newLogger(w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo}))
 }
 
+// addLogFormat gives cmd, a command that logs, the --log-format flag.
+func (g *globals) addLogFormat(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&g.logFormat, "log-format", "text", "format of the logs: text (logfmt) or json (one object per line)")
+}
+
 // logger returns the logger of --log-format: logfmt text (the default) or
 // one JSON object per line.
 func (g *globals) logger(w io.Writer) (*slog.Logger, error) {
@@ -164,7 +169,7 @@ func openContext(ctx context.Context, arg string) (int64, *pgxpool.Pool, error) 
 }
 
 func newMigrateCommand(g *globals) *cobra.Command {
-	return &cobra.Command{
+	cmd := &cobra.Command{
 		Use:   "migrate",
 		Short: "Apply River's and dama's migrations (idempotent)",
 		Args:  cobra.NoArgs,
@@ -181,10 +186,12 @@ func newMigrateCommand(g *globals) *cobra.Command {
 			return damasql.Migrate(cmd.Context(), pool, logger)
 		},
 	}
+	g.addLogFormat(cmd)
+	return cmd
 }
 
 func newSupervisorCommand(g *globals) *cobra.Command {
-	return &cobra.Command{
+	cmd := &cobra.Command{
 		Use:   "supervisor",
 		Short: "Run tasks of the configured kinds until SIGTERM or SIGINT",
 		Long: `Run tasks of the configured kinds until SIGTERM or SIGINT. Stopping the
@@ -218,6 +225,8 @@ running.`,
 			return s.Run(cmd.Context())
 		},
 	}
+	g.addLogFormat(cmd)
+	return cmd
 }
 
 func newSubmitCommand(g *globals, code *exitCode) *cobra.Command {
@@ -282,12 +291,12 @@ id of the first submission and creates nothing.`,
 			if !wait {
 				return nil
 			}
-			c, err := waitForTask(cmd.Context(), pool, id, cmd.ErrOrStderr(), 250*time.Millisecond)
+			c, err := waitForTask(cmd.Context(), pool, id, cmd.ErrOrStderr())
 			*code = exitCode(c)
 			return err
 		},
 	}
-	cmd.Flags().BoolVar(&wait, "wait", false, "wait for the task to finish, showing its progress on stderr; exit 0 only when it is DONE (2 FAILED, 3 CANCELLED)")
+	cmd.Flags().BoolVar(&wait, "wait", false, "wait for the task to finish, showing its progress on stderr; exit 0 only when it is DONE (20 FAILED, 21 CANCELLED, 22 wait ended first)")
 	cmd.Flags().StringVar(&args, "args", "{}", "the task's arguments, a JSON document")
 	cmd.Flags().StringVar(&key, "idempotency-key", "", "submit at most once for this key")
 	cmd.Flags().Int64Var(&parent, "parent", 0, "etl_context_id of the parent task")
@@ -332,7 +341,7 @@ or the newest --limit tasks, optionally only those in the given --status.`,
 			if watch && asJSON {
 				return errors.New("--watch and --json exclude each other")
 			}
-			if interval < 100*time.Millisecond {
+			if watch && interval < 100*time.Millisecond {
 				return errors.New("--interval must be at least 100ms")
 			}
 			pool, _, err := connectMigrated(cmd.Context(), 0)
@@ -340,15 +349,15 @@ or the newest --limit tasks, optionally only those in the given --status.`,
 				return err
 			}
 			defer pool.Close()
-			if watch {
-				return watchTasks(cmd.Context(), pool, q, cmd.OutOrStdout(), interval)
-			}
 			tasks, err := etlcontext.Tasks(cmd.Context(), pool, q)
 			if err != nil {
 				return err
 			}
 			if id != 0 && len(tasks) == 0 {
 				return fmt.Errorf("etl context %d not found", id)
+			}
+			if watch {
+				return watchTasks(cmd.Context(), pool, q, cmd.OutOrStdout(), interval)
 			}
 			out := cmd.OutOrStdout()
 			if asJSON {

@@ -72,7 +72,6 @@ data_manager.dama_task_queue shows what runs where, and how far along.`,
 	root.SetVersionTemplate(versionText())
 	root.PersistentFlags().StringVar(&g.configPath, "config", os.Getenv("DAMA_CONFIG"), "configuration file (default $DAMA_CONFIG)")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return err })
-	root.PersistentFlags().StringVar(&g.logFormat, "log-format", "text", "format of the supervisor's and migrate's logs: text (logfmt) or json")
 	root.AddCommand(
 		newMigrateCommand(g),
 		newSupervisorCommand(g),

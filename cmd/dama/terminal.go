@@ -3,22 +3,34 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"golang.org/x/sys/unix"
 
 	"github.com/dama-etl/dama/etlcontext"
 )
 
-// Exit codes of `dama submit --wait` for a task that did not end DONE.
+// Exit codes of `dama submit --wait` once the task is submitted, beside 0
+// for DONE; apart from 1 (dama's own errors, before anything is written)
+// and from 2 (a Go program's crash).
 const (
-	exitTaskFailed    = 2
-	exitTaskCancelled = 3
+	exitTaskFailed    = 20
+	exitTaskCancelled = 21
+	// exitTaskUnknown: the task was submitted, and the wait ended before
+	// it was finished (interrupted, or the database refused to answer).
+	exitTaskUnknown = 22
 )
+
+// settleWait bounds how long a finished task's wait goes on for its task
+// process to release its lock and its River job to be settled.
+const settleWait = 10 * time.Second
 
 // ANSI sequences for a terminal: clear the line, clear the screen.
 const (
@@ -26,14 +38,54 @@ const (
 	clearScreen = "\033[H\033[2J"
 )
 
-// isTerminal reports whether w is a terminal (as x/term does on Linux).
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
+// terminalSize returns w's columns and rows, and whether it is a terminal
+// at all (as x/term reads them on Linux).
+func terminalSize(w io.Writer) (cols, rows int, ok bool) {
+	f, isFile := w.(*os.File)
+	if !isFile {
+		return 0, 0, false
 	}
-	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
-	return err == nil
+	if _, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS); err != nil {
+		return 0, 0, false
+	}
+	ws, err := unix.IoctlGetWinsize(int(f.Fd()), unix.TIOCGWINSZ)
+	if err != nil || ws.Col == 0 || ws.Row == 0 {
+		return 80, 24, true
+	}
+	return int(ws.Col), int(ws.Row), true
+}
+
+// fit cuts s to fit n columns (one per rune), so that a redrawn line never
+// wraps onto a row the next redraw would not clear.
+func fit(s string, n int) string {
+	if n <= 0 {
+		return ""
+	}
+	r := []rune(s)
+	if len(r) <= n {
+		return s
+	}
+	return string(r[:n])
+}
+
+// transientDBError tells an error that a database restart, a failover or a
+// lost network gives, which a wait rides out, from one that waiting would
+// not cure (a permission, a missing view).
+func transientDBError(err error) bool {
+	var (
+		connectErr *pgconn.ConnectError
+		pgErr      *pgconn.PgError
+		netErr     net.Error
+	)
+	switch {
+	case errors.As(err, &pgErr):
+		class := pgErr.Code[:2]
+		return class == "08" || class == "53" || class == "57"
+	case errors.As(err, &connectErr), errors.As(err, &netErr), pgconn.Timeout(err), pgconn.SafeToRetry(err),
+		errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
+		return true
+	}
+	return false
 }
 
 // bar draws progress as "[#######.............] 35% 7/20", or the payload
@@ -72,51 +124,71 @@ func describe(t etlcontext.Task) string {
 }
 
 // waitForTask follows task id until it is finished, drawing its progress
-// on w: redrawn in place on a terminal, a line per change of status or
-// attempt otherwise. A database that goes away is waited for. It returns
-// the exit code: 0 for DONE, exitTaskFailed or exitTaskCancelled with the
-// last error as the error.
-func waitForTask(ctx context.Context, db etlcontext.DB, id int64, w io.Writer, interval time.Duration) (int, error) {
-	tty := isTerminal(w)
+// on w: redrawn in place, every 250ms, on a terminal; off one, a line per
+// change of status or attempt, from a look every second. A database that
+// goes away is waited for. A finished task is followed a little longer
+// (at most settleWait), until its task process has let go of its lock and
+// its River job is settled, so that what the caller does next (`dama
+// retry`, `dama logs`) finds it at rest. It returns the exit code: 0 for
+// DONE, exitTaskFailed or exitTaskCancelled with the last error as the
+// error, exitTaskUnknown when the wait ended first.
+func waitForTask(ctx context.Context, db etlcontext.DB, id int64, w io.Writer) (int, error) {
+	cols, _, tty := terminalSize(w)
+	interval := time.Second
+	if tty {
+		interval = 250 * time.Millisecond
+	}
 	var (
-		last    string
-		failing error
+		last     string
+		failing  error
+		finished time.Time
 	)
+	// newline ends the line a terminal's redraws share before anything
+	// else is written.
+	newline := func() {
+		if tty && last != "" {
+			fmt.Fprintln(w)
+		}
+	}
 	for {
 		tasks, err := etlcontext.Tasks(ctx, db, etlcontext.TaskQuery{ID: id})
 		switch {
 		case ctx.Err() != nil:
-			if tty {
-				fmt.Fprintln(w)
-			}
-			return 1, fmt.Errorf("stopped waiting; task %d goes on", id)
+			newline()
+			return exitTaskUnknown, fmt.Errorf("stopped waiting; task %d goes on", id)
+		case err != nil && !transientDBError(err):
+			newline()
+			return exitTaskUnknown, fmt.Errorf("follow task %d: %w", id, err)
 		case err != nil:
 			if failing == nil {
-				prefix := ""
-				if tty {
-					prefix = clearLine
-				}
-				fmt.Fprintf(w, "%swaiting for the database: %v\n", prefix, err)
+				newline()
+				fmt.Fprintf(w, "waiting for the database: %v\n", err)
+				last = ""
 			}
 			failing = err
 		case len(tasks) == 0:
-			return 1, fmt.Errorf("etl context %d not found", id)
+			newline()
+			return exitTaskUnknown, fmt.Errorf("etl context %d not found", id)
 		default:
 			failing = nil
 			t := tasks[0]
 			line := describe(t)
+			key := fmt.Sprintf("%s %d", t.Status, t.Attempt)
 			switch {
 			case tty:
-				fmt.Fprint(w, clearLine+line)
-			case last != fmt.Sprintf("%s %d", t.Status, t.Attempt):
+				fmt.Fprint(w, clearLine+fit(line, cols-1))
+			case last != key:
 				fmt.Fprintln(w, line)
 			}
-			last = fmt.Sprintf("%s %d", t.Status, t.Attempt)
+			last = key
 			if t.Status.Finished() {
-				if tty {
-					fmt.Fprintln(w)
+				if finished.IsZero() {
+					finished = time.Now()
 				}
-				return outcome(ctx, db, t)
+				if settled(t) || time.Since(finished) > settleWait {
+					newline()
+					return outcome(ctx, db, t)
+				}
 			}
 		}
 		select {
@@ -124,6 +196,22 @@ func waitForTask(ctx context.Context, db etlcontext.DB, id int64, w io.Writer, i
 		case <-time.After(interval):
 		}
 	}
+}
+
+// settled reports whether a finished task is at rest: no process holds its
+// lock, and its River job is in a final state.
+func settled(t etlcontext.Task) bool {
+	if t.InitialEventLocked {
+		return false
+	}
+	if t.JobState == nil {
+		return true
+	}
+	switch *t.JobState {
+	case "completed", "cancelled", "discarded":
+		return true
+	}
+	return false
 }
 
 // outcome is the exit code and error of a finished task.
@@ -135,7 +223,7 @@ func outcome(ctx context.Context, db etlcontext.DB, t etlcontext.Task) (int, err
 	if t.Status == etlcontext.StatusCancelled {
 		code = exitTaskCancelled
 	}
-	_, reason, err := etlcontext.LastFailure(ctx, db, t.ID, t.Kind)
+	reason, err := etlcontext.LastFailure(ctx, db, t.ID, t.Kind)
 	if err != nil {
 		return code, fmt.Errorf("task %d %s at attempt %d/%d (%w)", t.ID, t.Status, t.Attempt, t.MaxAttempts, err)
 	}
@@ -149,27 +237,40 @@ func outcome(ctx context.Context, db etlcontext.DB, t etlcontext.Task) (int, err
 // redrawn in place, with progress bars, on a terminal; a table after
 // another, each under a line with the time, otherwise.
 func watchTasks(ctx context.Context, db etlcontext.DB, q etlcontext.TaskQuery, w io.Writer, interval time.Duration) error {
-	tty := isTerminal(w)
 	for {
+		cols, rows, tty := terminalSize(w)
 		var buf bytes.Buffer
 		now := time.Now().Format(time.DateTime)
 		tasks, err := etlcontext.Tasks(ctx, db, q)
-		if ctx.Err() != nil {
+		switch {
+		case ctx.Err() != nil:
 			return nil
-		}
-		if tty {
-			buf.WriteString(clearScreen)
-			fmt.Fprintf(&buf, "dama status, every %s, at %s (Ctrl-C to stop)\n\n", interval, now)
-		} else {
-			fmt.Fprintf(&buf, "--- %s\n", now)
-		}
-		if err != nil {
-			fmt.Fprintf(&buf, "waiting for the database: %v\n", err)
-		} else if err := printTaskTable(&buf, tasks, func(p []byte) string { return bar(p, 20) }); err != nil {
+		case err != nil && !transientDBError(err):
 			return err
 		}
-		if !tty {
-			buf.WriteString("\n")
+		var table bytes.Buffer
+		if err != nil {
+			fmt.Fprintf(&table, "waiting for the database: %v\n", err)
+		} else if err := printTaskTable(&table, tasks, func(p []byte) string { return bar(p, 20) }); err != nil {
+			return err
+		}
+		if tty {
+			// A screen's worth, each line within its width: the header
+			// must not scroll off, nor a line wrap.
+			buf.WriteString(clearScreen)
+			fmt.Fprintf(&buf, "%s\n\n", fit(fmt.Sprintf("dama status, every %s, at %s (Ctrl-C to stop)", interval, now), cols-1))
+			lines := strings.Split(strings.TrimSuffix(table.String(), "\n"), "\n")
+			if len(lines) > rows-3 {
+				lines = append(lines[:max(rows-4, 1)], fmt.Sprintf("... %d more", len(lines)-max(rows-4, 1)))
+			}
+			for i, line := range lines {
+				if i > 0 {
+					buf.WriteString("\n")
+				}
+				buf.WriteString(fit(line, cols-1))
+			}
+		} else {
+			fmt.Fprintf(&buf, "--- %s\n%s\n", now, table.String())
 		}
 		if _, err := w.Write(buf.Bytes()); err != nil {
 			return fmt.Errorf("write status: %w", err)

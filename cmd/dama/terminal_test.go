@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -25,6 +26,9 @@ kinds:
   fragile:
     command: ["{{sample}}"]
     max_attempts: 1
+  flaky:
+    command: ["{{sample}}"]
+    retry: {delay: 200ms, backoff: fixed}
 `
 
 func sampleArgs(t *testing.T, steps, stepMS int, extra map[string]any) string {
@@ -58,6 +62,27 @@ func TestSubmitWaitExitsWithTheTaskOutcome(t *testing.T) {
 		t.Errorf("stderr is not a terminal but got escape sequences: %q", res.Stderr)
 	}
 
+	// Off a terminal, a line per change of status or attempt.
+	res = env.Dama(cfg, "submit", "flaky", "--wait", "--args", sampleArgs(t, 20, 100, map[string]any{"fail_at": 2}))
+	if res.Code != 0 || !strings.Contains(res.Stderr, "DONE attempt 2/3") {
+		t.Errorf("task retried once: exit %d, stderr %q: want 0 and DONE at attempt 2", res.Code, res.Stderr)
+	}
+	var seen []string
+	for _, line := range strings.Split(strings.TrimSpace(res.Stderr), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 6 {
+			t.Fatalf("stderr line %q: want task ID KIND STATUS attempt N/M", line)
+		}
+		key := f[3] + " " + f[5]
+		if len(seen) > 0 && seen[len(seen)-1] == key {
+			t.Errorf("stderr %q: %q printed twice in a row", res.Stderr, key)
+		}
+		seen = append(seen, key)
+	}
+	if !slices.Contains(seen, "RETRYING 1/3") && !slices.Contains(seen, "RUNNING 2/3") {
+		t.Errorf("lines %v: want the second attempt shown", seen)
+	}
+
 	res = env.Dama(cfg, "submit", "fragile", "--wait", "--args", sampleArgs(t, 3, 50, map[string]any{"fail_at": 2}))
 	lines := strings.Split(strings.TrimSpace(res.Stderr), "\n")
 	if last := lines[len(lines)-1]; res.Code != exitTaskFailed || !strings.HasPrefix(last, "dama: task ") || !strings.HasSuffix(last, "FAILED at attempt 1/1: command exited with code 3") {
@@ -70,7 +95,7 @@ func TestSubmitWaitExitsWithTheTaskOutcome(t *testing.T) {
 	if res := env.Dama(cfg, "cancel", strconv.FormatInt(cancelled, 10)); res.Code != 0 {
 		t.Fatalf("cancel: exit %d: %s", res.Code, res.Stderr)
 	}
-	_ = waiter.Wait()
+	waitExit(t, waiter)
 	out, _ := os.ReadFile(waiter.Log)
 	if code := waiter.Cmd.ProcessState.ExitCode(); code != exitTaskCancelled || !strings.Contains(string(out), "CANCELLED at attempt 1/3: cancel requested") {
 		t.Errorf("CANCELLED task: exit %d, output %q: want %d and the reason", code, out, exitTaskCancelled)
@@ -79,17 +104,27 @@ func TestSubmitWaitExitsWithTheTaskOutcome(t *testing.T) {
 	waiter = env.Start(cfg, "submit", "sample", "--wait", "--args", sampleArgs(t, 200, 100, nil))
 	interrupted := idFromLog(t, waitForLog(t, waiter, "RUNNING"))
 	waiter.Kill(t, syscall.SIGINT)
-	_ = waiter.Wait()
+	waitExit(t, waiter)
 	out, _ = os.ReadFile(waiter.Log)
-	if code := waiter.Cmd.ProcessState.ExitCode(); code != 1 || !strings.Contains(string(out), "stopped waiting; task "+strconv.FormatInt(interrupted, 10)+" goes on") {
-		t.Errorf("interrupted wait: exit %d, output %q: want 1 and the task going on", code, out)
+	if code := waiter.Cmd.ProcessState.ExitCode(); code != exitTaskUnknown || !strings.Contains(string(out), "stopped waiting; task "+strconv.FormatInt(interrupted, 10)+" goes on") {
+		t.Errorf("interrupted wait: exit %d, output %q: want %d and the task going on", code, out, exitTaskUnknown)
 	}
 	w := &world{Env: env}
 	if got := w.task(interrupted); got.Status != etlcontext.StatusRunning {
 		t.Errorf("after the wait was interrupted the task is %s, want RUNNING", got.Status)
 	}
-	t.Logf("DONE task %d exit 0; FAILED exit %d; CANCELLED task %d exit %d; interrupted wait on task %d exit 1, task still RUNNING",
-		id, exitTaskFailed, cancelled, exitTaskCancelled, interrupted)
+	t.Logf("DONE task %d exit 0; retried task: %v; FAILED exit %d; CANCELLED task %d exit %d; interrupted wait on task %d exit %d, task still RUNNING",
+		id, seen, exitTaskFailed, cancelled, exitTaskCancelled, interrupted, exitTaskUnknown)
+}
+
+// waitExit waits at most a minute for p to exit.
+func waitExit(t *testing.T, p *testenv.Proc) {
+	t.Helper()
+	select {
+	case <-p.Done():
+	case <-time.After(time.Minute):
+		t.Fatalf("%v still runs after a minute", p.Cmd.Args)
+	}
 }
 
 // waitForLog waits for p's output to hold want and returns it.
@@ -116,13 +151,15 @@ func idFromLog(t *testing.T, out string) int64 {
 
 // onTerminal runs dama under a pseudo-terminal (util-linux's script) for at
 // most timeout and returns what it wrote there.
-func onTerminal(t *testing.T, env *testenv.Env, cfg string, timeout time.Duration, args ...string) string {
+func onTerminal(t *testing.T, env *testenv.Env, cfg string, size string, timeout time.Duration, args ...string) string {
 	t.Helper()
 	quoted := make([]string, 0, len(args)+1)
 	for _, a := range append([]string{env.DamaBin}, args...) {
 		quoted = append(quoted, "'"+strings.ReplaceAll(a, "'", `'\''`)+"'")
 	}
-	cmd := exec.Command("timeout", "-s", "INT", strconv.Itoa(int(timeout.Seconds())), "script", "-qec", strings.Join(quoted, " "), "/dev/null")
+	// size is "COLS ROWS".
+	cols, rows, _ := strings.Cut(size, " ")
+	cmd := exec.Command("timeout", "-s", "INT", strconv.Itoa(int(timeout.Seconds())), "script", "-qec", "stty cols "+cols+" rows "+rows+" && exec "+strings.Join(quoted, " "), "/dev/null")
 	cmd.Env = env.Environ(cfg)
 	out, _ := cmd.Output()
 	return string(out)
@@ -135,7 +172,7 @@ func TestProgressBarsOnATerminal(t *testing.T) {
 	cfg := env.WriteConfig(terminalConfig)
 	env.Start(cfg, "supervisor")
 
-	out := onTerminal(t, env, cfg, 60*time.Second, "submit", "sample", "--wait", "--args", sampleArgs(t, 10, 200, nil))
+	out := onTerminal(t, env, cfg, "200 50", 60*time.Second, "submit", "sample", "--wait", "--args", sampleArgs(t, 10, 200, nil))
 	for _, want := range []string{clearLine + "task ", "RUNNING attempt 1/3 [", "%", "DONE attempt 1/3 [####################] 100% 10/10"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("submit --wait on a terminal wrote %q: want %q in it", out, want)
@@ -146,9 +183,31 @@ func TestProgressBarsOnATerminal(t *testing.T) {
 	id := testenv.Atoi(t, res.Stdout)
 	w := &world{Env: env}
 	w.waitFor(id, 30*time.Second, "to report progress", func(t etlcontext.Task) bool { return t.Progress != nil })
-	out = onTerminal(t, env, cfg, 2*time.Second, "status", "--watch", "--interval", "200ms")
+	// The table's progress column is at its right: a wide terminal shows it.
+	out = onTerminal(t, env, cfg, "200 50", 5*time.Second, "status", "--watch", "--interval", "200ms")
 	if n := strings.Count(out, clearScreen); n < 2 || !strings.Contains(out, "/100") || !strings.Contains(out, "[#") {
 		t.Errorf("status --watch on a terminal: %d screens in %q: want at least 2, with a bar", n, out)
+	}
+	// A narrow one gets lines cut to its width, and no more lines than it
+	// has rows: nothing wraps or scrolls away.
+	for range 6 {
+		env.Dama(cfg, "submit", "sample", "--args", sampleArgs(t, 100, 100, nil))
+	}
+	out = onTerminal(t, env, cfg, "40 6", 5*time.Second, "status", "--watch", "--interval", "200ms")
+	screens := strings.Split(out, clearScreen)
+	if len(screens) < 3 {
+		t.Fatalf("status --watch on a 40x6 terminal: %q: want at least 2 screens", out)
+	}
+	for _, screen := range screens[1 : len(screens)-1] {
+		lines := strings.Split(strings.TrimRight(screen, "\r\n"), "\r\n")
+		if len(lines) > 6 {
+			t.Errorf("a screen of %d lines on a terminal of 6 rows: %q", len(lines), screen)
+		}
+		for _, line := range lines {
+			if n := len([]rune(line)); n > 39 {
+				t.Errorf("a line of %d columns on a terminal of 40: %q", n, line)
+			}
+		}
 	}
 }
 
@@ -164,6 +223,7 @@ func TestStatusWatchWithoutATerminal(t *testing.T) {
 		return strings.Count(string(out), "--- ") >= 3, err
 	})
 	p.Kill(t, syscall.SIGINT)
+	waitExit(t, p)
 	err := p.Wait()
 	out, _ := os.ReadFile(p.Log)
 	if err != nil || strings.Contains(string(out), "\033") || !strings.Contains(string(out), "QUEUED") {
@@ -176,7 +236,7 @@ func TestStatusWatchWithoutATerminal(t *testing.T) {
 func TestJSONLogsAndCompletion(t *testing.T) {
 	env := testenv.New(t)
 	cfg := env.WriteConfig(terminalConfig)
-	sup := env.Start(cfg, "--log-format", "json", "supervisor")
+	sup := env.Start(cfg, "supervisor", "--log-format", "json")
 	var lines []string
 	testenv.Eventually(t, 30*time.Second, "the supervisor's start in its log", func() (bool, error) {
 		out, err := os.ReadFile(sup.Log)
@@ -189,12 +249,12 @@ func TestJSONLogsAndCompletion(t *testing.T) {
 			t.Errorf("log line %q: want a JSON object with msg and level (%v)", line, err)
 		}
 	}
-	if res := env.Dama(cfg, "--log-format", "xml", "supervisor"); res.Code == 0 || !strings.Contains(res.Stderr, `--log-format "xml"`) {
+	if res := env.Dama(cfg, "supervisor", "--log-format", "xml"); res.Code == 0 || !strings.Contains(res.Stderr, `--log-format "xml"`) {
 		t.Errorf("--log-format xml: exit %d, stderr %q: want it refused", res.Code, res.Stderr)
 	}
 
 	res := env.Dama(cfg, "__complete", "submit", "")
-	if res.Code != 0 || !strings.HasPrefix(res.Stdout, "fragile\nsample\n") {
+	if res.Code != 0 || !strings.HasPrefix(res.Stdout, "flaky\nfragile\nsample\n") {
 		t.Errorf("completion of submit: exit %d, stdout %q: want the kinds", res.Code, res.Stdout)
 	}
 	res = env.Dama(cfg, "__complete", "pause", "")

@@ -55,22 +55,46 @@ func clamp(f float64) float64 {
 
 func number(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
 
-// LastFailure returns the reason of the latest ERROR or CANCELLED event of
-// context id, of kind kind; "" when there is none, or it gives none.
-func LastFailure(ctx context.Context, db DB, id int64, kind string) (string, error) {
-	var reason *string
+// DetectedBy is the field of the ERROR event a supervisor records for an
+// attempt that died: the host of the supervisor that found it.
+const DetectedBy = "detected_by"
+
+// Failure is what the latest ERROR or CANCELLED event of a context says.
+type Failure struct {
+	// Reason is the event's reason ("" when it gives none).
+	Reason string
+	// TimedOut is set when the attempt was stopped at its kind's timeout.
+	TimedOut bool
+	// Died is set when a supervisor recorded the attempt's death: its
+	// task process was gone, or had lost its lock, without a result.
+	Died bool
+}
+
+// LastFailure returns what the latest ERROR or CANCELLED event of context
+// id, of kind kind, says; the zero Failure when there is none.
+func LastFailure(ctx context.Context, db DB, id int64, kind string) (Failure, error) {
+	var (
+		reason   *string
+		timedOut *bool
+		died     bool
+	)
 	err := db.QueryRow(ctx, `
-		SELECT coalesce(payload->>'reason', payload::text) FROM data_manager.event_store
+		SELECT coalesce(payload->>'reason', payload::text), (payload->>'timed_out')::boolean, coalesce(payload ? $4, false)
+		  FROM data_manager.event_store
 		 WHERE etl_context_id = $1 AND type IN ($2, $3)
 		 ORDER BY event_id DESC LIMIT 1`,
-		id, kind+":"+EventError, kind+":"+EventCancelled).Scan(&reason)
+		id, kind+":"+EventError, kind+":"+EventCancelled, DetectedBy).Scan(&reason, &timedOut, &died)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return "", nil
+		return Failure{}, nil
 	case err != nil:
-		return "", fmt.Errorf("read the last failure of context %d: %w", id, err)
-	case reason == nil:
-		return "", nil
+		return Failure{}, fmt.Errorf("read the last failure of context %d: %w", id, err)
 	}
-	return strings.TrimSpace(*reason), nil
+	var f Failure
+	if reason != nil {
+		f.Reason = strings.TrimSpace(*reason)
+	}
+	f.TimedOut = timedOut != nil && *timedOut
+	f.Died = died
+	return f, nil
 }

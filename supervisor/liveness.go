@@ -120,6 +120,7 @@ func (s *Supervisor) holdLiveness(ctx context.Context, conn *pgx.Conn) {
 			case <-time.After(livenessRetryInterval):
 			}
 		}
+		s.metrics.reconnects.WithLabelValues("liveness").Inc()
 		s.logger.Info("database connection back; liveness lock taken again", "outage", time.Since(lostAt).Round(time.Millisecond))
 	}
 }

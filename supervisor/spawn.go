@@ -443,6 +443,7 @@ func (s *Supervisor) listen(ctx context.Context, l *listener) {
 			case <-time.After(time.Second):
 			}
 			if l, err = s.connectListener(ctx); err == nil {
+				s.metrics.reconnects.WithLabelValues("listener").Inc()
 				break
 			}
 			s.logger.Warn("reconnect listening connection", "error", err)

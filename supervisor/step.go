@@ -55,11 +55,19 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 		if err := tx.Commit(ctx); err != nil {
 			return s.transient(logger, fmt.Errorf("commit completion of etl context %d: %w", id, err))
 		}
+		s.metrics.finished(c)
 		return nil
 	case etlcontext.StatusCancelled:
+		s.metrics.finished(c)
 		return river.JobCancel(fmt.Errorf("etl context %d was cancelled", id))
 	case etlcontext.StatusFailed:
-		failure := fmt.Errorf("etl context %d FAILED after %d attempts: %s", id, c.Attempt, lastError(ctx, tx, c))
+		f := lastFailure(ctx, tx, c)
+		if !f.Died {
+			// A death was counted when it was recorded.
+			s.metrics.failed(c, f)
+		}
+		s.metrics.finished(c)
+		failure := fmt.Errorf("etl context %d FAILED after %d attempts: %s", id, c.Attempt, f.Reason)
 		if job.Attempt >= job.MaxAttempts {
 			return failure
 		}
@@ -105,14 +113,19 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 		if err := tx.Commit(ctx); err != nil {
 			return s.transient(logger, fmt.Errorf("commit death of etl context %d: %w", id, err))
 		}
+		s.metrics.lockLosses.WithLabelValues(c.Queue, c.Kind).Inc()
+		s.metrics.attemptsFailed.WithLabelValues(c.Queue, c.Kind, failedLockLost).Inc()
 		s.wakeWaiting(ctx, c.Queue)
 		logger.Warn("task attempt died", "attempt", c.Attempt, "reason", reason)
 		return fmt.Errorf("attempt %d of etl context %d died: %s", c.Attempt, id, reason)
 	case etlcontext.StatusRetrying:
 		if c.Attempt >= job.Attempt {
 			// This River attempt's task attempt failed; let River back off.
-			reason := lastError(ctx, tx, c)
-			return fmt.Errorf("attempt %d of etl context %d failed: %s", c.Attempt, id, reason)
+			f := lastFailure(ctx, tx, c)
+			if !f.Died {
+				s.metrics.failed(c, f)
+			}
+			return fmt.Errorf("attempt %d of etl context %d failed: %s", c.Attempt, id, f.Reason)
 		}
 	}
 
@@ -185,6 +198,10 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 	switch outcome {
 	case launchReady:
 		s.forgetLaunchFailure(c.ID)
+		s.metrics.attemptsStarted.WithLabelValues(c.Queue, c.Kind).Inc()
+		if attempt == 1 {
+			s.metrics.submitToLock.WithLabelValues(c.Queue, c.Kind).Observe(time.Since(c.CreatedAt).Seconds())
+		}
 		return river.JobSnooze(parkFor)
 	case launchPending, launchLocked:
 		return river.JobSnooze(parkFor)
@@ -297,6 +314,7 @@ func deref(s *string) string {
 // is unreachable, a statement timed out): the step is tried again later
 // without spending one of River's attempts, which count task attempts.
 func (s *Supervisor) transient(logger *slog.Logger, err error) error {
+	s.metrics.stepErrors.Inc()
 	logger.Warn("step failed; trying again", "error", err)
 	return river.JobSnooze(s.cfg.PollInterval.D())
 }
@@ -349,7 +367,7 @@ func (s *Supervisor) deriveKey(ctx context.Context, tx pgx.Tx, c *etlcontext.Con
 // is alive). The database makes the context RETRYING or, when its attempts
 // are used up, FAILED.
 func (s *Supervisor) recordDeath(ctx context.Context, tx pgx.Tx, c *etlcontext.Context, reason string) error {
-	payload := map[string]any{"reason": reason, "detected_by": s.host}
+	payload := map[string]any{"reason": reason, etlcontext.DetectedBy: s.host}
 	if c.PID != nil {
 		payload["pid"] = *c.PID
 	}
@@ -365,13 +383,13 @@ func (s *Supervisor) recordDeath(ctx context.Context, tx pgx.Tx, c *etlcontext.C
 	return err
 }
 
-// lastError returns the reason recorded by the context's latest ERROR event.
-func lastError(ctx context.Context, db etlcontext.DB, c *etlcontext.Context) string {
-	reason, err := etlcontext.LastFailure(ctx, db, c.ID, c.Kind)
-	if err != nil || reason == "" {
-		return "no error recorded"
+// lastFailure returns what the context's latest ERROR or CANCELLED event says.
+func lastFailure(ctx context.Context, db etlcontext.DB, c *etlcontext.Context) etlcontext.Failure {
+	f, err := etlcontext.LastFailure(ctx, db, c.ID, c.Kind)
+	if err != nil || f.Reason == "" {
+		f.Reason = "no error recorded"
 	}
-	return reason
+	return f
 }
 
 // noteLaunchFailure remembers why this supervisor could not spawn the task

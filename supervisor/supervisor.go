@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
@@ -52,6 +53,14 @@ type Options struct {
 	// MaxWorkers bounds concurrent steps per queue on this supervisor; zero
 	// means 32.
 	MaxWorkers int
+	// Registerer, when set, receives the supervisor's Prometheus metrics
+	// (dama_attempts_*, dama_tasks_finished_total, dama_task_run_seconds,
+	// dama_submit_to_lock_seconds, dama_adoptions_total,
+	// dama_lock_losses_total, dama_reconnects_total,
+	// dama_step_errors_total), its pool's (dama_pool_*) and the
+	// database's statistics (NewStatsCollector); nil means none are
+	// registered.
+	Registerer prometheus.Registerer
 }
 
 // selfExe names, in the child a supervisor forks to launch a task
@@ -110,6 +119,8 @@ type Supervisor struct {
 	// holds more entries than there are running jobs.
 	rescueMu sync.Mutex
 	suspects map[suspect]time.Time
+
+	metrics *metrics
 
 	// retired is set, and why sent on stop, once the database refused
 	// this release's task processes: Run then stops the supervisor.
@@ -187,9 +198,18 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 		waking:         map[string]bool{},
 		orphanSlots:    make(chan struct{}, maxOrphanStoppers),
 
+		metrics: newMetrics(),
+
 		rescueGrace: rescueGraceFor(cfg.PollInterval.D()),
 		suspects:    map[suspect]time.Time{},
 		stop:        make(chan error, 1),
+	}
+	if opts.Registerer != nil {
+		for _, c := range append(s.metrics.collectors(), NewPoolCollector(pool), NewStatsCollector(pool)) {
+			if err := opts.Registerer.Register(c); err != nil {
+				return nil, fmt.Errorf("register metrics: %w", err)
+			}
+		}
 	}
 	workers := river.NewWorkers()
 	if err := river.AddWorkerSafely(workers, &taskWorker{s: s}); err != nil {
@@ -264,6 +284,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	if err := etlcontext.CheckRunnerProtocol(ctx, s.pool, taskrunner.Protocol); err != nil {
 		return err
 	}
+	s.countAdoptions(ctx)
 	// The liveness lock comes first: every job River fetches from now on
 	// names this client, and others judge it by that lock. It lives on a
 	// connection of its own, so that nothing but that connection's failure
@@ -345,6 +366,30 @@ func (s *Supervisor) retire(ctx context.Context) {
 		err = errors.Join(fmt.Errorf("a task process exited with code %d: %w", taskrunner.ExitRefused, etlcontext.ErrProtocolRefused), err)
 	}
 	s.stop <- err
+}
+
+// countAdoptions counts the tasks running in this supervisor's queues as it
+// starts: it adopts them, watching their locks from now on (after a
+// redeploy, the tasks that ran through it).
+func (s *Supervisor) countAdoptions(ctx context.Context) {
+	stats, err := etlcontext.QueueStats(ctx, s.pool)
+	if err != nil {
+		s.logger.Warn("count the running tasks adopted", "error", err)
+		return
+	}
+	adopted := 0
+	for _, st := range stats {
+		if st.Queue == nil || st.Kind == nil || st.Running == 0 {
+			continue
+		}
+		if _, ok := s.cfg.Queues[*st.Queue]; ok {
+			s.metrics.adoptions.WithLabelValues(*st.Queue, *st.Kind).Add(float64(st.Running))
+			adopted += int(st.Running)
+		}
+	}
+	if adopted > 0 {
+		s.logger.Info("adopting running tasks", "tasks", adopted)
+	}
 }
 
 // rescueLoop rescues the steps of dead supervisors, reconciles contexts with

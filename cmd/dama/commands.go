@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
 	"github.com/dama-etl/dama/config"
@@ -191,6 +192,7 @@ func newMigrateCommand(g *globals) *cobra.Command {
 }
 
 func newSupervisorCommand(g *globals) *cobra.Command {
+	var metricsListen string
 	cmd := &cobra.Command{
 		Use:   "supervisor",
 		Short: "Run tasks of the configured kinds until SIGTERM or SIGINT",
@@ -210,22 +212,46 @@ running.`,
 			if err != nil {
 				return err
 			}
+			var (
+				metrics *metricsServer
+				reg     *prometheus.Registry
+			)
+			if metricsListen != "" {
+				reg = newMetricsRegistry()
+				if metrics, err = listenMetrics(metricsListen, reg, logger); err != nil {
+					return err
+				}
+			}
 			pool, url, err := waitForDatabase(cmd.Context(), logger, 20)
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
-			s, err := supervisor.New(pool, cfg, supervisor.Options{
-				DatabaseURL: url,
-				Logger:      logger,
-			})
+			opts := supervisor.Options{DatabaseURL: url, Logger: logger}
+			if reg != nil {
+				opts.Registerer = reg
+			}
+			s, err := supervisor.New(pool, cfg, opts)
 			if err != nil {
 				return err
+			}
+			if metrics != nil {
+				ctx, stop := context.WithCancel(cmd.Context())
+				served := make(chan struct{})
+				go func() {
+					defer close(served)
+					metrics.serve(ctx, logger)
+				}()
+				defer func() {
+					stop()
+					<-served
+				}()
 			}
 			return s.Run(cmd.Context())
 		},
 	}
 	g.addLogFormat(cmd)
+	cmd.Flags().StringVar(&metricsListen, "metrics-listen", "", "serve Prometheus metrics on http://ADDR/metrics (ADDR e.g. 127.0.0.1:9464; a bare :PORT is on localhost); empty: none")
 	return cmd
 }
 

@@ -223,10 +223,11 @@ func outcome(ctx context.Context, db etlcontext.DB, t etlcontext.Task) (int, err
 	if t.Status == etlcontext.StatusCancelled {
 		code = exitTaskCancelled
 	}
-	reason, err := etlcontext.LastFailure(ctx, db, t.ID, t.Kind)
+	f, err := etlcontext.LastFailure(ctx, db, t.ID, t.Kind)
 	if err != nil {
 		return code, fmt.Errorf("task %d %s at attempt %d/%d (%w)", t.ID, t.Status, t.Attempt, t.MaxAttempts, err)
 	}
+	reason := f.Reason
 	if reason == "" {
 		reason = "no reason recorded"
 	}

@@ -1,0 +1,230 @@
+package supervisor
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dama-etl/dama/etlcontext"
+)
+
+// metrics are what a supervisor counts of its own work, for Prometheus.
+// A counter counts what this supervisor did or saw; the sum over every
+// supervisor is the cluster's (a step retried after a lost connection may
+// count an outcome twice). What the database holds (tasks by status, the
+// oldest wait) is read at each scrape by [NewStatsCollector] instead.
+type metrics struct {
+	attemptsStarted *prometheus.CounterVec
+	attemptsFailed  *prometheus.CounterVec
+	tasksFinished   *prometheus.CounterVec
+	runSeconds      *prometheus.HistogramVec
+	submitToLock    *prometheus.HistogramVec
+	adoptions       *prometheus.CounterVec
+	lockLosses      *prometheus.CounterVec
+	reconnects      *prometheus.CounterVec
+	stepErrors      prometheus.Counter
+}
+
+// Why an attempt failed, the reason label of dama_attempts_failed_total.
+const (
+	failedError    = "error"
+	failedTimedOut = "timed_out"
+	failedLockLost = "lock_lost"
+)
+
+func newMetrics() *metrics {
+	qk := []string{"queue", "kind"}
+	return &metrics{
+		attemptsStarted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dama_attempts_started_total",
+			Help: "Attempts whose task process this supervisor launched and saw take its lock.",
+		}, qk),
+		attemptsFailed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dama_attempts_failed_total",
+			Help: "Failed attempts this supervisor settled, by reason: error (the command failed), timed_out, lock_lost (the task process died or lost its lock).",
+		}, append(qk, "reason")),
+		tasksFinished: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dama_tasks_finished_total",
+			Help: "Tasks this supervisor settled as finished, by status (DONE, FAILED, CANCELLED).",
+		}, append(qk, "status")),
+		runSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "dama_task_run_seconds",
+			Help: "Time from a finished task's first start to its end, by status.",
+			// From a second to four days: tasks run for days.
+			Buckets: prometheus.ExponentialBuckets(1, 4, 10),
+		}, append(qk, "status")),
+		submitToLock: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "dama_submit_to_lock_seconds",
+			Help: "Time from a task's submission to its first attempt's task process holding the lock (with the time it waited for its turn).",
+			// From 10ms to about 3 hours.
+			Buckets: prometheus.ExponentialBuckets(0.01, 4, 11),
+		}, qk),
+		adoptions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dama_adoptions_total",
+			Help: "Tasks running in this supervisor's queues when it started, which it adopted (after a redeploy, the tasks that ran through it).",
+		}, qk),
+		lockLosses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dama_lock_losses_total",
+			Help: "Attempts whose lock this supervisor found free while they were recorded running: their task process died or lost its lock.",
+		}, qk),
+		reconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dama_reconnects_total",
+			Help: "Reconnections of this supervisor's own connections after they failed, by connection (liveness, listener).",
+		}, []string{"connection"}),
+		stepErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "dama_step_errors_total",
+			Help: "Steps that failed for a reason that says nothing about the task (the database was unreachable, a statement timed out) and were tried again.",
+		}),
+	}
+}
+
+func (m *metrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.attemptsStarted, m.attemptsFailed, m.tasksFinished, m.runSeconds,
+		m.submitToLock, m.adoptions, m.lockLosses, m.reconnects, m.stepErrors}
+}
+
+// finished counts a task this supervisor settled as finished.
+func (m *metrics) finished(c *etlcontext.Context) {
+	m.tasksFinished.WithLabelValues(c.Queue, c.Kind, string(c.Status)).Inc()
+	if c.StartedAt != nil && c.FinishedAt != nil {
+		m.runSeconds.WithLabelValues(c.Queue, c.Kind, string(c.Status)).Observe(c.FinishedAt.Sub(*c.StartedAt).Seconds())
+	}
+}
+
+// failed counts a failed attempt this supervisor settled.
+func (m *metrics) failed(c *etlcontext.Context, f etlcontext.Failure) {
+	reason := failedError
+	if f.TimedOut {
+		reason = failedTimedOut
+	}
+	m.attemptsFailed.WithLabelValues(c.Queue, c.Kind, reason).Inc()
+}
+
+// statsTimeout bounds the statistics query of a scrape.
+const statsTimeout = 5 * time.Second
+
+// statsCollector reads the tasks' statistics from the database at each
+// scrape (data_manager.dama_queue_stats, indexed to be read every second).
+type statsCollector struct {
+	db etlcontext.DB
+
+	tasks, finished24h, oldest, paused, blocked *prometheus.Desc
+}
+
+// NewStatsCollector returns a Prometheus collector of what the database
+// holds about the tasks, read at each scrape: every supervisor, and `dama
+// web`, exposes the same figures, so aggregate them with max, not sum.
+//
+//	dama_tasks{queue,kind,status}                    unfinished tasks: QUEUED (due), SCHEDULED (not due yet), RUNNING, RETRYING
+//	dama_tasks_finished_24h{queue,kind,status}       tasks finished in the last 24 h: DONE, FAILED, CANCELLED
+//	dama_queue_oldest_waiting_seconds{queue,kind}    how long the oldest due task has waited to start
+//	dama_queue_paused{queue}, dama_kind_blocked{kind} 1 when paused or blocked
+//
+// A scrape while the database is unreachable reports the error for these
+// metrics and serves the others.
+func NewStatsCollector(db etlcontext.DB) prometheus.Collector {
+	qk := []string{"queue", "kind"}
+	return &statsCollector{
+		db:          db,
+		tasks:       prometheus.NewDesc("dama_tasks", "Unfinished tasks by status: QUEUED (due), SCHEDULED (not due yet), RUNNING, RETRYING.", append(qk, "status"), nil),
+		finished24h: prometheus.NewDesc("dama_tasks_finished_24h", "Tasks finished in the last 24 hours, by status.", append(qk, "status"), nil),
+		oldest:      prometheus.NewDesc("dama_queue_oldest_waiting_seconds", "How long the oldest due task of the queue and kind has waited to start; 0 when none waits.", qk, nil),
+		paused:      prometheus.NewDesc("dama_queue_paused", "1 when the queue is paused.", []string{"queue"}, nil),
+		blocked:     prometheus.NewDesc("dama_kind_blocked", "1 when the kind is blocked.", []string{"kind"}, nil),
+	}
+}
+
+func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.tasks, c.finished24h, c.oldest, c.paused, c.blocked} {
+		ch <- d
+	}
+}
+
+func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), statsTimeout)
+	defer cancel()
+	stats, err := etlcontext.QueueStats(ctx, c.db)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.tasks, err)
+		return
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	pausedSeen := map[string]bool{}
+	blockedSeen := map[string]bool{}
+	for _, s := range stats {
+		if s.Queue == nil || s.Kind == nil {
+			continue // a total; Prometheus sums by itself
+		}
+		q, k := *s.Queue, *s.Kind
+		gauge(c.tasks, float64(s.Queued), q, k, string(etlcontext.StatusQueued))
+		gauge(c.tasks, float64(s.Scheduled), q, k, "SCHEDULED")
+		gauge(c.tasks, float64(s.Running), q, k, string(etlcontext.StatusRunning))
+		gauge(c.tasks, float64(s.Retrying), q, k, string(etlcontext.StatusRetrying))
+		gauge(c.finished24h, float64(s.Done24h), q, k, string(etlcontext.StatusDone))
+		gauge(c.finished24h, float64(s.Failed24h), q, k, string(etlcontext.StatusFailed))
+		gauge(c.finished24h, float64(s.Cancelled24h), q, k, string(etlcontext.StatusCancelled))
+		var oldest float64
+		if s.OldestWaiting != nil {
+			oldest = s.OldestWaiting.Seconds()
+		}
+		gauge(c.oldest, oldest, q, k)
+		if !pausedSeen[q] {
+			pausedSeen[q] = true
+			gauge(c.paused, boolFloat(s.Paused), q)
+		}
+		if !blockedSeen[k] {
+			blockedSeen[k] = true
+			gauge(c.blocked, boolFloat(s.Blocked), k)
+		}
+	}
+}
+
+func boolFloat(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// poolCollector reports a pgx pool's statistics.
+type poolCollector struct {
+	pool *pgxpool.Pool
+
+	conns, maxConns, acquires, acquireWait, emptyAcquires, canceledAcquires *prometheus.Desc
+}
+
+// NewPoolCollector returns a Prometheus collector of pool's statistics,
+// named dama_pool_*.
+func NewPoolCollector(pool *pgxpool.Pool) prometheus.Collector {
+	return &poolCollector{
+		pool:             pool,
+		conns:            prometheus.NewDesc("dama_pool_connections", "Connections of the database pool, by state (acquired, idle, constructing).", []string{"state"}, nil),
+		maxConns:         prometheus.NewDesc("dama_pool_max_connections", "The database pool's size.", nil, nil),
+		acquires:         prometheus.NewDesc("dama_pool_acquires_total", "Connections acquired from the pool.", nil, nil),
+		acquireWait:      prometheus.NewDesc("dama_pool_acquire_wait_seconds_total", "Time spent waiting for a connection of the pool.", nil, nil),
+		emptyAcquires:    prometheus.NewDesc("dama_pool_empty_acquires_total", "Acquisitions that had to wait for a connection.", nil, nil),
+		canceledAcquires: prometheus.NewDesc("dama_pool_canceled_acquires_total", "Acquisitions given up before a connection was free.", nil, nil),
+	}
+}
+
+func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.conns, c.maxConns, c.acquires, c.acquireWait, c.emptyAcquires, c.canceledAcquires} {
+		ch <- d
+	}
+}
+
+func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.pool.Stat()
+	ch <- prometheus.MustNewConstMetric(c.conns, prometheus.GaugeValue, float64(st.AcquiredConns()), "acquired")
+	ch <- prometheus.MustNewConstMetric(c.conns, prometheus.GaugeValue, float64(st.IdleConns()), "idle")
+	ch <- prometheus.MustNewConstMetric(c.conns, prometheus.GaugeValue, float64(st.ConstructingConns()), "constructing")
+	ch <- prometheus.MustNewConstMetric(c.maxConns, prometheus.GaugeValue, float64(st.MaxConns()))
+	ch <- prometheus.MustNewConstMetric(c.acquires, prometheus.CounterValue, float64(st.AcquireCount()))
+	ch <- prometheus.MustNewConstMetric(c.acquireWait, prometheus.CounterValue, st.AcquireDuration().Seconds())
+	ch <- prometheus.MustNewConstMetric(c.emptyAcquires, prometheus.CounterValue, float64(st.EmptyAcquireCount()))
+	ch <- prometheus.MustNewConstMetric(c.canceledAcquires, prometheus.CounterValue, float64(st.CanceledAcquireCount()))
+}

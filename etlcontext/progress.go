@@ -79,7 +79,8 @@ func LastFailure(ctx context.Context, db DB, id int64, kind string) (Failure, er
 		died     bool
 	)
 	err := db.QueryRow(ctx, `
-		SELECT coalesce(payload->>'reason', payload::text), (payload->>'timed_out')::boolean, coalesce(payload ? $4, false)
+		SELECT coalesce(payload->>'reason', payload::text), payload->'timed_out' = 'true'::jsonb,
+		       coalesce(jsonb_typeof(payload) = 'object' AND payload ? $4, false)
 		  FROM data_manager.event_store
 		 WHERE etl_context_id = $1 AND type IN ($2, $3)
 		 ORDER BY event_id DESC LIMIT 1`,

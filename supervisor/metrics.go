@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
 )
 
@@ -21,7 +22,7 @@ type metrics struct {
 	tasksFinished   *prometheus.CounterVec
 	runSeconds      *prometheus.HistogramVec
 	submitToLock    *prometheus.HistogramVec
-	adoptions       *prometheus.CounterVec
+	adopted         *prometheus.GaugeVec
 	lockLosses      *prometheus.CounterVec
 	reconnects      *prometheus.CounterVec
 	stepErrors      prometheus.Counter
@@ -39,7 +40,7 @@ func newMetrics() *metrics {
 	return &metrics{
 		attemptsStarted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dama_attempts_started_total",
-			Help: "Attempts whose task process this supervisor launched and saw take its lock.",
+			Help: "Attempts whose task process this supervisor launched and saw take its lock within the launch timeout.",
 		}, qk),
 		attemptsFailed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dama_attempts_failed_total",
@@ -47,27 +48,27 @@ func newMetrics() *metrics {
 		}, append(qk, "reason")),
 		tasksFinished: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dama_tasks_finished_total",
-			Help: "Tasks this supervisor settled as finished, by status (DONE, FAILED, CANCELLED).",
+			Help: "Tasks this supervisor settled as finished, by status (DONE, FAILED, CANCELLED); a task cancelled by dama cancel before any supervisor looked at it is not counted.",
 		}, append(qk, "status")),
 		runSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "dama_task_run_seconds",
 			Help: "Time from a finished task's first start to its end, by status.",
-			// From a second to four days: tasks run for days.
+			// From a second to about three days: tasks run for days.
 			Buckets: prometheus.ExponentialBuckets(1, 4, 10),
 		}, append(qk, "status")),
 		submitToLock: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "dama_submit_to_lock_seconds",
-			Help: "Time from a task's submission to its first attempt's task process holding the lock (with the time it waited for its turn).",
+			Help: "Time from when a task was due (its submission, or its --delay or --run-at) to its first attempt's task process holding the lock, the wait for a slot included.",
 			// From 10ms to about 3 hours.
 			Buckets: prometheus.ExponentialBuckets(0.01, 4, 11),
 		}, qk),
-		adoptions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "dama_adoptions_total",
+		adopted: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "dama_adopted_tasks",
 			Help: "Tasks running in this supervisor's queues when it started, which it adopted (after a redeploy, the tasks that ran through it).",
 		}, qk),
 		lockLosses: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dama_lock_losses_total",
-			Help: "Attempts whose lock this supervisor found free while they were recorded running: their task process died or lost its lock.",
+			Help: "Attempts this supervisor recorded dead: their lock was free while they were recorded running (the task process died, or lost its lock and stopped).",
 		}, qk),
 		reconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dama_reconnects_total",
@@ -82,7 +83,39 @@ func newMetrics() *metrics {
 
 func (m *metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.attemptsStarted, m.attemptsFailed, m.tasksFinished, m.runSeconds,
-		m.submitToLock, m.adoptions, m.lockLosses, m.reconnects, m.stepErrors}
+		m.submitToLock, m.adopted, m.lockLosses, m.reconnects, m.stepErrors}
+}
+
+// zero creates the counters of every configured queue and kind at 0: a
+// series that first appears at 1 would hide that first increase from
+// increase() and rate().
+func (m *metrics) zero(cfg *config.Config) {
+	for _, name := range cfg.KindNames() {
+		k := cfg.Kinds[name]
+		m.attemptsStarted.WithLabelValues(k.Queue, name)
+		m.lockLosses.WithLabelValues(k.Queue, name)
+		m.adopted.WithLabelValues(k.Queue, name)
+		for _, reason := range []string{failedError, failedTimedOut, failedLockLost} {
+			m.attemptsFailed.WithLabelValues(k.Queue, name, reason)
+		}
+		for _, st := range []etlcontext.Status{etlcontext.StatusDone, etlcontext.StatusFailed, etlcontext.StatusCancelled} {
+			m.tasksFinished.WithLabelValues(k.Queue, name, string(st))
+		}
+	}
+	for _, conn := range []string{"liveness", "listener"} {
+		m.reconnects.WithLabelValues(conn)
+	}
+}
+
+// lockedAfterSubmit observes a first attempt's wait, from when the task was
+// due, by the database's clock, to now, by this host's: a skew between
+// them is cut at 0.
+func (m *metrics) lockedAfterSubmit(c *etlcontext.Context) {
+	due := c.CreatedAt
+	if c.DueAt != nil && c.DueAt.After(due) {
+		due = *c.DueAt
+	}
+	m.submitToLock.WithLabelValues(c.Queue, c.Kind).Observe(max(time.Since(due).Seconds(), 0))
 }
 
 // finished counts a task this supervisor settled as finished.
@@ -110,24 +143,23 @@ const statsTimeout = 5 * time.Second
 type statsCollector struct {
 	db etlcontext.DB
 
-	tasks, finished24h, oldest, paused, blocked *prometheus.Desc
+	up, tasks, finished24h, oldest, paused, blocked *prometheus.Desc
 }
 
 // NewStatsCollector returns a Prometheus collector of what the database
-// holds about the tasks, read at each scrape: every supervisor, and `dama
-// web`, exposes the same figures, so aggregate them with max, not sum.
+// holds about the tasks, read at each scrape: every program serving it
+// exposes the same figures, so aggregate them with max, not sum.
 //
+//	dama_stats_up                                    1 when the statistics could be read, else 0 (and none of the below)
 //	dama_tasks{queue,kind,status}                    unfinished tasks: QUEUED (due), SCHEDULED (not due yet), RUNNING, RETRYING
 //	dama_tasks_finished_24h{queue,kind,status}       tasks finished in the last 24 h: DONE, FAILED, CANCELLED
 //	dama_queue_oldest_waiting_seconds{queue,kind}    how long the oldest due task has waited to start
 //	dama_queue_paused{queue}, dama_kind_blocked{kind} 1 when paused or blocked
-//
-// A scrape while the database is unreachable reports the error for these
-// metrics and serves the others.
 func NewStatsCollector(db etlcontext.DB) prometheus.Collector {
 	qk := []string{"queue", "kind"}
 	return &statsCollector{
 		db:          db,
+		up:          prometheus.NewDesc("dama_stats_up", "1 when the database's statistics could be read at this scrape, else 0.", nil, nil),
 		tasks:       prometheus.NewDesc("dama_tasks", "Unfinished tasks by status: QUEUED (due), SCHEDULED (not due yet), RUNNING, RETRYING.", append(qk, "status"), nil),
 		finished24h: prometheus.NewDesc("dama_tasks_finished_24h", "Tasks finished in the last 24 hours, by status.", append(qk, "status"), nil),
 		oldest:      prometheus.NewDesc("dama_queue_oldest_waiting_seconds", "How long the oldest due task of the queue and kind has waited to start; 0 when none waits.", qk, nil),
@@ -137,7 +169,7 @@ func NewStatsCollector(db etlcontext.DB) prometheus.Collector {
 }
 
 func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.tasks, c.finished24h, c.oldest, c.paused, c.blocked} {
+	for _, d := range []*prometheus.Desc{c.up, c.tasks, c.finished24h, c.oldest, c.paused, c.blocked} {
 		ch <- d
 	}
 }
@@ -145,19 +177,32 @@ func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), statsTimeout)
 	defer cancel()
-	stats, err := etlcontext.QueueStats(ctx, c.db)
-	if err != nil {
-		ch <- prometheus.NewInvalidMetric(c.tasks, err)
-		return
-	}
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
+	stats, err := etlcontext.QueueStats(ctx, c.db)
+	if err != nil {
+		// The series vanish, and dama_stats_up says why, rather than
+		// the whole scrape failing: the other metrics matter most then.
+		gauge(c.up, 0)
+		return
+	}
+	gauge(c.up, 1)
 	pausedSeen := map[string]bool{}
 	blockedSeen := map[string]bool{}
 	for _, s := range stats {
+		// A paused queue without tasks has no kind, a blocked kind
+		// without tasks no queue.
+		if s.Queue != nil && !pausedSeen[*s.Queue] {
+			pausedSeen[*s.Queue] = true
+			gauge(c.paused, boolFloat(s.Paused), *s.Queue)
+		}
+		if s.Kind != nil && !blockedSeen[*s.Kind] {
+			blockedSeen[*s.Kind] = true
+			gauge(c.blocked, boolFloat(s.Blocked), *s.Kind)
+		}
 		if s.Queue == nil || s.Kind == nil {
-			continue // a total; Prometheus sums by itself
+			continue
 		}
 		q, k := *s.Queue, *s.Kind
 		gauge(c.tasks, float64(s.Queued), q, k, string(etlcontext.StatusQueued))
@@ -172,14 +217,6 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 			oldest = s.OldestWaiting.Seconds()
 		}
 		gauge(c.oldest, oldest, q, k)
-		if !pausedSeen[q] {
-			pausedSeen[q] = true
-			gauge(c.paused, boolFloat(s.Paused), q)
-		}
-		if !blockedSeen[k] {
-			blockedSeen[k] = true
-			gauge(c.blocked, boolFloat(s.Blocked), k)
-		}
 	}
 }
 

@@ -63,10 +63,11 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 	case etlcontext.StatusFailed:
 		f := lastFailure(ctx, tx, c)
 		if !f.Died {
-			// A death was counted when it was recorded.
+			// A death, and the FAILED it led to, were counted when it was
+			// recorded.
 			s.metrics.failed(c, f)
+			s.metrics.finished(c)
 		}
-		s.metrics.finished(c)
 		failure := fmt.Errorf("etl context %d FAILED after %d attempts: %s", id, c.Attempt, f.Reason)
 		if job.Attempt >= job.MaxAttempts {
 			return failure
@@ -110,11 +111,20 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 		if err := s.recordDeath(ctx, tx, c, reason); err != nil {
 			return s.transient(logger, err)
 		}
+		// The death may have been the last attempt's: the task is FAILED
+		// now, and River discards the job without another step.
+		after, err := etlcontext.Get(ctx, tx, id)
+		if err != nil {
+			return s.transient(logger, err)
+		}
 		if err := tx.Commit(ctx); err != nil {
 			return s.transient(logger, fmt.Errorf("commit death of etl context %d: %w", id, err))
 		}
 		s.metrics.lockLosses.WithLabelValues(c.Queue, c.Kind).Inc()
 		s.metrics.attemptsFailed.WithLabelValues(c.Queue, c.Kind, failedLockLost).Inc()
+		if after.Status == etlcontext.StatusFailed {
+			s.metrics.finished(after)
+		}
 		s.wakeWaiting(ctx, c.Queue)
 		logger.Warn("task attempt died", "attempt", c.Attempt, "reason", reason)
 		return fmt.Errorf("attempt %d of etl context %d died: %s", c.Attempt, id, reason)
@@ -140,6 +150,8 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 		if err := tx.Commit(ctx); err != nil {
 			return s.transient(logger, fmt.Errorf("commit cancellation of etl context %d: %w", id, err))
 		}
+		c.Status = etlcontext.StatusCancelled
+		s.metrics.finished(c)
 		return river.JobCancel(fmt.Errorf("etl context %d was cancelled", id))
 	}
 	if _, ok := s.cfg.Kind(c.Kind); !ok {
@@ -200,7 +212,7 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 		s.forgetLaunchFailure(c.ID)
 		s.metrics.attemptsStarted.WithLabelValues(c.Queue, c.Kind).Inc()
 		if attempt == 1 {
-			s.metrics.submitToLock.WithLabelValues(c.Queue, c.Kind).Observe(time.Since(c.CreatedAt).Seconds())
+			s.metrics.lockedAfterSubmit(c)
 		}
 		return river.JobSnooze(parkFor)
 	case launchPending, launchLocked:

@@ -55,11 +55,12 @@ type Options struct {
 	MaxWorkers int
 	// Registerer, when set, receives the supervisor's Prometheus metrics
 	// (dama_attempts_*, dama_tasks_finished_total, dama_task_run_seconds,
-	// dama_submit_to_lock_seconds, dama_adoptions_total,
+	// dama_submit_to_lock_seconds, dama_adopted_tasks,
 	// dama_lock_losses_total, dama_reconnects_total,
 	// dama_step_errors_total), its pool's (dama_pool_*) and the
-	// database's statistics (NewStatsCollector); nil means none are
-	// registered.
+	// database's statistics (NewStatsCollector): one supervisor per
+	// registry. nil (an untyped nil: a nil *prometheus.Registry is not
+	// one) means none are registered.
 	Registerer prometheus.Registerer
 }
 
@@ -204,11 +205,17 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 		suspects:    map[suspect]time.Time{},
 		stop:        make(chan error, 1),
 	}
+	s.metrics.zero(cfg)
 	if opts.Registerer != nil {
+		var registered []prometheus.Collector
 		for _, c := range append(s.metrics.collectors(), NewPoolCollector(pool), NewStatsCollector(pool)) {
 			if err := opts.Registerer.Register(c); err != nil {
+				for _, r := range registered {
+					opts.Registerer.Unregister(r)
+				}
 				return nil, fmt.Errorf("register metrics: %w", err)
 			}
+			registered = append(registered, c)
 		}
 	}
 	workers := river.NewWorkers()
@@ -383,7 +390,7 @@ func (s *Supervisor) countAdoptions(ctx context.Context) {
 			continue
 		}
 		if _, ok := s.cfg.Queues[*st.Queue]; ok {
-			s.metrics.adoptions.WithLabelValues(*st.Queue, *st.Kind).Add(float64(st.Running))
+			s.metrics.adopted.WithLabelValues(*st.Queue, *st.Kind).Set(float64(st.Running))
 			adopted += int(st.Running)
 		}
 	}

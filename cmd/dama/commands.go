@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -212,21 +213,39 @@ running.`,
 			if err != nil {
 				return err
 			}
-			var (
-				metrics *metricsServer
-				reg     *prometheus.Registry
-			)
+			var reg *prometheus.Registry
+			stopMetrics := func() {}
 			if metricsListen != "" {
 				reg = newMetricsRegistry()
-				if metrics, err = listenMetrics(metricsListen, reg, logger); err != nil {
+				metrics, err := listenMetrics(metricsListen, reg, logger)
+				if err != nil {
 					return err
 				}
+				// Served from now on, the process's metrics while the
+				// database is waited for too, and until the supervisor
+				// has stopped: a signal ends Run, then this.
+				ctx, stop := context.WithCancel(context.WithoutCancel(cmd.Context()))
+				served := make(chan struct{})
+				go func() {
+					defer close(served)
+					metrics.serve(ctx, logger)
+				}()
+				stopMetrics = sync.OnceFunc(func() {
+					stop()
+					<-served
+				})
+				defer stopMetrics()
 			}
 			pool, url, err := waitForDatabase(cmd.Context(), logger, 20)
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
+			defer func() {
+				// No scrape reads the database's statistics from a
+				// closed pool.
+				stopMetrics()
+				pool.Close()
+			}()
 			opts := supervisor.Options{DatabaseURL: url, Logger: logger}
 			if reg != nil {
 				opts.Registerer = reg
@@ -234,18 +253,6 @@ running.`,
 			s, err := supervisor.New(pool, cfg, opts)
 			if err != nil {
 				return err
-			}
-			if metrics != nil {
-				ctx, stop := context.WithCancel(cmd.Context())
-				served := make(chan struct{})
-				go func() {
-					defer close(served)
-					metrics.serve(ctx, logger)
-				}()
-				defer func() {
-					stop()
-					<-served
-				}()
 			}
 			return s.Run(cmd.Context())
 		},

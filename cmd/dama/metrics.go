@@ -58,9 +58,12 @@ func listenMetrics(addr string, reg *prometheus.Registry, logger *slog.Logger) (
 		ErrorHandling: promhttp.ContinueOnError,
 		ErrorLog:      slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 		Timeout:       10 * time.Second,
+		// Each scrape reads the database's statistics: a burst of
+		// scrapes must not take the supervisor's connections.
+		MaxRequestsInFlight: 2,
 	}))
 	logger.Info("serving metrics", "addr", "http://"+ln.Addr().String()+"/metrics")
-	return &metricsServer{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}, ln: ln}, nil
+	return &metricsServer{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute}, ln: ln}, nil
 }
 
 // serve serves until ctx ends.

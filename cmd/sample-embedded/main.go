@@ -21,7 +21,8 @@
 //	           args.fail_for_good) and args.panic_at panics there;
 //	           args.ignore_cancel makes it sleep through cancellation.
 //	           args.starts_dir appends "<pid> <attempt> <first row>" to
-//	           <starts_dir>/<etl_context_id>.starts at every start.
+//	           <starts_dir>/<etl_context_id>.starts at every start;
+//	           args.env_file gets the environment of a process it starts.
 //	fan_out    submits args.parts copy_rows children of args.rows rows; its
 //	           kind sets await_children, so it is DONE when they all are.
 package main
@@ -33,6 +34,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"syscall"
@@ -110,6 +112,7 @@ type copyArgs struct {
 	PanicAt      int    `json:"panic_at"`
 	IgnoreCancel bool   `json:"ignore_cancel"`
 	StartsDir    string `json:"starts_dir"`
+	EnvFile      string `json:"env_file"`
 }
 
 type copyCheckpoint struct {
@@ -135,6 +138,16 @@ func copyRows(ctx context.Context, t *taskrunner.Task) error {
 	}
 	if resumed {
 		t.Logger().Info("resuming", "next_row", cp.NextRow)
+	}
+	if a.EnvFile != "" {
+		// What a process the function starts gets of dama's environment.
+		out, err := exec.CommandContext(ctx, "/usr/bin/env").Output()
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(a.EnvFile, out, 0o644); err != nil {
+			return err
+		}
 	}
 	step := time.Duration(a.StepMS) * time.Millisecond
 	for row := cp.NextRow; row < a.Rows; row++ {

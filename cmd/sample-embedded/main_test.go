@@ -203,6 +203,33 @@ func TestAFunctionReportsFailsAndResumesFromItsCheckpoint(t *testing.T) {
 	t.Logf("attempt 1 failed at row 3 with the function's error; attempt 2 resumed from row 2 and finished 6/6")
 }
 
+// TestWhatAFunctionStartsIsNotTheTask: a process the function starts gets
+// none of dama's environment but DAMA_RUN_ID (by which the runner finds
+// it): not the task's arguments, nor the role that would make this program
+// a function process again.
+func TestWhatAFunctionStartsIsNotTheTask(t *testing.T) {
+	w := newWorld(t)
+	w.supervisor()
+	envFile := filepath.Join(w.Dir, "env")
+	id := w.submit("copy_rows", map[string]any{"rows": 1, "step_ms": 10, "env_file": envFile})
+	if got := w.waitSettled(id); got.Status != etlcontext.StatusDone {
+		t.Fatalf("task %s, want DONE", got.Status)
+	}
+	data, err := os.ReadFile(envFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dama []string
+	for _, kv := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(kv, "DAMA_") {
+			dama = append(dama, kv)
+		}
+	}
+	if len(dama) != 1 || !strings.HasPrefix(dama[0], taskrunner.RunIDEnv+"=") {
+		t.Errorf("a process the function started got %v: want %s alone", dama, taskrunner.RunIDEnv)
+	}
+}
+
 func TestNoRetryFailsForGoodAndAPanicIsRecorded(t *testing.T) {
 	w := newWorld(t)
 	w.supervisor()

@@ -63,21 +63,12 @@ func (w *world) submit(steps, stepMS int) int64 {
 
 func (w *world) task(id int64) etlcontext.Task {
 	w.T.Helper()
-	tasks, err := etlcontext.Tasks(context.Background(), w.Pool, etlcontext.TaskQuery{ID: id})
-	if err != nil || len(tasks) != 1 {
-		w.T.Fatalf("read task %d: %v (%d rows)", id, err, len(tasks))
-	}
-	return tasks[0]
+	return w.Task(id)
 }
 
 func (w *world) waitFor(id int64, timeout time.Duration, what string, cond func(etlcontext.Task) bool) etlcontext.Task {
 	w.T.Helper()
-	var last etlcontext.Task
-	testenv.Eventually(w.T, timeout, fmt.Sprintf("task %d %s", id, what), func() (bool, error) {
-		last = w.task(id)
-		return cond(last), fmt.Errorf("status %s, job %v, attempt %d", last.Status, deref(last.JobState), last.Attempt)
-	})
-	return last
+	return w.WaitForTask(id, timeout, what, cond)
 }
 
 func (w *world) waitRunning(id int64) etlcontext.Task {

@@ -79,25 +79,12 @@ func (w *world) submit(kind string, args map[string]any) int64 {
 
 func (w *world) task(id int64) etlcontext.Task {
 	w.T.Helper()
-	tasks, err := etlcontext.Tasks(context.Background(), w.Pool, etlcontext.TaskQuery{ID: id})
-	if err != nil || len(tasks) != 1 {
-		w.T.Fatalf("read task %d: %v (%d rows)", id, err, len(tasks))
-	}
-	return tasks[0]
+	return w.Task(id)
 }
 
 func (w *world) waitFor(id int64, timeout time.Duration, what string, cond func(etlcontext.Task) bool) etlcontext.Task {
 	w.T.Helper()
-	var last etlcontext.Task
-	testenv.Eventually(w.T, timeout, fmt.Sprintf("task %d %s", id, what), func() (bool, error) {
-		last = w.task(id)
-		job := "none"
-		if last.JobState != nil {
-			job = *last.JobState
-		}
-		return cond(last), fmt.Errorf("status %s, job %s, attempt %d", last.Status, job, last.Attempt)
-	})
-	return last
+	return w.WaitForTask(id, timeout, what, cond)
 }
 
 // waitSettled waits for the task to be finished with its River job in

@@ -28,6 +28,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/shirou/gopsutil/v3/process"
 
+	"github.com/dama-etl/dama/etlcontext"
 	damasql "github.com/dama-etl/dama/sql"
 )
 
@@ -490,4 +491,31 @@ func ForExample() (*Env, func()) {
 			t.cleanups[i]()
 		}
 	}
+}
+
+// Task reads task id from data_manager.dama_task_queue, failing the test
+// when it is not there.
+func (e *Env) Task(id int64) etlcontext.Task {
+	e.T.Helper()
+	tasks, err := etlcontext.Tasks(context.Background(), e.Pool, etlcontext.TaskQuery{ID: id})
+	if err != nil || len(tasks) != 1 {
+		e.T.Fatalf("read task %d: %v (%d rows)", id, err, len(tasks))
+	}
+	return tasks[0]
+}
+
+// WaitForTask reads task id until cond holds of it, at most timeout, and
+// returns it then; what says what is waited for.
+func (e *Env) WaitForTask(id int64, timeout time.Duration, what string, cond func(etlcontext.Task) bool) etlcontext.Task {
+	e.T.Helper()
+	var last etlcontext.Task
+	Eventually(e.T, timeout, fmt.Sprintf("task %d %s", id, what), func() (bool, error) {
+		last = e.Task(id)
+		job := "none"
+		if last.JobState != nil {
+			job = *last.JobState
+		}
+		return cond(last), fmt.Errorf("status %s, job %s, attempt %d", last.Status, job, last.Attempt)
+	})
+	return last
 }

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
@@ -31,11 +32,17 @@ func run(args []string) int {
 	defer stop()
 
 	var code exitCode
-	root := newRootCommand(&code)
+	g := &globals{}
+	root := newRootCommand(g, &code)
 	root.SetArgs(args)
 	err := root.ExecuteContext(ctx)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "dama: "+oneLine(err.Error()))
+		if g.logFormat == "json" {
+			// The last line of a JSON log is JSON too.
+			slog.New(slog.NewJSONHandler(os.Stderr, nil)).Error("dama: " + oneLine(err.Error()))
+		} else {
+			fmt.Fprintln(os.Stderr, "dama: "+oneLine(err.Error()))
+		}
 		if code == 0 {
 			return 1
 		}
@@ -55,8 +62,7 @@ type globals struct {
 	logFormat  string
 }
 
-func newRootCommand(code *exitCode) *cobra.Command {
-	g := &globals{}
+func newRootCommand(g *globals, code *exitCode) *cobra.Command {
 	root := &cobra.Command{
 		Use:   "dama",
 		Short: "A supervisor for long-running ETL tasks",

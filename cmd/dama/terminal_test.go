@@ -2,8 +2,10 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -249,11 +251,17 @@ func TestJSONLogsAndCompletion(t *testing.T) {
 			t.Errorf("log line %q: want a JSON object with msg and level (%v)", line, err)
 		}
 	}
+	// Its last line, the error it stops on, is JSON too.
+	res := env.Dama(filepath.Join(env.Dir, "missing.yaml"), "supervisor", "--log-format", "json")
+	var rec map[string]any
+	if err := json.Unmarshal([]byte(res.Stderr), &rec); res.Code == 0 || err != nil || rec["level"] != "ERROR" || !strings.HasPrefix(fmt.Sprint(rec["msg"]), "dama: ") {
+		t.Errorf("supervisor --log-format json with a missing configuration: exit %d, stderr %q: want one JSON error line", res.Code, res.Stderr)
+	}
 	if res := env.Dama(cfg, "supervisor", "--log-format", "xml"); res.Code == 0 || !strings.Contains(res.Stderr, `--log-format "xml"`) {
 		t.Errorf("--log-format xml: exit %d, stderr %q: want it refused", res.Code, res.Stderr)
 	}
 
-	res := env.Dama(cfg, "__complete", "submit", "")
+	res = env.Dama(cfg, "__complete", "submit", "")
 	if res.Code != 0 || !strings.HasPrefix(res.Stdout, "flaky\nfragile\nsample\n") {
 		t.Errorf("completion of submit: exit %d, stdout %q: want the kinds", res.Code, res.Stdout)
 	}

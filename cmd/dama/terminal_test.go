@@ -94,6 +94,10 @@ func TestSubmitWaitExitsWithTheTaskOutcome(t *testing.T) {
 	waiter := env.Start(cfg, "submit", "sample", "--wait", "--args", sampleArgs(t, 200, 100, nil))
 	running := waitForLog(t, waiter, "RUNNING")
 	cancelled := idFromLog(t, running)
+	// Cancelled once its command runs (it has reported progress): the
+	// reason is then the request's.
+	w := &world{Env: env}
+	w.waitFor(cancelled, 30*time.Second, "to report progress", func(t etlcontext.Task) bool { return t.Progress != nil })
 	if res := env.Dama(cfg, "cancel", strconv.FormatInt(cancelled, 10)); res.Code != 0 {
 		t.Fatalf("cancel: exit %d: %s", res.Code, res.Stderr)
 	}
@@ -111,7 +115,6 @@ func TestSubmitWaitExitsWithTheTaskOutcome(t *testing.T) {
 	if code := waiter.Cmd.ProcessState.ExitCode(); code != exitTaskUnknown || !strings.Contains(string(out), "stopped waiting; task "+strconv.FormatInt(interrupted, 10)+" goes on") {
 		t.Errorf("interrupted wait: exit %d, output %q: want %d and the task going on", code, out, exitTaskUnknown)
 	}
-	w := &world{Env: env}
 	if got := w.task(interrupted); got.Status != etlcontext.StatusRunning {
 		t.Errorf("after the wait was interrupted the task is %s, want RUNNING", got.Status)
 	}

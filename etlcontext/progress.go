@@ -16,9 +16,9 @@ import (
 // Progress is how far along a task's latest PROGRESS payload says it is.
 type Progress struct {
 	// Fraction is between 0 and 1.
-	Fraction float64
+	Fraction float64 `json:"fraction"`
 	// Label says it as the task did: "3/10" or "30%".
-	Label string
+	Label string `json:"label"`
 }
 
 // ParseProgress reads a PROGRESS payload of one of the two forms dama

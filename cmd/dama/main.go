@@ -94,6 +94,7 @@ data_manager.dama_task_queue shows what runs where, and how far along.`,
 		newQueuesCommand(),
 		newSchedulesCommand(),
 		newTaskrunnerCommand(code),
+		newWebCommand(g),
 		newVersionCommand(),
 	)
 	return root

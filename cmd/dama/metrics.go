@@ -53,15 +53,7 @@ func listenMetrics(addr string, reg *prometheus.Registry, logger *slog.Logger) (
 		return nil, fmt.Errorf("listen for metrics: %w", err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{
-		// An unreachable database fails its statistics, not the rest.
-		ErrorHandling: promhttp.ContinueOnError,
-		ErrorLog:      slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
-		Timeout:       10 * time.Second,
-		// Each scrape reads the database's statistics: a burst of
-		// scrapes must not take the supervisor's connections.
-		MaxRequestsInFlight: 2,
-	}))
+	mux.Handle("GET /metrics", metricsHandler(reg, logger))
 	logger.Info("serving metrics", "addr", "http://"+ln.Addr().String()+"/metrics")
 	return &metricsServer{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute}, ln: ln}, nil
 }
@@ -80,4 +72,17 @@ func (m *metricsServer) serve(ctx context.Context, logger *slog.Logger) {
 	defer cancel()
 	_ = m.srv.Shutdown(sctx)
 	<-done
+}
+
+// metricsHandler serves reg's metrics.
+func metricsHandler(reg *prometheus.Registry, logger *slog.Logger) http.Handler {
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{
+		// An unreachable database fails its statistics, not the rest.
+		ErrorHandling: promhttp.ContinueOnError,
+		ErrorLog:      slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+		Timeout:       10 * time.Second,
+		// Each scrape reads the database's statistics: a burst of
+		// scrapes must not take the server's connections.
+		MaxRequestsInFlight: 2,
+	})
 }

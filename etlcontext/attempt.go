@@ -69,6 +69,44 @@ func RecordCommand(ctx context.Context, db DB, id int64, runID string, pgid int,
 	return nil
 }
 
+// RequestCancel marks context id for cancellation, if it is not finished,
+// and records a CANCEL_REQUESTED event naming by; it returns the context's
+// status. The mark is what the context's task process reads when it
+// reconnects; the caller announces the request to it.
+func RequestCancel(ctx context.Context, tx pgx.Tx, id int64, by string) (Status, error) {
+	var (
+		status Status
+		kind   string
+		runID  *string
+	)
+	// The row lock taken here keeps the run from changing before the event
+	// is written with its run id.
+	err := tx.QueryRow(ctx, `
+		UPDATE data_manager.etl_contexts
+		   SET cancel_requested_at = CASE WHEN etl_status IN ('DONE', 'FAILED', 'CANCELLED') THEN cancel_requested_at
+		                                  ELSE coalesce(cancel_requested_at, now()) END
+		 WHERE etl_context_id = $1
+		RETURNING etl_status, kind, run_id::text`, id).Scan(&status, &kind, &runID)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", fmt.Errorf("request cancellation of etl context %d: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return "", fmt.Errorf("request cancellation of etl context %d: %w", id, err)
+	}
+	if status.Finished() {
+		return status, nil
+	}
+	if _, err := Append(ctx, tx, NewEvent{
+		ContextID: id,
+		Type:      kind + ":" + EventCancelRequested,
+		Payload:   map[string]any{"by": by},
+		RunID:     runID,
+	}); err != nil {
+		return status, err
+	}
+	return status, nil
+}
+
 // CancelRequested reports whether run runID was asked to stop; ErrStaleRun
 // means the run is no longer current. A task process asks after it
 // reconnected, for a cancellation announced while it was away.
@@ -184,4 +222,58 @@ func SetJob(ctx context.Context, db DB, id, job int64) error {
 		return fmt.Errorf("record River job %d of etl context %d: %w", job, id, err)
 	}
 	return nil
+}
+
+// Attempt is a row of data_manager.etl_attempts, with how it ended.
+type Attempt struct {
+	Attempt   int        `json:"attempt"`
+	RunID     string     `json:"run_id"`
+	Host      *string    `json:"host"`
+	PID       *int       `json:"pid"`
+	LockMode  *string    `json:"lock_mode"`
+	Release   *string    `json:"runner_release"`
+	StartedAt time.Time  `json:"started_at"`
+	EndedAt   *time.Time `json:"ended_at"`
+	// Outcome is DONE, FAILED or CANCELLED; nil while the attempt runs.
+	Outcome *string `json:"outcome"`
+	// Reason, ExitCode and LogTail come from the event that ended the
+	// attempt (its ERROR or CANCELLED), when it says.
+	Reason   *string `json:"reason"`
+	ExitCode *int    `json:"exit_code"`
+	LogTail  *string `json:"log_tail"`
+}
+
+// Attempts returns the attempts of context id, the first first.
+func Attempts(ctx context.Context, db DB, id int64) ([]Attempt, error) {
+	rows, err := db.Query(ctx, `
+		SELECT a.attempt, a.run_id::text, a.host, a.pid, a.lock_mode, a.runner_release,
+		       a.started_at, a.ended_at, a.outcome,
+		       e.payload->>'reason', e.payload->>'log_tail',
+		       -- A command may write its own ERROR, with anything in it.
+		       CASE WHEN jsonb_typeof(e.payload->'exit_code') = 'number'
+		                 AND abs((e.payload->>'exit_code')::numeric) < 2147483648
+		            THEN (e.payload->>'exit_code')::numeric::int END
+		  FROM data_manager.etl_attempts AS a
+		  JOIN data_manager.etl_contexts AS c USING (etl_context_id)
+		  LEFT JOIN LATERAL (
+			SELECT payload FROM data_manager.event_store AS e
+			 WHERE e.etl_context_id = a.etl_context_id AND e.run_id = a.run_id
+			   AND e.type IN (c.kind || ':' || $2, c.kind || ':' || $3)
+			 ORDER BY e.event_id DESC
+			 LIMIT 1) AS e ON true
+		 WHERE a.etl_context_id = $1
+		 ORDER BY a.started_at, a.attempt`, id, EventError, EventCancelled)
+	if err != nil {
+		return nil, fmt.Errorf("read attempts of etl context %d: %w", id, err)
+	}
+	attempts, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Attempt, error) {
+		var a Attempt
+		err := row.Scan(&a.Attempt, &a.RunID, &a.Host, &a.PID, &a.LockMode, &a.Release,
+			&a.StartedAt, &a.EndedAt, &a.Outcome, &a.Reason, &a.LogTail, &a.ExitCode)
+		return a, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read attempts of etl context %d: %w", id, err)
+	}
+	return attempts, nil
 }

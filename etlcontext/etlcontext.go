@@ -62,6 +62,9 @@ const (
 	// events pipe, in the transaction that creates the child: only the
 	// current attempt can submit one.
 	EventSubmitted = "SUBMITTED"
+	// EventCancelRequested records who asked a running task to stop; the
+	// task process records its CANCELLED once it has.
+	EventCancelRequested = "CANCEL_REQUESTED"
 	// EventAwaiting records that the command of a kind with await_children
 	// succeeded and the task now waits for its children to finish.
 	EventAwaiting = "AWAITING"
@@ -413,6 +416,26 @@ func Events(ctx context.Context, db DB, id int64) ([]Event, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read events of etl context %d: %w", id, err)
 	}
+	return collectEvents(rows, id)
+}
+
+// RecentEvents returns the newest limit events of context id, oldest first.
+func RecentEvents(ctx context.Context, db DB, id int64, limit int) ([]Event, error) {
+	rows, err := db.Query(ctx, `
+		SELECT * FROM (
+			SELECT event_id, etl_context_id, type, payload, meta, error, attempt, run_id::text, created_at
+			  FROM data_manager.event_store
+			 WHERE etl_context_id = $1
+			 ORDER BY event_id DESC
+			 LIMIT $2) AS e
+		 ORDER BY event_id`, id, limit)
+	if err != nil {
+		return nil, fmt.Errorf("read events of etl context %d: %w", id, err)
+	}
+	return collectEvents(rows, id)
+}
+
+func collectEvents(rows pgx.Rows, id int64) ([]Event, error) {
 	events, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Event, error) {
 		var e Event
 		err := row.Scan(&e.ID, &e.ContextID, &e.Type, &e.Payload, &e.Meta, &e.Error, &e.Attempt, &e.RunID, &e.CreatedAt)

@@ -233,7 +233,10 @@ func PauseQueue(ctx context.Context, db Beginner, queue, reason string, by strin
 			WITH ins AS (
 				INSERT INTO data_manager.queue_pauses (queue, reason, paused_by) VALUES ($1, $2, $3)
 				ON CONFLICT (queue) DO NOTHING
-				RETURNING queue, reason, paused_by, paused_at)
+				RETURNING queue, reason, paused_by, paused_at),
+			logged AS (
+				INSERT INTO data_manager.control_events (action, queue, reason, actor)
+				SELECT 'PAUSED', queue, reason, paused_by FROM ins)
 			SELECT * FROM ins
 			UNION ALL
 			SELECT queue, reason, paused_by, paused_at FROM data_manager.queue_pauses
@@ -245,16 +248,21 @@ func PauseQueue(ctx context.Context, db Beginner, queue, reason string, by strin
 	return p, nil
 }
 
-// ResumeQueue lifts the pause of queue and announces it on ControlChannel;
-// it reports whether the queue was paused.
-func ResumeQueue(ctx context.Context, db Beginner, queue string) (bool, error) {
+// ResumeQueue lifts the pause of queue, recording that by did, and
+// announces it on ControlChannel; it reports whether the queue was paused.
+func ResumeQueue(ctx context.Context, db Beginner, queue, by string) (bool, error) {
 	var resumed bool
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `DELETE FROM data_manager.queue_pauses WHERE queue = $1`, queue)
+		err := tx.QueryRow(ctx, `
+			WITH del AS (
+				DELETE FROM data_manager.queue_pauses WHERE queue = $1 RETURNING queue),
+			logged AS (
+				INSERT INTO data_manager.control_events (action, queue, actor)
+				SELECT 'RESUMED', queue, $2 FROM del)
+			SELECT EXISTS (SELECT 1 FROM del)`, queue, by).Scan(&resumed)
 		if err != nil {
 			return err
 		}
-		resumed = tag.RowsAffected() > 0
 		return announceControl(ctx, tx, Control{Queue: queue})
 	})
 	if err != nil {
@@ -280,7 +288,10 @@ func BlockKind(ctx context.Context, db Beginner, kind, reason string, by string)
 			WITH ins AS (
 				INSERT INTO data_manager.kind_blocks (kind, reason, blocked_by) VALUES ($1, $2, $3)
 				ON CONFLICT (kind) DO NOTHING
-				RETURNING kind, reason, blocked_by, blocked_at)
+				RETURNING kind, reason, blocked_by, blocked_at),
+			logged AS (
+				INSERT INTO data_manager.control_events (action, kind, reason, actor)
+				SELECT 'BLOCKED', kind, reason, blocked_by FROM ins)
 			SELECT * FROM ins
 			UNION ALL
 			SELECT kind, reason, blocked_by, blocked_at FROM data_manager.kind_blocks
@@ -292,22 +303,62 @@ func BlockKind(ctx context.Context, db Beginner, kind, reason string, by string)
 	return b, nil
 }
 
-// UnblockKind lifts the block of kind and announces it on ControlChannel;
-// it reports whether the kind was blocked.
-func UnblockKind(ctx context.Context, db Beginner, kind string) (bool, error) {
+// UnblockKind lifts the block of kind, recording that by did, and
+// announces it on ControlChannel; it reports whether the kind was blocked.
+func UnblockKind(ctx context.Context, db Beginner, kind, by string) (bool, error) {
 	var unblocked bool
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `DELETE FROM data_manager.kind_blocks WHERE kind = $1`, kind)
+		err := tx.QueryRow(ctx, `
+			WITH del AS (
+				DELETE FROM data_manager.kind_blocks WHERE kind = $1 RETURNING kind),
+			logged AS (
+				INSERT INTO data_manager.control_events (action, kind, actor)
+				SELECT 'UNBLOCKED', kind, $2 FROM del)
+			SELECT EXISTS (SELECT 1 FROM del)`, kind, by).Scan(&unblocked)
 		if err != nil {
 			return err
 		}
-		unblocked = tag.RowsAffected() > 0
 		return announceControl(ctx, tx, Control{Kind: kind})
 	})
 	if err != nil {
 		return false, fmt.Errorf("unblock kind %s: %w", kind, err)
 	}
 	return unblocked, nil
+}
+
+// ControlEvent records a pause, resume, block or unblock, and who did it.
+type ControlEvent struct {
+	ID        int64     `json:"control_event_id"`
+	CreatedAt time.Time `json:"created_at"`
+	// Action is PAUSED, RESUMED, BLOCKED or UNBLOCKED.
+	Action string `json:"action"`
+	// Queue names the queue of a pause or resume, Kind the kind of a block
+	// or unblock; the other is empty.
+	Queue  string `json:"queue,omitempty"`
+	Kind   string `json:"kind,omitempty"`
+	Reason string `json:"reason"`
+	Actor  string `json:"actor"`
+}
+
+// ControlEvents reads the newest limit records of data_manager.control_events.
+func ControlEvents(ctx context.Context, db DB, limit int) ([]ControlEvent, error) {
+	rows, err := db.Query(ctx, `
+		SELECT control_event_id, created_at, action, coalesce(queue, ''), coalesce(kind, ''), reason, actor
+		  FROM data_manager.control_events
+		 ORDER BY control_event_id DESC
+		 LIMIT $1`, limit)
+	if err != nil {
+		return nil, fmt.Errorf("read control events: %w", err)
+	}
+	events, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (ControlEvent, error) {
+		var e ControlEvent
+		err := row.Scan(&e.ID, &e.CreatedAt, &e.Action, &e.Queue, &e.Kind, &e.Reason, &e.Actor)
+		return e, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read control events: %w", err)
+	}
+	return events, nil
 }
 
 func announceControl(ctx context.Context, db DB, c Control) error {

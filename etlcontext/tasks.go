@@ -69,6 +69,13 @@ type TaskQuery struct {
 	Limit int
 	// ParentID, when non-zero, selects the children of that context.
 	ParentID int64
+	// Kind and Queue, when not empty, select the contexts of that kind and
+	// of that queue.
+	Kind  string
+	Queue string
+	// IdempotencyKey, when not empty, selects the context submitted with
+	// that key.
+	IdempotencyKey string
 }
 
 // Tasks reads the view, newest context first.
@@ -92,6 +99,15 @@ func Tasks(ctx context.Context, db DB, q TaskQuery) ([]Task, error) {
 	}
 	if q.ParentID != 0 {
 		where = append(where, "parent_context_id = "+param(q.ParentID))
+	}
+	if q.Kind != "" {
+		where = append(where, "kind = "+param(q.Kind))
+	}
+	if q.Queue != "" {
+		where = append(where, "queue = "+param(q.Queue))
+	}
+	if q.IdempotencyKey != "" {
+		where = append(where, "idempotency_key = "+param(q.IdempotencyKey))
 	}
 	switch len(q.Statuses) {
 	case 0:

@@ -18,6 +18,21 @@ if [ "$(id -u)" -eq 0 ] && ! command -v nft >/dev/null; then
 		{ echo "installing nftables failed" >&2; exit 1; }
 fi
 
+# The status page's test drives a headless Chromium: Debian's, installed
+# here when missing. As root Chromium runs without its sandbox (the test
+# passes --no-sandbox), which it refuses to do otherwise.
+if ! command -v chromium >/dev/null; then
+	if [ "$(id -u)" -eq 0 ]; then
+		echo "chromium not found: installing Debian's chromium package" >&2
+		apt-get update -qq >&2 &&
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >&2 ||
+			{ echo "installing chromium failed" >&2; exit 1; }
+	else
+		echo "chromium not found, and not root to install it: the browser test will fail" >&2
+	fi
+fi
+export DAMA_TEST_BROWSER=required
+
 # The upgrade test builds the previous release from the commit CHANGELOG.md
 # records, which a shallow clone lacks.
 if [ "$(git rev-parse --is-shallow-repository 2>/dev/null)" = true ]; then

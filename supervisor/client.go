@@ -39,6 +39,8 @@ type Client struct {
 	pool  *pgxpool.Pool
 	cfg   *config.Config
 	river *river.Client[pgx.Tx]
+	// actor is who the client's actions are recorded as done by.
+	actor string
 }
 
 // NewClient returns a client that submits tasks of the kinds in cfg. A client
@@ -51,7 +53,20 @@ func NewClient(pool *pgxpool.Pool, cfg *config.Config) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create River client: %w", err)
 	}
-	return &Client{pool: pool, cfg: cfg, river: rc}, nil
+	return &Client{pool: pool, cfg: cfg, river: rc, actor: defaultActor()}, nil
+}
+
+// WithActor returns a copy of the client whose actions (cancel, retry,
+// pause, resume, block, unblock) are recorded as done by actor. A new
+// client records them as done by the user running the program, as
+// user@host; a program acting for others (a web page, a chat bot) names
+// the person instead. An empty actor keeps the client's.
+func (c *Client) WithActor(actor string) *Client {
+	cp := *c
+	if actor != "" {
+		cp.actor = actor
+	}
+	return &cp
 }
 
 // SubmitParams describe a task to submit.
@@ -310,7 +325,7 @@ func (c *Client) tryCancel(ctx context.Context, id int64, requested *bool) (stat
 	if _, err := etlcontext.Append(ctx, tx, etlcontext.NewEvent{
 		ContextID: id,
 		Type:      ec.Kind + ":" + etlcontext.EventCancelled,
-		Payload:   map[string]any{"reason": "cancelled while not running"},
+		Payload:   map[string]any{"reason": "cancelled while not running", "by": c.actor},
 		RunID:     ec.RunID,
 	}); err != nil {
 		return ec.Status, false, err
@@ -332,18 +347,17 @@ func (c *Client) tryCancel(ctx context.Context, id int64, requested *bool) (stat
 func (c *Client) requestCancel(ctx context.Context, id int64, requested *bool) (etlcontext.Status, bool, error) {
 	var status etlcontext.Status
 	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
-		cur, err := etlcontext.Get(ctx, tx, id)
-		if err != nil {
-			return err
-		}
-		status = cur.Status
-		if cur.Status.Finished() || *requested {
+		if *requested {
+			cur, err := etlcontext.Get(ctx, tx, id)
+			if err != nil {
+				return err
+			}
+			status = cur.Status
 			return nil
 		}
-		if _, err := tx.Exec(ctx, `
-			UPDATE data_manager.etl_contexts SET cancel_requested_at = coalesce(cancel_requested_at, now())
-			 WHERE etl_context_id = $1`, id); err != nil {
-			return fmt.Errorf("request cancellation of etl context %d: %w", id, err)
+		var err error
+		if status, err = etlcontext.RequestCancel(ctx, tx, id, c.actor); err != nil || status.Finished() {
+			return err
 		}
 		if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, taskrunner.CancelChannel, strconv.FormatInt(id, 10)); err != nil {
 			return fmt.Errorf("announce cancellation of etl context %d: %w", id, err)

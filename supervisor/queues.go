@@ -24,7 +24,7 @@ func (c *Client) PauseQueue(ctx context.Context, queue, reason string) (etlconte
 	if err := c.checkQueue(ctx, queue); err != nil {
 		return etlcontext.QueuePause{}, err
 	}
-	return etlcontext.PauseQueue(ctx, c.pool, queue, reason, actor())
+	return etlcontext.PauseQueue(ctx, c.pool, queue, reason, c.actor)
 }
 
 // ResumeQueue lifts the pause of queue; the tasks that waited start at
@@ -33,7 +33,7 @@ func (c *Client) ResumeQueue(ctx context.Context, queue string) (bool, error) {
 	if err := c.checkQueue(ctx, queue); err != nil {
 		return false, err
 	}
-	return etlcontext.ResumeQueue(ctx, c.pool, queue)
+	return etlcontext.ResumeQueue(ctx, c.pool, queue, c.actor)
 }
 
 // BlockKind blocks kind, giving the reason: once it returns, none of its
@@ -47,7 +47,7 @@ func (c *Client) BlockKind(ctx context.Context, kind, reason string) (etlcontext
 	if err := c.checkKind(ctx, kind); err != nil {
 		return etlcontext.KindBlock{}, err
 	}
-	return etlcontext.BlockKind(ctx, c.pool, kind, reason, actor())
+	return etlcontext.BlockKind(ctx, c.pool, kind, reason, c.actor)
 }
 
 // UnblockKind lifts the block of kind; its tasks that waited start at once,
@@ -56,7 +56,7 @@ func (c *Client) UnblockKind(ctx context.Context, kind string) (bool, error) {
 	if err := c.checkKind(ctx, kind); err != nil {
 		return false, err
 	}
-	return etlcontext.UnblockKind(ctx, c.pool, kind)
+	return etlcontext.UnblockKind(ctx, c.pool, kind, c.actor)
 }
 
 // QueueStats reads data_manager.dama_queue_stats: per queue and kind, the
@@ -110,8 +110,8 @@ func (c *Client) checkKind(ctx context.Context, kind string) error {
 	return nil
 }
 
-// actor names who pauses or blocks, for the record: user@host.
-func actor() string {
+// defaultActor names who acts, for the record: user@host.
+func defaultActor() string {
 	name := "unknown"
 	if u, err := user.Current(); err == nil {
 		name = u.Username

@@ -34,7 +34,7 @@ func (c *Client) Retry(ctx context.Context, id int64) error {
 			return fmt.Errorf("%w %q: the configuration has %v", ErrUnknownKind, ec.Kind, c.cfg.KindNames())
 		}
 		maxAttempts := ec.Attempt + kind.MaxAttempts
-		if err := etlcontext.Reopen(ctx, tx, ec, maxAttempts, actor()); err != nil {
+		if err := etlcontext.Reopen(ctx, tx, ec, maxAttempts, c.actor); err != nil {
 			return err
 		}
 		res, err := c.river.InsertTx(ctx, tx, TaskArgs{ETLContextID: id, TaskKind: ec.Kind}, &river.InsertOpts{

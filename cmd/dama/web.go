@@ -46,7 +46,14 @@ func newWebCommand(g *globals) *cobra.Command {
 				return err
 			}
 			defer pool.Close()
-			page, err := web.New(pool, cfg, web.Options{Token: os.Getenv(webTokenEnv), ReadOnly: readOnly, Logger: logger})
+			host, _, _ := net.SplitHostPort(addr)
+			ip := net.ParseIP(host)
+			page, err := web.New(pool, cfg, web.Options{
+				Token:        os.Getenv(webTokenEnv),
+				ReadOnly:     readOnly,
+				LoopbackOnly: host == "localhost" || (ip != nil && ip.IsLoopback()),
+				Logger:       logger,
+			})
 			if err != nil {
 				return err
 			}

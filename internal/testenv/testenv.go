@@ -299,10 +299,17 @@ type Result struct {
 // configuration, bounded by a minute.
 func (e *Env) Dama(configPath string, args ...string) Result {
 	e.T.Helper()
+	return e.DamaWith(configPath, nil, args...)
+}
+
+// DamaWith is Dama with extraEnv entries (NAME=value) added to the test's
+// environment.
+func (e *Env) DamaWith(configPath string, extraEnv []string, args ...string) Result {
+	e.T.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, e.DamaBin, args...)
-	cmd.Env = e.Environ(configPath)
+	cmd.Env = append(e.Environ(configPath), extraEnv...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()

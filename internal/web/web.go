@@ -1,10 +1,13 @@
 // Package web serves dama's status page (`dama web`): the tasks, a task's
-// events, attempts and log, the queues, and the operator's actions, over
-// the same database as the supervisors. It reads the views; it never
-// blocks a task.
+// arguments, events, attempts and log, the queues, and the operator's
+// actions, over the same database as the supervisors. It reads the views
+// and the event store, never a task's lock, so it blocks no task.
 //
-// WORK IN PROGRESS (branch web-wip, issue 9): read-only pages and the JSON
-// API. Actions, the actor recorded with them, and the browser test remain.
+// The pages are static files embedded in the binary; a small script reads
+// the JSON API under /api/ every second. Actions are POST requests that
+// carry the token in TokenHeader: a cross-site form cannot set a header,
+// and a cross-site script cannot without a CORS preflight, which the
+// server never grants.
 package web
 
 import (
@@ -17,11 +20,14 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -34,35 +40,58 @@ import (
 //go:embed assets
 var assets embed.FS
 
-// TokenHeader carries the action token (DAMA_WEB_TOKEN) from the page's
-// script: a header a cross-site form cannot send, and a cross-site script
-// cannot either without a CORS preflight, which the server never grants.
-const TokenHeader = "X-Dama-Token"
+const (
+	// TokenHeader carries the action token from the page's script.
+	TokenHeader = "X-Dama-Token"
+	// ActorHeader carries the name the operator gave on the page, recorded
+	// with each action together with where the request came from.
+	ActorHeader = "X-Dama-Actor"
+	// MinTokenLength is the shortest token New accepts.
+	MinTokenLength = 16
+)
+
+// Limits of what one request reads, so that a page left open on a
+// database of millions of tasks costs the same as on a new one.
+const (
+	taskPage      = 100
+	childrenPage  = 200
+	eventsPage    = 200
+	controlEvents = 50
+	maxLogChunk   = 64 << 10
+	actionTimeout = time.Minute
+	maxActorName  = 64
+)
 
 // Options configure a Server.
 type Options struct {
-	// Token allows actions when a request carries it in TokenHeader; empty
-	// with ReadOnly false is refused by New.
+	// Token allows the actions to a request carrying it in TokenHeader. It
+	// must be at least MinTokenLength long unless ReadOnly is set.
 	Token string
-	// ReadOnly turns every action off.
+	// ReadOnly turns every action off; Token is then ignored.
 	ReadOnly bool
-	// Logger receives the server's logs; nil means slog.Default().
+	// LoopbackOnly refuses requests whose Host is not a loopback name or
+	// address, so that a page on localhost cannot be read by another site
+	// through DNS rebinding. Set it when listening on a loopback address.
+	LoopbackOnly bool
+	// Logger receives a line per action; nil means slog.Default().
 	Logger *slog.Logger
 }
 
 // Server is the status page's HTTP handler.
 type Server struct {
 	pool   *pgxpool.Pool
+	cfg    *config.Config
 	client *supervisor.Client
 	opts   Options
 	hostID string
+	host   string
 	mux    *http.ServeMux
 }
 
 // New returns the page's handler over pool, with cfg's kinds and queues.
 func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Server, error) {
-	if opts.Token == "" && !opts.ReadOnly {
-		return nil, errors.New("actions need a token: set DAMA_WEB_TOKEN, or serve the page read-only")
+	if !opts.ReadOnly && len(opts.Token) < MinTokenLength {
+		return nil, fmt.Errorf("actions need a token of at least %d characters in DAMA_WEB_TOKEN; or serve the page --read-only", MinTokenLength)
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -73,9 +102,13 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Server, error) 
 	}
 	hostID, err := hostproc.ID()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("identify this host: %w", err)
 	}
-	s := &Server{pool: pool, client: client, opts: opts, hostID: hostID, mux: http.NewServeMux()}
+	host, err := os.Hostname()
+	if err != nil {
+		return nil, fmt.Errorf("read host name: %w", err)
+	}
+	s := &Server{pool: pool, cfg: cfg, client: client, opts: opts, hostID: hostID, host: host, mux: http.NewServeMux()}
 	static, err := fs.Sub(assets, "assets")
 	if err != nil {
 		return nil, err
@@ -84,43 +117,90 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Server, error) 
 	for path, page := range map[string]string{"GET /{$}": "index.html", "GET /tasks/{id}": "task.html", "GET /queues": "queues.html"} {
 		s.mux.HandleFunc(path, s.page(page))
 	}
+	s.mux.HandleFunc("GET /api/config", s.config)
 	s.mux.HandleFunc("GET /api/tasks", s.tasks)
 	s.mux.HandleFunc("GET /api/tasks/{id}", s.task)
 	s.mux.HandleFunc("GET /api/tasks/{id}/log", s.log)
 	s.mux.HandleFunc("GET /api/queues", s.queues)
 	s.mux.HandleFunc("POST /api/tasks/{id}/cancel", s.action(s.cancel))
 	s.mux.HandleFunc("POST /api/tasks/{id}/retry", s.action(s.retry))
+	s.mux.HandleFunc("POST /api/queues/{queue}/pause", s.action(s.pause))
+	s.mux.HandleFunc("POST /api/queues/{queue}/resume", s.action(s.resume))
+	s.mux.HandleFunc("POST /api/kinds/{kind}/block", s.action(s.block))
+	s.mux.HandleFunc("POST /api/kinds/{kind}/unblock", s.action(s.unblock))
 	return s, nil
 }
 
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.Header().Set("X-Frame-Options", "DENY")
-	w.Header().Set("Content-Security-Policy", "default-src 'self'")
+	h := w.Header()
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("X-Frame-Options", "DENY")
+	h.Set("Referrer-Policy", "no-referrer")
+	h.Set("Content-Security-Policy", "default-src 'self'; frame-ancestors 'none'; form-action 'self'")
+	if s.opts.LoopbackOnly && !loopbackHost(r.Host) {
+		writeError(w, http.StatusMisdirectedRequest, fmt.Errorf("host %q refused: this page serves localhost only", r.Host))
+		return
+	}
 	s.mux.ServeHTTP(w, r)
+}
+
+func loopbackHost(hostport string) bool {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		host = hostport
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(strings.Trim(host, "[]"))
+	return ip != nil && ip.IsLoopback()
 }
 
 func (s *Server) page(name string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		b, err := assets.ReadFile("assets/" + name)
 		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
+			writeError(w, http.StatusInternalServerError, err)
 			return
 		}
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.Header().Set("Cache-Control", "no-cache")
 		_, _ = w.Write(b)
 	}
 }
 
 func writeJSON(w http.ResponseWriter, v any) {
 	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
 	_ = json.NewEncoder(w).Encode(v)
 }
 
 func writeError(w http.ResponseWriter, code int, err error) {
 	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(map[string]string{"error": err.Error()})
+}
+
+// readError answers a failed read: a missing task is 404, anything else
+// (the database away, a timeout) 503, which the page shows and retries.
+func readError(w http.ResponseWriter, err error) {
+	if errors.Is(err, etlcontext.ErrNotFound) {
+		writeError(w, http.StatusNotFound, err)
+		return
+	}
+	writeError(w, http.StatusServiceUnavailable, err)
+}
+
+// config tells the page what it may offer: the actions, and the queues and
+// kinds of the configuration.
+func (s *Server) config(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, map[string]any{
+		"read_only": s.opts.ReadOnly,
+		"host":      s.host,
+		"queues":    s.cfg.QueueNames(),
+		"kinds":     s.cfg.KindNames(),
+	})
 }
 
 // taskJSON is a task with its progress read as a bar.
@@ -137,32 +217,53 @@ func withBar(t etlcontext.Task) taskJSON {
 	return j
 }
 
-func (s *Server) tasks(w http.ResponseWriter, r *http.Request) {
-	q := etlcontext.TaskQuery{Limit: 100}
-	if v := r.URL.Query().Get("status"); v != "" {
-		for _, st := range strings.Split(v, ",") {
-			q.Statuses = append(q.Statuses, etlcontext.Status(strings.ToUpper(st)))
-		}
-	}
-	if v := r.URL.Query().Get("q"); v != "" {
-		if id, err := strconv.ParseInt(v, 10, 64); err == nil {
-			q.ID = id
-		}
-	}
-	tasks, err := etlcontext.Tasks(r.Context(), s.pool, q)
-	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, err)
-		return
-	}
-	kind, queue := r.URL.Query().Get("kind"), r.URL.Query().Get("queue")
-	out := []taskJSON{}
+func withBars(tasks []etlcontext.Task) []taskJSON {
+	out := make([]taskJSON, 0, len(tasks))
 	for _, t := range tasks {
-		// TODO(issue 9): filter kind and queue in the query, with an index.
-		if (kind == "" || t.Kind == kind) && (queue == "" || t.Queue == queue) {
-			out = append(out, withBar(t))
+		out = append(out, withBar(t))
+	}
+	return out
+}
+
+// tasks lists the newest tasks, filtered by ?status= (comma-separated),
+// ?kind=, ?queue=, and ?q=, an id or an idempotency key.
+func (s *Server) tasks(w http.ResponseWriter, r *http.Request) {
+	v := r.URL.Query()
+	q := etlcontext.TaskQuery{Limit: taskPage, Kind: v.Get("kind"), Queue: v.Get("queue")}
+	if st := v.Get("status"); st != "" {
+		for _, name := range strings.Split(st, ",") {
+			status := etlcontext.Status(strings.ToUpper(strings.TrimSpace(name)))
+			if !slices.Contains(etlcontext.Statuses, status) {
+				writeError(w, http.StatusBadRequest, fmt.Errorf("unknown status %q", name))
+				return
+			}
+			q.Statuses = append(q.Statuses, status)
 		}
 	}
-	writeJSON(w, map[string]any{"tasks": out, "now": time.Now()})
+	search := strings.TrimSpace(v.Get("q"))
+	var tasks []etlcontext.Task
+	if id, err := strconv.ParseInt(search, 10, 64); err == nil && id > 0 {
+		byID := q
+		byID.ID = id
+		found, err := etlcontext.Tasks(r.Context(), s.pool, byID)
+		if err != nil {
+			readError(w, err)
+			return
+		}
+		tasks = found
+	}
+	if search != "" && len(tasks) == 0 {
+		q.IdempotencyKey = search
+	}
+	if search == "" || len(tasks) == 0 {
+		found, err := etlcontext.Tasks(r.Context(), s.pool, q)
+		if err != nil {
+			readError(w, err)
+			return
+		}
+		tasks = found
+	}
+	writeJSON(w, map[string]any{"tasks": withBars(tasks), "limit": taskPage})
 }
 
 func pathID(r *http.Request) (int64, error) {
@@ -173,154 +274,235 @@ func pathID(r *http.Request) (int64, error) {
 	return id, nil
 }
 
-func (s *Server) task(w http.ResponseWriter, r *http.Request) {
+// oneTask reads the task of the request's path.
+func (s *Server) oneTask(r *http.Request) (etlcontext.Task, error) {
 	id, err := pathID(r)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, err)
-		return
+		return etlcontext.Task{}, err
 	}
+	tasks, err := etlcontext.Tasks(r.Context(), s.pool, etlcontext.TaskQuery{ID: id})
+	if err != nil {
+		return etlcontext.Task{}, err
+	}
+	if len(tasks) == 0 {
+		return etlcontext.Task{}, fmt.Errorf("task %d: %w", id, etlcontext.ErrNotFound)
+	}
+	return tasks[0], nil
+}
+
+func (s *Server) task(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	tasks, err := etlcontext.Tasks(ctx, s.pool, etlcontext.TaskQuery{ID: id})
-	switch {
-	case err != nil:
-		writeError(w, http.StatusServiceUnavailable, err)
-		return
-	case len(tasks) == 0:
-		writeError(w, http.StatusNotFound, fmt.Errorf("task %d not found", id))
-		return
-	}
-	events, err := etlcontext.Events(ctx, s.pool, id)
+	t, err := s.oneTask(r)
 	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, err)
+		readError(w, err)
 		return
 	}
-	children, err := etlcontext.Tasks(ctx, s.pool, etlcontext.TaskQuery{ParentID: id, Limit: 200})
+	events, err := etlcontext.RecentEvents(ctx, s.pool, t.ID, eventsPage)
 	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, err)
+		readError(w, err)
 		return
 	}
-	args, checkpoint, err := etlcontext.Payloads(ctx, s.pool, id)
+	attempts, err := etlcontext.Attempts(ctx, s.pool, t.ID)
 	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, err)
+		readError(w, err)
 		return
 	}
-	kids := make([]taskJSON, 0, len(children))
-	for _, c := range children {
-		kids = append(kids, withBar(c))
+	children, err := etlcontext.Tasks(ctx, s.pool, etlcontext.TaskQuery{ParentID: t.ID, Limit: childrenPage})
+	if err != nil {
+		readError(w, err)
+		return
+	}
+	args, checkpoint, err := etlcontext.Payloads(ctx, s.pool, t.ID)
+	if err != nil {
+		readError(w, err)
+		return
 	}
 	writeJSON(w, map[string]any{
-		"task": withBar(tasks[0]), "events": events, "children": kids,
-		"args": args, "checkpoint": checkpoint,
-		"log_here": tasks[0].HostID != nil && *tasks[0].HostID == s.hostID,
+		"task": withBar(t), "events": events, "events_limit": eventsPage,
+		"attempts": attempts, "children": withBars(children), "children_limit": childrenPage,
+		"args": args, "checkpoint": checkpoint, "log_here": s.logHere(t),
 	})
 }
 
-// maxLogChunk bounds what one log request returns.
-const maxLogChunk = 64 << 10
+// logHere reports whether the task's log is on this host, where the page
+// can read it.
+func (s *Server) logHere(t etlcontext.Task) bool {
+	return t.HostID != nil && *t.HostID == s.hostID && t.LogPath != nil
+}
 
-// log returns the task's log from ?offset=, when the task ran on this host.
+// log returns up to maxLogChunk bytes of the task's log from ?offset=, or
+// its last maxLogChunk bytes without one; "next" is the offset to ask for
+// next. Only for a task that ran on this host.
 func (s *Server) log(w http.ResponseWriter, r *http.Request) {
-	id, err := pathID(r)
+	t, err := s.oneTask(r)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, err)
+		readError(w, err)
 		return
 	}
-	tasks, err := etlcontext.Tasks(r.Context(), s.pool, etlcontext.TaskQuery{ID: id})
-	switch {
-	case err != nil:
-		writeError(w, http.StatusServiceUnavailable, err)
-		return
-	case len(tasks) == 0:
-		writeError(w, http.StatusNotFound, fmt.Errorf("task %d not found", id))
-		return
-	}
-	t := tasks[0]
-	if t.HostID == nil || *t.HostID != s.hostID || t.LogPath == nil {
-		writeError(w, http.StatusNotFound, fmt.Errorf("task %d's log is on host %s", id, deref(t.Host)))
+	if !s.logHere(t) {
+		host := "-"
+		if t.Host != nil {
+			host = *t.Host
+		}
+		writeError(w, http.StatusNotFound, fmt.Errorf("task %d's log is on host %s", t.ID, host))
 		return
 	}
-	offset, _ := strconv.ParseInt(r.URL.Query().Get("offset"), 10, 64)
 	f, err := os.Open(*t.LogPath)
 	if err != nil {
-		writeError(w, http.StatusNotFound, err)
+		writeError(w, http.StatusNotFound, fmt.Errorf("open the log of task %d: %w", t.ID, err))
 		return
 	}
 	defer f.Close()
 	info, err := f.Stat()
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, err)
+		writeError(w, http.StatusInternalServerError, fmt.Errorf("read the log of task %d: %w", t.ID, err))
 		return
 	}
-	if offset < 0 || offset > info.Size() {
-		offset = 0
-	}
-	if offset == 0 && info.Size() > maxLogChunk {
-		offset = info.Size() - maxLogChunk
+	offset, err := strconv.ParseInt(r.URL.Query().Get("offset"), 10, 64)
+	if err != nil || offset < 0 || offset > info.Size() {
+		// A first read, or a log that was truncated: its last chunk.
+		offset = max(info.Size()-maxLogChunk, 0)
 	}
 	buf := make([]byte, min(info.Size()-offset, maxLogChunk))
 	n, err := f.ReadAt(buf, offset)
 	if err != nil && !errors.Is(err, io.EOF) {
-		writeError(w, http.StatusInternalServerError, err)
+		writeError(w, http.StatusInternalServerError, fmt.Errorf("read the log of task %d: %w", t.ID, err))
 		return
 	}
-	writeJSON(w, map[string]any{"data": strings.ToValidUTF8(string(buf[:n]), "\uFFFD"), "next": offset + int64(n), "finished": t.Status.Finished()})
+	writeJSON(w, map[string]any{
+		"data":     strings.ToValidUTF8(string(buf[:n]), "\uFFFD"),
+		"offset":   offset,
+		"next":     offset + int64(n),
+		"finished": t.Status.Finished(),
+	})
 }
 
 func (s *Server) queues(w http.ResponseWriter, r *http.Request) {
 	stats, err := etlcontext.QueueStats(r.Context(), s.pool)
 	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, err)
+		readError(w, err)
 		return
 	}
-	writeJSON(w, map[string]any{"queues": stats})
+	history, err := etlcontext.ControlEvents(r.Context(), s.pool, controlEvents)
+	if err != nil {
+		readError(w, err)
+		return
+	}
+	writeJSON(w, map[string]any{"queues": stats, "history": history})
 }
 
-// action guards an action: on, with the token, and from this page.
-func (s *Server) action(h func(ctx context.Context, r *http.Request) (any, error)) http.HandlerFunc {
+// actionFunc does an action for the client c, which records who asked.
+type actionFunc func(ctx context.Context, c *supervisor.Client, r *http.Request, reason string) (any, error)
+
+// action guards an action: actions on, the token given, the request from
+// this page. The optional JSON body {"reason": ...} gives a pause's or a
+// block's reason.
+func (s *Server) action(do actionFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if s.opts.ReadOnly {
-			writeError(w, http.StatusForbidden, errors.New("this page is read-only"))
+		if code, err := s.refuse(r); err != nil {
+			s.opts.Logger.Warn("action refused", "path", r.URL.Path, "remote", r.RemoteAddr, "error", err)
+			writeError(w, code, err)
 			return
 		}
-		if site := r.Header.Get("Sec-Fetch-Site"); site != "" && site != "same-origin" {
-			writeError(w, http.StatusForbidden, errors.New("cross-site request refused"))
-			return
+		var body struct {
+			Reason string `json:"reason"`
 		}
-		if subtle.ConstantTimeCompare([]byte(r.Header.Get(TokenHeader)), []byte(s.opts.Token)) != 1 {
-			writeError(w, http.StatusUnauthorized, errors.New("a valid token is needed for actions"))
-			return
+		if r.ContentLength != 0 {
+			if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&body); err != nil && !errors.Is(err, io.EOF) {
+				writeError(w, http.StatusBadRequest, fmt.Errorf("read the request: %w", err))
+				return
+			}
 		}
-		v, err := h(r.Context(), r)
+		actor := s.actor(r)
+		ctx, cancel := context.WithTimeout(r.Context(), actionTimeout)
+		defer cancel()
+		v, err := do(ctx, s.client.WithActor(actor), r, strings.TrimSpace(body.Reason))
+		s.opts.Logger.Info("action", "path", r.URL.Path, "actor", actor, "error", err)
 		if err != nil {
-			writeError(w, http.StatusConflict, err)
+			code := http.StatusConflict
+			if errors.Is(err, etlcontext.ErrNotFound) || errors.Is(err, supervisor.ErrUnknownQueue) || errors.Is(err, supervisor.ErrUnknownKind) {
+				code = http.StatusNotFound
+			}
+			writeError(w, code, err)
 			return
 		}
 		writeJSON(w, v)
 	}
 }
 
-func (s *Server) cancel(ctx context.Context, r *http.Request) (any, error) {
+// refuse says why an action request is refused, if it is.
+func (s *Server) refuse(r *http.Request) (int, error) {
+	if s.opts.ReadOnly {
+		return http.StatusForbidden, errors.New("this page is read-only")
+	}
+	// Browsers name the requesting site; a request from another one is
+	// refused even if it somehow carried the token.
+	if site := r.Header.Get("Sec-Fetch-Site"); site != "" && site != "same-origin" {
+		return http.StatusForbidden, fmt.Errorf("cross-site request refused (Sec-Fetch-Site: %s)", site)
+	}
+	if subtle.ConstantTimeCompare([]byte(r.Header.Get(TokenHeader)), []byte(s.opts.Token)) != 1 {
+		return http.StatusUnauthorized, errors.New("a valid token is needed for actions")
+	}
+	return 0, nil
+}
+
+// actor names who acts: the name given on the page (anyone with the token
+// may claim any name: it is a label, not an identity), this page's host,
+// and the address the request came from.
+func (s *Server) actor(r *http.Request) string {
+	name := strings.Map(func(r rune) rune {
+		if unicode.IsPrint(r) {
+			return r
+		}
+		return -1
+	}, strings.TrimSpace(r.Header.Get(ActorHeader)))
+	if len(name) > maxActorName {
+		name = strings.ToValidUTF8(name[:maxActorName], "")
+	}
+	if name == "" {
+		name = "anonymous"
+	}
+	from, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		from = r.RemoteAddr
+	}
+	return fmt.Sprintf("%s via dama web on %s from %s", name, s.host, from)
+}
+
+func (s *Server) cancel(ctx context.Context, c *supervisor.Client, r *http.Request, _ string) (any, error) {
 	id, err := pathID(r)
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	status, err := s.client.Cancel(ctx, id)
+	status, err := c.Cancel(ctx, id)
 	return map[string]any{"status": status}, err
 }
 
-func (s *Server) retry(ctx context.Context, r *http.Request) (any, error) {
+func (s *Server) retry(ctx context.Context, c *supervisor.Client, r *http.Request, _ string) (any, error) {
 	id, err := pathID(r)
 	if err != nil {
 		return nil, err
 	}
-	return map[string]any{"status": etlcontext.StatusQueued}, s.client.Retry(ctx, id)
+	if err := c.Retry(ctx, id); err != nil {
+		return nil, err
+	}
+	return map[string]any{"status": etlcontext.StatusQueued}, nil
 }
 
-func deref(s *string) string {
-	if s == nil {
-		return "-"
-	}
-	return *s
+func (s *Server) pause(ctx context.Context, c *supervisor.Client, r *http.Request, reason string) (any, error) {
+	return c.PauseQueue(ctx, r.PathValue("queue"), reason)
+}
+
+func (s *Server) resume(ctx context.Context, c *supervisor.Client, r *http.Request, _ string) (any, error) {
+	resumed, err := c.ResumeQueue(ctx, r.PathValue("queue"))
+	return map[string]any{"resumed": resumed}, err
+}
+
+func (s *Server) block(ctx context.Context, c *supervisor.Client, r *http.Request, reason string) (any, error) {
+	return c.BlockKind(ctx, r.PathValue("kind"), reason)
+}
+
+func (s *Server) unblock(ctx context.Context, c *supervisor.Client, r *http.Request, _ string) (any, error) {
+	unblocked, err := c.UnblockKind(ctx, r.PathValue("kind"))
+	return map[string]any{"unblocked": unblocked}, err
 }

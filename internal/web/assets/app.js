@@ -1,15 +1,25 @@
-// dama's status page: each page reads the JSON API every second.
+// dama's status page. Each page reads the JSON API every second and
+// redraws; actions send the token (kept in this tab only) in a header.
 "use strict";
 
 const $ = (sel) => document.querySelector(sel);
-const el = (tag, text, cls) => { const e = document.createElement(tag); if (text !== undefined) e.textContent = text; if (cls) e.className = cls; return e; };
+const el = (tag, text, cls) => {
+  const e = document.createElement(tag);
+  if (text !== undefined && text !== null) e.textContent = String(text);
+  if (cls) e.className = cls;
+  return e;
+};
+const link = (href, text) => { const a = el("a", text); a.href = href; return a; };
+const cell = (child, cls) => { const td = el("td", undefined, cls); td.append(child); return td; };
+const row = (...cells) => { const tr = el("tr"); tr.append(...cells.map((c) => (c instanceof Node ? c : el("td", c ?? "-")))); return tr; };
+const num = (n) => el("td", n ?? 0, "num");
 
-// The action token lives in this tab only.
 const tokenInput = $("#token");
-if (tokenInput) {
-  tokenInput.value = sessionStorage.getItem("dama-token") || "";
-  tokenInput.addEventListener("change", () => sessionStorage.setItem("dama-token", tokenInput.value));
-}
+const actorInput = $("#actor");
+tokenInput.value = sessionStorage.getItem("dama-token") || "";
+tokenInput.addEventListener("input", () => sessionStorage.setItem("dama-token", tokenInput.value));
+actorInput.value = localStorage.getItem("dama-actor") || "";
+actorInput.addEventListener("input", () => localStorage.setItem("dama-actor", actorInput.value));
 
 async function get(url) {
   const r = await fetch(url, { headers: { Accept: "application/json" } });
@@ -18,114 +28,252 @@ async function get(url) {
   return body;
 }
 
-async function act(url) {
-  const r = await fetch(url, { method: "POST", headers: { "X-Dama-Token": tokenInput ? tokenInput.value : "" } });
-  const body = await r.json();
-  if (!r.ok) throw new Error(body.error || r.statusText);
-  return body;
+async function act(url, body) {
+  const r = await fetch(url, {
+    method: "POST",
+    headers: { "Content-Type": "application/json", "X-Dama-Token": tokenInput.value, "X-Dama-Actor": actorInput.value },
+    body: JSON.stringify(body || {}),
+  });
+  const reply = await r.json();
+  if (!r.ok) throw new Error(reply.error || r.statusText);
+  return reply;
 }
 
 function showError(err) { $("#error").textContent = err ? String(err.message || err) : ""; }
 
+// button makes an action button whose outcome shows in #done or #error.
+function button(label, url, body, done) {
+  const b = el("button", label);
+  b.type = "button";
+  b.dataset.action = url;
+  b.addEventListener("click", async () => {
+    b.disabled = true;
+    try {
+      await act(url, typeof body === "function" ? body() : body);
+      showError(null);
+      $("#done").textContent = done;
+      await refresh();
+    } catch (err) {
+      $("#done").textContent = "";
+      showError(err);
+    } finally {
+      b.disabled = false;
+    }
+  });
+  return b;
+}
+
+// bar draws a task's progress: a bar when its latest PROGRESS says how far
+// along it is, else the payload itself.
 function bar(t) {
   if (!t.bar) return el("span", t.progress ? JSON.stringify(t.progress) : "-");
-  const outer = el("span", undefined, "bar");
-  outer.title = t.bar.label;
-  const inner = el("span");
-  inner.style.width = (t.bar.fraction * 100).toFixed(1) + "%";
-  outer.appendChild(inner);
-  const wrap = el("span");
-  wrap.append(outer, " " + t.bar.label);
+  const wrap = el("span", undefined, "progress");
+  const p = el("progress");
+  p.max = 1;
+  p.value = t.bar.fraction;
+  p.title = t.bar.label;
+  wrap.append(p, " " + t.bar.label);
   return wrap;
 }
 
+function status(s) { return el("td", s, "status status-" + s); }
+
 function duration(from, to) {
   if (!from) return "-";
-  const s = Math.max(0, ((to ? new Date(to) : new Date()) - new Date(from)) / 1000);
-  if (s < 60) return s.toFixed(0) + "s";
-  if (s < 3600) return (s / 60).toFixed(0) + "m";
-  return (s / 3600).toFixed(1) + "h";
+  let s = Math.max(0, Math.round(((to ? new Date(to) : new Date()) - new Date(from)) / 1000));
+  if (s < 60) return s + "s";
+  const d = Math.floor(s / 86400), h = Math.floor((s % 86400) / 3600), m = Math.floor((s % 3600) / 60);
+  s %= 60;
+  return d ? d + "d" + h + "h" : h ? h + "h" + m + "m" : m + "m" + s + "s";
+}
+
+const time = (t) => (t ? new Date(t).toLocaleString() : "-");
+const json = (v) => (v === null || v === undefined ? "" : JSON.stringify(v));
+
+let config = { read_only: true, queues: [], kinds: [] };
+
+// ---- Tasks ----
+
+function fillSelect(name, values) {
+  const select = $(`#filters [name=${name}]`);
+  for (const v of values) select.append(el("option", v));
 }
 
 async function tasksPage() {
   const params = new URLSearchParams(new FormData($("#filters")));
   for (const [k, v] of [...params]) if (!v) params.delete(k);
-  const { tasks } = await get("/api/tasks?" + params);
+  const { tasks, limit } = await get("/api/tasks?" + params);
   const body = el("tbody");
   for (const t of tasks) {
-    const tr = el("tr");
+    const tr = row(cell(link("/tasks/" + t.etl_context_id, t.etl_context_id)), t.kind, t.queue, status(t.etl_status),
+      t.attempt + "/" + t.max_attempts, t.host, t.pid, t.initial_event_locked ? "held" : "free",
+      duration(t.started_at, t.finished_at), cell(bar(t)));
     tr.dataset.id = t.etl_context_id;
-    const id = el("td"); const a = el("a", String(t.etl_context_id)); a.href = "/tasks/" + t.etl_context_id; id.appendChild(a);
-    const progress = el("td"); progress.appendChild(bar(t));
-    tr.append(id, el("td", t.kind), el("td", t.queue), el("td", t.etl_status, "status status-" + t.etl_status),
-      el("td", t.attempt + "/" + t.max_attempts), el("td", t.host || "-"), el("td", t.pid || "-"),
-      el("td", t.initial_event_locked ? "yes" : "no"), el("td", duration(t.started_at, t.finished_at)), progress);
-    body.appendChild(tr);
+    tr.dataset.status = t.etl_status;
+    body.append(tr);
   }
   $("#tasks tbody").replaceWith(body);
+  $("#limit").textContent = tasks.length >= limit ? `the newest ${limit}: filter to see others` : "";
 }
 
-let logOffset = 0;
-async function taskPage() {
-  const id = location.pathname.split("/").pop();
-  const d = await get("/api/tasks/" + id);
-  const t = d.task;
-  $("#title").textContent = "Task " + t.etl_context_id + " (" + t.kind + ")";
-  const summary = el("p");
-  summary.append(el("span", t.etl_status, "status status-" + t.etl_status), " attempt " + t.attempt + "/" + t.max_attempts +
-    ", host " + (t.host || "-") + ", pid " + (t.pid || "-") + ", lock " + (t.initial_event_locked ? "held" : "free") + " ", bar(t));
-  if (t.parent_context_id) { const p = el("a", " parent " + t.parent_context_id); p.href = "/tasks/" + t.parent_context_id; summary.append(p); }
-  $("#summary").replaceChildren(summary);
-  $("#args").textContent = JSON.stringify(d.args, null, 2);
-  $("#checkpoint").textContent = d.checkpoint ? JSON.stringify(d.checkpoint, null, 2) : "none";
-  const kids = el("ul");
-  for (const c of d.children) { const li = el("li"); const a = el("a", c.etl_context_id + " " + c.kind + " " + c.etl_status); a.href = "/tasks/" + c.etl_context_id; li.appendChild(a); kids.appendChild(li); }
-  $("#children").replaceWith(kids); kids.id = "children";
-  const events = el("tbody");
-  for (const e of d.events) {
-    const tr = el("tr");
-    tr.append(el("td", new Date(e.created_at).toLocaleString()), el("td", String(e.attempt)), el("td", e.type),
-      el("td", e.payload ? JSON.stringify(e.payload) : ""));
-    events.appendChild(tr);
-  }
-  $("#events tbody").replaceWith(events);
-  if (d.log_here) {
-    try {
-      const l = await get("/api/tasks/" + id + "/log?offset=" + logOffset);
-      $("#log").textContent += l.data; logOffset = l.next;
-    } catch (err) { $("#log").textContent = String(err.message); }
-  } else {
-    $("#log").textContent = "the log is on host " + (t.host || "-") + ": run dama web there to follow it";
-  }
-}
-
-async function queuesPage() {
-  const { queues } = await get("/api/queues");
-  const body = el("tbody");
-  for (const q of queues) {
-    const tr = el("tr");
-    tr.append(el("td", q.queue || "-"), el("td", q.kind || "-"), el("td", String(q.queued)), el("td", String(q.scheduled)),
-      el("td", String(q.running)), el("td", String(q.retrying)), el("td", String(q.done_24h)), el("td", String(q.failed_24h)),
-      el("td", String(q.cancelled_24h)), el("td", q.oldest_waiting ? (q.oldest_waiting / 1e9).toFixed(0) + "s" : "-"),
-      el("td", q.paused ? "paused: " + (q.pause_reason || "") : "-"), el("td", q.blocked ? "blocked: " + (q.block_reason || "") : "-"));
-    body.appendChild(tr);
-  }
-  $("#queues tbody").replaceWith(body);
-}
-
-const pages = { tasks: tasksPage, task: taskPage, queues: queuesPage };
-const refresh = pages[document.body.dataset.page];
-async function loop() {
-  try { await refresh(); showError(null); } catch (err) { showError(err); }
-  setTimeout(loop, 1000);
-}
-loop();
-
-for (const name of ["cancel", "retry"]) {
-  const button = $("#" + name);
-  if (button) button.addEventListener("click", async () => {
-    try { await act("/api/tasks/" + location.pathname.split("/").pop() + "/" + name); showError(null); } catch (err) { showError(err); }
+function setupTasks() {
+  fillSelect("kind", config.kinds);
+  fillSelect("queue", config.queues);
+  const form = $("#filters");
+  const url = new URLSearchParams(location.search);
+  for (const [k, v] of url) if (form.elements[k]) form.elements[k].value = v;
+  form.addEventListener("submit", (e) => e.preventDefault());
+  form.addEventListener("input", () => {
+    const params = new URLSearchParams(new FormData(form));
+    for (const [k, v] of [...params]) if (!v) params.delete(k);
+    history.replaceState(null, "", params.size ? "?" + params : location.pathname);
+    tasksPage().catch(showError);
   });
 }
-const filters = $("#filters");
-if (filters) filters.addEventListener("input", () => tasksPage().catch(showError));
+
+// ---- A task ----
+
+const taskID = () => location.pathname.split("/").pop();
+let logNext = null;
+let logDone = false;
+
+async function taskPage() {
+  const id = taskID();
+  const d = await get("/api/tasks/" + id);
+  const t = d.task;
+  document.title = `dama: task ${t.etl_context_id}`;
+  $("#title").textContent = `Task ${t.etl_context_id}: ${t.kind}`;
+  const s = el("p");
+  s.append(el("span", t.etl_status, "status status-" + t.etl_status),
+    ` attempt ${t.attempt}/${t.max_attempts} · queue ${t.queue} · host ${t.host || "-"} · pid ${t.pid || "-"} · lock ${t.initial_event_locked ? "held" : "free"} · run time ${duration(t.started_at, t.finished_at)} · `,
+    bar(t));
+  if (t.idempotency_key) s.append(" · key " + t.idempotency_key);
+  if (t.waiting_for) s.append(" · waiting: " + t.waiting_for);
+  if (t.parent_context_id) s.append(" · parent ", link("/tasks/" + t.parent_context_id, t.parent_context_id));
+  s.dataset.status = t.etl_status;
+  $("#summary").replaceChildren(s);
+  const finished = ["DONE", "FAILED", "CANCELLED"].includes(t.etl_status);
+  $("#actions [data-action$='/cancel']").hidden = finished;
+  $("#actions [data-action$='/retry']").hidden = !["FAILED", "CANCELLED"].includes(t.etl_status);
+  $("#args").textContent = JSON.stringify(d.args, null, 2);
+  $("#checkpoint").textContent = d.checkpoint ? JSON.stringify(d.checkpoint, null, 2) : "none";
+
+  const attempts = el("tbody");
+  for (const a of d.attempts) {
+    const tail = el("td");
+    if (a.log_tail) { const det = el("details"); det.append(el("summary", "tail"), el("pre", a.log_tail)); tail.append(det); }
+    attempts.append(row(a.attempt, a.host, a.pid, time(a.started_at), time(a.ended_at), a.outcome || "running",
+      a.exit_code ?? "-", a.reason, tail));
+  }
+  $("#attempts tbody").replaceWith(attempts);
+
+  const kids = el("tbody");
+  for (const c of d.children) kids.append(row(cell(link("/tasks/" + c.etl_context_id, c.etl_context_id)), c.kind, status(c.etl_status), cell(bar(c))));
+  $("#children tbody").replaceWith(kids);
+
+  const events = el("tbody");
+  for (const e of d.events) {
+    const text = json(e.payload);
+    const code = el("code", text.length > 300 ? text.slice(0, 300) + "…" : text);
+    code.title = text.length > 300 ? text.slice(0, 4000) : "";
+    events.append(row(time(e.created_at), e.attempt, e.type, cell(code)));
+  }
+  $("#events tbody").replaceWith(events);
+  $("#events-note").textContent = d.events.length >= d.events_limit ? `the newest ${d.events_limit} events` : "";
+
+  if (!d.log_here) {
+    $("#log-note").textContent = `The log is on host ${t.host || "-"}: run dama web there to follow it.`;
+  } else if (!logDone) {
+    const l = await get(`/api/tasks/${id}/log` + (logNext === null ? "" : "?offset=" + logNext));
+    if (logNext === null || l.offset !== logNext) $("#log").textContent = "";
+    $("#log").textContent += l.data;
+    if (l.data) $("#log").scrollTop = $("#log").scrollHeight;
+    logNext = l.next;
+    logDone = l.finished && !l.data;
+    $("#log-note").textContent = logDone ? "" : "followed live";
+  }
+}
+
+function setupTask() {
+  const id = taskID();
+  $("#actions").hidden = config.read_only;
+  $("#cancel").replaceWith(button("Cancel", `/api/tasks/${id}/cancel`, {}, "cancelled"));
+  $("#retry").replaceWith(button("Retry", `/api/tasks/${id}/retry`, {}, "queued again"));
+}
+
+// ---- Queues ----
+
+async function queuesPage() {
+  const { queues, history } = await get("/api/queues");
+  const paused = new Map(config.queues.map((q) => [q, null]));
+  const blocked = new Map(config.kinds.map((k) => [k, null]));
+  const body = el("tbody");
+  for (const q of queues) {
+    if (q.queue && (q.paused || !paused.has(q.queue))) paused.set(q.queue, q.paused ? q : null);
+    if (q.kind && (q.blocked || !blocked.has(q.kind))) blocked.set(q.kind, q.blocked ? q : null);
+    if (!q.queue || !q.kind) continue;
+    body.append(row(q.queue, q.kind, num(q.queued), num(q.scheduled), num(q.running), num(q.retrying), num(q.done_24h),
+      num(q.failed_24h), num(q.cancelled_24h), q.oldest_waiting ? duration(new Date(Date.now() - q.oldest_waiting / 1e6)) : "-"));
+  }
+  $("#queues tbody").replaceWith(body);
+
+  const reason = () => ({ reason: $("#reason").value });
+  // controls draws the queues (or the kinds) with their pause (or block)
+  // and the button that changes it.
+  const controls = (id, items, on, path, [onLabel, onDone], [offLabel, offDone]) => {
+    const tb = el("tbody");
+    for (const [name, q] of [...items].sort((a, b) => a[0].localeCompare(b[0]))) {
+      const url = `${path}/${encodeURIComponent(name)}/`;
+      const state = q ? el("td", `${on}: ${q.pause_reason ?? q.block_reason ?? ""}`, on) : el("td", "-");
+      const action = el("td");
+      if (!config.read_only) {
+        action.append(q ? button(offLabel, url + offLabel.toLowerCase(), {}, `${name} ${offDone}`)
+          : button(onLabel, url + onLabel.toLowerCase(), reason, `${name} ${onDone}`));
+      }
+      const tr = row(name, state, action);
+      tr.dataset.name = name;
+      tb.append(tr);
+    }
+    $(`#${id} tbody`).replaceWith(tb);
+  };
+  controls("queue-controls", paused, "paused", "/api/queues", ["Pause", "paused"], ["Resume", "resumed"]);
+  controls("kind-controls", blocked, "blocked", "/api/kinds", ["Block", "blocked"], ["Unblock", "unblocked"]);
+
+  const log = el("tbody");
+  for (const h of history) log.append(row(time(h.created_at), h.action, h.queue || h.kind, h.reason, h.actor));
+  $("#history tbody").replaceWith(log);
+}
+
+function setupQueues() { $("#reason-box").hidden = config.read_only; }
+
+// ---- Every page ----
+
+const pages = {
+  tasks: [setupTasks, tasksPage],
+  task: [setupTask, taskPage],
+  queues: [setupQueues, queuesPage],
+};
+const [setup, refresh] = pages[document.body.dataset.page];
+
+async function loop() {
+  try {
+    await refresh();
+    showError(null);
+    $("#live").className = "";
+  } catch (err) {
+    showError(err);
+    $("#live").className = "stale";
+  }
+  setTimeout(loop, 1000);
+}
+
+(async () => {
+  try {
+    config = await get("/api/config");
+  } catch (err) {
+    showError(err);
+  }
+  $("#who").hidden = config.read_only;
+  setup();
+  loop();
+})();

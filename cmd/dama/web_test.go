@@ -510,4 +510,3 @@ func (w *world) queuePaused(queue string) bool {
 	}
 	return false
 }
-

@@ -88,7 +88,8 @@ SELECT id,
             WHEN r < :running + :contexts / 200 + :contexts / 2000 + :contexts / 100 THEN 'FAILED'
             WHEN r < :running + :contexts / 200 + :contexts / 2000 + :contexts / 100 + :contexts / 500 THEN 'CANCELLED'
             ELSE 'DONE' END AS status,
-       (ARRAY['extract', 'conflation', 'load'])[1 + id % 3] AS kind,
+       -- audit: a rare kind (0.1%), for the status page's filter by kind.
+       CASE WHEN id % 1000 = 7 THEN 'audit' ELSE (ARRAY['extract', 'conflation', 'load'])[1 + id % 3] END AS kind,
        CASE WHEN id % 3 = 1 THEN 'etl' ELSE 'default' END AS queue,
        now() - interval '2 days' - (:contexts - id) * interval '30 seconds' AS created_at,
        (10 + id % 230) * interval '1 minute' AS duration,
@@ -354,6 +355,10 @@ SELECT pg_temp.bench(label, q, mode, :runs)
     ('view: etl_status NOT IN (DONE, CANCELLED)', \$q\$SELECT * FROM data_manager.dama_task_queue WHERE etl_status NOT IN ('DONE', 'CANCELLED')\$q\$, 'auto'),
     ('view: ORDER BY etl_context_id DESC LIMIT 50', 'SELECT * FROM data_manager.dama_task_queue ORDER BY etl_context_id DESC LIMIT 50', 'auto'),
     ('view: FAILED, ORDER BY ... DESC LIMIT 50', \$q\$SELECT * FROM data_manager.dama_task_queue WHERE etl_status = 'FAILED' ORDER BY etl_context_id DESC LIMIT 50\$q\$, 'auto'),
+    ('web: kind = load, newest 100', \$q\$SELECT * FROM data_manager.dama_task_queue WHERE kind = 'load' ORDER BY etl_context_id DESC LIMIT 100\$q\$, 'auto'),
+    ('web: kind = audit (0.1%), newest 100', \$q\$SELECT * FROM data_manager.dama_task_queue WHERE kind = 'audit' ORDER BY etl_context_id DESC LIMIT 100\$q\$, 'auto'),
+    ('web: queue = etl, FAILED, newest 100', \$q\$SELECT * FROM data_manager.dama_task_queue WHERE queue = 'etl' AND etl_status = 'FAILED' ORDER BY etl_context_id DESC LIMIT 100\$q\$, 'auto'),
+    ('web: a task newest 200 events', 'SELECT * FROM (SELECT * FROM data_manager.event_store WHERE etl_context_id = $done_id ORDER BY event_id DESC LIMIT 200) AS e ORDER BY event_id', 'auto'),
     ('status (newest 50)', \$q\$EXECUTE $newest\$q\$, 'force_custom_plan'),
     ('status ID', \$q\$EXECUTE $by_id\$q\$, 'force_custom_plan'),
     ('status --status RUNNING', \$q\$EXECUTE $(status RUNNING 50)\$q\$, 'force_custom_plan'),

@@ -72,7 +72,8 @@ func RecordCommand(ctx context.Context, db DB, id int64, runID string, pgid int,
 // RequestCancel marks context id for cancellation, if it is not finished,
 // and records a CANCEL_REQUESTED event naming by; it returns the context's
 // status. The mark is what the context's task process reads when it
-// reconnects; the caller announces the request to it.
+// reconnects. It runs in the caller's transaction, in which the caller
+// announces the request to the task process: both or neither.
 func RequestCancel(ctx context.Context, tx pgx.Tx, id int64, by string) (Status, error) {
 	var (
 		status Status
@@ -82,13 +83,15 @@ func RequestCancel(ctx context.Context, tx pgx.Tx, id int64, by string) (Status,
 	// The row lock taken here keeps the run from changing before the event
 	// is written with its run id.
 	err := tx.QueryRow(ctx, `
-		UPDATE data_manager.etl_contexts
-		   SET cancel_requested_at = CASE WHEN etl_status IN ('DONE', 'FAILED', 'CANCELLED') THEN cancel_requested_at
-		                                  ELSE coalesce(cancel_requested_at, now()) END
-		 WHERE etl_context_id = $1
+		UPDATE data_manager.etl_contexts SET cancel_requested_at = coalesce(cancel_requested_at, now())
+		 WHERE etl_context_id = $1 AND NOT data_manager.is_finished(etl_status)
 		RETURNING etl_status, kind, run_id::text`, id).Scan(&status, &kind, &runID)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return "", fmt.Errorf("request cancellation of etl context %d: %w", id, ErrNotFound)
+		// Finished, or no such context.
+		err = tx.QueryRow(ctx, `SELECT etl_status FROM data_manager.etl_contexts WHERE etl_context_id = $1`, id).Scan(&status)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return "", fmt.Errorf("request cancellation of etl context %d: %w", id, ErrNotFound)
+		}
 	}
 	if err != nil {
 		return "", fmt.Errorf("request cancellation of etl context %d: %w", id, err)
@@ -249,10 +252,12 @@ func Attempts(ctx context.Context, db DB, id int64) ([]Attempt, error) {
 		SELECT a.attempt, a.run_id::text, a.host, a.pid, a.lock_mode, a.runner_release,
 		       a.started_at, a.ended_at, a.outcome,
 		       e.payload->>'reason', e.payload->>'log_tail',
-		       -- A command may write its own ERROR, with anything in it.
-		       CASE WHEN jsonb_typeof(e.payload->'exit_code') = 'number'
-		                 AND abs((e.payload->>'exit_code')::numeric) < 2147483648
-		            THEN (e.payload->>'exit_code')::numeric::int END
+		       -- A command may write its own ERROR, with anything in it; the
+		       -- cast is nested, for SQL does not promise to evaluate AND's
+		       -- operands in order.
+		       CASE WHEN jsonb_typeof(e.payload->'exit_code') = 'number' THEN
+		            CASE WHEN abs((e.payload->>'exit_code')::numeric) < 2147483648
+		                 THEN (e.payload->>'exit_code')::numeric::int END END
 		  FROM data_manager.etl_attempts AS a
 		  JOIN data_manager.etl_contexts AS c USING (etl_context_id)
 		  LEFT JOIN LATERAL (

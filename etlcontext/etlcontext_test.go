@@ -348,3 +348,60 @@ func TestTasksSelectsByIDStatusAndLimitNewestFirst(t *testing.T) {
 			got.Progress, got.LatestEventType, got.InitialEventLocked)
 	}
 }
+
+// TestCancelRequestIsANoteBesideTheRun: a cancellation request names who
+// asked, and leaves the run's latest event (an AWAITING parent keeps its
+// queue slot free); a task process cannot write one.
+func TestCancelRequestIsANoteBesideTheRun(t *testing.T) {
+	env := testenv.New(t)
+	ctx := context.Background()
+	id := newContext(t, env, 1)
+	runID := startAttempt(t, env, id)
+	if err := appendEvent(env, id, "k:AWAITING", runID); err != nil {
+		t.Fatal(err)
+	}
+	var status etlcontext.Status
+	err := pgx.BeginFunc(ctx, env.Pool, func(tx pgx.Tx) error {
+		var err error
+		status, err = etlcontext.RequestCancel(ctx, tx, id, "alice@host")
+		return err
+	})
+	if err != nil || status != etlcontext.StatusRunning {
+		t.Fatalf("RequestCancel: %s, %v; want RUNNING", status, err)
+	}
+	tasks, err := etlcontext.Tasks(ctx, env.Pool, etlcontext.TaskQuery{ID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := tasks[0]; got.LatestEventType == nil || *got.LatestEventType != "k:AWAITING" || got.CancelRequestedAt == nil {
+		t.Errorf("after the request: latest event %v, cancel requested at %v; want k:AWAITING, and a time", got.LatestEventType, got.CancelRequestedAt)
+	}
+	by, err := etlcontext.LatestPayload(ctx, env.Pool, id, etlcontext.EventCancelRequested)
+	if err != nil || string(by) != `{"by": "alice@host"}` {
+		t.Errorf("CANCEL_REQUESTED payload %s, %v", by, err)
+	}
+	seq := 7
+	_, err = etlcontext.Append(ctx, env.Pool, etlcontext.NewEvent{ContextID: id, Type: "k:CANCEL_REQUESTED", RunID: &runID, Seq: &seq, Payload: map[string]string{"by": "forged"}})
+	if err == nil {
+		t.Error("a numbered CANCEL_REQUESTED (a task process's) was stored")
+	}
+	// A finished context is left as it is.
+	if err := appendEvent(env, id, "k:FINAL", runID); err != nil {
+		t.Fatal(err)
+	}
+	err = pgx.BeginFunc(ctx, env.Pool, func(tx pgx.Tx) error {
+		var err error
+		status, err = etlcontext.RequestCancel(ctx, tx, id, "bob@host")
+		return err
+	})
+	if err != nil || status != etlcontext.StatusDone {
+		t.Errorf("RequestCancel of a DONE context: %s, %v; want DONE", status, err)
+	}
+	err = pgx.BeginFunc(ctx, env.Pool, func(tx pgx.Tx) error {
+		_, err := etlcontext.RequestCancel(ctx, tx, 999999, "bob@host")
+		return err
+	})
+	if !errors.Is(err, etlcontext.ErrNotFound) {
+		t.Errorf("RequestCancel of no context: %v, want ErrNotFound", err)
+	}
+}

@@ -265,6 +265,18 @@ func (c *Client) Cancel(ctx context.Context, id int64) (etlcontext.Status, error
 	}
 }
 
+// RequestCancel cancels context id without waiting for it to stop: a
+// context that is not running is CANCELLED at once, with its River job; a
+// running one is asked to stop, as by Cancel, and its task process records
+// CANCELLED once it has. It returns the status then (CANCELLED, or the
+// running context's), and an error for a context that is finished but not
+// CANCELLED. It opens no connection of its own, unlike Cancel.
+func (c *Client) RequestCancel(ctx context.Context, id int64) (etlcontext.Status, error) {
+	requested := false
+	status, _, err := c.tryCancel(ctx, id, &requested)
+	return status, err
+}
+
 // listenFinished opens a connection of its own (a pooled one would keep
 // listening for its next user) that listens for finished contexts.
 func (c *Client) listenFinished(ctx context.Context) (*pgx.Conn, error) {

@@ -99,6 +99,8 @@ var reservedSuffixes = map[string]bool{
 	etlcontext.EventRetried:   true,
 	etlcontext.EventSubmitted: true,
 	etlcontext.EventAwaiting:  true,
+	// Who asked to cancel is the asker's to say.
+	etlcontext.EventCancelRequested: true,
 }
 
 // decodeLine turns one line of the events pipe into the event to store: the

@@ -18,6 +18,7 @@ func TestDecodeLine(t *testing.T) {
 		{`{"type":"progress","extra":1}`, "WARNING", ``, "unknown field"},
 		{`{"type":"final"}`, "WARNING", ``, "reserved"},
 		{`{"type":"INITIAL"}`, "WARNING", ``, "reserved"},
+		{`{"type":"cancel_requested","payload":{"by":"alice"}}`, "WARNING", ``, "reserved"},
 		{`{"type":"bad type!"}`, "WARNING", ``, "want letters"},
 		{`{"type":""}`, "WARNING", ``, "want letters"},
 		{`{"type":"checkpoint","payload":"` + strings.Repeat("c", MaxEnvPayload) + `"}`, "WARNING", ``, "previous checkpoint stands"},

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -21,8 +22,9 @@ const webTokenEnv = "DAMA_WEB_TOKEN"
 
 func newWebCommand(g *globals) *cobra.Command {
 	var (
-		listen   string
-		readOnly bool
+		listen       string
+		readOnly     bool
+		allowedHosts []string
 	)
 	cmd := &cobra.Command{
 		Use:   "web",
@@ -41,47 +43,76 @@ func newWebCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			token := os.Getenv(webTokenEnv)
+			if !readOnly && len(token) < web.MinTokenLength {
+				return fmt.Errorf("%w in $%s, or serve the page --read-only", web.ErrNoToken, webTokenEnv)
+			}
 			pool, _, err := connectMigrated(cmd.Context(), 0)
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
-			host, _, _ := net.SplitHostPort(addr)
-			ip := net.ParseIP(host)
+			reg := newMetricsRegistry()
+			reg.MustRegister(supervisor.NewStatsCollector(pool), supervisor.NewPoolCollector(pool))
 			page, err := web.New(pool, cfg, web.Options{
-				Token:        os.Getenv(webTokenEnv),
+				Token:        token,
 				ReadOnly:     readOnly,
-				LoopbackOnly: host == "localhost" || (ip != nil && ip.IsLoopback()),
+				AllowedHosts: hostsFor(addr, allowedHosts),
+				Metrics:      metricsHandler(reg, logger),
 				Logger:       logger,
 			})
 			if err != nil {
 				return err
 			}
-			reg := newMetricsRegistry()
-			reg.MustRegister(supervisor.NewStatsCollector(pool), supervisor.NewPoolCollector(pool))
 			ln, err := net.Listen("tcp", addr)
 			if err != nil {
 				return err
 			}
-			mux := http.NewServeMux()
-			mux.Handle("/", page)
-			mux.Handle("GET /metrics", metricsHandler(reg, logger))
-			srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute}
+			srv := &http.Server{
+				Handler:           page,
+				ReadHeaderTimeout: 10 * time.Second,
+				IdleTimeout:       time.Minute,
+				// Requests end with the command: an action's transaction
+				// is then rolled back, not left half done.
+				BaseContext: func(net.Listener) context.Context { return cmd.Context() },
+			}
 			logger.Info("serving the status page", "addr", "http://"+ln.Addr().String()+"/", "read_only", readOnly)
+			stopped := make(chan struct{})
 			go func() {
+				defer close(stopped)
 				<-cmd.Context().Done()
 				sctx, cancel := context.WithTimeout(context.WithoutCancel(cmd.Context()), 5*time.Second)
 				defer cancel()
-				_ = srv.Shutdown(sctx)
+				if err := srv.Shutdown(sctx); err != nil {
+					_ = srv.Close()
+				}
 			}()
 			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 				return err
 			}
+			<-stopped
 			return nil
 		},
 	}
 	g.addLogFormat(cmd)
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:8080", "address to serve on (a bare :PORT is on localhost)")
 	cmd.Flags().BoolVar(&readOnly, "read-only", false, "serve without actions (else they need $"+webTokenEnv+")")
+	cmd.Flags().StringArrayVar(&allowedHosts, "allowed-host", nil, "a host name the page answers to, besides the one it listens on (repeat; against DNS rebinding)")
 	return cmd
+}
+
+// hostsFor is the Host names a page listening on addr answers to: the
+// loopback names for a loopback address, else the address itself, and the
+// names given. On a wildcard address (0.0.0.0) with no name given, any.
+func hostsFor(addr string, extra []string) []string {
+	host, _, _ := net.SplitHostPort(addr)
+	ip := net.ParseIP(host)
+	switch {
+	case host == "localhost" || (ip != nil && ip.IsLoopback()):
+		return append([]string{"localhost"}, extra...)
+	case host == "" || (ip != nil && ip.IsUnspecified()):
+		return extra
+	default:
+		return append([]string{host}, extra...)
+	}
 }

@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -82,17 +83,23 @@ func newBrowser(t *testing.T) *browser {
 		}
 		t.Skip("no chromium found: scripts/test.sh installs it")
 	}
-	var pid int
+	var (
+		mu  sync.Mutex
+		cmd *exec.Cmd
+	)
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(path),
 		chromedp.DisableGPU,
 		chromedp.WindowSize(1280, 720),
 		chromedp.UserDataDir(t.TempDir()),
-		chromedp.ModifyCmdFunc(func(cmd *exec.Cmd) {
-			if cmd.SysProcAttr == nil {
-				cmd.SysProcAttr = &syscall.SysProcAttr{}
-			}
-			cmd.SysProcAttr.Setpgid = true
+		// A process group of its own, to kill with all its helpers at the
+		// end; and, as chromedp does without this option, killed with the
+		// thread that started it.
+		chromedp.ModifyCmdFunc(func(c *exec.Cmd) {
+			c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+			mu.Lock()
+			cmd = c
+			mu.Unlock()
 		}),
 	)
 	if os.Geteuid() == 0 {
@@ -104,16 +111,15 @@ func newBrowser(t *testing.T) *browser {
 	t.Cleanup(func() {
 		cancel()
 		cancelAlloc()
-		if pid > 0 {
-			_ = syscall.Kill(-pid, syscall.SIGKILL)
+		mu.Lock()
+		defer mu.Unlock()
+		if cmd != nil && cmd.Process != nil {
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		}
 	})
 	// The first action starts the browser and must not have a deadline.
 	if err := chromedp.Do(ctx, chromedp.Navigate("about:blank")); err != nil {
 		t.Fatalf("start %s: %v", path, err)
-	}
-	if p := chromedp.FromContext(ctx).Browser.Process(); p != nil {
-		pid = p.Pid
 	}
 	return &browser{t: t, ctx: ctx}
 }
@@ -198,7 +204,7 @@ func TestWebPageInABrowser(t *testing.T) {
 	failed := submit("fragile", sampleArgs(t, 3, 50, map[string]any{"fail_at": 2}), "")
 	done := submit("sample", sampleArgs(t, 3, 50, nil), "")
 	mover := submit("sample", sampleArgs(t, 80, 250, nil), "nightly-load-2026-11-22")
-	victim := submit("sample", sampleArgs(t, 600, 100, nil), "")
+	victim := submit("sample", sampleArgs(t, 600, 100, map[string]any{"log_steps": true}), "")
 	bystander := submit("sample", sampleArgs(t, 600, 100, nil), "")
 	web, base := startWeb(t, env, cfg, []string{webTokenEnv + "=" + webToken})
 	for _, id := range []int64{failed, done} {
@@ -221,7 +227,7 @@ func TestWebPageInABrowser(t *testing.T) {
 	t.Logf("the bar of task %d moved from %.3f to %.3f", mover, first, moved)
 	row := fmt.Sprintf(`document.querySelector('#tasks tr[data-id="%d"]')`, failed)
 	b.waitJS("the FAILED task's row", row+" && "+row+`.dataset.status === "FAILED"`, 10*time.Second)
-	b.screenshot("tasks.png")
+	b.screenshot("web-tasks.png")
 
 	// The search finds a task by its idempotency key.
 	b.do("search by key", chromedp.SendKeys(`#filters [name=q]`, "nightly-load-2026-11-22"))
@@ -230,26 +236,36 @@ func TestWebPageInABrowser(t *testing.T) {
 	// Cancel without the token: refused, and the task runs on.
 	b.do("open the victim's page", chromedp.Navigate(fmt.Sprintf("%stasks/%d", base, victim)))
 	b.waitJS("the victim's page", `document.querySelector('#summary p') && document.querySelector('#summary p').dataset.status === "RUNNING"`, 10*time.Second)
+	// Its log is followed live: the page on the task's host adds the
+	// lines the command writes.
+	b.waitJS("the victim's log", `document.querySelector('#log').textContent.includes("step ")`, 10*time.Second)
+	lines := eval[int](b, `document.querySelector('#log').textContent.split("\n").length`)
+	b.waitJS("the victim's log to grow", fmt.Sprintf(`document.querySelector('#log').textContent.split("\n").length > %d + 5`, lines), 10*time.Second)
 	b.do("cancel without the token", chromedp.Click(`#actions [data-action$="/cancel"]`))
-	b.waitJS("the refusal", `document.querySelector('#error').textContent.includes("a valid token is needed")`, 10*time.Second)
+	b.waitJS("the refusal", `document.querySelector('#done').textContent.includes("refused: a valid token is needed")`, 10*time.Second)
 	if got := w.task(victim); got.Status != etlcontext.StatusRunning || got.CancelRequestedAt != nil {
 		t.Fatalf("after a refused cancel, task %d is %s with cancel requested at %v: want RUNNING, not requested", victim, got.Status, got.CancelRequestedAt)
 	}
 
-	// From another site (another port of this host: "same-site"), a form
-	// posted to the cancel action is refused before the token is looked
-	// at; the page cannot add the header without a preflight, which the
-	// page's server never grants.
+	// From another site (another port of this host: "same-site"): a
+	// script cannot send the token's header, for its preflight is not
+	// granted; and a form posted to the cancel action is refused before
+	// the token is looked at.
 	evil := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
 		rw.Header().Set("Content-Type", "text/html")
-		fmt.Fprintf(rw, `<form method="post" action="%sapi/tasks/%d/cancel"><input name="reason" value="x"></form>
+		fmt.Fprintf(rw, `<title>other site</title><form method="post" action="%[1]s"><input name="reason" value="x"></form>
 <script>
-fetch(%q, {method: "POST", headers: {"X-Dama-Token": "guess"}}).catch(() => { document.title = "preflight refused"; });
-document.forms[0].submit();
-</script>`, base, bystander, fmt.Sprintf("%sapi/tasks/%d/cancel", base, bystander))
+fetch(%[1]q, {method: "POST", headers: {"X-Dama-Token": "guess"}})
+  .then(() => { document.title = "preflight granted"; }, () => { document.title = "preflight refused"; });
+</script>`, fmt.Sprintf("%sapi/tasks/%d/cancel", base, bystander))
 	}))
 	defer evil.Close()
 	b.do("open the other site", chromedp.Navigate(evil.URL))
+	b.waitJS("the other site's fetch to end", `document.title !== "other site"`, 10*time.Second)
+	if title := eval[string](b, "document.title"); title != "preflight refused" {
+		t.Fatalf("a script of another site sending the token's header: %q, want its preflight refused", title)
+	}
+	b.do("post the other site's form", chromedp.Evaluate[chromedp.Void]("document.forms[0].submit()"))
 	waitForLog(t, web, "cross-site request refused (Sec-Fetch-Site: same-site)")
 	if got := w.task(bystander); got.Status != etlcontext.StatusRunning || got.CancelRequestedAt != nil {
 		t.Fatalf("after a cross-site cancel, task %d is %s with cancel requested at %v: want RUNNING, not requested", bystander, got.Status, got.CancelRequestedAt)
@@ -265,15 +281,15 @@ document.forms[0].submit();
 	w.waitFor(victim, 30*time.Second, "CANCELLED with its lock free", func(t etlcontext.Task) bool {
 		return t.Status == etlcontext.StatusCancelled && !t.InitialEventLocked
 	})
+	b.waitJS("the page to show the lock free", `document.querySelector('#summary p').textContent.includes("lock free")`, 10*time.Second)
 	host, err := os.Hostname()
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantActor := "alice via dama web on " + host + " from 127.0.0.1"
+	wantActor := `"alice" via dama web on ` + host + " from 127.0.0.1"
 	if by := eventBy(t, env, victim, etlcontext.EventCancelRequested); by != wantActor {
 		t.Errorf("CANCEL_REQUESTED of task %d by %q, want %q", victim, by, wantActor)
 	}
-	b.screenshot("task.png")
 
 	// Retry it from the page: it runs again.
 	b.do("retry", chromedp.Click(`#actions [data-action$="/retry"]`))
@@ -292,7 +308,7 @@ document.forms[0].submit();
 	b.do("pause held", chromedp.SendKeys("#reason", "disk full"), chromedp.Click(pause))
 	b.waitJS("held paused", `document.querySelector('#queue-controls tr[data-name="held"]').textContent.includes("paused: disk full")`, 10*time.Second)
 	b.waitJS("the pause in the history", `document.querySelector('#history tbody').textContent.includes("PAUSED")`, 10*time.Second)
-	b.screenshot("queues.png")
+	b.screenshot("web-queues.png")
 	b.do("resume held", chromedp.Click(pause))
 	b.waitJS("held resumed", `document.querySelector('#history tbody').textContent.includes("RESUMED")`, 10*time.Second)
 	history, err := etlcontext.ControlEvents(context.Background(), env.Pool, 10)
@@ -433,6 +449,32 @@ func TestWebAPI(t *testing.T) {
 	if code, _ := call(t, "GET", base+"api/tasks/999999", nil, ""); code != http.StatusNotFound {
 		t.Errorf("GET a task that does not exist: %d, want 404", code)
 	}
+	if code, _ := call(t, "GET", base+"api/tasks/abc", nil, ""); code != http.StatusBadRequest {
+		t.Errorf("GET task abc: %d, want 400", code)
+	}
+	// A log on another host is not read from this one's disk.
+	if _, err := env.Pool.Exec(context.Background(), `UPDATE data_manager.etl_contexts SET host_id = 'elsewhere' WHERE etl_context_id = $1`, done); err != nil {
+		t.Fatal(err)
+	}
+	if code, v := call(t, "GET", fmt.Sprintf("%sapi/tasks/%d/log", base, done), nil, ""); code != http.StatusNotFound {
+		t.Errorf("GET the log of a task of another host: %d %v, want 404", code, v)
+	}
+	// A log a task replaced with a link is not followed: anyone who
+	// reaches the page would read what it points to.
+	failedTask := w.task(failed)
+	secret := filepath.Join(env.Dir, "secret")
+	if err := os.WriteFile(secret, []byte("the database password"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(*failedTask.LogPath); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(secret, *failedTask.LogPath); err != nil {
+		t.Fatal(err)
+	}
+	if code, v := call(t, "GET", fmt.Sprintf("%sapi/tasks/%d/log", base, failed), nil, ""); code != http.StatusNotFound || strings.Contains(fmt.Sprint(v), "password") {
+		t.Errorf("GET a log replaced by a link: %d %v, want 404", code, v)
+	}
 
 	// The guards. Each refused request leaves the queue paused.
 	resume := base + "api/queues/held/resume"
@@ -456,26 +498,75 @@ func TestWebAPI(t *testing.T) {
 	if code, _ := call(t, "GET", base+"api/tasks", map[string]string{"Host": "attacker.example"}, ""); code != http.StatusMisdirectedRequest {
 		t.Errorf("read with a rebound name: %d, want 421", code)
 	}
-	// A script with the token (no browser, so no Sec-Fetch-Site) acts.
-	code, v = call(t, "POST", resume, map[string]string{"X-Dama-Token": webToken, "X-Dama-Actor": "\tci-job\t"}, "")
+	// A preflight is answered without any CORS grant.
+	req, err := http.NewRequest("OPTIONS", resume, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Origin", "http://attacker.example")
+	req.Header.Set("Access-Control-Request-Method", "POST")
+	req.Header.Set("Access-Control-Request-Headers", "x-dama-token")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	for k := range resp.Header {
+		if strings.HasPrefix(k, "Access-Control-") {
+			t.Errorf("preflight answered with %s: %v", k, resp.Header[k])
+		}
+	}
+
+	// A script with the token (no browser, so no Sec-Fetch-Site) acts, and
+	// is recorded by the name it gives, its control characters dropped.
+	ci := map[string]string{"X-Dama-Token": webToken, "X-Dama-Actor": "ci\tjob"}
+	wantActor := `"cijob" via dama web on `
+	code, v = call(t, "POST", fmt.Sprintf("%sapi/tasks/%d/cancel", base, parked), ci, "")
+	if code != http.StatusOK || v["status"] != "CANCELLED" {
+		t.Fatalf("cancel the parked task: %d %v, want CANCELLED at once", code, v)
+	}
+	if by := eventBy(t, env, parked, etlcontext.EventCancelled); !strings.HasPrefix(by, wantActor) {
+		t.Errorf("CANCELLED of the parked task by %q, want %s...", by, wantActor)
+	}
+	if code, v = call(t, "POST", fmt.Sprintf("%sapi/tasks/%d/cancel", base, done), ci, ""); code != http.StatusConflict {
+		t.Errorf("cancel a DONE task: %d %v, want 409", code, v)
+	}
+	code, v = call(t, "POST", resume, ci, "")
 	if code != http.StatusOK || v["resumed"] != true || w.queuePaused("held") {
 		t.Fatalf("resume with the token: %d %v", code, v)
+	}
+	for _, action := range []string{"block", "unblock"} {
+		if code, v := call(t, "POST", base+"api/kinds/parked/"+action, ci, `{"reason":"bad input"}`); code != http.StatusOK {
+			t.Fatalf("%s parked: %d %v", action, code, v)
+		}
 	}
 	code, v = call(t, "POST", base+"api/queues/nosuch/pause", map[string]string{"X-Dama-Token": webToken}, `{"reason":"x"}`)
 	if code != http.StatusNotFound {
 		t.Errorf("pause an unknown queue: %d %v, want 404", code, v)
 	}
-	code, v = call(t, "POST", base+"api/kinds/parked/block", map[string]string{"X-Dama-Token": webToken}, `{"reason":""}`)
-	if code != http.StatusConflict || !strings.Contains(fmt.Sprint(v["error"]), "reason is required") {
-		t.Errorf("block without a reason: %d %v, want 409 and the reason", code, v)
+	code, v = call(t, "POST", base+"api/kinds/parked/block", map[string]string{"X-Dama-Token": webToken}, `{"reason":" "}`)
+	if code != http.StatusBadRequest || !strings.Contains(fmt.Sprint(v["error"]), "needs a reason") {
+		t.Errorf("block without a reason: %d %v, want 400 and why", code, v)
 	}
 	history, err := etlcontext.ControlEvents(context.Background(), env.Pool, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(history) != 2 || history[0].Action != "RESUMED" || !strings.HasPrefix(history[0].Actor, "ci-job via dama web on ") ||
-		history[1].Action != "PAUSED" || !strings.Contains(history[1].Actor, "@") {
-		t.Errorf("control events %+v: want RESUMED by ci-job (the control characters dropped) after PAUSED by user@host (dama pause)", history)
+	var got []string
+	for _, h := range history {
+		actor := h.Actor
+		if strings.HasPrefix(actor, wantActor) {
+			actor = "cijob"
+		} else if strings.Contains(actor, "@") {
+			actor = "user@host"
+		}
+		got = append(got, h.Action+" "+h.Queue+h.Kind+" "+actor)
+	}
+	if want := "UNBLOCKED parked cijob, BLOCKED parked cijob, RESUMED held cijob, PAUSED held user@host"; strings.Join(got, ", ") != want {
+		t.Errorf("control events: %s\nwant: %s", strings.Join(got, ", "), want)
+	}
+	if _, err := env.Pool.Exec(context.Background(), `DELETE FROM data_manager.control_events`); err == nil {
+		t.Error("control_events rows could be deleted")
 	}
 
 	// Read-only: the same request is refused, and the page offers none.
@@ -509,4 +600,23 @@ func (w *world) queuePaused(queue string) bool {
 		}
 	}
 	return false
+}
+
+// TestHostsFor: the Host names a page answers to follow its address.
+func TestHostsFor(t *testing.T) {
+	for _, c := range []struct {
+		addr  string
+		extra []string
+		want  string
+	}{
+		{"127.0.0.1:8080", nil, "[localhost]"},
+		{"[::1]:8080", []string{"dama.internal"}, "[localhost dama.internal]"},
+		{"10.1.2.3:8080", nil, "[10.1.2.3]"},
+		{"0.0.0.0:8080", nil, "[]"},
+		{"0.0.0.0:8080", []string{"dama.example.com"}, "[dama.example.com]"},
+	} {
+		if got := fmt.Sprint(hostsFor(c.addr, c.extra)); got != c.want {
+			t.Errorf("hostsFor(%s, %v) = %s, want %s", c.addr, c.extra, got, c.want)
+		}
+	}
 }

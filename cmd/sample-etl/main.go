@@ -25,6 +25,8 @@ type args struct {
 	StepMS    int    `json:"step_ms"`
 	FailAt    int    `json:"fail_at"`
 	StartsDir string `json:"starts_dir"`
+	// LogSteps writes a line to the log at every step.
+	LogSteps bool `json:"log_steps"`
 }
 
 type checkpoint struct {
@@ -79,6 +81,9 @@ func run() error {
 			os.Exit(3)
 		}
 		time.Sleep(time.Duration(a.StepMS) * time.Millisecond)
+		if a.LogSteps {
+			fmt.Printf("step %d/%d\n", step+1, a.Steps)
+		}
 		if err := report("progress", map[string]int{"step": step + 1, "of": a.Steps}); err != nil {
 			return err
 		}

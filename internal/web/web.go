@@ -12,6 +12,7 @@ package web
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/subtle"
 	"embed"
 	"encoding/json"
@@ -23,12 +24,15 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 	"unicode"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dama-etl/dama/config"
@@ -58,9 +62,16 @@ const (
 	eventsPage    = 200
 	controlEvents = 50
 	maxLogChunk   = 64 << 10
-	actionTimeout = time.Minute
 	maxActorName  = 64
+	readTimeout   = 10 * time.Second
+	actionTimeout = 30 * time.Second
+	// maxActions bounds the actions served at once: each holds a
+	// connection of the pool, which the page's reads need too.
+	maxActions = 4
 )
+
+// errInvalid marks a request the server cannot read: a 400.
+var errInvalid = errors.New("invalid request")
 
 // Options configure a Server.
 type Options struct {
@@ -69,10 +80,15 @@ type Options struct {
 	Token string
 	// ReadOnly turns every action off; Token is then ignored.
 	ReadOnly bool
-	// LoopbackOnly refuses requests whose Host is not a loopback name or
-	// address, so that a page on localhost cannot be read by another site
-	// through DNS rebinding. Set it when listening on a loopback address.
-	LoopbackOnly bool
+	// AllowedHosts, when not empty, are the host names (or addresses) the
+	// page answers to: a request whose Host header names another is
+	// refused, so that another site cannot read the page through DNS
+	// rebinding. "localhost" allows every loopback name and address. Empty
+	// answers every Host (behind a proxy that checks it).
+	AllowedHosts []string
+	// Metrics, when set, is served on GET /metrics, behind the same Host
+	// check and headers as the page.
+	Metrics http.Handler
 	// Logger receives a line per action; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -85,13 +101,20 @@ type Server struct {
 	opts   Options
 	hostID string
 	host   string
-	mux    *http.ServeMux
+	// tokenSum is the token's SHA-256: comparing sums of equal length
+	// tells nothing of the token's length.
+	tokenSum [sha256.Size]byte
+	actions  chan struct{}
+	mux      *http.ServeMux
 }
+
+// ErrNoToken is returned by New for actions without a token long enough.
+var ErrNoToken = fmt.Errorf("actions need a token of at least %d characters", MinTokenLength)
 
 // New returns the page's handler over pool, with cfg's kinds and queues.
 func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Server, error) {
 	if !opts.ReadOnly && len(opts.Token) < MinTokenLength {
-		return nil, fmt.Errorf("actions need a token of at least %d characters in DAMA_WEB_TOKEN; or serve the page --read-only", MinTokenLength)
+		return nil, ErrNoToken
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -108,7 +131,10 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Server, error) 
 	if err != nil {
 		return nil, fmt.Errorf("read host name: %w", err)
 	}
-	s := &Server{pool: pool, cfg: cfg, client: client, opts: opts, hostID: hostID, host: host, mux: http.NewServeMux()}
+	s := &Server{
+		pool: pool, cfg: cfg, client: client, opts: opts, hostID: hostID, host: host,
+		tokenSum: sha256.Sum256([]byte(opts.Token)), actions: make(chan struct{}, maxActions), mux: http.NewServeMux(),
+	}
 	static, err := fs.Sub(assets, "assets")
 	if err != nil {
 		return nil, err
@@ -128,32 +154,55 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Server, error) 
 	s.mux.HandleFunc("POST /api/queues/{queue}/resume", s.action(s.resume))
 	s.mux.HandleFunc("POST /api/kinds/{kind}/block", s.action(s.block))
 	s.mux.HandleFunc("POST /api/kinds/{kind}/unblock", s.action(s.unblock))
+	if opts.Metrics != nil {
+		s.mux.Handle("GET /metrics", opts.Metrics)
+	}
 	return s, nil
 }
 
+// ServeHTTP serves the page, its API and /metrics, to a request naming an
+// allowed host.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h := w.Header()
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("X-Frame-Options", "DENY")
 	h.Set("Referrer-Policy", "no-referrer")
 	h.Set("Content-Security-Policy", "default-src 'self'; frame-ancestors 'none'; form-action 'self'")
-	if s.opts.LoopbackOnly && !loopbackHost(r.Host) {
-		writeError(w, http.StatusMisdirectedRequest, fmt.Errorf("host %q refused: this page serves localhost only", r.Host))
+	if !s.hostAllowed(r.Host) {
+		s.opts.Logger.Warn("request refused", "host", r.Host, "path", r.URL.Path, "remote", r.RemoteAddr)
+		writeError(w, http.StatusMisdirectedRequest, fmt.Errorf("host %q refused: this page answers to %s", r.Host, strings.Join(s.opts.AllowedHosts, ", ")))
 		return
+	}
+	if r.Method == http.MethodGet {
+		ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
+		defer cancel()
+		r = r.WithContext(ctx)
 	}
 	s.mux.ServeHTTP(w, r)
 }
 
-func loopbackHost(hostport string) bool {
+func (s *Server) hostAllowed(hostport string) bool {
+	if len(s.opts.AllowedHosts) == 0 {
+		return true
+	}
 	host, _, err := net.SplitHostPort(hostport)
 	if err != nil {
 		host = hostport
 	}
-	if host == "localhost" {
-		return true
+	host = strings.ToLower(strings.Trim(host, "[]"))
+	ip := net.ParseIP(host)
+	for _, allowed := range s.opts.AllowedHosts {
+		allowed = strings.ToLower(strings.Trim(allowed, "[]"))
+		switch {
+		case allowed == "localhost" && (host == "localhost" || (ip != nil && ip.IsLoopback())):
+			return true
+		case host == allowed:
+			return true
+		case ip != nil && ip.Equal(net.ParseIP(allowed)):
+			return true
+		}
 	}
-	ip := net.ParseIP(strings.Trim(host, "[]"))
-	return ip != nil && ip.IsLoopback()
+	return false
 }
 
 func (s *Server) page(name string) http.HandlerFunc {
@@ -182,14 +231,40 @@ func writeError(w http.ResponseWriter, code int, err error) {
 	_ = json.NewEncoder(w).Encode(map[string]string{"error": err.Error()})
 }
 
-// readError answers a failed read: a missing task is 404, anything else
-// (the database away, a timeout) 503, which the page shows and retries.
+// readError answers a failed read: a request it cannot read is 400, a
+// missing task 404, anything else (the database away, a timeout) 503,
+// which the page shows and retries.
 func readError(w http.ResponseWriter, err error) {
-	if errors.Is(err, etlcontext.ErrNotFound) {
+	switch {
+	case errors.Is(err, errInvalid):
+		writeError(w, http.StatusBadRequest, err)
+	case errors.Is(err, etlcontext.ErrNotFound):
 		writeError(w, http.StatusNotFound, err)
-		return
+	default:
+		writeError(w, http.StatusServiceUnavailable, err)
 	}
-	writeError(w, http.StatusServiceUnavailable, err)
+}
+
+// actionError answers a failed action: 400 for a request it cannot read,
+// 404 for what does not exist, 503 when the database could not be asked,
+// and 409 when it refused (a task already finished, running, ...).
+func actionError(w http.ResponseWriter, err error) {
+	var netErr net.Error
+	switch {
+	case errors.Is(err, errInvalid):
+		writeError(w, http.StatusBadRequest, err)
+	case errors.Is(err, etlcontext.ErrNotFound), errors.Is(err, supervisor.ErrUnknownQueue):
+		writeError(w, http.StatusNotFound, err)
+	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &netErr), pgconn.Timeout(err), isConnectError(err):
+		writeError(w, http.StatusServiceUnavailable, err)
+	default:
+		writeError(w, http.StatusConflict, err)
+	}
+}
+
+func isConnectError(err error) bool {
+	var ce *pgconn.ConnectError
+	return errors.As(err, &ce)
 }
 
 // config tells the page what it may offer: the actions, and the queues and
@@ -234,7 +309,7 @@ func (s *Server) tasks(w http.ResponseWriter, r *http.Request) {
 		for _, name := range strings.Split(st, ",") {
 			status := etlcontext.Status(strings.ToUpper(strings.TrimSpace(name)))
 			if !slices.Contains(etlcontext.Statuses, status) {
-				writeError(w, http.StatusBadRequest, fmt.Errorf("unknown status %q", name))
+				readError(w, fmt.Errorf("%w: unknown status %q", errInvalid, name))
 				return
 			}
 			q.Statuses = append(q.Statuses, status)
@@ -269,7 +344,7 @@ func (s *Server) tasks(w http.ResponseWriter, r *http.Request) {
 func pathID(r *http.Request) (int64, error) {
 	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
 	if err != nil || id <= 0 {
-		return 0, fmt.Errorf("invalid task id %q", r.PathValue("id"))
+		return 0, fmt.Errorf("%w: task id %q", errInvalid, r.PathValue("id"))
 	}
 	return id, nil
 }
@@ -347,7 +422,14 @@ func (s *Server) log(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Errorf("task %d's log is on host %s", t.ID, host))
 		return
 	}
-	f, err := os.Open(*t.LogPath)
+	// Anyone who reaches the page reads this, so only a regular file named
+	// as dama names logs, reached without following a link the task could
+	// have put in its place, and without blocking on a FIFO.
+	if filepath.Base(*t.LogPath) != strconv.FormatInt(t.ID, 10)+".log" {
+		writeError(w, http.StatusNotFound, fmt.Errorf("task %d's log %s is not a dama log", t.ID, *t.LogPath))
+		return
+	}
+	f, err := os.OpenFile(*t.LogPath, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		writeError(w, http.StatusNotFound, fmt.Errorf("open the log of task %d: %w", t.ID, err))
 		return
@@ -356,6 +438,10 @@ func (s *Server) log(w http.ResponseWriter, r *http.Request) {
 	info, err := f.Stat()
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, fmt.Errorf("read the log of task %d: %w", t.ID, err))
+		return
+	}
+	if !info.Mode().IsRegular() {
+		writeError(w, http.StatusNotFound, fmt.Errorf("task %d's log %s is not a regular file", t.ID, *t.LogPath))
 		return
 	}
 	offset, err := strconv.ParseInt(r.URL.Query().Get("offset"), 10, 64)
@@ -404,12 +490,19 @@ func (s *Server) action(do actionFunc) http.HandlerFunc {
 			writeError(w, code, err)
 			return
 		}
+		select {
+		case s.actions <- struct{}{}:
+			defer func() { <-s.actions }()
+		default:
+			writeError(w, http.StatusServiceUnavailable, fmt.Errorf("%d actions are under way: try again", maxActions))
+			return
+		}
 		var body struct {
 			Reason string `json:"reason"`
 		}
 		if r.ContentLength != 0 {
 			if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&body); err != nil && !errors.Is(err, io.EOF) {
-				writeError(w, http.StatusBadRequest, fmt.Errorf("read the request: %w", err))
+				actionError(w, fmt.Errorf("%w: read the body: %v", errInvalid, err))
 				return
 			}
 		}
@@ -419,11 +512,7 @@ func (s *Server) action(do actionFunc) http.HandlerFunc {
 		v, err := do(ctx, s.client.WithActor(actor), r, strings.TrimSpace(body.Reason))
 		s.opts.Logger.Info("action", "path", r.URL.Path, "actor", actor, "error", err)
 		if err != nil {
-			code := http.StatusConflict
-			if errors.Is(err, etlcontext.ErrNotFound) || errors.Is(err, supervisor.ErrUnknownQueue) || errors.Is(err, supervisor.ErrUnknownKind) {
-				code = http.StatusNotFound
-			}
-			writeError(w, code, err)
+			actionError(w, err)
 			return
 		}
 		writeJSON(w, v)
@@ -440,15 +529,16 @@ func (s *Server) refuse(r *http.Request) (int, error) {
 	if site := r.Header.Get("Sec-Fetch-Site"); site != "" && site != "same-origin" {
 		return http.StatusForbidden, fmt.Errorf("cross-site request refused (Sec-Fetch-Site: %s)", site)
 	}
-	if subtle.ConstantTimeCompare([]byte(r.Header.Get(TokenHeader)), []byte(s.opts.Token)) != 1 {
+	sum := sha256.Sum256([]byte(r.Header.Get(TokenHeader)))
+	if subtle.ConstantTimeCompare(sum[:], s.tokenSum[:]) != 1 {
 		return http.StatusUnauthorized, errors.New("a valid token is needed for actions")
 	}
 	return 0, nil
 }
 
-// actor names who acts: the name given on the page (anyone with the token
-// may claim any name: it is a label, not an identity), this page's host,
-// and the address the request came from.
+// actor names who acts: the name given on the page, quoted (anyone with
+// the token may claim any name: it is a label, not an identity), this
+// page's host, and the address the request came from.
 func (s *Server) actor(r *http.Request) string {
 	name := strings.Map(func(r rune) rune {
 		if unicode.IsPrint(r) {
@@ -466,7 +556,7 @@ func (s *Server) actor(r *http.Request) string {
 	if err != nil {
 		from = r.RemoteAddr
 	}
-	return fmt.Sprintf("%s via dama web on %s from %s", name, s.host, from)
+	return fmt.Sprintf("%q via dama web on %s from %s", name, s.host, from)
 }
 
 func (s *Server) cancel(ctx context.Context, c *supervisor.Client, r *http.Request, _ string) (any, error) {
@@ -474,7 +564,8 @@ func (s *Server) cancel(ctx context.Context, c *supervisor.Client, r *http.Reque
 	if err != nil {
 		return nil, err
 	}
-	status, err := c.Cancel(ctx, id)
+	// Not Cancel, which waits for the task to stop: the page shows it.
+	status, err := c.RequestCancel(ctx, id)
 	return map[string]any{"status": status}, err
 }
 
@@ -499,6 +590,9 @@ func (s *Server) resume(ctx context.Context, c *supervisor.Client, r *http.Reque
 }
 
 func (s *Server) block(ctx context.Context, c *supervisor.Client, r *http.Request, reason string) (any, error) {
+	if reason == "" {
+		return nil, fmt.Errorf("%w: a block needs a reason", errInvalid)
+	}
 	return c.BlockKind(ctx, r.PathValue("kind"), reason)
 }
 

@@ -41,21 +41,23 @@ async function act(url, body) {
 
 function showError(err) { $("#error").textContent = err ? String(err.message || err) : ""; }
 
-// button makes an action button whose outcome shows in #done or #error.
+// button makes an action button whose outcome shows in #done until the
+// next action.
 function button(label, url, body, done) {
   const b = el("button", label);
   b.type = "button";
   b.dataset.action = url;
   b.addEventListener("click", async () => {
     b.disabled = true;
+    const out = $("#done");
     try {
-      await act(url, typeof body === "function" ? body() : body);
-      showError(null);
-      $("#done").textContent = done;
-      await refresh();
+      const reply = await act(url, typeof body === "function" ? body() : body);
+      out.textContent = typeof done === "function" ? done(reply) : done;
+      out.className = "";
+      await refreshNow();
     } catch (err) {
-      $("#done").textContent = "";
-      showError(err);
+      out.textContent = "refused: " + String(err.message || err);
+      out.className = "failed";
     } finally {
       b.disabled = false;
     }
@@ -127,7 +129,7 @@ function setupTasks() {
     const params = new URLSearchParams(new FormData(form));
     for (const [k, v] of [...params]) if (!v) params.delete(k);
     history.replaceState(null, "", params.size ? "?" + params : location.pathname);
-    tasksPage().catch(showError);
+    refreshNow().catch(showError);
   });
 }
 
@@ -185,9 +187,14 @@ async function taskPage() {
     $("#log-note").textContent = `The log is on host ${t.host || "-"}: run dama web there to follow it.`;
   } else if (!logDone) {
     const l = await get(`/api/tasks/${id}/log` + (logNext === null ? "" : "?offset=" + logNext));
-    if (logNext === null || l.offset !== logNext) $("#log").textContent = "";
-    $("#log").textContent += l.data;
-    if (l.data) $("#log").scrollTop = $("#log").scrollHeight;
+    const log = $("#log");
+    if (logNext === null || l.offset !== logNext) log.textContent = "";
+    if (l.data) {
+      // The tab keeps the log's last 256 KiB (about: characters, not bytes).
+      const text = log.textContent + l.data;
+      log.textContent = text.length > 262144 ? text.slice(text.length - 262144) : text;
+      log.scrollTop = log.scrollHeight;
+    }
     logNext = l.next;
     logDone = l.finished && !l.data;
     $("#log-note").textContent = logDone ? "" : "followed live";
@@ -197,7 +204,8 @@ async function taskPage() {
 function setupTask() {
   const id = taskID();
   $("#actions").hidden = config.read_only;
-  $("#cancel").replaceWith(button("Cancel", `/api/tasks/${id}/cancel`, {}, "cancelled"));
+  $("#cancel").replaceWith(button("Cancel", `/api/tasks/${id}/cancel`, {},
+    (r) => (r.status === "CANCELLED" ? "cancelled" : "asked to stop: it is cancelled once its process has stopped")));
   $("#retry").replaceWith(button("Retry", `/api/tasks/${id}/retry`, {}, "queued again"));
 }
 
@@ -255,9 +263,17 @@ const pages = {
 };
 const [setup, refresh] = pages[document.body.dataset.page];
 
+// refreshNow runs one refresh at a time: the loop's and an action's would
+// otherwise both read the log from the same offset.
+let running = null;
+function refreshNow() {
+  if (!running) running = refresh().finally(() => { running = null; });
+  return running;
+}
+
 async function loop() {
   try {
-    await refresh();
+    await refreshNow();
     showError(null);
     $("#live").className = "";
   } catch (err) {

@@ -122,6 +122,39 @@ func TestSubmitWaitExitsWithTheTaskOutcome(t *testing.T) {
 		id, seen, exitTaskFailed, cancelled, exitTaskCancelled, interrupted, exitTaskUnknown)
 }
 
+// TestSubmitWaitRidesOutADatabaseRestart: the database stopped (pg_ctl stop
+// -m fast, every connection cut) for 4 s while `dama submit --wait` follows
+// a task: the wait goes on, and exits 0 once the task is DONE, at attempt
+// 1, its process having run through the outage.
+func TestSubmitWaitRidesOutADatabaseRestart(t *testing.T) {
+	srv := testenv.NewServer(t)
+	env := testenv.NewOn(t, srv)
+	cfg := env.WriteConfig(terminalConfig)
+	env.Start(cfg, "supervisor")
+	w := &world{Env: env}
+
+	waiter := env.Start(cfg, "submit", "sample", "--wait", "--args", sampleArgs(t, 100, 100, nil))
+	id := idFromLog(t, waitForLog(t, waiter, "RUNNING"))
+	before := w.waitFor(id, 30*time.Second, "to report progress", func(t etlcontext.Task) bool { return t.Progress != nil && t.PID != nil })
+	srv.Restart(t, 4*time.Second)
+	select {
+	case <-waiter.Done():
+		out, _ := os.ReadFile(waiter.Log)
+		t.Fatalf("the wait ended during the outage: exit %d, output %q", waiter.Cmd.ProcessState.ExitCode(), out)
+	default:
+	}
+	waitExit(t, waiter)
+	out, _ := os.ReadFile(waiter.Log)
+	after := w.task(id)
+	if code := waiter.Cmd.ProcessState.ExitCode(); code != 0 || !strings.Contains(string(out), "DONE attempt 1/3") {
+		t.Fatalf("wait across the outage: exit %d, output %q: want 0 and DONE at attempt 1", code, out)
+	}
+	if after.Status != etlcontext.StatusDone || after.Attempt != 1 || *after.PID != *before.PID {
+		t.Errorf("task %d after the outage: %s at attempt %d, pid %d (was %d): want DONE at attempt 1 by the same process", id, after.Status, after.Attempt, *after.PID, *before.PID)
+	}
+	t.Logf("task %d DONE at attempt 1 by pid %d across a 4 s outage; the wait exited 0", id, *after.PID)
+}
+
 // waitExit waits at most a minute for p to exit.
 func waitExit(t *testing.T, p *testenv.Proc) {
 	t.Helper()

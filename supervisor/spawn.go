@@ -24,6 +24,11 @@ import (
 
 type launchOutcome int
 
+// lateReadyWait bounds how long a supervisor listens for the report of a
+// runner that did not report within the launch timeout: the runner holds
+// its lock by then, or has failed to for good.
+const lateReadyWait = 10 * time.Minute
+
 const (
 	// launchReady: the runner holds the lock and runs the command.
 	launchReady launchOutcome = iota
@@ -51,8 +56,10 @@ type child struct {
 // /dev/null and the task's log file, no inherited descriptor but the
 // readiness pipe, and the database URL in its environment rather than its
 // arguments. It waits, at most LaunchTimeout, for the runner to report that
-// it holds the lock, or to exit.
-func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcontext.Context, runID string) (launchOutcome, error) {
+// it holds the lock, or to exit. A runner that reports later (the outcome
+// is then launchPending) makes it call lateReady, if that is within
+// lateReadyWait.
+func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcontext.Context, runID string, lateReady func()) (launchOutcome, error) {
 	if err := os.MkdirAll(s.cfg.LogDir, 0o755); err != nil {
 		return 0, fmt.Errorf("create log directory: %w", err)
 	}
@@ -66,7 +73,25 @@ func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcont
 	if err != nil {
 		return 0, fmt.Errorf("create readiness pipe: %w", err)
 	}
-	defer readyR.Close()
+	defer func() {
+		if readyR != nil {
+			readyR.Close()
+		}
+	}()
+	// pending hands the pipe to a goroutine that hears a late report.
+	pending := func() (launchOutcome, error) {
+		r := readyR
+		readyR = nil
+		go func() {
+			defer r.Close()
+			_ = r.SetReadDeadline(time.Now().Add(lateReadyWait))
+			var b [1]byte
+			if n, _ := r.Read(b[:]); n == 1 {
+				lateReady()
+			}
+		}()
+		return launchPending, nil
+	}
 
 	kind, _ := s.cfg.Kind(c.Kind)
 	launch := taskrunner.Launch{ContextID: c.ID, RunID: runID, LockMode: s.cfg.LockModeOf(kind), ReadyFD: 3}
@@ -98,15 +123,15 @@ func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcont
 		return launchReady, nil
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		logger.Warn("task process has not taken its lock yet", "pid", ch.pid, "waited", s.opts.LaunchTimeout)
-		return launchPending, nil
+		return pending()
 	}
 	// The pipe closed without a byte: the runner is exiting.
 	select {
 	case <-ch.exited:
 	case <-time.After(s.opts.LaunchTimeout):
-		return launchPending, nil
+		return pending()
 	case <-ctx.Done():
-		return launchPending, nil
+		return pending()
 	}
 	switch ch.exitCode {
 	case taskrunner.ExitLocked:

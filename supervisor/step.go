@@ -197,7 +197,13 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 		return s.transient(logger, fmt.Errorf("commit start of etl context %d: %w", id, err))
 	}
 
-	outcome, err := s.launch(ctx, logger.With("attempt", attempt), c, runID)
+	started := func() {
+		s.metrics.attemptsStarted.WithLabelValues(c.Queue, c.Kind).Inc()
+		if attempt == 1 {
+			s.metrics.lockedAfterSubmit(c)
+		}
+	}
+	outcome, err := s.launch(ctx, logger.With("attempt", attempt), c, runID, started)
 	if err != nil {
 		// Nothing was started: the next look finds RUNNING with a free lock
 		// and no task process, and takes the launch back.
@@ -210,10 +216,7 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 	switch outcome {
 	case launchReady:
 		s.forgetLaunchFailure(c.ID)
-		s.metrics.attemptsStarted.WithLabelValues(c.Queue, c.Kind).Inc()
-		if attempt == 1 {
-			s.metrics.lockedAfterSubmit(c)
-		}
+		started()
 		return river.JobSnooze(parkFor)
 	case launchPending, launchLocked:
 		return river.JobSnooze(parkFor)

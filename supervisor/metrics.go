@@ -40,7 +40,7 @@ func newMetrics() *metrics {
 	return &metrics{
 		attemptsStarted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dama_attempts_started_total",
-			Help: "Attempts whose task process this supervisor launched and saw take its lock within the launch timeout.",
+			Help: "Attempts whose task process this supervisor launched and heard take its lock (within the launch timeout, or up to 10 minutes after it).",
 		}, qk),
 		attemptsFailed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dama_attempts_failed_total",

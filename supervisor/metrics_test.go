@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
@@ -15,8 +16,8 @@ import (
 	"github.com/dama-etl/dama/supervisor"
 )
 
-// counterValue reads the counter name{kind} from reg; -1 when it has none.
-func counterValue(t *testing.T, reg *prometheus.Registry, name, kind string) float64 {
+// metric reads the metric name{kind} from reg; nil when it has none.
+func metric(t *testing.T, reg *prometheus.Registry, name, kind string) *dto.Metric {
 	t.Helper()
 	families, err := reg.Gather()
 	if err != nil {
@@ -29,12 +30,30 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name, kind string) flo
 		for _, m := range f.GetMetric() {
 			for _, l := range m.GetLabel() {
 				if l.GetName() == "kind" && l.GetValue() == kind {
-					return m.GetCounter().GetValue()
+					return m
 				}
 			}
 		}
 	}
+	return nil
+}
+
+// counterValue reads the counter name{kind}; -1 when there is none.
+func counterValue(t *testing.T, reg *prometheus.Registry, name, kind string) float64 {
+	t.Helper()
+	if m := metric(t, reg, name, kind); m != nil {
+		return m.GetCounter().GetValue()
+	}
 	return -1
+}
+
+// histogramCount reads the sample count of the histogram name{kind}.
+func histogramCount(t *testing.T, reg *prometheus.Registry, name, kind string) uint64 {
+	t.Helper()
+	if m := metric(t, reg, name, kind); m != nil {
+		return m.GetHistogram().GetSampleCount()
+	}
+	return 0
 }
 
 // TestAttemptStartedAfterTheLaunchTimeout: a runner that takes its lock
@@ -85,6 +104,15 @@ kinds:
 	testenv.Eventually(t, 10*time.Second, "the attempt counted", func() (bool, error) {
 		return counterValue(t, reg, "dama_attempts_started_total", "late") == 1, nil
 	})
+	env.WaitForTask(id, 30*time.Second, "with its job completed", func(t etlcontext.Task) bool {
+		return t.JobState != nil && *t.JobState == "completed"
+	})
+	if got := counterValue(t, reg, "dama_attempts_started_total", "late"); got != 1 {
+		t.Errorf("dama_attempts_started_total{kind=late} = %v once the job completed, want 1", got)
+	}
+	if got := histogramCount(t, reg, "dama_submit_to_lock_seconds", "late"); got != 1 {
+		t.Errorf("dama_submit_to_lock_seconds{kind=late} has %d samples, want 1", got)
+	}
 	if got := env.Task(id); got.Attempt != 1 {
 		t.Errorf("task %d DONE at attempt %d, want 1", id, got.Attempt)
 	}

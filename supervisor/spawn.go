@@ -78,15 +78,16 @@ func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcont
 			readyR.Close()
 		}
 	}()
-	// pending hands the pipe to a goroutine that hears a late report.
-	pending := func() (launchOutcome, error) {
-		r := readyR
+	// pending hands the open pipe to a goroutine that hears a late report.
+	pending := func(logger *slog.Logger, pid int) (launchOutcome, error) {
+		r, since := readyR, time.Now()
 		readyR = nil
 		go func() {
 			defer r.Close()
 			_ = r.SetReadDeadline(time.Now().Add(lateReadyWait))
 			var b [1]byte
 			if n, _ := r.Read(b[:]); n == 1 {
+				logger.Info("task process took its lock after the launch timeout", "pid", pid, "later_by", time.Since(since))
 				lateReady()
 			}
 		}()
@@ -123,15 +124,16 @@ func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcont
 		return launchReady, nil
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		logger.Warn("task process has not taken its lock yet", "pid", ch.pid, "waited", s.opts.LaunchTimeout)
-		return pending()
+		return pending(logger, ch.pid)
 	}
-	// The pipe closed without a byte: the runner is exiting.
+	// The pipe closed without a byte: the runner is exiting, and will not
+	// report.
 	select {
 	case <-ch.exited:
 	case <-time.After(s.opts.LaunchTimeout):
-		return pending()
+		return launchPending, nil
 	case <-ctx.Done():
-		return pending()
+		return launchPending, nil
 	}
 	switch ch.exitCode {
 	case taskrunner.ExitLocked:

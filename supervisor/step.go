@@ -197,7 +197,10 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 		return s.transient(logger, fmt.Errorf("commit start of etl context %d: %w", id, err))
 	}
 
+	// started counts the attempt once its task process holds its lock,
+	// which it may report after the launch timeout.
 	started := func() {
+		s.forgetLaunchFailure(c.ID)
 		s.metrics.attemptsStarted.WithLabelValues(c.Queue, c.Kind).Inc()
 		if attempt == 1 {
 			s.metrics.lockedAfterSubmit(c)
@@ -215,7 +218,6 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 	// it.
 	switch outcome {
 	case launchReady:
-		s.forgetLaunchFailure(c.ID)
 		started()
 		return river.JobSnooze(parkFor)
 	case launchPending, launchLocked:

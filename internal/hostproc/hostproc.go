@@ -23,6 +23,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // ID returns this host's identity: "<boot id>/<pid namespace inode>".
@@ -243,20 +245,17 @@ func (a Attempt) Signal(sig syscall.Signal) error {
 const clockTicks = 100
 
 // StartTime converts a start time in clock ticks since boot to wall-clock
-// time, for display: comparisons use the ticks.
+// time, to within one tick (10 ms): comparisons use the ticks.
+//
+// Start times count from boot on CLOCK_BOOTTIME, so the boot's wall-clock
+// time is now less that clock. /proc/stat's btime would do, but it is
+// truncated to the second: every start would read up to a second early.
 func StartTime(ticks uint64) (time.Time, error) {
-	data, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return time.Time{}, fmt.Errorf("read boot time: %w", err)
+	var ts unix.Timespec
+	now := time.Now()
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		return time.Time{}, fmt.Errorf("read the time since boot: %w", err)
 	}
-	for line := range strings.SplitSeq(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "btime "); ok {
-			boot, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-			if err != nil {
-				return time.Time{}, fmt.Errorf("parse boot time: %w", err)
-			}
-			return time.Unix(boot, 0).Add(time.Duration(ticks) * time.Second / clockTicks), nil
-		}
-	}
-	return time.Time{}, errors.New("read boot time: no btime in /proc/stat")
+	sinceBoot := time.Duration(ts.Nano())
+	return now.Add(-sinceBoot).Add(time.Duration(ticks) * time.Second / clockTicks).Round(0), nil
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 func TestAliveComparesExactStartTicks(t *testing.T) {
@@ -86,5 +87,36 @@ func TestIDDiffersInAnotherPIDNamespace(t *testing.T) {
 	other := strings.TrimSuffix(strings.TrimPrefix(strings.TrimSpace(string(out)), "pid:["), "]")
 	if strings.HasSuffix(own, "/"+other) {
 		t.Errorf("own id %s names the other namespace %s", own, other)
+	}
+}
+
+// A process's start time is read to the tick, whatever fraction of a
+// second the machine booted at: /proc/stat's btime, in whole seconds,
+// put every start up to a second early.
+func TestStartTimeIsAccurateToTheTick(t *testing.T) {
+	before := time.Now()
+	cmd := exec.Command("/bin/sleep", "30")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	after := time.Now()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	st, err := ReadStat(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := StartTime(st.StartTicks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Ticks are 10 ms, rounded down; the clocks are read a few
+	// microseconds apart.
+	const tick = 10 * time.Millisecond
+	if got.Before(before.Add(-tick-time.Millisecond)) || got.After(after.Add(time.Millisecond)) {
+		t.Errorf("start time %s; the process started between %s and %s",
+			got.Format(time.RFC3339Nano), before.Format(time.RFC3339Nano), after.Format(time.RFC3339Nano))
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -35,6 +36,10 @@ const (
 	DefaultQueue             = "default"
 	DefaultLockMode          = LockModeRow
 )
+
+// attemptsLimit bounds max_attempts: River keeps a job's max_attempts in a
+// smallint, and would silently cut a larger one down to this.
+const attemptsLimit = math.MaxInt16
 
 // LockMode says how a task process holds the lock that proves it runs.
 type LockMode string
@@ -247,6 +252,11 @@ func (k Kind) RetryDelay(attempt int) time.Duration {
 		return delay
 	}
 	for i := 1; i < attempt && delay < maxDelay; i++ {
+		// Doubling a wait past half of a cap near the longest Duration
+		// would overflow into a negative one.
+		if delay > maxDelay/2 {
+			return maxDelay
+		}
 		delay *= 2
 	}
 	return min(delay, maxDelay)
@@ -420,6 +430,9 @@ func Parse(data []byte) (*Config, error) {
 		}
 		if k.MaxAttempts == 0 {
 			k.MaxAttempts = DefaultMaxAttempts
+		}
+		if k.MaxAttempts > attemptsLimit {
+			return nil, fmt.Errorf("kind %s: max_attempts %d: at most %d", name, k.MaxAttempts, attemptsLimit)
 		}
 		if k.MaxRunning < 0 {
 			return nil, fmt.Errorf("kind %s: max_running must not be negative", name)

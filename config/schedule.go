@@ -53,6 +53,11 @@ func ParseSchedule(spec, zone string) (*Schedule, error) {
 	if zone == "" {
 		zone = "UTC"
 	}
+	if zone == "Local" {
+		// time.LoadLocation reads "Local" as the host's own zone, on which
+		// supervisors on different hosts need not agree.
+		return nil, fmt.Errorf("timezone %q: want an IANA name such as Europe/Paris, not the host's zone", zone)
+	}
 	loc, err := time.LoadLocation(zone)
 	if err != nil {
 		return nil, fmt.Errorf("timezone %q: %w", zone, err)
@@ -91,7 +96,9 @@ func (s *Schedule) Latest(after, now time.Time) time.Time {
 		if !start.After(after) {
 			break
 		}
-		if !s.Next(start).After(now) {
+		// A zero Next says no tick within five years of start, not one
+		// in the window: the last tick may come before start.
+		if n := s.Next(start); !n.IsZero() && !n.After(now) {
 			from = start
 			break
 		}

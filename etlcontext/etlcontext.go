@@ -214,6 +214,73 @@ func Get(ctx context.Context, db DB, id int64) (*Context, error) {
 	return c, nil
 }
 
+// ErrIdempotencyKeyOtherKind is returned by Create for an idempotency key
+// that a context of another kind holds: a key names one submission, and
+// answering with another kind's task would hand the caller a task it did
+// not ask for.
+var ErrIdempotencyKeyOtherKind = errors.New("idempotency key belongs to a task of another kind")
+
+// NewContext is a context to create, QUEUED, as submission does.
+type NewContext struct {
+	Kind        string
+	Queue       string
+	MaxAttempts int
+	// IdempotencyKey, when not empty, makes Create return the context that
+	// holds it, if any, instead of creating one.
+	IdempotencyKey string
+	// ParentID, when not 0, makes the context a child of that one.
+	ParentID       int64
+	ConcurrencyKey *string
+	// DueAt delays the first start until then; zero or past means now.
+	DueAt time.Time
+}
+
+// Create inserts context c and returns its id; created is false when c's
+// idempotency key was taken already, and id is then the context holding it,
+// which must be of c's kind (ErrIdempotencyKeyOtherKind otherwise). The
+// caller writes the context's INITIAL event and River job in the same
+// transaction.
+func Create(ctx context.Context, db DB, c NewContext) (id int64, created bool, err error) {
+	var key, parent, dueAt any
+	if c.IdempotencyKey != "" {
+		key = c.IdempotencyKey
+	}
+	if c.ParentID != 0 {
+		parent = c.ParentID
+	}
+	if !c.DueAt.IsZero() {
+		dueAt = c.DueAt
+	}
+	err = db.QueryRow(ctx, `
+		INSERT INTO data_manager.etl_contexts (parent_context_id, kind, queue, max_attempts, idempotency_key,
+		                                       concurrency_key, due_at)
+		VALUES ($1, $2, $3, $4, $5, $6, greatest(now(), coalesce($7, now())))
+		ON CONFLICT (idempotency_key) DO NOTHING
+		RETURNING etl_context_id`, parent, c.Kind, c.Queue, c.MaxAttempts, key, c.ConcurrencyKey, dueAt).Scan(&id)
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+		return id, true, nil
+	case errors.As(err, &pgErr) && pgErr.Code == "23503" && pgErr.ConstraintName == "etl_contexts_parent_context_id_fkey":
+		return 0, false, fmt.Errorf("parent etl context %d does not exist", c.ParentID)
+	case !errors.Is(err, pgx.ErrNoRows):
+		return 0, false, fmt.Errorf("insert etl context: %w", err)
+	}
+	// The key's unique index made a concurrent insert of it wait for its
+	// holder to commit; this statement's snapshot, newer than that commit,
+	// sees the holder (under REPEATABLE READ the insert fails instead), so
+	// two submissions of one key with different kinds never both succeed.
+	var kind string
+	err = db.QueryRow(ctx, `SELECT etl_context_id, kind FROM data_manager.etl_contexts WHERE idempotency_key = $1`, key).Scan(&id, &kind)
+	if err != nil {
+		return 0, false, fmt.Errorf("read etl context of idempotency key %q: %w", c.IdempotencyKey, err)
+	}
+	if kind != c.Kind {
+		return 0, false, fmt.Errorf("%w: %q is the key of etl context %d, of kind %s", ErrIdempotencyKeyOtherKind, c.IdempotencyKey, id, kind)
+	}
+	return id, false, nil
+}
+
 // The lock of a context is the advisory lock (LockNamespace, id): every task
 // process holds it for as long as it lives, whatever its lock mode (row mode
 // also locks the INITIAL event row FOR UPDATE, in the same transaction), and
@@ -367,11 +434,12 @@ type NewEvent struct {
 // Append writes an event and returns its id. The database derives the
 // context's status from it and refuses it with ErrFinished or ErrStaleRun.
 func Append(ctx context.Context, db DB, e NewEvent) (int64, error) {
-	payload, err := marshalNullable(e.Payload)
+	// Cleaned here too, whoever the caller: no bytes may make a write fail.
+	payload, _, err := cleanPayload(e.Payload)
 	if err != nil {
 		return 0, fmt.Errorf("encode payload of %s event: %w", e.Type, err)
 	}
-	meta, err := marshalNullable(e.Meta)
+	meta, _, err := cleanPayload(e.Meta)
 	if err != nil {
 		return 0, fmt.Errorf("encode meta of %s event: %w", e.Type, err)
 	}
@@ -391,6 +459,56 @@ func Append(ctx context.Context, db DB, e NewEvent) (int64, error) {
 		return 0, fmt.Errorf("append %s event to etl context %d: %w", e.Type, e.ContextID, classify(err))
 	}
 	return id, nil
+}
+
+// AppendEvents writes events of one context and run in one statement, in
+// order: as Append, one round trip for many. The first event's context and
+// run id stand for all. An event the database refuses fails them all.
+func AppendEvents(ctx context.Context, db DB, events []NewEvent) error {
+	if len(events) == 0 {
+		return nil
+	}
+	types := make([]string, len(events))
+	payloads := make([]*string, len(events))
+	metas := make([]*string, len(events))
+	errs := make([]bool, len(events))
+	seqs := make([]*int32, len(events))
+	for i, e := range events {
+		payload, _, err := cleanPayload(e.Payload)
+		if err != nil {
+			return fmt.Errorf("encode payload of %s event: %w", e.Type, err)
+		}
+		meta, _, err := cleanPayload(e.Meta)
+		if err != nil {
+			return fmt.Errorf("encode meta of %s event: %w", e.Type, err)
+		}
+		types[i], errs[i] = e.Type, e.Error
+		if payload != nil {
+			p := string(payload)
+			payloads[i] = &p
+		}
+		if meta != nil {
+			m := string(meta)
+			metas[i] = &m
+		}
+		if e.Seq != nil {
+			s := int32(*e.Seq)
+			seqs[i] = &s
+		}
+	}
+	first := events[0]
+	_, err := db.Exec(ctx, `
+		INSERT INTO data_manager.event_store (etl_context_id, type, payload, meta, error, run_id, seq)
+		SELECT $1, e.type, e.payload::jsonb, e.meta::jsonb, e.error, $2::uuid, e.seq
+		  FROM unnest($3::text[], $4::text[], $5::text[], $6::boolean[], $7::int[])
+		       WITH ORDINALITY AS e(type, payload, meta, error, seq, n)
+		 ORDER BY e.n
+		ON CONFLICT (etl_context_id, run_id, seq) WHERE seq IS NOT NULL DO NOTHING`,
+		first.ContextID, first.RunID, types, payloads, metas, errs, seqs)
+	if err != nil {
+		return fmt.Errorf("append %d events to etl context %d: %w", len(events), first.ContextID, classify(err))
+	}
+	return nil
 }
 
 func marshalNullable(v any) ([]byte, error) {

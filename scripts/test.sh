@@ -45,3 +45,26 @@ go test -race -count=1 -timeout 30m "$@" ./...
 # The end-to-end suite again with every task in advisory lock mode (the
 # steady-state and upgrade tests run both modes themselves).
 DAMA_TEST_LOCK_MODE=advisory go test -race -count=1 -timeout 30m -skip 'TestSteadyState|TestUpgradeFromThePreviousRelease' "$@" ./cmd/dama
+
+# A short fuzz pass over the parsers of outside input, from the corpora in
+# each package's testdata/fuzz and the inputs this host's Go cache kept from
+# earlier runs. go test -fuzz takes one target per package per run, hence one
+# run per "package target" line; a failing input is written to
+# <package>/testdata/fuzz/<target>/ and the script stops.
+fuzz_targets=(
+	"./config FuzzParse"
+	"./config FuzzParseSchedule"
+	"./taskrunner FuzzParseLaunch"
+	"./cmd/dama FuzzDueAt"
+	"./cmd/dama FuzzParseID"
+	"./cmd/dama FuzzListenAddr"
+	"./internal/hostproc FuzzParseStat"
+	# What a command writes on its events pipe, and what the database is
+	# given of it: against the test server, whose jsonb is the judge.
+	"./taskrunner FuzzDecodeLine"
+	"./etlcontext FuzzCleanJSON"
+)
+for t in "${fuzz_targets[@]}"; do
+	read -r pkg target <<<"$t"
+	go test -run '^$' -fuzz "^${target}\$" -fuzztime 5s "$pkg"
+done

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -78,7 +79,11 @@ type SubmitParams struct {
 	// {}.
 	Args json.RawMessage
 	// IdempotencyKey, when set, makes Submit return the existing context of
-	// an earlier submission with the same key instead of creating one.
+	// an earlier submission with the same key instead of creating one. A
+	// key belongs to the kind first submitted with it: reusing it with
+	// another kind is ErrIdempotencyKeyOtherKind. Keys starting with "dama:"
+	// are dama's own (schedule ticks, children) and refused with
+	// ErrReservedIdempotencyKey.
 	IdempotencyKey string
 	// ParentID makes the new context a child of another.
 	ParentID int64
@@ -91,10 +96,25 @@ type SubmitParams struct {
 // name.
 var ErrUnknownKind = errors.New("unknown kind")
 
+// ErrIdempotencyKeyOtherKind is returned by Submit for an idempotency key
+// that a task of another kind was submitted with. It is
+// etlcontext.ErrIdempotencyKeyOtherKind, so that either name matches.
+var ErrIdempotencyKeyOtherKind = etlcontext.ErrIdempotencyKeyOtherKind
+
+// reservedKeyPrefix starts the idempotency keys dama makes for its own
+// submissions (TickKey, the children's keys made by the task process):
+// taken by a user's submission, such a key would hand a schedule's tick or
+// a task's child the user's task instead.
+const reservedKeyPrefix = "dama:"
+
+// ErrReservedIdempotencyKey is returned by Submit for an idempotency key
+// starting with "dama:", which dama keeps for its own submissions.
+var ErrReservedIdempotencyKey = errors.New(`idempotency keys starting with "` + reservedKeyPrefix + `" are reserved for dama's own submissions`)
+
 // Submit records a new QUEUED context with its INITIAL event and enqueues its
 // River job, all in one transaction: either everything is written or
 // nothing. It reports whether the context is new (false when the idempotency
-// key matched an earlier submission).
+// key matched an earlier submission of the same kind).
 func (c *Client) Submit(ctx context.Context, p SubmitParams) (id int64, created bool, err error) {
 	err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
 		id, created, err = c.SubmitTx(ctx, tx, p)
@@ -108,6 +128,23 @@ func (c *Client) Submit(ctx context.Context, p SubmitParams) (id int64, created 
 // it, and no supervisor sees it before. It works in a savepoint, so that a
 // refused submission (an unknown parent, say) leaves tx usable.
 func (c *Client) SubmitTx(ctx context.Context, tx pgx.Tx, p SubmitParams) (id int64, created bool, err error) {
+	if strings.HasPrefix(p.IdempotencyKey, reservedKeyPrefix) {
+		return 0, false, fmt.Errorf("submit %s task: idempotency key %q: %w", p.Kind, p.IdempotencyKey, ErrReservedIdempotencyKey)
+	}
+	return c.submitTx(ctx, tx, p)
+}
+
+// submitChild submits a child that a task's command asked for; its key,
+// made by the task process, is one of dama's own.
+func (c *Client) submitChild(ctx context.Context, tx pgx.Tx, child taskrunner.Child) (int64, bool, error) {
+	return c.submitTx(ctx, tx, SubmitParams{
+		Kind: child.Kind, Args: child.Args, IdempotencyKey: child.IdempotencyKey, ParentID: child.ParentID,
+	})
+}
+
+// submitTx is SubmitTx for dama's own submissions, whose keys start with
+// reservedKeyPrefix: it takes any key.
+func (c *Client) submitTx(ctx context.Context, tx pgx.Tx, p SubmitParams) (id int64, created bool, err error) {
 	if c.cfg == nil {
 		return 0, false, errors.New("submit needs a configuration naming the kinds")
 	}
@@ -129,37 +166,16 @@ func (c *Client) SubmitTx(ctx context.Context, tx pgx.Tx, p SubmitParams) (id in
 	if err != nil {
 		return 0, false, fmt.Errorf("submit %s task: %w", p.Kind, err)
 	}
-	var dueAt any
-	if !p.ScheduledAt.IsZero() {
-		dueAt = p.ScheduledAt
-	}
-	var key, parent any
-	if p.IdempotencyKey != "" {
-		key = p.IdempotencyKey
-	}
-	if p.ParentID != 0 {
-		parent = p.ParentID
-	}
 
 	err = pgx.BeginFunc(ctx, tx, func(tx pgx.Tx) error {
-		err := tx.QueryRow(ctx, `
-			INSERT INTO data_manager.etl_contexts (parent_context_id, kind, queue, max_attempts, idempotency_key,
-			                                       concurrency_key, due_at)
-			VALUES ($1, $2, $3, $4, $5, $6, greatest(now(), coalesce($7, now())))
-			ON CONFLICT (idempotency_key) DO NOTHING
-			RETURNING etl_context_id`, parent, p.Kind, kind.Queue, kind.MaxAttempts, key, concurrencyKey, dueAt).Scan(&id)
-		if errors.Is(err, pgx.ErrNoRows) {
-			// The key was used before; that submission stands.
-			return tx.QueryRow(ctx, `SELECT etl_context_id FROM data_manager.etl_contexts WHERE idempotency_key = $1`, key).Scan(&id)
+		id, created, err = etlcontext.Create(ctx, tx, etlcontext.NewContext{
+			Kind: p.Kind, Queue: kind.Queue, MaxAttempts: kind.MaxAttempts, IdempotencyKey: p.IdempotencyKey,
+			ParentID: p.ParentID, ConcurrencyKey: concurrencyKey, DueAt: p.ScheduledAt,
+		})
+		if err != nil || !created {
+			// An existing context of the key stands as it is.
+			return err
 		}
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "23503" && pgErr.ConstraintName == "etl_contexts_parent_context_id_fkey" {
-			return fmt.Errorf("parent etl context %d does not exist", p.ParentID)
-		}
-		if err != nil {
-			return fmt.Errorf("insert etl context: %w", err)
-		}
-		created = true
 		if _, err := etlcontext.Append(ctx, tx, etlcontext.NewEvent{
 			ContextID: id,
 			Type:      p.Kind + ":" + etlcontext.EventInitial,
@@ -175,10 +191,7 @@ func (c *Client) SubmitTx(ctx context.Context, tx pgx.Tx, p SubmitParams) (id in
 		if err != nil {
 			return fmt.Errorf("enqueue River job: %w", err)
 		}
-		if _, err := tx.Exec(ctx, `UPDATE data_manager.etl_contexts SET river_job_id = $2 WHERE etl_context_id = $1`, id, res.Job.ID); err != nil {
-			return fmt.Errorf("record River job of etl context %d: %w", id, err)
-		}
-		return nil
+		return etlcontext.SetJob(ctx, tx, id, res.Job.ID)
 	})
 	if err != nil {
 		return 0, false, fmt.Errorf("submit %s task: %w", p.Kind, err)

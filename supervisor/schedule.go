@@ -94,7 +94,8 @@ func (s *Supervisor) takeTick(ctx context.Context, name string, k config.Kind, s
 				return etlcontext.RecordTick(ctx, tx, rec)
 			}
 		}
-		id, _, err := s.client.SubmitTx(ctx, tx, SubmitParams{
+		// The tick's key is one of dama's own, which SubmitTx refuses.
+		id, _, err := s.client.submitTx(ctx, tx, SubmitParams{
 			Kind:           name,
 			Args:           []byte(k.ScheduleArgs),
 			IdempotencyKey: TickKey(name, tick),

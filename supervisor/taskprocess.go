@@ -7,8 +7,6 @@ import (
 	"log/slog"
 	"os"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/internal/hostproc"
 	"github.com/dama-etl/dama/taskrunner"
@@ -107,11 +105,7 @@ func runnerOptions(args []string, funcs taskrunner.Funcs) (taskrunner.Options, e
 		ContextID:   launch.ContextID,
 		RunID:       launch.RunID,
 		Funcs:       funcs,
-		Submit: func(ctx context.Context, tx pgx.Tx, c taskrunner.Child) (int64, bool, error) {
-			return children.SubmitTx(ctx, tx, SubmitParams{
-				Kind: c.Kind, Args: c.Args, IdempotencyKey: c.IdempotencyKey, ParentID: c.ParentID,
-			})
-		},
+		Submit:      children.submitChild,
 	}
 	if launch.ReadyFD > 0 {
 		opts.Ready = os.NewFile(uintptr(launch.ReadyFD), "ready")

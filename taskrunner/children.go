@@ -93,7 +93,7 @@ func (r *runner) awaitChildren(ctx context.Context, signals <-chan os.Signal) (i
 			return r.finish(ctx, ExitDone, etlcontext.EventFinal, map[string]any{"exit_code": 0, "children": counts}, nil)
 		case !announced:
 			announced = true
-			r.w.event(etlcontext.EventAwaiting, map[string]any{"children": counts}, nil, false, 256)
+			r.w.event(etlcontext.EventAwaiting, map[string]any{"children": counts}, nil, false)
 			r.logger.Info("command succeeded; awaiting the children", "children", counts)
 		}
 	wait:

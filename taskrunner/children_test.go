@@ -73,7 +73,9 @@ func TestAChildIsSubmittedOnlyByTheCurrentRun(t *testing.T) {
 			stop()
 			<-done
 		}()
-		w.submitChild(Child{Kind: "c", Args: []byte(`{}`)}, 256)
+		if err := w.submitChild(ctx, Child{Kind: "c", Args: []byte(`{}`)}); err != nil {
+			return err
+		}
 		fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
 		return w.flush(fctx)

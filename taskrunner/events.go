@@ -37,6 +37,9 @@ type reported struct {
 	// line); it is recorded in the attempt's ERROR event, not as an event
 	// of its own.
 	failure *Failure
+	// replaced is what was replaced in the line so that the database takes
+	// it (see etlcontext.CleanJSON); a WARNING says so.
+	replaced etlcontext.Replaced
 }
 
 // Failure is why a command is about to fail, which it may say with a line
@@ -106,6 +109,18 @@ var reservedSuffixes = map[string]bool{
 // decodeLine turns one line of the events pipe into the event to store: the
 // reported one, or a WARNING saying what was wrong with the line.
 func decodeLine(line []byte) reported {
+	// Cleaned first, so that what the line says (a payload, a failure's
+	// reason, a child's arguments) is stored and not refused.
+	clean, replaced, err := etlcontext.CleanJSON(line)
+	if err != nil {
+		return decodeCleanLine(line)
+	}
+	rep := decodeCleanLine(clean)
+	rep.replaced = replaced
+	return rep
+}
+
+func decodeCleanLine(line []byte) reported {
 	var msg struct {
 		Type    string          `json:"type"`
 		Payload json.RawMessage `json:"payload"`
@@ -195,10 +210,11 @@ func warning(problem string, line []byte) reported {
 	}
 }
 
-// readEvents reads newline-delimited JSON from r until EOF and sends each
-// decoded line to out. Oversized lines are skipped up to their newline and
-// reported; nothing the command writes can stop the reader.
-func readEvents(r io.Reader, out chan<- reported) error {
+// readEvents reads newline-delimited JSON from r until EOF and hands each
+// decoded line to emit, which may block: the pipe is then not read, and
+// the command blocks on its writes. Oversized lines are skipped up to their
+// newline and reported; nothing the command writes can stop the reader.
+func readEvents(r io.Reader, emit func(reported)) error {
 	br := bufio.NewReaderSize(r, 64<<10)
 	var buf []byte
 	oversized := 0
@@ -219,12 +235,16 @@ func readEvents(r io.Reader, out chan<- reported) error {
 		}
 		if complete || (errors.Is(err, io.EOF) && (len(buf) > 0 || oversized > 0)) {
 			if oversized > 0 {
-				out <- reported{
+				emit(reported{
 					suffix: etlcontext.EventWarning,
 					meta:   map[string]any{"problem": fmt.Sprintf("event line of %d bytes exceeds the limit of %d bytes", oversized, MaxEventLine), "line_bytes": oversized},
-				}
+				})
 			} else if line := bytes.TrimSpace(buf); len(line) > 0 {
-				out <- decodeLine(line)
+				emit(decodeLine(line))
+			}
+			// A long line's buffer is not kept for the short ones after it.
+			if cap(buf) > 64<<10 {
+				buf = nil
 			}
 			buf = buf[:0]
 			oversized = 0

@@ -1,8 +1,11 @@
 package taskrunner
 
 import (
+	"context"
 	"strings"
 	"testing"
+
+	"github.com/dama-etl/dama/internal/testenv"
 )
 
 func TestDecodeLine(t *testing.T) {
@@ -101,14 +104,11 @@ func TestReadEventsSkipsOversizedLinesAndGoesOn(t *testing.T) {
 		"\n" +
 		`{"type":"progress","payload":2}` + "\n" +
 		`{"type":"progress","payload":3}` // no final newline
-	out := make(chan reported, 10)
-	if err := readEvents(strings.NewReader(input), out); err != nil {
-		t.Fatal(err)
-	}
-	close(out)
 	var got []string
-	for r := range out {
+	if err := readEvents(strings.NewReader(input), func(r reported) {
 		got = append(got, r.suffix+":"+string(r.payload))
+	}); err != nil {
+		t.Fatal(err)
 	}
 	want := []string{"PROGRESS:1", "WARNING:", "PROGRESS:2", "PROGRESS:3"}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
@@ -116,17 +116,45 @@ func TestReadEventsSkipsOversizedLinesAndGoesOn(t *testing.T) {
 	}
 }
 
+// No line a command writes may make a write fail: whatever it decodes to
+// is taken by the database, once cleaned as the writer cleans it.
 func FuzzDecodeLine(f *testing.F) {
-	f.Add([]byte(`{"type":"progress","payload":{"a":1}}`))
-	f.Add([]byte(`{"type":"final"}`))
-	f.Add([]byte("\xff\xfe"))
+	env := testenv.New(f)
+	for _, seed := range []string{
+		`{"type":"progress","payload":{"a":1}}`, `{"type":"final"}`, "\xff\xfe",
+		`{"type":"rows","payload":{"a":"x\u0000y","b\u0000":"\ud800","c":1e999999}}`,
+		"{\"type\":\"rows\",\"payload\":\"\xff\"}",
+		`{"type":"failure","payload":{"error":"bad\u0000row","retry":false}}`,
+		`{"type":"submit","payload":{"kind":"k\u0000","args":{"x":"\udc00"},"idempotency_key":"\u0000"}}`,
+		`{"type":"checkpoint","payload":{"next":[1,2,{"deep":null}]}}`,
+	} {
+		f.Add([]byte(seed))
+	}
+	stored := func(t *testing.T, line []byte, what string, v any) {
+		t.Helper()
+		raw, _ := cleanValue(v)
+		if raw == nil {
+			return
+		}
+		var ok bool
+		if err := env.Pool.QueryRow(context.Background(), `SELECT $1::text::jsonb IS NOT NULL`, string(raw)).Scan(&ok); err != nil {
+			t.Fatalf("line %q: the database refuses its %s %q: %v", line, what, raw, err)
+		}
+	}
 	f.Fuzz(func(t *testing.T, line []byte) {
 		r := decodeLine(line)
-		if r.child != nil || r.failure != nil {
-			return // directives, not events
+		switch {
+		case r.failure != nil:
+			stored(t, line, "failure", map[string]any{"reason": r.failure.Error})
+			return
+		case r.child != nil:
+			stored(t, line, "child", map[string]any{"kind": r.child.Kind, "args": r.child.Args, "key": r.child.IdempotencyKey})
+			return
 		}
 		if !suffixRE.MatchString(r.suffix) || reservedSuffixes[r.suffix] {
 			t.Fatalf("line %q decoded to suffix %q", line, r.suffix)
 		}
+		stored(t, line, "payload", r.payload)
+		stored(t, line, "meta", r.meta)
 	})
 }

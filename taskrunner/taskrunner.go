@@ -41,6 +41,8 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -180,10 +182,12 @@ type runner struct {
 	// kind this program again.
 	path string
 	argv []string
-	// failure is what the command said, last, of why it fails.
-	failure *Failure
-	logPath string
-	logFile *os.File
+	// failure is what the command said, last, of why it fails; set by the
+	// events reader, guarded by failureMu.
+	failure   *Failure
+	failureMu sync.Mutex
+	logPath   string
+	logFile   *os.File
 	// args and checkpoint are handed to the command.
 	args, checkpoint json.RawMessage
 	w                *writer
@@ -287,7 +291,7 @@ func (r *runner) run(ctx context.Context) (int, error) {
 	// records itself: a launch that fails here is taken back by the
 	// supervisor without spending an attempt.
 	if err := r.prepare(); err != nil {
-		r.w.event(etlcontext.EventWarning, map[string]any{"reason": "this host cannot run the task: " + err.Error(), "host": r.opts.Host}, nil, false, 512)
+		r.w.event(etlcontext.EventWarning, map[string]any{"reason": "this host cannot run the task: " + err.Error(), "host": r.opts.Host}, nil, false)
 		fctx, cancel := context.WithTimeout(ctx, stmtTimeout)
 		defer cancel()
 		if ferr := r.w.flush(fctx); ferr != nil {
@@ -433,12 +437,7 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 	})
 	r.logger.Info("command started", "pid", pgid, "command", r.argv, "attempt", r.ctx.Attempt)
 
-	lines := make(chan reported, 64)
-	readerDone := make(chan error, 1)
-	go func() {
-		readerDone <- readEvents(eventsR, lines)
-		close(lines)
-	}()
+	events := r.readEvents(ctx, eventsR)
 
 	signals := make(chan os.Signal, 1)
 	signal.Notify(signals, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
@@ -483,12 +482,6 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 	}
 	for !commandEnded {
 		select {
-		case line, ok := <-lines:
-			if !ok {
-				lines = nil
-				continue
-			}
-			r.queue(line)
 		case waitErr = <-exited:
 			commandEnded = true
 		case n := <-r.w.notify:
@@ -519,7 +512,7 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 			timeout, timedOut = nil, true
 			r.w.event(etlcontext.EventTimeout, map[string]any{
 				"timeout": r.kind.Timeout.D().String(), "on_timeout": string(r.kind.OnTimeout), "kill_grace": cfg.KillGraceOf(r.kind).String(),
-			}, nil, false, 256)
+			}, nil, false)
 			stop(fmt.Sprintf("timed out after %s", r.kind.Timeout.D()), ExitFailed)
 		case <-graceTimer:
 			graceTimer = nil
@@ -535,7 +528,7 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 	// reuses its id.
 	close(ended)
 	r.stopDescendants(hostproc.Attempt{PGID: pgid, LeaderStartTicks: leaderTicks, Marker: RunIDEnv + "=" + r.opts.RunID})
-	r.drain(lines, readerDone)
+	events.drain(ctx, r.opts.Config.ReconnectGraceD()+stmtTimeout)
 	stopWatch()
 	<-watchDone
 
@@ -556,8 +549,13 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 		if reason == "" {
 			reason = describeExit(waitErr)
 		}
-		payload := map[string]any{"reason": reason, "exit_code": exitCode, "log_tail": tail(r.logPath, 4096)}
-		if f := r.failure; stopReason == "" && f != nil {
+		logTail, replaced := tail(r.logPath, 4096)
+		if replaced.Any() {
+			r.w.replacedIn(etlcontext.EventError+" log tail", replaced)
+		}
+		payload := map[string]any{"reason": reason, "exit_code": exitCode, "log_tail": logTail}
+		failure := r.lastFailure()
+		if f := failure; stopReason == "" && f != nil {
 			payload["reason"], payload["exit"] = f.Error, reason
 		}
 		switch {
@@ -566,7 +564,7 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 			if r.kind.OnTimeout == config.OnTimeoutFail {
 				payload[etlcontext.ErrorFinal] = false
 			}
-		case stopReason == "" && r.failure != nil && r.failure.Retry != nil && !*r.failure.Retry,
+		case stopReason == "" && failure != nil && failure.Retry != nil && !*failure.Retry,
 			stopReason == "" && !r.kind.RetriesExit(exitCode):
 			// The command said not to retry this failure.
 			payload[etlcontext.ErrorFinal] = false
@@ -602,7 +600,7 @@ func (r *runner) stopDescendants(a hostproc.Attempt) {
 // context RUNNING with a free lock, and a supervisor records the attempt's
 // death.
 func (r *runner) finish(ctx context.Context, code int, suffix string, payload map[string]any, cause error) (int, error) {
-	r.w.event(suffix, payload, nil, false, 4096)
+	r.w.outcome(suffix, payload, plainOutcome(payload))
 	wait := r.opts.Config.ReconnectGraceD() + stmtTimeout
 	if code == ExitLockLost {
 		// Best effort: without its lock this attempt no longer decides, and
@@ -637,46 +635,140 @@ func (r *runner) finish(ctx context.Context, code int, suffix string, payload ma
 	return code, cause
 }
 
-// drain queues what the command wrote before it exited. A grandchild may
-// hold the pipe open; it is not waited for long.
-func (r *runner) drain(lines <-chan reported, readerDone <-chan error) {
-	if lines == nil {
-		return
+// plainOutcome is payload without what may make the database refuse it
+// (a log tail, long text): the exit code, the retry decision and a short
+// reason are what the outcome's policy reads.
+func plainOutcome(payload map[string]any) map[string]any {
+	plain := make(map[string]any, len(payload)+1)
+	for k, v := range payload {
+		switch v := v.(type) {
+		case string:
+			if k == "log_tail" {
+				continue
+			}
+			s, _ := etlcontext.CleanText(truncateUTF8(v, 512))
+			plain[k] = s
+		case bool, int:
+			plain[k] = v
+		}
 	}
-	timeout := time.After(2 * time.Second)
-	for {
-		select {
-		case line, ok := <-lines:
-			if !ok {
-				if err := <-readerDone; err != nil {
-					r.logger.Warn("read events", "error", err)
-				}
+	plain["details_lost"] = true
+	return plain
+}
+
+func (r *runner) setFailure(f *Failure) {
+	r.failureMu.Lock()
+	r.failure = f
+	r.failureMu.Unlock()
+}
+
+func (r *runner) lastFailure() *Failure {
+	r.failureMu.Lock()
+	defer r.failureMu.Unlock()
+	return r.failure
+}
+
+// eventsReader reads the command's events pipe and queues what it reports,
+// blocking while the writer is at its bounds.
+type eventsReader struct {
+	r      *runner
+	pipe   *os.File
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan error
+	// lines counts the lines handed on; waiting is set while the reader
+	// waits for room in the writer.
+	lines   atomic.Int64
+	waiting atomic.Bool
+	// lost counts the lines not queued because the run ended first.
+	lost atomic.Int64
+}
+
+func (r *runner) readEvents(ctx context.Context, pipe *os.File) *eventsReader {
+	er := &eventsReader{r: r, pipe: pipe, done: make(chan error, 1)}
+	er.ctx, er.cancel = context.WithCancel(ctx)
+	go func() {
+		var stopped error
+		er.done <- readEvents(pipe, func(rep reported) {
+			defer er.lines.Add(1)
+			if stopped != nil {
+				er.lost.Add(1)
 				return
 			}
-			r.queue(line)
-		case <-timeout:
-			r.logger.Warn("events pipe still open 2s after the command exited; later events are lost")
+			er.waiting.Store(true)
+			stopped = r.report(er.ctx, rep)
+			er.waiting.Store(false)
+			if stopped != nil {
+				er.lost.Add(1)
+			}
+		})
+	}()
+	return er
+}
+
+// report queues one line of the events pipe, waiting for room.
+func (r *runner) report(ctx context.Context, rep reported) error {
+	switch {
+	case rep.failure != nil:
+		r.setFailure(rep.failure)
+		if rep.replaced.Any() {
+			r.w.replacedIn(failureType, rep.replaced)
+		}
+		return nil
+	case rep.child != nil:
+		if rep.replaced.Any() {
+			r.w.replacedIn(submitType, rep.replaced)
+		}
+		return r.w.submitChild(ctx, *rep.child)
+	}
+	return r.w.report(ctx, rep.suffix, rep.payload, rep.meta, rep.isError, rep.replaced)
+}
+
+// drain waits until everything the command wrote is queued. Once its
+// processes are gone the pipe ends, unless a process that escaped them
+// holds it open: that is not waited for once the pipe has been quiet for
+// 2 s. While the writer is behind, the wait goes on for up to wait.
+func (er *eventsReader) drain(ctx context.Context, wait time.Duration) {
+	defer er.cancel()
+	deadline := time.NewTimer(wait)
+	defer deadline.Stop()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	quietSince := time.Now()
+	seen := er.lines.Load()
+	stop := func(why string) {
+		er.cancel()
+		er.pipe.Close()
+		<-er.done
+		er.r.logger.Warn(why, "lines_lost", er.lost.Load())
+	}
+	for {
+		select {
+		case err := <-er.done:
+			if err != nil {
+				er.r.logger.Warn("read events", "error", err)
+			}
+			if n := er.lost.Load(); n > 0 {
+				er.r.logger.Warn("lines of the events pipe were not stored: the run ended first", "lines_lost", n)
+			}
+			return
+		case <-tick.C:
+			if n := er.lines.Load(); n != seen || er.waiting.Load() {
+				seen, quietSince = n, time.Now()
+				continue
+			}
+			if time.Since(quietSince) >= 2*time.Second {
+				stop("events pipe still open 2s after the command's processes ended; what is written to it later is lost")
+				return
+			}
+		case <-deadline.C:
+			stop("the events the command wrote could not all be stored in time")
+			return
+		case <-ctx.Done():
+			stop("the runner is stopping: the events not yet read are lost")
 			return
 		}
 	}
-}
-
-func (r *runner) queue(line reported) {
-	if line.failure != nil {
-		r.failure = line.failure
-		return
-	}
-	if line.child != nil {
-		r.w.submitChild(*line.child, 256+len(line.child.Args))
-		return
-	}
-	var payload any
-	size := 256
-	if line.payload != nil {
-		payload = line.payload
-		size += len(line.payload)
-	}
-	r.w.event(line.suffix, payload, line.meta, line.isError, size)
 }
 
 func (r *runner) commandEnv(args, checkpoint json.RawMessage) []string {
@@ -761,21 +853,21 @@ func describeExit(err error) string {
 }
 
 // tail returns at most the last n bytes of the file at path, starting at a
-// line boundary.
-func tail(path string, n int64) string {
+// line boundary, cleaned for the database, and what was replaced.
+func tail(path string, n int64) (string, etlcontext.Replaced) {
 	f, err := os.Open(path)
 	if err != nil {
-		return ""
+		return "", etlcontext.Replaced{}
 	}
 	defer f.Close()
 	info, err := f.Stat()
 	if err != nil {
-		return ""
+		return "", etlcontext.Replaced{}
 	}
 	off := max(info.Size()-n, 0)
 	buf := make([]byte, info.Size()-off)
 	if _, err := f.ReadAt(buf, off); err != nil && !errors.Is(err, io.EOF) {
-		return ""
+		return "", etlcontext.Replaced{}
 	}
 	s := string(buf)
 	if off > 0 {
@@ -783,7 +875,7 @@ func tail(path string, n int64) string {
 			s = s[i+1:]
 		}
 	}
-	return strings.ToValidUTF8(s, "\uFFFD")
+	return etlcontext.CleanText(s)
 }
 
 func deref(s *string) string {

@@ -2,6 +2,7 @@ package taskrunner
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -16,14 +17,22 @@ import (
 	"github.com/dama-etl/dama/etlcontext"
 )
 
-// Bounds of the events a runner keeps in memory while the database is away.
-// Past them, reported events other than checkpoints are dropped (and
-// counted in a WARNING); a checkpoint is never dropped, but a newer one
-// replaces an older one still waiting beyond the bound.
+// Bounds of the events from the command's pipe that wait for the database
+// in memory. At either bound the runner stops reading the pipe until some
+// are written, so the command blocks on its next write: backpressure, not
+// loss. PROGRESS and CHECKPOINT lines never wait: only the newest of each
+// matters, and at the bounds it replaces the one still waiting, so a
+// command that only reports its state never blocks.
 const (
-	maxPendingEvents = 10000
-	maxPendingBytes  = 64 << 20
+	maxPendingEvents = 1000
+	maxPendingBytes  = 8 << 20
+	// maxBatch bounds the events written in one statement.
+	maxBatch = 256
 )
+
+// coalescing are the suffixes of which only the newest waiting event is
+// kept.
+var coalescing = map[string]bool{etlcontext.EventProgress: true, etlcontext.EventCheckpoint: true}
 
 // writer owns the runner's write connection. Every write goes through it in
 // order, and none makes its caller wait: the runner's main loop, which
@@ -42,13 +51,18 @@ type writer struct {
 	kind        string
 	stmtTimeout time.Duration
 
-	mu       sync.Mutex
-	calls    []*writeCall // run before events
-	events   []pendingEvent
-	bytes    int
-	overflow int // events beyond the bound, all checkpoints
-	dropped  int
-	nextSeq  int
+	mu     sync.Mutex
+	calls  []*writeCall // run before events
+	events []*pendingEvent
+	// piped and pipedBytes count the waiting events from the pipe, against
+	// the bounds.
+	piped, pipedBytes int
+	// latest is the newest waiting event of each coalescing suffix, and of
+	// the replacements noted (replacedKey).
+	latest  map[string]*pendingEvent
+	room    chan struct{} // closed and replaced when piped events leave
+	single  bool          // write one event at a time: a batch was refused
+	nextSeq int
 	// eventErr is the last error that made the database refuse an event for
 	// good; flush reports it.
 	eventErr error
@@ -94,13 +108,46 @@ type writeCall struct {
 }
 
 type pendingEvent struct {
-	ev         etlcontext.NewEvent
-	size       int
-	checkpoint bool
+	ev   etlcontext.NewEvent
+	size int
+	// piped events count against the bounds.
+	piped bool
+	// coalesce, when set, is the key under which a newer event replaces
+	// this one while it waits.
+	coalesce string
+	// gone: replaced by a newer one before it was written.
+	gone bool
+	// writing: taken into a write; it can no longer be replaced.
+	writing bool
+	// replaced, when set, is what was replaced in reported lines; the
+	// event's meta is made from it when it is written.
+	replaced *replacedNote
+	// fallback, when set, is the payload to store instead when the
+	// database refuses this one for good: an outcome is never lost.
+	fallback any
 	// child, when set, is submitted in the transaction that stores ev (a
 	// SUBMITTED event, whose payload then names the child).
 	child *Child
 }
+
+// replacedNote adds up what was replaced in the pipe's lines and in the
+// runner's own payloads since the last WARNING about it was written.
+type replacedNote struct {
+	lines    int
+	replaced etlcontext.Replaced
+	types    []string
+}
+
+func (n *replacedNote) meta() map[string]any {
+	return map[string]any{
+		"problem": fmt.Sprintf("replaced %s that the database cannot store, in %d event(s) of type %s; stored with U+FFFD (numbers as strings)",
+			n.replaced, n.lines, strings.Join(n.types, ", ")),
+		"replaced": map[string]int{"nul": n.replaced.NUL, "invalid_utf8": n.replaced.InvalidUTF8, "surrogates": n.replaced.Surrogates, "numbers": n.replaced.Numbers},
+	}
+}
+
+// replacedKey is the coalescing key of the WARNING about replacements.
+const replacedKey = "\x00replaced"
 
 // SubmitFunc records child c in tx (its context, INITIAL event and River
 // job) and returns its id, and whether it is new.
@@ -110,6 +157,8 @@ func newWriter(url, name string, logger *slog.Logger, stmtTimeout time.Duration,
 	return &writer{
 		url: url, name: name, logger: logger, stmtTimeout: stmtTimeout, hooks: hooks,
 		idle:       make(chan struct{}),
+		room:       make(chan struct{}),
+		latest:     make(map[string]*pendingEvent),
 		wake:       make(chan struct{}, 1),
 		notify:     make(chan *pgconn.Notification, 16),
 		superseded: make(chan struct{}),
@@ -130,66 +179,211 @@ func (w *writer) signal() {
 	}
 }
 
-// event queues an event of the run; it never blocks.
-func (w *writer) event(suffix string, payload, meta any, isError bool, size int) {
+// event queues an event of the runner's own; it never blocks, and it is
+// never dropped.
+func (w *writer) event(suffix string, payload, meta any, isError bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	checkpoint := suffix == etlcontext.EventCheckpoint
-	if len(w.events)-w.overflow >= maxPendingEvents || w.bytes+size > maxPendingBytes {
-		if !checkpoint {
-			w.dropped++
-			return
+	w.append(w.newEvent(suffix, payload, meta, isError))
+}
+
+// outcome queues the event that records the attempt's outcome, with the
+// payload to store instead should the database refuse this one.
+func (w *writer) outcome(suffix string, payload map[string]any, fallback map[string]any) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	e := w.newEvent(suffix, payload, nil, false)
+	e.fallback = fallback
+	w.append(e)
+}
+
+// report queues an event the command reported. It waits while the bounds
+// are reached, until ctx ends or the run is superseded, unless the event
+// coalesces: then it replaces the waiting one of its suffix. replaced is
+// what was replaced in the line, so that the database takes it.
+func (w *writer) report(ctx context.Context, suffix string, payload json.RawMessage, meta any, isError bool, replaced etlcontext.Replaced) error {
+	e := w.newEvent(suffix, payload, meta, false)
+	e.ev.Error = isError
+	e.piped = true
+	if coalescing[suffix] {
+		e.coalesce = suffix
+		w.mu.Lock()
+	} else if err := w.waitRoom(ctx, e.size); err != nil {
+		return err
+	}
+	defer w.mu.Unlock()
+	w.append(e)
+	if replaced.Any() {
+		w.noteReplaced(suffix, replaced)
+	}
+	return nil
+}
+
+// waitRoom returns, with w.mu held, once an event of size fits within the
+// bounds; an event alone in the queue always fits.
+func (w *writer) waitRoom(ctx context.Context, size int) error {
+	for {
+		w.mu.Lock()
+		if !w.full(size) {
+			return nil
 		}
-		// Only the newest checkpoint matters to a retry: keep one beyond the
-		// bound.
-		if w.overflow > 0 {
-			last := w.events[len(w.events)-1]
-			w.bytes -= last.size
-			w.events = w.events[:len(w.events)-1]
-			w.overflow--
-			w.dropped++
+		room := w.room
+		w.mu.Unlock()
+		select {
+		case <-room:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-w.superseded:
+			return etlcontext.ErrStaleRun
 		}
-		w.overflow++
+	}
+}
+
+// full reports whether an event of size from the pipe would pass the
+// bounds; w.mu is held. An event alone in the queue always fits.
+func (w *writer) full(size int) bool {
+	return w.piped > 0 && (w.piped >= maxPendingEvents || w.pipedBytes+size > maxPendingBytes)
+}
+
+// newEvent makes the next event of the run, its payload and meta cleaned
+// for the database; w.mu is held or the event is not queued yet.
+func (w *writer) newEvent(suffix string, payload, meta any, isError bool) *pendingEvent {
+	e := &pendingEvent{ev: etlcontext.NewEvent{ContextID: w.contextID, Type: w.kind + ":" + suffix, Error: isError}}
+	var replaced etlcontext.Replaced
+	e.ev.Payload, replaced = cleanValue(payload)
+	m, r := cleanValue(meta)
+	e.ev.Meta, replaced = m, replaced.Add(r)
+	e.size = 256 + len(asRaw(e.ev.Payload)) + len(asRaw(e.ev.Meta))
+	if replaced.Any() {
+		// Rare, and only of the runner's own text: noted beside the event.
+		e.replaced = &replacedNote{lines: 1, replaced: replaced, types: []string{suffix}}
+	}
+	return e
+}
+
+// append numbers e and queues it; w.mu is held.
+func (w *writer) append(e *pendingEvent) {
+	if e.replaced != nil && e.coalesce != replacedKey {
+		// Noted ahead of e: nothing may follow an outcome.
+		note := e.replaced
+		e.replaced = nil
+		w.mergeReplaced(note)
 	}
 	w.nextSeq++
-	seq := w.nextSeq
-	runID := w.runID
-	w.events = append(w.events, pendingEvent{
-		ev: etlcontext.NewEvent{
-			ContextID: w.contextID, Type: w.kind + ":" + suffix,
-			Payload: payload, Meta: meta, Error: isError, RunID: &runID, Seq: &seq,
-		},
-		size: size, checkpoint: checkpoint,
-	})
-	w.bytes += size
+	seq, runID := w.nextSeq, w.runID
+	e.ev.RunID, e.ev.Seq = &runID, &seq
+	if e.coalesce != "" {
+		// Only at the bounds: until then every report is kept.
+		if old := w.latest[e.coalesce]; old != nil && !old.writing && !old.gone && (e.coalesce == replacedKey || w.full(e.size)) {
+			old.gone = true
+			w.leave(old)
+		}
+		w.latest[e.coalesce] = e
+	}
+	if e.piped {
+		w.piped++
+		w.pipedBytes += e.size
+	}
+	w.events = append(w.events, e)
 	w.signal()
+}
+
+// noteReplaced records that a reported line of type suffix needed
+// replacing; w.mu is held. One WARNING stands for every replacement until
+// it is written.
+func (w *writer) noteReplaced(suffix string, r etlcontext.Replaced) {
+	w.mergeReplaced(&replacedNote{lines: 1, replaced: r, types: []string{suffix}})
+}
+
+// replacedIn is noteReplaced for what is not itself queued: a failure
+// line, a child, the runner's own text.
+func (w *writer) replacedIn(what string, r etlcontext.Replaced) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.noteReplaced(what, r)
+}
+
+func (w *writer) mergeReplaced(n *replacedNote) {
+	if old := w.latest[replacedKey]; old != nil && !old.writing && !old.gone {
+		old.replaced.lines += n.lines
+		old.replaced.replaced = old.replaced.replaced.Add(n.replaced)
+		for _, t := range n.types {
+			if !slices.Contains(old.replaced.types, t) {
+				old.replaced.types = append(old.replaced.types, t)
+			}
+		}
+		return
+	}
+	e := &pendingEvent{ev: etlcontext.NewEvent{ContextID: w.contextID, Type: w.kind + ":" + etlcontext.EventWarning}, size: 512, coalesce: replacedKey, replaced: n}
+	w.append(e)
+}
+
+// leave accounts for e leaving the queue (written or replaced); w.mu is
+// held.
+func (w *writer) leave(e *pendingEvent) {
+	if !e.piped {
+		return
+	}
+	e.piped = false
+	w.piped--
+	w.pipedBytes -= e.size
+	close(w.room)
+	w.room = make(chan struct{})
+}
+
+// cleanValue encodes v for the database, replacing what it would refuse.
+func cleanValue(v any) (json.RawMessage, etlcontext.Replaced) {
+	var raw []byte
+	switch v := v.(type) {
+	case nil:
+		return nil, etlcontext.Replaced{}
+	case json.RawMessage:
+		raw = v
+	default:
+		var err error
+		if raw, err = json.Marshal(v); err != nil {
+			// The runner's own values always encode; say so rather than lose
+			// the event.
+			raw, _ = json.Marshal(map[string]string{"unencodable": err.Error()})
+		}
+	}
+	if len(raw) == 0 {
+		return nil, etlcontext.Replaced{}
+	}
+	clean, r, err := etlcontext.CleanJSON(raw)
+	if err != nil {
+		text, _ := etlcontext.CleanText(string(raw))
+		clean, _ = json.Marshal(map[string]string{"not_json": text})
+		r.InvalidUTF8++
+	}
+	return clean, r
+}
+
+func asRaw(v any) json.RawMessage {
+	raw, _ := v.(json.RawMessage)
+	return raw
 }
 
 // submitChild queues the submission of c, stored in order with the events
 // as a SUBMITTED event of the run in the same transaction: the database's
 // fence on the event refuses the child of a run that is no longer current.
-//
-// A child is never dropped, whatever the bounds on pending events: it is
-// work, not telemetry.
-func (w *writer) submitChild(c Child, size int) {
-	w.mu.Lock()
+// It waits for room as report does: a child is work, never dropped.
+func (w *writer) submitChild(ctx context.Context, c Child) error {
+	size := 256 + len(c.Args) + len(c.Kind) + len(c.IdempotencyKey)
+	if err := w.waitRoom(ctx, size); err != nil {
+		return err
+	}
 	defer w.mu.Unlock()
-	w.nextSeq++
-	seq, runID := w.nextSeq, w.runID
 	c.ParentID = w.contextID
+	e := &pendingEvent{ev: etlcontext.NewEvent{ContextID: w.contextID, Type: w.kind + ":" + etlcontext.EventSubmitted}, size: size, child: &c, piped: true}
+	w.append(e)
+	// The key needs the sequence number append gave.
 	if c.IdempotencyKey == "" {
-		c.IdempotencyKey = fmt.Sprintf("dama:child:%d:%s:%d", w.contextID, runID, seq)
+		c.IdempotencyKey = fmt.Sprintf("dama:child:%d:%s:%d", w.contextID, w.runID, *e.ev.Seq)
 	} else {
 		c.IdempotencyKey = fmt.Sprintf("dama:child:%d:%s", w.contextID, c.IdempotencyKey)
 	}
-	w.events = append(w.events, pendingEvent{
-		ev: etlcontext.NewEvent{
-			ContextID: w.contextID, Type: w.kind + ":" + etlcontext.EventSubmitted, RunID: &runID, Seq: &seq,
-		},
-		size: size, child: &c,
-	})
-	w.bytes += size
-	w.signal()
+	return nil
 }
 
 // refused returns how many children were refused for good.
@@ -274,7 +468,7 @@ func (w *writer) supersede() {
 func (w *writer) flush(ctx context.Context) error {
 	for {
 		w.mu.Lock()
-		empty := len(w.calls) == 0 && len(w.events) == 0 && w.dropped == 0
+		empty := len(w.calls) == 0 && len(w.events) == 0
 		idle := w.idle
 		eventErr := w.eventErr
 		if empty {
@@ -438,91 +632,183 @@ func (w *writer) serveOne(ctx context.Context) bool {
 		c.done <- err
 		return true
 	case len(w.events) > 0:
-		e := w.events[0]
 		w.mu.Unlock()
-		var refused error
-		err := w.exec(ctx, func(ctx context.Context, conn *pgx.Conn) error {
-			if e.child == nil {
-				_, err := etlcontext.Append(ctx, conn, e.ev)
-				return err
-			}
-			return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-				refused = nil
-				if w.submit == nil {
-					refused = errors.New("this task process cannot submit children")
-					return refused
-				}
-				id, created, err := w.submit(ctx, tx, *e.child)
-				if err != nil {
-					refused = err
-					return err
-				}
-				ev := e.ev
-				ev.Payload = map[string]any{"child_id": id, "kind": e.child.Kind, "idempotency_key": e.child.IdempotencyKey, "created": created}
-				_, err = etlcontext.Append(ctx, tx, ev)
-				return err
-			})
-		})
-		again := w.retry(ctx, err)
-		switch {
-		case again:
-			return true
-		case refused != nil && transient(refused):
-			w.logger.Warn("submit child: the database refused it for now; it is tried again", "kind", e.child.Kind, "error", refused)
-			select {
-			case <-time.After(time.Second):
-			case <-ctx.Done():
-			}
-			return true
-		case refused != nil:
-			w.mu.Lock()
-			w.refusedChildren++
-			w.mu.Unlock()
-			// The child is refused for good (an unknown kind, arguments that
-			// lack the kind's concurrency key): the line is recorded as a
-			// WARNING in its place, under the same sequence number.
-			w.logger.Warn("submit child", "kind", e.child.Kind, "error", refused)
-			w.mu.Lock()
-			w.events[0].child = nil
-			w.events[0].ev.Type = w.kind + ":" + etlcontext.EventWarning
-			w.events[0].ev.Meta = map[string]any{"problem": "submit " + e.child.Kind + " child: " + refused.Error()}
-			w.mu.Unlock()
-			return true
-		case errors.Is(err, etlcontext.ErrStaleRun) || errors.Is(err, etlcontext.ErrFinished):
-			w.logger.Warn("the database refused an event: this run is no longer current", "type", e.ev.Type, "error", err)
-			w.supersede()
-		case err != nil:
-			w.logger.Warn("store event", "type", e.ev.Type, "error", err)
-			w.mu.Lock()
-			w.eventErr = fmt.Errorf("store %s: %w", e.ev.Type, err)
-			w.mu.Unlock()
-		}
-		w.mu.Lock()
-		w.events = w.events[1:]
-		w.bytes -= e.size
-		if w.overflow > len(w.events) {
-			w.overflow = len(w.events)
-		}
-		w.markIdle()
-		w.mu.Unlock()
-		return true
-	case w.dropped > 0:
-		n := w.dropped
-		w.dropped = 0
-		w.mu.Unlock()
-		// Reported in order, after what was kept.
-		w.event(etlcontext.EventWarning, nil, map[string]any{
-			"problem": fmt.Sprintf("%d events dropped: more than %d events or %d bytes waited for the database", n, maxPendingEvents, maxPendingBytes),
-		}, false, 256)
-		return true
+		return w.serveEvents(ctx)
 	}
 	w.mu.Unlock()
 	return false
 }
 
+// serveEvents writes the events at the head of the queue: a child alone,
+// in its transaction, or else up to maxBatch events in one statement.
+func (w *writer) serveEvents(ctx context.Context) bool {
+	w.mu.Lock()
+	for len(w.events) > 0 && w.events[0].gone {
+		w.events = w.events[1:]
+	}
+	if len(w.events) == 0 {
+		w.markIdle()
+		w.mu.Unlock()
+		return true
+	}
+	if e := w.events[0]; e.child != nil {
+		e.writing = true
+		w.mu.Unlock()
+		return w.serveChild(ctx, e)
+	}
+	limit := maxBatch
+	if w.single {
+		limit = 1
+	}
+	var (
+		batch []*pendingEvent
+		evs   []etlcontext.NewEvent
+		taken int
+	)
+	for _, e := range w.events {
+		if e.child != nil || len(batch) == limit {
+			break
+		}
+		taken++
+		if e.gone {
+			continue
+		}
+		e.writing = true
+		if e.replaced != nil {
+			e.ev.Meta = e.replaced.meta()
+		}
+		batch = append(batch, e)
+		evs = append(evs, e.ev)
+	}
+	w.mu.Unlock()
+
+	err := w.exec(ctx, func(ctx context.Context, conn *pgx.Conn) error {
+		return etlcontext.AppendEvents(ctx, conn, evs)
+	})
+	if w.retry(ctx, err) {
+		w.mu.Lock()
+		for _, e := range batch {
+			e.writing = false
+		}
+		w.mu.Unlock()
+		return true
+	}
+	switch {
+	case err == nil:
+	case errors.Is(err, etlcontext.ErrStaleRun) || errors.Is(err, etlcontext.ErrFinished):
+		w.logger.Warn("the database refused an event: this run is no longer current", "type", evs[0].Type, "error", err)
+		w.supersede()
+	case len(batch) > 1:
+		// One of them is refused: find which, one at a time.
+		w.mu.Lock()
+		w.single = true
+		for _, e := range batch {
+			e.writing = false
+		}
+		w.mu.Unlock()
+		return true
+	case batch[0].fallback != nil:
+		// The outcome must be recorded: the plainest one is.
+		w.logger.Warn("the database refused the outcome; recording it without its details", "type", evs[0].Type, "error", err)
+		w.mu.Lock()
+		batch[0].ev.Payload, batch[0].fallback = batch[0].fallback, nil
+		batch[0].writing = false
+		w.mu.Unlock()
+		return true
+	default:
+		w.logger.Warn("store event", "type", evs[0].Type, "error", err)
+		w.mu.Lock()
+		w.eventErr = fmt.Errorf("store %s: %w", evs[0].Type, err)
+		w.mu.Unlock()
+	}
+	w.mu.Lock()
+	if err == nil {
+		w.single = false
+	}
+	for _, e := range w.events[:taken] {
+		w.forget(e)
+	}
+	w.events = w.events[taken:]
+	w.markIdle()
+	w.mu.Unlock()
+	return true
+}
+
+// forget drops e, written or refused, from the bookkeeping; w.mu is held.
+func (w *writer) forget(e *pendingEvent) {
+	if e.coalesce != "" && w.latest[e.coalesce] == e {
+		delete(w.latest, e.coalesce)
+	}
+	if !e.gone {
+		w.leave(e)
+	}
+}
+
+// serveChild submits the child of e with its SUBMITTED event.
+func (w *writer) serveChild(ctx context.Context, e *pendingEvent) bool {
+	var refused error
+	err := w.exec(ctx, func(ctx context.Context, conn *pgx.Conn) error {
+		return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			refused = nil
+			if w.submit == nil {
+				refused = errors.New("this task process cannot submit children")
+				return refused
+			}
+			id, created, err := w.submit(ctx, tx, *e.child)
+			if err != nil {
+				refused = err
+				return err
+			}
+			ev := e.ev
+			ev.Payload = map[string]any{"child_id": id, "kind": e.child.Kind, "idempotency_key": e.child.IdempotencyKey, "created": created}
+			_, err = etlcontext.Append(ctx, tx, ev)
+			return err
+		})
+	})
+	again := w.retry(ctx, err)
+	switch {
+	case again:
+		return true
+	case refused != nil && transient(refused):
+		w.logger.Warn("submit child: the database refused it for now; it is tried again", "kind", e.child.Kind, "error", refused)
+		select {
+		case <-time.After(time.Second):
+		case <-ctx.Done():
+		}
+		return true
+	case refused != nil:
+		// The child is refused for good (an unknown kind, arguments that
+		// lack the kind's concurrency key): the line is recorded as a
+		// WARNING in its place, under the same sequence number.
+		w.logger.Warn("submit child", "kind", e.child.Kind, "error", refused)
+		w.mu.Lock()
+		w.refusedChildren++
+		e.ev.Type = w.kind + ":" + etlcontext.EventWarning
+		e.ev.Meta = map[string]any{"problem": "submit " + e.child.Kind + " child: " + refused.Error()}
+		e.child = nil
+		e.writing = false
+		w.mu.Unlock()
+		return true
+	case errors.Is(err, etlcontext.ErrStaleRun) || errors.Is(err, etlcontext.ErrFinished):
+		w.logger.Warn("the database refused an event: this run is no longer current", "type", e.ev.Type, "error", err)
+		w.supersede()
+	case err != nil:
+		w.logger.Warn("store event", "type", e.ev.Type, "error", err)
+		w.mu.Lock()
+		w.eventErr = fmt.Errorf("store %s: %w", e.ev.Type, err)
+		w.mu.Unlock()
+	}
+	w.mu.Lock()
+	w.events = w.events[1:]
+	w.forget(e)
+	w.markIdle()
+	w.mu.Unlock()
+	return true
+}
+
 // markIdle wakes flush when the queues are empty; w.mu is held.
 func (w *writer) markIdle() {
-	if len(w.calls) == 0 && len(w.events) == 0 && w.dropped == 0 {
+	if len(w.calls) == 0 && len(w.events) == 0 {
 		close(w.idle)
 		w.idle = make(chan struct{})
 	}

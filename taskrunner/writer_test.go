@@ -1,47 +1,103 @@
 package taskrunner
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/dama-etl/dama/etlcontext"
 )
 
-func TestPendingEventsAreBoundedAndKeepTheNewestCheckpoint(t *testing.T) {
+// While the database is away, reported events wait within the bounds and
+// the reader then waits too: nothing is dropped. Progress and checkpoints
+// never wait: the newest replaces the one waiting.
+func TestPendingEventsAreBoundedByWaitingNotDropping(t *testing.T) {
 	w := newWriter("", "test", slog.New(slog.DiscardHandler), time.Second, writerHooks{})
 	w.bind(1, "00000000-0000-0000-0000-000000000001", "k")
-	// The database is away: nothing is written while events pile up.
+	ctx := context.Background()
 	for i := range maxPendingEvents {
-		w.event(etlcontext.EventProgress, json.RawMessage(`{}`), nil, false, 10)
-		if i == 10 {
-			w.event(etlcontext.EventCheckpoint, json.RawMessage(`{"n":0}`), nil, false, 10)
+		if err := w.report(ctx, "ROWS", json.RawMessage(strconv.Itoa(i)), nil, false, etlcontext.Replaced{}); err != nil {
+			t.Fatal(err)
 		}
 	}
-	for n := 1; n <= 3; n++ {
-		w.event(etlcontext.EventProgress, json.RawMessage(`{}`), nil, false, 10)
-		w.event(etlcontext.EventCheckpoint, json.RawMessage(`{"n":`+string(rune('0'+n))+`}`), nil, false, 10)
+	// One more named event waits for room, here until its context ends.
+	wctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if err := w.report(wctx, "ROWS", json.RawMessage(`"over"`), nil, false, etlcontext.Replaced{}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a named event past the bound: %v, want it to wait", err)
 	}
-	if got := len(w.events); got != maxPendingEvents+1 {
-		t.Fatalf("%d events pending, want the bound %d plus the newest checkpoint", got, maxPendingEvents)
+	// Children wait too.
+	if err := w.submitChild(wctx, Child{Kind: "c"}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a child past the bound: %v, want it to wait", err)
 	}
-	last := w.events[len(w.events)-1].ev
-	if last.Type != "k:CHECKPOINT" || string(last.Payload.(json.RawMessage)) != `{"n":3}` {
-		t.Errorf("the last pending event is %s %v, want the newest checkpoint", last.Type, last.Payload)
-	}
-	if cp := w.events[11].ev; cp.Type != "k:CHECKPOINT" {
-		t.Errorf("the checkpoint reported within the bound was not kept: %s", cp.Type)
-	}
-	// Beyond the bound: the fill's last progress event, 3 more, and the 2
-	// checkpoints superseded by a newer one.
-	if w.dropped != 6 {
-		t.Errorf("%d events counted as dropped, want 6", w.dropped)
-	}
-	// Sequence numbers still increase in queue order.
-	for i := 1; i < len(w.events); i++ {
-		if *w.events[i].ev.Seq <= *w.events[i-1].ev.Seq {
-			t.Fatalf("event %d has seq %d after %d", i, *w.events[i].ev.Seq, *w.events[i-1].ev.Seq)
+	// Progress and checkpoints do not: each replaces the one waiting.
+	for n := range 5 {
+		for _, suffix := range []string{etlcontext.EventProgress, etlcontext.EventCheckpoint} {
+			if err := w.report(ctx, suffix, json.RawMessage(strconv.Itoa(n)), nil, false, etlcontext.Replaced{}); err != nil {
+				t.Fatalf("%s past the bound: %v", suffix, err)
+			}
 		}
+	}
+	// The runner's own events are never refused.
+	w.outcome(etlcontext.EventFinal, map[string]any{"exit_code": 0}, nil)
+
+	var live []*pendingEvent
+	for _, e := range w.events {
+		if !e.gone {
+			live = append(live, e)
+		}
+	}
+	if len(live) != maxPendingEvents+3 {
+		t.Fatalf("%d events wait, want %d named ones, the newest progress and checkpoint, and FINAL", len(live), maxPendingEvents)
+	}
+	tail := live[maxPendingEvents:]
+	for i, want := range []string{"k:PROGRESS 4", "k:CHECKPOINT 4", "k:FINAL"} {
+		got := tail[i].ev.Type
+		if p, ok := tail[i].ev.Payload.(json.RawMessage); ok && tail[i].ev.Type != "k:FINAL" {
+			got += " " + string(p)
+		}
+		if got != want {
+			t.Errorf("waiting event %d: %s, want %s", maxPendingEvents+i, got, want)
+		}
+	}
+	for i := 1; i < len(live); i++ {
+		if *live[i].ev.Seq <= *live[i-1].ev.Seq {
+			t.Fatalf("event %d has seq %d after %d", i, *live[i].ev.Seq, *live[i-1].ev.Seq)
+		}
+	}
+}
+
+// What the database would refuse is replaced, and one WARNING stands for
+// every replacement while it waits.
+func TestReplacementsAreCleanedAndNotedOnce(t *testing.T) {
+	w := newWriter("", "test", slog.New(slog.DiscardHandler), time.Second, writerHooks{})
+	w.bind(1, "00000000-0000-0000-0000-000000000001", "k")
+	ctx := context.Background()
+	for range 3 {
+		rep := decodeLine([]byte("{\"type\":\"rows\",\"payload\":\"a\\u0000b\xff\"}"))
+		if err := w.report(ctx, rep.suffix, rep.payload, rep.meta, rep.isError, rep.replaced); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.event(etlcontext.EventWarning, map[string]any{"reason": "nul\x00"}, nil, false)
+	var warnings []*pendingEvent
+	for _, e := range w.events {
+		if p, ok := e.ev.Payload.(json.RawMessage); ok && e.ev.Type == "k:ROWS" && string(p) != `"a\ufffdb\ufffd"` {
+			t.Errorf("payload %s, want it cleaned", p)
+		}
+		if e.replaced != nil {
+			warnings = append(warnings, e)
+		}
+	}
+	if len(warnings) != 1 {
+		t.Fatalf("%d replacement warnings, want 1", len(warnings))
+	}
+	n := warnings[0].replaced
+	if n.lines != 4 || n.replaced != (etlcontext.Replaced{NUL: 4, InvalidUTF8: 3}) {
+		t.Errorf("noted %d lines, %+v; want 4 lines, 4 NUL, 3 invalid UTF-8", n.lines, n.replaced)
 	}
 }

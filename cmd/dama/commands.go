@@ -276,8 +276,10 @@ func newSubmitCommand(g *globals, code *exitCode) *cobra.Command {
 		ValidArgsFunction: g.completeKinds,
 		Short:             "Submit a task; prints its etl_context_id",
 		Long: `Submit a task of a configured kind and print its etl_context_id alone on
-stdout. With --idempotency-key, submitting the same key again prints the
-id of the first submission and creates nothing.`,
+stdout. With --idempotency-key, submitting the same key again with the same
+kind prints the id of the first submission and creates nothing; with
+another kind it is an error. Keys starting with "dama:" are dama's own and
+refused.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			cfg, err := config.Load(g.configPath)
@@ -290,21 +292,9 @@ id of the first submission and creates nothing.`,
 			if !json.Valid([]byte(args)) {
 				return errors.New("--args is not valid JSON")
 			}
-			if delay < 0 {
-				return errors.New("--delay must not be negative")
-			}
-			var due time.Time
-			switch {
-			case runAt != "" && delay > 0:
-				return errors.New("--run-at and --delay exclude each other")
-			case runAt != "":
-				t, err := time.Parse(time.RFC3339, runAt)
-				if err != nil {
-					return fmt.Errorf("--run-at %q: want an RFC 3339 time such as 2026-11-22T18:00:00Z", runAt)
-				}
-				due = t
-			case delay > 0:
-				due = time.Now().Add(delay)
+			due, err := dueAt(runAt, delay, time.Now())
+			if err != nil {
+				return err
 			}
 			pool, _, err := connectMigrated(cmd.Context(), 0)
 			if err != nil {
@@ -336,6 +326,26 @@ id of the first submission and creates nothing.`,
 	cmd.Flags().DurationVar(&delay, "delay", 0, "start no earlier than this long from now")
 	cmd.Flags().StringVar(&runAt, "run-at", "", "start no earlier than this time (RFC 3339, e.g. 2026-11-22T18:00:00+01:00)")
 	return cmd
+}
+
+// dueAt is when a task submitted at now with --run-at and --delay may
+// start; zero means at once.
+func dueAt(runAt string, delay time.Duration, now time.Time) (time.Time, error) {
+	switch {
+	case delay < 0:
+		return time.Time{}, errors.New("--delay must not be negative")
+	case runAt != "" && delay > 0:
+		return time.Time{}, errors.New("--run-at and --delay exclude each other")
+	case runAt != "":
+		t, err := time.Parse(time.RFC3339, runAt)
+		if err != nil {
+			return time.Time{}, fmt.Errorf("--run-at %q: want an RFC 3339 time such as 2026-11-22T18:00:00Z", runAt)
+		}
+		return t, nil
+	case delay > 0:
+		return now.Add(delay), nil
+	}
+	return time.Time{}, nil
 }
 
 func newStatusCommand() *cobra.Command {

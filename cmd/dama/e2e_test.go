@@ -566,6 +566,53 @@ func TestIdempotencyKey(t *testing.T) {
 	}
 }
 
+// A key names one submission of one kind: reusing it with another kind is an
+// error, not the other kind's task, and keys starting with dama: are dama's
+// own (schedule ticks, children).
+func TestIdempotencyKeyOfAnotherKindOrDamasOwnIsRefused(t *testing.T) {
+	w := newWorld(t, 10)
+	cfg := w.WriteConfig(sampleConfigFor(10) + `
+  other:
+    queue: etl
+    command: ["{{sample}}"]
+`)
+	first := w.Dama(cfg, "submit", "sample", "--idempotency-key", "K")
+	if first.Code != 0 {
+		t.Fatalf("submit: exit %d: %s", first.Code, first.Stderr)
+	}
+	cases := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"another kind", []string{"submit", "other", "--idempotency-key", "K"},
+			`dama: submit other task: idempotency key belongs to a task of another kind: "K" is the key of etl context ` + strings.TrimSpace(first.Stdout) + `, of kind sample`},
+		{"a child's key", []string{"submit", "sample", "--idempotency-key", "dama:child:" + strings.TrimSpace(first.Stdout) + ":part-1"},
+			`dama: submit sample task: idempotency key "dama:child:` + strings.TrimSpace(first.Stdout) + `:part-1": idempotency keys starting with "dama:" are reserved for dama's own submissions`},
+		{"a tick's key", []string{"submit", "sample", "--idempotency-key", "dama:schedule:sample:2026-11-21T02:00:00Z"}, `are reserved for dama's own submissions`},
+		{"bare prefix", []string{"submit", "sample", "--idempotency-key", "dama:"}, `are reserved for dama's own submissions`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			res := w.Dama(cfg, c.args...)
+			lines := strings.Split(strings.TrimRight(res.Stderr, "\n"), "\n")
+			if res.Code != 1 || len(lines) != 1 || !strings.Contains(lines[0], c.want) || res.Stdout != "" {
+				t.Errorf("exit %d, stdout %q, stderr %q; want 1, nothing on stdout, one line with %q", res.Code, res.Stdout, res.Stderr, c.want)
+			}
+		})
+	}
+	if again := w.Dama(cfg, "submit", "sample", "--idempotency-key", "K"); again.Code != 0 || again.Stdout != first.Stdout {
+		t.Errorf("same kind again: exit %d, stdout %q, stderr %q; want 0 and %q", again.Code, again.Stdout, again.Stderr, first.Stdout)
+	}
+	var contexts, jobs int
+	if err := w.Pool.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM data_manager.etl_contexts), (SELECT count(*) FROM river_job)`).Scan(&contexts, &jobs); err != nil {
+		t.Fatal(err)
+	}
+	if contexts != 1 || jobs != 1 {
+		t.Errorf("%d contexts and %d jobs, want 1 and 1", contexts, jobs)
+	}
+}
+
 func TestBadInputIsOneLineAndWritesNothing(t *testing.T) {
 	w := newWorld(t, 10)
 	unreachable := *w.Env

@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -42,6 +43,12 @@ func Main(m *testing.M) {
 }
 
 func runMain(m *testing.M) int {
+	// A fuzz worker only tries a fuzz target's inputs, none of which starts
+	// a process; building the binaries again in each worker would spend a
+	// short -fuzztime before the first input.
+	if slices.Contains(os.Args[1:], "-test.fuzzworker") {
+		return m.Run()
+	}
 	dir, err := os.MkdirTemp("", "dama-test-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "testenv:", err)

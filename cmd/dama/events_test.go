@@ -1,0 +1,200 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/testenv"
+)
+
+// floodScript writes n named events, each followed by a progress line, as
+// fast as the pipe takes them, once the file go exists, then exits 0.
+func floodScript(n int, goFile string) string {
+	return `while [ ! -e ` + goFile + ` ]; do sleep 0.05; done
+seq 1 ` + strconv.Itoa(n) + ` | sed 's/.*/{"type":"rows","payload":{"n":&}}\
+{"type":"progress","payload":{"step":&,"of":` + strconv.Itoa(n) + `}}/' >&3`
+}
+
+// checkFloodStored fails unless the task is DONE at attempt 1 with each of
+// the n named events stored once, in order, and its newest progress.
+func checkFloodStored(t *testing.T, w *world, id int64, n int, timeout time.Duration) {
+	t.Helper()
+	got := w.waitSettled(id, timeout)
+	if got.Status != etlcontext.StatusDone || got.Attempt != 1 {
+		t.Errorf("%s at attempt %d, want DONE at attempt 1", got.Status, got.Attempt)
+	}
+	events, err := etlcontext.Events(context.Background(), w.Pool, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next, progress, finals := 1, 0, 0
+	var lastProgress string
+	for _, e := range events {
+		switch e.Type {
+		case "flood:ROWS":
+			var p struct{ N int }
+			if err := json.Unmarshal(e.Payload, &p); err != nil || p.N != next {
+				t.Fatalf("ROWS event %s where row %d was due", e.Payload, next)
+			}
+			next++
+		case "flood:PROGRESS":
+			progress++
+			lastProgress = string(e.Payload)
+		case "flood:FINAL":
+			finals++
+		case "flood:ERROR", "flood:WARNING":
+			t.Fatalf("%s %s %s", e.Type, e.Payload, e.Meta)
+		}
+	}
+	if next != n+1 || finals != 1 {
+		t.Errorf("%d ROWS events and %d FINAL stored, want %d and 1", next-1, finals, n)
+	}
+	if want := `{"of": ` + strconv.Itoa(n) + `, "step": ` + strconv.Itoa(n) + `}`; lastProgress != want {
+		t.Errorf("newest PROGRESS %s, want %s", lastProgress, want)
+	}
+	t.Logf("%d named events stored once, %d of %d progress lines kept (the rest coalesced)", next-1, progress, n)
+}
+
+// A command that writes far more, far faster, than the database takes is
+// made to wait on its pipe: no event is dropped and the task is DONE once.
+func TestABurstOfEventsLosesNothing(t *testing.T) {
+	env := testenv.New(t)
+	goFile := filepath.Join(env.Dir, "go")
+	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	const n = 50000 // and as many progress lines: 100,000 in all
+	cfg := env.WriteConfig(`
+log_dir: {{dir}}/logs
+poll_interval: 500ms
+kinds:
+  flood:
+    command: ["/bin/sh", "-c", ` + strconv.Quote(floodScript(n, goFile)) + `]
+    max_attempts: 3
+`)
+	w := &world{Env: env, cfg: cfg}
+	w.Start(cfg, "supervisor")
+	res := w.Dama(cfg, "submit", "flood")
+	if res.Code != 0 {
+		t.Fatalf("submit: %s", res.Stderr)
+	}
+	checkFloodStored(t, w, testenv.Atoi(t, res.Stdout), n, 5*time.Minute)
+}
+
+// The same flood while the database is down for 20 s, within
+// reconnect_grace: the command waits on its pipe through the outage.
+func TestAFloodDuringAnOutageLosesNothing(t *testing.T) {
+	srv := testenv.NewServer(t)
+	env := testenv.NewOn(t, srv)
+	goFile := filepath.Join(env.Dir, "go")
+	const n = 20000
+	cfg := env.WriteConfig(`
+log_dir: {{dir}}/logs
+poll_interval: 500ms
+heartbeat_interval: 200ms
+reconnect_grace: 2m
+kinds:
+  flood:
+    command: ["/bin/sh", "-c", ` + strconv.Quote(floodScript(n, goFile)) + `]
+    max_attempts: 3
+`)
+	w := &world{Env: env, cfg: cfg}
+	w.Start(cfg, "supervisor")
+	res := w.Dama(cfg, "submit", "flood")
+	if res.Code != 0 {
+		t.Fatalf("submit: %s", res.Stderr)
+	}
+	id := testenv.Atoi(t, res.Stdout)
+	w.waitRunning(id)
+	srv.Stop(t, "fast")
+	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The outage's length is the fault itself, not a wait for a condition.
+	time.Sleep(20 * time.Second)
+	srv.Start(t)
+	checkFloodStored(t, w, id, n, 5*time.Minute)
+}
+
+// Whatever bytes a command writes, to its log or its pipe, its outcome is
+// the one its exit code and its kind's policy give, and its events are
+// stored with the bytes the database refuses replaced.
+func TestOddBytesChangeNoOutcome(t *testing.T) {
+	env := testenv.New(t)
+	cfg := env.WriteConfig(`
+log_dir: {{dir}}/logs
+poll_interval: 500ms
+kinds:
+  nul_log:
+    command: ["/bin/sh", "-c", "printf 'x\\000y\\377z\\n'; exit 2"]
+    max_attempts: 3
+    fail_on_exit_codes: [2]
+  odd_events:
+    command: ["/bin/sh", "-c", "printf '{\"type\":\"rows\",\"payload\":{\"a\":\"x\\\\u0000y\",\"b\\\\u0000\":\"\\377\\376\",\"c\":\"\\\\ud800\",\"d\":1e999999}}\\n' >&3; printf '{\"type\":\"failure\",\"payload\":{\"error\":\"bad\\\\u0000row\",\"retry\":false}}\\n' >&3; exit 3"]
+    max_attempts: 3
+`)
+	w := &world{Env: env, cfg: cfg}
+	w.Start(cfg, "supervisor")
+	submit := func(kind string) int64 {
+		res := w.Dama(cfg, "submit", kind)
+		if res.Code != 0 {
+			t.Fatalf("submit %s: %s", kind, res.Stderr)
+		}
+		return testenv.Atoi(t, res.Stdout)
+	}
+	nulLog, oddEvents := submit("nul_log"), submit("odd_events")
+
+	for _, id := range []int64{nulLog, oddEvents} {
+		if got := w.waitFinished(id, time.Minute); got.Status != etlcontext.StatusFailed || got.Attempt != 1 {
+			t.Errorf("context %d: %s at attempt %d, want FAILED at attempt 1 (no retry by its policy)", id, got.Status, got.Attempt)
+		}
+	}
+	byType := func(id int64) map[string][]etlcontext.Event {
+		events, err := etlcontext.Events(context.Background(), w.Pool, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string][]etlcontext.Event{}
+		for _, e := range events {
+			_, suffix, _ := strings.Cut(e.Type, ":")
+			m[suffix] = append(m[suffix], e)
+		}
+		return m
+	}
+
+	got := byType(nulLog)
+	if len(got["ERROR"]) != 1 || !strings.Contains(string(got["ERROR"][0].Payload), "x\ufffdy\ufffdz") {
+		t.Errorf("nul_log's ERROR %v, want one with the log tail x\\ufffdy\\ufffdz", got["ERROR"])
+	}
+	if len(got["WARNING"]) != 1 || !strings.Contains(string(got["WARNING"][0].Meta), "1 NUL character, 1 invalid UTF-8 sequence") {
+		t.Errorf("nul_log's WARNING %v, want one saying what was replaced", got["WARNING"])
+	}
+
+	got = byType(oddEvents)
+	if len(got["ROWS"]) != 1 {
+		t.Fatalf("odd_events stored %d ROWS events, want 1", len(got["ROWS"]))
+	}
+	var rows map[string]any
+	if err := json.Unmarshal(got["ROWS"][0].Payload, &rows); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]any{"a": "x\ufffdy", "b\ufffd": "\ufffd", "c": "\ufffd", "d": "1e999999"}
+	for k, v := range want {
+		if rows[k] != v {
+			t.Errorf("ROWS payload %s: %s is %v, want %v", got["ROWS"][0].Payload, k, rows[k], v)
+		}
+	}
+	if len(got["ERROR"]) != 1 || !strings.Contains(string(got["ERROR"][0].Payload), "bad\ufffdrow") {
+		t.Errorf("odd_events' ERROR %v, want the failure's reason, cleaned", got["ERROR"])
+	}
+	if len(got["WARNING"]) != 1 || !strings.Contains(string(got["WARNING"][0].Meta), "NUL") {
+		t.Errorf("odd_events' WARNING %v, want one saying what was replaced", got["WARNING"])
+	}
+}

@@ -1,0 +1,270 @@
+package etlcontext
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+)
+
+// Replaced counts what CleanJSON or CleanText replaced so that PostgreSQL
+// accepts a value. Each replaced character or sequence becomes U+FFFD; a
+// number becomes a string of its digits.
+type Replaced struct {
+	// NUL counts NUL characters: text and jsonb cannot hold them.
+	NUL int
+	// InvalidUTF8 counts runs of bytes that are not UTF-8.
+	InvalidUTF8 int
+	// Surrogates counts \u escapes of unpaired UTF-16 surrogates, which
+	// jsonb refuses.
+	Surrogates int
+	// Numbers counts numbers outside numeric's range (more than 131,072
+	// digits before the decimal point or 16,383 after it).
+	Numbers int
+}
+
+// Any reports whether anything was replaced.
+func (r Replaced) Any() bool { return r != Replaced{} }
+
+// Add returns the sum of r and o.
+func (r Replaced) Add(o Replaced) Replaced {
+	return Replaced{NUL: r.NUL + o.NUL, InvalidUTF8: r.InvalidUTF8 + o.InvalidUTF8, Surrogates: r.Surrogates + o.Surrogates, Numbers: r.Numbers + o.Numbers}
+}
+
+// String says what was replaced, e.g. "2 NUL characters, 1 invalid UTF-8
+// sequence".
+func (r Replaced) String() string {
+	var parts []string
+	add := func(n int, one, many string) {
+		switch {
+		case n == 1:
+			parts = append(parts, "1 "+one)
+		case n > 1:
+			parts = append(parts, strconv.Itoa(n)+" "+many)
+		}
+	}
+	add(r.NUL, "NUL character", "NUL characters")
+	add(r.InvalidUTF8, "invalid UTF-8 sequence", "invalid UTF-8 sequences")
+	add(r.Surrogates, "unpaired UTF-16 surrogate", "unpaired UTF-16 surrogates")
+	add(r.Numbers, "number out of numeric's range (stored as a string)", "numbers out of numeric's range (stored as strings)")
+	if len(parts) == 0 {
+		return "nothing"
+	}
+	return strings.Join(parts, ", ")
+}
+
+// ErrNotJSON reports input to CleanJSON that is not one JSON value.
+var ErrNotJSON = errors.New("not a JSON value")
+
+// The limits of PostgreSQL's numeric, which jsonb numbers are:
+// NUMERIC_WEIGHT_MAX base-10000 digits before the point, NUMERIC_DSCALE_MAX
+// decimal digits after it.
+const (
+	numericMaxIntDigits  = 131072
+	numericMaxFracDigits = 16383
+)
+
+const replacementEscape = `\ufffd`
+
+// CleanJSON returns data, a JSON value, with whatever jsonb would refuse
+// replaced: NUL characters, invalid UTF-8 and unpaired surrogates in
+// strings and keys become U+FFFD, and numbers outside numeric's range
+// become strings. It returns data itself when nothing needed replacing,
+// and ErrNotJSON when data is not one JSON value. Everything else is kept
+// byte for byte: a cleaned value means what the original meant wherever
+// jsonb could have stored it.
+func CleanJSON(data []byte) ([]byte, Replaced, error) {
+	var r Replaced
+	if !json.Valid(data) {
+		return nil, r, ErrNotJSON
+	}
+	var out []byte // nil until something is replaced
+	copied := 0    // data[:copied] is in out
+	replace := func(from, to int, with string) {
+		if out == nil {
+			out = make([]byte, 0, len(data)+16)
+		}
+		out = append(out, data[copied:from]...)
+		out = append(out, with...)
+		copied = to
+	}
+	for i := 0; i < len(data); {
+		c := data[i]
+		switch {
+		case c == '"':
+			i = cleanString(data, i+1, &r, replace)
+		case c == '-' || ('0' <= c && c <= '9'):
+			end := numberEnd(data, i)
+			if !numericFits(data[i:end]) {
+				r.Numbers++
+				replace(i, end, `"`+string(data[i:end])+`"`)
+			}
+			i = end
+		default:
+			i++
+		}
+	}
+	if out == nil {
+		return data, r, nil
+	}
+	return append(out, data[copied:]...), r, nil
+}
+
+// cleanString cleans the string whose contents start at data[i] and
+// returns the index after its closing quote. data is valid JSON.
+func cleanString(data []byte, i int, r *Replaced, replace func(from, to int, with string)) int {
+	for i < len(data) {
+		c := data[i]
+		switch {
+		case c == '"':
+			return i + 1
+		case c == '\\':
+			if data[i+1] != 'u' {
+				i += 2
+				continue
+			}
+			cp := hex4(data[i+2 : i+6])
+			switch {
+			case cp == 0:
+				r.NUL++
+				replace(i, i+6, replacementEscape)
+			case 0xD800 <= cp && cp < 0xDC00:
+				if i+12 <= len(data) && data[i+6] == '\\' && data[i+7] == 'u' {
+					if lo := hex4(data[i+8 : i+12]); 0xDC00 <= lo && lo < 0xE000 {
+						i += 12
+						continue
+					}
+				}
+				r.Surrogates++
+				replace(i, i+6, replacementEscape)
+			case 0xDC00 <= cp && cp < 0xE000:
+				r.Surrogates++
+				replace(i, i+6, replacementEscape)
+			}
+			i += 6
+		case c < utf8.RuneSelf:
+			i++
+		default:
+			ru, size := utf8.DecodeRune(data[i:])
+			if ru != utf8.RuneError || size > 1 {
+				i += size
+				continue
+			}
+			// One replacement for a run of bad bytes.
+			end := i + 1
+			for end < len(data) && data[end] >= utf8.RuneSelf {
+				if ru, size := utf8.DecodeRune(data[end:]); ru != utf8.RuneError || size > 1 {
+					break
+				}
+				end++
+			}
+			r.InvalidUTF8++
+			replace(i, end, replacementEscape)
+			i = end
+		}
+	}
+	return i
+}
+
+func hex4(b []byte) rune {
+	v, err := strconv.ParseUint(string(b), 16, 32)
+	if err != nil {
+		return -1
+	}
+	return rune(v)
+}
+
+// numberEnd returns the index after the number starting at data[i].
+func numberEnd(data []byte, i int) int {
+	for i < len(data) {
+		switch c := data[i]; {
+		case '0' <= c && c <= '9', c == '-', c == '+', c == '.', c == 'e', c == 'E':
+			i++
+		default:
+			return i
+		}
+	}
+	return i
+}
+
+// numericFits reports whether PostgreSQL's numeric can hold the JSON
+// number num.
+func numericFits(num []byte) bool {
+	s := strings.TrimPrefix(string(num), "-")
+	mant, expText, hasExp := strings.Cut(strings.ToLower(s), "e")
+	intPart, frac, _ := strings.Cut(mant, ".")
+	exp := 0
+	if hasExp {
+		e, err := strconv.Atoi(expText)
+		if err != nil {
+			// Beyond int: only a zero mantissa could survive such an
+			// exponent, and only a positive one. Not worth the subtlety.
+			return false
+		}
+		// numeric refuses such an exponent before looking at the digits.
+		if e >= math.MaxInt32/2 || e <= -math.MaxInt32/2 {
+			return false
+		}
+		exp = e
+	}
+	// Digits after the point as numeric counts them (its display scale),
+	// digits before it from the first non-zero one.
+	if len(frac)-exp > numericMaxFracDigits {
+		return false
+	}
+	significant := strings.TrimLeft(intPart, "0")
+	if significant == "" {
+		// |num| < 1: its weight is negative, its scale was checked.
+		return true
+	}
+	return len(significant)+exp <= numericMaxIntDigits
+}
+
+// CleanText returns s with NUL characters and invalid UTF-8 replaced by
+// U+FFFD, for text PostgreSQL must accept (a log tail, a reason).
+func CleanText(s string) (string, Replaced) {
+	var r Replaced
+	if !strings.ContainsRune(s, 0) && utf8.ValidString(s) {
+		return s, r
+	}
+	var b strings.Builder
+	b.Grow(len(s))
+	bad := false
+	for i := 0; i < len(s); {
+		ru, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case ru == utf8.RuneError && size == 1:
+			if !bad {
+				r.InvalidUTF8++
+				b.WriteRune(utf8.RuneError)
+			}
+			bad = true
+			i++
+			continue
+		case ru == 0:
+			r.NUL++
+			b.WriteRune(utf8.RuneError)
+		default:
+			b.WriteString(s[i : i+size])
+		}
+		bad = false
+		i += size
+	}
+	return b.String(), r
+}
+
+// cleanPayload encodes v as JSON that jsonb accepts, for Append.
+func cleanPayload(v any) ([]byte, Replaced, error) {
+	raw, err := marshalNullable(v)
+	if err != nil || raw == nil {
+		return raw, Replaced{}, err
+	}
+	clean, r, err := CleanJSON(raw)
+	if err != nil {
+		return nil, r, fmt.Errorf("%w: %.64q", err, raw)
+	}
+	return clean, r, nil
+}

@@ -1,0 +1,78 @@
+package taskrunner
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/dama-etl/dama/config"
+)
+
+// FuzzParseLaunch reads arbitrary runner command lines (the arguments
+// NUL-separated in one string: no argument can hold a NUL), and the command
+// line of an arbitrary Launch, which must read back as that Launch.
+func FuzzParseLaunch(f *testing.F) {
+	join := func(l Launch) string { return strings.Join(l.Args()[1:], "\x00") }
+	for _, s := range []struct {
+		argv   string
+		launch Launch
+	}{
+		{join(Launch{ContextID: 42, RunID: "7f3c9a12-0b1e-4c55-9d0e-2a6f1e8b4c01", LockMode: config.LockModeRow, ReadyFD: 3}), Launch{ContextID: 42, RunID: "r", LockMode: config.LockModeRow}},
+		{join(Launch{ContextID: 1<<63 - 1, RunID: "-x", LockMode: config.LockModeAdvisory}), Launch{ContextID: 1, RunID: "--context-id", LockMode: config.LockModeAdvisory, ReadyFD: 1 << 40}},
+		{"--context-id=5\x00--run-id=r", Launch{ContextID: 5, RunID: "=", LockMode: config.LockModeRow, ReadyFD: -1}},
+		{"-context-id\x000x10\x00-run-id\x00r\x00-lock-mode\x00advisory", Launch{ContextID: -1, RunID: "r", LockMode: config.LockModeRow}},
+		{"--context-id\x000\x00--run-id\x00r", Launch{ContextID: 2, RunID: "", LockMode: config.LockModeRow}},
+		{"--context-id\x0042\x00--run-id\x00r\x00--lock-mode\x00ROW", Launch{ContextID: 2, RunID: "r", LockMode: "ROW"}},
+		{"--context-id\x0042\x00--run-id\x00r\x00--ready-fd\x00-3", Launch{ContextID: 2, RunID: "a b\nc", LockMode: config.LockModeAdvisory, ReadyFD: 4}},
+		{"--context-id\x0042\x00--run-id\x00r\x00extra", Launch{}},
+		{"--context-id\x0042\x00--run-id\x00r\x00--\x00extra", Launch{}},
+		{"--context-id\x0099999999999999999999\x00--run-id\x00r", Launch{}},
+		{"--context-id", Launch{}},
+		{"-h", Launch{}},
+		{"--unknown", Launch{}},
+		{"", Launch{}},
+	} {
+		l := s.launch
+		f.Add(s.argv, l.ContextID, l.RunID, string(l.LockMode), l.ReadyFD)
+	}
+	f.Fuzz(func(t *testing.T, argv string, contextID int64, runID, lockMode string, readyFD int) {
+		var args []string
+		if argv != "" {
+			args = strings.Split(argv, "\x00")
+		}
+		if l, err := ParseLaunch(args); err != nil {
+			if l != (Launch{}) || err.Error() == "" {
+				t.Fatalf("ParseLaunch(%q) = %+v, %q: want nothing and a message", args, l, err)
+			}
+		} else {
+			switch {
+			case l.ContextID <= 0 || l.RunID == "":
+				t.Fatalf("ParseLaunch(%q) = %+v: want a context and a run", args, l)
+			case l.LockMode != config.LockModeRow && l.LockMode != config.LockModeAdvisory:
+				t.Fatalf("ParseLaunch(%q) = %+v: lock mode %q", args, l, l.LockMode)
+			}
+			// A ready-fd of 0 or less means none, which Args leaves out.
+			want := l
+			want.ReadyFD = max(want.ReadyFD, 0)
+			if again, err := ParseLaunch(l.Args()[1:]); err != nil || !reflect.DeepEqual(again, want) {
+				t.Fatalf("ParseLaunch(%q) = %+v, whose Args read back as %+v, %v", args, l, again, err)
+			}
+		}
+
+		// What a supervisor launches, the runner reads: any run id, any
+		// descriptor.
+		l := Launch{ContextID: contextID, RunID: runID, LockMode: config.LockMode(lockMode), ReadyFD: readyFD}
+		if l.ContextID <= 0 || l.RunID == "" || strings.Contains(l.RunID, "\x00") ||
+			(l.LockMode != config.LockModeRow && l.LockMode != config.LockModeAdvisory) {
+			return
+		}
+		if l.Args()[0] != Subcommand {
+			t.Fatalf("Args() = %q: want %s first", l.Args(), Subcommand)
+		}
+		want := l
+		want.ReadyFD = max(want.ReadyFD, 0)
+		if got, err := ParseLaunch(l.Args()[1:]); err != nil || !reflect.DeepEqual(got, want) {
+			t.Fatalf("Launch %+v: its Args %q read back as %+v, %v", l, l.Args(), got, err)
+		}
+	})
+}

@@ -282,3 +282,22 @@ func Attempts(ctx context.Context, db DB, id int64) ([]Attempt, error) {
 	}
 	return attempts, nil
 }
+
+// WarnedThisAttempt reports whether the current attempt of context id
+// already has a WARNING with this reason: a condition that every launch
+// meets (a host that lacks the kind's executable) is reported once per
+// attempt, not at every launch.
+func WarnedThisAttempt(ctx context.Context, db DB, id int64, reason string) (bool, error) {
+	var seen bool
+	err := db.QueryRow(ctx, `
+		SELECT EXISTS (
+			SELECT 1
+			  FROM data_manager.event_store AS e
+			  JOIN data_manager.etl_contexts AS c ON c.etl_context_id = e.etl_context_id
+			 WHERE e.etl_context_id = $1 AND e.type = c.kind || ':' || $3
+			   AND e.attempt = c.attempt AND e.payload->>'reason' = $2)`, id, reason, EventWarning).Scan(&seen)
+	if err != nil {
+		return false, fmt.Errorf("read the warnings of etl context %d: %w", id, err)
+	}
+	return seen, nil
+}

@@ -291,11 +291,24 @@ func (r *runner) run(ctx context.Context) (int, error) {
 	// records itself: a launch that fails here is taken back by the
 	// supervisor without spending an attempt.
 	if err := r.prepare(); err != nil {
-		r.w.event(etlcontext.EventWarning, map[string]any{"reason": "this host cannot run the task: " + err.Error(), "host": r.opts.Host}, nil, false)
 		fctx, cancel := context.WithTimeout(ctx, stmtTimeout)
 		defer cancel()
-		if ferr := r.w.flush(fctx); ferr != nil {
-			err = errors.Join(err, ferr)
+		// Every launch on this host meets the same condition until it is
+		// repaired: one WARNING per attempt says so. Cleaned first, so that
+		// the stored reason compares equal.
+		reason, _ := etlcontext.CleanText("this host cannot run the task: " + err.Error())
+		var seen bool
+		if serr := r.w.do(fctx, func(ctx context.Context, conn *pgx.Conn) (err error) {
+			seen, err = etlcontext.WarnedThisAttempt(ctx, conn, c.ID, reason)
+			return err
+		}); serr != nil {
+			r.logger.Warn("read earlier warnings", "error", serr)
+		}
+		if !seen {
+			r.w.event(etlcontext.EventWarning, map[string]any{"reason": reason, "host": r.opts.Host}, nil, false)
+			if ferr := r.w.flush(fctx); ferr != nil {
+				err = errors.Join(err, ferr)
+			}
 		}
 		return ExitUnfit, err
 	}

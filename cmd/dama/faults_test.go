@@ -399,9 +399,28 @@ kinds:
 		}
 		return false, err
 	})
-	time.Sleep(time.Second)
+	// Several launches later (one a poll): still one WARNING.
+	launches := func() int {
+		log, _ := os.ReadFile(sup.Log)
+		return strings.Count(string(log), "etl_context_id="+strconv.FormatInt(missing, 10))
+	}
+	from := launches()
+	testenv.Eventually(t, 30*time.Second, "several more launches of the task", func() (bool, error) { return launches() >= from+6, nil })
 	if got := w.task(missing); got.Status.Finished() || got.Attempt > 1 {
 		t.Errorf("a missing executable spent the task's attempt: %s, attempt %d", got.Status, got.Attempt)
+	}
+	events, err := etlcontext.Events(context.Background(), w.Pool, missing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	warnings := 0
+	for _, e := range events {
+		if e.Type == "missing:WARNING" {
+			warnings++
+		}
+	}
+	if warnings != 1 {
+		t.Errorf("%d WARNING events for the missing executable, want one for the attempt", warnings)
 	}
 }
 

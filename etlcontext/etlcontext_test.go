@@ -405,3 +405,37 @@ func TestCancelRequestIsANoteBesideTheRun(t *testing.T) {
 		t.Errorf("RequestCancel of no context: %v, want ErrNotFound", err)
 	}
 }
+
+// Events are never deleted, and a context reaches an outcome only through
+// its events, whoever asks: here the tables' owner.
+func TestHistoryIsKept(t *testing.T) {
+	env := testenv.New(t)
+	ctx := context.Background()
+	id := newContext(t, env, 3)
+	run := startAttempt(t, env, id)
+	for _, stmt := range []string{
+		`DELETE FROM data_manager.event_store WHERE etl_context_id = $1`,
+		`DELETE FROM data_manager.etl_contexts WHERE etl_context_id = $1`,
+		`UPDATE data_manager.etl_contexts SET etl_status = 'DONE' WHERE etl_context_id = $1`,
+		`UPDATE data_manager.etl_contexts SET etl_status = 'FAILED' WHERE etl_context_id = $1`,
+		`UPDATE data_manager.etl_contexts SET etl_status = 'CANCELLED' WHERE etl_context_id = $1`,
+		`UPDATE data_manager.etl_contexts SET etl_status = 'RETRYING' WHERE etl_context_id = $1`,
+	} {
+		if _, err := env.Pool.Exec(ctx, stmt, id); err == nil {
+			t.Errorf("%s: accepted", stmt)
+		}
+	}
+	if _, err := env.Pool.Exec(ctx, `TRUNCATE data_manager.event_store`); err == nil {
+		t.Error("TRUNCATE of event_store: accepted")
+	}
+	if got := status(t, env, id); got != etlcontext.StatusRunning {
+		t.Fatalf("status %s after the refused statements, want RUNNING", got)
+	}
+	// The same outcome through its event is taken.
+	if err := appendEvent(env, id, "k:FINAL", run); err != nil {
+		t.Fatal(err)
+	}
+	if got := status(t, env, id); got != etlcontext.StatusDone {
+		t.Errorf("status %s after FINAL, want DONE", got)
+	}
+}

@@ -161,7 +161,7 @@ func Run(ctx context.Context, opts Options) int {
 	caught := make(chan os.Signal, 1)
 	signal.Notify(caught, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer signal.Stop(caught)
-	r := &runner{opts: opts, logger: opts.Logger.With("etl_context_id", opts.ContextID, "run_id", opts.RunID)}
+	r := &runner{opts: opts, signals: caught, logger: opts.Logger.With("etl_context_id", opts.ContextID, "run_id", opts.RunID)}
 	code, err := r.run(ctx)
 	if err != nil {
 		r.logger.Error("taskrunner", "error", err, "exit_code", code)
@@ -175,6 +175,9 @@ func Run(ctx context.Context, opts Options) int {
 type runner struct {
 	opts   Options
 	logger *slog.Logger
+	// signals receives SIGTERM, SIGINT and SIGHUP sent to the runner from
+	// its start.
+	signals <-chan os.Signal
 
 	ctx  *etlcontext.Context
 	kind config.Kind
@@ -314,6 +317,14 @@ func (r *runner) run(ctx context.Context) (int, error) {
 	}
 	defer r.logFile.Close()
 
+	select {
+	case sig := <-r.signals:
+		// Nothing is recorded yet: the supervisor takes the launch back,
+		// and no attempt is spent.
+		r.logger.Info("signalled before the command started: the launch is given back", "signal", sig.String())
+		return ExitSetup, nil
+	default:
+	}
 	cancelRequested, err := r.recordStart(ctx)
 	switch {
 	case errors.Is(err, etlcontext.ErrStaleRun):
@@ -430,6 +441,14 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 	// still held right before, so the fencing window holds from the start.
 	// A database restart since the lock was taken is ridden out here too:
 	// nothing runs yet, so the runner may simply wait to take it again.
+	select {
+	case sig := <-r.signals:
+		// Signalled while recording itself: the attempt has begun, but its
+		// command never starts.
+		eventsW.Close()
+		return r.finish(ctx, ExitFailed, etlcontext.EventError, map[string]any{"reason": "the task process received " + sig.String() + " before its command started"}, nil)
+	default:
+	}
 	if err := r.lock.check(ctx, cfg.ReconnectGraceD()); err != nil {
 		eventsW.Close()
 		return r.finish(ctx, ExitLockLost, etlcontext.EventError, map[string]any{"reason": "the lock was lost before the command started and not taken again within reconnect_grace"}, fmt.Errorf("take the lock again before starting the command: %w", err))
@@ -452,9 +471,7 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 
 	events := r.readEvents(ctx, eventsR)
 
-	signals := make(chan os.Signal, 1)
-	signal.Notify(signals, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
-	defer signal.Stop(signals)
+	signals := r.signals
 
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	watchDone := make(chan struct{})

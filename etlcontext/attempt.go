@@ -145,19 +145,20 @@ func ClearLockLost(ctx context.Context, db DB, id int64, runID string) error {
 }
 
 // MarkLockLost records, unless already recorded, that the lock of context
-// id's current run was found free, and returns how long ago (on the
-// database's clock) it was first found so. The caller holds the lock. The
-// clock is read now, not at the start of the caller's transaction, which may
-// predate the release of the lock.
-func MarkLockLost(ctx context.Context, db DB, id int64) (freeFor time.Duration, err error) {
+// id's current run was found free, and returns the mark: when that was
+// first recorded, on the database's clock. The mark names the loss (a task
+// process that takes its lock again clears it, see ClearLockLost); it is
+// for display, never for timing: a clock of the database's may jump. The
+// caller holds the lock.
+func MarkLockLost(ctx context.Context, db DB, id int64) (mark time.Time, err error) {
 	err = db.QueryRow(ctx, `
 		UPDATE data_manager.etl_contexts SET lock_lost_at = coalesce(lock_lost_at, clock_timestamp())
 		 WHERE etl_context_id = $1
-		RETURNING clock_timestamp() - lock_lost_at`, id).Scan(&freeFor)
+		RETURNING lock_lost_at`, id).Scan(&mark)
 	if err != nil {
-		return 0, fmt.Errorf("record lock loss of etl context %d: %w", id, err)
+		return time.Time{}, fmt.Errorf("record lock loss of etl context %d: %w", id, err)
 	}
-	return freeFor, nil
+	return mark, nil
 }
 
 // StartAttempt marks context id RUNNING for a new attempt with a fresh run

@@ -254,6 +254,8 @@ func (s *Supervisor) lockedElsewhere(ctx context.Context, logger *slog.Logger, t
 		return s.transient(logger, err)
 	}
 	if c.Status == etlcontext.StatusRunning {
+		// Held again, if it was lost: a later loss is timed anew.
+		s.fence.forget(id)
 		return river.JobSnooze(parkFor)
 	}
 	return river.JobSnooze(time.Second)
@@ -271,8 +273,10 @@ func (s *Supervisor) lockedElsewhere(ctx context.Context, logger *slog.Logger, t
 //
 // On another host nothing can be looked at: the task process stops its
 // command within its fencing window of the lock's release, so no attempt
-// starts before that window has passed since a supervisor first found the
-// lock free, on the database's clock.
+// starts before that window has passed since this supervisor first found
+// the lock free, on its own monotonic clock: a clock that can jump (the
+// database's, or this host's wall clock) could end the wait early. Another
+// supervisor, or this one restarted, waits its own window again.
 func (s *Supervisor) attemptAlive(ctx context.Context, logger *slog.Logger, tx pgx.Tx, c *etlcontext.Context) (time.Duration, error) {
 	const recheck = time.Second
 	if c.HostID != nil && *c.HostID == s.hostID && c.RunnerStartTicks != nil {
@@ -294,10 +298,11 @@ func (s *Supervisor) attemptAlive(ctx context.Context, logger *slog.Logger, tx p
 		}
 		return 0, nil
 	}
-	freeFor, err := etlcontext.MarkLockLost(ctx, tx, c.ID)
+	mark, err := etlcontext.MarkLockLost(ctx, tx, c.ID)
 	if err != nil {
 		return 0, err
 	}
+	freeFor := s.fence.freeFor(c.ID, mark)
 	window := taskrunner.FenceWindow(s.cfg.HeartbeatInterval.D(), s.cfg.ReconnectGraceD(), s.cfg.KillGrace.D(), s.cfg.PollInterval.D())
 	if c.FenceWindow != nil {
 		window = *c.FenceWindow
@@ -305,6 +310,7 @@ func (s *Supervisor) attemptAlive(ctx context.Context, logger *slog.Logger, tx p
 	if freeFor < window {
 		return min(window-freeFor, recheck), nil
 	}
+	s.fence.forget(c.ID)
 	return 0, nil
 }
 

@@ -91,6 +91,9 @@ type Supervisor struct {
 	host   string
 	hostID string
 
+	// fence times the fencing windows of attempts on other hosts.
+	fence fenceClock
+
 	mu       sync.Mutex
 	children map[int64]*child
 	// stopping holds the contexts whose dead attempt's orphans are being

@@ -1,0 +1,44 @@
+package supervisor
+
+import (
+	"testing"
+	"time"
+)
+
+// The window runs on this process's clock from its first sight of a loss:
+// seeing the same loss again does not restart it, a new loss does, and
+// the database's mark is never read as a time.
+func TestFenceClockTimesEachLossFromItsFirstSight(t *testing.T) {
+	var f fenceClock
+	// A mark from a database whose clock is an hour ahead.
+	mark := time.Now().Add(time.Hour)
+	if d := f.freeFor(1, mark); d > time.Second {
+		t.Fatalf("first sight: free for %s", d)
+	}
+	start := time.Now()
+	testWait(t, func() bool { return time.Since(start) >= 20*time.Millisecond })
+	same := f.freeFor(1, mark)
+	if same < 20*time.Millisecond {
+		t.Errorf("same loss seen again: free for %s, want the time since its first sight", same)
+	}
+	if d := f.freeFor(1, mark.Add(time.Minute)); d >= same {
+		t.Errorf("a new loss: free for %s, want it timed from now (the old one: %s)", d, same)
+	}
+	testWait(t, func() bool { return f.freeFor(1, mark.Add(time.Minute)) >= 20*time.Millisecond })
+	f.forget(1)
+	if d := f.freeFor(1, mark.Add(time.Minute)); d >= 20*time.Millisecond {
+		t.Errorf("after forget: free for %s, want it timed from now", d)
+	}
+}
+
+// testWait waits for cond, bounded.
+func testWait(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met in 10s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

@@ -210,17 +210,18 @@ func numericFits(num []byte) bool {
 		}
 		exp = e
 	}
-	// Digits after the point as numeric counts them (its display scale),
-	// digits before it from the first non-zero one.
+	// Digits after the point as numeric counts them (its display scale).
 	if len(frac)-exp > numericMaxFracDigits {
 		return false
 	}
-	significant := strings.TrimLeft(intPart, "0")
-	if significant == "" {
-		// |num| < 1: its weight is negative, its scale was checked.
-		return true
+	// Digits before the point, from the first non-zero digit wherever it
+	// is: 0.5e200000 has 200,000 of them.
+	digits := intPart + frac
+	first := strings.IndexFunc(digits, func(r rune) bool { return r != '0' })
+	if first < 0 {
+		return true // zero
 	}
-	return len(significant)+exp <= numericMaxIntDigits
+	return len(intPart)-first+exp <= numericMaxIntDigits
 }
 
 // CleanText returns s with NUL characters and invalid UTF-8 replaced by

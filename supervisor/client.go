@@ -345,6 +345,14 @@ func (c *Client) tryCancel(ctx context.Context, id int64, requested *bool) (stat
 	if ec.Status.Finished() {
 		return ec.Status, true, finishedError(ec.ID, ec.Status)
 	}
+	if ec.Status == etlcontext.StatusRunning && ec.PID != nil {
+		// Its task process is gone or lost its lock, but its command may
+		// still run, on another host for up to its fencing window: a
+		// supervisor records the cancellation once the attempt is surely
+		// over, so that a retry cannot meet it.
+		_ = tx.Rollback(ctx)
+		return c.requestCancel(ctx, id, requested)
+	}
 	// Nobody runs the task and nobody can start it while the lock is held
 	// here: cancel it now, with its job.
 	if _, err := etlcontext.Append(ctx, tx, etlcontext.NewEvent{

@@ -107,6 +107,23 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 			}
 			return river.JobSnooze(wait)
 		}
+		if c.CancelRequestedAt != nil {
+			// Asked to stop, and now surely stopped: the request's outcome.
+			if err := s.recordCancelled(ctx, tx, c); err != nil {
+				return s.transient(logger, err)
+			}
+			after, err := etlcontext.Get(ctx, tx, id)
+			if err != nil {
+				return s.transient(logger, err)
+			}
+			if err := tx.Commit(ctx); err != nil {
+				return s.transient(logger, fmt.Errorf("commit cancellation of etl context %d: %w", id, err))
+			}
+			s.metrics.finished(after)
+			s.wakeWaiting(ctx, c.Queue)
+			logger.Info("cancelled task's attempt is over", "attempt", c.Attempt)
+			return river.JobCancel(fmt.Errorf("etl context %d was cancelled", id))
+		}
 		reason := "the task process exited without reporting a result"
 		if err := s.recordDeath(ctx, tx, c, reason); err != nil {
 			return s.transient(logger, err)
@@ -400,6 +417,25 @@ func (s *Supervisor) recordDeath(ctx context.Context, tx pgx.Tx, c *etlcontext.C
 	_, err := etlcontext.Append(ctx, tx, etlcontext.NewEvent{
 		ContextID: c.ID,
 		Type:      c.Kind + ":" + etlcontext.EventError,
+		Payload:   payload,
+		RunID:     c.RunID,
+	})
+	return err
+}
+
+// recordCancelled records the end of c's attempt, cancelled while its task
+// process was gone or cut off, once no process of it may run.
+func (s *Supervisor) recordCancelled(ctx context.Context, tx pgx.Tx, c *etlcontext.Context) error {
+	payload := map[string]any{"reason": "cancel requested; the task process had exited or lost its lock", etlcontext.DetectedBy: s.host}
+	if c.PID != nil {
+		payload["pid"] = *c.PID
+	}
+	if c.Host != nil {
+		payload["host"] = *c.Host
+	}
+	_, err := etlcontext.Append(ctx, tx, etlcontext.NewEvent{
+		ContextID: c.ID,
+		Type:      c.Kind + ":" + etlcontext.EventCancelled,
 		Payload:   payload,
 		RunID:     c.RunID,
 	})

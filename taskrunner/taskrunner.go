@@ -757,20 +757,24 @@ func (r *runner) report(ctx context.Context, rep reported) error {
 // drain waits until everything the command wrote is queued. Once its
 // processes are gone the pipe ends, unless a process that escaped them
 // holds it open: that is not waited for once the pipe has been quiet for
-// 2 s. While the writer is behind, the wait goes on for up to wait.
+// 2 s. While the writer is behind, the wait goes on for as long as it
+// makes progress, and for up to wait without any. Lines not stored are
+// counted in a WARNING, queued ahead of the outcome.
 func (er *eventsReader) drain(ctx context.Context, wait time.Duration) {
 	defer er.cancel()
-	deadline := time.NewTimer(wait)
-	defer deadline.Stop()
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
-	quietSince := time.Now()
+	quietSince, progressSince := time.Now(), time.Now()
 	seen := er.lines.Load()
 	stop := func(why string) {
 		er.cancel()
 		er.pipe.Close()
 		<-er.done
 		er.r.logger.Warn(why, "lines_lost", er.lost.Load())
+		er.r.w.event(etlcontext.EventWarning, nil, map[string]any{
+			"problem":    why,
+			"lines_lost": er.lost.Load(),
+		}, false)
 	}
 	for {
 		select {
@@ -783,19 +787,25 @@ func (er *eventsReader) drain(ctx context.Context, wait time.Duration) {
 			}
 			return
 		case <-tick.C:
-			if n := er.lines.Load(); n != seen || er.waiting.Load() {
-				seen, quietSince = n, time.Now()
+			now := time.Now()
+			if n := er.lines.Load(); n != seen {
+				seen, quietSince, progressSince = n, now, now
 				continue
 			}
-			if time.Since(quietSince) >= 2*time.Second {
-				stop("events pipe still open 2s after the command's processes ended; what is written to it later is lost")
+			if er.waiting.Load() {
+				quietSince = now
+				if now.Sub(progressSince) >= wait {
+					stop("the events the command wrote could not be stored: the database took none for " + wait.String() + "; the rest of the pipe is discarded")
+					return
+				}
+				continue
+			}
+			if now.Sub(quietSince) >= 2*time.Second {
+				stop("events pipe still open 2s after the command's processes ended; what is written to it later is discarded")
 				return
 			}
-		case <-deadline.C:
-			stop("the events the command wrote could not all be stored in time")
-			return
 		case <-ctx.Done():
-			stop("the runner is stopping: the events not yet read are lost")
+			stop("the task process is stopping: the events not yet read are discarded")
 			return
 		}
 	}

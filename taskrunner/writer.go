@@ -28,6 +28,9 @@ const (
 	maxPendingBytes  = 8 << 20
 	// maxBatch bounds the events written in one statement.
 	maxBatch = 256
+	// maxBatchBytes bounds the payloads written in one statement (beyond
+	// one event).
+	maxBatchBytes = 1 << 20
 )
 
 // coalescing are the suffixes of which only the newest waiting event is
@@ -61,7 +64,13 @@ type writer struct {
 	// the replacements noted (replacedKey).
 	latest  map[string]*pendingEvent
 	room    chan struct{} // closed and replaced when piped events leave
-	single  bool          // write one event at a time: a batch was refused
+	// batchLimit is how many events go in one statement: maxBatch (0),
+	// halved after a batch was cut short. singleThrough, when set, is the
+	// last sequence number of a refused batch: up to it, events are
+	// written one at a time to find the refused one.
+	batchLimit, singleThrough int
+	// goneCount counts the replaced events still in events.
+	goneCount int
 	nextSeq int
 	// eventErr is the last error that made the database refuse an event for
 	// good; flush reports it.
@@ -119,6 +128,9 @@ type pendingEvent struct {
 	gone bool
 	// writing: taken into a write; it can no longer be replaced.
 	writing bool
+	// attempted: sent at least once, so perhaps stored: nothing more may
+	// be merged into it.
+	attempted bool
 	// replaced, when set, is what was replaced in reported lines; the
 	// event's meta is made from it when it is written.
 	replaced *replacedNote
@@ -239,6 +251,24 @@ func (w *writer) waitRoom(ctx context.Context, size int) error {
 	}
 }
 
+// compact drops the replaced events from the queue once they are half of
+// it: a command that reports progress while the head waits (the database
+// away) must not grow it; w.mu is held.
+func (w *writer) compact() {
+	if w.goneCount < 64 || w.goneCount < len(w.events)/2 {
+		return
+	}
+	kept := w.events[:0]
+	for _, e := range w.events {
+		if !e.gone {
+			kept = append(kept, e)
+		}
+	}
+	clear(w.events[len(kept):])
+	w.events = kept
+	w.goneCount = 0
+}
+
 // full reports whether an event of size from the pipe would pass the
 // bounds; w.mu is held. An event alone in the queue always fits.
 func (w *writer) full(size int) bool {
@@ -276,7 +306,10 @@ func (w *writer) append(e *pendingEvent) {
 		// Only at the bounds: until then every report is kept.
 		if old := w.latest[e.coalesce]; old != nil && !old.writing && !old.gone && (e.coalesce == replacedKey || w.full(e.size)) {
 			old.gone = true
+			old.ev.Payload, old.ev.Meta, old.replaced = nil, nil, nil
 			w.leave(old)
+			w.goneCount++
+			w.compact()
 		}
 		w.latest[e.coalesce] = e
 	}
@@ -304,7 +337,7 @@ func (w *writer) replacedIn(what string, r etlcontext.Replaced) {
 }
 
 func (w *writer) mergeReplaced(n *replacedNote) {
-	if old := w.latest[replacedKey]; old != nil && !old.writing && !old.gone {
+	if old := w.latest[replacedKey]; old != nil && !old.attempted && !old.gone {
 		old.replaced.lines += n.lines
 		old.replaced.replaced = old.replaced.replaced.Add(n.replaced)
 		for _, t := range n.types {
@@ -640,11 +673,13 @@ func (w *writer) serveOne(ctx context.Context) bool {
 }
 
 // serveEvents writes the events at the head of the queue: a child alone,
-// in its transaction, or else up to maxBatch events in one statement.
+// in its transaction, or else up to batchLimit events (and maxBatchBytes)
+// in one statement, ending at an outcome.
 func (w *writer) serveEvents(ctx context.Context) bool {
 	w.mu.Lock()
 	for len(w.events) > 0 && w.events[0].gone {
 		w.events = w.events[1:]
+		w.goneCount--
 	}
 	if len(w.events) == 0 {
 		w.markIdle()
@@ -652,33 +687,40 @@ func (w *writer) serveEvents(ctx context.Context) bool {
 		return true
 	}
 	if e := w.events[0]; e.child != nil {
-		e.writing = true
+		e.writing, e.attempted = true, true
 		w.mu.Unlock()
 		return w.serveChild(ctx, e)
 	}
-	limit := maxBatch
-	if w.single {
+	limit := w.batchLimit
+	if limit == 0 {
+		limit = maxBatch
+	}
+	if w.singleThrough > 0 {
 		limit = 1
 	}
 	var (
 		batch []*pendingEvent
 		evs   []etlcontext.NewEvent
-		taken int
+		bytes int
 	)
 	for _, e := range w.events {
-		if e.child != nil || len(batch) == limit {
-			break
-		}
-		taken++
 		if e.gone {
 			continue
 		}
-		e.writing = true
+		if e.child != nil || len(batch) == limit || (len(batch) > 0 && bytes+e.size > maxBatchBytes) {
+			break
+		}
+		e.writing, e.attempted = true, true
 		if e.replaced != nil {
 			e.ev.Meta = e.replaced.meta()
 		}
 		batch = append(batch, e)
 		evs = append(evs, e.ev)
+		bytes += e.size
+		if e.fallback != nil {
+			// Nothing is written in the statement of an outcome after it.
+			break
+		}
 	}
 	w.mu.Unlock()
 
@@ -690,18 +732,23 @@ func (w *writer) serveEvents(ctx context.Context) bool {
 		for _, e := range batch {
 			e.writing = false
 		}
+		// A batch cut short (a timeout, a server short of memory) is
+		// smaller next time.
+		w.batchLimit = max(1, len(batch)/2)
 		w.mu.Unlock()
 		return true
 	}
+	last := *batch[len(batch)-1].ev.Seq
 	switch {
 	case err == nil:
 	case errors.Is(err, etlcontext.ErrStaleRun) || errors.Is(err, etlcontext.ErrFinished):
 		w.logger.Warn("the database refused an event: this run is no longer current", "type", evs[0].Type, "error", err)
 		w.supersede()
 	case len(batch) > 1:
-		// One of them is refused: find which, one at a time.
+		// One of them is refused: find which, one at a time, up to the
+		// batch's last.
 		w.mu.Lock()
-		w.single = true
+		w.singleThrough = last
 		for _, e := range batch {
 			e.writing = false
 		}
@@ -723,12 +770,20 @@ func (w *writer) serveEvents(ctx context.Context) bool {
 	}
 	w.mu.Lock()
 	if err == nil {
-		w.single = false
+		w.batchLimit = min(maxBatch, 2*max(w.batchLimit, 1))
 	}
-	for _, e := range w.events[:taken] {
+	if last >= w.singleThrough {
+		w.singleThrough = 0
+	}
+	// The batch, and the replaced events among it, leave from the head.
+	for len(w.events) > 0 && (w.events[0].writing || w.events[0].gone) {
+		e := w.events[0]
+		if e.gone {
+			w.goneCount--
+		}
 		w.forget(e)
+		w.events = w.events[1:]
 	}
-	w.events = w.events[taken:]
 	w.markIdle()
 	w.mu.Unlock()
 	return true
@@ -885,8 +940,9 @@ const (
 	// connectionLost: the connection broke or timed out, or the server ended
 	// the session.
 	connectionLost
-	// serverBusy: the server is short of resources (disk, memory) or
-	// cancelled the statement (statement_timeout); the connection is fine.
+	// serverBusy: the server is short of resources (disk, memory),
+	// cancelled the statement (statement_timeout) or rolled it back
+	// (serialization failure, deadlock); the connection is fine.
 	serverBusy
 )
 
@@ -898,7 +954,10 @@ func classifyWriteError(err error, conn *pgx.Conn) writeError {
 			return connectionLost
 		case pgErr.Code[:3] == "57P": // admin_shutdown, crash_shutdown, cannot_connect_now, idle_session_timeout...
 			return connectionLost
-		case pgErr.Code[:2] == "53", pgErr.Code == "57014":
+		case pgErr.Code[:2] == "53", pgErr.Code == "57014", pgErr.Code[:2] == "40":
+			// Short of resources, cut short, or rolled back by a
+			// serialization failure or a deadlock: the same write may pass
+			// next time.
 			return serverBusy
 		}
 		return statementError

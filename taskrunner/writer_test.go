@@ -101,3 +101,24 @@ func TestReplacementsAreCleanedAndNotedOnce(t *testing.T) {
 		t.Errorf("noted %d lines, %+v; want 4 lines, 4 NUL, 3 invalid UTF-8", n.lines, n.replaced)
 	}
 }
+
+// Progress reported without end while the head of the queue waits (the
+// database away) keeps the queue at its bound: replaced events leave it.
+func TestCoalescedEventsDoNotGrowTheQueue(t *testing.T) {
+	w := newWriter("", "test", slog.New(slog.DiscardHandler), time.Second, writerHooks{})
+	w.bind(1, "00000000-0000-0000-0000-000000000001", "k")
+	ctx := context.Background()
+	for i := range maxPendingEvents {
+		if err := w.report(ctx, "ROWS", json.RawMessage(strconv.Itoa(i)), nil, false, etlcontext.Replaced{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 100000 {
+		if err := w.report(ctx, etlcontext.EventProgress, json.RawMessage(strconv.Itoa(i)), nil, false, etlcontext.Replaced{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(w.events); n > 2*maxPendingEvents {
+		t.Errorf("%d events in the queue after 100,000 coalesced progress lines, want at most %d", n, 2*maxPendingEvents)
+	}
+}

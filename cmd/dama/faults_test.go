@@ -589,3 +589,49 @@ func TestIdleSessionTimeoutTakesNoLock(t *testing.T) {
 		t.Errorf("the supervisor lost its liveness connection to idle_session_timeout:\n%s", supLog)
 	}
 }
+
+// A task whose lock connection went silent on its host is cancelled from
+// elsewhere once its lock is free, then retried: the retry on another host
+// does not start until the first attempt's command has surely stopped.
+func TestCancelThenRetryWaitsOutTheFenceElsewhere(t *testing.T) {
+	if out, err := exec.Command("unshare", "--pid", "--fork", "--mount-proc", "true").CombinedOutput(); err != nil {
+		t.Skipf("another host needs unshare --pid (root): %v %s", err, out)
+	}
+	srv := testenv.NewServer(t)
+	tcpEnv := testenv.NewOn(t, srv)
+	env, socketURL := socketEnv(t, tcpEnv)
+	// The command outlives the silence by reconnect_grace: long enough
+	// for the server to free the lock (25 s of keepalives) well before it
+	// stops.
+	w := newBeatWorld(t, env, "reconnect_grace: 40s")
+	w.Start(w.cfg, "supervisor")
+	id := w.submit()
+	first := (&world{Env: env}).waitRunning(id)
+	testenv.Eventually(t, 20*time.Second, "the worker to beat", func() (bool, error) { return len(w.beats(id)[1]) >= 3, nil })
+	viaSocket := []string{"DATABASE_URL=" + socketURL}
+	env.StartWith(w.cfg, viaSocket, []string{"unshare", "--pid", "--fork", "--mount-proc"}, "supervisor")
+
+	testenv.Silence(t, srv.Port())
+	(&world{Env: env}).waitFor(id, 60*time.Second, "to have its lock freed by the server", func(t etlcontext.Task) bool { return !t.InitialEventLocked })
+	// The cancel ends once the attempt is surely over: a fencing window.
+	cancel := env.StartWith(w.cfg, viaSocket, nil, "cancel", strconv.FormatInt(id, 10), "--wait", "3m")
+	if err := cancel.Wait(); err != nil {
+		log, _ := os.ReadFile(cancel.Log)
+		t.Fatalf("cancel: %v: %s", err, log)
+	}
+	if got := (&world{Env: env}).task(id); got.Status != etlcontext.StatusCancelled {
+		t.Fatalf("after dama cancel: %s, want CANCELLED", got.Status)
+	}
+	res := env.DamaWith(w.cfg, viaSocket, "retry", strconv.FormatInt(id, 10))
+	if res.Code != 0 {
+		t.Fatalf("retry: exit %d, %s", res.Code, res.Stderr)
+	}
+	got := (&world{Env: env}).waitSettled(id, 120*time.Second)
+	if got.Status != etlcontext.StatusDone || got.Attempt != 2 {
+		t.Fatalf("%s after %d attempts, want DONE after 2", got.Status, got.Attempt)
+	}
+	if deref(got.HostID) == deref(first.HostID) {
+		t.Errorf("attempt 2 ran on host %v, the host of attempt 1: want the other supervisor's", deref(got.HostID))
+	}
+	w.assertNoOverlap(t, id)
+}

@@ -62,8 +62,8 @@ type writer struct {
 	piped, pipedBytes int
 	// latest is the newest waiting event of each coalescing suffix, and of
 	// the replacements noted (replacedKey).
-	latest  map[string]*pendingEvent
-	room    chan struct{} // closed and replaced when piped events leave
+	latest map[string]*pendingEvent
+	room   chan struct{} // closed and replaced when piped events leave
 	// batchLimit is how many events go in one statement: maxBatch (0),
 	// halved after a batch was cut short. singleThrough, when set, is the
 	// last sequence number of a refused batch: up to it, events are
@@ -71,7 +71,7 @@ type writer struct {
 	batchLimit, singleThrough int
 	// goneCount counts the replaced events still in events.
 	goneCount int
-	nextSeq int
+	nextSeq   int
 	// eventErr is the last error that made the database refuse an event for
 	// good; flush reports it.
 	eventErr error

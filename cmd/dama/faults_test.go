@@ -19,7 +19,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/hostproc"
 	"github.com/dama-etl/dama/internal/testenv"
+	"github.com/dama-etl/dama/taskrunner"
 )
 
 // beatScript is a task that forks: a background worker, which ignores
@@ -634,4 +636,42 @@ func TestCancelThenRetryWaitsOutTheFenceElsewhere(t *testing.T) {
 		t.Errorf("attempt 2 ran on host %v, the host of attempt 1: want the other supervisor's", deref(got.HostID))
 	}
 	w.assertNoOverlap(t, id)
+}
+
+// The orphans of a cancelled attempt are stopped: a task whose task
+// process was SIGKILLed, leaving its command's worker behind, is recorded
+// CANCELLED only once that worker is gone.
+func TestCancelledAttemptsOrphansAreStopped(t *testing.T) {
+	env := testenv.New(t)
+	w := newBeatWorld(t, env, "")
+	w.Start(w.cfg, "supervisor")
+	id := w.submit()
+	running := (&world{Env: env}).waitRunning(id)
+	testenv.Eventually(t, 20*time.Second, "the worker to beat", func() (bool, error) { return len(w.beats(id)[1]) >= 3, nil })
+	if err := syscall.Kill(*running.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killedAt := time.Now().UnixNano()
+	res := env.Dama(w.cfg, "cancel", strconv.FormatInt(id, 10))
+	if res.Code != 0 || strings.TrimSpace(res.Stdout) != "CANCELLED" {
+		t.Fatalf("cancel: exit %d, %s %s", res.Code, res.Stdout, res.Stderr)
+	}
+	got := (&world{Env: env}).waitSettled(id, time.Minute)
+	if got.Status != etlcontext.StatusCancelled || got.FinishedAt == nil {
+		t.Fatalf("%s, want CANCELLED", got.Status)
+	}
+	beats := w.beats(id)[1]
+	if len(beats) == 0 || slices.Max(beats) < killedAt {
+		t.Fatalf("the worker did not outlive its task process: the test proves nothing")
+	}
+	// Every beat before the outcome was recorded, and none after.
+	if last := slices.Max(beats); last >= got.FinishedAt.UnixNano() {
+		t.Errorf("the worker beat %s after the task was recorded CANCELLED", time.Duration(last-got.FinishedAt.UnixNano()))
+	}
+	// And it is gone, not merely quiet.
+	attempt := hostproc.Attempt{Marker: taskrunner.RunIDEnv + "=" + *running.RunID}
+	testenv.Eventually(t, 10*time.Second, "no process of the cancelled attempt left", func() (bool, error) {
+		pids, err := attempt.Processes()
+		return len(pids) == 0, err
+	})
 }

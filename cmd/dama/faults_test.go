@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
@@ -674,4 +675,82 @@ func TestCancelledAttemptsOrphansAreStopped(t *testing.T) {
 		pids, err := attempt.Processes()
 		return len(pids) == 0, err
 	})
+}
+
+// The database fails over to a synchronous streaming replica (the primary
+// crashes, the replica is promoted) while tasks run: with a DATABASE_URL
+// naming both hosts, every task rides it out like a restart, by its
+// original process, and ends DONE at attempt 1 with no event lost or
+// stored twice.
+func TestFailoverToAStreamingReplicaKillsNoTask(t *testing.T) {
+	primary := testenv.NewServer(t)
+	replica := testenv.NewReplica(t, primary)
+	env := testenv.NewOn(t, primary)
+	failoverURL := testenv.FailoverURL(t, env.URL, primary, replica)
+	viaBoth := []string{"DATABASE_URL=" + failoverURL}
+	pool, err := pgxpool.New(context.Background(), failoverURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	both := *env
+	both.Pool = pool
+	w := &world{Env: &both, cfg: env.WriteConfig(strings.Replace(sampleConfigFor(10), "kill_grace: 1s", "kill_grace: 1s\nreconnect_grace: 60s", 1)),
+		startsDir: filepath.Join(env.Dir, "starts")}
+	if err := os.MkdirAll(w.startsDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	env.StartWith(w.cfg, viaBoth, nil, "supervisor")
+	var ids []int64
+	for range 4 {
+		args, _ := json.Marshal(map[string]any{"steps": 200, "step_ms": 100, "starts_dir": w.startsDir})
+		res := env.DamaWith(w.cfg, viaBoth, "submit", "sample", "--args", string(args))
+		if res.Code != 0 {
+			t.Fatalf("submit: %s", res.Stderr)
+		}
+		ids = append(ids, testenv.Atoi(t, res.Stdout))
+	}
+	pids := map[int64]string{}
+	for _, id := range ids {
+		w.waitRunning(id)
+		w.waitFor(id, 20*time.Second, "to start its command", func(etlcontext.Task) bool { return len(w.starts(id)) == 1 })
+		pids[id] = w.starts(id)[0][0]
+	}
+
+	primary.Stop(t, "immediate")
+	replica.Promote(t)
+
+	for _, id := range ids {
+		got := w.waitSettled(id, 2*time.Minute)
+		if got.Status != etlcontext.StatusDone || got.Attempt != 1 {
+			t.Errorf("context %d: %s after %d attempts, want DONE after 1", id, got.Status, got.Attempt)
+		}
+		if starts := w.starts(id); len(starts) != 1 || starts[0][0] != pids[id] {
+			t.Errorf("context %d: starts %v, want the single start of pid %s", id, starts, pids[id])
+		}
+		events, err := etlcontext.Events(context.Background(), pool, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := map[string]bool{}
+		var last string
+		for _, e := range events {
+			switch e.Type {
+			case "sample:ERROR":
+				t.Errorf("context %d: ERROR event %s", id, e.Payload)
+			case "sample:PROGRESS", "sample:CHECKPOINT":
+				key := e.Type + string(e.Payload)
+				if seen[key] {
+					t.Errorf("context %d: %s %s stored twice", id, e.Type, e.Payload)
+				}
+				seen[key] = true
+				if e.Type == "sample:PROGRESS" {
+					last = string(e.Payload)
+				}
+			}
+		}
+		if last != `{"of": 200, "step": 200}` {
+			t.Errorf("context %d: last PROGRESS %s, want step 200 of 200", id, last)
+		}
+	}
 }

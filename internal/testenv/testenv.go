@@ -524,7 +524,13 @@ func (e *Env) WaitForTask(id int64, timeout time.Duration, what string, cond fun
 	e.T.Helper()
 	var last etlcontext.Task
 	Eventually(e.T, timeout, fmt.Sprintf("task %d %s", id, what), func() (bool, error) {
-		last = e.Task(id)
+		// A read that fails (the server restarting, failing over) is
+		// waited through like an unmet condition.
+		tasks, err := etlcontext.Tasks(context.Background(), e.Pool, etlcontext.TaskQuery{ID: id})
+		if err != nil || len(tasks) != 1 {
+			return false, fmt.Errorf("read task %d: %v (%d rows)", id, err, len(tasks))
+		}
+		last = tasks[0]
 		job := "none"
 		if last.JobState != nil {
 			job = *last.JobState

@@ -53,7 +53,7 @@ wait
 // server is away, and its attempt fails.
 const (
 	chaosTasks          = 30
-	chaosRounds         = 12
+	chaosRounds         = 14
 	chaosRoundGap       = 1500 * time.Millisecond
 	chaosReconnectGrace = 7 * time.Second
 	chaosMinRestart     = time.Second
@@ -189,12 +189,15 @@ func TestChaosNoOverlapWhateverIsKilledOrRestarted(t *testing.T) {
 		})
 		return out, err
 	}
+	// A task is settled DONE with its job completed, or CANCELLED (by an
+	// operator) with its job cancelled.
 	unsettled := func() (string, error) {
 		var summary []string
 		err := query(`
 			SELECT etl_context_id || ':' || etl_status || '/' || coalesce(job_state, '-') || '@' || attempt
 			  FROM data_manager.dama_task_queue
-			 WHERE etl_status <> 'DONE' OR job_state IS DISTINCT FROM 'completed'
+			 WHERE NOT ((etl_status = 'DONE' AND job_state IS NOT DISTINCT FROM 'completed')
+			         OR (etl_status = 'CANCELLED' AND job_state IS NOT DISTINCT FROM 'cancelled'))
 			 ORDER BY etl_context_id`, func(row interface{ Scan(...any) error }) error {
 			var s string
 			summary = append(summary, s)
@@ -221,6 +224,76 @@ func TestChaosNoOverlapWhateverIsKilledOrRestarted(t *testing.T) {
 		skipped[what]++
 		note("%s skipped: %s", what, why)
 	}
+	// operate is an operator's action at a random moment: cancel a task
+	// (without waiting for it to stop), retry a cancelled one, or pause the
+	// queue or block the kind for a moment.
+	operate := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		hold := func(what string, on, off func(context.Context) error) {
+			if err := on(ctx); err != nil {
+				skip(what, err.Error())
+				return
+			}
+			d := 500*time.Millisecond + time.Duration(rng.Int64N(int64(2500*time.Millisecond)))
+			// How long it holds is the action itself.
+			time.Sleep(d)
+			// Lifted for sure, if not now then at the end of the chaos.
+			offCtx, offCancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer offCancel()
+			if err := off(offCtx); err != nil {
+				note("%s: lifting failed (%v); lifted at the end", what, err)
+			}
+			counts[what]++
+			note("%s for %s", what, d.Round(time.Millisecond))
+		}
+		switch r := rng.IntN(100); {
+		case r < 40:
+			id := ids[rng.IntN(len(ids))]
+			status, err := client.RequestCancel(ctx, id)
+			if err != nil {
+				skip("cancel", err.Error())
+				return
+			}
+			counts["cancel"]++
+			note("cancel of context %d requested (it was %s)", id, status)
+		case r < 65:
+			var cancelled []int64
+			if err := query(`SELECT etl_context_id FROM data_manager.etl_contexts WHERE etl_status = 'CANCELLED' ORDER BY 1`,
+				func(row interface{ Scan(...any) error }) error {
+					var id int64
+					err := row.Scan(&id)
+					cancelled = append(cancelled, id)
+					return err
+				}); err != nil || len(cancelled) == 0 {
+				skip("retry", fmt.Sprintf("no cancelled task (%v)", err))
+				return
+			}
+			id := cancelled[rng.IntN(len(cancelled))]
+			if err := client.Retry(ctx, id); err != nil {
+				skip("retry", err.Error())
+				return
+			}
+			counts["retry"]++
+			note("context %d retried", id)
+		case r < 82:
+			hold("pause", func(ctx context.Context) error {
+				_, err := client.PauseQueue(ctx, "etl", "chaos")
+				return err
+			}, func(ctx context.Context) error {
+				_, err := client.ResumeQueue(ctx, "etl")
+				return err
+			})
+		default:
+			hold("block", func(ctx context.Context) error {
+				_, err := client.BlockKind(ctx, "chaos", "chaos")
+				return err
+			}, func(ctx context.Context) error {
+				_, err := client.UnblockKind(ctx, "chaos")
+				return err
+			})
+		}
+	}
 	for ; rounds < chaosRounds; rounds++ {
 		time.Sleep(chaosRoundGap)
 		if open, err := unsettled(); err == nil && open == "" {
@@ -228,7 +301,9 @@ func TestChaosNoOverlapWhateverIsKilledOrRestarted(t *testing.T) {
 		}
 		r := rng.IntN(100)
 		switch {
-		case r < 30:
+		case r < 20:
+			operate()
+		case r < 40:
 			// A supervisor crashes (its whole process group) and a new one
 			// takes its place.
 			i := rng.IntN(len(sups))
@@ -238,7 +313,7 @@ func TestChaosNoOverlapWhateverIsKilledOrRestarted(t *testing.T) {
 			sups[i] = w.Start(w.cfg, "supervisor")
 			counts["supervisor kill"]++
 			note("supervisor %d (pid %d) killed, replaced by pid %d", i, old, sups[i].Cmd.Process.Pid)
-		case r < 65:
+		case r < 70:
 			// A task process crashes, holding its lock or taking it again
 			// after a restart; its command's worker lives on.
 			tasks, err := running()
@@ -307,6 +382,16 @@ func TestChaosNoOverlapWhateverIsKilledOrRestarted(t *testing.T) {
 			note("server stopped for %s (%s with pg_ctl), running: %v", chaosOutage, time.Since(start).Round(time.Millisecond), hit)
 		}
 	}
+	// The operator lifts what holds tasks back.
+	testenv.Eventually(t, time.Minute, "the queue resumed and the kind unblocked", func() (bool, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		if _, err := client.ResumeQueue(ctx, "etl"); err != nil {
+			return false, err
+		}
+		_, err := client.UnblockKind(ctx, "chaos")
+		return err == nil, err
+	})
 	chaosEnded := time.Now()
 	t.Logf("chaos: %d rounds in %s: %v; skipped: %v",
 		rounds, chaosEnded.Sub(began).Round(time.Millisecond), counts, skipped)
@@ -364,10 +449,17 @@ func TestChaosNoOverlapWhateverIsKilledOrRestarted(t *testing.T) {
 			}
 		}
 
-		// (2) The attempt that finished is the last that started.
-		if len(starts) == 0 || starts[len(starts)-1][0] != strconv.Itoa(task.Attempt) {
+		// (2) The attempt that finished is the last that started; a
+		// cancelled one may have been cancelled before its command started.
+		switch {
+		case task.Status == etlcontext.StatusDone && (len(starts) == 0 || starts[len(starts)-1][0] != strconv.Itoa(task.Attempt)):
 			suspects[id] = true
 			t.Errorf("seed %d: context %d: DONE by attempt %d, but the starts are %v", seed, id, task.Attempt, starts)
+		case task.Status == etlcontext.StatusCancelled && len(starts) > 0:
+			if last, _ := strconv.Atoi(starts[len(starts)-1][0]); last > task.Attempt {
+				suspects[id] = true
+				t.Errorf("seed %d: context %d: CANCELLED at attempt %d, but the starts are %v", seed, id, task.Attempt, starts)
+			}
 		}
 		// (3) No attempt started twice; each resumed from a checkpoint of
 		// an attempt that started before it.

@@ -22,7 +22,9 @@ type Replaced struct {
 	// jsonb refuses.
 	Surrogates int
 	// Numbers counts numbers outside numeric's range (more than 131,072
-	// digits before the decimal point or 16,383 after it).
+	// digits before the decimal point or 16,383 after it), or that jsonb
+	// would print more than maxNumberGrowth characters longer than they are
+	// written (1e131071 is 8 bytes, and 131,072 digits read back).
 	Numbers int
 }
 
@@ -69,6 +71,10 @@ const (
 
 const replacementEscape = `\ufffd`
 
+// maxNumberGrowth bounds how much longer than written a number may read
+// back from jsonb, which prints numbers in full.
+const maxNumberGrowth = 64
+
 // CleanJSON returns data, a JSON value, with whatever jsonb would refuse
 // replaced: NUL characters, invalid UTF-8 and unpaired surrogates in
 // strings and keys become U+FFFD, and numbers outside numeric's range
@@ -98,7 +104,7 @@ func CleanJSON(data []byte) ([]byte, Replaced, error) {
 			i = cleanString(data, i+1, &r, replace)
 		case c == '-' || ('0' <= c && c <= '9'):
 			end := numberEnd(data, i)
-			if !numericFits(data[i:end]) {
+			if printed, ok := numericText(data[i:end]); !ok || printed > end-i+maxNumberGrowth {
 				r.Numbers++
 				replace(i, end, `"`+string(data[i:end])+`"`)
 			}
@@ -190,38 +196,84 @@ func numberEnd(data []byte, i int) int {
 	return i
 }
 
-// numericFits reports whether PostgreSQL's numeric can hold the JSON
-// number num.
-func numericFits(num []byte) bool {
-	s := strings.TrimPrefix(string(num), "-")
+// numericText reports whether PostgreSQL's numeric can hold the JSON
+// number num, and how long jsonb prints it.
+func numericText(num []byte) (printed int, ok bool) {
+	s := string(num)
+	sign := 0
+	if strings.HasPrefix(s, "-") {
+		s, sign = s[1:], 1
+	}
 	mant, expText, hasExp := strings.Cut(strings.ToLower(s), "e")
 	intPart, frac, _ := strings.Cut(mant, ".")
 	exp := 0
 	if hasExp {
 		e, err := strconv.Atoi(expText)
-		if err != nil {
-			// Beyond int: only a zero mantissa could survive such an
-			// exponent, and only a positive one. Not worth the subtlety.
-			return false
-		}
 		// numeric refuses such an exponent before looking at the digits.
-		if e >= math.MaxInt32/2 || e <= -math.MaxInt32/2 {
-			return false
+		if err != nil || e >= math.MaxInt32/2 || e <= -math.MaxInt32/2 {
+			return 0, false
 		}
 		exp = e
 	}
 	// Digits after the point as numeric counts them (its display scale).
-	if len(frac)-exp > numericMaxFracDigits {
-		return false
+	scale := max(len(frac)-exp, 0)
+	if scale > numericMaxFracDigits {
+		return 0, false
 	}
 	// Digits before the point, from the first non-zero digit wherever it
 	// is: 0.5e200000 has 200,000 of them.
 	digits := intPart + frac
-	first := strings.IndexFunc(digits, func(r rune) bool { return r != '0' })
-	if first < 0 {
-		return true // zero
+	whole := 0
+	if first := strings.IndexFunc(digits, func(r rune) bool { return r != '0' }); first >= 0 {
+		whole = max(len(intPart)-first+exp, 0)
 	}
-	return len(intPart)-first+exp <= numericMaxIntDigits
+	if whole > numericMaxIntDigits {
+		return 0, false
+	}
+	printed = sign + max(whole, 1)
+	if scale > 0 {
+		printed += 1 + scale
+	}
+	return printed, true
+}
+
+// JSONBTextLen returns how long jsonb prints data, a JSON value CleanJSON
+// returned: what a task reads back of what it reported (a checkpoint, in
+// DAMA_CHECKPOINT). jsonb adds a space after every ':' and ',' and prints
+// numbers in full; its strings are never longer than their JSON.
+func JSONBTextLen(data []byte) int {
+	n := 0
+	for i := 0; i < len(data); {
+		switch c := data[i]; {
+		case c == '"':
+			end := i + 1
+			for end < len(data) && data[end] != '"' {
+				if data[end] == '\\' {
+					end++
+				}
+				end++
+			}
+			n += end + 1 - i
+			i = end + 1
+		case c == ':' || c == ',':
+			n += 2
+			i++
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r':
+			i++
+		case c == '-' || ('0' <= c && c <= '9'):
+			end := numberEnd(data, i)
+			printed, ok := numericText(data[i:end])
+			if !ok {
+				printed = end - i
+			}
+			n += printed
+			i = end
+		default:
+			n++
+			i++
+		}
+	}
+	return n
 }
 
 // CleanText returns s with NUL characters and invalid UTF-8 replaced by

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -131,6 +132,9 @@ func (c *Client) SubmitTx(ctx context.Context, tx pgx.Tx, p SubmitParams) (id in
 	if strings.HasPrefix(p.IdempotencyKey, reservedKeyPrefix) {
 		return 0, false, fmt.Errorf("submit %s task: idempotency key %q: %w", p.Kind, p.IdempotencyKey, ErrReservedIdempotencyKey)
 	}
+	if len(p.IdempotencyKey) > taskrunner.MaxIdempotencyKey {
+		return 0, false, fmt.Errorf("submit %s task: idempotency key of %d bytes: at most %d", p.Kind, len(p.IdempotencyKey), taskrunner.MaxIdempotencyKey)
+	}
 	return c.submitTx(ctx, tx, p)
 }
 
@@ -156,11 +160,20 @@ func (c *Client) submitTx(ctx context.Context, tx pgx.Tx, p SubmitParams) (id in
 	if len(args) == 0 {
 		args = json.RawMessage("{}")
 	}
-	if !json.Valid(args) {
+	clean, replaced, err := etlcontext.CleanJSON(args)
+	if err != nil {
 		return 0, false, errors.New("arguments are not valid JSON")
 	}
-	if len(args) > taskrunner.MaxEnvPayload {
-		return 0, false, fmt.Errorf("arguments are %d bytes; a task receives them in DAMA_ARGS, which holds at most %d", len(args), taskrunner.MaxEnvPayload)
+	if replaced.Any() {
+		return 0, false, fmt.Errorf("arguments hold %s, which the database cannot store as given", replaced)
+	}
+	args = clean
+	// Measured as the database gives them back, which is what the task gets.
+	if n := etlcontext.JSONBTextLen(args); n > taskrunner.MaxEnvPayload {
+		return 0, false, fmt.Errorf("arguments are %d bytes as stored; a task receives them in DAMA_ARGS, which holds at most %d", n, taskrunner.MaxEnvPayload)
+	}
+	if k := p.IdempotencyKey; strings.ContainsRune(k, 0) || !utf8.ValidString(k) {
+		return 0, false, errors.New("idempotency key: want UTF-8 text without NUL")
 	}
 	concurrencyKey, err := kind.ConcurrencyKeyOf(args)
 	if err != nil {

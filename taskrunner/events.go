@@ -58,6 +58,16 @@ type Failure struct {
 	Retry *bool `json:"retry"`
 }
 
+// MaxIdempotencyKey bounds an idempotency key, a child's or a user's: the
+// database indexes it.
+const MaxIdempotencyKey = 512
+
+// autoKeyPrefix starts the part of the key of a child submitted without
+// one that names the line: dama:child:<parent>:auto:<run id>:<sequence
+// number>. A command's own key cannot start with it, so as not to name
+// another line's child.
+const autoKeyPrefix = "auto:"
+
 // MaxFailureError bounds the reason a failure line gives.
 const MaxFailureError = 4 << 10
 
@@ -77,8 +87,10 @@ type Child struct {
 	// return the parent's earlier child with the same key (a later attempt
 	// of the parent submitting it again, say). The key is stored scoped to
 	// the parent: dama:child:<parent id>:<key>. Without one, the key is
-	// dama:child:<parent id>:<run id>:<line's sequence number>, so that a
-	// write retried after a lost connection submits one child.
+	// dama:child:<parent id>:auto:<run id>:<line's sequence number>, so
+	// that a write retried after a lost connection submits one child. A
+	// key is at most MaxIdempotencyKey bytes and does not start with
+	// "auto:".
 	IdempotencyKey string `json:"idempotency_key"`
 }
 
@@ -113,7 +125,12 @@ func decodeLine(line []byte) reported {
 	// reason, a child's arguments) is stored and not refused.
 	clean, replaced, err := etlcontext.CleanJSON(line)
 	if err != nil {
-		return decodeCleanLine(line)
+		// Not one JSON value; the decoder says more of why, but takes some
+		// such lines (one with a stray '}' after the value) as good.
+		if rep := decodeCleanLine(line); rep.suffix == etlcontext.EventWarning && rep.child == nil && rep.failure == nil {
+			return rep
+		}
+		return warning("malformed event line: not one JSON value", line)
 	}
 	rep := decodeCleanLine(clean)
 	rep.replaced = replaced
@@ -150,8 +167,9 @@ func decodeCleanLine(line []byte) reported {
 	case failureType:
 		return decodeFailure(payload, line)
 	}
-	if suffix == etlcontext.EventCheckpoint && len(payload) > MaxEnvPayload {
-		return warning(fmt.Sprintf("checkpoint of %d bytes exceeds the %d bytes a retry receives in DAMA_CHECKPOINT; the previous checkpoint stands", len(payload), MaxEnvPayload), line)
+	// Measured as the database gives it back, which is what a retry gets.
+	if n := etlcontext.JSONBTextLen(payload); suffix == etlcontext.EventCheckpoint && n > MaxEnvPayload {
+		return warning(fmt.Sprintf("checkpoint of %d bytes (as stored) exceeds the %d bytes a retry receives in DAMA_CHECKPOINT; the previous checkpoint stands", n, MaxEnvPayload), line)
 	}
 	return reported{suffix: suffix, payload: payload}
 }
@@ -166,8 +184,14 @@ func decodeChild(payload json.RawMessage, line []byte) reported {
 	if c.Kind == "" {
 		return warning("submit: kind is required", line)
 	}
-	if len(c.Args) > MaxEnvPayload {
-		return warning(fmt.Sprintf("submit: arguments of %d bytes exceed the %d bytes a task receives in DAMA_ARGS", len(c.Args), MaxEnvPayload), line)
+	if n := etlcontext.JSONBTextLen(c.Args); n > MaxEnvPayload {
+		return warning(fmt.Sprintf("submit: arguments of %d bytes (as stored) exceed the %d bytes a task receives in DAMA_ARGS", n, MaxEnvPayload), line)
+	}
+	if len(c.IdempotencyKey) > MaxIdempotencyKey {
+		return warning(fmt.Sprintf("submit: idempotency key of %d bytes; at most %d", len(c.IdempotencyKey), MaxIdempotencyKey), line)
+	}
+	if strings.HasPrefix(c.IdempotencyKey, autoKeyPrefix) {
+		return warning(fmt.Sprintf("submit: idempotency keys starting with %q are dama's own", autoKeyPrefix), line)
 	}
 	return reported{suffix: etlcontext.EventSubmitted, child: &c}
 }

@@ -158,3 +158,28 @@ func FuzzDecodeLine(f *testing.F) {
 		stored(t, line, "meta", r.meta)
 	})
 }
+
+// Lines that would read back larger than written, or pass for JSON with a
+// stray bracket, or borrow dama's own child keys, are refused or cleaned.
+func TestDecodeLineMeasuresWhatTheDatabaseGivesBack(t *testing.T) {
+	zeros := "[" + strings.Repeat("0,", 40000) + "0]" // 80 KB written, 120 KB read back
+	cases := []struct{ line, problem, payload string }{
+		{line: `{"type":"checkpoint","payload":` + zeros + `}`, problem: "as stored"},
+		{line: `{"type":"checkpoint","payload":[1e131071]}`, payload: `["1e131071"]`},
+		{line: `{"type":"submit","payload":{"kind":"k","args":` + zeros + `}}`, problem: "as stored"},
+		{line: `{"type":"submit","payload":{"kind":"k","idempotency_key":"x\u0000y"}}]`, problem: "not one JSON value"},
+		{line: `{"type":"submit","payload":{"kind":"k","idempotency_key":"auto:1:2"}}`, problem: "dama's own"},
+		{line: `{"type":"submit","payload":{"kind":"k","idempotency_key":"` + strings.Repeat("k", MaxIdempotencyKey+1) + `"}}`, problem: "at most"},
+	}
+	for _, c := range cases {
+		got := decodeLine([]byte(c.line))
+		meta, _ := got.meta.(map[string]any)
+		p, _ := meta["problem"].(string)
+		switch {
+		case c.problem != "" && (got.child != nil || !strings.Contains(p, c.problem)):
+			t.Errorf("%.60s: child %v, problem %q; want a WARNING mentioning %q", c.line, got.child, p, c.problem)
+		case c.payload != "" && string(got.payload) != c.payload:
+			t.Errorf("%.60s: payload %s, want %s", c.line, got.payload, c.payload)
+		}
+	}
+}

@@ -722,6 +722,11 @@ func (r *runner) readEvents(ctx context.Context, pipe *os.File) *eventsReader {
 		er.done <- readEvents(pipe, func(rep reported) {
 			defer er.lines.Add(1)
 			if stopped != nil {
+				// Why the command fails needs no room: it is never lost.
+				if rep.failure != nil {
+					r.setFailure(rep.failure)
+					return
+				}
 				er.lost.Add(1)
 				return
 			}
@@ -767,9 +772,15 @@ func (er *eventsReader) drain(ctx context.Context, wait time.Duration) {
 	quietSince, progressSince := time.Now(), time.Now()
 	seen := er.lines.Load()
 	stop := func(why string) {
+		// Lines are no longer queued, but what is left is still read for a
+		// moment: a failure line at the end still counts.
 		er.cancel()
-		er.pipe.Close()
-		<-er.done
+		select {
+		case <-er.done:
+		case <-time.After(2 * time.Second):
+			er.pipe.Close()
+			<-er.done
+		}
 		er.r.logger.Warn(why, "lines_lost", er.lost.Load())
 		er.r.w.event(etlcontext.EventWarning, nil, map[string]any{
 			"problem":    why,

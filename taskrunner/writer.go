@@ -299,12 +299,16 @@ func (w *writer) append(e *pendingEvent) {
 		e.replaced = nil
 		w.mergeReplaced(note)
 	}
-	w.nextSeq++
-	seq, runID := w.nextSeq, w.runID
-	e.ev.RunID, e.ev.Seq = &runID, &seq
+	runID := w.runID
+	e.ev.RunID = &runID
+	if e.child != nil {
+		// Its key names its line now; other events are numbered when first
+		// written, so that those a newer one replaced use up no number.
+		w.number(e)
+	}
 	if e.coalesce != "" {
 		// Only at the bounds: until then every report is kept.
-		if old := w.latest[e.coalesce]; old != nil && !old.writing && !old.gone && (e.coalesce == replacedKey || w.full(e.size)) {
+		if old := w.latest[e.coalesce]; old != nil && !old.attempted && !old.gone && (e.coalesce == replacedKey || w.full(e.size)) {
 			old.gone = true
 			old.ev.Payload, old.ev.Meta, old.replaced = nil, nil, nil
 			w.leave(old)
@@ -319,6 +323,13 @@ func (w *writer) append(e *pendingEvent) {
 	}
 	w.events = append(w.events, e)
 	w.signal()
+}
+
+// number gives e the run's next sequence number; w.mu is held.
+func (w *writer) number(e *pendingEvent) {
+	w.nextSeq++
+	seq := w.nextSeq
+	e.ev.Seq = &seq
 }
 
 // noteReplaced records that a reported line of type suffix needed
@@ -412,7 +423,7 @@ func (w *writer) submitChild(ctx context.Context, c Child) error {
 	w.append(e)
 	// The key needs the sequence number append gave.
 	if c.IdempotencyKey == "" {
-		c.IdempotencyKey = fmt.Sprintf("dama:child:%d:%s:%d", w.contextID, w.runID, *e.ev.Seq)
+		c.IdempotencyKey = fmt.Sprintf("dama:child:%d:%s%s:%d", w.contextID, autoKeyPrefix, w.runID, *e.ev.Seq)
 	} else {
 		c.IdempotencyKey = fmt.Sprintf("dama:child:%d:%s", w.contextID, c.IdempotencyKey)
 	}
@@ -711,6 +722,9 @@ func (w *writer) serveEvents(ctx context.Context) bool {
 			break
 		}
 		e.writing, e.attempted = true, true
+		if e.ev.Seq == nil {
+			w.number(e)
+		}
 		if e.replaced != nil {
 			e.ev.Meta = e.replaced.meta()
 		}

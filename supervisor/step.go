@@ -109,7 +109,7 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 		}
 		if c.CancelRequestedAt != nil {
 			// Asked to stop, and now surely stopped: the request's outcome.
-			if err := s.recordCancelled(ctx, tx, c); err != nil {
+			if err := s.recordEnd(ctx, tx, c, etlcontext.EventCancelled, "cancel requested; the task process had exited or lost its lock"); err != nil {
 				return s.transient(logger, err)
 			}
 			after, err := etlcontext.Get(ctx, tx, id)
@@ -125,7 +125,7 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 			return river.JobCancel(fmt.Errorf("etl context %d was cancelled", id))
 		}
 		reason := "the task process exited without reporting a result"
-		if err := s.recordDeath(ctx, tx, c, reason); err != nil {
+		if err := s.recordEnd(ctx, tx, c, etlcontext.EventError, reason); err != nil {
 			return s.transient(logger, err)
 		}
 		// The death may have been the last attempt's: the task is FAILED
@@ -402,11 +402,11 @@ func (s *Supervisor) deriveKey(ctx context.Context, tx pgx.Tx, c *etlcontext.Con
 	return key, nil
 }
 
-// recordDeath ends the current attempt of c with an ERROR written in the
-// attempt's name (the caller holds the lock, so no process of that attempt
-// is alive). The database makes the context RETRYING or, when its attempts
-// are used up, FAILED.
-func (s *Supervisor) recordDeath(ctx context.Context, tx pgx.Tx, c *etlcontext.Context, reason string) error {
+// recordEnd ends the current attempt of c, surely over, with an event of
+// suffix written in the attempt's name: an ERROR for a death (the database
+// makes the context RETRYING or, when its attempts are used up, FAILED), a
+// CANCELLED for a cancel requested meanwhile. The caller holds the lock.
+func (s *Supervisor) recordEnd(ctx context.Context, tx pgx.Tx, c *etlcontext.Context, suffix, reason string) error {
 	payload := map[string]any{"reason": reason, etlcontext.DetectedBy: s.host}
 	if c.PID != nil {
 		payload["pid"] = *c.PID
@@ -416,26 +416,7 @@ func (s *Supervisor) recordDeath(ctx context.Context, tx pgx.Tx, c *etlcontext.C
 	}
 	_, err := etlcontext.Append(ctx, tx, etlcontext.NewEvent{
 		ContextID: c.ID,
-		Type:      c.Kind + ":" + etlcontext.EventError,
-		Payload:   payload,
-		RunID:     c.RunID,
-	})
-	return err
-}
-
-// recordCancelled records the end of c's attempt, cancelled while its task
-// process was gone or cut off, once no process of it may run.
-func (s *Supervisor) recordCancelled(ctx context.Context, tx pgx.Tx, c *etlcontext.Context) error {
-	payload := map[string]any{"reason": "cancel requested; the task process had exited or lost its lock", etlcontext.DetectedBy: s.host}
-	if c.PID != nil {
-		payload["pid"] = *c.PID
-	}
-	if c.Host != nil {
-		payload["host"] = *c.Host
-	}
-	_, err := etlcontext.Append(ctx, tx, etlcontext.NewEvent{
-		ContextID: c.ID,
-		Type:      c.Kind + ":" + etlcontext.EventCancelled,
+		Type:      c.Kind + ":" + suffix,
 		Payload:   payload,
 		RunID:     c.RunID,
 	})

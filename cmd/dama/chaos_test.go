@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/shirou/gopsutil/v3/process"
 
 	"github.com/dama-etl/dama/config"
@@ -106,13 +107,28 @@ func TestChaosNoOverlapWhateverIsKilledOrRestarted(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	began := time.Now()
 
+	// The database has a synchronous streaming replica, and everyone
+	// names both: once in the chaos the primary crashes and the replica
+	// takes over; srv is the primary of the moment.
 	srv := testenv.NewServer(t)
-	env := testenv.NewOn(t, srv)
+	replica := testenv.NewReplica(t, srv)
+	base := testenv.NewOn(t, srv)
+	dbURL := testenv.FailoverURL(t, base.URL, srv, replica)
+	viaBoth := []string{"DATABASE_URL=" + dbURL}
+	pool, err := pgxpool.New(context.Background(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	env := &testenv.Env{T: base.T, URL: base.URL, Pool: pool, Dir: base.Dir, DamaBin: base.DamaBin, SampleETL: base.SampleETL, SampleEmbedded: base.SampleEmbedded, Server: base.Server}
+	failoverRound := 2 + rng.IntN(chaosRounds-4)
+	failedOver := false
 	script := filepath.Join(env.Dir, "chaos.sh")
 	if err := os.WriteFile(script, []byte(strings.ReplaceAll(chaosScript, "{{dir}}", env.Dir)), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	w := &beatWorld{Env: env, cfg: env.WriteConfig(fmt.Sprintf(chaosConfig, chaosReconnectGrace))}
+	startSupervisor := func() *testenv.Proc { return env.StartWith(w.cfg, viaBoth, nil, "supervisor") }
 	// On failure, what the commands and task processes of the contexts
 	// involved wrote (registered after NewOn: it runs before Dir is removed).
 	suspects := map[int64]bool{}
@@ -141,7 +157,7 @@ func TestChaosNoOverlapWhateverIsKilledOrRestarted(t *testing.T) {
 		}
 		ids = append(ids, id)
 	}
-	sups := []*testenv.Proc{w.Start(w.cfg, "supervisor"), w.Start(w.cfg, "supervisor")}
+	sups := []*testenv.Proc{startSupervisor(), startSupervisor()}
 
 	// query runs one statement with a deadline of its own; during or right
 	// after an outage it fails, and the caller skips what needed it.
@@ -301,6 +317,18 @@ func TestChaosNoOverlapWhateverIsKilledOrRestarted(t *testing.T) {
 		}
 		r := rng.IntN(100)
 		switch {
+		case rounds == failoverRound && !failedOver:
+			// The primary crashes; its synchronous replica is promoted.
+			tasks, _ := running()
+			for _, task := range tasks {
+				restartHit[task.chaosAttempt] = true
+			}
+			start := time.Now()
+			srv.Stop(t, "immediate")
+			replica.Promote(t)
+			srv, failedOver = replica, true
+			counts["failover"]++
+			note("primary crashed, replica promoted in %s, %d tasks running", time.Since(start).Round(time.Millisecond), len(tasks))
 		case r < 20:
 			operate()
 		case r < 40:
@@ -310,7 +338,7 @@ func TestChaosNoOverlapWhateverIsKilledOrRestarted(t *testing.T) {
 			old := sups[i].Cmd.Process.Pid
 			_ = syscall.Kill(-old, syscall.SIGKILL)
 			_ = sups[i].Wait()
-			sups[i] = w.Start(w.cfg, "supervisor")
+			sups[i] = startSupervisor()
 			counts["supervisor kill"]++
 			note("supervisor %d (pid %d) killed, replaced by pid %d", i, old, sups[i].Cmd.Process.Pid)
 		case r < 70:
@@ -409,7 +437,7 @@ func TestChaosNoOverlapWhateverIsKilledOrRestarted(t *testing.T) {
 	// No process of any attempt remains: nothing carries a run id of this
 	// test's tasks, and no beats file grows.
 	testenv.Eventually(t, 5*time.Second, fmt.Sprintf("every process of every attempt to be gone (seed %d)", seed), func() (bool, error) {
-		left := attemptProcesses(env.URL)
+		left := attemptProcesses(dbURL)
 		return len(left) == 0, fmt.Errorf("still running: %v", left)
 	})
 	sizes := beatSizes(env.Dir, ids)
@@ -502,7 +530,7 @@ func TestChaosNoOverlapWhateverIsKilledOrRestarted(t *testing.T) {
 	for _, u := range unexplained {
 		t.Errorf("seed %d: an attempt failed that no fault explains: %s", seed, u)
 	}
-	t.Logf("seed %d: %d tasks DONE; rounds %d (%v); %d task processes killed (%d left a worker that beat on after the kill); %d attempts recorded, %d commands started; %s in all",
+	t.Logf("seed %d: %d tasks settled; rounds %d (%v); %d task processes killed (%d left a worker that beat on after the kill); %d attempts recorded, %d commands started; %s in all",
 		seed, len(ids), rounds, counts, len(runnerKilled), orphans, totalAttempts, totalStarts, time.Since(began).Round(time.Millisecond))
 }
 

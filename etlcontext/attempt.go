@@ -302,3 +302,24 @@ func WarnedThisAttempt(ctx context.Context, db DB, id int64, reason string) (boo
 	}
 	return seen, nil
 }
+
+// LatestWarning returns the reason of the newest WARNING of attempt of
+// context id, "" when there is none.
+func LatestWarning(ctx context.Context, db DB, id int64, attempt int) (string, error) {
+	var reason *string
+	err := db.QueryRow(ctx, `
+		SELECT e.payload->>'reason'
+		  FROM data_manager.event_store AS e
+		  JOIN data_manager.etl_contexts AS c ON c.etl_context_id = e.etl_context_id
+		 WHERE e.etl_context_id = $1 AND e.attempt = $2 AND e.type = c.kind || ':' || $3
+		 ORDER BY e.event_id DESC LIMIT 1`, id, attempt, EventWarning).Scan(&reason)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return "", nil
+	case err != nil:
+		return "", fmt.Errorf("read the warnings of etl context %d: %w", id, err)
+	case reason == nil:
+		return "", nil
+	}
+	return *reason, nil
+}

@@ -460,12 +460,9 @@ func (s *Supervisor) reportLaunchFailure(ctx context.Context, logger *slog.Logge
 	if !spawnFailed {
 		reason = "the task process stopped before it took its lock (see " +
 			filepath.Join(s.cfg.LogDir, strconv.FormatInt(c.ID, 10)+".log") + " on " + deref(c.LaunchedBy) + ")"
-		var warning *string
-		if err := s.pool.QueryRow(ctx, `
-			SELECT payload->>'reason' FROM data_manager.event_store
-			 WHERE etl_context_id = $1 AND run_id = $2::uuid AND type = $3
-			 ORDER BY event_id DESC LIMIT 1`, c.ID, c.RunID, c.Kind+":"+etlcontext.EventWarning).Scan(&warning); err == nil && warning != nil {
-			reason = *warning
+		// The task process says why once per attempt, not at every launch.
+		if warning, err := etlcontext.LatestWarning(ctx, s.pool, c.ID, c.Attempt); err == nil && warning != "" {
+			reason = warning
 		}
 	}
 	s.mu.Lock()

@@ -425,6 +425,10 @@ kinds:
 	if warnings != 1 {
 		t.Errorf("%d WARNING events for the missing executable, want one for the attempt", warnings)
 	}
+	log, _ = os.ReadFile(sup.Log)
+	if n := strings.Count(string(log), `level=ERROR msg="launch failed`); n != 2 {
+		t.Errorf("the two tasks' repeated launch failures were logged as errors %d times, want once each", n)
+	}
 }
 
 func TestOrphansOfAKilledTaskProcessAreStoppedBeforeARetryElsewhere(t *testing.T) {

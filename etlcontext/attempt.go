@@ -323,3 +323,16 @@ func LatestWarning(ctx context.Context, db DB, id int64, attempt int) (string, e
 	}
 	return *reason, nil
 }
+
+// CancelRequestedNow reads whether a cancel of context id was requested,
+// locking its row until the caller's transaction ends: a request cannot
+// slip in between this answer and the outcome the caller records.
+func CancelRequestedNow(ctx context.Context, tx pgx.Tx, id int64) (bool, error) {
+	var requested bool
+	if err := tx.QueryRow(ctx, `
+		SELECT cancel_requested_at IS NOT NULL FROM data_manager.etl_contexts
+		 WHERE etl_context_id = $1 FOR NO KEY UPDATE`, id).Scan(&requested); err != nil {
+		return false, fmt.Errorf("read cancellation of etl context %d: %w", id, err)
+	}
+	return requested, nil
+}

@@ -22,10 +22,12 @@ type Replaced struct {
 	// jsonb refuses.
 	Surrogates int
 	// Numbers counts numbers outside numeric's range (more than 131,072
-	// digits before the decimal point or 16,383 after it), or that jsonb
-	// would print more than maxNumberGrowth characters longer than they are
-	// written (1e131071 is 8 bytes, and 131,072 digits read back).
+	// digits before the decimal point or 16,383 after it).
 	Numbers int
+	// Huge counts numbers numeric holds but jsonb would print more than
+	// maxNumberGrowth characters longer than they are written (1e131071
+	// is 8 bytes, and 131,072 digits read back).
+	Huge int
 }
 
 // Any reports whether anything was replaced.
@@ -33,7 +35,13 @@ func (r Replaced) Any() bool { return r != Replaced{} }
 
 // Add returns the sum of r and o.
 func (r Replaced) Add(o Replaced) Replaced {
-	return Replaced{NUL: r.NUL + o.NUL, InvalidUTF8: r.InvalidUTF8 + o.InvalidUTF8, Surrogates: r.Surrogates + o.Surrogates, Numbers: r.Numbers + o.Numbers}
+	return Replaced{NUL: r.NUL + o.NUL, InvalidUTF8: r.InvalidUTF8 + o.InvalidUTF8, Surrogates: r.Surrogates + o.Surrogates, Numbers: r.Numbers + o.Numbers, Huge: r.Huge + o.Huge}
+}
+
+// Refused reports whether the database would refuse what was replaced
+// (every replacement but Huge's).
+func (r Replaced) Refused() bool {
+	return r.NUL+r.InvalidUTF8+r.Surrogates+r.Numbers > 0
 }
 
 // String says what was replaced, e.g. "2 NUL characters, 1 invalid UTF-8
@@ -52,6 +60,7 @@ func (r Replaced) String() string {
 	add(r.InvalidUTF8, "invalid UTF-8 sequence", "invalid UTF-8 sequences")
 	add(r.Surrogates, "unpaired UTF-16 surrogate", "unpaired UTF-16 surrogates")
 	add(r.Numbers, "number out of numeric's range (stored as a string)", "numbers out of numeric's range (stored as strings)")
+	add(r.Huge, "number that would read back far longer than written (stored as a string)", "numbers that would read back far longer than written (stored as strings)")
 	if len(parts) == 0 {
 		return "nothing"
 	}
@@ -105,7 +114,11 @@ func CleanJSON(data []byte) ([]byte, Replaced, error) {
 		case c == '-' || ('0' <= c && c <= '9'):
 			end := numberEnd(data, i)
 			if printed, ok := numericText(data[i:end]); !ok || printed > end-i+maxNumberGrowth {
-				r.Numbers++
+				if ok {
+					r.Huge++
+				} else {
+					r.Numbers++
+				}
 				replace(i, end, `"`+string(data[i:end])+`"`)
 			}
 			i = end

@@ -160,14 +160,13 @@ func (c *Client) submitTx(ctx context.Context, tx pgx.Tx, p SubmitParams) (id in
 	if len(args) == 0 {
 		args = json.RawMessage("{}")
 	}
-	clean, replaced, err := etlcontext.CleanJSON(args)
+	_, replaced, err := etlcontext.CleanJSON(args)
 	if err != nil {
 		return 0, false, errors.New("arguments are not valid JSON")
 	}
-	if replaced.Any() {
-		return 0, false, fmt.Errorf("arguments hold %s, which the database cannot store as given", replaced)
+	if replaced.Refused() {
+		return 0, false, fmt.Errorf("arguments hold %s, which the database cannot store", replaced)
 	}
-	args = clean
 	// Measured as the database gives them back, which is what the task gets.
 	if n := etlcontext.JSONBTextLen(args); n > taskrunner.MaxEnvPayload {
 		return 0, false, fmt.Errorf("arguments are %d bytes as stored; a task receives them in DAMA_ARGS, which holds at most %d", n, taskrunner.MaxEnvPayload)

@@ -45,6 +45,10 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 		return s.transient(logger, err)
 	}
 
+	if c.Status != etlcontext.StatusRunning {
+		// No attempt of it may run: nothing to time.
+		s.fence.forget(id)
+	}
 	switch c.Status {
 	case etlcontext.StatusDone:
 		// Completing in the step's own transaction settles the job now,
@@ -107,7 +111,11 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 			}
 			return river.JobSnooze(wait)
 		}
-		if c.CancelRequestedAt != nil {
+		cancelRequested, err := etlcontext.CancelRequestedNow(ctx, tx, id)
+		if err != nil {
+			return s.transient(logger, err)
+		}
+		if cancelRequested {
 			// Asked to stop, and now surely stopped: the request's outcome.
 			if err := s.recordEnd(ctx, tx, c, etlcontext.EventCancelled, "cancel requested; the task process had exited or lost its lock"); err != nil {
 				return s.transient(logger, err)
@@ -271,8 +279,12 @@ func (s *Supervisor) lockedElsewhere(ctx context.Context, logger *slog.Logger, t
 		return s.transient(logger, err)
 	}
 	if c.Status == etlcontext.StatusRunning {
-		// Held again, if it was lost: a later loss is timed anew.
-		s.fence.forget(id)
+		// Held again by its task process, which cleared the loss's mark: a
+		// later loss is timed anew. (Held for a moment by someone else, the
+		// mark stays, and so does the sighting.)
+		if c.LockLostAt == nil {
+			s.fence.forget(id)
+		}
 		return river.JobSnooze(parkFor)
 	}
 	return river.JobSnooze(time.Second)

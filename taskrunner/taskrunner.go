@@ -771,6 +771,7 @@ func (er *eventsReader) drain(ctx context.Context, wait time.Duration) {
 	defer tick.Stop()
 	quietSince, progressSince := time.Now(), time.Now()
 	seen := er.lines.Load()
+	wasWaiting := false
 	stop := func(why string) {
 		// Lines are no longer queued, but what is left is still read for a
 		// moment: a failure line at the end still counts.
@@ -799,16 +800,22 @@ func (er *eventsReader) drain(ctx context.Context, wait time.Duration) {
 			return
 		case <-tick.C:
 			now := time.Now()
+			waiting := er.waiting.Load()
 			if n := er.lines.Load(); n != seen {
-				seen, quietSince, progressSince = n, now, now
-				continue
-			}
-			if er.waiting.Load() {
-				quietSince = now
-				if now.Sub(progressSince) >= wait {
-					stop("the events the command wrote could not be stored: the database took none for " + wait.String() + "; the rest of the pipe is discarded")
-					return
+				// Only the writer's progress extends the wait: lines that keep
+				// coming from a process that escaped the attempt do not.
+				if waiting || wasWaiting {
+					progressSince = now
 				}
+				seen, quietSince = n, now
+			}
+			wasWaiting = waiting
+			if now.Sub(progressSince) >= wait {
+				stop("the events the command wrote could not all be stored within " + wait.String() + " of the last progress; the rest of the pipe is discarded")
+				return
+			}
+			if waiting {
+				quietSince = now
 				continue
 			}
 			if now.Sub(quietSince) >= 2*time.Second {

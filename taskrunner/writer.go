@@ -154,7 +154,7 @@ func (n *replacedNote) meta() map[string]any {
 	return map[string]any{
 		"problem": fmt.Sprintf("replaced %s that the database cannot store, in %d event(s) of type %s; stored with U+FFFD (numbers as strings)",
 			n.replaced, n.lines, strings.Join(n.types, ", ")),
-		"replaced": map[string]int{"nul": n.replaced.NUL, "invalid_utf8": n.replaced.InvalidUTF8, "surrogates": n.replaced.Surrogates, "numbers": n.replaced.Numbers},
+		"replaced": map[string]int{"nul": n.replaced.NUL, "invalid_utf8": n.replaced.InvalidUTF8, "surrogates": n.replaced.Surrogates, "numbers": n.replaced.Numbers, "huge_numbers": n.replaced.Huge},
 	}
 }
 

@@ -194,7 +194,13 @@ kinds:
 	if len(got["ERROR"]) != 1 || !strings.Contains(string(got["ERROR"][0].Payload), "bad\ufffdrow") {
 		t.Errorf("odd_events' ERROR %v, want the failure's reason, cleaned", got["ERROR"])
 	}
-	if len(got["WARNING"]) != 1 || !strings.Contains(string(got["WARNING"][0].Meta), "NUL") {
-		t.Errorf("odd_events' WARNING %v, want one saying what was replaced", got["WARNING"])
+	// One WARNING stands for the replacements noted until it is written:
+	// the failure line's may come in a second one.
+	var said string
+	for _, e := range got["WARNING"] {
+		said += string(e.Meta)
+	}
+	if n := len(got["WARNING"]); n < 1 || n > 2 || !strings.Contains(said, "NUL") || !strings.Contains(said, "ROWS") {
+		t.Errorf("odd_events' WARNINGs %s, want one or two saying what was replaced", said)
 	}
 }

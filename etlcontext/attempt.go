@@ -48,6 +48,37 @@ func RecordRunner(ctx context.Context, db DB, id int64, runID string, r Runner) 
 	return cancelRequested, nil
 }
 
+// WithdrawRunner takes back what RecordRunner recorded for run runID of
+// context id, whose task process pid was told to stop before it started
+// its command: the context is again a launch with no task process, which a
+// supervisor takes back without spending an attempt, and the attempt it had
+// begun in etl_attempts is no attempt. It fails with ErrStaleRun when the
+// run is no longer current, or its command was recorded.
+func WithdrawRunner(ctx context.Context, db DB, id int64, runID string, pid int) error {
+	var n int
+	err := db.QueryRow(ctx, `
+		WITH withdrawn AS (
+			UPDATE data_manager.etl_contexts
+			   SET host = NULL, pid = NULL, process_started_at = NULL, heartbeat_at = NULL,
+			       host_id = NULL, runner_start_ticks = NULL, fence_window = NULL, lock_lost_at = NULL,
+			       lock_mode = NULL, runner_release = NULL, runner_protocol = NULL
+			 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = 'RUNNING'
+			   AND pid = $3 AND command_pgid IS NULL
+			RETURNING etl_context_id, run_id
+		), unbegun AS (
+			DELETE FROM data_manager.etl_attempts AS a USING withdrawn AS w
+			 WHERE a.etl_context_id = w.etl_context_id AND a.run_id = w.run_id
+		)
+		SELECT count(*) FROM withdrawn`, id, runID, pid).Scan(&n)
+	if err != nil {
+		return fmt.Errorf("withdraw task process of etl context %d: %w", id, classify(err))
+	}
+	if n == 0 {
+		return fmt.Errorf("withdraw task process of etl context %d: %w", id, ErrStaleRun)
+	}
+	return nil
+}
+
 // RecordCommand records the command's process group, so that a supervisor
 // on the same host can find the command's descendants after the task
 // process died. startTicks 0 means unknown.

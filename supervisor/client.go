@@ -215,6 +215,13 @@ func (c *Client) submitTx(ctx context.Context, tx pgx.Tx, p SubmitParams) (id in
 // before it could be cancelled.
 var ErrAlreadyFinished = errors.New("already finished")
 
+// ErrCancelPending is returned by Cancel when its wait ended after the
+// cancellation was requested but before it was recorded: the task is still
+// cancelled, once it has stopped. A task whose task process is gone or cut
+// off is recorded CANCELLED by a supervisor of its queue once its attempt
+// is surely over, which may take its fencing window.
+var ErrCancelPending = errors.New("cancellation requested, not yet recorded")
+
 // cancelRecheck is how often Cancel looks at the context while it waits
 // for the announcement of its end, in case it missed it.
 const cancelRecheck = 10 * time.Second
@@ -282,6 +289,9 @@ func (c *Client) Cancel(ctx context.Context, id int64) (etlcontext.Status, error
 			}
 		}
 		if ctx.Err() != nil {
+			if requested {
+				return status, fmt.Errorf("cancel etl context %d: still %s when the wait ended; it is CANCELLED once its attempt has surely stopped: %w", id, status, ErrCancelPending)
+			}
 			if unreachable != nil {
 				return status, fmt.Errorf("cancel etl context %d: database unreachable: %w", id, unreachable)
 			}

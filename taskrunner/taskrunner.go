@@ -332,6 +332,12 @@ func (r *runner) run(ctx context.Context) (int, error) {
 	case err != nil:
 		return ExitSetup, err
 	}
+	select {
+	case sig := <-r.signals:
+		// Signalled while recording itself.
+		return r.giveBack(ctx, sig)
+	default:
+	}
 	if r.opts.Ready != nil {
 		_, _ = r.opts.Ready.Write([]byte{1})
 		r.opts.Ready.Close()
@@ -415,6 +421,28 @@ func (r *runner) recordStart(ctx context.Context) (cancelRequested bool, err err
 	return cancelRequested, err
 }
 
+// giveBack ends a runner signalled after it recorded itself but before its
+// command started: it withdraws its record, so that the supervisor takes
+// the launch back without spending an attempt. When the database cannot be
+// told, the attempt ends FAILED instead, by the kind's retry policy.
+func (r *runner) giveBack(ctx context.Context, sig os.Signal) (int, error) {
+	wctx, cancel := context.WithTimeout(ctx, stmtTimeout)
+	defer cancel()
+	err := r.w.do(wctx, func(ctx context.Context, conn *pgx.Conn) error {
+		return etlcontext.WithdrawRunner(ctx, conn, r.ctx.ID, r.opts.RunID, os.Getpid())
+	})
+	switch {
+	case err == nil:
+		r.logger.Info("signalled before the command started: the launch is given back", "signal", sig.String())
+		return ExitSetup, nil
+	case errors.Is(err, etlcontext.ErrStaleRun):
+		return ExitLocked, nil
+	}
+	return r.finish(ctx, ExitFailed, etlcontext.EventError,
+		map[string]any{"reason": "the task process received " + sig.String() + " before its command started"},
+		fmt.Errorf("give the launch back: %w", err))
+}
+
 // supervise runs the command and reacts to its exit, to cancellation, to
 // the loss of the lock and to signals sent to the runner. Nothing here waits
 // on the database: writes are queued, the lock is watched by its keeper.
@@ -441,17 +469,17 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 	// still held right before, so the fencing window holds from the start.
 	// A database restart since the lock was taken is ridden out here too:
 	// nothing runs yet, so the runner may simply wait to take it again.
-	select {
-	case sig := <-r.signals:
-		// Signalled while recording itself: the attempt has begun, but its
-		// command never starts.
-		eventsW.Close()
-		return r.finish(ctx, ExitFailed, etlcontext.EventError, map[string]any{"reason": "the task process received " + sig.String() + " before its command started"}, nil)
-	default:
-	}
 	if err := r.lock.check(ctx, cfg.ReconnectGraceD()); err != nil {
 		eventsW.Close()
 		return r.finish(ctx, ExitLockLost, etlcontext.EventError, map[string]any{"reason": "the lock was lost before the command started and not taken again within reconnect_grace"}, fmt.Errorf("take the lock again before starting the command: %w", err))
+	}
+	select {
+	case sig := <-r.signals:
+		// Signalled while the lock was checked, which may wait out a
+		// database restart: the command has not started yet.
+		eventsW.Close()
+		return r.giveBack(ctx, sig)
+	default:
 	}
 	exited, err := startLocked(cmd)
 	eventsW.Close()

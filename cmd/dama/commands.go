@@ -610,7 +610,7 @@ func followLog(ctx context.Context, pool *pgxpool.Pool, id int64, f *os.File, ou
 	}
 }
 
-func newCancelCommand(g *globals) *cobra.Command {
+func newCancelCommand(g *globals, code *exitCode) *cobra.Command {
 	var wait time.Duration
 	cmd := &cobra.Command{
 		Use:   "cancel ID",
@@ -635,6 +635,9 @@ func newCancelCommand(g *globals) *cobra.Command {
 				return err
 			}
 			status, err := client.Cancel(ctx, id)
+			if errors.Is(err, supervisor.ErrCancelPending) {
+				*code = exitCancelPending
+			}
 			if err != nil {
 				return err
 			}

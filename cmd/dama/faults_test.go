@@ -621,6 +621,11 @@ func TestCancelThenRetryWaitsOutTheFenceElsewhere(t *testing.T) {
 	testenv.Silence(t, srv.Port())
 	(&world{Env: env}).waitFor(id, 60*time.Second, "to have its lock freed by the server", func(t etlcontext.Task) bool { return !t.InitialEventLocked })
 	// The cancel ends once the attempt is surely over: a fencing window.
+	// A shorter wait ends first, the cancellation requested.
+	short := env.DamaWith(w.cfg, viaSocket, "cancel", strconv.FormatInt(id, 10), "--wait", "2s")
+	if short.Code != 22 || !strings.Contains(short.Stderr, "once its attempt has surely stopped") {
+		t.Fatalf("cancel --wait 2s: exit %d, %q; want 22, the cancellation pending", short.Code, short.Stderr)
+	}
 	cancel := env.StartWith(w.cfg, viaSocket, nil, "cancel", strconv.FormatInt(id, 10), "--wait", "3m")
 	if err := cancel.Wait(); err != nil {
 		log, _ := os.ReadFile(cancel.Log)

@@ -46,9 +46,15 @@ func spawned(id int64) *regexp.Regexp {
 	return regexp.MustCompile(`msg="spawned task process" etl_context_id=` + strconv.FormatInt(id, 10) + ` .*pid=(\d+)`)
 }
 
-// A task process told to stop before its command starts gives the launch
-// back: its command never starts and no attempt is spent.
-func TestSIGTERMBeforeTheCommandStartsGivesTheLaunchBack(t *testing.T) {
+// signalWorld is a supervisor whose one kind appends its task process's
+// PID to a file each time its command starts.
+type signalWorld struct {
+	*world
+	starts string
+	sup    *testenv.Proc
+}
+
+func newSignalWorld(t *testing.T) *signalWorld {
 	env := testenv.New(t)
 	starts := filepath.Join(env.Dir, "starts")
 	cfg := env.WriteConfig(`
@@ -65,10 +71,79 @@ kinds:
 		log, err := os.ReadFile(sup.Log)
 		return strings.Contains(string(log), "supervisor started"), err
 	})
+	return &signalWorld{world: w, starts: starts, sup: sup}
+}
+
+// waitBlocked waits until the task process of context id (spawned by the
+// supervisor) waits for a lock in a statement matching query, and returns
+// its PID.
+func (w *signalWorld) waitBlocked(t *testing.T, id int64, query string) int {
+	t.Helper()
+	var runner int
+	testenv.Eventually(t, 30*time.Second, "the task process to wait for a lock", func() (bool, error) {
+		err := w.Pool.QueryRow(context.Background(), `
+			SELECT a.pid FROM pg_stat_activity AS a
+			 WHERE a.datname = current_database() AND a.wait_event_type = 'Lock'
+			   AND a.query LIKE $1`, query).Scan(new(int))
+		if errors.Is(err, pgx.ErrNoRows) {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		log, err := os.ReadFile(w.sup.Log)
+		if m := spawned(id).FindSubmatch(log); m != nil {
+			runner, _ = strconv.Atoi(string(m[1]))
+			return true, nil
+		}
+		return false, err
+	})
+	return runner
+}
+
+// terminate sends SIGTERM to pid and waits until its handler took it.
+func terminate(t *testing.T, pid int) {
+	t.Helper()
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, "the task process to take the signal", func() (bool, error) { return signalHandled(pid) })
+}
+
+// assertGivenBack checks that context id ended DONE at attempt 1, with one
+// attempt recorded, and that its command started once, not under the
+// signalled task process.
+func (w *signalWorld) assertGivenBack(t *testing.T, id int64, signalled int) {
+	t.Helper()
+	got := w.waitSettled(id, time.Minute)
+	if got.Status != etlcontext.StatusDone || got.Attempt != 1 {
+		t.Errorf("%s at attempt %d, want DONE at attempt 1: the signalled launch spent no attempt", got.Status, got.Attempt)
+	}
+	var attempts int
+	if err := w.Pool.QueryRow(context.Background(), `SELECT count(*) FROM data_manager.etl_attempts WHERE etl_context_id = $1`, id).Scan(&attempts); err != nil {
+		t.Fatal(err)
+	}
+	if attempts != 1 {
+		t.Errorf("%d attempts recorded in etl_attempts, want 1", attempts)
+	}
+	data, err := os.ReadFile(w.starts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Fields(string(data))
+	if len(lines) != 1 || lines[0] == strconv.Itoa(signalled) {
+		t.Errorf("the command started under task processes %v; want once, not under the signalled one (%d)", lines, signalled)
+	}
+}
+
+// A task process told to stop before its command starts gives the launch
+// back: its command never starts and no attempt is spent.
+func TestSIGTERMBeforeTheCommandStartsGivesTheLaunchBack(t *testing.T) {
+	w := newSignalWorld(t)
 	// The task process blocks on its first read, of the schema's
 	// compatibility, before it records anything.
 	ctx := context.Background()
-	tx, err := env.Pool.Begin(ctx)
+	tx, err := w.Pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,48 +151,55 @@ kinds:
 	if _, err := tx.Exec(ctx, `LOCK TABLE data_manager.compatibility IN ACCESS EXCLUSIVE MODE`); err != nil {
 		t.Fatal(err)
 	}
-	res := w.Dama(cfg, "submit", "marked")
+	res := w.Dama(w.cfg, "submit", "marked")
 	if res.Code != 0 {
 		t.Fatalf("submit: %s", res.Stderr)
 	}
 	id := testenv.Atoi(t, res.Stdout)
-	var runner int
-	testenv.Eventually(t, 30*time.Second, "the task process to wait for the lock", func() (bool, error) {
-		err := env.Pool.QueryRow(ctx, `
-			SELECT a.pid FROM pg_stat_activity AS a
-			 WHERE a.datname = current_database() AND a.wait_event_type = 'Lock'
-			   AND a.query LIKE '%data_manager.compatibility%'`).Scan(new(int))
-		if errors.Is(err, pgx.ErrNoRows) {
-			return false, nil
-		}
-		if err != nil {
-			return false, err
-		}
-		log, err := os.ReadFile(sup.Log)
-		if m := spawned(id).FindSubmatch(log); m != nil {
-			runner, _ = strconv.Atoi(string(m[1]))
-			return true, nil
-		}
-		return false, err
-	})
-	if err := syscall.Kill(runner, syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	testenv.Eventually(t, 10*time.Second, "the task process to take the signal", func() (bool, error) { return signalHandled(runner) })
+	runner := w.waitBlocked(t, id, "%data_manager.compatibility%")
+	terminate(t, runner)
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
+	w.assertGivenBack(t, id, runner)
+}
 
-	got := w.waitSettled(id, time.Minute)
-	if got.Status != etlcontext.StatusDone || got.Attempt != 1 {
-		t.Errorf("%s at attempt %d, want DONE at attempt 1: the signalled launch spent no attempt", got.Status, got.Attempt)
-	}
-	data, err := os.ReadFile(starts)
+// A task process told to stop while it records itself, its attempt begun
+// but its command not started, withdraws its record: the launch is given
+// back, and the attempt is none.
+func TestSIGTERMWhileTheTaskProcessRecordsItselfGivesTheLaunchBack(t *testing.T) {
+	w := newSignalWorld(t)
+	ctx := context.Background()
+	compat, err := w.Pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	lines := strings.Fields(string(data))
-	if len(lines) != 1 || lines[0] == strconv.Itoa(runner) {
-		t.Errorf("the command started under task processes %v; want once, not under the signalled one (%d)", lines, runner)
+	defer compat.Rollback(ctx)
+	if _, err := compat.Exec(ctx, `LOCK TABLE data_manager.compatibility IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
 	}
+	res := w.Dama(w.cfg, "submit", "marked")
+	if res.Code != 0 {
+		t.Fatalf("submit: %s", res.Stderr)
+	}
+	id := testenv.Atoi(t, res.Stdout)
+	w.waitBlocked(t, id, "%data_manager.compatibility%")
+	// Then on the statement that records it, once it is let through.
+	row, err := w.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer row.Rollback(ctx)
+	if _, err := row.Exec(ctx, `SELECT 1 FROM data_manager.etl_contexts WHERE etl_context_id = $1 FOR UPDATE`, id); err != nil {
+		t.Fatal(err)
+	}
+	if err := compat.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	runner := w.waitBlocked(t, id, "%SET host = $3, pid = $4%")
+	terminate(t, runner)
+	if err := row.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	w.assertGivenBack(t, id, runner)
 }

@@ -18,7 +18,7 @@ import (
 )
 
 // Exit codes of `dama submit --wait` once the task is submitted, beside 0
-// for DONE; apart from 1 (dama's own errors, before anything is written)
+// for DONE, and of `dama cancel`; apart from 1 (dama's own errors, before anything is written)
 // and from 2 (a Go program's crash).
 const (
 	exitTaskFailed    = 20
@@ -26,6 +26,10 @@ const (
 	// exitTaskUnknown: the task was submitted, and the wait ended before
 	// it was finished (interrupted, or the database refused to answer).
 	exitTaskUnknown = 22
+	// exitCancelPending is dama cancel's: the wait ended after the
+	// cancellation was requested and before it was recorded. The task
+	// goes on until it is surely stopped, then it is CANCELLED.
+	exitCancelPending = 22
 )
 
 // settleWait bounds how long a finished task's wait goes on for its task

@@ -68,7 +68,7 @@ func newMetrics() *metrics {
 		}, qk),
 		lockLosses: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dama_lock_losses_total",
-			Help: "Attempts this supervisor recorded dead: their lock was free while they were recorded running (the task process died, or lost its lock and stopped).",
+			Help: "Attempts this supervisor recorded dead: their lock was free while they were recorded running (the task process died, or lost its lock and stopped), a cancelled attempt included.",
 		}, qk),
 		reconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dama_reconnects_total",

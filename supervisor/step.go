@@ -127,6 +127,7 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 			if err := tx.Commit(ctx); err != nil {
 				return s.transient(logger, fmt.Errorf("commit cancellation of etl context %d: %w", id, err))
 			}
+			s.metrics.lockLosses.WithLabelValues(c.Queue, c.Kind).Inc()
 			s.metrics.finished(after)
 			s.wakeWaiting(ctx, c.Queue)
 			logger.Info("cancelled task's attempt is over", "attempt", c.Attempt)

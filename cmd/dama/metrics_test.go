@@ -187,15 +187,17 @@ func TestMetrics(t *testing.T) {
 		t.Errorf("dama_pool_max_connections = %v, want the pool's size", got)
 	}
 
-	// A redeploy: the first supervisor is killed with three tasks running;
-	// two task processes die meanwhile, one of them on its last attempt.
-	// The next adopts the three and records the dead attempts' lost locks,
-	// and the task that is FAILED for it.
+	// A redeploy: the first supervisor is killed with four tasks running;
+	// three task processes die meanwhile, one of them on its last attempt
+	// and one with its cancellation requested. The next adopts the four
+	// and records the dead attempts' lost locks, the task that is FAILED
+	// for it and the one CANCELLED.
 	steady := submit("sample", sampleArgs(t, 100, 100, nil))
 	doomed := submit("sample", sampleArgs(t, 100, 100, nil))
 	lastChance := submit("fragile", sampleArgs(t, 100, 100, nil))
+	unwanted := submit("sample", sampleArgs(t, 100, 100, nil))
 	var killed []int
-	for _, id := range []int64{steady, doomed, lastChance} {
+	for _, id := range []int64{steady, doomed, lastChance, unwanted} {
 		got := w.waitFor(id, 30*time.Second, "to run", func(t etlcontext.Task) bool {
 			return t.Status == etlcontext.StatusRunning && t.InitialEventLocked && t.PID != nil
 		})
@@ -210,6 +212,10 @@ func TestMetrics(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// With no supervisor to record it, the cancellation is only requested.
+	if res := env.Dama(cfg, "cancel", strconv.FormatInt(unwanted, 10), "--wait", "1s"); res.Code != 22 {
+		t.Fatalf("cancel with no supervisor: exit %d, %s; want 22, the cancellation requested", res.Code, res.Stderr)
+	}
 	_, url = startWithMetrics(t, env, cfg)
 	w.waitFor(doomed, time.Minute, "to run a second attempt", func(t etlcontext.Task) bool { return t.Attempt == 2 && t.Status == etlcontext.StatusRunning })
 	// The step that launched it counts the attempt once it hears the task
@@ -218,9 +224,10 @@ func TestMetrics(t *testing.T) {
 		name, labels string
 		want         float64
 	}{
-		{"dama_adopted_tasks", "kind=sample,queue=etl", 2},
+		{"dama_adopted_tasks", "kind=sample,queue=etl", 3},
 		{"dama_adopted_tasks", "kind=fragile,queue=etl", 1},
-		{"dama_lock_losses_total", "kind=sample", 1},
+		{"dama_lock_losses_total", "kind=sample", 2},
+		{"dama_tasks_finished_total", "kind=sample,status=CANCELLED", 1},
 		{"dama_lock_losses_total", "kind=fragile", 1},
 		{"dama_attempts_failed_total", "kind=sample,reason=lock_lost", 1},
 		{"dama_tasks_finished_total", "kind=fragile,status=FAILED", 1},

@@ -306,11 +306,33 @@ func (c *Client) Cancel(ctx context.Context, id int64) (etlcontext.Status, error
 // CANCELLED once it has. It returns the status then (CANCELLED, or the
 // running context's), and an error for a context that is finished but not
 // CANCELLED. It opens no connection of its own, unlike Cancel.
+//
+// A context that is not running but whose lock is held (a supervisor's
+// step holds it for a moment) is looked at again until it is cancelled or
+// ctx ends: otherwise a task waiting out a retry's backoff would be
+// cancelled only at its next step, maybe hours later. When ctx ends first,
+// the request stands and RequestCancel returns the status with no error.
 func (c *Client) RequestCancel(ctx context.Context, id int64) (etlcontext.Status, error) {
 	requested := false
-	status, _, err := c.tryCancel(ctx, id, &requested)
-	return status, err
+	for {
+		status, done, err := c.tryCancel(ctx, id, &requested)
+		if requested && ctx.Err() != nil {
+			return status, nil
+		}
+		if err != nil || done || status == etlcontext.StatusRunning {
+			return status, err
+		}
+		select {
+		case <-ctx.Done():
+			return status, nil
+		case <-time.After(requestRecheck):
+		}
+	}
 }
+
+// requestRecheck is how often RequestCancel looks again at a context that is
+// not running and whose lock is held.
+const requestRecheck = 50 * time.Millisecond
 
 // listenFinished opens a connection of its own (a pooled one would keep
 // listening for its next user) that listens for finished contexts.

@@ -305,25 +305,50 @@ func TestOutageLongerThanGraceStopsCommandsBeforeAnyRetry(t *testing.T) {
 	}
 }
 
-func TestSilentLockConnectionIsFencedBeforeARetryElsewhere(t *testing.T) {
+// anotherHost skips the test where a supervisor cannot be given a host of
+// its own (a PID namespace, which needs root).
+func anotherHost(t *testing.T) {
+	t.Helper()
 	if out, err := exec.Command("unshare", "--pid", "--fork", "--mount-proc", "true").CombinedOutput(); err != nil {
 		t.Skipf("another host needs unshare --pid (root): %v %s", err, out)
 	}
+}
+
+// twoHosts is a beat task run by supervisor A, whose processes reach the
+// server over TCP, beside supervisor B on another host (a PID namespace of
+// its own) that reaches it over its Unix socket: silencing the server's
+// TCP port cuts A off and leaves B.
+type twoHosts struct {
+	*beatWorld
+	srv *testenv.Server
+	// viaSocket is the environment of a dama command that reaches the
+	// server as B does.
+	viaSocket []string
+	id        int64
+	// first is the task as attempt 1 runs it, beating, on A.
+	first etlcontext.Task
+}
+
+func newTwoHosts(t *testing.T, extra string) *twoHosts {
+	t.Helper()
+	anotherHost(t)
 	srv := testenv.NewServer(t)
-	tcpEnv := testenv.NewOn(t, srv)
-	env, socketURL := socketEnv(t, tcpEnv)
-	w := newBeatWorld(t, env, "reconnect_grace: 3s")
-	// Supervisor A and its task processes reach the server over TCP.
+	env, socketURL := socketEnv(t, testenv.NewOn(t, srv))
+	w := newBeatWorld(t, env, extra)
 	w.Start(w.cfg, "supervisor")
 	id := w.submit()
 	first := (&world{Env: env}).waitRunning(id)
 	testenv.Eventually(t, 20*time.Second, "the worker to beat", func() (bool, error) { return len(w.beats(id)[1]) >= 3, nil })
-	// Supervisor B runs on another host, as far as dama can tell (a pid
-	// namespace of its own), and reaches the server over its Unix socket.
-	env.StartWith(w.cfg, []string{"DATABASE_URL=" + socketURL}, []string{"unshare", "--pid", "--fork", "--mount-proc"}, "supervisor")
+	viaSocket := []string{"DATABASE_URL=" + socketURL}
+	env.StartWith(w.cfg, viaSocket, []string{"unshare", "--pid", "--fork", "--mount-proc"}, "supervisor")
+	return &twoHosts{beatWorld: w, srv: srv, viaSocket: viaSocket, id: id, first: first}
+}
 
+func TestSilentLockConnectionIsFencedBeforeARetryElsewhere(t *testing.T) {
+	h := newTwoHosts(t, "reconnect_grace: 3s")
+	w, env, id, first := h.beatWorld, h.Env, h.id, h.first
 	// Every TCP packet to or from the server is dropped: no reset, no FIN.
-	testenv.Silence(t, srv.Port())
+	testenv.Silence(t, h.srv.Port())
 	silencedAt := time.Now()
 
 	got := (&world{Env: env}).waitSettled(id, 120*time.Second)
@@ -432,9 +457,7 @@ kinds:
 }
 
 func TestOrphansOfAKilledTaskProcessAreStoppedBeforeARetryElsewhere(t *testing.T) {
-	if out, err := exec.Command("unshare", "--pid", "--fork", "--mount-proc", "true").CombinedOutput(); err != nil {
-		t.Skipf("another host needs unshare --pid (root): %v %s", err, out)
-	}
+	anotherHost(t)
 	env := testenv.New(t)
 	w := newBeatWorld(t, env, "reconnect_grace: 0s")
 	// A supervisor of this host launches the task, then is replaced by one
@@ -601,24 +624,12 @@ func TestIdleSessionTimeoutTakesNoLock(t *testing.T) {
 // elsewhere once its lock is free, then retried: the retry on another host
 // does not start until the first attempt's command has surely stopped.
 func TestCancelThenRetryWaitsOutTheFenceElsewhere(t *testing.T) {
-	if out, err := exec.Command("unshare", "--pid", "--fork", "--mount-proc", "true").CombinedOutput(); err != nil {
-		t.Skipf("another host needs unshare --pid (root): %v %s", err, out)
-	}
-	srv := testenv.NewServer(t)
-	tcpEnv := testenv.NewOn(t, srv)
-	env, socketURL := socketEnv(t, tcpEnv)
 	// The command outlives the silence by reconnect_grace: long enough
 	// for the server to free the lock (25 s of keepalives) well before it
 	// stops.
-	w := newBeatWorld(t, env, "reconnect_grace: 40s")
-	w.Start(w.cfg, "supervisor")
-	id := w.submit()
-	first := (&world{Env: env}).waitRunning(id)
-	testenv.Eventually(t, 20*time.Second, "the worker to beat", func() (bool, error) { return len(w.beats(id)[1]) >= 3, nil })
-	viaSocket := []string{"DATABASE_URL=" + socketURL}
-	env.StartWith(w.cfg, viaSocket, []string{"unshare", "--pid", "--fork", "--mount-proc"}, "supervisor")
-
-	testenv.Silence(t, srv.Port())
+	h := newTwoHosts(t, "reconnect_grace: 40s")
+	w, env, id, first, viaSocket := h.beatWorld, h.Env, h.id, h.first, h.viaSocket
+	testenv.Silence(t, h.srv.Port())
 	(&world{Env: env}).waitFor(id, 60*time.Second, "to have its lock freed by the server", func(t etlcontext.Task) bool { return !t.InitialEventLocked })
 	// The cancel ends once the attempt is surely over: a fencing window.
 	// A shorter wait ends first, the cancellation requested.

@@ -84,6 +84,9 @@ type writer struct {
 	conn       *pgx.Conn
 	// connErr is why the current connection failed, for hooks.lost.
 	connErr error
+	// busySaid is when sayBusy last logged; only the writer's goroutine
+	// uses it.
+	busySaid time.Time
 	hooks   writerHooks
 	// submit records the children the command submits; nil refuses them.
 	submit SubmitFunc
@@ -137,6 +140,10 @@ type pendingEvent struct {
 	// fallback, when set, is the payload to store instead when the
 	// database refuses this one for good: an outcome is never lost.
 	fallback any
+	// outcome: the attempt's outcome, whose loss flush reports.
+	outcome bool
+	// stoodIn: a WARNING standing in for an event the database refused.
+	stoodIn bool
 	// child, when set, is submitted in the transaction that stores ev (a
 	// SUBMITTED event, whose payload then names the child).
 	child *Child
@@ -205,7 +212,7 @@ func (w *writer) outcome(suffix string, payload map[string]any, fallback map[str
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	e := w.newEvent(suffix, payload, nil, false)
-	e.fallback = fallback
+	e.fallback, e.outcome = fallback, true
 	w.append(e)
 }
 
@@ -435,17 +442,6 @@ func (w *writer) refused() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.refusedChildren
-}
-
-// transient reports whether the database refused a write for a reason
-// that passes: a deadlock, a serialization failure, a lock or statement
-// timeout, a server shutting down.
-func transient(err error) bool {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) {
-		return false
-	}
-	return strings.HasPrefix(pgErr.Code, "40") || strings.HasPrefix(pgErr.Code, "57") || pgErr.Code == "55P03" || strings.HasPrefix(pgErr.Code, "53")
 }
 
 // listenToo listens on channel from now on, on this connection and every
@@ -776,11 +772,23 @@ func (w *writer) serveEvents(ctx context.Context) bool {
 		batch[0].writing = false
 		w.mu.Unlock()
 		return true
-	default:
-		w.logger.Warn("store event", "type", evs[0].Type, "error", err)
+	case !batch[0].outcome && !batch[0].stoodIn:
+		// A WARNING saying so takes its place, under its sequence number.
+		w.logger.Warn("the database refused an event; a WARNING stands in for it", "type", evs[0].Type, "error", err)
 		w.mu.Lock()
-		w.eventErr = fmt.Errorf("store %s: %w", evs[0].Type, err)
+		e := batch[0]
+		e.ev.Meta = map[string]any{"problem": "the database refused this event: " + err.Error(), "type": e.ev.Type}
+		e.ev.Type, e.ev.Payload, e.ev.Error = w.kind+":"+etlcontext.EventWarning, nil, false
+		e.stoodIn, e.writing = true, false
 		w.mu.Unlock()
+		return true
+	default:
+		w.logger.Error("the database refused an event for good", "type", evs[0].Type, "error", err)
+		if batch[0].outcome {
+			w.mu.Lock()
+			w.eventErr = fmt.Errorf("store %s: %w", evs[0].Type, err)
+			w.mu.Unlock()
+		}
 	}
 	w.mu.Lock()
 	if err == nil {
@@ -838,8 +846,8 @@ func (w *writer) serveChild(ctx context.Context, e *pendingEvent) bool {
 	switch {
 	case again:
 		return true
-	case refused != nil && transient(refused):
-		w.logger.Warn("submit child: the database refused it for now; it is tried again", "kind", e.child.Kind, "error", refused)
+	case refused != nil && classifyWriteError(refused, w.conn) != statementError:
+		w.sayBusy("submit child: the database refused it for now; it is tried again", refused)
 		select {
 		case <-time.After(time.Second):
 		case <-ctx.Done():
@@ -862,10 +870,16 @@ func (w *writer) serveChild(ctx context.Context, e *pendingEvent) bool {
 		w.logger.Warn("the database refused an event: this run is no longer current", "type", e.ev.Type, "error", err)
 		w.supersede()
 	case err != nil:
+		// Its SUBMITTED event, not the child, was refused: the child is
+		// not submitted (one transaction), and a WARNING says so.
 		w.logger.Warn("store event", "type", e.ev.Type, "error", err)
 		w.mu.Lock()
-		w.eventErr = fmt.Errorf("store %s: %w", e.ev.Type, err)
+		w.refusedChildren++
+		e.ev.Type = w.kind + ":" + etlcontext.EventWarning
+		e.ev.Meta = map[string]any{"problem": "submit " + e.child.Kind + " child: " + err.Error()}
+		e.child, e.stoodIn, e.writing = nil, true, false
 		w.mu.Unlock()
+		return true
 	}
 	w.mu.Lock()
 	w.events = w.events[1:]
@@ -936,7 +950,7 @@ func (w *writer) retry(ctx context.Context, err error) bool {
 		w.conn.Close(context.WithoutCancel(ctx))
 		return true
 	case serverBusy:
-		w.logger.Warn("the server refused a write for now; it is kept and tried again", "error", err)
+		w.sayBusy("the server refused a write for now; it is kept and tried again", err)
 		select {
 		case <-time.After(time.Second):
 		case <-ctx.Done():
@@ -944,6 +958,16 @@ func (w *writer) retry(ctx context.Context, err error) bool {
 		return true
 	}
 	return false
+}
+
+// sayBusy logs a write refused for now, tried again every second: once a
+// minute while the refusal lasts, so that a server read-only for an hour
+// does not fill the task's log.
+func (w *writer) sayBusy(msg string, err error) {
+	if now := time.Now(); now.Sub(w.busySaid) >= time.Minute {
+		w.logger.Warn(msg, "error", err)
+		w.busySaid = now
+	}
 }
 
 type writeError int
@@ -963,20 +987,23 @@ const (
 func classifyWriteError(err error, conn *pgx.Conn) writeError {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		switch {
-		case conn.IsClosed(), pgErr.Code[:2] == "08", pgErr.Code == "53300":
+		switch class := pgErr.Code[:2]; {
+		case conn == nil || conn.IsClosed(), class == "08", pgErr.Code == "53300":
 			return connectionLost
 		case pgErr.Code[:3] == "57P": // admin_shutdown, crash_shutdown, cannot_connect_now, idle_session_timeout...
 			return connectionLost
-		case pgErr.Code[:2] == "53", pgErr.Code == "57014", pgErr.Code[:2] == "40":
-			// Short of resources, cut short, or rolled back by a
-			// serialization failure or a deadlock: the same write may pass
-			// next time.
-			return serverBusy
+		case class == "22", class == "23", class == "54", class == "DM":
+			// The write itself is refused: what the database cannot
+			// store, or one of dama's guards.
+			return statementError
 		}
-		return statementError
+		// Anything else says nothing of the write: the server is short
+		// of resources, cut it short, rolled it back, is read-only for
+		// a switchover, lacks a grant being restored, or failed
+		// inside. The same write may pass next time.
+		return serverBusy
 	}
-	if conn.IsClosed() || pgconn.Timeout(err) || errors.Is(err, context.DeadlineExceeded) {
+	if conn == nil || conn.IsClosed() || pgconn.Timeout(err) || errors.Is(err, context.DeadlineExceeded) {
 		return connectionLost
 	}
 	return statementError

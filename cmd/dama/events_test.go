@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -203,4 +204,55 @@ kinds:
 	if n := len(got["WARNING"]); n < 1 || n > 2 || !strings.Contains(said, "NUL") || !strings.Contains(said, "ROWS") {
 		t.Errorf("odd_events' WARNINGs %s, want one or two saying what was replaced", said)
 	}
+}
+
+// A server that refuses writes for a while (read-only for a switchover)
+// loses none of a flood's events: the writes are kept and tried again, and
+// the task is DONE once.
+func TestAReadOnlySpellLosesNothing(t *testing.T) {
+	srv := testenv.NewServer(t)
+	env := testenv.NewOn(t, srv)
+	goFile := filepath.Join(env.Dir, "go")
+	const n = 3000
+	cfg := env.WriteConfig(`
+log_dir: {{dir}}/logs
+poll_interval: 500ms
+kinds:
+  flood:
+    command: ["/bin/sh", "-c", ` + strconv.Quote(floodScript(n, goFile)) + `]
+    max_attempts: 3
+`)
+	w := &world{Env: env, cfg: cfg}
+	w.Start(cfg, "supervisor")
+	res := w.Dama(cfg, "submit", "flood")
+	if res.Code != 0 {
+		t.Fatalf("submit: %s", res.Stderr)
+	}
+	id := testenv.Atoi(t, res.Stdout)
+	w.waitRunning(id)
+	ctx := context.Background()
+	setReadOnly := func(on bool) {
+		t.Helper()
+		stmt := `ALTER SYSTEM SET default_transaction_read_only = on`
+		if !on {
+			stmt = `ALTER SYSTEM RESET default_transaction_read_only`
+		}
+		if _, err := env.Pool.Exec(ctx, stmt); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := env.Pool.Exec(ctx, `SELECT pg_reload_conf()`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setReadOnly(true)
+	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	taskLog := filepath.Join(env.Dir, "logs", fmt.Sprintf("%d.log", id))
+	testenv.Eventually(t, time.Minute, "the task process to meet the read-only server", func() (bool, error) {
+		log, err := os.ReadFile(taskLog)
+		return strings.Contains(string(log), "read-only transaction"), err
+	})
+	setReadOnly(false)
+	checkFloodStored(t, w, id, n, 5*time.Minute)
 }

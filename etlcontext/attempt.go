@@ -29,14 +29,18 @@ type Runner struct {
 
 // RecordRunner records the task process of run runID on context id, and
 // reports whether the task was cancelled in the meantime. It returns
-// ErrStaleRun when the run is no longer the context's current launch.
+// ErrStaleRun when the run is no longer the context's current launch, or
+// another task process is recorded. The same task process may record
+// itself again, before its command is recorded: a write whose reply was
+// lost with its connection is made again.
 func RecordRunner(ctx context.Context, db DB, id int64, runID string, r Runner) (cancelRequested bool, err error) {
 	err = db.QueryRow(ctx, `
 		UPDATE data_manager.etl_contexts
 		   SET host = $3, pid = $4, process_started_at = $5, heartbeat_at = now(), log_path = $6,
 		       host_id = $7, runner_start_ticks = $8, fence_window = $9, lock_lost_at = NULL, lock_mode = $10,
 		       runner_release = $11, runner_protocol = $12
-		 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = 'RUNNING' AND pid IS NULL
+		 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = 'RUNNING'
+		   AND (pid IS NULL OR (pid = $4 AND runner_start_ticks = $8 AND host_id IS NOT DISTINCT FROM $7 AND command_pgid IS NULL))
 		RETURNING cancel_requested_at IS NOT NULL`,
 		id, runID, r.Host, r.PID, r.StartedAt, r.LogPath, r.HostID, int64(r.StartTicks), r.FenceWindow, r.LockMode, r.Release, r.Protocol).Scan(&cancelRequested)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -74,7 +78,18 @@ func WithdrawRunner(ctx context.Context, db DB, id int64, runID string, pid int)
 		return fmt.Errorf("withdraw task process of etl context %d: %w", id, classify(err))
 	}
 	if n == 0 {
-		return fmt.Errorf("withdraw task process of etl context %d: %w", id, ErrStaleRun)
+		// Withdrawn already, by this call made again after its reply was
+		// lost, or the run is over.
+		var withdrawn bool
+		err := db.QueryRow(ctx, `
+			SELECT pid IS NULL FROM data_manager.etl_contexts
+			 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = 'RUNNING'`, id, runID).Scan(&withdrawn)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("withdraw task process of etl context %d: %w", id, err)
+		}
+		if !withdrawn {
+			return fmt.Errorf("withdraw task process of etl context %d: %w", id, ErrStaleRun)
+		}
 	}
 	return nil
 }

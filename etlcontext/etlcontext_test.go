@@ -439,3 +439,30 @@ func TestHistoryIsKept(t *testing.T) {
 		t.Errorf("status %s after FINAL, want DONE", got)
 	}
 }
+
+// A task process whose record's reply was lost records itself again, and
+// that is no second attempt; another process cannot.
+func TestRecordRunnerMayBeRepeatedByTheSameProcess(t *testing.T) {
+	env := testenv.New(t)
+	ctx := context.Background()
+	id := newContext(t, env, 3)
+	runID := startAttempt(t, env, id)
+	rec := etlcontext.Runner{Host: "a", HostID: "host-a", PID: 4242, StartTicks: 77, LogPath: "/l"}
+	for i := range 2 {
+		if _, err := etlcontext.RecordRunner(ctx, env.Pool, id, runID, rec); err != nil {
+			t.Fatalf("record %d: %v", i+1, err)
+		}
+	}
+	other := rec
+	other.PID = 4243
+	if _, err := etlcontext.RecordRunner(ctx, env.Pool, id, runID, other); !errors.Is(err, etlcontext.ErrStaleRun) {
+		t.Errorf("another process's record: %v, want ErrStaleRun", err)
+	}
+	var attempts int
+	if err := env.Pool.QueryRow(ctx, `SELECT count(*) FROM data_manager.etl_attempts WHERE etl_context_id = $1`, id).Scan(&attempts); err != nil {
+		t.Fatal(err)
+	}
+	if attempts != 1 {
+		t.Errorf("%d attempts recorded, want 1", attempts)
+	}
+}

@@ -245,6 +245,14 @@ func (c *Client) Cancel(ctx context.Context, id int64) (etlcontext.Status, error
 			listener.Close(context.WithoutCancel(ctx))
 		}
 	}()
+	// Once the cancellation is requested, a wait that ends for any reason
+	// says so: the request stands.
+	pending := func(status etlcontext.Status) error {
+		if status == "" {
+			status = "unfinished"
+		}
+		return fmt.Errorf("cancel etl context %d: still %s when the wait ended; it is CANCELLED once its attempt has surely stopped: %w", id, status, ErrCancelPending)
+	}
 	for {
 		if listener == nil {
 			// Listening starts before the look, so that an end announced
@@ -255,6 +263,8 @@ func (c *Client) Cancel(ctx context.Context, id int64) (etlcontext.Status, error
 				listener = conn
 			case unreachableDatabase(err) && ctx.Err() == nil:
 				unreachable = err
+			case requested && ctx.Err() != nil:
+				return "", pending("")
 			default:
 				return "", err
 			}
@@ -270,6 +280,8 @@ func (c *Client) Cancel(ctx context.Context, id int64) (etlcontext.Status, error
 		switch {
 		case err != nil && unreachableDatabase(err) && ctx.Err() == nil:
 			unreachable = err
+		case err != nil && requested && ctx.Err() != nil:
+			return status, pending(status)
 		case err != nil || done:
 			return status, err
 		case listener != nil:
@@ -290,7 +302,7 @@ func (c *Client) Cancel(ctx context.Context, id int64) (etlcontext.Status, error
 		}
 		if ctx.Err() != nil {
 			if requested {
-				return status, fmt.Errorf("cancel etl context %d: still %s when the wait ended; it is CANCELLED once its attempt has surely stopped: %w", id, status, ErrCancelPending)
+				return status, pending(status)
 			}
 			if unreachable != nil {
 				return status, fmt.Errorf("cancel etl context %d: database unreachable: %w", id, unreachable)

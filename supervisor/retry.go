@@ -37,6 +37,14 @@ func (c *Client) Retry(ctx context.Context, id int64) error {
 		if err := etlcontext.Reopen(ctx, tx, ec, maxAttempts, c.actor); err != nil {
 			return err
 		}
+		if ec.RiverJobID != nil {
+			// The old job may still wait, parked, for a step to settle it
+			// (no supervisor heard the task end): it must not step the
+			// context again beside the new one.
+			if _, err := c.river.JobCancelTx(ctx, tx, *ec.RiverJobID); err != nil && !errors.Is(err, river.ErrNotFound) {
+				return fmt.Errorf("cancel the previous River job %d: %w", *ec.RiverJobID, err)
+			}
+		}
 		res, err := c.river.InsertTx(ctx, tx, TaskArgs{ETLContextID: id, TaskKind: ec.Kind}, &river.InsertOpts{
 			Queue:       ec.Queue,
 			MaxAttempts: maxAttempts,

@@ -4,7 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -228,5 +232,62 @@ kinds:
 	if err := w.Pool.QueryRow(context.Background(), `
 		SELECT count(*) FROM data_manager.event_store WHERE etl_context_id = $1 AND type = 'patient:TIMEOUT'`, patient).Scan(&timeouts); err != nil || timeouts != 2 {
 		t.Errorf("%d TIMEOUT events (%v), want one per attempt", timeouts, err)
+	}
+}
+
+// dama retry of a task that ended while no supervisor ran (its job still
+// parked, waiting for a step to settle it) cancels that job: one job, not
+// two, steps the task from then on.
+func TestRetryBeforeAnySupervisorSettledTheTaskLeavesOneJob(t *testing.T) {
+	env := testenv.New(t)
+	goFile := filepath.Join(env.Dir, "go")
+	cfg := env.WriteConfig(`
+log_dir: {{dir}}/logs
+poll_interval: 300ms
+kinds:
+  waiter:
+    command: ["/bin/sh", "-c", "while [ ! -e ` + goFile + ` ]; do sleep 0.05; done"]
+    max_attempts: 2
+`)
+	w := &world{Env: env, cfg: cfg}
+	sup := w.Start(cfg, "supervisor")
+	res := w.Dama(cfg, "submit", "waiter")
+	if res.Code != 0 {
+		t.Fatalf("submit: %s", res.Stderr)
+	}
+	id := testenv.Atoi(t, res.Stdout)
+	running := w.waitFor(id, 30*time.Second, "to run its command", func(t etlcontext.Task) bool {
+		return t.Status == etlcontext.StatusRunning && t.InitialEventLocked && t.CommandPGID != nil
+	})
+	sup.Kill(t, syscall.SIGKILL)
+	waitExit(t, sup)
+	if res := w.Dama(cfg, "cancel", strconv.FormatInt(id, 10)); res.Code != 0 {
+		t.Fatalf("cancel: exit %d, %s", res.Code, res.Stderr)
+	}
+	jobState := func(job int64) string {
+		t.Helper()
+		var state string
+		if err := env.Pool.QueryRow(context.Background(), `SELECT state::text FROM river_job WHERE id = $1`, job).Scan(&state); err != nil {
+			t.Fatal(err)
+		}
+		return state
+	}
+	old := *running.RiverJobID
+	if state := jobState(old); state == "cancelled" || state == "completed" || state == "discarded" {
+		t.Fatalf("the cancelled task's job is %s before any supervisor stepped it: the test proves nothing", state)
+	}
+	if res := w.Dama(cfg, "retry", strconv.FormatInt(id, 10)); res.Code != 0 {
+		t.Fatalf("retry: exit %d, %s", res.Code, res.Stderr)
+	}
+	if state := jobState(old); state != "cancelled" {
+		t.Errorf("after dama retry, the previous job is %s, want cancelled", state)
+	}
+	w.Start(cfg, "supervisor")
+	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got := w.waitSettled(id, time.Minute)
+	if got.Status != etlcontext.StatusDone || got.Attempt != 2 || *got.RiverJobID == old {
+		t.Errorf("%s at attempt %d with job %d, want DONE at attempt 2 with a new job", got.Status, got.Attempt, *got.RiverJobID)
 	}
 }

@@ -48,6 +48,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"golang.org/x/sys/unix"
 
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
@@ -500,6 +501,7 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 	events := r.readEvents(ctx, eventsR)
 
 	signals := r.signals
+	superseded := r.w.superseded
 
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	watchDone := make(chan struct{})
@@ -546,7 +548,9 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 			if n.Channel == CancelChannel && n.Payload == strconv.FormatInt(r.ctx.ID, 10) {
 				stop("cancel requested", ExitCancelled)
 			}
-		case <-r.w.superseded:
+		case <-superseded:
+			// Closed for good: heard once.
+			superseded = nil
 			stop("the database refused a write of this run: it is no longer current", ExitLockLost)
 		case <-r.lock.changed:
 			state, err := r.lock.get()
@@ -740,6 +744,32 @@ type eventsReader struct {
 	waiting atomic.Bool
 	// lost counts the lines not queued because the run ended first.
 	lost atomic.Int64
+	// read counts the bytes read from the pipe.
+	read atomic.Int64
+}
+
+// countingReader counts what is read through it.
+type countingReader struct {
+	r io.Reader
+	n *atomic.Int64
+}
+
+func (c countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n.Add(int64(n))
+	return n, err
+}
+
+// drainBound is the most the events pipe can still give once every process
+// of the attempt is gone: what the pipe holds, what the reader has
+// buffered, and one line being read. More than that is written by a
+// process that escaped the attempt, and is not waited for.
+func drainBound(pipe *os.File) int64 {
+	capacity, err := unix.FcntlInt(pipe.Fd(), unix.F_GETPIPE_SZ, 0)
+	if err != nil || capacity <= 0 {
+		capacity = 1 << 20 // the default pipe-max-size
+	}
+	return int64(capacity) + 64<<10 + MaxEventLine
 }
 
 func (r *runner) readEvents(ctx context.Context, pipe *os.File) *eventsReader {
@@ -747,7 +777,7 @@ func (r *runner) readEvents(ctx context.Context, pipe *os.File) *eventsReader {
 	er.ctx, er.cancel = context.WithCancel(ctx)
 	go func() {
 		var stopped error
-		er.done <- readEvents(pipe, func(rep reported) {
+		er.done <- readEvents(countingReader{pipe, &er.read}, func(rep reported) {
 			defer er.lines.Add(1)
 			if stopped != nil {
 				// Why the command fails needs no room: it is never lost.
@@ -799,6 +829,7 @@ func (er *eventsReader) drain(ctx context.Context, wait time.Duration) {
 	defer tick.Stop()
 	quietSince, progressSince := time.Now(), time.Now()
 	seen := er.lines.Load()
+	bound := er.read.Load() + drainBound(er.pipe)
 	wasWaiting := false
 	stop := func(why string) {
 		// Lines are no longer queued, but what is left is still read for a
@@ -838,6 +869,10 @@ func (er *eventsReader) drain(ctx context.Context, wait time.Duration) {
 				seen, quietSince = n, now
 			}
 			wasWaiting = waiting
+			if er.read.Load() > bound {
+				stop("more was written to the events pipe after the command's processes ended than the pipe holds: a process that escaped the attempt writes to it; the rest is discarded")
+				return
+			}
 			if now.Sub(progressSince) >= wait {
 				stop("the events the command wrote could not all be stored within " + wait.String() + " of the last progress; the rest of the pipe is discarded")
 				return

@@ -256,3 +256,50 @@ kinds:
 	setReadOnly(false)
 	checkFloodStored(t, w, id, n, 5*time.Minute)
 }
+
+// A process that escaped the attempt (a session and an environment of its
+// own) and keeps writing to the events pipe, faster than the database
+// stores, does not keep the task from ending: once the command's processes
+// are gone, the task process reads no more than the pipe can hold.
+func TestAnEscapedWriterDoesNotHoldTheTaskOpen(t *testing.T) {
+	env := testenv.New(t)
+	// The writer has escaped once it has a session of its own and no
+	// DAMA_RUN_ID; the command exits then.
+	script := `setsid env -u DAMA_RUN_ID /bin/sh -c 'touch "$0"; exec yes "{\"type\":\"rows\",\"payload\":{\"n\":1}}" >&3' "$1/ready" &
+while [ ! -e "$1/ready" ]; do sleep 0.01; done
+`
+	if err := os.WriteFile(filepath.Join(env.Dir, "leak.sh"), []byte(script), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := env.WriteConfig(`
+log_dir: {{dir}}/logs
+poll_interval: 500ms
+kinds:
+  leaky:
+    command: ["/bin/sh", "{{dir}}/leak.sh", "{{dir}}"]
+    max_attempts: 1
+`)
+	w := &world{Env: env, cfg: cfg}
+	w.Start(cfg, "supervisor")
+	res := w.Dama(cfg, "submit", "leaky")
+	if res.Code != 0 {
+		t.Fatalf("submit: %s", res.Stderr)
+	}
+	id := testenv.Atoi(t, res.Stdout)
+	got := w.waitSettled(id, 2*time.Minute)
+	if got.Status != etlcontext.StatusDone || got.Attempt != 1 {
+		t.Fatalf("%s at attempt %d, want DONE at attempt 1", got.Status, got.Attempt)
+	}
+	events, err := etlcontext.Events(context.Background(), env.Pool, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	said := false
+	for _, e := range events {
+		said = said || (e.Type == "leaky:WARNING" && strings.Contains(string(e.Meta), "escaped the attempt"))
+	}
+	if !said {
+		log, _ := os.ReadFile(filepath.Join(env.Dir, "logs", fmt.Sprintf("%d.log", id)))
+		t.Errorf("no WARNING says that a process that escaped the attempt writes to the pipe; %d events; the task's log:\n%s", len(events), log)
+	}
+}

@@ -489,20 +489,29 @@ func (k Kind) ConcurrencyKeyOf(args json.RawMessage) (*string, error) {
 		}
 		v = obj[field]
 	}
+	var key string
 	switch v := v.(type) {
 	case nil:
 		return nil, fmt.Errorf("the arguments have no field %s, the kind's concurrency_key", k.ConcurrencyKey)
 	case string:
-		return &v, nil
+		key = v
 	default:
 		b, err := json.Marshal(v)
 		if err != nil {
 			return nil, fmt.Errorf("encode concurrency key: %w", err)
 		}
-		s := string(b)
-		return &s, nil
+		key = string(b)
 	}
+	// The key is indexed while the task runs: a longer one would be
+	// accepted now and refused at every launch.
+	if len(key) > MaxConcurrencyKey {
+		return nil, fmt.Errorf("the arguments' %s (the kind's concurrency_key) is %d bytes: at most %d", k.ConcurrencyKey, len(key), MaxConcurrencyKey)
+	}
+	return &key, nil
 }
+
+// MaxConcurrencyKey is the most bytes a task's concurrency key may hold.
+const MaxConcurrencyKey = 512
 
 // validateFailures checks the retry, exit code and timeout settings, and
 // fills in their defaults.

@@ -144,7 +144,8 @@ func TestConcurrencyKey(t *testing.T) {
 			t.Errorf("ConcurrencyKeyOf(%s) = %v, %v; want %q", args, got, err, want)
 		}
 	}
-	for _, args := range []string{`{}`, `{"source": "eu"}`, `{"source": {"region": null}}`, ``} {
+	long := `{"source": {"region": "` + strings.Repeat("x", config.MaxConcurrencyKey+1) + `"}}`
+	for _, args := range []string{`{}`, `{"source": "eu"}`, `{"source": {"region": null}}`, ``, long} {
 		if got, err := a.ConcurrencyKeyOf([]byte(args)); err == nil {
 			t.Errorf("ConcurrencyKeyOf(%s) = %v, want an error naming the field", args, *got)
 		}

@@ -164,8 +164,13 @@ func (c *Client) submitTx(ctx context.Context, tx pgx.Tx, p SubmitParams) (id in
 	if err != nil {
 		return 0, false, errors.New("arguments are not valid JSON")
 	}
-	if replaced.Refused() {
+	switch {
+	case replaced.Refused():
 		return 0, false, fmt.Errorf("arguments hold %s, which the database cannot store", replaced)
+	case replaced.Any():
+		// Stored as a string, it would not be what was submitted: the task
+		// gets what it was given, or nothing.
+		return 0, false, fmt.Errorf("arguments hold %d number(s) the database would give back far longer than written (1e100 as 101 digits): write them in full, or as strings", replaced.Huge)
 	}
 	// Measured as the database gives them back, which is what the task gets.
 	if n := etlcontext.JSONBTextLen(args); n > taskrunner.MaxEnvPayload {

@@ -133,6 +133,11 @@ func decodeLine(line []byte) reported {
 		return warning("malformed event line: not one JSON value", line)
 	}
 	rep := decodeCleanLine(clean)
+	if rep.child != nil && rep.child.IdempotencyKey != "" && replaced.Any() {
+		// Keys that differ only in what was replaced would become one:
+		// the child is not submitted under a key it was not given.
+		return warning(fmt.Sprintf("submit: the line holds %s that the database cannot store; a child with an idempotency key is submitted only from a clean line", replaced), line)
+	}
 	rep.replaced = replaced
 	return rep
 }

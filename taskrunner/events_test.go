@@ -169,6 +169,9 @@ func TestDecodeLineMeasuresWhatTheDatabaseGivesBack(t *testing.T) {
 		{line: `{"type":"submit","payload":{"kind":"k","args":` + zeros + `}}`, problem: "as stored"},
 		{line: `{"type":"submit","payload":{"kind":"k","idempotency_key":"x\u0000y"}}]`, problem: "not one JSON value"},
 		{line: `{"type":"submit","payload":{"kind":"k","idempotency_key":"auto:1:2"}}`, problem: "dama's own"},
+		{line: `{"type":"submit","payload":{"kind":"k","idempotency_key":"a\u0000"}}`, problem: "only from a clean line"},
+		{line: "{\"type\":\"submit\",\"payload\":{\"kind\":\"k\",\"idempotency_key\":\"a\xff\"}}", problem: "only from a clean line"},
+		{line: `{"type":"submit","payload":{"kind":"k","idempotency_key":"a","args":{"x":"\ud800"}}}`, problem: "only from a clean line"},
 		{line: `{"type":"submit","payload":{"kind":"k","idempotency_key":"` + strings.Repeat("k", MaxIdempotencyKey+1) + `"}}`, problem: "at most"},
 	}
 	for _, c := range cases {

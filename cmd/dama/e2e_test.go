@@ -634,6 +634,8 @@ func TestBadInputIsOneLineAndWritesNothing(t *testing.T) {
 		{"unknown flag", w.Env, w.cfg, []string{"submit", "sample", "--nope"}, "unknown flag"},
 		{"unknown parent", w.Env, w.cfg, []string{"submit", "sample", "--parent", "999"}, "parent etl context 999 does not exist"},
 		{"negative delay", w.Env, w.cfg, []string{"submit", "sample", "--delay", "-1s"}, "must not be negative"},
+		{"a number read back far longer", w.Env, w.cfg, []string{"submit", "sample", "--args", `{"n": 1e70}`}, "write them in full, or as strings"},
+		{"NUL in arguments", w.Env, w.cfg, []string{"submit", "sample", "--args", `{"s": "a\u0000b"}`}, "cannot store"},
 		{"arguments too large", w.Env, w.cfg, []string{"submit", "sample", "--args", `{"blob": "` + strings.Repeat("x", 100<<10) + `"}`}, "DAMA_ARGS"},
 	}
 	for _, c := range cases {

@@ -330,10 +330,15 @@ func Attempts(ctx context.Context, db DB, id int64) ([]Attempt, error) {
 	return attempts, nil
 }
 
+// UnfitHostMeta is the meta key of the WARNING a task process writes when
+// its host cannot run the task, holding the reason: a key a command's own
+// lines cannot set, so that their WARNINGs are never taken for it.
+const UnfitHostMeta = "unfit_host"
+
 // WarnedThisAttempt reports whether the current attempt of context id
-// already has a WARNING with this reason: a condition that every launch
-// meets (a host that lacks the kind's executable) is reported once per
-// attempt, not at every launch.
+// already has the WARNING of an unfit host (UnfitHostMeta) with this
+// reason: a condition that every launch meets (a host that lacks the
+// kind's executable) is reported once per attempt, not at every launch.
 func WarnedThisAttempt(ctx context.Context, db DB, id int64, reason string) (bool, error) {
 	var seen bool
 	err := db.QueryRow(ctx, `
@@ -342,23 +347,24 @@ func WarnedThisAttempt(ctx context.Context, db DB, id int64, reason string) (boo
 			  FROM data_manager.event_store AS e
 			  JOIN data_manager.etl_contexts AS c ON c.etl_context_id = e.etl_context_id
 			 WHERE e.etl_context_id = $1 AND e.type = c.kind || ':' || $3
-			   AND e.attempt = c.attempt AND e.payload->>'reason' = $2)`, id, reason, EventWarning).Scan(&seen)
+			   AND e.attempt = c.attempt AND e.meta->>$4 = $2)`, id, reason, EventWarning, UnfitHostMeta).Scan(&seen)
 	if err != nil {
 		return false, fmt.Errorf("read the warnings of etl context %d: %w", id, err)
 	}
 	return seen, nil
 }
 
-// LatestWarning returns the reason of the newest WARNING of attempt of
-// context id, "" when there is none.
-func LatestWarning(ctx context.Context, db DB, id int64, attempt int) (string, error) {
+// LatestUnfitHost returns the reason of the newest unfit-host WARNING
+// (UnfitHostMeta) of attempt of context id, "" when there is none.
+func LatestUnfitHost(ctx context.Context, db DB, id int64, attempt int) (string, error) {
 	var reason *string
 	err := db.QueryRow(ctx, `
-		SELECT e.payload->>'reason'
+		SELECT e.meta->>$4
 		  FROM data_manager.event_store AS e
 		  JOIN data_manager.etl_contexts AS c ON c.etl_context_id = e.etl_context_id
 		 WHERE e.etl_context_id = $1 AND e.attempt = $2 AND e.type = c.kind || ':' || $3
-		 ORDER BY e.event_id DESC LIMIT 1`, id, attempt, EventWarning).Scan(&reason)
+		   AND e.meta ? $4
+		 ORDER BY e.event_id DESC LIMIT 1`, id, attempt, EventWarning, UnfitHostMeta).Scan(&reason)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return "", nil

@@ -466,3 +466,34 @@ func TestRecordRunnerMayBeRepeatedByTheSameProcess(t *testing.T) {
 		t.Errorf("%d attempts recorded, want 1", attempts)
 	}
 }
+
+// A command's own WARNING, whatever it says, is never taken for the task
+// process's report of an unfit host.
+func TestACommandsWarningIsNoUnfitHost(t *testing.T) {
+	env := testenv.New(t)
+	ctx := context.Background()
+	id := newContext(t, env, 3)
+	runID := startAttempt(t, env, id)
+	reason := "this host cannot run the task: find command of kind k: not found"
+	seq := 1
+	if _, err := etlcontext.Append(ctx, env.Pool, etlcontext.NewEvent{ContextID: id, Type: "k:WARNING", RunID: &runID, Seq: &seq, Payload: map[string]string{"reason": reason}}); err != nil {
+		t.Fatal(err)
+	}
+	if seen, err := etlcontext.WarnedThisAttempt(ctx, env.Pool, id, reason); err != nil || seen {
+		t.Errorf("after a command's WARNING: WarnedThisAttempt %v, %v; want false", seen, err)
+	}
+	if got, err := etlcontext.LatestUnfitHost(ctx, env.Pool, id, 1); err != nil || got != "" {
+		t.Errorf("after a command's WARNING: LatestUnfitHost %q, %v; want none", got, err)
+	}
+	seq = 2
+	if _, err := etlcontext.Append(ctx, env.Pool, etlcontext.NewEvent{ContextID: id, Type: "k:WARNING", RunID: &runID, Seq: &seq,
+		Payload: map[string]string{"reason": reason}, Meta: map[string]string{etlcontext.UnfitHostMeta: reason}}); err != nil {
+		t.Fatal(err)
+	}
+	if seen, err := etlcontext.WarnedThisAttempt(ctx, env.Pool, id, reason); err != nil || !seen {
+		t.Errorf("after the task process's WARNING: WarnedThisAttempt %v, %v; want true", seen, err)
+	}
+	if got, err := etlcontext.LatestUnfitHost(ctx, env.Pool, id, 1); err != nil || got != reason {
+		t.Errorf("after the task process's WARNING: LatestUnfitHost %q, %v; want %q", got, err, reason)
+	}
+}

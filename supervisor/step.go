@@ -474,7 +474,7 @@ func (s *Supervisor) reportLaunchFailure(ctx context.Context, logger *slog.Logge
 		reason = "the task process stopped before it took its lock (see " +
 			filepath.Join(s.cfg.LogDir, strconv.FormatInt(c.ID, 10)+".log") + " on " + deref(c.LaunchedBy) + ")"
 		// The task process says why once per attempt, not at every launch.
-		if warning, err := etlcontext.LatestWarning(ctx, s.pool, c.ID, c.Attempt); err == nil && warning != "" {
+		if warning, err := etlcontext.LatestUnfitHost(ctx, s.pool, c.ID, c.Attempt); err == nil && warning != "" {
 			reason = warning
 		}
 	}

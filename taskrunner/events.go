@@ -253,10 +253,14 @@ func readEvents(r io.Reader, emit func(reported)) error {
 		if err != nil && !errors.Is(err, bufio.ErrBufferFull) && !errors.Is(err, io.EOF) {
 			return fmt.Errorf("read events pipe: %w", err)
 		}
+		limit := MaxEventLine
+		if complete {
+			limit++ // the newline is not the line's
+		}
 		switch {
 		case oversized > 0:
 			oversized += len(chunk)
-		case len(buf)+len(chunk) > MaxEventLine:
+		case len(buf)+len(chunk) > limit:
 			oversized = len(buf) + len(chunk)
 			buf = buf[:0]
 		default:

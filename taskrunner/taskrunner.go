@@ -309,7 +309,7 @@ func (r *runner) run(ctx context.Context) (int, error) {
 			r.logger.Warn("read earlier warnings", "error", serr)
 		}
 		if !seen {
-			r.w.event(etlcontext.EventWarning, map[string]any{"reason": reason, "host": r.opts.Host}, nil, false)
+			r.w.event(etlcontext.EventWarning, map[string]any{"reason": reason, "host": r.opts.Host}, map[string]any{etlcontext.UnfitHostMeta: reason}, false)
 			if ferr := r.w.flush(fctx); ferr != nil {
 				err = errors.Join(err, ferr)
 			}

@@ -87,7 +87,7 @@ type writer struct {
 	// busySaid is when sayBusy last logged; only the writer's goroutine
 	// uses it.
 	busySaid time.Time
-	hooks   writerHooks
+	hooks    writerHooks
 	// submit records the children the command submits; nil refuses them.
 	submit SubmitFunc
 	// refusedChildren counts the children refused for good, guarded by mu.

@@ -14,11 +14,21 @@ type fenceClock struct {
 	// changes when the task process takes its lock again and loses it
 	// anew) and when this process first saw it.
 	seen map[int64]fenceSighting
+	// idle is how long a sighting no step looked at is kept: one whose
+	// context another supervisor settled would stay forever. Default
+	// fenceIdle. Dropping one that matters only makes a wait longer.
+	idle      time.Duration
+	lastSweep time.Time
 }
 
+// fenceIdle is far longer than any fencing window, through which a waiting
+// step looks again at least every poll interval.
+const fenceIdle = time.Hour
+
 type fenceSighting struct {
-	mark  time.Time
-	since time.Time // with its monotonic reading
+	mark     time.Time
+	since    time.Time // with its monotonic reading
+	lastLook time.Time
 }
 
 // freeFor returns how long this process has seen the loss named mark of
@@ -29,12 +39,26 @@ func (f *fenceClock) freeFor(id int64, mark time.Time) time.Duration {
 	if f.seen == nil {
 		f.seen = make(map[int64]fenceSighting)
 	}
+	now := time.Now()
+	idle := f.idle
+	if idle == 0 {
+		idle = fenceIdle
+	}
+	if now.Sub(f.lastSweep) >= idle {
+		f.lastSweep = now
+		for other, s := range f.seen {
+			if now.Sub(s.lastLook) >= idle {
+				delete(f.seen, other)
+			}
+		}
+	}
 	s, ok := f.seen[id]
 	if !ok || !s.mark.Equal(mark) {
-		s = fenceSighting{mark: mark, since: time.Now()}
-		f.seen[id] = s
+		s = fenceSighting{mark: mark, since: now}
 	}
-	return time.Since(s.since)
+	s.lastLook = now
+	f.seen[id] = s
+	return now.Sub(s.since)
 }
 
 // forget drops what is known of context id: its attempt is settled.

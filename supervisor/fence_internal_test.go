@@ -42,3 +42,24 @@ func testWait(t *testing.T, cond func() bool) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// A sighting no step looks at any more (its context settled by another
+// supervisor) is dropped, so the clock does not grow for ever.
+func TestFenceClockDropsSightingsNobodyLooksAt(t *testing.T) {
+	f := fenceClock{idle: 50 * time.Millisecond}
+	mark := time.Now()
+	f.freeFor(1, mark)
+	testWait(t, func() bool {
+		f.freeFor(2, mark)
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		_, kept := f.seen[1]
+		return !kept
+	})
+	f.mu.Lock()
+	_, kept := f.seen[2]
+	f.mu.Unlock()
+	if !kept {
+		t.Error("the sighting looked at all along was dropped")
+	}
+}

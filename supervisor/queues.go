@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/user"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
@@ -21,10 +22,29 @@ var ErrUnknownQueue = errors.New("unknown queue")
 // watched and completed; submissions are accepted and wait. Pausing a
 // paused queue changes nothing and returns the pause in force.
 func (c *Client) PauseQueue(ctx context.Context, queue, reason string) (etlcontext.QueuePause, error) {
+	if err := checkReason(reason); err != nil {
+		return etlcontext.QueuePause{}, fmt.Errorf("pause queue %s: %w", queue, err)
+	}
 	if err := c.checkQueue(ctx, queue); err != nil {
 		return etlcontext.QueuePause{}, err
 	}
 	return etlcontext.PauseQueue(ctx, c.pool, queue, reason, c.actor)
+}
+
+// maxReason bounds the reason of a pause or a block, shown on every page
+// and in every listing.
+const maxReason = 1024
+
+// checkReason refuses a reason the database cannot store, or too long to
+// show.
+func checkReason(reason string) error {
+	switch {
+	case strings.ContainsRune(reason, 0) || !utf8.ValidString(reason):
+		return errors.New("the reason must be UTF-8 text without NUL")
+	case len(reason) > maxReason:
+		return fmt.Errorf("the reason is %d bytes: at most %d", len(reason), maxReason)
+	}
+	return nil
 }
 
 // ResumeQueue lifts the pause of queue; the tasks that waited start at
@@ -43,6 +63,9 @@ func (c *Client) ResumeQueue(ctx context.Context, queue string) (bool, error) {
 func (c *Client) BlockKind(ctx context.Context, kind, reason string) (etlcontext.KindBlock, error) {
 	if strings.TrimSpace(reason) == "" {
 		return etlcontext.KindBlock{}, errors.New("block kind: a reason is required")
+	}
+	if err := checkReason(reason); err != nil {
+		return etlcontext.KindBlock{}, fmt.Errorf("block kind %s: %w", kind, err)
 	}
 	if err := c.checkKind(ctx, kind); err != nil {
 		return etlcontext.KindBlock{}, err

@@ -306,7 +306,8 @@ kinds:
   sample: { queue: etl, command: ["{{sample}}"] }
   loader: { queue: etl, command: ["{{sample}}"] }
 `)
-	for _, args := range [][]string{{"block", "loader"}, {"block", "loader", "--reason", " "}, {"block", "nosuchkind", "--reason", "x"}, {"pause", "nosuchqueue"}} {
+	for _, args := range [][]string{{"block", "loader"}, {"block", "loader", "--reason", " "}, {"block", "nosuchkind", "--reason", "x"}, {"pause", "nosuchqueue"},
+		{"pause", "etl", "--reason", "bad \xff byte"}, {"block", "loader", "--reason", "bad \xfe byte"}, {"pause", "etl", "--reason", strings.Repeat("r", 2000)}} {
 		res := w.Dama(w.cfg, args...)
 		if res.Code == 0 || strings.Count(strings.TrimSpace(res.Stderr), "\n") != 0 || res.Stdout != "" {
 			t.Errorf("dama %v: exit %d, stdout %q, stderr %q; want one line on stderr and a failure", args, res.Code, res.Stdout, res.Stderr)

@@ -47,7 +47,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"golang.org/x/sys/unix"
 
 	"github.com/dama-etl/dama/config"
@@ -208,10 +207,8 @@ func (r *runner) checkCancel(ctx context.Context, conn *pgx.Conn) error {
 	if err != nil || !requested {
 		return err
 	}
-	select {
-	case r.w.notify <- &pgconn.Notification{Channel: CancelChannel, Payload: strconv.FormatInt(r.opts.ContextID, 10)}:
-	default:
-	}
+	// Run on the writer's goroutine: the writer passes it on.
+	r.w.cancelHinted = true
 	return nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -95,7 +96,22 @@ type writer struct {
 	// listenAlso holds the channels listened to since listenToo, guarded
 	// by mu, listened to again on every new connection.
 	alsoListen []string
+	// cancelHinted: a cancellation of this run was announced, and is yet
+	// to be confirmed by the database's record (confirmCancel). Only the
+	// writer's goroutine uses it.
+	cancelHinted bool
+	// confirmedAt is when confirmCancel last read the record, and ignored
+	// counts the hints it found unrecorded since it last said so, at
+	// ignoredSaid: a flood of false hints costs a read per
+	// confirmInterval and a log line a minute.
+	confirmedAt, ignoredSaid time.Time
+	ignored                  int
 }
+
+// confirmInterval is the least time between two reads of a hinted
+// cancellation: how much later a cancellation may be carried out when a
+// false one was announced just before.
+const confirmInterval = 100 * time.Millisecond
 
 // writerHooks let the runner act on the writer's connection: in advisory
 // lock mode it is the connection that holds the lock.
@@ -584,6 +600,9 @@ func (w *writer) run(ctx context.Context, conn *pgx.Conn, listen ...string) {
 		if w.serveOne(ctx) {
 			continue
 		}
+		if w.cancelHinted && !w.confirmCancel(ctx) {
+			continue
+		}
 		w.waitNotification(ctx)
 	}
 }
@@ -919,11 +938,7 @@ func (w *writer) waitNotification(ctx context.Context) {
 	cancel()
 	switch {
 	case err == nil:
-		select {
-		case w.notify <- n:
-		default:
-			w.logger.Warn("notification dropped", "channel", n.Channel, "payload", n.Payload)
-		}
+		w.hear(n)
 	case ctx.Err() != nil, errors.Is(err, context.Canceled):
 	default:
 		// Closed whatever the error: pgconn keeps a connection whose read
@@ -933,6 +948,73 @@ func (w *writer) waitNotification(ctx context.Context) {
 		w.logger.Warn("write connection failed while listening", "error", err)
 		w.conn.Close(context.WithoutCancel(ctx))
 	}
+}
+
+// hear passes notification n on to the runner. A cancellation is a hint,
+// which anyone who can connect may send: one naming this run's context is
+// noted, and passed on only once the database's record confirms it
+// (confirmCancel); others are ignored. The rest are wake-ups whose
+// receiver reads the database itself: when one is already waiting, n adds
+// nothing, so a flood of them costs nothing.
+func (w *writer) hear(n *pgconn.Notification) {
+	if n.Channel == CancelChannel {
+		w.mu.Lock()
+		id := w.contextID
+		w.mu.Unlock()
+		if id != 0 && n.Payload == strconv.FormatInt(id, 10) {
+			w.cancelHinted = true
+		}
+		return
+	}
+	select {
+	case w.notify <- n:
+	default:
+	}
+}
+
+// confirmCancel reads whether the run's cancellation is recorded, as hinted,
+// and if so passes it on to the runner. It reports whether the writer may
+// wait for the next notification: false when the connection failed, to be
+// made again (which reads the record anew: hooks.resume).
+func (w *writer) confirmCancel(ctx context.Context) bool {
+	if wait := confirmInterval - time.Since(w.confirmedAt); wait > 0 {
+		time.AfterFunc(wait, w.signal)
+		return true
+	}
+	w.confirmedAt = time.Now()
+	w.mu.Lock()
+	id, runID := w.contextID, w.runID
+	w.mu.Unlock()
+	var requested bool
+	err := w.exec(ctx, func(ctx context.Context, conn *pgx.Conn) (err error) {
+		requested, err = etlcontext.CancelRequested(ctx, conn, id, runID)
+		return err
+	})
+	switch {
+	case err == nil && !requested:
+		w.cancelHinted = false
+		w.ignored++
+		if time.Since(w.ignoredSaid) >= time.Minute {
+			w.logger.Warn("ignored announced cancellations that the database does not record", "count", w.ignored)
+			w.ignored, w.ignoredSaid = 0, time.Now()
+		}
+	case err == nil:
+		select {
+		case w.notify <- &pgconn.Notification{Channel: CancelChannel, Payload: strconv.FormatInt(id, 10)}:
+			w.cancelHinted = false
+		default:
+			// The runner has yet to take what waits: look again soon.
+			time.AfterFunc(100*time.Millisecond, w.signal)
+		}
+	case permanent(err):
+		w.cancelHinted = false
+	case w.conn.IsClosed():
+		return false
+	default:
+		w.logger.Warn("read the announced cancellation", "error", err)
+		time.AfterFunc(time.Second, w.signal)
+	}
+	return true
 }
 
 // retry reports whether the write that failed with err is to be tried

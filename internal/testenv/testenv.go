@@ -539,3 +539,37 @@ func (e *Env) WaitForTask(id int64, timeout time.Duration, what string, cond fun
 	})
 	return last
 }
+
+// NewLogin creates a login role of its own for the test, a member of the
+// roles memberOf, and returns the URL of the test's database as that role.
+// The role is dropped at the end of the test. The server trusts local
+// connections: no password is needed.
+func (e *Env) NewLogin(memberOf ...string) string {
+	e.T.Helper()
+	ctx := context.Background()
+	name := "dama_login_" + randomHex(6)
+	if _, err := e.Pool.Exec(ctx, "CREATE ROLE "+name+" LOGIN"); err != nil {
+		e.T.Fatalf("create role %s: %v", name, err)
+	}
+	e.T.Cleanup(func() {
+		// Its sessions go first: a role that is still connected can be
+		// dropped, but what it left in the database could not.
+		if _, err := e.Pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1`, name); err != nil {
+			e.T.Errorf("cleanup: end sessions of role %s: %v", name, err)
+		}
+		if _, err := e.Pool.Exec(ctx, "DROP OWNED BY "+name+"; DROP ROLE "+name); err != nil {
+			e.T.Errorf("cleanup: drop role %s: %v", name, err)
+		}
+	})
+	for _, role := range memberOf {
+		if _, err := e.Pool.Exec(ctx, "GRANT "+pgx.Identifier{role}.Sanitize()+" TO "+name); err != nil {
+			e.T.Fatalf("grant %s to %s: %v", role, name, err)
+		}
+	}
+	u, err := url.Parse(e.URL)
+	if err != nil {
+		e.T.Fatal(err)
+	}
+	u.User = url.User(name)
+	return u.String()
+}

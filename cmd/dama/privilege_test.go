@@ -1,0 +1,70 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/testenv"
+	"github.com/dama-etl/dama/taskrunner"
+)
+
+// A notification is a hint, never an order: a role with no grants at all
+// that announces the cancellation of a running task does not stop it.
+func TestAnAnnouncedCancellationStopsNothingUnlessRecorded(t *testing.T) {
+	env := testenv.New(t)
+	goFile := filepath.Join(env.Dir, "go")
+	cfg := env.WriteConfig(`
+log_dir: {{dir}}/logs
+poll_interval: 300ms
+kinds:
+  waiter:
+    command: ["/bin/sh", "-c", "while [ ! -e ` + goFile + ` ]; do sleep 0.05; done"]
+    max_attempts: 1
+`)
+	w := &world{Env: env, cfg: cfg}
+	w.Start(cfg, "supervisor")
+	res := w.Dama(cfg, "submit", "waiter")
+	if res.Code != 0 {
+		t.Fatalf("submit: %s", res.Stderr)
+	}
+	id := testenv.Atoi(t, res.Stdout)
+	w.waitFor(id, 30*time.Second, "to run its command", func(t etlcontext.Task) bool {
+		return t.Status == etlcontext.StatusRunning && t.InitialEventLocked && t.CommandPGID != nil
+	})
+
+	ctx := context.Background()
+	intruder, err := pgx.Connect(ctx, env.NewLogin())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer intruder.Close(ctx)
+	for range 50 {
+		if _, err := intruder.Exec(ctx, `SELECT pg_notify($1, $2)`, taskrunner.CancelChannel, strconv.FormatInt(id, 10)); err != nil {
+			t.Fatalf("notify as a role with no grants: %v", err)
+		}
+	}
+	taskLog := filepath.Join(env.Dir, "logs", fmt.Sprintf("%d.log", id))
+	testenv.Eventually(t, 30*time.Second, "the task process to hear the announcement", func() (bool, error) {
+		log, err := os.ReadFile(taskLog)
+		if strings.Contains(string(log), "stopping command") {
+			return false, fmt.Errorf("the task process stopped its command:\n%s", log)
+		}
+		return strings.Contains(string(log), "ignored announced cancellations that the database does not record"), err
+	})
+	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got := w.waitSettled(id, time.Minute)
+	if got.Status != etlcontext.StatusDone || got.Attempt != 1 {
+		t.Errorf("%s at attempt %d, want DONE at attempt 1: an announcement is no cancellation", got.Status, got.Attempt)
+	}
+}

@@ -194,6 +194,20 @@ type Kind struct {
 	// process waits, holding the lock, on the database's announcements.
 	// Default false: the task is DONE when its command succeeds.
 	AwaitChildren bool `yaml:"await_children"`
+	// PassEnv names variables that the command gets from its task
+	// process's environment although dama withholds them by default:
+	// DATABASE_URL and libpq's PG* variables (PGPASSWORD among them),
+	// which are dama's credentials. Names starting with DAMA_ are refused:
+	// dama sets those a command gets. Empty, the default, passes none;
+	// every other variable of the supervisor's environment is passed.
+	PassEnv []string `yaml:"pass_env"`
+}
+
+// Withheld reports whether the environment variable name holds dama's own
+// credentials or settings, which a command gets only when its kind names
+// it in PassEnv (DAMA_* never).
+func Withheld(name string) bool {
+	return name == "DATABASE_URL" || strings.HasPrefix(name, "PG") || strings.HasPrefix(name, "DAMA_")
 }
 
 // RetryPolicy says how long a failed attempt waits before the next.
@@ -306,6 +320,7 @@ func (d Duration) D() time.Duration { return time.Duration(d) }
 var (
 	nameRE    = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_.-]{0,62}$`)
 	keyPathRE = regexp.MustCompile(`^[^.]+(\.[^.]+)*$`)
+	envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 )
 
 // ValidName reports whether name may name a queue or a kind.
@@ -449,6 +464,16 @@ func Parse(data []byte) (*Config, error) {
 			}
 			if k.MaxRunningPerKey == 0 {
 				k.MaxRunningPerKey = DefaultMaxRunningPerKey
+			}
+		}
+		for _, v := range k.PassEnv {
+			switch {
+			case !envNameRE.MatchString(v):
+				return nil, fmt.Errorf("kind %s: pass_env %q: want a variable name (letters, digits, '_', not starting with a digit)", name, v)
+			case strings.HasPrefix(v, "DAMA_"):
+				return nil, fmt.Errorf("kind %s: pass_env %s: dama sets the DAMA_ variables a command gets", name, v)
+			case !Withheld(v):
+				return nil, fmt.Errorf("kind %s: pass_env %s: a command gets it anyway; pass_env names DATABASE_URL or PG* variables", name, v)
 			}
 		}
 		if err := k.validateSchedule(); err != nil {

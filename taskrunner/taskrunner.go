@@ -39,6 +39,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -892,7 +893,8 @@ func (er *eventsReader) drain(ctx context.Context, wait time.Duration) {
 func (r *runner) commandEnv(args, checkpoint json.RawMessage) []string {
 	env := make([]string, 0, len(os.Environ())+9)
 	for _, kv := range os.Environ() {
-		if name, _, _ := strings.Cut(kv, "="); strings.HasPrefix(name, "DAMA_") {
+		// dama's credentials reach a command only when its kind asks.
+		if name, _, _ := strings.Cut(kv, "="); config.Withheld(name) && (strings.HasPrefix(name, "DAMA_") || !slices.Contains(r.kind.PassEnv, name)) {
 			continue
 		}
 		env = append(env, kv)

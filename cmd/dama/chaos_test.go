@@ -437,7 +437,7 @@ func TestChaosNoOverlapWhateverIsKilledOrRestarted(t *testing.T) {
 	// No process of any attempt remains: nothing carries a run id of this
 	// test's tasks, and no beats file grows.
 	testenv.Eventually(t, 5*time.Second, fmt.Sprintf("every process of every attempt to be gone (seed %d)", seed), func() (bool, error) {
-		left := attemptProcesses(dbURL)
+		left := attemptProcesses(env.Tag())
 		return len(left) == 0, fmt.Errorf("still running: %v", left)
 	})
 	sizes := beatSizes(env.Dir, ids)
@@ -582,8 +582,8 @@ func isTaskrunner(pid int, id int64, runID string) bool {
 }
 
 // attemptProcesses lists the live processes that carry the run id of an
-// attempt of the test whose database is dbURL.
-func attemptProcesses(dbURL string) []string {
+// attempt of the test whose processes carry tag (testenv.Env.Tag).
+func attemptProcesses(tag string) []string {
 	procs, err := process.Processes()
 	if err != nil {
 		return []string{"list processes: " + err.Error()}
@@ -591,7 +591,7 @@ func attemptProcesses(dbURL string) []string {
 	var out []string
 	for _, p := range procs {
 		env, err := p.Environ()
-		if err != nil || !slices.Contains(env, "DATABASE_URL="+dbURL) {
+		if err != nil || !slices.Contains(env, tag) {
 			continue
 		}
 		for _, kv := range env {

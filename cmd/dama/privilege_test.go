@@ -68,3 +68,62 @@ kinds:
 		t.Errorf("%s at attempt %d, want DONE at attempt 1: an announcement is no cancellation", got.Status, got.Attempt)
 	}
 }
+
+// A command gets none of dama's credentials (DATABASE_URL, PG* variables)
+// unless its kind names them in pass_env; the rest of the supervisor's
+// environment, and what dama sets for it, it gets.
+func TestACommandGetsDamasCredentialsOnlyWhenItsKindAsks(t *testing.T) {
+	env := testenv.New(t)
+	cfg := env.WriteConfig(`
+log_dir: {{dir}}/logs
+poll_interval: 300ms
+kinds:
+  plain:
+    command: ["/bin/sh", "-c", "env > {{dir}}/env-$DAMA_ETL_CONTEXT_ID"]
+  trusted:
+    command: ["/bin/sh", "-c", "env > {{dir}}/env-$DAMA_ETL_CONTEXT_ID"]
+    pass_env: [DATABASE_URL, PGPASSWORD]
+`)
+	w := &world{Env: env, cfg: cfg}
+	env.StartWith(cfg, []string{"PGPASSWORD=not-for-commands", "PGAPPNAME=dama-test", "ETL_BUCKET=s3://bucket"}, nil, "supervisor")
+	environ := func(kind string) map[string]string {
+		t.Helper()
+		res := w.Dama(cfg, "submit", kind)
+		if res.Code != 0 {
+			t.Fatalf("submit %s: %s", kind, res.Stderr)
+		}
+		id := testenv.Atoi(t, res.Stdout)
+		if got := w.waitSettled(id, time.Minute); got.Status != etlcontext.StatusDone {
+			t.Fatalf("%s task %s, want DONE", kind, got.Status)
+		}
+		data, err := os.ReadFile(filepath.Join(env.Dir, fmt.Sprintf("env-%d", id)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		vars := map[string]string{}
+		for line := range strings.SplitSeq(string(data), "\n") {
+			if name, value, ok := strings.Cut(line, "="); ok {
+				vars[name] = value
+			}
+		}
+		return vars
+	}
+	plain := environ("plain")
+	for _, name := range []string{"DATABASE_URL", "PGPASSWORD", "PGAPPNAME", "DAMA_CONFIG"} {
+		if v, ok := plain[name]; ok {
+			t.Errorf("a kind without pass_env got %s=%s", name, v)
+		}
+	}
+	for _, name := range []string{"ETL_BUCKET", "DAMA_ETL_CONTEXT_ID", "DAMA_RUN_ID", "PATH"} {
+		if _, ok := plain[name]; !ok {
+			t.Errorf("a kind without pass_env lacks %s", name)
+		}
+	}
+	trusted := environ("trusted")
+	if trusted["DATABASE_URL"] == "" || trusted["PGPASSWORD"] != "not-for-commands" {
+		t.Errorf("a kind with pass_env [DATABASE_URL, PGPASSWORD] got DATABASE_URL=%q PGPASSWORD=%q", trusted["DATABASE_URL"], trusted["PGPASSWORD"])
+	}
+	if v, ok := trusted["PGAPPNAME"]; ok {
+		t.Errorf("a kind that did not name it got PGAPPNAME=%s", v)
+	}
+}

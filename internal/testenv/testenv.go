@@ -209,10 +209,10 @@ func randomHex(n int) string {
 }
 
 // killProcesses kills every process whose environment carries this test's
-// database URL: supervisors, the runners they spawned in sessions of their
-// own, and the runners' commands.
+// database URL or its tag: supervisors, the runners they spawned in
+// sessions of their own, and the runners' commands (by the tag alone).
 func (e *Env) killProcesses() {
-	marker, tag := "DATABASE_URL="+e.URL, e.tag()
+	marker, tag := "DATABASE_URL="+e.URL, e.Tag()
 	for range 3 {
 		procs, err := process.Processes()
 		if err != nil {
@@ -277,7 +277,10 @@ func (e *Env) WriteConfig(body string) string {
 // tag is an environment entry that every process of the test inherits, even
 // one whose DATABASE_URL names the database another way: cleanup finds them
 // by it.
-func (e *Env) tag() string { return "DAMATEST_ENV=" + e.URL }
+// Tag is the variable every process the test starts carries, its commands
+// included, by which the test finds them (DATABASE_URL is not given to
+// commands).
+func (e *Env) Tag() string { return "DAMATEST_ENV=" + e.URL }
 
 // Environ is the environment the test's dama processes run with.
 func (e *Env) Environ(configPath string) []string {
@@ -289,7 +292,7 @@ func (e *Env) Environ(configPath string) []string {
 		}
 		env = append(env, kv)
 	}
-	env = append(env, "DATABASE_URL="+e.URL, e.tag())
+	env = append(env, "DATABASE_URL="+e.URL, e.Tag())
 	if configPath != "" {
 		env = append(env, "DAMA_CONFIG="+configPath)
 	}

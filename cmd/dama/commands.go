@@ -185,11 +185,36 @@ func newMigrateCommand(g *globals) *cobra.Command {
 				return err
 			}
 			defer pool.Close()
-			return damasql.Migrate(cmd.Context(), pool, logger)
+			if err := damasql.Migrate(cmd.Context(), pool, logger); err != nil {
+				return err
+			}
+			if err := damasql.CheckRoles(cmd.Context(), pool); errors.Is(err, damasql.ErrRolesIncomplete) {
+				// What this role may not do, an administrator may.
+				fmt.Fprintf(cmd.OutOrStdout(), "-- %s\n-- Run this as an administrator, in this database:\n%s", oneLine(err.Error()), damasql.RolesSQL())
+			} else if err != nil {
+				return err
+			}
+			return nil
 		},
 	}
 	g.addLogFormat(cmd)
 	return cmd
+}
+
+func newRolesCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "roles",
+		Short: "Print the SQL that creates dama's roles and grants their rights (for an administrator)",
+		Long: `Print the SQL that creates dama's database roles (NOLOGIN; grant them to
+login roles) and grants each its rights in the database it is run in. dama
+migrate does the same when its role may; run this as an administrator
+otherwise, after each dama migrate. Needs no database.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			fmt.Fprint(cmd.OutOrStdout(), damasql.RolesSQL())
+			return nil
+		},
+	}
 }
 
 func newSupervisorCommand(g *globals) *cobra.Command {

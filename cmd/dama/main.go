@@ -80,6 +80,7 @@ data_manager.dama_task_queue shows what runs where, and how far along.`,
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return err })
 	root.AddCommand(
 		newMigrateCommand(g),
+		newRolesCommand(),
 		newSupervisorCommand(g),
 		newSubmitCommand(g, code),
 		newStatusCommand(),

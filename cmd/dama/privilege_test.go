@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,9 +12,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
+	damasql "github.com/dama-etl/dama/sql"
 	"github.com/dama-etl/dama/taskrunner"
 )
 
@@ -125,5 +128,61 @@ kinds:
 	}
 	if v, ok := trusted["PGAPPNAME"]; ok {
 		t.Errorf("a kind that did not name it got PGAPPNAME=%s", v)
+	}
+}
+
+// A member of dama_reader reads everything dama shows, with dama's
+// commands and with SQL, and can change nothing.
+func TestAReaderReadsAndChangesNothing(t *testing.T) {
+	env := testenv.New(t)
+	cfg := env.WriteConfig(`
+log_dir: {{dir}}/logs
+kinds:
+  sample: { command: ["{{sample}}"] }
+  nightly: { command: ["{{sample}}"], schedule: "@daily" }
+`)
+	w := &world{Env: env, cfg: cfg}
+	res := w.Dama(cfg, "submit", "sample")
+	if res.Code != 0 {
+		t.Fatalf("submit: %s", res.Stderr)
+	}
+	id := strings.TrimSpace(res.Stdout)
+	asReader := []string{"DATABASE_URL=" + env.NewLogin(damasql.RoleReader)}
+	for _, args := range [][]string{{"status"}, {"status", id}, {"status", "--json"}, {"events", id}, {"queues"}, {"schedules"}} {
+		if res := env.DamaWith(cfg, asReader, args...); res.Code != 0 {
+			t.Errorf("dama %v as a reader: exit %d, %s", args, res.Code, res.Stderr)
+		}
+	}
+	for _, args := range [][]string{{"cancel", id, "--wait", "5s"}, {"pause", "default"}, {"submit", "sample"}} {
+		res := env.DamaWith(cfg, asReader, args...)
+		if res.Code == 0 || !strings.Contains(res.Stderr, "permission denied") || strings.Count(strings.TrimSpace(res.Stderr), "\n") != 0 {
+			t.Errorf("dama %v as a reader: exit %d, %q; want one line refusing it", args, res.Code, res.Stderr)
+		}
+	}
+	ctx := context.Background()
+	reader, err := pgx.Connect(ctx, strings.TrimPrefix(asReader[0], "DATABASE_URL="))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close(ctx)
+	var n int
+	if err := reader.QueryRow(ctx, `SELECT count(*) FROM data_manager.dama_task_queue`).Scan(&n); err != nil || n != 1 {
+		t.Errorf("the view as a reader: %d rows, %v; want 1", n, err)
+	}
+	for _, stmt := range []string{
+		`UPDATE data_manager.etl_contexts SET queue = 'elsewhere'`,
+		`DELETE FROM data_manager.event_store`,
+		`INSERT INTO data_manager.event_store (etl_context_id, type) VALUES (` + id + `, 'sample:FINAL')`,
+		`UPDATE river_job SET state = 'cancelled'`,
+		`DELETE FROM data_manager.etl_attempts`,
+	} {
+		_, err := reader.Exec(ctx, stmt)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+			t.Errorf("%s as a reader: %v, want permission denied", stmt, err)
+		}
+	}
+	if got := w.task(testenv.Atoi(t, id)); got.Status != etlcontext.StatusQueued || got.CancelRequestedAt != nil {
+		t.Errorf("after a reader's tries: %s, cancel requested at %v; want QUEUED, untouched", got.Status, got.CancelRequestedAt)
 	}
 }

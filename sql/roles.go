@@ -1,0 +1,137 @@
+package sql
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// The database roles dama defines. They are NOLOGIN: an administrator
+// grants them to the login roles of people and programs. Roles belong to
+// the whole server, so every database of dama on it shares them; their
+// rights are granted in each database by its migration.
+const (
+	// RoleReader may read dama's tables and views, and River's jobs:
+	// dama status, events, queues, schedules, the status page's reads,
+	// and plain SQL. Nothing else.
+	RoleReader = "dama_reader"
+)
+
+// roleNames lists dama's roles.
+func roleNames() []string { return []string{RoleReader} }
+
+// riverTables are River's tables that a reader reads.
+func riverTables() []string {
+	return []string{"river_job", "river_queue", "river_leader", "river_migration"}
+}
+
+// createRolesSQL creates the roles that do not exist yet. Creating a role
+// another migration creates at the same moment is no error.
+func createRolesSQL() []string {
+	var stmts []string
+	for _, r := range roleNames() {
+		stmts = append(stmts, fmt.Sprintf(`DO $$
+BEGIN
+    CREATE ROLE %s NOLOGIN;
+EXCEPTION WHEN duplicate_object OR unique_violation THEN
+    NULL;
+END
+$$`, r))
+	}
+	return stmts
+}
+
+// grantRolesSQL gives each role its rights in the current database; run
+// again after every migration, it also covers tables a migration added.
+func grantRolesSQL() []string {
+	return []string{
+		fmt.Sprintf(`GRANT USAGE ON SCHEMA %s TO %s`, Schema, RoleReader),
+		fmt.Sprintf(`GRANT SELECT ON ALL TABLES IN SCHEMA %s TO %s`, Schema, RoleReader),
+		fmt.Sprintf(`GRANT SELECT ON %s TO %s`, strings.Join(riverTables(), ", "), RoleReader),
+	}
+}
+
+// RolesSQL is the SQL that creates dama's roles and grants them their
+// rights in the database it is run in, for an administrator to run when
+// dama migrate may not (dama roles prints it).
+func RolesSQL() string {
+	var b strings.Builder
+	b.WriteString("-- dama's roles (server-wide), and their rights in this database.\n")
+	for _, s := range append(createRolesSQL(), grantRolesSQL()...) {
+		b.WriteString(s)
+		b.WriteString(";\n")
+	}
+	return b.String()
+}
+
+// ErrRolesIncomplete says that dama's roles could not all be created or
+// granted their rights: an administrator is to run RolesSQL.
+var ErrRolesIncomplete = errors.New("dama's roles are not all in place")
+
+// ensureRoles creates dama's roles, when the migrating role may, and grants
+// them their rights, when it owns dama's tables. What it may not do is
+// left, with ErrRolesIncomplete.
+func ensureRoles(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error {
+	var mayCreate bool
+	if err := pool.QueryRow(ctx, `SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user`).Scan(&mayCreate); err != nil {
+		return fmt.Errorf("read the migrating role's rights: %w", err)
+	}
+	if mayCreate {
+		for _, s := range createRolesSQL() {
+			if _, err := pool.Exec(ctx, s); err != nil {
+				return fmt.Errorf("create dama's roles: %w", err)
+			}
+		}
+	}
+	var missing []string
+	if err := pool.QueryRow(ctx, `
+		SELECT coalesce(array_agg(r), '{}') FROM unnest($1::text[]) AS r
+		 WHERE NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = r)`, roleNames()).Scan(&missing); err != nil {
+		return fmt.Errorf("read dama's roles: %w", err)
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%w: %s missing, and %s may not create roles", ErrRolesIncomplete, strings.Join(missing, ", "), "this role")
+	}
+	for _, s := range grantRolesSQL() {
+		if _, err := pool.Exec(ctx, s); err != nil {
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+				return fmt.Errorf("%w: this role may not grant rights on dama's tables (%s)", ErrRolesIncomplete, pgErr.Message)
+			}
+			return fmt.Errorf("grant dama's roles their rights: %w", err)
+		}
+	}
+	logger.Debug("dama's roles are in place", "roles", roleNames())
+	return nil
+}
+
+// CheckRoles reports, with ErrRolesIncomplete, a role of dama's that is
+// missing or lacks a right in this database (a table added since its
+// grants, say): what dama migrate could not do, an administrator does with
+// RolesSQL.
+func CheckRoles(ctx context.Context, pool *pgxpool.Pool) error {
+	var lacking []string
+	err := pool.QueryRow(ctx, `
+		SELECT coalesce(array_agg(what), '{}') FROM (
+			SELECT r || ' (missing)' AS what FROM unnest($1::text[]) AS r
+			 WHERE NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = r)
+			UNION ALL
+			SELECT $2 || ' (SELECT on ' || c.oid::regclass::text || ')'
+			  FROM pg_class AS c
+			 WHERE c.relnamespace = $3::regnamespace AND c.relkind IN ('r', 'v', 'p')
+			   AND EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $2)
+			   AND NOT has_table_privilege($2, c.oid, 'SELECT')
+		) AS l`, roleNames(), RoleReader, Schema).Scan(&lacking)
+	if err != nil {
+		return fmt.Errorf("read dama's roles: %w", err)
+	}
+	if len(lacking) > 0 {
+		return fmt.Errorf("%w: %s", ErrRolesIncomplete, strings.Join(lacking, ", "))
+	}
+	return nil
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -184,5 +185,41 @@ kinds:
 	}
 	if got := w.task(testenv.Atoi(t, id)); got.Status != etlcontext.StatusQueued || got.CancelRequestedAt != nil {
 		t.Errorf("after a reader's tries: %s, cancel requested at %v; want QUEUED, untouched", got.Status, got.CancelRequestedAt)
+	}
+}
+
+// dama migrate run by a role that may not create roles (the database's
+// owner, not an administrator) migrates, and prints the SQL that an
+// administrator is to run; once that is run, it prints nothing.
+func TestMigrateByAnOwnerPrintsTheRolesForAnAdministrator(t *testing.T) {
+	srv := testenv.NewServer(t) // of its own: no test created the roles there
+	env := testenv.NewUnmigratedOn(t, srv)
+	ctx := context.Background()
+	owner := env.NewLogin()
+	u, err := url.Parse(owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var db string
+	if err := env.Pool.QueryRow(ctx, `SELECT current_database()`).Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.Pool.Exec(ctx, fmt.Sprintf(`ALTER DATABASE %s OWNER TO %s`, pgx.Identifier{db}.Sanitize(), pgx.Identifier{u.User.Username()}.Sanitize())); err != nil {
+		t.Fatal(err)
+	}
+	asOwner := []string{"DATABASE_URL=" + owner}
+	res := env.DamaWith("", asOwner, "migrate")
+	if res.Code != 0 || !strings.Contains(res.Stdout, "Run this as an administrator") || !strings.Contains(res.Stdout, "CREATE ROLE "+damasql.RoleReader) {
+		t.Fatalf("dama migrate as the owner: exit %d, stdout %q, stderr %q; want the roles' SQL printed", res.Code, res.Stdout, res.Stderr)
+	}
+	roles := env.Dama("", "roles")
+	if roles.Code != 0 || !strings.HasSuffix(res.Stdout, roles.Stdout) {
+		t.Errorf("dama roles: exit %d, %q; want what dama migrate printed", roles.Code, roles.Stdout)
+	}
+	if _, err := env.Pool.Exec(ctx, roles.Stdout); err != nil {
+		t.Fatalf("the roles' SQL as an administrator: %v", err)
+	}
+	if res := env.DamaWith("", asOwner, "migrate"); res.Code != 0 || res.Stdout != "" {
+		t.Errorf("dama migrate again: exit %d, stdout %q; want nothing to print", res.Code, res.Stdout)
 	}
 }

@@ -131,6 +131,12 @@ func NewOn(t testing.TB, srv *Server) *Env {
 	return newEnv(t, srv.URL(), srv, true)
 }
 
+// NewUnmigratedOn is NewOn without the migrations.
+func NewUnmigratedOn(t testing.TB, srv *Server) *Env {
+	t.Helper()
+	return newEnv(t, srv.URL(), srv, false)
+}
+
 func sharedServerURL(t testing.TB) string {
 	t.Helper()
 	admin := os.Getenv("TEST_DATABASE_URL")
@@ -545,7 +551,8 @@ func (e *Env) WaitForTask(id int64, timeout time.Duration, what string, cond fun
 
 // NewLogin creates a login role of its own for the test, a member of the
 // roles memberOf, and returns the URL of the test's database as that role.
-// The role is dropped at the end of the test. The server trusts local
+// The role is dropped at the end of the test (with the server, for a
+// server of the test's own). The server trusts local
 // connections: no password is needed.
 func (e *Env) NewLogin(memberOf ...string) string {
 	e.T.Helper()
@@ -555,6 +562,9 @@ func (e *Env) NewLogin(memberOf ...string) string {
 		e.T.Fatalf("create role %s: %v", name, err)
 	}
 	e.T.Cleanup(func() {
+		if e.Server != nil {
+			return // the server, and its roles, are thrown away
+		}
 		// Its sessions go first: a role that is still connected can be
 		// dropped, but what it left in the database could not.
 		if _, err := e.Pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1`, name); err != nil {

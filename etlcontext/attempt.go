@@ -121,6 +121,10 @@ func RecordCommand(ctx context.Context, db DB, id int64, runID string, pgid int,
 // reconnects. It runs in the caller's transaction, in which the caller
 // announces the request to the task process: both or neither.
 func RequestCancel(ctx context.Context, tx pgx.Tx, id int64, by string) (Status, error) {
+	by, err := WithRole(ctx, tx, by)
+	if err != nil {
+		return "", err
+	}
 	var (
 		status Status
 		kind   string
@@ -128,7 +132,7 @@ func RequestCancel(ctx context.Context, tx pgx.Tx, id int64, by string) (Status,
 	)
 	// The row lock taken here keeps the run from changing before the event
 	// is written with its run id.
-	err := tx.QueryRow(ctx, `
+	err = tx.QueryRow(ctx, `
 		UPDATE data_manager.etl_contexts SET cancel_requested_at = coalesce(cancel_requested_at, now())
 		 WHERE etl_context_id = $1 AND NOT data_manager.is_finished(etl_status)
 		RETURNING etl_status, kind, run_id::text`, id).Scan(&status, &kind, &runID)
@@ -257,7 +261,11 @@ func Reopen(ctx context.Context, db DB, c *Context, maxAttempts int, by string) 
 	if c.Status != StatusFailed && c.Status != StatusCancelled {
 		return fmt.Errorf("etl context %d is %s: only a FAILED or CANCELLED task can be retried", c.ID, c.Status)
 	}
-	_, err := Append(ctx, db, NewEvent{
+	by, err := WithRole(ctx, db, by)
+	if err != nil {
+		return err
+	}
+	_, err = Append(ctx, db, NewEvent{
 		ContextID: c.ID,
 		Type:      c.Kind + ":" + EventRetried,
 		Payload:   map[string]any{"by": by, "previous_status": c.Status, "max_attempts": maxAttempts},
@@ -387,4 +395,15 @@ func CancelRequestedNow(ctx context.Context, tx pgx.Tx, id int64) (bool, error) 
 		return false, fmt.Errorf("read cancellation of etl context %d: %w", id, err)
 	}
 	return requested, nil
+}
+
+// WithRole names who acts: by, as the caller tells it (a user and host, or
+// the name the status page was given), and the database role the caller's
+// session logged in as, which the caller does not choose.
+func WithRole(ctx context.Context, db DB, by string) (string, error) {
+	var named string
+	if err := db.QueryRow(ctx, `SELECT $1 || ' (database role ' || session_user || ')'`, by).Scan(&named); err != nil {
+		return "", fmt.Errorf("read the database role: %w", err)
+	}
+	return named, nil
 }

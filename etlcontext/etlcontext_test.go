@@ -376,8 +376,12 @@ func TestCancelRequestIsANoteBesideTheRun(t *testing.T) {
 	if got := tasks[0]; got.LatestEventType == nil || *got.LatestEventType != "k:AWAITING" || got.CancelRequestedAt == nil {
 		t.Errorf("after the request: latest event %v, cancel requested at %v; want k:AWAITING, and a time", got.LatestEventType, got.CancelRequestedAt)
 	}
+	var role string
+	if err := env.Pool.QueryRow(ctx, `SELECT session_user`).Scan(&role); err != nil {
+		t.Fatal(err)
+	}
 	by, err := etlcontext.LatestPayload(ctx, env.Pool, id, etlcontext.EventCancelRequested)
-	if err != nil || string(by) != `{"by": "alice@host"}` {
+	if err != nil || string(by) != `{"by": "alice@host (database role `+role+`)"}` {
 		t.Errorf("CANCEL_REQUESTED payload %s, %v", by, err)
 	}
 	seq := 7

@@ -231,7 +231,7 @@ func PauseQueue(ctx context.Context, db Beginner, queue, reason string, by strin
 		}
 		return tx.QueryRow(ctx, `
 			WITH ins AS (
-				INSERT INTO data_manager.queue_pauses (queue, reason, paused_by) VALUES ($1, $2, $3)
+				INSERT INTO data_manager.queue_pauses (queue, reason, paused_by) VALUES ($1, $2, $3 || ' (database role ' || session_user || ')')
 				ON CONFLICT (queue) DO NOTHING
 				RETURNING queue, reason, paused_by, paused_at),
 			logged AS (
@@ -258,7 +258,7 @@ func ResumeQueue(ctx context.Context, db Beginner, queue, by string) (bool, erro
 				DELETE FROM data_manager.queue_pauses WHERE queue = $1 RETURNING queue),
 			logged AS (
 				INSERT INTO data_manager.control_events (action, queue, actor)
-				SELECT 'RESUMED', queue, $2 FROM del)
+				SELECT 'RESUMED', queue, $2 || ' (database role ' || session_user || ')' FROM del)
 			SELECT EXISTS (SELECT 1 FROM del)`, queue, by).Scan(&resumed)
 		if err != nil {
 			return err
@@ -286,7 +286,7 @@ func BlockKind(ctx context.Context, db Beginner, kind, reason string, by string)
 		}
 		return tx.QueryRow(ctx, `
 			WITH ins AS (
-				INSERT INTO data_manager.kind_blocks (kind, reason, blocked_by) VALUES ($1, $2, $3)
+				INSERT INTO data_manager.kind_blocks (kind, reason, blocked_by) VALUES ($1, $2, $3 || ' (database role ' || session_user || ')')
 				ON CONFLICT (kind) DO NOTHING
 				RETURNING kind, reason, blocked_by, blocked_at),
 			logged AS (
@@ -313,7 +313,7 @@ func UnblockKind(ctx context.Context, db Beginner, kind, by string) (bool, error
 				DELETE FROM data_manager.kind_blocks WHERE kind = $1 RETURNING kind),
 			logged AS (
 				INSERT INTO data_manager.control_events (action, kind, actor)
-				SELECT 'UNBLOCKED', kind, $2 FROM del)
+				SELECT 'UNBLOCKED', kind, $2 || ' (database role ' || session_user || ')' FROM del)
 			SELECT EXISTS (SELECT 1 FROM del)`, kind, by).Scan(&unblocked)
 		if err != nil {
 			return err

@@ -416,10 +416,14 @@ func (c *Client) tryCancel(ctx context.Context, id int64, requested *bool) (stat
 	}
 	// Nobody runs the task and nobody can start it while the lock is held
 	// here: cancel it now, with its job.
+	by, err := etlcontext.WithRole(ctx, tx, c.actor)
+	if err != nil {
+		return ec.Status, false, err
+	}
 	if _, err := etlcontext.Append(ctx, tx, etlcontext.NewEvent{
 		ContextID: id,
 		Type:      ec.Kind + ":" + etlcontext.EventCancelled,
-		Payload:   map[string]any{"reason": "cancelled while not running", "by": c.actor},
+		Payload:   map[string]any{"reason": "cancelled while not running", "by": by},
 		RunID:     ec.RunID,
 	}); err != nil {
 		return ec.Status, false, err

@@ -286,7 +286,12 @@ fetch(%[1]q, {method: "POST", headers: {"X-Dama-Token": "guess"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantActor := `"alice" via dama web on ` + host + " from 127.0.0.1"
+	var role string
+	if err := env.Pool.QueryRow(context.Background(), `SELECT session_user`).Scan(&role); err != nil {
+		t.Fatal(err)
+	}
+	// Who acts: the name the page was given, and the database role.
+	wantActor := `"alice" via dama web on ` + host + " from 127.0.0.1 (database role " + role + ")"
 	if by := eventBy(t, env, victim, etlcontext.EventCancelRequested); by != wantActor {
 		t.Errorf("CANCEL_REQUESTED of task %d by %q, want %q", victim, by, wantActor)
 	}

@@ -303,10 +303,19 @@ type Attempt struct {
 
 // Attempts returns the attempts of context id, the first first.
 func Attempts(ctx context.Context, db DB, id int64) ([]Attempt, error) {
+	return RecentAttempts(ctx, db, id, 0, 0)
+}
+
+// RecentAttempts returns the newest limit attempts of context id (0: all),
+// the first first, each reason and log tail cut to maxText characters
+// (0: whole).
+func RecentAttempts(ctx context.Context, db DB, id int64, limit, maxText int) ([]Attempt, error) {
 	rows, err := db.Query(ctx, `
+		SELECT * FROM (
 		SELECT a.attempt, a.run_id::text, a.host, a.pid, a.lock_mode, a.runner_release,
 		       a.started_at, a.ended_at, a.outcome,
-		       e.payload->>'reason', e.payload->>'log_tail',
+		       CASE WHEN $5 > 0 THEN left(e.payload->>'reason', $5) ELSE e.payload->>'reason' END,
+		       CASE WHEN $5 > 0 THEN right(e.payload->>'log_tail', $5) ELSE e.payload->>'log_tail' END,
 		       -- A command may write its own ERROR, with anything in it; the
 		       -- cast is nested, for SQL does not promise to evaluate AND's
 		       -- operands in order.
@@ -322,7 +331,9 @@ func Attempts(ctx context.Context, db DB, id int64) ([]Attempt, error) {
 			 ORDER BY e.event_id DESC
 			 LIMIT 1) AS e ON true
 		 WHERE a.etl_context_id = $1
-		 ORDER BY a.started_at, a.attempt`, id, EventError, EventCancelled)
+		 ORDER BY a.started_at DESC, a.attempt DESC
+		 LIMIT CASE WHEN $4 > 0 THEN $4 END) AS a
+		 ORDER BY started_at, attempt`, id, EventError, EventCancelled, limit, maxText)
 	if err != nil {
 		return nil, fmt.Errorf("read attempts of etl context %d: %w", id, err)
 	}

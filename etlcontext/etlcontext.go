@@ -537,20 +537,56 @@ func Events(ctx context.Context, db DB, id int64) ([]Event, error) {
 	return collectEvents(rows, id)
 }
 
-// RecentEvents returns the newest limit events of context id, oldest first.
-func RecentEvents(ctx context.Context, db DB, id int64, limit int) ([]Event, error) {
+// TruncatedKey marks a JSON value read cut short: in its place stands
+// {"dama_truncated": {"bytes": <its size as text>, "head": "<its first
+// characters>"}}.
+const TruncatedKey = "dama_truncated"
+
+// boundedJSON is SQL that reads the jsonb expression expr as itself when its
+// text is at most the parameter limit long, and else as the TruncatedKey
+// marker holding its size and its first limit characters.
+func boundedJSON(expr, limit string) string {
+	return fmt.Sprintf(`CASE WHEN %[2]s <= 0 OR octet_length(%[1]s::text) <= %[2]s THEN %[1]s
+		ELSE jsonb_build_object('%[3]s', jsonb_build_object('bytes', octet_length(%[1]s::text), 'head', left(%[1]s::text, %[2]s))) END`,
+		expr, limit, TruncatedKey)
+}
+
+// RecentEvents returns the newest limit events of context id, oldest first,
+// each payload and meta read up to maxPayload bytes (0: whole; see
+// TruncatedKey).
+func RecentEvents(ctx context.Context, db DB, id int64, limit, maxPayload int) ([]Event, error) {
 	rows, err := db.Query(ctx, `
 		SELECT * FROM (
-			SELECT event_id, etl_context_id, type, payload, meta, error, attempt, run_id::text, created_at
+			SELECT event_id, etl_context_id, type, `+boundedJSON("payload", "$3::int")+`, `+boundedJSON("meta", "$3::int")+`,
+			       error, attempt, run_id::text, created_at
 			  FROM data_manager.event_store
 			 WHERE etl_context_id = $1
 			 ORDER BY event_id DESC
 			 LIMIT $2) AS e
-		 ORDER BY event_id`, id, limit)
+		 ORDER BY event_id`, id, limit, maxPayload)
 	if err != nil {
 		return nil, fmt.Errorf("read events of etl context %d: %w", id, err)
 	}
 	return collectEvents(rows, id)
+}
+
+// EventOf returns event eventID of context id, whole.
+func EventOf(ctx context.Context, db DB, id, eventID int64) (Event, error) {
+	rows, err := db.Query(ctx, `
+		SELECT event_id, etl_context_id, type, payload, meta, error, attempt, run_id::text, created_at
+		  FROM data_manager.event_store
+		 WHERE etl_context_id = $1 AND event_id = $2`, id, eventID)
+	if err != nil {
+		return Event{}, fmt.Errorf("read event %d of etl context %d: %w", eventID, id, err)
+	}
+	events, err := collectEvents(rows, id)
+	if err != nil {
+		return Event{}, err
+	}
+	if len(events) == 0 {
+		return Event{}, fmt.Errorf("event %d of etl context %d: %w", eventID, id, ErrNotFound)
+	}
+	return events[0], nil
 }
 
 func collectEvents(rows pgx.Rows, id int64) ([]Event, error) {

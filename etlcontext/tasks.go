@@ -76,6 +76,9 @@ type TaskQuery struct {
 	// IdempotencyKey, when not empty, selects the context submitted with
 	// that key.
 	IdempotencyKey string
+	// MaxPayload, when positive, reads each task's progress up to that
+	// many bytes (see TruncatedKey).
+	MaxPayload int
 }
 
 // Tasks reads the view, newest context first.
@@ -123,7 +126,7 @@ func Tasks(ctx context.Context, db DB, q TaskQuery) ([]Task, error) {
 	sql := `
 		SELECT etl_context_id, parent_context_id, kind, queue, etl_status, attempt, max_attempts,
 		       job_state, scheduled_at, host, pid, created_at, started_at, finished_at, heartbeat_at,
-		       latest_event_type, latest_event_at, progress, initial_event_locked, river_job_id,
+		       latest_event_type, latest_event_at, ` + boundedJSON("progress", param(q.MaxPayload)+"::int") + `, initial_event_locked, river_job_id,
 		       run_id::text, idempotency_key, cancel_requested_at, log_path,
 		       host_id, command_pgid, lock_lost_at, lock_mode, runner_release, runner_protocol,
 		       due_at, waiting_for, waiting_since, concurrency_key, children

@@ -16,9 +16,13 @@ import (
 	"github.com/dama-etl/dama/supervisor"
 )
 
-// webTokenEnv names the environment variable with the action token: an
-// argument would show in a process listing.
-const webTokenEnv = "DAMA_WEB_TOKEN"
+// webTokenEnv and webReadTokenEnv name the environment variables with the
+// action token and the read token: an argument would show in a process
+// listing.
+const (
+	webTokenEnv     = "DAMA_WEB_TOKEN"
+	webReadTokenEnv = "DAMA_WEB_READ_TOKEN"
+)
 
 func newWebCommand(g *globals) *cobra.Command {
 	var (
@@ -56,6 +60,7 @@ func newWebCommand(g *globals) *cobra.Command {
 			reg.MustRegister(supervisor.NewStatsCollector(pool), supervisor.NewPoolCollector(pool))
 			page, err := web.New(pool, cfg, web.Options{
 				Token:        token,
+				ReadToken:    os.Getenv(webReadTokenEnv),
 				ReadOnly:     readOnly,
 				AllowedHosts: hostsFor(addr, allowedHosts),
 				Metrics:      metricsHandler(reg, logger),

@@ -625,3 +625,79 @@ func TestHostsFor(t *testing.T) {
 		}
 	}
 }
+
+// A task with 40 events of 900 KB and as large a progress reads back, in
+// the page's reads, within about 1 MiB: each payload cut to its head with
+// its size, the whole of one fetched on its own. With a read token set,
+// reads need it.
+func TestWebReadsAreBoundedInBytes(t *testing.T) {
+	env := testenv.New(t)
+	cfg := env.WriteConfig(webConfig)
+	res := env.Dama(cfg, "submit", "parked")
+	if res.Code != 0 {
+		t.Fatalf("submit: %s", res.Stderr)
+	}
+	id := testenv.Atoi(t, res.Stdout)
+	big := map[string]string{"blob": strings.Repeat("x", 900<<10)}
+	ctx := context.Background()
+	var last int64
+	for i := range 41 {
+		typ := "parked:ROWS"
+		if i == 40 {
+			typ = "parked:PROGRESS"
+		}
+		eid, err := etlcontext.Append(ctx, env.Pool, etlcontext.NewEvent{ContextID: id, Type: typ, Payload: big})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			last = eid
+		}
+	}
+	const readToken = "read-token-0123456789"
+	_, base := startWeb(t, env, cfg, []string{webReadTokenEnv + "=" + readToken}, "--read-only")
+	read := func(path string, header map[string]string) (int, []byte) {
+		t.Helper()
+		req, err := http.NewRequest("GET", base+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range header {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, b
+	}
+	withToken := map[string]string{"X-Dama-Read-Token": readToken}
+	for _, path := range []string{"/api/tasks", fmt.Sprintf("/api/tasks/%d", id), "/metrics"} {
+		if code, _ := read(path, nil); code != http.StatusUnauthorized {
+			t.Errorf("GET %s without the read token: %d, want 401", path, code)
+		}
+	}
+	if code, _ := read("/metrics", map[string]string{"Authorization": "Bearer " + readToken}); code != http.StatusOK {
+		t.Errorf("GET /metrics with the read token as a bearer: %d, want 200", code)
+	}
+	for _, path := range []string{"/api/tasks", fmt.Sprintf("/api/tasks/%d", id)} {
+		code, body := read(path, withToken)
+		if code != http.StatusOK || len(body) > 1<<20+64<<10 {
+			t.Errorf("GET %s: %d, %d bytes; want 200 and at most about 1 MiB", path, code, len(body))
+		}
+		if !strings.Contains(string(body), `"dama_truncated"`) {
+			t.Errorf("GET %s: no payload marked cut short", path)
+		}
+		t.Logf("GET %s: %d bytes", path, len(body))
+	}
+	code, body := read(fmt.Sprintf("/api/tasks/%d/events/%d", id, last), withToken)
+	var whole etlcontext.Event
+	if err := json.Unmarshal(body, &whole); code != http.StatusOK || err != nil || len(whole.Payload) < 900<<10 {
+		t.Errorf("GET the whole event: %d, %d bytes of payload, %v; want it whole", code, len(whole.Payload), err)
+	}
+}

@@ -68,7 +68,23 @@ const (
 	// maxActions bounds the actions served at once: each holds a
 	// connection of the pool, which the page's reads need too.
 	maxActions = 4
+	// maxReads bounds the reads served at once; more wait, within
+	// readTimeout.
+	maxReads = 8
+	// maxPayload is the most of each event payload, meta or progress a
+	// page's read returns: the rest is fetched event by event
+	// (GET /api/tasks/{id}/events/{event}). maxText bounds an attempt's
+	// reason and log tail; attemptsPage the attempts shown.
+	maxPayload   = 2 << 10
+	maxText      = 4 << 10
+	attemptsPage = 100
+	// maxResponse is the most a task's read returns: past it, the oldest
+	// of its events are left out.
+	maxResponse = 1 << 20
 )
+
+// ReadTokenHeader carries the read token (Options.ReadToken).
+const ReadTokenHeader = "X-Dama-Read-Token"
 
 // errInvalid marks a request the server cannot read: a 400.
 var errInvalid = errors.New("invalid request")
@@ -80,6 +96,11 @@ type Options struct {
 	Token string
 	// ReadOnly turns every action off; Token is then ignored.
 	ReadOnly bool
+	// ReadToken, when set, is needed for every read of the API and of
+	// /metrics too, in ReadTokenHeader (the action token also does), for
+	// a page served beyond this host. Empty, the default: reads need
+	// none. It must be at least MinTokenLength long.
+	ReadToken string
 	// AllowedHosts, when not empty, are the host names (or addresses) the
 	// page answers to: a request whose Host header names another is
 	// refused, so that another site cannot read the page through DNS
@@ -103,9 +124,9 @@ type Server struct {
 	host   string
 	// tokenSum is the token's SHA-256: comparing sums of equal length
 	// tells nothing of the token's length.
-	tokenSum [sha256.Size]byte
-	actions  chan struct{}
-	mux      *http.ServeMux
+	tokenSum, readTokenSum [sha256.Size]byte
+	actions, reads         chan struct{}
+	mux                    *http.ServeMux
 }
 
 // ErrNoToken is returned by New for actions without a token long enough.
@@ -115,6 +136,9 @@ var ErrNoToken = fmt.Errorf("actions need a token of at least %d characters", Mi
 func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Server, error) {
 	if !opts.ReadOnly && len(opts.Token) < MinTokenLength {
 		return nil, ErrNoToken
+	}
+	if opts.ReadToken != "" && len(opts.ReadToken) < MinTokenLength {
+		return nil, fmt.Errorf("the read token is too short: at least %d characters", MinTokenLength)
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -133,7 +157,8 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Server, error) 
 	}
 	s := &Server{
 		pool: pool, cfg: cfg, client: client, opts: opts, hostID: hostID, host: host,
-		tokenSum: sha256.Sum256([]byte(opts.Token)), actions: make(chan struct{}, maxActions), mux: http.NewServeMux(),
+		tokenSum: sha256.Sum256([]byte(opts.Token)), readTokenSum: sha256.Sum256([]byte(opts.ReadToken)),
+		actions: make(chan struct{}, maxActions), reads: make(chan struct{}, maxReads), mux: http.NewServeMux(),
 	}
 	static, err := fs.Sub(assets, "assets")
 	if err != nil {
@@ -147,6 +172,7 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Server, error) 
 	s.mux.HandleFunc("GET /api/tasks", s.tasks)
 	s.mux.HandleFunc("GET /api/tasks/{id}", s.task)
 	s.mux.HandleFunc("GET /api/tasks/{id}/log", s.log)
+	s.mux.HandleFunc("GET /api/tasks/{id}/events/{event}", s.event)
 	s.mux.HandleFunc("GET /api/queues", s.queues)
 	s.mux.HandleFunc("POST /api/tasks/{id}/cancel", s.action(s.cancel))
 	s.mux.HandleFunc("POST /api/tasks/{id}/retry", s.action(s.retry))
@@ -177,8 +203,39 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
 		defer cancel()
 		r = r.WithContext(ctx)
+		if api := strings.HasPrefix(r.URL.Path, "/api/") || r.URL.Path == "/metrics"; api {
+			if !s.mayRead(r) {
+				writeError(w, http.StatusUnauthorized, errors.New("a valid read token is needed"))
+				return
+			}
+			select {
+			case s.reads <- struct{}{}:
+				defer func() { <-s.reads }()
+			case <-ctx.Done():
+				writeError(w, http.StatusServiceUnavailable, fmt.Errorf("%d reads are under way: try again", maxReads))
+				return
+			}
+		}
 	}
 	s.mux.ServeHTTP(w, r)
+}
+
+// mayRead reports whether r may read the API: always, unless a read token
+// is set, which r must carry (or the action token).
+func (s *Server) mayRead(r *http.Request) bool {
+	if s.opts.ReadToken == "" {
+		return true
+	}
+	token := r.Header.Get(ReadTokenHeader)
+	if bearer, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && token == "" {
+		token = bearer // as Prometheus sends it
+	}
+	sum := sha256.Sum256([]byte(token))
+	if subtle.ConstantTimeCompare(sum[:], s.readTokenSum[:]) == 1 {
+		return true
+	}
+	sum = sha256.Sum256([]byte(r.Header.Get(TokenHeader)))
+	return !s.opts.ReadOnly && subtle.ConstantTimeCompare(sum[:], s.tokenSum[:]) == 1
 }
 
 func (s *Server) hostAllowed(hostport string) bool {
@@ -304,7 +361,7 @@ func withBars(tasks []etlcontext.Task) []taskJSON {
 // ?kind=, ?queue=, and ?q=, an id or an idempotency key.
 func (s *Server) tasks(w http.ResponseWriter, r *http.Request) {
 	v := r.URL.Query()
-	q := etlcontext.TaskQuery{Limit: taskPage, Kind: v.Get("kind"), Queue: v.Get("queue")}
+	q := etlcontext.TaskQuery{Limit: taskPage, Kind: v.Get("kind"), Queue: v.Get("queue"), MaxPayload: maxPayload}
 	if st := v.Get("status"); st != "" {
 		for _, name := range strings.Split(st, ",") {
 			status := etlcontext.Status(strings.ToUpper(strings.TrimSpace(name)))
@@ -355,7 +412,7 @@ func (s *Server) oneTask(r *http.Request) (etlcontext.Task, error) {
 	if err != nil {
 		return etlcontext.Task{}, err
 	}
-	tasks, err := etlcontext.Tasks(r.Context(), s.pool, etlcontext.TaskQuery{ID: id})
+	tasks, err := etlcontext.Tasks(r.Context(), s.pool, etlcontext.TaskQuery{ID: id, MaxPayload: maxPayload})
 	if err != nil {
 		return etlcontext.Task{}, err
 	}
@@ -372,17 +429,17 @@ func (s *Server) task(w http.ResponseWriter, r *http.Request) {
 		readError(w, err)
 		return
 	}
-	events, err := etlcontext.RecentEvents(ctx, s.pool, t.ID, eventsPage)
+	events, err := etlcontext.RecentEvents(ctx, s.pool, t.ID, eventsPage, maxPayload)
 	if err != nil {
 		readError(w, err)
 		return
 	}
-	attempts, err := etlcontext.Attempts(ctx, s.pool, t.ID)
+	attempts, err := etlcontext.RecentAttempts(ctx, s.pool, t.ID, attemptsPage, maxText)
 	if err != nil {
 		readError(w, err)
 		return
 	}
-	children, err := etlcontext.Tasks(ctx, s.pool, etlcontext.TaskQuery{ParentID: t.ID, Limit: childrenPage})
+	children, err := etlcontext.Tasks(ctx, s.pool, etlcontext.TaskQuery{ParentID: t.ID, Limit: childrenPage, MaxPayload: maxPayload})
 	if err != nil {
 		readError(w, err)
 		return
@@ -392,11 +449,49 @@ func (s *Server) task(w http.ResponseWriter, r *http.Request) {
 		readError(w, err)
 		return
 	}
-	writeJSON(w, map[string]any{
-		"task": withBar(t), "events": events, "events_limit": eventsPage,
-		"attempts": attempts, "children": withBars(children), "children_limit": childrenPage,
+	reply := map[string]any{
+		"task": withBar(t), "events_limit": eventsPage,
+		"attempts": attempts, "attempts_limit": attemptsPage, "children": withBars(children), "children_limit": childrenPage,
 		"args": args, "checkpoint": checkpoint, "log_here": s.logHere(t),
-	})
+	}
+	// Every value is bounded, but their sum may not be: the oldest events
+	// give way.
+	for {
+		reply["events"] = events
+		b, err := json.Marshal(reply)
+		if err != nil {
+			readError(w, err)
+			return
+		}
+		if len(b) <= maxResponse || len(events) == 0 {
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Cache-Control", "no-store")
+			_, _ = w.Write(append(b, '\n'))
+			return
+		}
+		events = events[len(events)/2+len(events)%2:]
+		reply["events_cut"] = true
+	}
+}
+
+// event returns one event of a task, whole: what the task's read cut short.
+func (s *Server) event(w http.ResponseWriter, r *http.Request) {
+	id, err := pathID(r)
+	if err != nil {
+		readError(w, err)
+		return
+	}
+	eventID, err := strconv.ParseInt(r.PathValue("event"), 10, 64)
+	if err != nil || eventID <= 0 {
+		readError(w, fmt.Errorf("%w: event id %q", errInvalid, r.PathValue("event")))
+		return
+	}
+	e, err := etlcontext.EventOf(r.Context(), s.pool, id, eventID)
+	if err != nil {
+		readError(w, err)
+		return
+	}
+	writeJSON(w, e)
 }
 
 // logHere reports whether the task's log is on this host, where the page

@@ -22,7 +22,8 @@ actorInput.value = localStorage.getItem("dama-actor") || "";
 actorInput.addEventListener("input", () => localStorage.setItem("dama-actor", actorInput.value));
 
 async function get(url) {
-  const r = await fetch(url, { headers: { Accept: "application/json" } });
+  // The token field also holds a read token, for a page that needs one.
+  const r = await fetch(url, { headers: { Accept: "application/json", "X-Dama-Read-Token": tokenInput.value } });
   const body = await r.json();
   if (!r.ok) throw new Error(body.error || r.statusText);
   return body;
@@ -175,13 +176,19 @@ async function taskPage() {
 
   const events = el("tbody");
   for (const e of d.events) {
-    const text = json(e.payload);
+    // A payload read cut short comes as {"dama_truncated": {bytes, head}}:
+    // its head, and a link to the whole event.
+    const cut = e.payload && e.payload.dama_truncated;
+    const text = cut ? cut.head : json(e.payload);
     const code = el("code", text.length > 300 ? text.slice(0, 300) + "…" : text);
     code.title = text.length > 300 ? text.slice(0, 4000) : "";
-    events.append(row(time(e.created_at), e.attempt, e.type, cell(code)));
+    const what = cell(code);
+    if (cut) what.append(" ", link(`/api/tasks/${id}/events/${e.event_id}`, `(${cut.bytes} bytes: whole)`));
+    events.append(row(time(e.created_at), e.attempt, e.type, what));
   }
   $("#events tbody").replaceWith(events);
-  $("#events-note").textContent = d.events.length >= d.events_limit ? `the newest ${d.events_limit} events` : "";
+  $("#events-note").textContent = d.events_cut ? `the newest ${d.events.length} events (the older ones would make the page too large)`
+    : d.events.length >= d.events_limit ? `the newest ${d.events_limit} events` : "";
 
   if (!d.log_here) {
     $("#log-note").textContent = `The log is on host ${t.host || "-"}: run dama web there to follow it.`;

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -222,4 +224,93 @@ func TestMigrateByAnOwnerPrintsTheRolesForAnAdministrator(t *testing.T) {
 	if res := env.DamaWith("", asOwner, "migrate"); res.Code != 0 || res.Stdout != "" {
 		t.Errorf("dama migrate again: exit %d, stdout %q; want nothing to print", res.Code, res.Stdout)
 	}
+}
+
+// The database password shows nowhere: not in any process's arguments, in
+// the supervisor's, the page's or a task's log, in events, on the page, or
+// in an error about the URL.
+func TestThePasswordNeverShows(t *testing.T) {
+	srv := testenv.NewServer(t)
+	env := testenv.NewOn(t, srv)
+	ctx := context.Background()
+	password := "pw-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	if _, err := env.Pool.Exec(ctx, `CREATE ROLE dama_secret LOGIN SUPERUSER PASSWORD '`+password+`'`); err != nil {
+		t.Fatal(err)
+	}
+	srv.RequirePassword(t, "dama_secret")
+	u, err := url.Parse(env.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword("dama_secret", password)
+	withPassword := []string{"DATABASE_URL=" + u.String()}
+	wrong := *u
+	wrong.User = url.UserPassword("dama_secret", password+"-not")
+	// The failing command prints its environment to its log, whose tail
+	// its ERROR event keeps.
+	cfg := env.WriteConfig(`
+log_dir: {{dir}}/logs
+poll_interval: 300ms
+kinds:
+  sample: { command: ["{{sample}}"] }
+  failing: { command: ["/bin/sh", "-c", "env; echo oops >&2; exit 3"], max_attempts: 1 }
+`)
+	w := &world{Env: env, cfg: cfg}
+	sup := env.StartWith(cfg, withPassword, nil, "supervisor")
+	const token = "web-token-0123456789"
+	webProc, base := startWeb(t, env, cfg, append([]string{webTokenEnv + "=" + token}, withPassword...))
+	var ids []int64
+	for _, kind := range []string{"sample", "failing"} {
+		res := env.DamaWith(cfg, withPassword, "submit", kind)
+		if res.Code != 0 {
+			t.Fatalf("submit %s: %s", kind, res.Stderr)
+		}
+		ids = append(ids, testenv.Atoi(t, res.Stdout))
+	}
+	var outputs []string
+	for _, id := range ids {
+		w.waitSettled(id, time.Minute)
+		for _, args := range [][]string{{"status", strconv.FormatInt(id, 10)}, {"events", strconv.FormatInt(id, 10), "--json"}} {
+			res := env.DamaWith(cfg, withPassword, args...)
+			outputs = append(outputs, res.Stdout, res.Stderr)
+		}
+		for _, path := range []string{"/api/tasks", fmt.Sprintf("/api/tasks/%d", id), fmt.Sprintf("/api/tasks/%d/log", id), "/metrics"} {
+			resp, err := http.Get(base + path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			outputs = append(outputs, string(b))
+		}
+	}
+	// Errors about the URL: a wrong password, a malformed URL.
+	for _, bad := range []string{wrong.String(), strings.Replace(u.String(), "@", "@:not-a-port", 1)} {
+		res := env.DamaWith(cfg, []string{"DATABASE_URL=" + bad}, "status")
+		if res.Code == 0 {
+			t.Errorf("dama status with a bad URL: exit 0")
+		}
+		outputs = append(outputs, res.Stdout, res.Stderr)
+	}
+	var stored string
+	if err := env.Pool.QueryRow(ctx, `SELECT coalesce(string_agg(coalesce(payload::text, '') || coalesce(meta::text, ''), ''), '') FROM data_manager.event_store`).Scan(&stored); err != nil {
+		t.Fatal(err)
+	}
+	outputs = append(outputs, stored)
+	logs, _ := filepath.Glob(filepath.Join(env.Dir, "logs", "*.log"))
+	for _, f := range append(logs, sup.Log, webProc.Log) {
+		b, _ := os.ReadFile(f)
+		outputs = append(outputs, string(b))
+	}
+	cmdlines, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, f := range cmdlines {
+		b, _ := os.ReadFile(f)
+		outputs = append(outputs, string(b))
+	}
+	for _, out := range outputs {
+		if i := strings.Index(out, password); i >= 0 {
+			t.Errorf("the password shows: …%s…", out[max(0, i-120):min(len(out), i+len(password)+20)])
+		}
+	}
+	t.Logf("looked in %d outputs, logs, event payloads and process arguments", len(outputs))
 }

@@ -379,3 +379,23 @@ func tail(s string, n int) string {
 	}
 	return "...\n" + s[len(s)-n:]
 }
+
+// RequirePassword makes the server ask role for its password
+// (scram-sha-256), over TCP and over the socket; every other role is still
+// trusted.
+func (s *Server) RequirePassword(t testing.TB, role string) {
+	t.Helper()
+	path := filepath.Join(s.dataDir(), "pg_hba.conf")
+	old, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("read pg_hba.conf: %v", err)
+	}
+	// The first line that matches decides.
+	lines := fmt.Sprintf("local all %[1]s scram-sha-256\nhost all %[1]s 127.0.0.1/32 scram-sha-256\n", role)
+	if err := os.WriteFile(path, append([]byte(lines), old...), 0o600); err != nil {
+		t.Fatalf("write pg_hba.conf: %v", err)
+	}
+	if out, err := s.run(filepath.Join(s.bindir, "pg_ctl"), "-D", s.dataDir(), "reload"); err != nil {
+		t.Fatalf("reload the server: %v\n%s", err, out)
+	}
+}

@@ -59,25 +59,18 @@ func RecordRunner(ctx context.Context, db DB, id int64, runID string, r Runner) 
 // begun in etl_attempts is no attempt. It fails with ErrStaleRun when the
 // run is no longer current, or its command was recorded.
 func WithdrawRunner(ctx context.Context, db DB, id int64, runID string, pid int) error {
-	var n int
-	err := db.QueryRow(ctx, `
-		WITH withdrawn AS (
-			UPDATE data_manager.etl_contexts
-			   SET host = NULL, pid = NULL, process_started_at = NULL, heartbeat_at = NULL,
-			       host_id = NULL, runner_start_ticks = NULL, fence_window = NULL, lock_lost_at = NULL,
-			       lock_mode = NULL, runner_release = NULL, runner_protocol = NULL
-			 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = 'RUNNING'
-			   AND pid = $3 AND command_pgid IS NULL
-			RETURNING etl_context_id, run_id
-		), unbegun AS (
-			DELETE FROM data_manager.etl_attempts AS a USING withdrawn AS w
-			 WHERE a.etl_context_id = w.etl_context_id AND a.run_id = w.run_id
-		)
-		SELECT count(*) FROM withdrawn`, id, runID, pid).Scan(&n)
+	// The database deletes the attempt begun (etl_attempts_withdrawn).
+	tag, err := db.Exec(ctx, `
+		UPDATE data_manager.etl_contexts
+		   SET host = NULL, pid = NULL, process_started_at = NULL, heartbeat_at = NULL,
+		       host_id = NULL, runner_start_ticks = NULL, fence_window = NULL, lock_lost_at = NULL,
+		       lock_mode = NULL, runner_release = NULL, runner_protocol = NULL
+		 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = 'RUNNING'
+		   AND pid = $3 AND command_pgid IS NULL`, id, runID, pid)
 	if err != nil {
 		return fmt.Errorf("withdraw task process of etl context %d: %w", id, classify(err))
 	}
-	if n == 0 {
+	if tag.RowsAffected() == 0 {
 		// Withdrawn already, by this call made again after its reply was
 		// lost, or the run is over.
 		var withdrawn bool

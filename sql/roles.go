@@ -20,15 +20,33 @@ const (
 	// dama status, events, queues, schedules, the status page's reads,
 	// and plain SQL. Nothing else.
 	RoleReader = "dama_reader"
+	// RoleOperator is a reader that may also cancel and retry tasks, and
+	// pause, resume, block and unblock: dama's commands and the status
+	// page's actions.
+	RoleOperator = "dama_operator"
+	// RoleTask is what a task process needs: read its context, take its
+	// lock, record itself, append events, submit children. Supervisors
+	// give it to their task processes' connections by
+	// DAMA_TASK_DATABASE_URL.
+	RoleTask = "dama_task"
+	// RoleSupervisor runs a supervisor: it reads and writes dama's and
+	// River's tables, and changes no schema (dama migrate is the owner's).
+	RoleSupervisor = "dama_supervisor"
 )
 
 // roleNames lists dama's roles.
-func roleNames() []string { return []string{RoleReader} }
+func roleNames() []string { return []string{RoleReader, RoleOperator, RoleTask, RoleSupervisor} }
 
-// riverTables are River's tables that a reader reads.
+// riverTables are River's tables; those of them that exist get grants.
 func riverTables() []string {
-	return []string{"river_job", "river_queue", "river_leader", "river_migration"}
+	return []string{"river_job", "river_queue", "river_leader", "river_migration", "river_client", "river_client_queue"}
 }
+
+// runnerColumns are the columns of etl_contexts a task process writes about
+// itself (etlcontext.RecordRunner, RecordCommand, ClearLockLost,
+// WithdrawRunner), and river_job_id for the children it submits.
+const runnerColumns = `host, pid, process_started_at, heartbeat_at, log_path, host_id, runner_start_ticks,
+	fence_window, lock_lost_at, lock_mode, runner_release, runner_protocol, command_pgid, command_start_ticks, river_job_id`
 
 // createRolesSQL creates the roles that do not exist yet. Creating a role
 // another migration creates at the same moment is no error.
@@ -49,11 +67,57 @@ $$`, r))
 // grantRolesSQL gives each role its rights in the current database; run
 // again after every migration, it also covers tables a migration added.
 func grantRolesSQL() []string {
+	dm := func(table string) string { return Schema + "." + table }
 	return []string{
-		fmt.Sprintf(`GRANT USAGE ON SCHEMA %s TO %s`, Schema, RoleReader),
-		fmt.Sprintf(`GRANT SELECT ON ALL TABLES IN SCHEMA %s TO %s`, Schema, RoleReader),
-		fmt.Sprintf(`GRANT SELECT ON %s TO %s`, strings.Join(riverTables(), ", "), RoleReader),
+		fmt.Sprintf(`GRANT USAGE ON SCHEMA %s TO %s, %s, %s, %s`, Schema, RoleReader, RoleOperator, RoleTask, RoleSupervisor),
+		// Readers and operators read everything.
+		fmt.Sprintf(`GRANT SELECT ON ALL TABLES IN SCHEMA %s TO %s, %s`, Schema, RoleReader, RoleOperator),
+		riverGrant(riverTables(), "SELECT", RoleReader+", "+RoleOperator),
+		// An operator submits tasks, asks for cancellations, appends its
+		// events (the database applies them), moves a retried task to its
+		// new job, and pauses and blocks.
+		fmt.Sprintf(`GRANT INSERT, UPDATE (cancel_requested_at, river_job_id) ON %s TO %s`, dm("etl_contexts"), RoleOperator),
+		fmt.Sprintf(`GRANT INSERT ON %s, %s TO %s`, dm("event_store"), dm("control_events"), RoleOperator),
+		fmt.Sprintf(`GRANT INSERT, DELETE ON %s, %s TO %s`, dm("queue_pauses"), dm("kind_blocks"), RoleOperator),
+		riverGrant([]string{"river_job"}, "INSERT, UPDATE", RoleOperator),
+		// A task process reads contexts and events, records itself,
+		// appends events (locking its INITIAL one: FOR UPDATE needs an
+		// UPDATE right, which event_store's triggers make void), and
+		// submits children.
+		fmt.Sprintf(`GRANT SELECT ON %s, %s, %s TO %s`, dm("etl_contexts"), dm("event_store"), dm("compatibility"), RoleTask),
+		fmt.Sprintf(`GRANT UPDATE (%s) ON %s TO %s`, runnerColumns, dm("etl_contexts"), RoleTask),
+		fmt.Sprintf(`GRANT INSERT ON %s TO %s`, dm("etl_contexts"), RoleTask),
+		fmt.Sprintf(`GRANT INSERT, UPDATE (meta) ON %s TO %s`, dm("event_store"), RoleTask),
+		// River inserts with ON CONFLICT ... DO UPDATE SET kind.
+		riverGrant([]string{"river_job"}, "SELECT, INSERT, UPDATE (kind)", RoleTask),
+		// A supervisor reads and writes every table, and alters none.
+		fmt.Sprintf(`GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA %s TO %s`, Schema, RoleSupervisor),
+		riverGrant(riverTables(), "SELECT, INSERT, UPDATE, DELETE", RoleSupervisor),
 	}
+}
+
+// riverGrant grants privileges on those of River's tables that exist, in
+// the schema the search_path finds them in, and, with INSERT, the use of
+// river_job's id sequence.
+func riverGrant(tables []string, privileges, to string) string {
+	seq := ""
+	if strings.Contains(privileges, "INSERT") {
+		seq = fmt.Sprintf(`
+    IF to_regclass('river_job_id_seq') IS NOT NULL THEN
+        EXECUTE format('GRANT USAGE ON SEQUENCE %%s TO %s', to_regclass('river_job_id_seq'));
+    END IF;`, to)
+	}
+	return fmt.Sprintf(`DO $$
+DECLARE
+    t text;
+BEGIN
+    FOREACH t IN ARRAY ARRAY['%s'] LOOP
+        IF to_regclass(t) IS NOT NULL THEN
+            EXECUTE format('GRANT %s ON %%s TO %s', to_regclass(t));
+        END IF;
+    END LOOP;%s
+END
+$$`, strings.Join(tables, "', '"), privileges, to, seq)
 }
 
 // RolesSQL is the SQL that creates dama's roles and grants them their

@@ -27,7 +27,9 @@ import (
 
 // Options tune a Supervisor beyond its configuration file.
 type Options struct {
-	// DatabaseURL is handed to task processes in their environment.
+	// DatabaseURL is what task processes connect with, handed to them in
+	// their environment: the supervisor's own, or one of a member of the
+	// role dama_task (least privilege). Required.
 	DatabaseURL string
 	// Executable is the dama binary that runs `dama taskrunner`; empty means
 	// the binary this process started from, even after the file at its path

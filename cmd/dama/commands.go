@@ -15,6 +15,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -217,6 +218,10 @@ otherwise, after each dama migrate. Needs no database.`,
 	}
 }
 
+// taskDatabaseURLEnv names the URL a supervisor's task processes connect
+// with, when not its own (DATABASE_URL).
+const taskDatabaseURLEnv = "DAMA_TASK_DATABASE_URL"
+
 func newSupervisorCommand(g *globals) *cobra.Command {
 	var metricsListen string
 	cmd := &cobra.Command{
@@ -271,7 +276,16 @@ running.`,
 				stopMetrics()
 				pool.Close()
 			}()
-			opts := supervisor.Options{DatabaseURL: url, Logger: logger}
+			// Task processes connect as the supervisor does, or, least
+			// privilege, as a member of dama_task.
+			taskURL := url
+			if u := os.Getenv(taskDatabaseURLEnv); u != "" {
+				if _, err := pgx.ParseConfig(u); err != nil {
+					return fmt.Errorf("$%s: %w", taskDatabaseURLEnv, err)
+				}
+				taskURL = u
+			}
+			opts := supervisor.Options{DatabaseURL: taskURL, Logger: logger}
 			if reg != nil {
 				opts.Registerer = reg
 			}

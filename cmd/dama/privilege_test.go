@@ -314,3 +314,115 @@ kinds:
 	}
 	t.Logf("looked in %d outputs, logs, event payloads and process arguments", len(outputs))
 }
+
+// Each role does its work, and no more: a supervisor logged in as a member
+// of dama_supervisor, its task processes as members of dama_task, an
+// operator as a member of dama_operator run, cancel, retry, pause and
+// block tasks, children included; what else each tries is refused.
+func TestEachRoleDoesItsWorkAndNoMore(t *testing.T) {
+	env := testenv.New(t)
+	goFile := filepath.Join(env.Dir, "go")
+	cfg := env.WriteConfig(`
+log_dir: {{dir}}/logs
+poll_interval: 300ms
+kinds:
+  sample: { command: ["{{sample}}"] }
+  parent:
+    command: ["/bin/sh", "-c", "echo '{\"type\":\"submit\",\"payload\":{\"kind\":\"sample\"}}' >&3"]
+    await_children: true
+  waiter:
+    command: ["/bin/sh", "-c", "while [ ! -e ` + goFile + ` ]; do sleep 0.05; done"]
+    max_attempts: 1
+`)
+	t.Cleanup(func() {
+		if t.Failed() {
+			logs, _ := filepath.Glob(filepath.Join(env.Dir, "logs", "*.log"))
+			for _, f := range logs {
+				b, _ := os.ReadFile(f)
+				t.Logf("%s:\n%s", f, b)
+			}
+		}
+	})
+	supURL, taskURL, opURL := env.NewLogin(damasql.RoleSupervisor), env.NewLogin(damasql.RoleTask), env.NewLogin(damasql.RoleOperator)
+	asOperator := []string{"DATABASE_URL=" + opURL}
+	env.StartWith(cfg, []string{"DATABASE_URL=" + supURL, "DAMA_TASK_DATABASE_URL=" + taskURL}, nil, "supervisor")
+	w := &world{Env: env, cfg: cfg}
+	submit := func(kind string) int64 {
+		t.Helper()
+		res := env.DamaWith(cfg, asOperator, "submit", kind)
+		if res.Code != 0 {
+			t.Fatalf("submit %s as an operator: %s", kind, res.Stderr)
+		}
+		return testenv.Atoi(t, res.Stdout)
+	}
+	parent := submit("parent")
+	waiter := submit("waiter")
+	if got := w.waitSettled(parent, time.Minute); got.Status != etlcontext.StatusDone || got.Children[etlcontext.StatusDone] != 1 {
+		t.Fatalf("the parent %s with children %v, want DONE with its child DONE", got.Status, got.Children)
+	}
+	w.waitFor(waiter, 30*time.Second, "to run its command", func(t etlcontext.Task) bool { return t.CommandPGID != nil && t.InitialEventLocked })
+	if res := env.DamaWith(cfg, asOperator, "cancel", strconv.FormatInt(waiter, 10)); res.Code != 0 {
+		t.Fatalf("dama cancel as an operator: exit %d, %s", res.Code, res.Stderr)
+	}
+	w.waitSettled(waiter, time.Minute)
+	for _, args := range [][]string{
+		{"retry", strconv.FormatInt(waiter, 10)},
+		{"pause", "default", "--reason", "test"}, {"resume", "default"},
+		{"block", "sample", "--reason", "test"}, {"unblock", "sample"},
+	} {
+		if res := env.DamaWith(cfg, asOperator, args...); res.Code != 0 {
+			t.Errorf("dama %v as an operator: exit %d, %s", args, res.Code, res.Stderr)
+		}
+	}
+	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.waitSettled(waiter, time.Minute); got.Status != etlcontext.StatusDone || got.Attempt != 2 {
+		t.Errorf("the cancelled and retried task: %s at attempt %d, want DONE at attempt 2", got.Status, got.Attempt)
+	}
+	var opRole string
+	if err := env.Pool.QueryRow(context.Background(), `SELECT rolname FROM pg_roles WHERE pg_has_role(rolname, $1, 'MEMBER') AND rolname LIKE 'dama_login_%'`, damasql.RoleOperator).Scan(&opRole); err != nil {
+		t.Fatal(err)
+	}
+	if by, err := etlcontext.LatestPayload(context.Background(), env.Pool, waiter, etlcontext.EventCancelRequested); err != nil || !strings.Contains(string(by), "(database role "+opRole+")") {
+		t.Errorf("CANCEL_REQUESTED %s, %v: want it to name the operator's role %s", by, err, opRole)
+	}
+
+	id := strconv.FormatInt(parent, 10)
+	refused := map[string][]string{
+		taskURL: {
+			`UPDATE data_manager.etl_contexts SET etl_status = 'DONE' WHERE etl_context_id = ` + id,
+			`UPDATE data_manager.etl_contexts SET cancel_requested_at = now()`,
+			`DELETE FROM data_manager.event_store`,
+			`DELETE FROM data_manager.etl_attempts`,
+			`DELETE FROM river_job`,
+			`INSERT INTO data_manager.queue_pauses (queue, reason, paused_by) VALUES ('default', 'x', 'x')`,
+		},
+		opURL: {
+			`UPDATE data_manager.etl_contexts SET pid = 1`,
+			`UPDATE data_manager.etl_contexts SET etl_status = 'DONE' WHERE etl_context_id = ` + id,
+			`DELETE FROM data_manager.event_store`,
+			`DELETE FROM river_job`,
+			`UPDATE river_queue SET paused_at = now()`,
+		},
+		supURL: {
+			`CREATE TABLE data_manager.extra (i int)`,
+			`ALTER TABLE data_manager.event_store DISABLE TRIGGER ALL`,
+			`DROP TABLE data_manager.control_events`,
+		},
+	}
+	for url, stmts := range refused {
+		conn, err := pgx.Connect(context.Background(), url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, stmt := range stmts {
+			_, err := conn.Exec(context.Background(), stmt)
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+				t.Errorf("%s as %s: %v, want permission denied", stmt, conn.Config().User, err)
+			}
+		}
+		conn.Close(context.Background())
+	}
+}

@@ -546,7 +546,7 @@ const TruncatedKey = "dama_truncated"
 // text is at most the parameter limit long, and else as the TruncatedKey
 // marker holding its size and its first limit characters.
 func boundedJSON(expr, limit string) string {
-	return fmt.Sprintf(`CASE WHEN %[2]s <= 0 OR octet_length(%[1]s::text) <= %[2]s THEN %[1]s
+	return fmt.Sprintf(`CASE WHEN %[1]s IS NULL OR %[2]s <= 0 OR octet_length(%[1]s::text) <= %[2]s THEN %[1]s
 		ELSE jsonb_build_object('%[3]s', jsonb_build_object('bytes', octet_length(%[1]s::text), 'head', left(%[1]s::text, %[2]s))) END`,
 		expr, limit, TruncatedKey)
 }

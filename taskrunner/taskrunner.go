@@ -156,6 +156,11 @@ const stmtTimeout = 10 * time.Second
 
 // Run runs the task and returns the process exit code.
 func Run(ctx context.Context, opts Options) int {
+	// The database URL is in this process's environment: a process of the
+	// same user (the command, which runs as this user) must not read it
+	// from /proc/<pid>/environ, nor trace this one. The command itself is
+	// dumpable again from its exec.
+	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
 	// A signal never kills the runner outright, before its command starts
 	// either: it is caught (and, once the command runs, stops it). Caught,
 	// not ignored: an ignored signal would stay ignored in the command.

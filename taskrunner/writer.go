@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -106,6 +107,8 @@ type writer struct {
 	// confirmInterval and a log line a minute.
 	confirmedAt, ignoredSaid time.Time
 	ignored                  int
+	// wakeSet: a wake-up of signalIn is pending.
+	wakeSet atomic.Bool
 }
 
 // confirmInterval is the least time between two reads of a hinted
@@ -978,7 +981,7 @@ func (w *writer) hear(n *pgconn.Notification) {
 // made again (which reads the record anew: hooks.resume).
 func (w *writer) confirmCancel(ctx context.Context) bool {
 	if wait := confirmInterval - time.Since(w.confirmedAt); wait > 0 {
-		time.AfterFunc(wait, w.signal)
+		w.signalIn(wait)
 		return true
 	}
 	w.confirmedAt = time.Now()
@@ -1004,17 +1007,27 @@ func (w *writer) confirmCancel(ctx context.Context) bool {
 			w.cancelHinted = false
 		default:
 			// The runner has yet to take what waits: look again soon.
-			time.AfterFunc(100*time.Millisecond, w.signal)
+			w.signalIn(confirmInterval)
 		}
 	case permanent(err):
 		w.cancelHinted = false
 	case w.conn.IsClosed():
 		return false
 	default:
-		w.logger.Warn("read the announced cancellation", "error", err)
-		time.AfterFunc(time.Second, w.signal)
+		w.sayBusy("read the announced cancellation; tried again in a second", err)
+		w.signalIn(time.Second)
 	}
 	return true
+}
+
+// signalIn wakes the writer's loop after d; one wake-up waits at a time.
+func (w *writer) signalIn(d time.Duration) {
+	if w.wakeSet.CompareAndSwap(false, true) {
+		time.AfterFunc(d, func() {
+			w.wakeSet.Store(false)
+			w.signal()
+		})
+	}
 }
 
 // retry reports whether the write that failed with err is to be tried

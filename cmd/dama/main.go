@@ -17,6 +17,7 @@ import (
 	_ "time/tzdata"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 
 	"github.com/dama-etl/dama/version"
 )
@@ -48,6 +49,15 @@ func run(args []string) int {
 		}
 	}
 	return int(code)
+}
+
+// hideEnvironment keeps other processes of the same user (the tasks'
+// commands) from reading this process's environment, which holds the
+// database URL and the page's tokens, through /proc/<pid>/environ or a
+// debugger. Only root, or another OS user's process, is kept out for sure:
+// run the supervisor as a user of its own for that.
+func hideEnvironment() {
+	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
 }
 
 // exitCode lets a command choose its exit status (the taskrunner's codes).

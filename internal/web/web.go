@@ -11,6 +11,7 @@
 package web
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -199,7 +200,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusMisdirectedRequest, fmt.Errorf("host %q refused: this page answers to %s", r.Host, strings.Join(s.opts.AllowedHosts, ", ")))
 		return
 	}
-	if r.Method == http.MethodGet {
+	// HEAD is served by the GET handlers: it is bounded and guarded alike.
+	if r.Method == http.MethodGet || r.Method == http.MethodHead {
 		ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
 		defer cancel()
 		r = r.WithContext(ctx)
@@ -230,12 +232,16 @@ func (s *Server) mayRead(r *http.Request) bool {
 	if bearer, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && token == "" {
 		token = bearer // as Prometheus sends it
 	}
-	sum := sha256.Sum256([]byte(token))
-	if subtle.ConstantTimeCompare(sum[:], s.readTokenSum[:]) == 1 {
-		return true
+	// The page sends its one token field as the read token: the action
+	// token reads too.
+	for _, t := range []string{token, r.Header.Get(TokenHeader)} {
+		sum := sha256.Sum256([]byte(t))
+		if subtle.ConstantTimeCompare(sum[:], s.readTokenSum[:]) == 1 ||
+			(!s.opts.ReadOnly && subtle.ConstantTimeCompare(sum[:], s.tokenSum[:]) == 1) {
+			return true
+		}
 	}
-	sum = sha256.Sum256([]byte(r.Header.Get(TokenHeader)))
-	return !s.opts.ReadOnly && subtle.ConstantTimeCompare(sum[:], s.tokenSum[:]) == 1
+	return false
 }
 
 func (s *Server) hostAllowed(hostport string) bool {
@@ -275,10 +281,23 @@ func (s *Server) page(name string) http.HandlerFunc {
 	}
 }
 
+// writeJSON writes v. Served as application/json with nosniff, it needs no
+// HTML escaping, which would make '<' six bytes.
 func writeJSON(w http.ResponseWriter, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
-	_ = json.NewEncoder(w).Encode(v)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
+}
+
+// marshal is json.Marshal without HTML escaping, as writeJSON writes.
+func marshal(v any) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	err := enc.Encode(v)
+	return b.Bytes(), err
 }
 
 func writeError(w http.ResponseWriter, code int, err error) {
@@ -458,7 +477,7 @@ func (s *Server) task(w http.ResponseWriter, r *http.Request) {
 	// give way.
 	for {
 		reply["events"] = events
-		b, err := json.Marshal(reply)
+		b, err := marshal(reply)
 		if err != nil {
 			readError(w, err)
 			return
@@ -466,7 +485,7 @@ func (s *Server) task(w http.ResponseWriter, r *http.Request) {
 		if len(b) <= maxResponse || len(events) == 0 {
 			w.Header().Set("Content-Type", "application/json")
 			w.Header().Set("Cache-Control", "no-store")
-			_, _ = w.Write(append(b, '\n'))
+			_, _ = w.Write(b)
 			return
 		}
 		events = events[len(events)/2+len(events)%2:]

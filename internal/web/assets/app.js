@@ -178,12 +178,23 @@ async function taskPage() {
   for (const e of d.events) {
     // A payload read cut short comes as {"dama_truncated": {bytes, head}}:
     // its head, and a link to the whole event.
-    const cut = e.payload && e.payload.dama_truncated;
+    const cut = e.payload && e.payload.dama_truncated && typeof e.payload.dama_truncated.head === "string" ? e.payload.dama_truncated : null;
     const text = cut ? cut.head : json(e.payload);
     const code = el("code", text.length > 300 ? text.slice(0, 300) + "…" : text);
     code.title = text.length > 300 ? text.slice(0, 4000) : "";
     const what = cell(code);
-    if (cut) what.append(" ", link(`/api/tasks/${id}/events/${e.event_id}`, `(${cut.bytes} bytes: whole)`));
+    if (cut) {
+      // Fetched with the token, then shown in a tab of its own.
+      const more = link(`/api/tasks/${id}/events/${e.event_id}`, `(${cut.bytes} bytes: whole)`);
+      more.addEventListener("click", async (ev) => {
+        ev.preventDefault();
+        try {
+          const whole = await get(more.getAttribute("href"));
+          window.open(URL.createObjectURL(new Blob([JSON.stringify(whole.payload, null, 2)], { type: "application/json" })));
+        } catch (err) { showError(err); }
+      });
+      what.append(" ", more);
+    }
     events.append(row(time(e.created_at), e.attempt, e.type, what));
   }
   $("#events tbody").replaceWith(events);

@@ -374,6 +374,19 @@ kinds:
 			t.Errorf("dama %v as an operator: exit %d, %s", args, res.Code, res.Stderr)
 		}
 	}
+	// An operator may not write the running task's outcome.
+	w.waitFor(waiter, 30*time.Second, "to run again", func(t etlcontext.Task) bool { return t.Attempt == 2 && t.CommandPGID != nil })
+	operator, err := pgx.Connect(context.Background(), opURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = operator.Exec(context.Background(), `
+		INSERT INTO data_manager.event_store (etl_context_id, type, run_id)
+		SELECT etl_context_id, kind || ':FINAL', run_id FROM data_manager.etl_contexts WHERE etl_context_id = $1`, waiter)
+	operator.Close(context.Background())
+	if pgErr := (*pgconn.PgError)(nil); !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+		t.Errorf("a FINAL for the running task as an operator: %v, want permission denied", err)
+	}
 	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -399,6 +412,7 @@ kinds:
 			`INSERT INTO data_manager.queue_pauses (queue, reason, paused_by) VALUES ('default', 'x', 'x')`,
 		},
 		opURL: {
+			`INSERT INTO data_manager.event_store (etl_context_id, type) VALUES (` + id + `, 'parent:FINAL')`,
 			`UPDATE data_manager.etl_contexts SET pid = 1`,
 			`UPDATE data_manager.etl_contexts SET etl_status = 'DONE' WHERE etl_context_id = ` + id,
 			`DELETE FROM data_manager.event_store`,

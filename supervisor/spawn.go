@@ -208,7 +208,12 @@ func (s *Supervisor) wake(ctx context.Context, id int64) {
 		)
 		// The outer select sees the job as it was before the wake.
 		err := s.pool.QueryRow(ctx, `
-			WITH due AS (SELECT river_job_id AS id FROM data_manager.etl_contexts WHERE etl_context_id = $1),
+			WITH due AS (
+				-- An announcement is a hint that anyone may send: a task
+				-- that is not due yet (--delay, --run-at) is not woken, for
+				-- its step would only park it again.
+				SELECT river_job_id AS id FROM data_manager.etl_contexts
+				 WHERE etl_context_id = $1 AND coalesce(due_at, created_at) <= now()),
 			woken AS (`+wakeSQL+`)
 			SELECT j.state, j.queue, EXISTS (SELECT 1 FROM woken)
 			  FROM river_job AS j JOIN due ON j.id = due.id`, id).Scan(&state, &queue, &woken)

@@ -440,3 +440,43 @@ kinds:
 		conn.Close(context.Background())
 	}
 }
+
+// An announcement of a task's exit, which any role may send, does not
+// start a task that is not due yet.
+func TestAnAnnouncedExitStartsNoTaskBeforeItsTime(t *testing.T) {
+	env := testenv.New(t)
+	cfg := env.WriteConfig(`
+log_dir: {{dir}}/logs
+poll_interval: 300ms
+kinds:
+  sample: { command: ["{{sample}}"] }
+`)
+	w := &world{Env: env, cfg: cfg}
+	w.Start(cfg, "supervisor")
+	res := w.Dama(cfg, "submit", "sample", "--delay", "1h")
+	if res.Code != 0 {
+		t.Fatalf("submit: %s", res.Stderr)
+	}
+	later := testenv.Atoi(t, res.Stdout)
+	ctx := context.Background()
+	intruder, err := pgx.Connect(ctx, env.NewLogin())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer intruder.Close(ctx)
+	if _, err := intruder.Exec(ctx, `SELECT pg_notify($1, $2)`, taskrunner.ExitedChannel, strconv.FormatInt(later, 10)); err != nil {
+		t.Fatal(err)
+	}
+	// A task submitted after the announcement runs to its end: the
+	// supervisor has heard the announcement by then.
+	res = w.Dama(cfg, "submit", "sample")
+	if res.Code != 0 {
+		t.Fatalf("submit: %s", res.Stderr)
+	}
+	if got := w.waitSettled(testenv.Atoi(t, res.Stdout), time.Minute); got.Status != etlcontext.StatusDone {
+		t.Fatalf("the task due now: %s, want DONE", got.Status)
+	}
+	if got := w.task(later); got.Status != etlcontext.StatusQueued || got.Attempt != 0 {
+		t.Errorf("the task due in an hour: %s at attempt %d, want QUEUED, not started", got.Status, got.Attempt)
+	}
+}

@@ -45,6 +45,12 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 		return s.transient(logger, err)
 	}
 
+	if c.RiverJobID != nil && *c.RiverJobID != job.ID {
+		// A job the task has left: dama retry gave it a new one while this
+		// one waited, parked or in a dead supervisor's step. One job steps
+		// a task.
+		return river.JobCancel(fmt.Errorf("etl context %d is stepped by job %d now", id, *c.RiverJobID))
+	}
 	if c.Status != etlcontext.StatusRunning {
 		// No attempt of it may run: nothing to time.
 		s.fence.forget(id)

@@ -61,6 +61,27 @@ func (w *world) submit(steps, stepMS int) int64 {
 	return testenv.Atoi(w.T, res.Stdout)
 }
 
+// submitOf submits a task of kind with dama submit's other arguments,
+// and returns its id.
+func (w *world) submitOf(kind string, args ...string) int64 {
+	w.T.Helper()
+	res := w.Dama(w.cfg, append([]string{"submit", kind}, args...)...)
+	if res.Code != 0 {
+		w.T.Fatalf("submit %s: exit %d: %s", kind, res.Code, res.Stderr)
+	}
+	return testenv.Atoi(w.T, res.Stdout)
+}
+
+// waiterKind is the configuration of a kind "waiter" whose command runs
+// until the file goFile exists.
+func waiterKind(goFile string, maxAttempts int) string {
+	return fmt.Sprintf(`
+  waiter:
+    command: ["/bin/sh", "-c", "while [ ! -e %s ]; do sleep 0.05; done"]
+    max_attempts: %d
+`, goFile, maxAttempts)
+}
+
 func (w *world) task(id int64) etlcontext.Task {
 	w.T.Helper()
 	return w.Task(id)

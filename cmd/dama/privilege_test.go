@@ -31,18 +31,10 @@ func TestAnAnnouncedCancellationStopsNothingUnlessRecorded(t *testing.T) {
 	cfg := env.WriteConfig(`
 log_dir: {{dir}}/logs
 poll_interval: 300ms
-kinds:
-  waiter:
-    command: ["/bin/sh", "-c", "while [ ! -e ` + goFile + ` ]; do sleep 0.05; done"]
-    max_attempts: 1
-`)
+kinds:` + waiterKind(goFile, 1))
 	w := &world{Env: env, cfg: cfg}
 	w.Start(cfg, "supervisor")
-	res := w.Dama(cfg, "submit", "waiter")
-	if res.Code != 0 {
-		t.Fatalf("submit: %s", res.Stderr)
-	}
-	id := testenv.Atoi(t, res.Stdout)
+	id := w.submitOf("waiter")
 	w.waitFor(id, 30*time.Second, "to run its command", func(t etlcontext.Task) bool {
 		return t.Status == etlcontext.StatusRunning && t.InitialEventLocked && t.CommandPGID != nil
 	})
@@ -329,11 +321,7 @@ kinds:
   sample: { command: ["{{sample}}"] }
   parent:
     command: ["/bin/sh", "-c", "echo '{\"type\":\"submit\",\"payload\":{\"kind\":\"sample\"}}' >&3"]
-    await_children: true
-  waiter:
-    command: ["/bin/sh", "-c", "while [ ! -e ` + goFile + ` ]; do sleep 0.05; done"]
-    max_attempts: 1
-`)
+    await_children: true` + waiterKind(goFile, 1))
 	t.Cleanup(func() {
 		if t.Failed() {
 			logs, _ := filepath.Glob(filepath.Join(env.Dir, "logs", "*.log"))
@@ -453,11 +441,7 @@ kinds:
 `)
 	w := &world{Env: env, cfg: cfg}
 	w.Start(cfg, "supervisor")
-	res := w.Dama(cfg, "submit", "sample", "--delay", "1h")
-	if res.Code != 0 {
-		t.Fatalf("submit: %s", res.Stderr)
-	}
-	later := testenv.Atoi(t, res.Stdout)
+	later := w.submitOf("sample", "--delay", "1h")
 	ctx := context.Background()
 	intruder, err := pgx.Connect(ctx, env.NewLogin())
 	if err != nil {
@@ -469,11 +453,7 @@ kinds:
 	}
 	// A task submitted after the announcement runs to its end: the
 	// supervisor has heard the announcement by then.
-	res = w.Dama(cfg, "submit", "sample")
-	if res.Code != 0 {
-		t.Fatalf("submit: %s", res.Stderr)
-	}
-	if got := w.waitSettled(testenv.Atoi(t, res.Stdout), time.Minute); got.Status != etlcontext.StatusDone {
+	if got := w.waitSettled(w.submitOf("sample"), time.Minute); got.Status != etlcontext.StatusDone {
 		t.Fatalf("the task due now: %s, want DONE", got.Status)
 	}
 	if got := w.task(later); got.Status != etlcontext.StatusQueued || got.Attempt != 0 {

@@ -63,56 +63,43 @@ func checkFloodStored(t *testing.T, w *world, id int64, n int, timeout time.Dura
 	t.Logf("%d named events stored once, %d of %d progress lines kept (the rest coalesced)", next-1, progress, n)
 }
 
-// A command that writes far more, far faster, than the database takes is
-// made to wait on its pipe: no event is dropped and the task is DONE once.
-func TestABurstOfEventsLosesNothing(t *testing.T) {
-	env := testenv.New(t)
-	goFile := filepath.Join(env.Dir, "go")
-	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	const n = 50000 // and as many progress lines: 100,000 in all
+// startFlood starts a supervisor of a kind "flood" (floodScript of n
+// lines, settings added to the configuration) and submits one task of it:
+// its command waits for the file goFile, and floods once it exists.
+func startFlood(t *testing.T, env *testenv.Env, n int, settings string) (w *world, id int64, goFile string) {
+	t.Helper()
+	goFile = filepath.Join(env.Dir, "go")
 	cfg := env.WriteConfig(`
 log_dir: {{dir}}/logs
 poll_interval: 500ms
+` + settings + `
 kinds:
   flood:
     command: ["/bin/sh", "-c", ` + strconv.Quote(floodScript(n, goFile)) + `]
     max_attempts: 3
 `)
-	w := &world{Env: env, cfg: cfg}
+	w = &world{Env: env, cfg: cfg}
 	w.Start(cfg, "supervisor")
-	res := w.Dama(cfg, "submit", "flood")
-	if res.Code != 0 {
-		t.Fatalf("submit: %s", res.Stderr)
+	return w, w.submitOf("flood"), goFile
+}
+
+// A command that writes far more, far faster, than the database takes is
+// made to wait on its pipe: no event is dropped and the task is DONE once.
+func TestABurstOfEventsLosesNothing(t *testing.T) {
+	const n = 50000 // and as many progress lines: 100,000 in all
+	w, id, goFile := startFlood(t, testenv.New(t), n, "")
+	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
+		t.Fatal(err)
 	}
-	checkFloodStored(t, w, testenv.Atoi(t, res.Stdout), n, 5*time.Minute)
+	checkFloodStored(t, w, id, n, 5*time.Minute)
 }
 
 // The same flood while the database is down for 20 s, within
 // reconnect_grace: the command waits on its pipe through the outage.
 func TestAFloodDuringAnOutageLosesNothing(t *testing.T) {
 	srv := testenv.NewServer(t)
-	env := testenv.NewOn(t, srv)
-	goFile := filepath.Join(env.Dir, "go")
 	const n = 20000
-	cfg := env.WriteConfig(`
-log_dir: {{dir}}/logs
-poll_interval: 500ms
-heartbeat_interval: 200ms
-reconnect_grace: 2m
-kinds:
-  flood:
-    command: ["/bin/sh", "-c", ` + strconv.Quote(floodScript(n, goFile)) + `]
-    max_attempts: 3
-`)
-	w := &world{Env: env, cfg: cfg}
-	w.Start(cfg, "supervisor")
-	res := w.Dama(cfg, "submit", "flood")
-	if res.Code != 0 {
-		t.Fatalf("submit: %s", res.Stderr)
-	}
-	id := testenv.Atoi(t, res.Stdout)
+	w, id, goFile := startFlood(t, testenv.NewOn(t, srv), n, "heartbeat_interval: 200ms\nreconnect_grace: 2m")
 	w.waitRunning(id)
 	srv.Stop(t, "fast")
 	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
@@ -212,23 +199,8 @@ kinds:
 func TestAReadOnlySpellLosesNothing(t *testing.T) {
 	srv := testenv.NewServer(t)
 	env := testenv.NewOn(t, srv)
-	goFile := filepath.Join(env.Dir, "go")
 	const n = 3000
-	cfg := env.WriteConfig(`
-log_dir: {{dir}}/logs
-poll_interval: 500ms
-kinds:
-  flood:
-    command: ["/bin/sh", "-c", ` + strconv.Quote(floodScript(n, goFile)) + `]
-    max_attempts: 3
-`)
-	w := &world{Env: env, cfg: cfg}
-	w.Start(cfg, "supervisor")
-	res := w.Dama(cfg, "submit", "flood")
-	if res.Code != 0 {
-		t.Fatalf("submit: %s", res.Stderr)
-	}
-	id := testenv.Atoi(t, res.Stdout)
+	w, id, goFile := startFlood(t, env, n, "")
 	w.waitRunning(id)
 	ctx := context.Background()
 	setReadOnly := func(on bool) {

@@ -468,28 +468,45 @@ func (s *Server) task(w http.ResponseWriter, r *http.Request) {
 		readError(w, err)
 		return
 	}
-	reply := map[string]any{
-		"task": withBar(t), "events_limit": eventsPage,
-		"attempts": attempts, "attempts_limit": attemptsPage, "children": withBars(children), "children_limit": childrenPage,
+	b, err := taskReply(map[string]any{
+		"task": withBar(t), "events_limit": eventsPage, "attempts_limit": attemptsPage, "children_limit": childrenPage,
 		"args": args, "checkpoint": checkpoint, "log_here": s.logHere(t),
+	}, events, attempts, withBars(children), maxResponse)
+	if err != nil {
+		readError(w, err)
+		return
 	}
-	// Every value is bounded, but their sum may not be: the oldest events
-	// give way.
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	_, _ = w.Write(b)
+}
+
+// taskReply encodes a task's read, reply with its events, attempts and
+// children (oldest first, oldest first, newest first), within max bytes.
+// Each value is bounded, but their sum may not be: the oldest events give
+// way, then the oldest attempts, then the oldest children, halving, and
+// reply says which ("events_cut", ...). What is left (the task, its
+// arguments and checkpoint, its newest attempt) is a few hundred KiB.
+func taskReply[E, A, C any](reply map[string]any, events []E, attempts []A, children []C, max int) ([]byte, error) {
 	for {
-		reply["events"] = events
+		reply["events"], reply["attempts"], reply["children"] = events, attempts, children
 		b, err := marshal(reply)
-		if err != nil {
-			readError(w, err)
-			return
+		if err != nil || len(b) <= max {
+			return b, err
 		}
-		if len(b) <= maxResponse || len(events) == 0 {
-			w.Header().Set("Content-Type", "application/json")
-			w.Header().Set("Cache-Control", "no-store")
-			_, _ = w.Write(b)
-			return
+		switch {
+		case len(events) > 0:
+			events = events[len(events)/2+len(events)%2:]
+			reply["events_cut"] = true
+		case len(attempts) > 1:
+			attempts = attempts[len(attempts)/2:]
+			reply["attempts_cut"] = true
+		case len(children) > 0:
+			children = children[:len(children)/2]
+			reply["children_cut"] = true
+		default:
+			return b, nil
 		}
-		events = events[len(events)/2+len(events)%2:]
-		reply["events_cut"] = true
 	}
 }
 

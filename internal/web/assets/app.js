@@ -198,6 +198,7 @@ async function taskPage() {
     events.append(row(time(e.created_at), e.attempt, e.type, what));
   }
   $("#events tbody").replaceWith(events);
+  if (d.attempts_cut || d.children_cut) showError("part of this task's attempts or children are left out: the page would be too large");
   $("#events-note").textContent = d.events_cut ? `the newest ${d.events.length} events (the older ones would make the page too large)`
     : d.events.length >= d.events_limit ? `the newest ${d.events_limit} events` : "";
 

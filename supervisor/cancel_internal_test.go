@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
 )
@@ -14,16 +13,8 @@ import (
 // page's cancel) as soon as its lock is free, not at its next step, which
 // for a task waiting out a retry's backoff may be hours later.
 func TestRequestCancelOfAWaitingTaskOutwaitsAMomentaryLock(t *testing.T) {
-	env := testenv.New(t)
+	env, client := newTestClient(t)
 	ctx := context.Background()
-	cfg, err := config.Load(env.WriteConfig(idempotencyTestConfig))
-	if err != nil {
-		t.Fatal(err)
-	}
-	client, err := NewClient(env.Pool, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
 	id, _, err := client.Submit(ctx, SubmitParams{Kind: "sample"})
 	if err != nil {
 		t.Fatal(err)

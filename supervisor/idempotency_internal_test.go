@@ -35,9 +35,11 @@ func counts(t *testing.T, env *testenv.Env) (contexts, jobs int) {
 	return contexts, jobs
 }
 
-func TestIdempotencyKeyBelongsToOneKindAndDamasPrefixToDama(t *testing.T) {
+// newTestClient returns a database for t and a Client of
+// idempotencyTestConfig's kinds over it.
+func newTestClient(t *testing.T) (*testenv.Env, *Client) {
+	t.Helper()
 	env := testenv.New(t)
-	ctx := context.Background()
 	cfg, err := config.Load(env.WriteConfig(idempotencyTestConfig))
 	if err != nil {
 		t.Fatal(err)
@@ -46,6 +48,12 @@ func TestIdempotencyKeyBelongsToOneKindAndDamasPrefixToDama(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return env, client
+}
+
+func TestIdempotencyKeyBelongsToOneKindAndDamasPrefixToDama(t *testing.T) {
+	env, client := newTestClient(t)
+	ctx := context.Background()
 
 	id, created, err := client.Submit(ctx, SubmitParams{Kind: "sample", IdempotencyKey: "nightly"})
 	if err != nil || !created {
@@ -121,6 +129,7 @@ func TestIdempotencyKeyBelongsToOneKindAndDamasPrefixToDama(t *testing.T) {
 	}
 
 	// A schedule's tick submits with its TickKey.
+	cfg := client.cfg
 	s := newTestSupervisor(t, env, env.Pool, cfg)
 	k := cfg.Kinds["ticked"]
 	sched, err := k.ScheduleOf()

@@ -2,6 +2,9 @@ package etlcontext
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -204,24 +207,46 @@ func MarkLockLost(ctx context.Context, db DB, id int64) (mark time.Time, err err
 	return mark, nil
 }
 
+// Run is a launch StartAttempt prepared.
+type Run struct {
+	// ID is the run id: the task process's events carry it, and the
+	// database refuses those of a run that is no longer current.
+	ID string
+	// Key opens the run's rows to its task process (RunKeySetting): only
+	// the task process launched learns it. The context keeps its SHA-256.
+	Key string
+	// Attempt is the attempt's number.
+	Attempt int
+}
+
+// RunKeySetting is the session setting in which a task process holds its
+// run's key: a member of dama_task may write only the rows of the run whose
+// key its session holds (migration 19).
+const RunKeySetting = "dama.run_key"
+
 // StartAttempt marks context id RUNNING for a new attempt with a fresh run
-// id, launched by host, and returns the run id and attempt number. The
-// caller holds the lock.
-func StartAttempt(ctx context.Context, db DB, id int64, attempt int, launchedBy string) (runID string, got int, err error) {
-	err = db.QueryRow(ctx, `
+// id and key, launched by host. The caller holds the lock.
+func StartAttempt(ctx context.Context, db DB, id int64, attempt int, launchedBy string) (Run, error) {
+	var secret [32]byte
+	if _, err := rand.Read(secret[:]); err != nil {
+		return Run{}, fmt.Errorf("make the run key of etl context %d: %w", id, err)
+	}
+	run := Run{Key: hex.EncodeToString(secret[:])}
+	hash := sha256.Sum256([]byte(run.Key))
+	err := db.QueryRow(ctx, `
 		UPDATE data_manager.etl_contexts
 		   SET etl_status = 'RUNNING', attempt = $2, run_id = gen_random_uuid(), launched_by = $3,
-		       started_at = coalesce(started_at, now()),
+		       runner_key_hash = $4, started_at = coalesce(started_at, now()),
 		       host = NULL, pid = NULL, process_started_at = NULL, heartbeat_at = NULL,
 		       host_id = NULL, runner_start_ticks = NULL, command_pgid = NULL, command_start_ticks = NULL,
 		       fence_window = NULL, lock_lost_at = NULL, lock_mode = NULL, runner_release = NULL, runner_protocol = NULL,
 		       waiting_for = NULL, waiting_since = NULL
 		 WHERE etl_context_id = $1
-		RETURNING run_id::text, attempt`, id, attempt, launchedBy).Scan(&runID, &got)
+		RETURNING run_id::text, attempt`, id, attempt, launchedBy, hash[:]).Scan(&run.ID, &run.Attempt)
 	if err != nil {
-		return "", 0, fmt.Errorf("start attempt of etl context %d: %w", id, classify(err))
+		return Run{}, fmt.Errorf("start attempt of etl context %d: %w", id, classify(err))
 	}
-	return runID, got, nil
+	return run, nil
 }
 
 // AbandonLaunch takes back the launch of c, RUNNING but without a recorded

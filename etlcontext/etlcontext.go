@@ -324,19 +324,18 @@ func LockRow(ctx context.Context, tx pgx.Tx, id int64) (*Context, error) {
 	if !ok {
 		return nil, fmt.Errorf("lock etl context %d: %w", id, ErrLocked)
 	}
-	// Found by event_store's own index, without reading etl_contexts.
-	// Whoever locks the row holds the advisory lock first, so NOWAIT does
-	// not fail here unless something outside dama locks the row.
-	var eventID int64
-	err = tx.QueryRow(ctx, `
-		SELECT event_id FROM data_manager.event_store
-		 WHERE etl_context_id = $1 AND type LIKE '%:INITIAL'
-		   FOR UPDATE NOWAIT`, id).Scan(&eventID)
+	// Found by event_store's own index; the function keeps no lock of
+	// etl_contexts, and holds a member of dama_task to its own run
+	// (migration 19). Whoever locks the row holds the advisory lock first,
+	// so NOWAIT does not fail here unless something outside dama locks the
+	// row.
+	var eventID *int64
+	err = tx.QueryRow(ctx, `SELECT data_manager.lock_initial_event($1)`, id).Scan(&eventID)
 	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return nil, fmt.Errorf("lock initial event of etl context %d: %w", id, ErrNotFound)
 	case err != nil:
 		return nil, fmt.Errorf("lock initial event of etl context %d: %w", id, classify(err))
+	case eventID == nil:
+		return nil, fmt.Errorf("lock initial event of etl context %d: %w", id, ErrNotFound)
 	}
 	// The context is read in a savepoint rolled back at once: the table
 	// lock the read takes on etl_contexts goes with it, while the locks

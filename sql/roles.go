@@ -25,9 +25,9 @@ const (
 	// page's actions.
 	RoleOperator = "dama_operator"
 	// RoleTask is what a task process needs: read its context, take its
-	// lock, record itself, append events, submit children. Supervisors
-	// give it to their task processes' connections by
-	// DAMA_TASK_DATABASE_URL.
+	// lock, record itself, append events, submit children, each for its own
+	// run only, which the run's key opens (migration 19). Supervisors give
+	// it to their task processes' connections by DAMA_TASK_DATABASE_URL.
 	RoleTask = "dama_task"
 	// RoleSupervisor runs a supervisor: it reads and writes dama's and
 	// River's tables, and changes no schema (dama migrate is the owner's).
@@ -81,13 +81,15 @@ func grantRolesSQL() []string {
 		fmt.Sprintf(`GRANT INSERT, DELETE ON %s, %s TO %s`, dm("queue_pauses"), dm("kind_blocks"), RoleOperator),
 		riverGrant([]string{"river_job"}, "INSERT, UPDATE", RoleOperator),
 		// A task process reads contexts and events, records itself,
-		// appends events (locking its INITIAL one: FOR UPDATE needs an
-		// UPDATE right, which event_store's triggers make void), and
-		// submits children.
+		// appends events, and submits children; the rows it may write are
+		// its own run's (migration 19). It locks its INITIAL event through
+		// data_manager.lock_initial_event: it may lock no other row of
+		// event_store.
 		fmt.Sprintf(`GRANT SELECT ON %s, %s, %s TO %s`, dm("etl_contexts"), dm("event_store"), dm("compatibility"), RoleTask),
 		fmt.Sprintf(`GRANT UPDATE (%s) ON %s TO %s`, runnerColumns, dm("etl_contexts"), RoleTask),
 		fmt.Sprintf(`GRANT INSERT ON %s TO %s`, dm("etl_contexts"), RoleTask),
-		fmt.Sprintf(`GRANT INSERT, UPDATE (meta) ON %s TO %s`, dm("event_store"), RoleTask),
+		fmt.Sprintf(`GRANT INSERT ON %s TO %s`, dm("event_store"), RoleTask),
+		fmt.Sprintf(`REVOKE UPDATE ON %s FROM %s`, dm("event_store"), RoleTask),
 		// River inserts with ON CONFLICT ... DO UPDATE SET kind.
 		riverGrant([]string{"river_job"}, "SELECT, INSERT, UPDATE (kind)", RoleTask),
 		// A supervisor reads and writes every table, and alters none.

@@ -33,6 +33,15 @@ import (
 //     with a future scheduled_at is left alone: River leaves so both a
 //     short snooze and a short retry backoff, and a retry must wait out
 //     its kind's backoff.
+//
+// And in the schema, on River's table: migration 19 turns on row-level
+// security on river_job, with a policy true for every row and a
+// restrictive one that keeps a member of dama_task from changing or
+// locking any job. A task process inserts its children's jobs through
+// River's InsertTx, whose INSERT ... ON CONFLICT DO UPDATE SET kind needs
+// the right to update kind: dama's jobs carry no unique key, so that
+// update never happens. An upgrade of River must check that its queries
+// still run as every role under those policies.
 
 // notifyQueue tells every supervisor's River producer of the queue that a job
 // is available, as River itself does after an insert.

@@ -59,7 +59,7 @@ type child struct {
 // it holds the lock, or to exit. A runner that reports later (the outcome
 // is then launchPending) makes it call lateReady, if that is within
 // lateReadyWait.
-func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcontext.Context, runID string, lateReady func()) (launchOutcome, error) {
+func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcontext.Context, run etlcontext.Run, lateReady func()) (launchOutcome, error) {
 	if err := os.MkdirAll(s.cfg.LogDir, 0o755); err != nil {
 		return 0, fmt.Errorf("create log directory: %w", err)
 	}
@@ -95,11 +95,11 @@ func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcont
 	}
 
 	kind, _ := s.cfg.Kind(c.Kind)
-	launch := taskrunner.Launch{ContextID: c.ID, RunID: runID, LockMode: s.cfg.LockModeOf(kind), ReadyFD: 3}
+	launch := taskrunner.Launch{ContextID: c.ID, RunID: run.ID, LockMode: s.cfg.LockModeOf(kind), ReadyFD: 3}
 	cmd := exec.Command(s.spawnPath, launch.Args()...)
 	// Named by its path in a process listing, whichever file it runs from.
 	cmd.Args[0] = s.opts.Executable
-	cmd.Env = runnerEnv(s.opts.DatabaseURL, s.cfg.Path)
+	cmd.Env = runnerEnv(s.opts.DatabaseURL, s.cfg.Path, run.Key)
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile
 	cmd.ExtraFiles = []*os.File{readyW}
@@ -145,14 +145,14 @@ func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcont
 	return launchExited, nil
 }
 
-// runnerEnv is the supervisor's environment with the database URL and the
-// configuration path set, for the runner to read, and the process it is
-// to be, for a program embedding the supervisor.
-func runnerEnv(databaseURL, configPath string) []string {
-	env := make([]string, 0, len(os.Environ())+3)
+// runnerEnv is the supervisor's environment with the database URL, the
+// configuration path and the run's key set, for the runner to read, and
+// the process it is to be, for a program embedding the supervisor.
+func runnerEnv(databaseURL, configPath, runKey string) []string {
+	env := make([]string, 0, len(os.Environ())+4)
 	for _, kv := range os.Environ() {
 		switch name, _, _ := strings.Cut(kv, "="); name {
-		case taskrunner.DatabaseURLEnv, taskrunner.ConfigEnv, taskrunner.ProcessEnv, taskrunner.FunctionEnv:
+		case taskrunner.DatabaseURLEnv, taskrunner.ConfigEnv, taskrunner.ProcessEnv, taskrunner.FunctionEnv, taskrunner.RunKeyEnv:
 			continue
 		}
 		env = append(env, kv)
@@ -160,6 +160,7 @@ func runnerEnv(databaseURL, configPath string) []string {
 	return append(env,
 		taskrunner.DatabaseURLEnv+"="+databaseURL,
 		taskrunner.ConfigEnv+"="+configPath,
+		taskrunner.RunKeyEnv+"="+runKey,
 		taskrunner.ProcessEnv+"="+taskrunner.ProcessRunner)
 }
 

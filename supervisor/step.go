@@ -221,7 +221,7 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 		}
 		return river.JobSnooze(parkFor)
 	}
-	runID, attempt, err := etlcontext.StartAttempt(ctx, tx, id, max(job.Attempt, c.Attempt+1), s.host)
+	run, err := etlcontext.StartAttempt(ctx, tx, id, max(job.Attempt, c.Attempt+1), s.host)
 	if err != nil {
 		return s.transient(logger, err)
 	}
@@ -234,11 +234,11 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 	started := func() {
 		s.forgetLaunchFailure(c.ID)
 		s.metrics.attemptsStarted.WithLabelValues(c.Queue, c.Kind).Inc()
-		if attempt == 1 {
+		if run.Attempt == 1 {
 			s.metrics.lockedAfterSubmit(c)
 		}
 	}
-	outcome, err := s.launch(ctx, logger.With("attempt", attempt), c, runID, started)
+	outcome, err := s.launch(ctx, logger.With("attempt", run.Attempt), c, run, started)
 	if err != nil {
 		// Nothing was started: the next look finds RUNNING with a free lock
 		// and no task process, and takes the launch back.

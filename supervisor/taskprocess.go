@@ -104,6 +104,7 @@ func runnerOptions(args []string, funcs taskrunner.Funcs) (taskrunner.Options, e
 		Config:      cfg,
 		ContextID:   launch.ContextID,
 		RunID:       launch.RunID,
+		RunKey:      os.Getenv(taskrunner.RunKeyEnv),
 		Funcs:       funcs,
 		Submit:      children.submitChild,
 	}

@@ -18,6 +18,11 @@ const (
 	// file a runner reads; the supervisor sets both.
 	DatabaseURLEnv = "DATABASE_URL"
 	ConfigEnv      = "DAMA_CONFIG"
+	// RunKeyEnv carries the run's key (etlcontext.Run), which the runner
+	// sets in each of its sessions: as a member of dama_task, it may write
+	// only its own run's rows. Neither the command nor a function process
+	// gets it.
+	RunKeyEnv = "DAMA_RUN_KEY"
 	// ProcessEnv says which task process a program was started as:
 	// ProcessRunner (by a supervisor, with Launch's arguments) or
 	// ProcessFunction (by a runner, to call FunctionEnv's function). A

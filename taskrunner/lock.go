@@ -111,6 +111,7 @@ const (
 // keeper take the lock again first thing on every new one (resume).
 type lockKeeper struct {
 	url       string
+	runKey    string // see Options.RunKey
 	contextID int64
 	runID     string
 	mode      config.LockMode
@@ -150,7 +151,7 @@ func (k *lockKeeper) appName() string { return fmt.Sprintf("dama-task-lock:%d", 
 func (k *lockKeeper) lock(ctx context.Context) (*etlcontext.Context, *pgx.Conn, error) {
 	cctx, cancel := context.WithTimeout(ctx, lockConnectTimeout(k.heartbeat))
 	defer cancel()
-	conn, err := connect(cctx, k.url, k.appName(), k.heartbeat)
+	conn, err := connect(cctx, k.url, k.runKey, k.appName(), k.heartbeat)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -329,7 +330,7 @@ func (k *lockKeeper) tryRetake(ctx context.Context, oldPID uint32) error {
 	// statements after it may wait for a write connection that is being
 	// made again too.
 	dctx, dcancel := context.WithTimeout(ctx, lockConnectTimeout(k.heartbeat))
-	conn, err := connect(dctx, k.url, k.appName(), k.heartbeat)
+	conn, err := connect(dctx, k.url, k.runKey, k.appName(), k.heartbeat)
 	dcancel()
 	if err != nil {
 		return err
@@ -462,17 +463,22 @@ func (k *lockKeeper) release(ctx context.Context, timeout time.Duration) error {
 }
 
 // connect opens a connection named for pg_stat_activity, so that an operator
-// can tell a task's lock connection from its write connection. With
+// can tell a task's lock connection from its write connection, holding
+// runKey, when set, for the rest of the session. With
 // heartbeat > 0 it asks the server for keepalives, so that the server
 // releases the lock of a host that vanished, and has the kernel probe it,
 // so that the runner notices a server that went silent (a lost write
 // connection would lose cancellations).
-func connect(ctx context.Context, url, name string, heartbeat time.Duration) (*pgx.Conn, error) {
+func connect(ctx context.Context, url, runKey, name string, heartbeat time.Duration) (*pgx.Conn, error) {
 	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("parse database URL: %w", err)
 	}
 	cfg.RuntimeParams["application_name"] = name
+	if runKey != "" {
+		// In the startup packet: no statement log shows it.
+		cfg.RuntimeParams[etlcontext.RunKeySetting] = runKey
+	}
 	if heartbeat > 0 {
 		cfg.RuntimeParams["tcp_keepalives_idle"] = strconv.Itoa(int(keepaliveIdle.Seconds()))
 		cfg.RuntimeParams["tcp_keepalives_interval"] = strconv.Itoa(int(keepaliveInterval.Seconds()))

@@ -125,6 +125,10 @@ type Options struct {
 	ContextID int64
 	// RunID is the run id the supervisor prepared for this launch.
 	RunID string
+	// RunKey is the run's key the supervisor prepared (RunKeyEnv): each of
+	// the runner's sessions holds it, which opens the run's rows to a
+	// member of dama_task. Empty sets none.
+	RunKey string
 	// LockMode is how to hold the lock, chosen by the supervisor from the
 	// kind's configuration; empty means row.
 	LockMode config.LockMode
@@ -225,6 +229,7 @@ func (r *runner) run(ctx context.Context) (int, error) {
 		mode = config.LockModeRow
 	}
 	r.lock = newLockKeeper(r.opts.DatabaseURL, r.opts.ContextID, r.opts.RunID, mode, cfg.HeartbeatInterval.D(), r.logger)
+	r.lock.runKey = r.opts.RunKey
 	hooks := writerHooks{resume: r.checkCancel}
 	name := fmt.Sprintf("dama-task:%d", r.opts.ContextID)
 	if mode == config.LockModeAdvisory {
@@ -242,6 +247,7 @@ func (r *runner) run(ctx context.Context) (int, error) {
 		name = r.lock.appName()
 	}
 	r.w = newWriter(r.opts.DatabaseURL, name, r.logger, stmtTimeout, hooks)
+	r.w.runKey = r.opts.RunKey
 	r.w.submit = r.opts.Submit
 	// Probed like the lock connection, in both modes: the write connection
 	// also hears cancellations, which a silently dead connection would lose.

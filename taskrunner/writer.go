@@ -47,6 +47,8 @@ var coalescing = map[string]bool{etlcontext.EventProgress: true, etlcontext.Even
 // connection is stored once.
 type writer struct {
 	url, name string
+	// runKey is the run's key its sessions hold (Options.RunKey).
+	runKey string
 	// heartbeat, when not zero, makes the connection a lock connection (see
 	// connect): in advisory lock mode it holds the lock.
 	heartbeat   time.Duration
@@ -614,7 +616,7 @@ func (w *writer) connect(ctx context.Context, listen []string, first bool) error
 	w.conn = nil
 	cctx, cancel := context.WithTimeout(ctx, w.stmtTimeout)
 	defer cancel()
-	conn, err := connect(cctx, w.url, w.name, w.heartbeat)
+	conn, err := connect(cctx, w.url, w.runKey, w.name, w.heartbeat)
 	if err != nil {
 		return err
 	}

@@ -460,3 +460,133 @@ kinds:
 		t.Errorf("the task due in an hour: %s at attempt %d, want QUEUED, not started", got.Status, got.Attempt)
 	}
 }
+
+// A task process's role opens only its own run's rows, by the run's key:
+// with one run's key, a member of dama_task writes that run's row, its
+// events and its children, and can neither change nor lock another run's
+// rows, nor River's jobs; without a key, it writes nothing.
+func TestATaskProcessWritesOnlyItsOwnRun(t *testing.T) {
+	env := testenv.New(t)
+	ctx := context.Background()
+	launch := func() (int64, etlcontext.Run) {
+		t.Helper()
+		id, _, err := etlcontext.Create(ctx, env.Pool, etlcontext.NewContext{Kind: "k", Queue: "q", MaxAttempts: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := etlcontext.Append(ctx, env.Pool, etlcontext.NewEvent{ContextID: id, Type: "k:INITIAL", Payload: map[string]int{}}); err != nil {
+			t.Fatal(err)
+		}
+		run, err := etlcontext.StartAttempt(ctx, env.Pool, id, 1, "test")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id, run
+	}
+	own, ownRun := launch()
+	other, otherRun := launch()
+	var job int64
+	if err := env.Pool.QueryRow(ctx, `INSERT INTO river_job (args, kind, max_attempts, queue, state) VALUES ('{}', 'k', 1, 'q', 'available') RETURNING id`).Scan(&job); err != nil {
+		t.Fatal(err)
+	}
+	taskURL := env.NewLogin(damasql.RoleTask)
+	connectWith := func(key string) *pgx.Conn {
+		t.Helper()
+		cfg, err := pgx.ParseConfig(taskURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if key != "" {
+			cfg.RuntimeParams[etlcontext.RunKeySetting] = key
+		}
+		conn, err := pgx.ConnectConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close(context.Background()) })
+		return conn
+	}
+	runner := etlcontext.Runner{Host: "h", PID: 1, LockMode: "row", Protocol: taskrunner.Protocol}
+	refused := func(what string, err error) {
+		t.Helper()
+		var pgErr *pgconn.PgError
+		if !errors.Is(err, etlcontext.ErrStaleRun) && !errors.Is(err, etlcontext.ErrNotFound) && (!errors.As(err, &pgErr) || pgErr.Code != "42501") {
+			t.Errorf("%s: %v, want it refused", what, err)
+		}
+	}
+	lock := func(conn *pgx.Conn, id int64) error {
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		if _, err = etlcontext.LockRow(ctx, tx, id); err != nil {
+			return err
+		}
+		// A row-mode lock keeps nothing of etl_contexts, which a later
+		// migration may alter while the task runs.
+		var held int
+		if err := env.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE pid = $1 AND relation = 'data_manager.etl_contexts'::regclass`,
+			conn.PgConn().PID()).Scan(&held); err != nil || held != 0 {
+			t.Errorf("the lock's transaction holds %d locks of etl_contexts (%v), want none", held, err)
+		}
+		return nil
+	}
+	child := func(conn *pgx.Conn, parent int64) error {
+		return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			id, _, err := etlcontext.Create(ctx, tx, etlcontext.NewContext{Kind: "k", Queue: "q", MaxAttempts: 1, ParentID: parent})
+			if err != nil {
+				return err
+			}
+			if _, err := etlcontext.Append(ctx, tx, etlcontext.NewEvent{ContextID: id, Type: "k:INITIAL", Payload: map[string]int{}}); err != nil {
+				return err
+			}
+			return etlcontext.SetJob(ctx, tx, id, job)
+		})
+	}
+	progress := func(conn *pgx.Conn, id int64, run etlcontext.Run) error {
+		_, err := etlcontext.Append(ctx, conn, etlcontext.NewEvent{ContextID: id, Type: "k:PROGRESS", RunID: &run.ID, Payload: map[string]int{"done": 1}})
+		return err
+	}
+
+	withKey := connectWith(ownRun.Key)
+	if _, err := etlcontext.RecordRunner(ctx, withKey, own, ownRun.ID, runner); err != nil {
+		t.Errorf("record itself on its own run: %v", err)
+	}
+	if err := progress(withKey, own, ownRun); err != nil {
+		t.Errorf("an event of its own run: %v", err)
+	}
+	if err := lock(withKey, own); err != nil {
+		t.Errorf("lock its own INITIAL event: %v", err)
+	}
+	if err := child(withKey, own); err != nil {
+		t.Errorf("submit a child: %v", err)
+	}
+	for name, conn := range map[string]*pgx.Conn{"with another run's key": withKey, "without a key": connectWith("")} {
+		_, err := etlcontext.RecordRunner(ctx, conn, other, otherRun.ID, runner)
+		refused("record itself on another run "+name, err)
+		refused("an event of another run "+name, progress(conn, other, otherRun))
+		refused("lock another run's INITIAL event "+name, lock(conn, other))
+		refused("submit a child of another run "+name, child(conn, other))
+		_, err = conn.Exec(ctx, `INSERT INTO data_manager.etl_contexts (kind, queue, max_attempts) VALUES ('k', 'q', 1)`)
+		refused("submit a task of its own "+name, err)
+		for _, stmt := range []string{
+			`UPDATE data_manager.etl_contexts SET pid = 7, river_job_id = NULL WHERE etl_context_id <> ` + strconv.FormatInt(own, 10),
+			`UPDATE river_job SET kind = 'other'`,
+		} {
+			if tag, err := conn.Exec(ctx, stmt); err != nil || tag.RowsAffected() != 0 {
+				t.Errorf("%s %s: %v rows, %v; want none", stmt, name, tag.RowsAffected(), err)
+			}
+		}
+		var locked int
+		if err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			return tx.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM river_job FOR UPDATE) AS j`).Scan(&locked)
+		}); err != nil || locked != 0 {
+			t.Errorf("lock River's jobs %s: %d, %v; want none", name, locked, err)
+		}
+	}
+	var pid *int
+	if err := env.Pool.QueryRow(ctx, `SELECT pid FROM data_manager.etl_contexts WHERE etl_context_id = $1`, other).Scan(&pid); err != nil || pid != nil {
+		t.Errorf("the other run's pid: %v, %v; want none recorded", pid, err)
+	}
+}

@@ -388,6 +388,33 @@ kinds:
 	if by, err := etlcontext.LatestPayload(context.Background(), env.Pool, waiter, etlcontext.EventCancelRequested); err != nil || !strings.Contains(string(by), "(database role "+opRole+")") {
 		t.Errorf("CANCEL_REQUESTED %s, %v: want it to name the operator's role %s", by, err, opRole)
 	}
+	// The database stamps the role, whatever the writer says: an operator
+	// writing in another's name is still named.
+	later := env.DamaWith(cfg, asOperator, "submit", "sample", "--delay", "1h")
+	if later.Code != 0 {
+		t.Fatalf("submit as an operator: %s", later.Stderr)
+	}
+	forger, err := pgx.Connect(context.Background(), opURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := forger.Exec(context.Background(), `
+		INSERT INTO data_manager.event_store (etl_context_id, type, payload, meta)
+		VALUES ($1, 'sample:CANCEL_REQUESTED', '{"by": "admin (database role postgres)"}', '{"database_role": "postgres"}')`, testenv.Atoi(t, later.Stdout)); err != nil {
+		t.Errorf("a CANCEL_REQUESTED as an operator: %v", err)
+	}
+	forger.Close(context.Background())
+	for what, query := range map[string]string{
+		"the forged CANCEL_REQUESTED": `SELECT meta->>'database_role' FROM data_manager.event_store WHERE etl_context_id = ` + later.Stdout + ` AND type = 'sample:CANCEL_REQUESTED'`,
+		"the operator's CANCEL_REQUESTED": `SELECT meta->>'database_role' FROM data_manager.event_store WHERE etl_context_id = ` + strconv.FormatInt(waiter, 10) + ` AND type = 'waiter:CANCEL_REQUESTED'`,
+		"the operator's submission": `SELECT meta->>'database_role' FROM data_manager.event_store WHERE etl_context_id = ` + strconv.FormatInt(waiter, 10) + ` AND type = 'waiter:INITIAL'`,
+		"the operator's pause": `SELECT database_role FROM data_manager.control_events WHERE action = 'PAUSED'`,
+	} {
+		var role *string
+		if err := env.Pool.QueryRow(context.Background(), query).Scan(&role); err != nil || role == nil || *role != opRole {
+			t.Errorf("%s names database role %v (%v), want %s", what, role, err, opRole)
+		}
+	}
 
 	id := strconv.FormatInt(parent, 10)
 	refused := map[string][]string{

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -42,12 +43,6 @@ func riverTables() []string {
 	return []string{"river_job", "river_queue", "river_leader", "river_migration", "river_client", "river_client_queue"}
 }
 
-// runnerColumns are the columns of etl_contexts a task process writes about
-// itself (etlcontext.RecordRunner, RecordCommand, ClearLockLost,
-// WithdrawRunner), and river_job_id for the children it submits.
-const runnerColumns = `host, pid, process_started_at, heartbeat_at, log_path, host_id, runner_start_ticks,
-	fence_window, lock_lost_at, lock_mode, runner_release, runner_protocol, command_pgid, command_start_ticks, river_job_id`
-
 // createRolesSQL creates the roles that do not exist yet. Creating a role
 // another migration creates at the same moment is no error.
 func createRolesSQL() []string {
@@ -64,38 +59,106 @@ $$`, r))
 	return stmts
 }
 
-// grantRolesSQL gives each role its rights in the current database; run
-// again after every migration, it also covers tables a migration added.
-func grantRolesSQL() []string {
-	dm := func(table string) string { return Schema + "." + table }
-	return []string{
-		fmt.Sprintf(`GRANT USAGE ON SCHEMA %s TO %s, %s, %s, %s`, Schema, RoleReader, RoleOperator, RoleTask, RoleSupervisor),
+// right is a right of some of dama's roles on some tables: what
+// grantRolesSQL grants (or, revoke, takes away) and CheckRoles checks.
+type right struct {
+	roles []string
+	// privileges are SQL privileges ("SELECT", "UPDATE", ...); with
+	// columns, on those columns only.
+	privileges []string
+	columns    []string
+	// tables are dama's (in Schema) or, river, River's, of which those
+	// that exist; none means every table and view of Schema.
+	tables []string
+	river  bool
+	// revoke takes the privileges away instead: a right an earlier build
+	// granted that the role must not keep.
+	revoke bool
+}
+
+// rights lists what each role may do; see the README's "Database roles".
+func rights() []right {
+	all := roleNames()
+	return []right{
 		// Readers and operators read everything.
-		fmt.Sprintf(`GRANT SELECT ON ALL TABLES IN SCHEMA %s TO %s, %s`, Schema, RoleReader, RoleOperator),
-		riverGrant(riverTables(), "SELECT", RoleReader+", "+RoleOperator),
+		{roles: []string{RoleReader, RoleOperator}, privileges: []string{"SELECT"}},
+		{roles: []string{RoleReader, RoleOperator}, privileges: []string{"SELECT"}, tables: riverTables(), river: true},
 		// An operator submits tasks, asks for cancellations, appends its
 		// events (the database applies them), moves a retried task to its
 		// new job, and pauses and blocks.
-		fmt.Sprintf(`GRANT INSERT, UPDATE (cancel_requested_at, river_job_id) ON %s TO %s`, dm("etl_contexts"), RoleOperator),
-		fmt.Sprintf(`GRANT INSERT ON %s, %s TO %s`, dm("event_store"), dm("control_events"), RoleOperator),
-		fmt.Sprintf(`GRANT INSERT, DELETE ON %s, %s TO %s`, dm("queue_pauses"), dm("kind_blocks"), RoleOperator),
-		riverGrant([]string{"river_job"}, "INSERT, UPDATE", RoleOperator),
+		{roles: []string{RoleOperator}, privileges: []string{"INSERT"}, tables: []string{"etl_contexts", "event_store", "control_events"}},
+		{roles: []string{RoleOperator}, privileges: []string{"UPDATE"}, columns: []string{"cancel_requested_at", "river_job_id"}, tables: []string{"etl_contexts"}},
+		{roles: []string{RoleOperator}, privileges: []string{"INSERT", "DELETE"}, tables: []string{"queue_pauses", "kind_blocks"}},
+		// River's JobCancelTx (state, finalized_at, metadata), dama's
+		// alignAttempt (attempt), River's insert (kind, see below).
+		{roles: []string{RoleOperator}, privileges: []string{"INSERT"}, tables: []string{"river_job"}, river: true},
+		{roles: []string{RoleOperator}, privileges: []string{"UPDATE"}, columns: []string{"state", "finalized_at", "metadata", "attempt", "kind"}, tables: []string{"river_job"}, river: true},
 		// A task process reads contexts and events, records itself,
 		// appends events, and submits children; the rows it may write are
 		// its own run's (migration 19). It locks its INITIAL event through
 		// data_manager.lock_initial_event: it may lock no other row of
 		// event_store.
-		fmt.Sprintf(`GRANT SELECT ON %s, %s, %s TO %s`, dm("etl_contexts"), dm("event_store"), dm("compatibility"), RoleTask),
-		fmt.Sprintf(`GRANT UPDATE (%s) ON %s TO %s`, runnerColumns, dm("etl_contexts"), RoleTask),
-		fmt.Sprintf(`GRANT INSERT ON %s TO %s`, dm("etl_contexts"), RoleTask),
-		fmt.Sprintf(`GRANT INSERT ON %s TO %s`, dm("event_store"), RoleTask),
-		fmt.Sprintf(`REVOKE UPDATE ON %s FROM %s`, dm("event_store"), RoleTask),
+		{roles: []string{RoleTask}, privileges: []string{"SELECT"}, tables: []string{"etl_contexts", "event_store", "compatibility"}},
+		{roles: []string{RoleTask}, privileges: []string{"UPDATE"}, columns: runnerColumns, tables: []string{"etl_contexts"}},
+		{roles: []string{RoleTask}, privileges: []string{"INSERT"}, tables: []string{"etl_contexts", "event_store"}},
+		{roles: []string{RoleTask}, privileges: []string{"UPDATE"}, tables: []string{"event_store"}, revoke: true},
 		// River inserts with ON CONFLICT ... DO UPDATE SET kind.
-		riverGrant([]string{"river_job"}, "SELECT, INSERT, UPDATE (kind)", RoleTask),
+		{roles: []string{RoleTask}, privileges: []string{"SELECT", "INSERT"}, tables: []string{"river_job"}, river: true},
+		{roles: []string{RoleTask}, privileges: []string{"UPDATE"}, columns: []string{"kind"}, tables: []string{"river_job"}, river: true},
 		// A supervisor reads and writes every table, and alters none.
-		fmt.Sprintf(`GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA %s TO %s`, Schema, RoleSupervisor),
-		riverGrant(riverTables(), "SELECT, INSERT, UPDATE, DELETE", RoleSupervisor),
+		{roles: []string{RoleSupervisor}, privileges: []string{"SELECT", "INSERT", "UPDATE", "DELETE"}},
+		{roles: []string{RoleSupervisor}, privileges: []string{"SELECT", "INSERT", "UPDATE", "DELETE"}, tables: riverTables(), river: true},
+		// Every role may use the schema.
+		{roles: all},
 	}
+}
+
+// sql is the GRANT (or REVOKE) statement of r.
+func (r right) sql() string {
+	to := strings.Join(r.roles, ", ")
+	if len(r.privileges) == 0 {
+		return fmt.Sprintf(`GRANT USAGE ON SCHEMA %s TO %s`, Schema, to)
+	}
+	privileges := strings.Join(r.privileges, ", ")
+	if len(r.columns) > 0 {
+		privileges += " (" + strings.Join(r.columns, ", ") + ")"
+	}
+	switch {
+	case r.river:
+		return riverGrant(r.tables, privileges, to)
+	case r.revoke:
+		return fmt.Sprintf(`REVOKE %s ON %s FROM %s`, privileges, qualified(r.tables), to)
+	case len(r.tables) == 0:
+		return fmt.Sprintf(`GRANT %s ON ALL TABLES IN SCHEMA %s TO %s`, privileges, Schema, to)
+	}
+	return fmt.Sprintf(`GRANT %s ON %s TO %s`, privileges, qualified(r.tables), to)
+}
+
+// qualified names dama's tables in Schema, comma-separated.
+func qualified(tables []string) string {
+	q := make([]string, len(tables))
+	for i, t := range tables {
+		q[i] = Schema + "." + t
+	}
+	return strings.Join(q, ", ")
+}
+
+// runnerColumns are the columns of etl_contexts a task process writes about
+// itself (etlcontext.RecordRunner, RecordCommand, ClearLockLost,
+// WithdrawRunner), and river_job_id for the children it submits.
+var runnerColumns = []string{"host", "pid", "process_started_at", "heartbeat_at", "log_path", "host_id", "runner_start_ticks",
+	"fence_window", "lock_lost_at", "lock_mode", "runner_release", "runner_protocol", "command_pgid", "command_start_ticks", "river_job_id"}
+
+// grantRolesSQL gives each role its rights in the current database; run
+// again after every migration, it also covers tables a migration added.
+// The schema comes first: the other grants are of no use without it.
+func grantRolesSQL() []string {
+	rs := rights()
+	stmts := []string{rs[len(rs)-1].sql()}
+	for _, r := range rs[:len(rs)-1] {
+		stmts = append(stmts, r.sql())
+	}
+	return stmts
 }
 
 // riverGrant grants privileges on those of River's tables that exist, in
@@ -177,25 +240,84 @@ func ensureRoles(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) e
 }
 
 // CheckRoles reports, with ErrRolesIncomplete, a role of dama's that is
-// missing or lacks a right in this database (a table added since its
-// grants, say): what dama migrate could not do, an administrator does with
-// RolesSQL.
+// missing, lacks a right in this database (a table added since its grants,
+// say) or holds one it must not: what dama migrate could not do, an
+// administrator does with RolesSQL.
 func CheckRoles(ctx context.Context, pool *pgxpool.Pool) error {
-	var lacking []string
-	err := pool.QueryRow(ctx, `
-		SELECT coalesce(array_agg(what), '{}') FROM (
-			SELECT r || ' (missing)' AS what FROM unnest($1::text[]) AS r
-			 WHERE NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = r)
-			UNION ALL
-			SELECT $2 || ' (SELECT on ' || c.oid::regclass::text || ')'
-			  FROM pg_class AS c
-			 WHERE c.relnamespace = $3::regnamespace AND c.relkind IN ('r', 'v', 'p')
-			   AND EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $2)
-			   AND NOT has_table_privilege($2, c.oid, 'SELECT')
-		) AS l`, roleNames(), RoleReader, Schema).Scan(&lacking)
-	if err != nil {
+	var present []string
+	if err := pool.QueryRow(ctx, `
+		SELECT coalesce(array_agg(r), '{}') FROM unnest($1::text[]) AS r
+		 WHERE EXISTS (SELECT 1 FROM pg_roles WHERE rolname = r)`, roleNames()).Scan(&present); err != nil {
 		return fmt.Errorf("read dama's roles: %w", err)
 	}
+	var lacking []string
+	for _, r := range roleNames() {
+		if !slices.Contains(present, r) {
+			lacking = append(lacking, r+" (missing)")
+		}
+	}
+	var schemaTables []string
+	if err := pool.QueryRow(ctx, `
+		SELECT coalesce(array_agg(c.oid::regclass::text ORDER BY c.relname), '{}') FROM pg_class AS c
+		 WHERE c.relnamespace = $1::regnamespace AND c.relkind IN ('r', 'v', 'p')`, Schema).Scan(&schemaTables); err != nil {
+		return fmt.Errorf("read dama's tables: %w", err)
+	}
+	// One row per (role, table, privilege, column, whether held), checked
+	// in one query.
+	var roles, tables, privileges, columns []string
+	var want []bool
+	add := func(role, table, privilege, column string, held bool) {
+		roles, tables, privileges, columns, want = append(roles, role), append(tables, table), append(privileges, privilege), append(columns, column), append(want, held)
+	}
+	for _, r := range rights() {
+		ts := r.tables
+		switch {
+		case len(r.privileges) == 0:
+			continue
+		case len(ts) == 0:
+			ts = schemaTables
+		case !r.river:
+			ts = strings.Split(qualified(ts), ", ")
+		}
+		for _, role := range r.roles {
+			if !slices.Contains(present, role) {
+				continue
+			}
+			for _, t := range ts {
+				for _, p := range r.privileges {
+					if len(r.columns) == 0 {
+						add(role, t, p, "", !r.revoke)
+					}
+					for _, c := range r.columns {
+						add(role, t, p, c, !r.revoke)
+					}
+				}
+			}
+		}
+	}
+	var wrong []string
+	err := pool.QueryRow(ctx, `
+		SELECT coalesce(array_agg(role || CASE WHEN want THEN ' lacks ' ELSE ' holds ' END || privilege
+		                          || CASE WHEN col = '' THEN '' ELSE ' (' || col || ')' END || ' on ' || tbl
+		                          ORDER BY n), '{}')
+		  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bool[]) WITH ORDINALITY AS c(role, tbl, privilege, col, want, n)
+		 WHERE to_regclass(tbl) IS NOT NULL
+		   AND want <> CASE
+		       WHEN col <> '' THEN has_column_privilege(role, to_regclass(tbl), col, privilege)
+		       WHEN NOT want THEN has_any_column_privilege(role, to_regclass(tbl), privilege)
+		       ELSE has_table_privilege(role, to_regclass(tbl), privilege) END`,
+		roles, tables, privileges, columns, want).Scan(&wrong)
+	if err != nil {
+		return fmt.Errorf("read the rights of dama's roles: %w", err)
+	}
+	lacking = append(lacking, wrong...)
+	var schemaUse []string
+	if err := pool.QueryRow(ctx, `
+		SELECT coalesce(array_agg(r || ' lacks USAGE on schema ' || $2), '{}') FROM unnest($1::text[]) AS r
+		 WHERE NOT has_schema_privilege(r, $2, 'USAGE')`, present, Schema).Scan(&schemaUse); err != nil {
+		return fmt.Errorf("read the rights of dama's roles: %w", err)
+	}
+	lacking = append(lacking, schemaUse...)
 	if len(lacking) > 0 {
 		return fmt.Errorf("%w: %s", ErrRolesIncomplete, strings.Join(lacking, ", "))
 	}

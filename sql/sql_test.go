@@ -156,3 +156,44 @@ func TestMigrationWaitsForATableLockOnlySoLong(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// CheckRoles names each right a role of dama's lacks, or holds and must
+// not, and migrating again puts them right.
+func TestCheckRolesSaysWhatIsAmiss(t *testing.T) {
+	env := testenv.New(t)
+	ctx := context.Background()
+	if err := damasql.CheckRoles(ctx, env.Pool); err != nil {
+		t.Fatalf("after migrating: %v", err)
+	}
+	for _, stmt := range []string{
+		`REVOKE INSERT ON data_manager.event_store FROM dama_task`,
+		`REVOKE UPDATE (pid) ON data_manager.etl_contexts FROM dama_task`,
+		`GRANT UPDATE (meta) ON data_manager.event_store TO dama_task`,
+		`REVOKE SELECT ON data_manager.dama_task_queue FROM dama_reader`,
+		`REVOKE DELETE ON river_job FROM dama_supervisor`,
+		`REVOKE UPDATE (state) ON river_job FROM dama_operator`,
+	} {
+		if _, err := env.Pool.Exec(ctx, stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := damasql.CheckRoles(ctx, env.Pool)
+	for _, want := range []string{
+		"dama_task lacks INSERT on data_manager.event_store",
+		"dama_task lacks UPDATE (pid) on data_manager.etl_contexts",
+		"dama_task holds UPDATE on data_manager.event_store",
+		"dama_reader lacks SELECT on data_manager.dama_task_queue",
+		"dama_supervisor lacks DELETE on river_job",
+		"dama_operator lacks UPDATE (state) on river_job",
+	} {
+		if !errors.Is(err, damasql.ErrRolesIncomplete) || !strings.Contains(err.Error(), want) {
+			t.Errorf("CheckRoles: %v; want it to say %q", err, want)
+		}
+	}
+	if err := damasql.Migrate(ctx, env.Pool, slog.New(slog.DiscardHandler)); err != nil {
+		t.Fatal(err)
+	}
+	if err := damasql.CheckRoles(ctx, env.Pool); err != nil {
+		t.Errorf("after migrating again: %v", err)
+	}
+}

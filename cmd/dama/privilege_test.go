@@ -433,6 +433,7 @@ kinds:
 			`DELETE FROM data_manager.event_store`,
 			`DELETE FROM river_job`,
 			`UPDATE river_queue SET paused_at = now()`,
+			`UPDATE river_job SET args = '{}', queue = 'elsewhere'`,
 		},
 		supURL: {
 			`CREATE TABLE data_manager.extra (i int)`,

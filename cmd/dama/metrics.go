@@ -55,7 +55,9 @@ func listenMetrics(addr string, reg *prometheus.Registry, logger *slog.Logger) (
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", metricsHandler(reg, logger))
 	logger.Info("serving metrics", "addr", "http://"+ln.Addr().String()+"/metrics")
-	return &metricsServer{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute}, ln: ln}, nil
+	// A scraper that reads slowly, or not at all, holds its connection
+	// and its scrape's goroutine no longer than WriteTimeout.
+	return &metricsServer{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: time.Minute}, ln: ln}, nil
 }
 
 // serve serves until ctx ends.

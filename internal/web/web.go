@@ -66,6 +66,10 @@ const (
 	maxActorName  = 64
 	readTimeout   = 10 * time.Second
 	actionTimeout = 30 * time.Second
+	// writeGrace is how long, past its read's or action's time, a reply
+	// may take to be written: a client that reads it no faster holds a
+	// slot no longer.
+	writeGrace = 5 * time.Second
 	// maxActions bounds the actions served at once: each holds a
 	// connection of the pool, which the page's reads need too.
 	maxActions = 4
@@ -205,6 +209,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
 		defer cancel()
 		r = r.WithContext(ctx)
+		// The reply is written soon after the read's time: a client that
+		// does not read it would otherwise hold a read's slot for good.
+		// (A writer that cannot set deadlines serves no network client.)
+		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(readTimeout + writeGrace))
 		if api := strings.HasPrefix(r.URL.Path, "/api/") || r.URL.Path == "/metrics"; api {
 			if !s.mayRead(r) {
 				writeError(w, http.StatusUnauthorized, errors.New("a valid read token is needed"))
@@ -616,6 +624,11 @@ type actionFunc func(ctx context.Context, c *supervisor.Client, r *http.Request,
 // block's reason.
 func (s *Server) action(do actionFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		// A client that sends its body, or reads the reply, slowly holds an
+		// action's slot no longer than an action may take.
+		rc := http.NewResponseController(w)
+		_ = rc.SetReadDeadline(time.Now().Add(actionTimeout))
+		_ = rc.SetWriteDeadline(time.Now().Add(actionTimeout + writeGrace))
 		if code, err := s.refuse(r); err != nil {
 			s.opts.Logger.Warn("action refused", "path", r.URL.Path, "remote", r.RemoteAddr, "error", err)
 			writeError(w, code, err)

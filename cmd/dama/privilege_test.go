@@ -8,9 +8,12 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/exec"
+	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -405,10 +408,10 @@ kinds:
 	}
 	forger.Close(context.Background())
 	for what, query := range map[string]string{
-		"the forged CANCEL_REQUESTED": `SELECT meta->>'database_role' FROM data_manager.event_store WHERE etl_context_id = ` + later.Stdout + ` AND type = 'sample:CANCEL_REQUESTED'`,
+		"the forged CANCEL_REQUESTED":     `SELECT meta->>'database_role' FROM data_manager.event_store WHERE etl_context_id = ` + later.Stdout + ` AND type = 'sample:CANCEL_REQUESTED'`,
 		"the operator's CANCEL_REQUESTED": `SELECT meta->>'database_role' FROM data_manager.event_store WHERE etl_context_id = ` + strconv.FormatInt(waiter, 10) + ` AND type = 'waiter:CANCEL_REQUESTED'`,
-		"the operator's submission": `SELECT meta->>'database_role' FROM data_manager.event_store WHERE etl_context_id = ` + strconv.FormatInt(waiter, 10) + ` AND type = 'waiter:INITIAL'`,
-		"the operator's pause": `SELECT database_role FROM data_manager.control_events WHERE action = 'PAUSED'`,
+		"the operator's submission":       `SELECT meta->>'database_role' FROM data_manager.event_store WHERE etl_context_id = ` + strconv.FormatInt(waiter, 10) + ` AND type = 'waiter:INITIAL'`,
+		"the operator's pause":            `SELECT database_role FROM data_manager.control_events WHERE action = 'PAUSED'`,
 	} {
 		var role *string
 		if err := env.Pool.QueryRow(context.Background(), query).Scan(&role); err != nil || role == nil || *role != opRole {
@@ -616,5 +619,72 @@ func TestATaskProcessWritesOnlyItsOwnRun(t *testing.T) {
 	var pid *int
 	if err := env.Pool.QueryRow(ctx, `SELECT pid FROM data_manager.etl_contexts WHERE etl_context_id = $1`, other).Scan(&pid); err != nil || pid != nil {
 		t.Errorf("the other run's pid: %v, %v; want none recorded", pid, err)
+	}
+}
+
+// dama's own processes, which hold its credentials in their environment,
+// keep a process of the same OS user from reading it: the supervisor, the
+// status page and each task process are non-dumpable. Run as root, the
+// test runs them as nobody and finds their /proc entries kept root's (as
+// the kernel keeps those of a non-dumpable process); run as anyone else,
+// it finds their environment unreadable.
+func TestDamasProcessesHideTheirEnvironment(t *testing.T) {
+	env := testenv.New(t)
+	goFile := filepath.Join(env.Dir, "go")
+	var wrapper []string
+	if os.Geteuid() == 0 {
+		nobody, err := user.Lookup("nobody")
+		if err != nil {
+			t.Skipf("no user nobody to run as: %v", err)
+		}
+		setpriv, err := exec.LookPath("setpriv")
+		if err != nil {
+			t.Skipf("no setpriv to run as nobody: %v", err)
+		}
+		wrapper = []string{setpriv, "--reuid=" + nobody.Uid, "--regid=" + nobody.Gid, "--clear-groups"}
+		// nobody reaches the binaries, the configuration and the logs.
+		for _, dir := range []string{filepath.Dir(env.DamaBin), filepath.Dir(env.Dir), env.Dir} {
+			if err := os.Chmod(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.Mkdir(filepath.Join(env.Dir, "logs"), 0o777); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(filepath.Join(env.Dir, "logs"), 0o777); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := env.WriteConfig(`
+log_dir: {{dir}}/logs
+poll_interval: 300ms
+kinds:` + waiterKind(goFile, 1))
+	sup := env.StartWith(cfg, nil, wrapper, "supervisor")
+	webProc := env.StartWith(cfg, nil, wrapper, "web", "--read-only", "--listen", "127.0.0.1:0")
+	waitForLog(t, webProc, "serving the status page")
+	w := &world{Env: env, cfg: cfg}
+	id := w.submitOf("waiter")
+	running := w.waitFor(id, 30*time.Second, "to run its command", func(t etlcontext.Task) bool { return t.CommandPGID != nil })
+	for name, pid := range map[string]int{"supervisor": sup.Cmd.Process.Pid, "status page": webProc.Cmd.Process.Pid, "task process": *running.PID} {
+		environ := fmt.Sprintf("/proc/%d/environ", pid)
+		if wrapper == nil {
+			if _, err := os.ReadFile(environ); !errors.Is(err, os.ErrPermission) {
+				t.Errorf("the %s's environment read by its own user: %v, want permission denied", name, err)
+			}
+			continue
+		}
+		fi, err := os.Stat(environ)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if uid := fi.Sys().(*syscall.Stat_t).Uid; uid != 0 {
+			t.Errorf("the %s's %s belongs to uid %d, want root's: the process is dumpable", name, environ, uid)
+		}
+	}
+	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.waitSettled(id, time.Minute); got.Status != etlcontext.StatusDone {
+		t.Errorf("the task: %s, want DONE", got.Status)
 	}
 }

@@ -311,12 +311,19 @@ func Lock(ctx context.Context, tx pgx.Tx, id int64) (*Context, error) {
 // in a transaction left open for the task's life. It returns ErrLocked when
 // another process holds either.
 //
+// byKey says that tx's session holds its run's key (RunKeySetting): the
+// row is then locked through data_manager.lock_initial_event (migration
+// 19), the only way for a member of dama_task, which may lock no other row
+// of event_store. Without a key it is locked directly, as a task process
+// launched by an earlier release, which sets no key, does on a schema
+// not yet migrated.
+//
 // What tx keeps locked for the task's life is part of the contract between
 // releases (README "Releases and upgrades"): the advisory lock, the row,
 // and so event_store and its indexes (ROW SHARE), but nothing
 // of etl_contexts, so that a later release's migration may add a column to
 // etl_contexts while this task runs.
-func LockRow(ctx context.Context, tx pgx.Tx, id int64) (*Context, error) {
+func LockRow(ctx context.Context, tx pgx.Tx, id int64, byKey bool) (*Context, error) {
 	ok, err := tryXactLock(ctx, tx, id)
 	if err != nil {
 		return nil, err
@@ -324,18 +331,23 @@ func LockRow(ctx context.Context, tx pgx.Tx, id int64) (*Context, error) {
 	if !ok {
 		return nil, fmt.Errorf("lock etl context %d: %w", id, ErrLocked)
 	}
-	// Found by event_store's own index; the function keeps no lock of
-	// etl_contexts, and holds a member of dama_task to its own run
-	// (migration 19). Whoever locks the row holds the advisory lock first,
-	// so NOWAIT does not fail here unless something outside dama locks the
-	// row.
+	// Found by event_store's own index, without reading etl_contexts: the
+	// function reads it in a subtransaction rolled back. Whoever locks the
+	// row holds the advisory lock first, so NOWAIT does not fail here
+	// unless something outside dama locks the row.
+	lockSQL := `SELECT event_id FROM data_manager.event_store
+		 WHERE etl_context_id = $1 AND type LIKE '%:INITIAL'
+		   FOR UPDATE NOWAIT`
+	if byKey {
+		lockSQL = `SELECT data_manager.lock_initial_event($1)`
+	}
 	var eventID *int64
-	err = tx.QueryRow(ctx, `SELECT data_manager.lock_initial_event($1)`, id).Scan(&eventID)
+	err = tx.QueryRow(ctx, lockSQL, id).Scan(&eventID)
 	switch {
+	case errors.Is(err, pgx.ErrNoRows) || err == nil && eventID == nil:
+		return nil, fmt.Errorf("lock initial event of etl context %d: %w", id, ErrNotFound)
 	case err != nil:
 		return nil, fmt.Errorf("lock initial event of etl context %d: %w", id, classify(err))
-	case eventID == nil:
-		return nil, fmt.Errorf("lock initial event of etl context %d: %w", id, ErrNotFound)
 	}
 	// The context is read in a savepoint rolled back at once: the table
 	// lock the read takes on etl_contexts goes with it, while the locks

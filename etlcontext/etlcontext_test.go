@@ -205,7 +205,7 @@ func TestLocksExcludeEachOtherAndShowInTheView(t *testing.T) {
 	ways := map[string]func() (func(), error){
 		"Lock": inTx(func(tx pgx.Tx) error { _, err := etlcontext.Lock(ctx, tx, id); return err }),
 		"LockRow": inTx(func(tx pgx.Tx) error {
-			c, err := etlcontext.LockRow(ctx, tx, id)
+			c, err := etlcontext.LockRow(ctx, tx, id, false)
 			if err == nil && c.ID != id {
 				t.Errorf("LockRow returned context %d", c.ID)
 			}

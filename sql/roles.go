@@ -59,34 +59,68 @@ $$`, r))
 	return stmts
 }
 
-// right is a right of some of dama's roles on some tables: what
-// grantRolesSQL grants (or, revoke, takes away) and CheckRoles checks.
+// right is a right of some of dama's roles: what grantRolesSQL grants
+// (or, revoke, takes away) and CheckRoles checks.
 type right struct {
 	roles []string
-	// privileges are SQL privileges ("SELECT", "UPDATE", ...); with
-	// columns, on those columns only.
+	// privileges are SQL privileges ("SELECT", "UPDATE", "EXECUTE", ...);
+	// with columns, on those columns only.
 	privileges []string
 	columns    []string
 	// tables are dama's (in Schema) or, river, River's, of which those
-	// that exist; none means every table and view of Schema.
+	// that exist; none (and no functions) means every table and view of
+	// Schema.
 	tables []string
 	river  bool
-	// revoke takes the privileges away instead: a right an earlier build
-	// granted that the role must not keep.
+	// functions are dama's functions (in Schema), by their signatures.
+	functions []string
+	// revoke takes the privileges away instead: a right a role must not
+	// hold (an earlier build granted it, or PUBLIC has it by default).
+	// Without columns, it is the table-level right that is taken away.
 	revoke bool
 }
 
+// insertColumns are the columns of etl_contexts a submission sets
+// (etlcontext.Create): an operator's or a task process's submission
+// starts like any other.
+var insertColumns = []string{"parent_context_id", "kind", "queue", "max_attempts", "idempotency_key", "concurrency_key", "due_at"}
+
+// runnerColumns are the columns of etl_contexts a task process writes about
+// itself (etlcontext.RecordRunner, RecordCommand, ClearLockLost,
+// WithdrawRunner), and river_job_id for the children it submits.
+var runnerColumns = []string{"host", "pid", "process_started_at", "heartbeat_at", "log_path", "host_id", "runner_start_ticks",
+	"fence_window", "lock_lost_at", "lock_mode", "runner_release", "runner_protocol", "command_pgid", "command_start_ticks", "river_job_id"}
+
+// heldFunctions are what migration 19's checks call with the rights of
+// whoever writes: every role needs them, even where PUBLIC may not execute
+// functions by default.
+var heldFunctions = []string{"held_to_its_run(name)", "holds_run_key(bytea)", "holds_key_of(bigint)",
+	"submitted_by_key_holder(bigint)", "refuse_to_held(text)"}
+
 // rights lists what each role may do; see the README's "Database roles".
+// Revocations come first: a table-level REVOKE takes the columns' rights
+// too.
 func rights() []right {
-	all := roleNames()
 	return []right{
+		// Submissions set their own columns only (earlier builds granted
+		// the table).
+		{roles: []string{RoleOperator, RoleTask}, privileges: []string{"INSERT"}, tables: []string{"etl_contexts"}, revoke: true},
+		// A task process locks its INITIAL event through
+		// lock_initial_event: it may lock, so update, no other row.
+		{roles: []string{RoleTask}, privileges: []string{"UPDATE"}, tables: []string{"event_store"}, revoke: true},
+		{roles: []string{RoleTask}, privileges: []string{"UPDATE"}, columns: []string{"meta"}, tables: []string{"event_store"}, revoke: true},
+		{roles: []string{"PUBLIC", RoleReader, RoleOperator}, privileges: []string{"EXECUTE"}, functions: []string{"lock_initial_event(bigint)"}, revoke: true},
+		// Every role may use the schema, and the functions the checks call.
+		{roles: roleNames()},
+		{roles: roleNames(), privileges: []string{"EXECUTE"}, functions: heldFunctions},
 		// Readers and operators read everything.
 		{roles: []string{RoleReader, RoleOperator}, privileges: []string{"SELECT"}},
 		{roles: []string{RoleReader, RoleOperator}, privileges: []string{"SELECT"}, tables: riverTables(), river: true},
 		// An operator submits tasks, asks for cancellations, appends its
 		// events (the database applies them), moves a retried task to its
 		// new job, and pauses and blocks.
-		{roles: []string{RoleOperator}, privileges: []string{"INSERT"}, tables: []string{"etl_contexts", "event_store", "control_events"}},
+		{roles: []string{RoleOperator}, privileges: []string{"INSERT"}, columns: insertColumns, tables: []string{"etl_contexts"}},
+		{roles: []string{RoleOperator}, privileges: []string{"INSERT"}, tables: []string{"event_store", "control_events"}},
 		{roles: []string{RoleOperator}, privileges: []string{"UPDATE"}, columns: []string{"cancel_requested_at", "river_job_id"}, tables: []string{"etl_contexts"}},
 		{roles: []string{RoleOperator}, privileges: []string{"INSERT", "DELETE"}, tables: []string{"queue_pauses", "kind_blocks"}},
 		// River's JobCancelTx (state, finalized_at, metadata), dama's
@@ -94,22 +128,19 @@ func rights() []right {
 		{roles: []string{RoleOperator}, privileges: []string{"INSERT"}, tables: []string{"river_job"}, river: true},
 		{roles: []string{RoleOperator}, privileges: []string{"UPDATE"}, columns: []string{"state", "finalized_at", "metadata", "attempt", "kind"}, tables: []string{"river_job"}, river: true},
 		// A task process reads contexts and events, records itself,
-		// appends events, and submits children; the rows it may write are
-		// its own run's (migration 19). It locks its INITIAL event through
-		// data_manager.lock_initial_event: it may lock no other row of
-		// event_store.
+		// appends events, locks its INITIAL event, and submits children;
+		// the rows it may write are its own run's (migration 19).
 		{roles: []string{RoleTask}, privileges: []string{"SELECT"}, tables: []string{"etl_contexts", "event_store", "compatibility"}},
 		{roles: []string{RoleTask}, privileges: []string{"UPDATE"}, columns: runnerColumns, tables: []string{"etl_contexts"}},
-		{roles: []string{RoleTask}, privileges: []string{"INSERT"}, tables: []string{"etl_contexts", "event_store"}},
-		{roles: []string{RoleTask}, privileges: []string{"UPDATE"}, tables: []string{"event_store"}, revoke: true},
+		{roles: []string{RoleTask}, privileges: []string{"INSERT"}, columns: insertColumns, tables: []string{"etl_contexts"}},
+		{roles: []string{RoleTask}, privileges: []string{"INSERT"}, tables: []string{"event_store"}},
+		{roles: []string{RoleTask, RoleSupervisor}, privileges: []string{"EXECUTE"}, functions: []string{"lock_initial_event(bigint)"}},
 		// River inserts with ON CONFLICT ... DO UPDATE SET kind.
 		{roles: []string{RoleTask}, privileges: []string{"SELECT", "INSERT"}, tables: []string{"river_job"}, river: true},
 		{roles: []string{RoleTask}, privileges: []string{"UPDATE"}, columns: []string{"kind"}, tables: []string{"river_job"}, river: true},
 		// A supervisor reads and writes every table, and alters none.
 		{roles: []string{RoleSupervisor}, privileges: []string{"SELECT", "INSERT", "UPDATE", "DELETE"}},
 		{roles: []string{RoleSupervisor}, privileges: []string{"SELECT", "INSERT", "UPDATE", "DELETE"}, tables: riverTables(), river: true},
-		// Every role may use the schema.
-		{roles: all},
 	}
 }
 
@@ -123,39 +154,37 @@ func (r right) sql() string {
 	if len(r.columns) > 0 {
 		privileges += " (" + strings.Join(r.columns, ", ") + ")"
 	}
+	on := ""
 	switch {
 	case r.river:
 		return riverGrant(r.tables, privileges, to)
-	case r.revoke:
-		return fmt.Sprintf(`REVOKE %s ON %s FROM %s`, privileges, qualified(r.tables), to)
+	case len(r.functions) > 0:
+		on = "FUNCTION " + qualified(r.functions)
 	case len(r.tables) == 0:
-		return fmt.Sprintf(`GRANT %s ON ALL TABLES IN SCHEMA %s TO %s`, privileges, Schema, to)
+		on = "ALL TABLES IN SCHEMA " + Schema
+	default:
+		on = qualified(r.tables)
 	}
-	return fmt.Sprintf(`GRANT %s ON %s TO %s`, privileges, qualified(r.tables), to)
+	if r.revoke {
+		return fmt.Sprintf(`REVOKE %s ON %s FROM %s`, privileges, on, to)
+	}
+	return fmt.Sprintf(`GRANT %s ON %s TO %s`, privileges, on, to)
 }
 
-// qualified names dama's tables in Schema, comma-separated.
-func qualified(tables []string) string {
-	q := make([]string, len(tables))
-	for i, t := range tables {
-		q[i] = Schema + "." + t
+// qualified names dama's tables or functions in Schema, comma-separated.
+func qualified(names []string) string {
+	q := make([]string, len(names))
+	for i, n := range names {
+		q[i] = Schema + "." + n
 	}
 	return strings.Join(q, ", ")
 }
 
-// runnerColumns are the columns of etl_contexts a task process writes about
-// itself (etlcontext.RecordRunner, RecordCommand, ClearLockLost,
-// WithdrawRunner), and river_job_id for the children it submits.
-var runnerColumns = []string{"host", "pid", "process_started_at", "heartbeat_at", "log_path", "host_id", "runner_start_ticks",
-	"fence_window", "lock_lost_at", "lock_mode", "runner_release", "runner_protocol", "command_pgid", "command_start_ticks", "river_job_id"}
-
 // grantRolesSQL gives each role its rights in the current database; run
 // again after every migration, it also covers tables a migration added.
-// The schema comes first: the other grants are of no use without it.
 func grantRolesSQL() []string {
-	rs := rights()
-	stmts := []string{rs[len(rs)-1].sql()}
-	for _, r := range rs[:len(rs)-1] {
+	var stmts []string
+	for _, r := range rights() {
 		stmts = append(stmts, r.sql())
 	}
 	return stmts
@@ -262,34 +291,41 @@ func CheckRoles(ctx context.Context, pool *pgxpool.Pool) error {
 		 WHERE c.relnamespace = $1::regnamespace AND c.relkind IN ('r', 'v', 'p')`, Schema).Scan(&schemaTables); err != nil {
 		return fmt.Errorf("read dama's tables: %w", err)
 	}
-	// One row per (role, table, privilege, column, whether held), checked
-	// in one query.
-	var roles, tables, privileges, columns []string
+	// One row per (role, object, privilege, column, whether held), checked
+	// in one query. An object is a table, a function, or (what riverGrant
+	// grants with INSERT) River's job id sequence.
+	var roles, kinds, objects, privileges, columns []string
 	var want []bool
-	add := func(role, table, privilege, column string, held bool) {
-		roles, tables, privileges, columns, want = append(roles, role), append(tables, table), append(privileges, privilege), append(columns, column), append(want, held)
+	add := func(role, kind, object, privilege, column string, held bool) {
+		roles, kinds, objects = append(roles, role), append(kinds, kind), append(objects, object)
+		privileges, columns, want = append(privileges, privilege), append(columns, column), append(want, held)
 	}
 	for _, r := range rights() {
-		ts := r.tables
+		kind, objs := "table", r.tables
 		switch {
 		case len(r.privileges) == 0:
 			continue
-		case len(ts) == 0:
-			ts = schemaTables
+		case len(r.functions) > 0:
+			kind, objs = "function", strings.Split(qualified(r.functions), ", ")
+		case len(objs) == 0:
+			objs = schemaTables
 		case !r.river:
-			ts = strings.Split(qualified(ts), ", ")
+			objs = strings.Split(qualified(objs), ", ")
 		}
 		for _, role := range r.roles {
 			if !slices.Contains(present, role) {
 				continue
 			}
-			for _, t := range ts {
+			if r.river && slices.Contains(r.privileges, "INSERT") {
+				add(role, "sequence", "river_job_id_seq", "USAGE", "", true)
+			}
+			for _, o := range objs {
 				for _, p := range r.privileges {
 					if len(r.columns) == 0 {
-						add(role, t, p, "", !r.revoke)
+						add(role, kind, o, p, "", !r.revoke)
 					}
 					for _, c := range r.columns {
-						add(role, t, p, c, !r.revoke)
+						add(role, kind, o, p, c, !r.revoke)
 					}
 				}
 			}
@@ -298,15 +334,17 @@ func CheckRoles(ctx context.Context, pool *pgxpool.Pool) error {
 	var wrong []string
 	err := pool.QueryRow(ctx, `
 		SELECT coalesce(array_agg(role || CASE WHEN want THEN ' lacks ' ELSE ' holds ' END || privilege
-		                          || CASE WHEN col = '' THEN '' ELSE ' (' || col || ')' END || ' on ' || tbl
+		                          || CASE WHEN col = '' THEN '' ELSE ' (' || col || ')' END || ' on ' || obj
 		                          ORDER BY n), '{}')
-		  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bool[]) WITH ORDINALITY AS c(role, tbl, privilege, col, want, n)
-		 WHERE to_regclass(tbl) IS NOT NULL
+		  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bool[])
+		       WITH ORDINALITY AS c(role, kind, obj, privilege, col, want, n)
+		 WHERE CASE kind WHEN 'function' THEN to_regprocedure(obj) IS NOT NULL ELSE to_regclass(obj) IS NOT NULL END
 		   AND want <> CASE
-		       WHEN col <> '' THEN has_column_privilege(role, to_regclass(tbl), col, privilege)
-		       WHEN NOT want THEN has_any_column_privilege(role, to_regclass(tbl), privilege)
-		       ELSE has_table_privilege(role, to_regclass(tbl), privilege) END`,
-		roles, tables, privileges, columns, want).Scan(&wrong)
+		       WHEN kind = 'function' THEN has_function_privilege(role, to_regprocedure(obj), privilege)
+		       WHEN kind = 'sequence' THEN has_sequence_privilege(role, to_regclass(obj), privilege)
+		       WHEN col <> '' THEN has_column_privilege(role, to_regclass(obj), col, privilege)
+		       ELSE has_table_privilege(role, to_regclass(obj), privilege) END`,
+		roles, kinds, objects, privileges, columns, want).Scan(&wrong)
 	if err != nil {
 		return fmt.Errorf("read the rights of dama's roles: %w", err)
 	}

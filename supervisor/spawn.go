@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -95,14 +96,28 @@ func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcont
 	}
 
 	kind, _ := s.cfg.Kind(c.Kind)
-	launch := taskrunner.Launch{ContextID: c.ID, RunID: run.ID, LockMode: s.cfg.LockModeOf(kind), ReadyFD: 3}
+	// The run's key goes through a pipe, written whole before the runner
+	// starts (it is far shorter than a pipe's buffer).
+	keyR, keyW, err := os.Pipe()
+	if err != nil {
+		return 0, fmt.Errorf("create key pipe: %w", err)
+	}
+	defer keyR.Close()
+	_, err = io.WriteString(keyW, run.Key)
+	if cerr := keyW.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return 0, fmt.Errorf("write the run's key: %w", err)
+	}
+	launch := taskrunner.Launch{ContextID: c.ID, RunID: run.ID, LockMode: s.cfg.LockModeOf(kind), ReadyFD: 3, KeyFD: 4}
 	cmd := exec.Command(s.spawnPath, launch.Args()...)
 	// Named by its path in a process listing, whichever file it runs from.
 	cmd.Args[0] = s.opts.Executable
-	cmd.Env = runnerEnv(s.opts.DatabaseURL, s.cfg.Path, run.Key)
+	cmd.Env = runnerEnv(s.opts.DatabaseURL, s.cfg.Path)
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile
-	cmd.ExtraFiles = []*os.File{readyW}
+	cmd.ExtraFiles = []*os.File{readyW, keyR}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		readyW.Close()
@@ -145,14 +160,14 @@ func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcont
 	return launchExited, nil
 }
 
-// runnerEnv is the supervisor's environment with the database URL, the
-// configuration path and the run's key set, for the runner to read, and
-// the process it is to be, for a program embedding the supervisor.
-func runnerEnv(databaseURL, configPath, runKey string) []string {
-	env := make([]string, 0, len(os.Environ())+4)
+// runnerEnv is the supervisor's environment with the database URL and the
+// configuration path set, for the runner to read, and the process it is
+// to be, for a program embedding the supervisor.
+func runnerEnv(databaseURL, configPath string) []string {
+	env := make([]string, 0, len(os.Environ())+3)
 	for _, kv := range os.Environ() {
 		switch name, _, _ := strings.Cut(kv, "="); name {
-		case taskrunner.DatabaseURLEnv, taskrunner.ConfigEnv, taskrunner.ProcessEnv, taskrunner.FunctionEnv, taskrunner.RunKeyEnv:
+		case taskrunner.DatabaseURLEnv, taskrunner.ConfigEnv, taskrunner.ProcessEnv, taskrunner.FunctionEnv:
 			continue
 		}
 		env = append(env, kv)
@@ -160,7 +175,6 @@ func runnerEnv(databaseURL, configPath, runKey string) []string {
 	return append(env,
 		taskrunner.DatabaseURLEnv+"="+databaseURL,
 		taskrunner.ConfigEnv+"="+configPath,
-		taskrunner.RunKeyEnv+"="+runKey,
 		taskrunner.ProcessEnv+"="+taskrunner.ProcessRunner)
 }
 

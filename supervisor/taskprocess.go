@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/internal/hostproc"
 	"github.com/dama-etl/dama/taskrunner"
+	"golang.org/x/sys/unix"
 )
 
 // RunTaskProcess runs this process as the task process a supervisor or a
@@ -57,6 +59,10 @@ func RunTaskProcess(ctx context.Context, funcs taskrunner.Funcs) (code int, ok b
 // taskrunner.DatabaseURLEnv); the runner logs to stderr, the task's log
 // file. It is `dama taskrunner`.
 func RunTaskrunner(ctx context.Context, args []string, funcs taskrunner.Funcs) int {
+	// Before anything else: the environment holds the database URL, which
+	// the command's processes, of the same user, must not read (see
+	// taskrunner.Run).
+	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "taskrunner")
 	opts, err := runnerOptions(args, funcs)
 	if err != nil {
@@ -104,12 +110,20 @@ func runnerOptions(args []string, funcs taskrunner.Funcs) (taskrunner.Options, e
 		Config:      cfg,
 		ContextID:   launch.ContextID,
 		RunID:       launch.RunID,
-		RunKey:      os.Getenv(taskrunner.RunKeyEnv),
 		Funcs:       funcs,
 		Submit:      children.submitChild,
 	}
 	if launch.ReadyFD > 0 {
 		opts.Ready = os.NewFile(uintptr(launch.ReadyFD), "ready")
+	}
+	if launch.KeyFD > 0 {
+		f := os.NewFile(uintptr(launch.KeyFD), "key")
+		key, err := io.ReadAll(io.LimitReader(f, taskrunner.MaxKey))
+		f.Close()
+		if err != nil {
+			return taskrunner.Options{}, fmt.Errorf("read the run's key: %w", err)
+		}
+		opts.RunKey = string(key)
 	}
 	return opts, nil
 }

@@ -18,11 +18,6 @@ const (
 	// file a runner reads; the supervisor sets both.
 	DatabaseURLEnv = "DATABASE_URL"
 	ConfigEnv      = "DAMA_CONFIG"
-	// RunKeyEnv carries the run's key (etlcontext.Run), which the runner
-	// sets in each of its sessions: as a member of dama_task, it may write
-	// only its own run's rows. Neither the command nor a function process
-	// gets it.
-	RunKeyEnv = "DAMA_RUN_KEY"
 	// ProcessEnv says which task process a program was started as:
 	// ProcessRunner (by a supervisor, with Launch's arguments) or
 	// ProcessFunction (by a runner, to call FunctionEnv's function). A
@@ -51,7 +46,17 @@ type Launch struct {
 	// ReadyFD, when above 0, is a descriptor to write one byte to once the
 	// lock is held.
 	ReadyFD int
+	// KeyFD, when above 0, is a descriptor to read the run's key from
+	// (etlcontext.Run), which the runner sets in each of its sessions: as
+	// a member of dama_task, it may write only its own run's rows. A pipe,
+	// not the environment, which a process of the same user may read
+	// until the runner has made itself non-dumpable; the runner closes it
+	// once read, so neither the command nor a function process gets it.
+	KeyFD int
 }
+
+// MaxKey bounds what is read from KeyFD.
+const MaxKey = 1 << 10
 
 // Args returns the runner's command line after the program name.
 func (l Launch) Args() []string {
@@ -62,6 +67,9 @@ func (l Launch) Args() []string {
 	}
 	if l.ReadyFD > 0 {
 		args = append(args, "--ready-fd", strconv.Itoa(l.ReadyFD))
+	}
+	if l.KeyFD > 0 {
+		args = append(args, "--key-fd", strconv.Itoa(l.KeyFD))
 	}
 	return args
 }
@@ -77,6 +85,7 @@ func ParseLaunch(args []string) (Launch, error) {
 	fs.Int64Var(&l.ContextID, "context-id", 0, "etl_context_id to run")
 	fs.StringVar(&l.RunID, "run-id", "", "run id prepared by the supervisor")
 	fs.IntVar(&l.ReadyFD, "ready-fd", 0, "descriptor to write one byte to once the lock is held")
+	fs.IntVar(&l.KeyFD, "key-fd", 0, "descriptor to read the run's key from")
 	fs.StringVar(&lockMode, "lock-mode", string(config.LockModeRow), "how to hold the lock: row or advisory")
 	if err := fs.Parse(args); err != nil {
 		return Launch{}, fmt.Errorf("%s arguments: %w", Subcommand, err)

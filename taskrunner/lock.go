@@ -170,7 +170,7 @@ func (k *lockKeeper) lock(ctx context.Context) (*etlcontext.Context, *pgx.Conn, 
 		k.lastPID = conn.PgConn().PID()
 		return c, conn, nil
 	}
-	c, tx, err := lockOn(cctx, conn, k.contextID)
+	c, tx, err := lockOn(cctx, conn, k.contextID, k.runKey != "")
 	if err != nil {
 		conn.Close(context.WithoutCancel(ctx))
 		return nil, nil, err
@@ -182,7 +182,7 @@ func (k *lockKeeper) lock(ctx context.Context) (*etlcontext.Context, *pgx.Conn, 
 // lockOn opens the row-mode lock transaction on conn: the context's
 // advisory lock, then its INITIAL event row FOR UPDATE, in a transaction
 // that stays open.
-func lockOn(ctx context.Context, conn *pgx.Conn, id int64) (*etlcontext.Context, pgx.Tx, error) {
+func lockOn(ctx context.Context, conn *pgx.Conn, id int64, byKey bool) (*etlcontext.Context, pgx.Tx, error) {
 	tx, err := conn.Begin(ctx)
 	if err != nil {
 		return nil, nil, fmt.Errorf("begin lock transaction: %w", err)
@@ -197,7 +197,7 @@ func lockOn(ctx context.Context, conn *pgx.Conn, id int64) (*etlcontext.Context,
 			return nil, nil, fmt.Errorf("disable transaction timeout of lock transaction: %w", err)
 		}
 	}
-	c, err := etlcontext.LockRow(ctx, tx, id)
+	c, err := etlcontext.LockRow(ctx, tx, id, byKey)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -344,7 +344,7 @@ func (k *lockKeeper) tryRetake(ctx context.Context, oldPID uint32) error {
 		}
 	}()
 	k.endLostSession(cctx, conn, oldPID)
-	c, tx, err := lockOn(cctx, conn, k.contextID)
+	c, tx, err := lockOn(cctx, conn, k.contextID, k.runKey != "")
 	if err != nil {
 		return err
 	}

@@ -125,7 +125,7 @@ type Options struct {
 	ContextID int64
 	// RunID is the run id the supervisor prepared for this launch.
 	RunID string
-	// RunKey is the run's key the supervisor prepared (RunKeyEnv): each of
+	// RunKey is the run's key the supervisor prepared (Launch.KeyFD): each of
 	// the runner's sessions holds it, which opens the run's rows to a
 	// member of dama_task. Empty sets none.
 	RunKey string

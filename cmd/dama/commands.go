@@ -232,7 +232,6 @@ supervisor never stops a task: the next supervisor adopts the tasks still
 running.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			hideEnvironment()
 			cfg, err := config.Load(g.configPath)
 			if err != nil {
 				return err

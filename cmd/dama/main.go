@@ -23,6 +23,7 @@ import (
 )
 
 func main() {
+	hideEnvironment()
 	os.Exit(run(os.Args[1:]))
 }
 
@@ -54,8 +55,9 @@ func run(args []string) int {
 // hideEnvironment keeps other processes of the same user (the tasks'
 // commands) from reading this process's environment, which holds the
 // database URL and the page's tokens, through /proc/<pid>/environ or a
-// debugger. Only root, or another OS user's process, is kept out for sure:
-// run the supervisor as a user of its own for that.
+// debugger: every dama command calls it first thing. Only root, or another
+// OS user's process, is kept out for sure: run the supervisor as a user of
+// its own for that.
 func hideEnvironment() {
 	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
 }

@@ -35,7 +35,6 @@ func newWebCommand(g *globals) *cobra.Command {
 		Short: "Serve the status page (and /metrics) over the database",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			hideEnvironment()
 			cfg, err := config.Load(g.configPath)
 			if err != nil {
 				return err

@@ -194,6 +194,10 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Server, error) 
 // ServeHTTP serves the page, its API and /metrics, to a request naming an
 // allowed host.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// Every reply is written within a read's time and writeGrace (an
+	// action sets its own): a client that does not read it holds a
+	// connection no longer.
+	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(readTimeout + writeGrace))
 	h := w.Header()
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("X-Frame-Options", "DENY")
@@ -209,10 +213,6 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
 		defer cancel()
 		r = r.WithContext(ctx)
-		// The reply is written soon after the read's time: a client that
-		// does not read it would otherwise hold a read's slot for good.
-		// (A writer that cannot set deadlines serves no network client.)
-		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(readTimeout + writeGrace))
 		if api := strings.HasPrefix(r.URL.Path, "/api/") || r.URL.Path == "/metrics"; api {
 			if !s.mayRead(r) {
 				writeError(w, http.StatusUnauthorized, errors.New("a valid read token is needed"))
@@ -220,14 +220,53 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 			select {
 			case s.reads <- struct{}{}:
-				defer func() { <-s.reads }()
 			case <-ctx.Done():
 				writeError(w, http.StatusServiceUnavailable, fmt.Errorf("%d reads are under way: try again", maxReads))
 				return
 			}
+			// The reply is made in memory (at most about maxResponse)
+			// while the read holds its slot, and written once the slot is
+			// free: a client that reads slowly holds none.
+			reply := &bufferedReply{header: w.Header()}
+			func() {
+				defer func() { <-s.reads }()
+				s.mux.ServeHTTP(reply, r)
+			}()
+			reply.writeTo(w)
+			return
 		}
 	}
 	s.mux.ServeHTTP(w, r)
+}
+
+// bufferedReply is a reply made in memory, to write later.
+type bufferedReply struct {
+	header http.Header
+	code   int
+	body   bytes.Buffer
+}
+
+func (b *bufferedReply) Header() http.Header { return b.header }
+
+func (b *bufferedReply) WriteHeader(code int) {
+	if b.code == 0 {
+		b.code = code
+	}
+}
+
+func (b *bufferedReply) Write(p []byte) (int, error) {
+	b.WriteHeader(http.StatusOK)
+	return b.body.Write(p)
+}
+
+// writeTo writes the reply to w, whose header it shares.
+func (b *bufferedReply) writeTo(w http.ResponseWriter) {
+	if b.code == 0 {
+		b.code = http.StatusOK
+	}
+	w.Header().Set("Content-Length", strconv.Itoa(b.body.Len()))
+	w.WriteHeader(b.code)
+	_, _ = w.Write(b.body.Bytes())
 }
 
 // mayRead reports whether r may read the API: always, unless a read token
@@ -624,11 +663,15 @@ type actionFunc func(ctx context.Context, c *supervisor.Client, r *http.Request,
 // block's reason.
 func (s *Server) action(do actionFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		// A client that sends its body, or reads the reply, slowly holds an
-		// action's slot no longer than an action may take.
+		// An action, from its body's reading to its reply's writing, takes
+		// at most actionTimeout (and writeGrace to write the reply): a client
+		// that sends or reads slowly holds an action's slot no longer.
+		deadline := time.Now().Add(actionTimeout)
 		rc := http.NewResponseController(w)
-		_ = rc.SetReadDeadline(time.Now().Add(actionTimeout))
-		_ = rc.SetWriteDeadline(time.Now().Add(actionTimeout + writeGrace))
+		_ = rc.SetReadDeadline(deadline)
+		_ = rc.SetWriteDeadline(deadline.Add(writeGrace))
+		ctx, cancel := context.WithDeadline(r.Context(), deadline)
+		defer cancel()
 		if code, err := s.refuse(r); err != nil {
 			s.opts.Logger.Warn("action refused", "path", r.URL.Path, "remote", r.RemoteAddr, "error", err)
 			writeError(w, code, err)
@@ -651,8 +694,6 @@ func (s *Server) action(do actionFunc) http.HandlerFunc {
 			}
 		}
 		actor := s.actor(r)
-		ctx, cancel := context.WithTimeout(r.Context(), actionTimeout)
-		defer cancel()
 		v, err := do(ctx, s.client.WithActor(actor), r, strings.TrimSpace(body.Reason))
 		s.opts.Logger.Info("action", "path", r.URL.Path, "actor", actor, "error", err)
 		if err != nil {

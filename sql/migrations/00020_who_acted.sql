@@ -14,20 +14,20 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     who jsonb := jsonb_build_object('database_role', session_user::text);
 BEGIN
-    IF split_part(NEW.type, ':', 2) IN ('INITIAL', 'CANCEL_REQUESTED', 'CANCELLED', 'RETRIED') THEN
-        NEW.meta := CASE
-            WHEN NEW.meta IS NULL OR jsonb_typeof(NEW.meta) = 'null' THEN who
-            WHEN jsonb_typeof(NEW.meta) = 'object' THEN NEW.meta || who
-            ELSE jsonb_build_object('meta', NEW.meta) || who
-        END;
-    END IF;
+    NEW.meta := CASE
+        WHEN NEW.meta IS NULL OR jsonb_typeof(NEW.meta) = 'null' THEN who
+        WHEN jsonb_typeof(NEW.meta) = 'object' THEN NEW.meta || who
+        ELSE jsonb_build_object('meta', NEW.meta) || who
+    END;
     RETURN NEW;
 END
 $$;
 -- +goose StatementEnd
 
+-- Called only for the events it stamps: a burst of progress pays nothing.
 CREATE TRIGGER event_store_who BEFORE INSERT ON data_manager.event_store
-    FOR EACH ROW EXECUTE FUNCTION data_manager.event_store_who();
+    FOR EACH ROW WHEN (split_part(NEW.type, ':', 2) IN ('INITIAL', 'CANCEL_REQUESTED', 'CANCELLED', 'RETRIED'))
+    EXECUTE FUNCTION data_manager.event_store_who();
 
 ALTER TABLE data_manager.control_events ADD COLUMN database_role text;
 

@@ -17,6 +17,7 @@ import (
 
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
+	damasql "github.com/dama-etl/dama/sql"
 	"github.com/dama-etl/dama/taskrunner"
 	"github.com/jackc/pgx/v5"
 )
@@ -503,7 +504,9 @@ func (w *world) terminateLockConn(id int64) {
 
 func TestLockConnectionLossIsRiddenOut(t *testing.T) {
 	w := newWorld(t, 10)
-	w.Start(w.cfg, "supervisor")
+	// As a member of dama_task, which writes only with its run's key: the
+	// connections made again hold it too.
+	w.StartWith(w.cfg, []string{"DAMA_TASK_DATABASE_URL=" + w.NewLogin(damasql.RoleTask)}, nil, "supervisor")
 	id := w.submit(40, 100)
 	w.waitRunning(id)
 	w.waitFor(id, 20*time.Second, "to start its command", func(etlcontext.Task) bool { return len(w.starts(id)) == 1 })
@@ -518,8 +521,9 @@ func TestLockConnectionLossIsRiddenOut(t *testing.T) {
 	})
 	// The re-taken lock holds no snapshot while idle: a long-lived one
 	// would make CREATE INDEX CONCURRENTLY (migration 5) wait for the task
-	// to end. In advisory mode the lock's session also writes the task's
-	// events, and holds a snapshot for as long as each write runs.
+	// to end. (Row mode's lock is a transaction left open, which could;
+	// advisory mode's session writes the task's events too, and holds a
+	// snapshot only while each runs.)
 	testenv.Eventually(t, 15*time.Second, "the re-taken lock's session to hold no snapshot while idle", func() (bool, error) {
 		var free bool
 		err := w.Pool.QueryRow(context.Background(), `SELECT backend_xmin IS NULL FROM pg_stat_activity

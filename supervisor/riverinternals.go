@@ -34,14 +34,17 @@ import (
 //     short snooze and a short retry backoff, and a retry must wait out
 //     its kind's backoff.
 //
-// And in the schema, on River's table: migration 19 turns on row-level
-// security on river_job, with a policy true for every row and a
-// restrictive one that keeps a member of dama_task from changing or
-// locking any job. A task process inserts its children's jobs through
-// River's InsertTx, whose INSERT ... ON CONFLICT DO UPDATE SET kind needs
-// the right to update kind: dama's jobs carry no unique key, so that
-// update never happens. An upgrade of River must check that its queries
-// still run as every role under those policies.
+// And in the schema, on River's table: migration 19 puts a trigger on
+// river_job (BEFORE INSERT OR UPDATE OF kind) that keeps a member of
+// dama_task to inserting its own children's jobs, as River inserts them,
+// and changing none. Its right to update kind is what River's InsertTx
+// asks for (INSERT ... ON CONFLICT DO UPDATE SET kind): dama's jobs carry
+// no unique key, so that update never happens. For every other role the
+// trigger asks who writes, once per job inserted. (Not row-level
+// security: that made River's fetch, whose state condition is not
+// leakproof, scan the whole table, and refused COPY.) An upgrade of River
+// must check that its inserts still set what the trigger reads (kind,
+// state, attempt, attempted_at, args.etl_context_id).
 
 // notifyQueue tells every supervisor's River producer of the queue that a job
 // is available, as River itself does after an insert.

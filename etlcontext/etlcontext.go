@@ -314,9 +314,9 @@ func Lock(ctx context.Context, tx pgx.Tx, id int64) (*Context, error) {
 // byKey says that tx's session holds its run's key (RunKeySetting): the
 // row is then locked through data_manager.lock_initial_event (migration
 // 19), the only way for a member of dama_task, which may lock no other row
-// of event_store. Without a key it is locked directly, as a task process
-// launched by an earlier release, which sets no key, does on a schema
-// not yet migrated.
+// of event_store, when the role may call it. Otherwise it is locked
+// directly, as a task process launched by an earlier release, which sets
+// no key, does on a schema not yet migrated.
 //
 // What tx keeps locked for the task's life is part of the contract between
 // releases (README "Releases and upgrades"): the advisory lock, the row,
@@ -339,7 +339,17 @@ func LockRow(ctx context.Context, tx pgx.Tx, id int64, byKey bool) (*Context, er
 		 WHERE etl_context_id = $1 AND type LIKE '%:INITIAL'
 		   FOR UPDATE NOWAIT`
 	if byKey {
-		lockSQL = `SELECT data_manager.lock_initial_event($1)`
+		// A role that may not call the function (one of an earlier setup's,
+		// with rights of its own on event_store) locks directly, as may the
+		// one on a schema not yet migrated.
+		var may bool
+		if err := tx.QueryRow(ctx, `
+			SELECT coalesce(has_function_privilege(to_regprocedure('data_manager.lock_initial_event(bigint)'), 'EXECUTE'), false)`).Scan(&may); err != nil {
+			return nil, fmt.Errorf("lock initial event of etl context %d: %w", id, err)
+		}
+		if may {
+			lockSQL = `SELECT data_manager.lock_initial_event($1)`
+		}
 	}
 	var eventID *int64
 	err = tx.QueryRow(ctx, lockSQL, id).Scan(&eventID)

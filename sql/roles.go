@@ -85,6 +85,10 @@ type right struct {
 // starts like any other.
 var insertColumns = []string{"parent_context_id", "kind", "queue", "max_attempts", "idempotency_key", "concurrency_key", "due_at"}
 
+// eventColumns are the columns of event_store an event sets
+// (etlcontext.Append, AppendEvents).
+var eventColumns = []string{"etl_context_id", "type", "payload", "meta", "error", "run_id", "seq"}
+
 // runnerColumns are the columns of etl_contexts a task process writes about
 // itself (etlcontext.RecordRunner, RecordCommand, ClearLockLost,
 // WithdrawRunner), and river_job_id for the children it submits.
@@ -94,7 +98,7 @@ var runnerColumns = []string{"host", "pid", "process_started_at", "heartbeat_at"
 // heldFunctions are what migration 19's checks call with the rights of
 // whoever writes: every role needs them, even where PUBLIC may not execute
 // functions by default.
-var heldFunctions = []string{"held_to_its_run(name)", "holds_run_key(bytea)", "holds_key_of(bigint)",
+var heldFunctions = []string{"held_to_its_run(name)", "held_to_operating(name)", "holds_run_key(bytea)", "holds_key_of(bigint)",
 	"submitted_by_key_holder(bigint)", "refuse_to_held(text)"}
 
 // rights lists what each role may do; see the README's "Database roles".
@@ -102,9 +106,10 @@ var heldFunctions = []string{"held_to_its_run(name)", "holds_run_key(bytea)", "h
 // too.
 func rights() []right {
 	return []right{
-		// Submissions set their own columns only (earlier builds granted
-		// the table).
-		{roles: []string{RoleOperator, RoleTask}, privileges: []string{"INSERT"}, tables: []string{"etl_contexts"}, revoke: true},
+		// Submissions and events set their own columns only, never an id
+		// (which a later insert would draw, and fail on); earlier builds
+		// granted the tables.
+		{roles: []string{RoleOperator, RoleTask}, privileges: []string{"INSERT"}, tables: []string{"etl_contexts", "event_store"}, revoke: true},
 		// A task process locks its INITIAL event through
 		// lock_initial_event: it may lock, so update, no other row.
 		{roles: []string{RoleTask}, privileges: []string{"UPDATE"}, tables: []string{"event_store"}, revoke: true},
@@ -120,7 +125,8 @@ func rights() []right {
 		// events (the database applies them), moves a retried task to its
 		// new job, and pauses and blocks.
 		{roles: []string{RoleOperator}, privileges: []string{"INSERT"}, columns: insertColumns, tables: []string{"etl_contexts"}},
-		{roles: []string{RoleOperator}, privileges: []string{"INSERT"}, tables: []string{"event_store", "control_events"}},
+		{roles: []string{RoleOperator}, privileges: []string{"INSERT"}, columns: eventColumns, tables: []string{"event_store"}},
+		{roles: []string{RoleOperator}, privileges: []string{"INSERT"}, tables: []string{"control_events"}},
 		{roles: []string{RoleOperator}, privileges: []string{"UPDATE"}, columns: []string{"cancel_requested_at", "river_job_id"}, tables: []string{"etl_contexts"}},
 		{roles: []string{RoleOperator}, privileges: []string{"INSERT", "DELETE"}, tables: []string{"queue_pauses", "kind_blocks"}},
 		// River's JobCancelTx (state, finalized_at, metadata), dama's
@@ -133,7 +139,7 @@ func rights() []right {
 		{roles: []string{RoleTask}, privileges: []string{"SELECT"}, tables: []string{"etl_contexts", "event_store", "compatibility"}},
 		{roles: []string{RoleTask}, privileges: []string{"UPDATE"}, columns: runnerColumns, tables: []string{"etl_contexts"}},
 		{roles: []string{RoleTask}, privileges: []string{"INSERT"}, columns: insertColumns, tables: []string{"etl_contexts"}},
-		{roles: []string{RoleTask}, privileges: []string{"INSERT"}, tables: []string{"event_store"}},
+		{roles: []string{RoleTask}, privileges: []string{"INSERT"}, columns: eventColumns, tables: []string{"event_store"}},
 		{roles: []string{RoleTask, RoleSupervisor}, privileges: []string{"EXECUTE"}, functions: []string{"lock_initial_event(bigint)"}},
 		// River inserts with ON CONFLICT ... DO UPDATE SET kind.
 		{roles: []string{RoleTask}, privileges: []string{"SELECT", "INSERT"}, tables: []string{"river_job"}, river: true},

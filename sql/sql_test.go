@@ -181,7 +181,7 @@ func TestCheckRolesSaysWhatIsAmiss(t *testing.T) {
 	}
 	err := damasql.CheckRoles(ctx, env.Pool)
 	for _, want := range []string{
-		"dama_task lacks INSERT on data_manager.event_store",
+		"dama_task lacks INSERT (type) on data_manager.event_store",
 		"dama_task lacks UPDATE (pid) on data_manager.etl_contexts",
 		"dama_task holds UPDATE (meta) on data_manager.event_store",
 		"dama_task holds INSERT on data_manager.etl_contexts",

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -437,6 +438,10 @@ kinds:
 			`DELETE FROM river_job`,
 			`UPDATE river_queue SET paused_at = now()`,
 			`UPDATE river_job SET args = '{}', queue = 'elsewhere'`,
+			`UPDATE data_manager.etl_contexts SET river_job_id = 1000000 WHERE etl_context_id = ` + id,
+			`INSERT INTO river_job (args, kind, max_attempts, queue, state) VALUES ('{"etl_context_id": ` + id + `}', 'another_worker', 1, 'default', 'available')`,
+			`INSERT INTO data_manager.etl_contexts (kind, queue, max_attempts, idempotency_key) VALUES ('sample', 'default', 1, 'dama:child:` + id + `:x')`,
+			`INSERT INTO data_manager.event_store (event_id, etl_context_id, type) OVERRIDING SYSTEM VALUE VALUES (1000000, ` + id + `, 'parent:CANCEL_REQUESTED')`,
 		},
 		supURL: {
 			`CREATE TABLE data_manager.extra (i int)`,
@@ -517,10 +522,6 @@ func TestATaskProcessWritesOnlyItsOwnRun(t *testing.T) {
 	own, ownRun := launch()
 	other, otherRun := launch()
 	ownID, otherID := strconv.FormatInt(own, 10), strconv.FormatInt(other, 10)
-	var job int64
-	if err := env.Pool.QueryRow(ctx, `INSERT INTO river_job (args, kind, max_attempts, queue, state) VALUES ('{}', 'k', 1, 'q', 'available') RETURNING id`).Scan(&job); err != nil {
-		t.Fatal(err)
-	}
 	taskURL := env.NewLogin(damasql.RoleTask)
 	connectWith := func(key string) *pgx.Conn {
 		t.Helper()
@@ -573,6 +574,13 @@ func TestATaskProcessWritesOnlyItsOwnRun(t *testing.T) {
 			if _, err := etlcontext.Append(ctx, tx, etlcontext.NewEvent{ContextID: id, Type: "k:INITIAL", Payload: map[string]int{}}); err != nil {
 				return err
 			}
+			// A job of the child's, drawn as River draws it.
+			var job int64
+			if err := tx.QueryRow(ctx, `
+				INSERT INTO river_job (args, kind, max_attempts, queue, state)
+				VALUES (jsonb_build_object('etl_context_id', $1::bigint), 'dama_task', 1, 'q', 'available') RETURNING id`, id).Scan(&job); err != nil {
+				return err
+			}
 			return etlcontext.SetJob(ctx, tx, id, job)
 		})
 	}
@@ -594,12 +602,24 @@ func TestATaskProcessWritesOnlyItsOwnRun(t *testing.T) {
 	if err := child(withKey, own); err != nil {
 		t.Errorf("submit a child: %v", err)
 	}
-	for name, conn := range map[string]*pgx.Conn{"with another run's key": withKey, "without a key": connectWith("")} {
+	// A member of dama_operator too may do what an operator does, and no
+	// more of another run's rows.
+	operating := func() *pgx.Conn {
+		conn, err := pgx.Connect(ctx, env.NewLogin(damasql.RoleTask, damasql.RoleOperator))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close(context.Background()) })
+		return conn
+	}()
+	for name, conn := range map[string]*pgx.Conn{"with another run's key": withKey, "without a key": connectWith(""), "as an operator too": operating} {
 		_, err := etlcontext.RecordRunner(ctx, conn, other, otherRun.ID, runner)
 		refused("record itself on another run "+name, err)
 		refused("an event of another run "+name, progress(conn, other, otherRun))
 		refused("lock another run's INITIAL event "+name, lock(conn, other))
-		refused("submit a child of another run "+name, child(conn, other))
+		if conn != operating { // an operator submits what it likes
+			refused("submit a child of another run "+name, child(conn, other))
+		}
 		for what, stmt := range map[string]string{
 			"submit a task of its own":                   `INSERT INTO data_manager.etl_contexts (kind, queue, max_attempts) VALUES ('k', 'q', 1)`,
 			"take another task's key for a child":        `INSERT INTO data_manager.etl_contexts (parent_context_id, kind, queue, max_attempts, idempotency_key) VALUES (` + ownID + `, 'k', 'q', 1, 'dama:child:` + otherID + `:x')`,
@@ -613,7 +633,13 @@ func TestATaskProcessWritesOnlyItsOwnRun(t *testing.T) {
 			"ask for its own task's cancellation":        `INSERT INTO data_manager.event_store (etl_context_id, type, run_id) VALUES (` + ownID + `, 'k:CANCEL_REQUESTED', '` + ownRun.ID + `')`,
 			"retry its own task":                         `INSERT INTO data_manager.event_store (etl_context_id, type, run_id) VALUES (` + ownID + `, 'k:RETRIED', '` + ownRun.ID + `')`,
 			"lock an INITIAL event without the function": `SELECT 1 FROM data_manager.event_store WHERE etl_context_id = ` + otherID + ` FOR UPDATE`,
+			"take an event id a later event draws":       `INSERT INTO data_manager.event_store (event_id, etl_context_id, type, run_id) OVERRIDING SYSTEM VALUE VALUES (1000000, ` + ownID + `, 'k:PROGRESS', '` + ownRun.ID + `')`,
+			"take a job id a later job draws":            `INSERT INTO data_manager.etl_contexts (parent_context_id, kind, queue, max_attempts) VALUES (` + ownID + `, 'k', 'q', 1); INSERT INTO river_job (id, args, kind, max_attempts, queue, state) SELECT 1000000, jsonb_build_object('etl_context_id', max(etl_context_id)), 'dama_task', 1, 'q', 'available' FROM data_manager.etl_contexts WHERE parent_context_id = ` + ownID,
+			"give its child a job not its own":           `INSERT INTO data_manager.etl_contexts (parent_context_id, kind, queue, max_attempts) VALUES (` + ownID + `, 'k', 'q', 1); UPDATE data_manager.etl_contexts SET river_job_id = 1000000 WHERE parent_context_id = ` + ownID + ` AND river_job_id IS NULL`,
 		} {
+			if conn == operating && slices.Contains([]string{"submit a task of its own", "ask for its own task's cancellation", "retry its own task"}, what) {
+				continue // what an operator does
+			}
 			_, err := conn.Exec(ctx, stmt)
 			refused(what+" "+name, err)
 		}
@@ -621,6 +647,15 @@ func TestATaskProcessWritesOnlyItsOwnRun(t *testing.T) {
 	var pid *int
 	if err := env.Pool.QueryRow(ctx, `SELECT pid FROM data_manager.etl_contexts WHERE etl_context_id = $1`, other).Scan(&pid); err != nil || pid != nil {
 		t.Errorf("the other run's pid: %v, %v; want none recorded", pid, err)
+	}
+	// Its outcome, written again after a lost reply, is the one stored,
+	// though the run is over by then.
+	seq := 1
+	final := etlcontext.NewEvent{ContextID: own, Type: "k:FINAL", RunID: &ownRun.ID, Seq: &seq, Payload: map[string]int{}}
+	for try := range 2 {
+		if _, err := etlcontext.Append(ctx, withKey, final); err != nil {
+			t.Errorf("its outcome, try %d: %v", try+1, err)
+		}
 	}
 }
 

@@ -76,6 +76,11 @@ const (
 	// maxReads bounds the reads served at once; more wait, within
 	// readTimeout.
 	maxReads = 8
+	// maxReplies bounds the reads' replies in memory, made or being
+	// written (each at most about maxResponse): a flood of clients that do
+	// not read holds at most this many, each for at most writeGrace past
+	// its readTimeout.
+	maxReplies = 64
 	// maxPayload is the most of each event payload, meta or progress a
 	// page's read returns: the rest is fetched event by event
 	// (GET /api/tasks/{id}/events/{event}). maxText bounds an attempt's
@@ -129,9 +134,9 @@ type Server struct {
 	host   string
 	// tokenSum is the token's SHA-256: comparing sums of equal length
 	// tells nothing of the token's length.
-	tokenSum, readTokenSum [sha256.Size]byte
-	actions, reads         chan struct{}
-	mux                    *http.ServeMux
+	tokenSum, readTokenSum  [sha256.Size]byte
+	actions, reads, replies chan struct{}
+	mux                     *http.ServeMux
 }
 
 // ErrNoToken is returned by New for actions without a token long enough.
@@ -163,7 +168,8 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Server, error) 
 	s := &Server{
 		pool: pool, cfg: cfg, client: client, opts: opts, hostID: hostID, host: host,
 		tokenSum: sha256.Sum256([]byte(opts.Token)), readTokenSum: sha256.Sum256([]byte(opts.ReadToken)),
-		actions: make(chan struct{}, maxActions), reads: make(chan struct{}, maxReads), mux: http.NewServeMux(),
+		actions: make(chan struct{}, maxActions), reads: make(chan struct{}, maxReads), replies: make(chan struct{}, maxReplies),
+		mux: http.NewServeMux(),
 	}
 	static, err := fs.Sub(assets, "assets")
 	if err != nil {
@@ -216,6 +222,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if api := strings.HasPrefix(r.URL.Path, "/api/") || r.URL.Path == "/metrics"; api {
 			if !s.mayRead(r) {
 				writeError(w, http.StatusUnauthorized, errors.New("a valid read token is needed"))
+				return
+			}
+			select {
+			case s.replies <- struct{}{}:
+				defer func() { <-s.replies }()
+			case <-ctx.Done():
+				writeError(w, http.StatusServiceUnavailable, fmt.Errorf("%d replies are being written: try again", maxReplies))
 				return
 			}
 			select {

@@ -1,7 +1,7 @@
 -- A task process writes only what is its own run's (README "Database
 -- roles"): its context's row, its run's events, its children and their
 -- River jobs. A supervisor gives each run a key, which only the task
--- process it launches learns (DAMA_RUN_KEY); the context keeps the key's
+-- process it launches learns (through a pipe); the context keeps the key's
 -- SHA-256, and the task process sets the key in each of its sessions
 -- (dama.run_key). A member of dama_task is then held, by triggers, to the
 -- rows of a RUNNING context whose key its session holds: anything else it
@@ -22,20 +22,34 @@
 ALTER TABLE data_manager.etl_contexts ADD COLUMN runner_key_hash bytea;
 
 -- Whether role who is held to its run's rows: a member of dama_task that is
--- no member of dama_supervisor or dama_operator (nor a superuser, who is a
--- member of every role). Membership, not the use of the roles' rights: a
--- NOINHERIT member may take on the role with SET ROLE. False while the
+-- no member of dama_supervisor (nor a superuser, who is a member of every
+-- role). Membership, not the use of the roles' rights: a NOINHERIT member
+-- may take on the role with SET ROLE. A member of dama_operator too may,
+-- beside, do what an operator does (see the triggers). False while the
 -- roles do not exist.
 -- +goose StatementBegin
 CREATE FUNCTION data_manager.held_to_its_run(who name) RETURNS boolean
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    IF to_regrole('dama_task') IS NULL OR to_regrole('dama_supervisor') IS NULL OR to_regrole('dama_operator') IS NULL THEN
+    IF to_regrole('dama_task') IS NULL OR to_regrole('dama_supervisor') IS NULL THEN
         RETURN false;
     END IF;
-    RETURN pg_has_role(who, 'dama_task', 'MEMBER')
-       AND NOT pg_has_role(who, 'dama_supervisor', 'MEMBER')
-       AND NOT pg_has_role(who, 'dama_operator', 'MEMBER');
+    RETURN pg_has_role(who, 'dama_task', 'MEMBER') AND NOT pg_has_role(who, 'dama_supervisor', 'MEMBER');
+END
+$$;
+-- +goose StatementEnd
+
+-- Whether role who is held to what an operator does: a member of
+-- dama_operator that is no member of dama_supervisor. False while the
+-- roles do not exist.
+-- +goose StatementBegin
+CREATE FUNCTION data_manager.held_to_operating(who name) RETURNS boolean
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF to_regrole('dama_operator') IS NULL OR to_regrole('dama_supervisor') IS NULL THEN
+        RETURN false;
+    END IF;
+    RETURN pg_has_role(who, 'dama_operator', 'MEMBER') AND NOT pg_has_role(who, 'dama_supervisor', 'MEMBER');
 END
 $$;
 -- +goose StatementEnd
@@ -79,32 +93,77 @@ END
 $$;
 -- +goose StatementEnd
 
--- etl_contexts: its own context, while it runs; a child it submits, which
--- starts as a submission does (what else it may set, its column rights
--- decide) under a key of the parent's (dama:child:<parent>:...); and that
--- child's River job, once.
+-- etl_contexts. A task process: its own context, while it runs (not its
+-- River job); a child it submits, which starts as a submission does (what
+-- else it may set, its column rights decide) under a key of the parent's
+-- (dama:child:<parent>:...); and that child's River job, once, a job of
+-- the child's. An operator: a submission, under a key of its own (dama:
+-- keys are dama's); a cancellation's request, never taken back; and the
+-- River job of a task that is not running, a job of the task's (a
+-- submission's, a retry's). River's job id is looked up in River's
+-- schema, which the function's search_path names (set below).
 -- +goose StatementBegin
 CREATE FUNCTION data_manager.etl_contexts_held_to_its_run() RETURNS trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql AS $$
+DECLARE
+    held      boolean := data_manager.held_to_its_run(current_user);
+    operating boolean := data_manager.held_to_operating(current_user);
+    own_job   boolean;
 BEGIN
-    IF NOT data_manager.held_to_its_run(current_user) THEN
+    IF NOT held AND NOT operating THEN
         RETURN NEW;
     END IF;
     IF TG_OP = 'INSERT' THEN
-        IF data_manager.holds_key_of(NEW.parent_context_id)
+        IF held AND data_manager.holds_key_of(NEW.parent_context_id)
            AND (NEW.idempotency_key IS NULL OR starts_with(NEW.idempotency_key, 'dama:child:' || NEW.parent_context_id || ':')) THEN
             RETURN NEW;
         END IF;
-        PERFORM data_manager.refuse_to_held(format('submit a task under etl context %s', NEW.parent_context_id));
+        IF operating AND (NEW.idempotency_key IS NULL OR NOT starts_with(NEW.idempotency_key, 'dama:')) THEN
+            RETURN NEW;
+        END IF;
+        IF held THEN
+            PERFORM data_manager.refuse_to_held(format('submit a task under etl context %s', NEW.parent_context_id));
+        END IF;
+        RAISE EXCEPTION 'a member of dama_operator may not submit a task under a key of dama''s (%)', NEW.idempotency_key
+            USING ERRCODE = 'insufficient_privilege';
     END IF;
-    IF (OLD.etl_status = 'RUNNING' AND data_manager.holds_run_key(OLD.runner_key_hash)
-        AND NEW.river_job_id IS NOT DISTINCT FROM OLD.river_job_id)
-       OR (OLD.run_id IS NULL AND OLD.river_job_id IS NULL AND NEW.run_id IS NULL
-           AND data_manager.holds_key_of(OLD.parent_context_id)) THEN
+    own_job := NEW.river_job_id IS NOT DISTINCT FROM OLD.river_job_id
+        OR EXISTS (SELECT 1 FROM river_job AS j
+                    WHERE j.id = NEW.river_job_id AND j.args -> 'etl_context_id' = to_jsonb(NEW.etl_context_id));
+    IF held THEN
+        IF OLD.etl_status = 'RUNNING' AND data_manager.holds_run_key(OLD.runner_key_hash)
+           AND NEW.river_job_id IS NOT DISTINCT FROM OLD.river_job_id THEN
+            RETURN NEW;
+        END IF;
+        IF OLD.run_id IS NULL AND OLD.river_job_id IS NULL AND NEW.run_id IS NULL AND own_job
+           AND (NEW.host, NEW.pid, NEW.process_started_at, NEW.heartbeat_at, NEW.log_path, NEW.host_id, NEW.runner_start_ticks,
+                NEW.fence_window, NEW.lock_lost_at, NEW.lock_mode, NEW.runner_release, NEW.runner_protocol,
+                NEW.command_pgid, NEW.command_start_ticks)
+               IS NOT DISTINCT FROM
+               (OLD.host, OLD.pid, OLD.process_started_at, OLD.heartbeat_at, OLD.log_path, OLD.host_id, OLD.runner_start_ticks,
+                OLD.fence_window, OLD.lock_lost_at, OLD.lock_mode, OLD.runner_release, OLD.runner_protocol,
+                OLD.command_pgid, OLD.command_start_ticks)
+           AND data_manager.holds_key_of(OLD.parent_context_id) THEN
+            RETURN NEW;
+        END IF;
+        IF NOT operating THEN
+            PERFORM data_manager.refuse_to_held(format('write etl context %s', OLD.etl_context_id));
+        END IF;
+    END IF;
+    -- What an operator may change: its column rights name the columns.
+    IF (NEW.cancel_requested_at IS NOT DISTINCT FROM OLD.cancel_requested_at OR OLD.cancel_requested_at IS NULL)
+       AND (NEW.river_job_id IS NOT DISTINCT FROM OLD.river_job_id OR (OLD.etl_status <> 'RUNNING' AND own_job))
+       AND (NEW.host, NEW.pid, NEW.process_started_at, NEW.heartbeat_at, NEW.log_path, NEW.host_id, NEW.runner_start_ticks,
+            NEW.fence_window, NEW.lock_lost_at, NEW.lock_mode, NEW.runner_release, NEW.runner_protocol,
+            NEW.command_pgid, NEW.command_start_ticks)
+           IS NOT DISTINCT FROM
+           (OLD.host, OLD.pid, OLD.process_started_at, OLD.heartbeat_at, OLD.log_path, OLD.host_id, OLD.runner_start_ticks,
+            OLD.fence_window, OLD.lock_lost_at, OLD.lock_mode, OLD.runner_release, OLD.runner_protocol,
+            OLD.command_pgid, OLD.command_start_ticks) THEN
         RETURN NEW;
     END IF;
-    PERFORM data_manager.refuse_to_held(format('write etl context %s', OLD.etl_context_id));
-    RETURN NULL;
+    RAISE EXCEPTION 'a member of dama_operator may not make this change to etl context %', OLD.etl_context_id
+        USING ERRCODE = 'insufficient_privilege';
 END
 $$;
 -- +goose StatementEnd
@@ -112,29 +171,39 @@ $$;
 CREATE TRIGGER etl_contexts_held_to_its_run BEFORE INSERT OR UPDATE ON data_manager.etl_contexts
     FOR EACH ROW EXECUTE FUNCTION data_manager.etl_contexts_held_to_its_run();
 
--- event_store: its run's events while it runs (the event guard checks the
--- run id), but none an operator writes (a cancellation's request, a
--- retry, a submission), and the INITIAL event of a child it submits; and
--- what migration 18 holds an operator to.
+-- event_store. A task process: its run's events while it runs (the event
+-- guard checks the run id), but none an operator writes (a cancellation's
+-- request, a retry, a submission), and the INITIAL event of a child it
+-- submits; an event it wrote already (a write made again whose reply was
+-- lost) is skipped, as the event guard skips it, even once the run is
+-- over. An operator: what migration 18 holds it to. A member of both may
+-- do what either may.
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION data_manager.event_store_by_role() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, data_manager, pg_temp AS $$
 DECLARE
-    suffix text := split_part(NEW.type, ':', 2);
+    suffix    text := split_part(NEW.type, ':', 2);
+    held      boolean := data_manager.held_to_its_run(current_user);
+    operating boolean := data_manager.held_to_operating(current_user);
 BEGIN
-    IF data_manager.held_to_its_run(current_user) THEN
+    IF NOT held AND NOT operating THEN
+        RETURN NEW;
+    END IF;
+    IF held THEN
         IF (suffix NOT IN ('INITIAL', 'CANCEL_REQUESTED', 'RETRIED') AND data_manager.holds_key_of(NEW.etl_context_id))
            OR (suffix = 'INITIAL' AND data_manager.submitted_by_key_holder(NEW.etl_context_id)) THEN
             RETURN NEW;
         END IF;
-        PERFORM data_manager.refuse_to_held(format('write a %s event of etl context %s', suffix, NEW.etl_context_id));
-    END IF;
-    IF to_regrole('dama_operator') IS NULL OR to_regrole('dama_supervisor') IS NULL OR to_regrole('dama_task') IS NULL
-       OR NOT pg_has_role(current_user, 'dama_operator', 'USAGE')
-       OR pg_has_role(current_user, 'dama_supervisor', 'USAGE')
-       OR pg_has_role(current_user, 'dama_task', 'USAGE')
-       OR (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user) THEN
-        RETURN NEW;
+        IF NEW.seq IS NOT NULL
+           AND EXISTS (SELECT 1 FROM data_manager.event_store AS e
+                        WHERE e.etl_context_id = NEW.etl_context_id AND e.run_id = NEW.run_id AND e.seq = NEW.seq)
+           AND data_manager.holds_run_key((SELECT runner_key_hash FROM data_manager.etl_contexts
+                                            WHERE etl_context_id = NEW.etl_context_id AND run_id = NEW.run_id)) THEN
+            RETURN NULL;
+        END IF;
+        IF NOT operating THEN
+            PERFORM data_manager.refuse_to_held(format('write a %s event of etl context %s', suffix, NEW.etl_context_id));
+        END IF;
     END IF;
     IF suffix IN ('INITIAL', 'CANCEL_REQUESTED', 'RETRIED')
        OR (suffix = 'CANCELLED' AND NOT EXISTS (
@@ -183,24 +252,45 @@ $$;
 -- +goose StatementEnd
 REVOKE EXECUTE ON FUNCTION data_manager.lock_initial_event(bigint) FROM PUBLIC;
 
--- River's jobs: a task process inserts its children's, as River inserts
--- them (supervisor.TaskArgs, kind dama_task), and changes none. Its right to UPDATE kind is only what River's
--- INSERT ... ON CONFLICT DO UPDATE SET kind asks for: dama's jobs carry no
--- unique key, so that update never happens, and the trigger refuses it.
+-- River's jobs. A task process inserts its children's, as River inserts
+-- them (supervisor.TaskArgs, kind dama_task, not yet run); an operator, a
+-- job of a task that is not running (a submission's, a retry's). Neither
+-- changes one: the right to UPDATE kind is only what River's INSERT ... ON
+-- CONFLICT DO UPDATE SET kind asks for, and dama's jobs carry no unique
+-- key, so that update never happens.
 -- +goose StatementBegin
 CREATE FUNCTION data_manager.river_job_held_to_its_run() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    held      boolean := data_manager.held_to_its_run(current_user);
+    operating boolean := data_manager.held_to_operating(current_user);
+    task      bigint;
 BEGIN
-    IF NOT data_manager.held_to_its_run(current_user) THEN
+    IF NOT held AND NOT operating THEN
         RETURN NEW;
     END IF;
     IF TG_OP = 'INSERT' AND NEW.kind = 'dama_task' AND NEW.state IN ('available', 'scheduled') AND NEW.attempt = 0 AND NEW.attempted_at IS NULL
-       AND jsonb_typeof(NEW.args -> 'etl_context_id') = 'number'
-       AND data_manager.submitted_by_key_holder((NEW.args ->> 'etl_context_id')::bigint) THEN
-        RETURN NEW;
+       AND jsonb_typeof(NEW.args -> 'etl_context_id') = 'number' THEN
+        task := (NEW.args ->> 'etl_context_id')::bigint;
+        IF (held AND data_manager.submitted_by_key_holder(task))
+           OR (operating AND EXISTS (SELECT 1 FROM data_manager.etl_contexts WHERE etl_context_id = task AND etl_status <> 'RUNNING')) THEN
+            -- The id is the one this session just drew from River's
+            -- sequence, as River's insert draws it: an id of its choice
+            -- would be one a later insert draws, and fails on.
+            BEGIN
+                IF NEW.id = currval(pg_get_serial_sequence(format('%I.%I', TG_TABLE_SCHEMA, TG_TABLE_NAME), 'id')) THEN
+                    RETURN NEW;
+                END IF;
+            EXCEPTION WHEN object_not_in_prerequisite_state THEN
+                NULL; -- no id drawn in this session
+            END;
+        END IF;
     END IF;
-    PERFORM data_manager.refuse_to_held(format('write River job %s', NEW.id));
-    RETURN NULL;
+    IF held AND NOT operating THEN
+        PERFORM data_manager.refuse_to_held(format('write River job %s', NEW.id));
+    END IF;
+    RAISE EXCEPTION 'a member of dama_operator may write River job % only as a submission or a retry inserts it', NEW.id
+        USING ERRCODE = 'insufficient_privilege';
 END
 $$;
 -- +goose StatementEnd
@@ -213,6 +303,8 @@ BEGIN
     END IF;
     EXECUTE format('CREATE TRIGGER river_job_held_to_its_run BEFORE INSERT OR UPDATE OF kind ON %s
         FOR EACH ROW EXECUTE FUNCTION data_manager.river_job_held_to_its_run()', to_regclass('river_job'));
+    EXECUTE format('ALTER FUNCTION data_manager.etl_contexts_held_to_its_run() SET search_path = pg_catalog, %I, pg_temp',
+        (SELECT n.nspname FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace WHERE c.oid = to_regclass('river_job')));
 END
 $$;
 -- +goose StatementEnd
@@ -257,5 +349,6 @@ DROP FUNCTION data_manager.refuse_to_held(text);
 DROP FUNCTION data_manager.submitted_by_key_holder(bigint);
 DROP FUNCTION data_manager.holds_key_of(bigint);
 DROP FUNCTION data_manager.holds_run_key(bytea);
+DROP FUNCTION data_manager.held_to_operating(name);
 DROP FUNCTION data_manager.held_to_its_run(name);
 ALTER TABLE data_manager.etl_contexts DROP COLUMN runner_key_hash;

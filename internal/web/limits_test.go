@@ -149,4 +149,3 @@ func TestClientsThatDoNotReadHoldNoReads(t *testing.T) {
 		t.Errorf("a read beside eight clients that do not read: %d %q, want 200", resp.StatusCode, b)
 	}
 }
-

@@ -591,12 +591,14 @@ func RecentEvents(ctx context.Context, db DB, id int64, limit, maxPayload int) (
 	return collectEvents(rows, id)
 }
 
-// EventOf returns event eventID of context id, whole.
-func EventOf(ctx context.Context, db DB, id, eventID int64) (Event, error) {
+// EventOf returns event eventID of context id, its payload and meta each
+// read up to maxPayload bytes (0: whole; see TruncatedKey).
+func EventOf(ctx context.Context, db DB, id, eventID int64, maxPayload int) (Event, error) {
 	rows, err := db.Query(ctx, `
-		SELECT event_id, etl_context_id, type, payload, meta, error, attempt, run_id::text, created_at
+		SELECT event_id, etl_context_id, type, `+boundedJSON("payload", "$3::int")+`, `+boundedJSON("meta", "$3::int")+`,
+		       error, attempt, run_id::text, created_at
 		  FROM data_manager.event_store
-		 WHERE etl_context_id = $1 AND event_id = $2`, id, eventID)
+		 WHERE etl_context_id = $1 AND event_id = $2`, id, eventID, maxPayload)
 	if err != nil {
 		return Event{}, fmt.Errorf("read event %d of etl context %d: %w", eventID, id, err)
 	}

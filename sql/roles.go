@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -226,10 +227,16 @@ $$`, strings.Join(tables, "', '"), privileges, to, seq)
 func RolesSQL() string {
 	var b strings.Builder
 	b.WriteString("-- dama's roles (server-wide), and their rights in this database.\n")
-	for _, s := range append(createRolesSQL(), grantRolesSQL()...) {
+	for _, s := range createRolesSQL() {
 		b.WriteString(s)
 		b.WriteString(";\n")
 	}
+	b.WriteString("BEGIN;\n")
+	for _, s := range grantRolesSQL() {
+		b.WriteString(s)
+		b.WriteString(";\n")
+	}
+	b.WriteString("COMMIT;\n")
 	return b.String()
 }
 
@@ -261,14 +268,22 @@ func ensureRoles(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) e
 	if len(missing) > 0 {
 		return fmt.Errorf("%w: %s missing, and %s may not create roles", ErrRolesIncomplete, strings.Join(missing, ", "), "this role")
 	}
-	for _, s := range grantRolesSQL() {
-		if _, err := pool.Exec(ctx, s); err != nil {
-			var pgErr *pgconn.PgError
-			if errors.As(err, &pgErr) && pgErr.Code == "42501" {
-				return fmt.Errorf("%w: this role may not grant rights on dama's tables (%s)", ErrRolesIncomplete, pgErr.Message)
+	// In one transaction: a revocation followed by its grant (a table's
+	// right, then its columns') leaves no moment without either.
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		for _, s := range grantRolesSQL() {
+			if _, err := tx.Exec(ctx, s); err != nil {
+				return err
 			}
-			return fmt.Errorf("grant dama's roles their rights: %w", err)
 		}
+		return nil
+	})
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+			return fmt.Errorf("%w: this role may not grant rights on dama's tables (%s)", ErrRolesIncomplete, pgErr.Message)
+		}
+		return fmt.Errorf("grant dama's roles their rights: %w", err)
 	}
 	logger.Debug("dama's roles are in place", "roles", roleNames())
 	return nil

@@ -44,7 +44,12 @@ import (
 // security: that made River's fetch, whose state condition is not
 // leakproof, scan the whole table, and refused COPY.) An upgrade of River
 // must check that its inserts still set what the trigger reads (kind,
-// state, attempt, attempted_at, args.etl_context_id).
+// state, attempt, attempted_at, args.etl_context_id), and still draw a
+// job's id with nextval in the inserting statement (River v0.51.1:
+// coalesce(nullif(id, 0), nextval(...))), which the trigger compares with
+// currval. The trigger asks who writes of pg_catalog alone, so another
+// program's River client with no right on data_manager still inserts; a
+// COPY into river_job (InsertManyFast) then inserts row by row.
 
 // notifyQueue tells every supervisor's River producer of the queue that a job
 // is available, as River itself does after an insert.

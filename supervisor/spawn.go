@@ -70,6 +70,20 @@ func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcont
 		return 0, fmt.Errorf("open log file: %w", err)
 	}
 	defer logFile.Close()
+	// The run's key goes through a pipe, written whole before the runner
+	// starts (it is far shorter than a pipe's buffer).
+	keyR, keyW, err := os.Pipe()
+	if err != nil {
+		return 0, fmt.Errorf("create key pipe: %w", err)
+	}
+	defer keyR.Close()
+	_, err = io.WriteString(keyW, run.Key)
+	if cerr := keyW.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return 0, fmt.Errorf("write the run's key: %w", err)
+	}
 	readyR, readyW, err := os.Pipe()
 	if err != nil {
 		return 0, fmt.Errorf("create readiness pipe: %w", err)
@@ -96,20 +110,6 @@ func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcont
 	}
 
 	kind, _ := s.cfg.Kind(c.Kind)
-	// The run's key goes through a pipe, written whole before the runner
-	// starts (it is far shorter than a pipe's buffer).
-	keyR, keyW, err := os.Pipe()
-	if err != nil {
-		return 0, fmt.Errorf("create key pipe: %w", err)
-	}
-	defer keyR.Close()
-	_, err = io.WriteString(keyW, run.Key)
-	if cerr := keyW.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return 0, fmt.Errorf("write the run's key: %w", err)
-	}
 	launch := taskrunner.Launch{ContextID: c.ID, RunID: run.ID, LockMode: s.cfg.LockModeOf(kind), ReadyFD: 3, KeyFD: 4}
 	cmd := exec.Command(s.spawnPath, launch.Args()...)
 	// Named by its path in a process listing, whichever file it runs from.
@@ -124,6 +124,7 @@ func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcont
 		return 0, fmt.Errorf("start taskrunner: %w", err)
 	}
 	readyW.Close()
+	keyR.Close() // the runner has its own
 	ch := &child{pid: cmd.Process.Pid, exited: make(chan struct{})}
 	s.mu.Lock()
 	s.children[c.ID] = ch

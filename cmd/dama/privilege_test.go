@@ -725,3 +725,33 @@ kinds:` + waiterKind(goFile, 1))
 		t.Errorf("the task: %s, want DONE", got.Status)
 	}
 }
+
+// Another program's River client, sharing River's tables with rights on
+// them alone, still inserts its jobs: the check on River's table asks who
+// writes of pg_catalog alone.
+func TestAnotherProgramsRiverClientStillInserts(t *testing.T) {
+	env := testenv.New(t)
+	ctx := context.Background()
+	login := env.NewLogin()
+	u, err := url.Parse(login)
+	if err != nil {
+		t.Fatal(err)
+	}
+	role := pgx.Identifier{u.User.Username()}.Sanitize()
+	for _, q := range []string{
+		`GRANT SELECT, INSERT ON river_job TO ` + role,
+		`GRANT USAGE ON SEQUENCE river_job_id_seq TO ` + role,
+	} {
+		if _, err := env.Pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conn, err := pgx.Connect(ctx, login)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `INSERT INTO river_job (args, kind, max_attempts, queue, state) VALUES ('{}', 'another_program', 1, 'q', 'available')`); err != nil {
+		t.Errorf("a River job of another program's: %v", err)
+	}
+}

@@ -77,7 +77,8 @@ const (
 	// readTimeout.
 	maxReads = 8
 	// maxReplies bounds the reads' replies in memory, made or being
-	// written (each at most about maxResponse): a flood of clients that do
+	// written (each at most about maxResponse, an event's about twice
+	// maxEvent): a flood of clients that do
 	// not read holds at most this many, each for at most writeGrace past
 	// its readTimeout.
 	maxReplies = 64
@@ -91,6 +92,10 @@ const (
 	// maxResponse is the most a task's read returns: past it, the oldest
 	// of its events are left out.
 	maxResponse = 1 << 20
+	// maxEvent is the most of an event's payload, and of its meta, that
+	// its own read returns: an event from the pipe is far smaller (a line
+	// is at most 1 MiB), one written by SQL may not be.
+	maxEvent = 8 << 20
 )
 
 // ReadTokenHeader carries the read token (Options.ReadToken).
@@ -582,7 +587,7 @@ func (s *Server) event(w http.ResponseWriter, r *http.Request) {
 		readError(w, fmt.Errorf("%w: event id %q", errInvalid, r.PathValue("event")))
 		return
 	}
-	e, err := etlcontext.EventOf(r.Context(), s.pool, id, eventID)
+	e, err := etlcontext.EventOf(r.Context(), s.pool, id, eventID, maxEvent)
 	if err != nil {
 		readError(w, err)
 		return

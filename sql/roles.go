@@ -99,7 +99,7 @@ var runnerColumns = []string{"host", "pid", "process_started_at", "heartbeat_at"
 // heldFunctions are what migration 19's checks call with the rights of
 // whoever writes: every role needs them, even where PUBLIC may not execute
 // functions by default.
-var heldFunctions = []string{"held_to_its_run(name)", "held_to_operating(name)", "holds_run_key(bytea)", "holds_key_of(bigint)",
+var heldFunctions = []string{"held_to_its_run(name)", "holds_run_key(bytea)", "holds_key_of(bigint)",
 	"submitted_by_key_holder(bigint)", "refuse_to_held(text)"}
 
 // rights lists what each role may do; see the README's "Database roles".

@@ -24,10 +24,11 @@ ALTER TABLE data_manager.etl_contexts ADD COLUMN runner_key_hash bytea;
 
 -- Whether role who is held to its run's rows: a member of dama_task that is
 -- no member of dama_supervisor (nor a superuser, who is a member of every
--- role). Membership, not the use of the roles' rights: a NOINHERIT member
--- may take on the role with SET ROLE. A member of dama_operator too may,
--- beside, do what an operator does (see the triggers). False while the
--- roles do not exist.
+-- role), asked of the session's role by lock_initial_event; the triggers
+-- ask the same of pg_catalog themselves. Membership, not the use of the
+-- roles' rights: a NOINHERIT member may take on the role with SET ROLE. A
+-- member of dama_operator too may, beside, do what an operator does (see
+-- the triggers). False while the roles do not exist.
 -- +goose StatementBegin
 CREATE FUNCTION data_manager.held_to_its_run(who name) RETURNS boolean
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
@@ -36,21 +37,6 @@ BEGIN
         RETURN false;
     END IF;
     RETURN pg_has_role(who, 'dama_task', 'MEMBER') AND NOT pg_has_role(who, 'dama_supervisor', 'MEMBER');
-END
-$$;
--- +goose StatementEnd
-
--- Whether role who is held to what an operator does: a member of
--- dama_operator that is no member of dama_supervisor. False while the
--- roles do not exist.
--- +goose StatementBegin
-CREATE FUNCTION data_manager.held_to_operating(who name) RETURNS boolean
-LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-    IF to_regrole('dama_operator') IS NULL OR to_regrole('dama_supervisor') IS NULL THEN
-        RETURN false;
-    END IF;
-    RETURN pg_has_role(who, 'dama_operator', 'MEMBER') AND NOT pg_has_role(who, 'dama_supervisor', 'MEMBER');
 END
 $$;
 -- +goose StatementEnd
@@ -128,8 +114,9 @@ BEGIN
     IF NOT pg_has_role(current_user, 'dama_task', 'MEMBER') AND NOT pg_has_role(current_user, 'dama_operator', 'MEMBER') THEN
         RETURN NEW;
     END IF;
-    held := data_manager.held_to_its_run(current_user);
-    operating := data_manager.held_to_operating(current_user);
+    -- No supervisor, and a member of one or both of these:
+    held := pg_has_role(current_user, 'dama_task', 'MEMBER');
+    operating := pg_has_role(current_user, 'dama_operator', 'MEMBER');
     IF TG_OP = 'INSERT' THEN
         IF held AND data_manager.holds_key_of(NEW.parent_context_id)
            AND (NEW.idempotency_key IS NULL OR starts_with(NEW.idempotency_key, 'dama:child:' || NEW.parent_context_id || ':')) THEN
@@ -215,8 +202,9 @@ BEGIN
     IF NOT pg_has_role(current_user, 'dama_task', 'MEMBER') AND NOT pg_has_role(current_user, 'dama_operator', 'MEMBER') THEN
         RETURN NEW;
     END IF;
-    held := data_manager.held_to_its_run(current_user);
-    operating := data_manager.held_to_operating(current_user);
+    -- No supervisor, and a member of one or both of these:
+    held := pg_has_role(current_user, 'dama_task', 'MEMBER');
+    operating := pg_has_role(current_user, 'dama_operator', 'MEMBER');
     IF held THEN
         IF (suffix NOT IN ('INITIAL', 'CANCEL_REQUESTED', 'RETRIED') AND data_manager.holds_key_of(NEW.etl_context_id))
            OR (suffix = 'INITIAL' AND data_manager.submitted_by_key_holder(NEW.etl_context_id)) THEN
@@ -306,8 +294,9 @@ BEGIN
     IF NOT pg_has_role(current_user, 'dama_task', 'MEMBER') AND NOT pg_has_role(current_user, 'dama_operator', 'MEMBER') THEN
         RETURN NEW;
     END IF;
-    held := data_manager.held_to_its_run(current_user);
-    operating := data_manager.held_to_operating(current_user);
+    -- No supervisor, and a member of one or both of these:
+    held := pg_has_role(current_user, 'dama_task', 'MEMBER');
+    operating := pg_has_role(current_user, 'dama_operator', 'MEMBER');
     IF TG_OP = 'INSERT' AND NEW.kind = 'dama_task' AND NEW.state IN ('available', 'scheduled') AND NEW.attempt = 0 AND NEW.attempted_at IS NULL
        AND jsonb_typeof(NEW.args -> 'etl_context_id') = 'number' THEN
         task := (NEW.args ->> 'etl_context_id')::bigint;
@@ -388,6 +377,5 @@ DROP FUNCTION data_manager.refuse_to_held(text);
 DROP FUNCTION data_manager.submitted_by_key_holder(bigint);
 DROP FUNCTION data_manager.holds_key_of(bigint);
 DROP FUNCTION data_manager.holds_run_key(bytea);
-DROP FUNCTION data_manager.held_to_operating(name);
 DROP FUNCTION data_manager.held_to_its_run(name);
 ALTER TABLE data_manager.etl_contexts DROP COLUMN runner_key_hash;

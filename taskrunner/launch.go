@@ -49,9 +49,10 @@ type Launch struct {
 	// KeyFD, when above 0, is a descriptor to read the run's key from
 	// (etlcontext.Run), which the runner sets in each of its sessions: as
 	// a member of dama_task, it may write only its own run's rows. A pipe,
-	// not the environment, which a process of the same user may read
-	// until the runner has made itself non-dumpable; the runner closes it
-	// once read, so neither the command nor a function process gets it.
+	// not the environment: the runner closes it once read, so neither the
+	// command nor a function process inherits it. (In the runner's first
+	// milliseconds, before it is non-dumpable, a process of the same user
+	// may read either: README "Database roles".)
 	KeyFD int
 }
 

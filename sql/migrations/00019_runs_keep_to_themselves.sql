@@ -12,9 +12,9 @@
 -- as an index condition nor its statistics, and COPY FROM is refused), and
 -- on event_store it would need the table's ACCESS EXCLUSIVE lock, which
 -- waits for every row-mode task process to end. The triggers ask who
--- writes once per row written, of pg_catalog (a few microseconds for a
--- supervisor); a task process's event then costs a look at its context
--- too. A BEFORE ROW trigger makes a COPY into river_job insert row by row.
+-- writes once per row written, of pg_catalog first (not measured with
+-- scripts/bench.sh); a task process's event then costs a look at its
+-- context too. A BEFORE ROW trigger makes a COPY into river_job insert row by row.
 --
 -- Additive: a context launched before it has no key, and the task
 -- processes of earlier releases run as roles these checks do not hold.

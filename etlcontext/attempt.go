@@ -42,7 +42,7 @@ func RecordRunner(ctx context.Context, db DB, id int64, runID string, r Runner) 
 		   SET host = $3, pid = $4, process_started_at = $5, heartbeat_at = now(), log_path = $6,
 		       host_id = $7, runner_start_ticks = $8, fence_window = $9, lock_lost_at = NULL, lock_mode = $10,
 		       runner_release = $11, runner_protocol = $12
-		 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = 'RUNNING'
+		 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = `+sqlRunning+`
 		   AND (pid IS NULL OR (pid = $4 AND runner_start_ticks = $8 AND host_id IS NOT DISTINCT FROM $7 AND command_pgid IS NULL))
 		RETURNING cancel_requested_at IS NOT NULL`,
 		id, runID, r.Host, r.PID, r.StartedAt, r.LogPath, r.HostID, int64(r.StartTicks), r.FenceWindow, r.LockMode, r.Release, r.Protocol).Scan(&cancelRequested)
@@ -68,7 +68,7 @@ func WithdrawRunner(ctx context.Context, db DB, id int64, runID string, pid int)
 		   SET host = NULL, pid = NULL, process_started_at = NULL, heartbeat_at = NULL,
 		       host_id = NULL, runner_start_ticks = NULL, fence_window = NULL, lock_lost_at = NULL,
 		       lock_mode = NULL, runner_release = NULL, runner_protocol = NULL
-		 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = 'RUNNING'
+		 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = `+sqlRunning+`
 		   AND pid = $3 AND command_pgid IS NULL`, id, runID, pid)
 	if err != nil {
 		return fmt.Errorf("withdraw task process of etl context %d: %w", id, classify(err))
@@ -79,7 +79,7 @@ func WithdrawRunner(ctx context.Context, db DB, id int64, runID string, pid int)
 		var withdrawn bool
 		err := db.QueryRow(ctx, `
 			SELECT pid IS NULL FROM data_manager.etl_contexts
-			 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = 'RUNNING'`, id, runID).Scan(&withdrawn)
+			 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = `+sqlRunning, id, runID).Scan(&withdrawn)
 		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("withdraw task process of etl context %d: %w", id, err)
 		}
@@ -100,7 +100,7 @@ func RecordCommand(ctx context.Context, db DB, id int64, runID string, pgid int,
 	}
 	tag, err := db.Exec(ctx, `
 		UPDATE data_manager.etl_contexts SET command_pgid = $3, command_start_ticks = $4
-		 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = 'RUNNING'`,
+		 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = `+sqlRunning,
 		id, runID, pgid, ticks)
 	if err != nil {
 		return fmt.Errorf("record command of etl context %d: %w", id, err)
@@ -147,7 +147,7 @@ func RequestCancel(ctx context.Context, tx pgx.Tx, id int64, by string) (Status,
 	}
 	if _, err := Append(ctx, tx, NewEvent{
 		ContextID: id,
-		Type:      kind + ":" + EventCancelRequested,
+		Type:      EventType(kind, EventCancelRequested),
 		Payload:   map[string]any{"by": by},
 		RunID:     runID,
 	}); err != nil {
@@ -163,7 +163,7 @@ func CancelRequested(ctx context.Context, db DB, id int64, runID string) (bool, 
 	var requested bool
 	err := db.QueryRow(ctx, `
 		SELECT cancel_requested_at IS NOT NULL FROM data_manager.etl_contexts
-		 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = 'RUNNING'`, id, runID).Scan(&requested)
+		 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = `+sqlRunning, id, runID).Scan(&requested)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, fmt.Errorf("read cancellation of etl context %d: %w", id, ErrStaleRun)
 	}
@@ -180,7 +180,7 @@ func CancelRequested(ctx context.Context, db DB, id int64, runID string) (bool, 
 func ClearLockLost(ctx context.Context, db DB, id int64, runID string) error {
 	tag, err := db.Exec(ctx, `
 		UPDATE data_manager.etl_contexts SET lock_lost_at = NULL, heartbeat_at = now()
-		 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = 'RUNNING'`, id, runID)
+		 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = `+sqlRunning, id, runID)
 	if err != nil {
 		return fmt.Errorf("clear lock loss of etl context %d: %w", id, err)
 	}
@@ -235,7 +235,7 @@ func StartAttempt(ctx context.Context, db DB, id int64, attempt int, launchedBy 
 	hash := sha256.Sum256([]byte(run.Key))
 	err := db.QueryRow(ctx, `
 		UPDATE data_manager.etl_contexts
-		   SET etl_status = 'RUNNING', attempt = $2, run_id = gen_random_uuid(), launched_by = $3,
+		   SET etl_status = `+sqlRunning+`, attempt = $2, run_id = gen_random_uuid(), launched_by = $3,
 		       runner_key_hash = $4, started_at = coalesce(started_at, now()),
 		       host = NULL, pid = NULL, process_started_at = NULL, heartbeat_at = NULL,
 		       host_id = NULL, runner_start_ticks = NULL, command_pgid = NULL, command_start_ticks = NULL,
@@ -260,7 +260,7 @@ func AbandonLaunch(ctx context.Context, db DB, c *Context) error {
 	}
 	tag, err := db.Exec(ctx, `
 		UPDATE data_manager.etl_contexts SET etl_status = $3, attempt = attempt - 1
-		 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = 'RUNNING' AND pid IS NULL`,
+		 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = `+sqlRunning+` AND pid IS NULL`,
 		c.ID, c.RunID, status)
 	if err != nil {
 		return fmt.Errorf("abandon launch of etl context %d: %w", c.ID, classify(err))
@@ -285,7 +285,7 @@ func Reopen(ctx context.Context, db DB, c *Context, maxAttempts int, by string) 
 	}
 	_, err = Append(ctx, db, NewEvent{
 		ContextID: c.ID,
-		Type:      c.Kind + ":" + EventRetried,
+		Type:      EventType(c.Kind, EventRetried),
 		Payload:   map[string]any{"by": by, "previous_status": c.Status, "max_attempts": maxAttempts},
 		RunID:     c.RunID,
 	})

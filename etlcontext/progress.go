@@ -84,7 +84,7 @@ func LastFailure(ctx context.Context, db DB, id int64, kind string) (Failure, er
 		  FROM data_manager.event_store
 		 WHERE etl_context_id = $1 AND type IN ($2, $3)
 		 ORDER BY event_id DESC LIMIT 1`,
-		id, kind+":"+EventError, kind+":"+EventCancelled, DetectedBy).Scan(&reason, &timedOut, &died)
+		id, EventType(kind, EventError), EventType(kind, EventCancelled), DetectedBy).Scan(&reason, &timedOut, &died)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return Failure{}, nil

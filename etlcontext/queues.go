@@ -39,7 +39,7 @@ const (
 // command succeeded and which now only awaits its children (its latest
 // event is then AWAITING). Parents awaiting children of their own queue
 // would otherwise take every slot, and wait for ever.
-const holdsSlot = `(r.etl_status = 'RUNNING' AND NOT EXISTS (
+const holdsSlot = `(r.etl_status = ` + sqlRunning + ` AND NOT EXISTS (
 	SELECT 1 FROM data_manager.event_store AS ae
 	 WHERE ae.event_id = r.latest_event_id AND ae.type LIKE '%:` + EventAwaiting + `'))`
 
@@ -117,7 +117,7 @@ func MarkWaiting(ctx context.Context, db DB, id int64, w Wait) error {
 		UPDATE data_manager.etl_contexts
 		   SET waiting_for = $2, waiting_since = coalesce(waiting_since, now())
 		 WHERE etl_context_id = $1 AND waiting_for IS DISTINCT FROM $2
-		   AND etl_status IN ('QUEUED', 'RETRYING')`, id, string(w)); err != nil {
+		   AND etl_status IN `+sqlDue, id, string(w)); err != nil {
 		return fmt.Errorf("record why etl context %d waits: %w", id, err)
 	}
 	return nil
@@ -131,7 +131,7 @@ func SetConcurrencyKey(ctx context.Context, db DB, id int64, key string) error {
 	return nil
 }
 
-// WakeWaiting is a query, usable as a CTE, of the River job ids of the
+// wakeWaiting is a query, usable as a CTE, of the River job ids of the
 // due tasks of one queue that wait for a slot and would find one now, at
 // most as many as the queue has free slots: $1 the queue, $2 its
 // max_running, $3, $4 and $5 the kinds' names, max_running and
@@ -145,7 +145,7 @@ func SetConcurrencyKey(ctx context.Context, db DB, id int64, key string) error {
 // or a block is lifted, the tasks it held back are all woken, once, to
 // find out what they wait for now. It reads the queue's waiting tasks once
 // (the etl_contexts_waiting index), and the running ones of its kinds.
-const WakeWaiting = `
+const wakeWaiting = `
 	WITH free AS (
 		SELECT $2::int - (SELECT count(*) FROM data_manager.etl_contexts AS r
 		                   WHERE r.queue = $1 AND ` + holdsSlot + `) AS n
@@ -158,7 +158,7 @@ const WakeWaiting = `
 		SELECT w.etl_context_id, w.river_job_id, w.kind, w.concurrency_key,
 		       row_number() OVER (PARTITION BY w.kind, w.concurrency_key ORDER BY w.etl_context_id) - 1 AS key_rank
 		  FROM data_manager.etl_contexts AS w
-		 WHERE w.queue = $1 AND w.waiting_for IS NOT NULL AND w.etl_status IN ('QUEUED', 'RETRYING')
+		 WHERE w.queue = $1 AND w.waiting_for IS NOT NULL AND w.etl_status IN ` + sqlDue + `
 		   AND w.river_job_id IS NOT NULL
 		   AND w.kind IN (SELECT kind FROM limits)
 		   AND (SELECT n FROM free) > 0),
@@ -191,8 +191,8 @@ const WakeWaiting = `
 	-- step looks again and records what they wait for now.
 	SELECT w.river_job_id
 	  FROM data_manager.etl_contexts AS w
-	 WHERE w.queue = $1 AND w.waiting_for IN ('queue_paused', 'kind_blocked')
-	   AND w.etl_status IN ('QUEUED', 'RETRYING') AND w.river_job_id IS NOT NULL
+	 WHERE w.queue = $1 AND w.waiting_for IN ('` + string(WaitQueuePaused) + `', '` + string(WaitKindBlocked) + `')
+	   AND w.etl_status IN ` + sqlDue + ` AND w.river_job_id IS NOT NULL
 	   AND w.kind IN (SELECT kind FROM limits)
 	   AND NOT EXISTS (SELECT 1 FROM data_manager.queue_pauses WHERE queue = $1)`
 

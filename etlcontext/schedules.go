@@ -91,7 +91,7 @@ func Unfinished(ctx context.Context, db DB, kind string) (int, error) {
 	var n int
 	err := db.QueryRow(ctx, `
 		SELECT count(*) FROM data_manager.etl_contexts
-		 WHERE kind = $1 AND etl_status IN ('QUEUED', 'RUNNING', 'RETRYING')`, kind).Scan(&n)
+		 WHERE kind = $1 AND etl_status IN (`+sqlQueued+`, `+sqlRunning+`, `+sqlRetrying+`)`, kind).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("count unfinished %s tasks: %w", kind, err)
 	}

@@ -33,7 +33,20 @@ type TaskArgs struct {
 }
 
 // Kind is the River job kind of every dama task.
-func (TaskArgs) Kind() string { return "dama_task" }
+func (TaskArgs) Kind() string { return etlcontext.JobKind }
+
+// enqueueJob inserts, in tx, the River job that steps context id, of kind,
+// and records it as the context's job: a context has exactly one job.
+func enqueueJob(ctx context.Context, rc *river.Client[pgx.Tx], tx pgx.Tx, id int64, kind string, opts *river.InsertOpts) (int64, error) {
+	res, err := rc.InsertTx(ctx, tx, TaskArgs{ETLContextID: id, TaskKind: kind}, opts)
+	if err != nil {
+		return 0, fmt.Errorf("enqueue River job: %w", err)
+	}
+	if err := etlcontext.SetJob(ctx, tx, id, res.Job.ID); err != nil {
+		return 0, err
+	}
+	return res.Job.ID, nil
+}
 
 // Client submits and cancels tasks. It does not run them: that is the
 // Supervisor's work.
@@ -195,20 +208,17 @@ func (c *Client) submitTx(ctx context.Context, tx pgx.Tx, p SubmitParams) (id in
 		}
 		if _, err := etlcontext.Append(ctx, tx, etlcontext.NewEvent{
 			ContextID: id,
-			Type:      p.Kind + ":" + etlcontext.EventInitial,
+			Type:      etlcontext.EventType(p.Kind, etlcontext.EventInitial),
 			Payload:   args,
 		}); err != nil {
 			return err
 		}
-		res, err := c.river.InsertTx(ctx, tx, TaskArgs{ETLContextID: id, TaskKind: p.Kind}, &river.InsertOpts{
+		_, err := enqueueJob(ctx, c.river, tx, id, p.Kind, &river.InsertOpts{
 			Queue:       kind.Queue,
 			MaxAttempts: kind.MaxAttempts,
 			ScheduledAt: p.ScheduledAt,
 		})
-		if err != nil {
-			return fmt.Errorf("enqueue River job: %w", err)
-		}
-		return etlcontext.SetJob(ctx, tx, id, res.Job.ID)
+		return err
 	})
 	if err != nil {
 		return 0, false, fmt.Errorf("submit %s task: %w", p.Kind, err)
@@ -422,7 +432,7 @@ func (c *Client) tryCancel(ctx context.Context, id int64, requested *bool) (stat
 	}
 	if _, err := etlcontext.Append(ctx, tx, etlcontext.NewEvent{
 		ContextID: id,
-		Type:      ec.Kind + ":" + etlcontext.EventCancelled,
+		Type:      etlcontext.EventType(ec.Kind, etlcontext.EventCancelled),
 		Payload:   map[string]any{"reason": "cancelled while not running", "by": by},
 		RunID:     ec.RunID,
 	}); err != nil {

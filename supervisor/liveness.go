@@ -12,12 +12,6 @@ import (
 	"github.com/dama-etl/dama/internal/pgsession"
 )
 
-// clientLockNamespace keys the session-level advisory lock that each
-// supervisor holds, on its liveness connection, for as long as it lives: a
-// River job left 'running' by a client whose lock stays gone belongs to a
-// dead supervisor.
-const clientLockNamespace = etlcontext.ClientLockNamespace
-
 // The application_name prefixes of the supervisor's own connections, followed
 // by its River client id, so that an operator (or a test) can tell them apart
 // in pg_stat_activity. PostgreSQL keeps the first 63 bytes of a name.
@@ -82,7 +76,7 @@ func (s *Supervisor) connectLiveness(ctx context.Context) (*pgx.Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open liveness connection: %w", err)
 	}
-	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1, hashtext($2))`, clientLockNamespace, s.river.ID()); err != nil {
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1, hashtext($2))`, etlcontext.ClientLockNamespace, s.river.ID()); err != nil {
 		conn.Close(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("take supervisor liveness lock: %w", err)
 	}
@@ -163,15 +157,6 @@ type suspect struct {
 	attemptedAt int64 // microseconds since the epoch, as PostgreSQL stores it
 }
 
-// clientLockMissing is true for a river_job row j whose last client holds no
-// liveness lock in this database.
-const clientLockMissing = `NOT EXISTS (
-	SELECT 1 FROM pg_catalog.pg_locks AS l
-	 WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
-	   AND l.classid = $2::oid
-	   AND l.objid = hashtext(j.attempted_by[array_length(j.attempted_by, 1)])::oid
-	   AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d WHERE d.datname = current_database()))`
-
 // rescueOrphanedSteps makes available again the jobs that a dead supervisor
 // left 'running' mid-step, without spending an attempt, as a snooze would.
 // River's own rescuer would wait an hour and then count the step as a failed
@@ -187,111 +172,52 @@ const clientLockMissing = `NOT EXISTS (
 func (s *Supervisor) rescueOrphanedSteps(ctx context.Context) error {
 	s.rescueMu.Lock()
 	defer s.rescueMu.Unlock()
-	kind := TaskArgs{}.Kind()
 	queues := map[string]bool{}
-
-	rows, err := s.pool.Query(ctx, `
-		UPDATE river_job AS j
-		   SET `+rescueSQL+`
-		 WHERE j.kind = $1
-		   AND j.state = 'running'
-		   AND j.attempted_at < now() - $2::interval
-		RETURNING j.id, j.queue`, kind, 2*stepTimeout(s.opts.LaunchTimeout))
-	if err != nil {
-		return fmt.Errorf("rescue steps older than twice the step timeout: %w", err)
-	}
-	if err := s.collectRescued(rows, queues, "older than twice the step timeout"); err != nil {
-		return fmt.Errorf("rescue steps older than twice the step timeout: %w", err)
-	}
-
-	// The one-second margin leaves alone a job whose client is taking its
-	// lock at startup.
-	rows, err = s.pool.Query(ctx, `
-		SELECT j.id, j.attempted_by[array_length(j.attempted_by, 1)], j.attempted_at
-		  FROM river_job AS j
-		 WHERE j.kind = $1
-		   AND j.state = 'running'
-		   AND j.attempted_at < now() - interval '1 second'
-		   AND `+clientLockMissing, kind, clientLockNamespace)
-	if err != nil {
-		return fmt.Errorf("find running steps whose supervisor holds no liveness lock: %w", err)
-	}
-	seen, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (suspect, error) {
-		var (
-			sus    suspect
-			client *string
-			at     time.Time
-		)
-		err := row.Scan(&sus.jobID, &client, &at)
-		if client != nil {
-			sus.client = *client
+	rescued := func(jobs []etlcontext.Rescued, why string) {
+		for _, r := range jobs {
+			queues[r.Queue] = true
+			s.logger.Info("rescued the step of a dead supervisor", "job_id", r.ID, "why", why)
 		}
-		sus.attemptedAt = at.UnixMicro()
-		return sus, err
-	})
+	}
+
+	stale, err := etlcontext.RescueStaleSteps(ctx, s.pool, 2*stepTimeout(s.opts.LaunchTimeout))
 	if err != nil {
-		return fmt.Errorf("find running steps whose supervisor holds no liveness lock: %w", err)
+		return err
+	}
+	rescued(stale, "older than twice the step timeout")
+
+	seen, err := etlcontext.StepsWithoutClientLock(ctx, s.pool)
+	if err != nil {
+		return err
 	}
 	// Only the suspects seen now are remembered: a job whose client's lock
-	// came back, that finished, or that was fetched again starts over.
+	// came back, that finished, or that was fetched again starts over. A
+	// rescued job stays until the next look, which no longer finds it
+	// running under that attempt and drops it.
 	now := time.Now()
 	next := make(map[suspect]time.Time, len(seen))
-	var (
-		dueIDs []int64
-		dueAts []time.Time
-	)
-	for _, sus := range seen {
+	var due []etlcontext.Step
+	for _, step := range seen {
+		sus := suspect{jobID: step.JobID, client: step.Client, attemptedAt: step.AttemptedAt.UnixMicro()}
 		first, ok := s.suspects[sus]
 		if !ok {
 			first = now
 		}
 		next[sus] = first
 		if now.Sub(first) >= s.rescueGrace {
-			dueIDs = append(dueIDs, sus.jobID)
-			dueAts = append(dueAts, time.UnixMicro(sus.attemptedAt))
+			due = append(due, step)
 		}
 	}
 	s.suspects = next
-	if len(dueIDs) > 0 {
-		// The lock is looked at once more, in the statement that rescues.
-		rows, err := s.pool.Query(ctx, `
-			UPDATE river_job AS j
-			   SET `+rescueSQL+`
-			  FROM unnest($3::bigint[], $4::timestamptz[]) AS due(id, attempted_at)
-			 WHERE j.id = due.id
-			   AND j.attempted_at = due.attempted_at
-			   AND j.kind = $1
-			   AND j.state = 'running'
-			   AND `+clientLockMissing+`
-			RETURNING j.id, j.queue`, kind, clientLockNamespace, dueIDs, dueAts)
+	if len(due) > 0 {
+		jobs, err := etlcontext.RescueSteps(ctx, s.pool, due)
 		if err != nil {
-			return fmt.Errorf("rescue steps of dead supervisors: %w", err)
+			return err
 		}
-		if err := s.collectRescued(rows, queues, fmt.Sprintf("supervisor's liveness lock missing for %s", s.rescueGrace)); err != nil {
-			return fmt.Errorf("rescue steps of dead supervisors: %w", err)
-		}
+		rescued(jobs, fmt.Sprintf("supervisor's liveness lock missing for %s", s.rescueGrace))
 	}
 	for q := range queues {
 		s.notifyQueue(ctx, q)
 	}
 	return nil
-}
-
-// collectRescued logs the rescued jobs of rows (id, queue) and adds their
-// queues to queues. A rescued job stays in s.suspects until the next look,
-// which no longer finds it running under that attempt and drops it.
-func (s *Supervisor) collectRescued(rows pgx.Rows, queues map[string]bool, why string) error {
-	defer rows.Close()
-	for rows.Next() {
-		var (
-			id    int64
-			queue string
-		)
-		if err := rows.Scan(&id, &queue); err != nil {
-			return err
-		}
-		queues[queue] = true
-		s.logger.Info("rescued the step of a dead supervisor", "job_id", id, "why", why)
-	}
-	return rows.Err()
 }

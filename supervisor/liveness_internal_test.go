@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dama-etl/dama/config"
+	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
 )
 
@@ -176,7 +177,7 @@ func TestRescueWaitsOutTheGraceAndForgets(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { conn.Close(context.Background()) })
-		if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1, hashtext($2))`, clientLockNamespace, client); err != nil {
+		if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1, hashtext($2))`, etlcontext.ClientLockNamespace, client); err != nil {
 			t.Fatal(err)
 		}
 		return conn
@@ -231,7 +232,7 @@ func TestRescueWaitsOutTheGraceAndForgets(t *testing.T) {
 		var held bool
 		err := env.Pool.QueryRow(ctx, `
 			SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2
-			                  AND classid = $1 AND objid = hashtext('ghost')::oid)`, clientLockNamespace).Scan(&held)
+			                  AND classid = $1 AND objid = hashtext('ghost')::oid)`, etlcontext.ClientLockNamespace).Scan(&held)
 		return !held, err
 	})
 	lost := time.Now()

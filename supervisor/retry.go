@@ -45,17 +45,14 @@ func (c *Client) Retry(ctx context.Context, id int64) error {
 				return fmt.Errorf("cancel the previous River job %d: %w", *ec.RiverJobID, err)
 			}
 		}
-		res, err := c.river.InsertTx(ctx, tx, TaskArgs{ETLContextID: id, TaskKind: ec.Kind}, &river.InsertOpts{
+		job, err := enqueueJob(ctx, c.river, tx, id, ec.Kind, &river.InsertOpts{
 			Queue:       ec.Queue,
 			MaxAttempts: maxAttempts,
 		})
 		if err != nil {
-			return fmt.Errorf("enqueue River job: %w", err)
-		}
-		if err := alignAttempt(ctx, tx, res.Job.ID, ec.Attempt); err != nil {
 			return err
 		}
-		return etlcontext.SetJob(ctx, tx, id, res.Job.ID)
+		return etlcontext.AlignJobAttempt(ctx, tx, job, ec.Attempt)
 	})
 	if err != nil {
 		return fmt.Errorf("retry etl context %d: %w", id, err)

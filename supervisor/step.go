@@ -174,7 +174,7 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 	// QUEUED, or RETRYING and River has moved on to a new attempt: launch.
 	if c.CancelRequestedAt != nil {
 		if _, err := etlcontext.Append(ctx, tx, etlcontext.NewEvent{
-			ContextID: id, Type: c.Kind + ":" + etlcontext.EventCancelled,
+			ContextID: id, Type: etlcontext.EventType(c.Kind, etlcontext.EventCancelled),
 			Payload: map[string]any{"reason": "cancelled before it ran"}, RunID: c.RunID,
 		}); err != nil {
 			return s.transient(logger, err)
@@ -435,7 +435,7 @@ func (s *Supervisor) recordEnd(ctx context.Context, tx pgx.Tx, c *etlcontext.Con
 	}
 	_, err := etlcontext.Append(ctx, tx, etlcontext.NewEvent{
 		ContextID: c.ID,
-		Type:      c.Kind + ":" + suffix,
+		Type:      etlcontext.EventType(c.Kind, suffix),
 		Payload:   payload,
 		RunID:     c.RunID,
 	})

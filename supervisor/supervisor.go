@@ -20,7 +20,7 @@ import (
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/hostproc"
-	damasql "github.com/dama-etl/dama/sql"
+	"github.com/dama-etl/dama/schema"
 	"github.com/dama-etl/dama/taskrunner"
 	"github.com/dama-etl/dama/version"
 )
@@ -290,7 +290,7 @@ func cmpOr(d, def time.Duration) time.Duration {
 func (s *Supervisor) Run(ctx context.Context) error {
 	// An older release than the schema, or one whose task processes the
 	// database no longer accepts, touches no task.
-	if err := damasql.CheckMigrated(ctx, s.pool); err != nil {
+	if err := schema.CheckMigrated(ctx, s.pool); err != nil {
 		return err
 	}
 	if err := etlcontext.CheckRunnerProtocol(ctx, s.pool, taskrunner.Protocol); err != nil {

@@ -3,9 +3,6 @@ package supervisor
 import (
 	"context"
 	"errors"
-	"fmt"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/dama-etl/dama/etlcontext"
 )
@@ -28,69 +25,17 @@ import (
 // A task's exit is otherwise pushed, not polled: the supervisor reaps the
 // runners it spawned and hears the others' NOTIFY (see listen).
 func (s *Supervisor) watch(ctx context.Context) error {
-	rows, err := s.pool.Query(ctx, `
-		WITH held AS (`+etlcontext.HeldLocks+`),
-		free AS (
-			SELECT c.etl_context_id, c.river_job_id, c.queue, c.host_id
-			  FROM data_manager.etl_contexts AS c
-			 WHERE c.etl_status = 'RUNNING'
-			   AND (c.queue = ANY($1) OR c.host_id = $2)
-			   AND c.etl_context_id NOT IN (SELECT etl_context_id FROM held)),
-		ended AS (
-			SELECT j.id
-			  FROM river_job AS j
-			  JOIN data_manager.etl_contexts AS c ON c.river_job_id = j.id
-			 WHERE j.state IN ('scheduled', 'available')
-			   AND j.queue = ANY($1)
-			   AND j.kind = $3
-			   AND j.scheduled_at > now()
-			   AND j.scheduled_at <= now() + $4::interval
-			   AND (c.etl_status IN ('DONE', 'FAILED', 'CANCELLED')
-			        -- River's attempt counter lags one behind while the job
-			        -- waits: the attempt it launched has failed.
-			        OR (c.etl_status = 'RETRYING' AND c.attempt > j.attempt))),
-		due AS (
-			SELECT river_job_id AS id FROM free WHERE queue = ANY($1) AND river_job_id IS NOT NULL
-			UNION
-			SELECT id FROM ended),
-		woken AS (`+wakeSQL+`)
-		SELECT 'woken', id, queue FROM woken
-		UNION ALL
-		SELECT 'here', etl_context_id, queue FROM free WHERE host_id = $2`,
-		// Twice the park: River times a snooze on the supervisor's clock,
-		// this on the database's.
-		s.cfg.QueueNames(), s.hostID, TaskArgs{}.Kind(), 2*parkFor)
+	// Twice the park: River times a snooze on the supervisor's clock, the
+	// watch on the database's.
+	w, err := etlcontext.Watch(ctx, s.pool, s.cfg.QueueNames(), s.hostID, 2*parkFor)
 	if err != nil {
-		return fmt.Errorf("look for tasks whose lock is free: %w", err)
+		return err
 	}
-	type found struct {
-		what  string
-		id    int64
-		queue string
-	}
-	all, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (found, error) {
-		var f found
-		err := row.Scan(&f.what, &f.id, &f.queue)
-		return f, err
-	})
-	if err != nil {
-		return fmt.Errorf("look for tasks whose lock is free: %w", err)
-	}
-	queues := map[string]bool{}
-	var here []int64
-	for _, f := range all {
-		switch f.what {
-		case "woken":
-			queues[f.queue] = true
-		case "here":
-			here = append(here, f.id)
-		}
-	}
-	for q := range queues {
+	for _, q := range w.WokenQueues {
 		s.notifyQueue(ctx, q)
 	}
 	var errs []error
-	for _, id := range here {
+	for _, id := range w.FreeHere {
 		c, err := etlcontext.Get(ctx, s.pool, id)
 		if err != nil {
 			errs = append(errs, err)

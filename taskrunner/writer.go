@@ -306,7 +306,7 @@ func (w *writer) full(size int) bool {
 // newEvent makes the next event of the run, its payload and meta cleaned
 // for the database; w.mu is held or the event is not queued yet.
 func (w *writer) newEvent(suffix string, payload, meta any, isError bool) *pendingEvent {
-	e := &pendingEvent{ev: etlcontext.NewEvent{ContextID: w.contextID, Type: w.kind + ":" + suffix, Error: isError}}
+	e := &pendingEvent{ev: etlcontext.NewEvent{ContextID: w.contextID, Type: etlcontext.EventType(w.kind, suffix), Error: isError}}
 	var replaced etlcontext.Replaced
 	e.ev.Payload, replaced = cleanValue(payload)
 	m, r := cleanValue(meta)
@@ -386,7 +386,7 @@ func (w *writer) mergeReplaced(n *replacedNote) {
 		}
 		return
 	}
-	e := &pendingEvent{ev: etlcontext.NewEvent{ContextID: w.contextID, Type: w.kind + ":" + etlcontext.EventWarning}, size: 512, coalesce: replacedKey, replaced: n}
+	e := &pendingEvent{ev: etlcontext.NewEvent{ContextID: w.contextID, Type: etlcontext.EventType(w.kind, etlcontext.EventWarning)}, size: 512, coalesce: replacedKey, replaced: n}
 	w.append(e)
 }
 
@@ -447,7 +447,7 @@ func (w *writer) submitChild(ctx context.Context, c Child) error {
 	}
 	defer w.mu.Unlock()
 	c.ParentID = w.contextID
-	e := &pendingEvent{ev: etlcontext.NewEvent{ContextID: w.contextID, Type: w.kind + ":" + etlcontext.EventSubmitted}, size: size, child: &c, piped: true}
+	e := &pendingEvent{ev: etlcontext.NewEvent{ContextID: w.contextID, Type: etlcontext.EventType(w.kind, etlcontext.EventSubmitted)}, size: size, child: &c, piped: true}
 	w.append(e)
 	// The key needs the sequence number append gave.
 	if c.IdempotencyKey == "" {
@@ -802,7 +802,7 @@ func (w *writer) serveEvents(ctx context.Context) bool {
 		w.mu.Lock()
 		e := batch[0]
 		e.ev.Meta = map[string]any{"problem": "the database refused this event: " + err.Error(), "type": e.ev.Type}
-		e.ev.Type, e.ev.Payload, e.ev.Error = w.kind+":"+etlcontext.EventWarning, nil, false
+		e.ev.Type, e.ev.Payload, e.ev.Error = etlcontext.EventType(w.kind, etlcontext.EventWarning), nil, false
 		e.stoodIn, e.writing = true, false
 		w.mu.Unlock()
 		return true
@@ -884,7 +884,7 @@ func (w *writer) serveChild(ctx context.Context, e *pendingEvent) bool {
 		w.logger.Warn("submit child", "kind", e.child.Kind, "error", refused)
 		w.mu.Lock()
 		w.refusedChildren++
-		e.ev.Type = w.kind + ":" + etlcontext.EventWarning
+		e.ev.Type = etlcontext.EventType(w.kind, etlcontext.EventWarning)
 		e.ev.Meta = map[string]any{"problem": "submit " + e.child.Kind + " child: " + refused.Error()}
 		e.child = nil
 		e.writing = false
@@ -899,7 +899,7 @@ func (w *writer) serveChild(ctx context.Context, e *pendingEvent) bool {
 		w.logger.Warn("store event", "type", e.ev.Type, "error", err)
 		w.mu.Lock()
 		w.refusedChildren++
-		e.ev.Type = w.kind + ":" + etlcontext.EventWarning
+		e.ev.Type = etlcontext.EventType(w.kind, etlcontext.EventWarning)
 		e.ev.Meta = map[string]any{"problem": "submit " + e.child.Kind + " child: " + err.Error()}
 		e.child, e.stoodIn, e.writing = nil, true, false
 		w.mu.Unlock()

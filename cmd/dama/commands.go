@@ -24,7 +24,7 @@ import (
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/pgsession"
-	damasql "github.com/dama-etl/dama/sql"
+	"github.com/dama-etl/dama/schema"
 	"github.com/dama-etl/dama/supervisor"
 )
 
@@ -69,7 +69,7 @@ func connectMigrated(ctx context.Context, minConns int32) (*pgxpool.Pool, string
 	if err != nil {
 		return nil, "", err
 	}
-	if err := damasql.CheckMigrated(ctx, pool); err != nil {
+	if err := schema.CheckMigrated(ctx, pool); err != nil {
 		pool.Close()
 		return nil, "", err
 	}
@@ -186,12 +186,12 @@ func newMigrateCommand(g *globals) *cobra.Command {
 				return err
 			}
 			defer pool.Close()
-			if err := damasql.Migrate(cmd.Context(), pool, logger); err != nil {
+			if err := schema.Migrate(cmd.Context(), pool, logger); err != nil {
 				return err
 			}
-			if err := damasql.CheckRoles(cmd.Context(), pool); errors.Is(err, damasql.ErrRolesIncomplete) {
+			if err := schema.CheckRoles(cmd.Context(), pool); errors.Is(err, schema.ErrRolesIncomplete) {
 				// What this role may not do, an administrator may.
-				fmt.Fprintf(cmd.OutOrStdout(), "-- %s\n-- Run this as an administrator, in this database:\n%s", oneLine(err.Error()), damasql.RolesSQL())
+				fmt.Fprintf(cmd.OutOrStdout(), "-- %s\n-- Run this as an administrator, in this database:\n%s", oneLine(err.Error()), schema.RolesSQL())
 			} else if err != nil {
 				return err
 			}
@@ -212,7 +212,7 @@ migrate does the same when its role may; run this as an administrator
 otherwise, after each dama migrate. Needs no database.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			fmt.Fprint(cmd.OutOrStdout(), damasql.RolesSQL())
+			fmt.Fprint(cmd.OutOrStdout(), schema.RolesSQL())
 			return nil
 		},
 	}

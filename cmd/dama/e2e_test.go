@@ -17,7 +17,7 @@ import (
 
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
-	damasql "github.com/dama-etl/dama/sql"
+	"github.com/dama-etl/dama/schema"
 	"github.com/dama-etl/dama/taskrunner"
 	"github.com/jackc/pgx/v5"
 )
@@ -506,7 +506,7 @@ func TestLockConnectionLossIsRiddenOut(t *testing.T) {
 	w := newWorld(t, 10)
 	// As a member of dama_task, which writes only with its run's key: the
 	// connections made again hold it too.
-	w.StartWith(w.cfg, []string{"DAMA_TASK_DATABASE_URL=" + w.NewLogin(damasql.RoleTask)}, nil, "supervisor")
+	w.StartWith(w.cfg, []string{"DAMA_TASK_DATABASE_URL=" + w.NewLogin(schema.RoleTask)}, nil, "supervisor")
 	id := w.submit(40, 100)
 	w.waitRunning(id)
 	w.waitFor(id, 20*time.Second, "to start its command", func(etlcontext.Task) bool { return len(w.starts(id)) == 1 })

@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+
 	// Schedules' time zones read the same rules on every host, whatever
 	// its tzdata package holds, or lacks in a minimal container.
 	_ "time/tzdata"

@@ -23,7 +23,7 @@ import (
 
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
-	damasql "github.com/dama-etl/dama/sql"
+	"github.com/dama-etl/dama/schema"
 	"github.com/dama-etl/dama/taskrunner"
 )
 
@@ -146,7 +146,7 @@ kinds:
 		t.Fatalf("submit: %s", res.Stderr)
 	}
 	id := strings.TrimSpace(res.Stdout)
-	asReader := []string{"DATABASE_URL=" + env.NewLogin(damasql.RoleReader)}
+	asReader := []string{"DATABASE_URL=" + env.NewLogin(schema.RoleReader)}
 	for _, args := range [][]string{{"status"}, {"status", id}, {"status", "--json"}, {"events", id}, {"queues"}, {"schedules"}} {
 		if res := env.DamaWith(cfg, asReader, args...); res.Code != 0 {
 			t.Errorf("dama %v as a reader: exit %d, %s", args, res.Code, res.Stderr)
@@ -207,7 +207,7 @@ func TestMigrateByAnOwnerPrintsTheRolesForAnAdministrator(t *testing.T) {
 	}
 	asOwner := []string{"DATABASE_URL=" + owner}
 	res := env.DamaWith("", asOwner, "migrate")
-	if res.Code != 0 || !strings.Contains(res.Stdout, "Run this as an administrator") || !strings.Contains(res.Stdout, "CREATE ROLE "+damasql.RoleReader) {
+	if res.Code != 0 || !strings.Contains(res.Stdout, "Run this as an administrator") || !strings.Contains(res.Stdout, "CREATE ROLE "+schema.RoleReader) {
 		t.Fatalf("dama migrate as the owner: exit %d, stdout %q, stderr %q; want the roles' SQL printed", res.Code, res.Stdout, res.Stderr)
 	}
 	roles := env.Dama("", "roles")
@@ -335,7 +335,7 @@ kinds:
 			}
 		}
 	})
-	supURL, taskURL, opURL := env.NewLogin(damasql.RoleSupervisor), env.NewLogin(damasql.RoleTask), env.NewLogin(damasql.RoleOperator)
+	supURL, taskURL, opURL := env.NewLogin(schema.RoleSupervisor), env.NewLogin(schema.RoleTask), env.NewLogin(schema.RoleOperator)
 	asOperator := []string{"DATABASE_URL=" + opURL}
 	env.StartWith(cfg, []string{"DATABASE_URL=" + supURL, "DAMA_TASK_DATABASE_URL=" + taskURL}, nil, "supervisor")
 	w := &world{Env: env, cfg: cfg}
@@ -386,7 +386,7 @@ kinds:
 		t.Errorf("the cancelled and retried task: %s at attempt %d, want DONE at attempt 2", got.Status, got.Attempt)
 	}
 	var opRole string
-	if err := env.Pool.QueryRow(context.Background(), `SELECT rolname FROM pg_roles WHERE pg_has_role(rolname, $1, 'MEMBER') AND rolname LIKE 'dama_login_%'`, damasql.RoleOperator).Scan(&opRole); err != nil {
+	if err := env.Pool.QueryRow(context.Background(), `SELECT rolname FROM pg_roles WHERE pg_has_role(rolname, $1, 'MEMBER') AND rolname LIKE 'dama_login_%'`, schema.RoleOperator).Scan(&opRole); err != nil {
 		t.Fatal(err)
 	}
 	if by, err := etlcontext.LatestPayload(context.Background(), env.Pool, waiter, etlcontext.EventCancelRequested); err != nil || !strings.Contains(string(by), "(database role "+opRole+")") {
@@ -522,7 +522,7 @@ func TestATaskProcessWritesOnlyItsOwnRun(t *testing.T) {
 	own, ownRun := launch()
 	other, otherRun := launch()
 	ownID, otherID := strconv.FormatInt(own, 10), strconv.FormatInt(other, 10)
-	taskURL := env.NewLogin(damasql.RoleTask)
+	taskURL := env.NewLogin(schema.RoleTask)
 	connectWith := func(key string) *pgx.Conn {
 		t.Helper()
 		cfg, err := pgx.ParseConfig(taskURL)
@@ -605,7 +605,7 @@ func TestATaskProcessWritesOnlyItsOwnRun(t *testing.T) {
 	// A member of dama_operator too may do what an operator does, and no
 	// more of another run's rows.
 	operating := func() *pgx.Conn {
-		conn, err := pgx.Connect(ctx, env.NewLogin(damasql.RoleTask, damasql.RoleOperator))
+		conn, err := pgx.Connect(ctx, env.NewLogin(schema.RoleTask, schema.RoleOperator))
 		if err != nil {
 			t.Fatal(err)
 		}

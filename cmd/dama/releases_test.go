@@ -12,14 +12,14 @@ import (
 
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
-	damasql "github.com/dama-etl/dama/sql"
+	"github.com/dama-etl/dama/schema"
 	"github.com/dama-etl/dama/taskrunner"
 	"github.com/dama-etl/dama/version"
 )
 
 func TestVersion(t *testing.T) {
 	env := testenv.New(t)
-	latest, err := damasql.Latest()
+	latest, err := schema.Latest()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -116,7 +116,7 @@ func describe(t etlcontext.Task) string {
 	if w := waiting(t); w != "-" {
 		s += " (waiting: " + w + ")"
 	}
-	if t.LatestEventType != nil && strings.HasSuffix(*t.LatestEventType, ":"+etlcontext.EventAwaiting) && t.Status == etlcontext.StatusRunning {
+	if t.LatestEventType != nil && etlcontext.EventSuffix(*t.LatestEventType) == etlcontext.EventAwaiting && t.Status == etlcontext.StatusRunning {
 		s += " awaiting children: " + children(t.Children)
 	} else if len(t.Children) > 0 {
 		s += " children: " + children(t.Children)

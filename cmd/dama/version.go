@@ -7,7 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	damasql "github.com/dama-etl/dama/sql"
+	"github.com/dama-etl/dama/schema"
 	"github.com/dama-etl/dama/taskrunner"
 	"github.com/dama-etl/dama/version"
 )
@@ -31,7 +31,7 @@ func versionText() string {
 	fmt.Fprintf(&b, "dama %s\n", version.Release)
 	fmt.Fprintf(&b, "commit %s\n", version.Commit())
 	fmt.Fprintf(&b, "protocol %d\n", taskrunner.Protocol)
-	if latest, err := damasql.Latest(); err == nil {
+	if latest, err := schema.Latest(); err == nil {
 		fmt.Fprintf(&b, "schema %d\n", latest)
 	}
 	fmt.Fprintf(&b, "go %s\n", runtime.Version())

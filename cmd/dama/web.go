@@ -11,8 +11,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/dama-etl/dama/cmd/dama/internal/web"
 	"github.com/dama-etl/dama/config"
-	"github.com/dama-etl/dama/internal/web"
 	"github.com/dama-etl/dama/supervisor"
 )
 

@@ -302,6 +302,20 @@ func pgBindir() (string, error) {
 	return "", errors.New("no PostgreSQL server binaries in /usr/lib/postgresql/*/bin: run scripts/test.sh, which installs them")
 }
 
+// PGBin is the path of the PostgreSQL program name (pg_dump, psql) of the
+// newest server binaries, those the test servers run.
+func PGBin(name string) (string, error) {
+	dir, err := pgBindir()
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, name)
+	if !isExecutable(path) {
+		return "", fmt.Errorf("%s is not an executable", path)
+	}
+	return path, nil
+}
+
 // pgVersion is the major version in /usr/lib/postgresql/<version>/bin.
 func pgVersion(bindir string) float64 {
 	v, err := strconv.ParseFloat(filepath.Base(filepath.Dir(bindir)), 64)

@@ -30,7 +30,7 @@ import (
 	"github.com/shirou/gopsutil/v3/process"
 
 	"github.com/dama-etl/dama/etlcontext"
-	damasql "github.com/dama-etl/dama/sql"
+	"github.com/dama-etl/dama/schema"
 )
 
 // binDirEnv carries the directory of the built binaries from Main to New.
@@ -190,7 +190,7 @@ func newEnv(t testing.TB, admin string, srv *Server, migrate bool) *Env {
 		t.Fatalf("connect to test database: %v", err)
 	}
 	if migrate {
-		if err := damasql.Migrate(ctx, e.Pool, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+		if err := schema.Migrate(ctx, e.Pool, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
 			t.Fatalf("migrate test database: %v", err)
 		}
 	}

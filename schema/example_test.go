@@ -1,4 +1,4 @@
-package sql_test
+package schema_test
 
 import (
 	"context"
@@ -7,7 +7,7 @@ import (
 	"log/slog"
 
 	"github.com/dama-etl/dama/internal/testenv"
-	damasql "github.com/dama-etl/dama/sql"
+	"github.com/dama-etl/dama/schema"
 )
 
 // Migrate applies River's migrations and dama's, and may run again (or
@@ -19,10 +19,10 @@ func ExampleMigrate() {
 	ctx := context.Background()
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 
-	if err := damasql.Migrate(ctx, env.Pool, logger); err != nil { // already migrated: nothing to do
+	if err := schema.Migrate(ctx, env.Pool, logger); err != nil { // already migrated: nothing to do
 		panic(err)
 	}
-	fmt.Println(damasql.CheckMigrated(ctx, env.Pool))
+	fmt.Println(schema.CheckMigrated(ctx, env.Pool))
 
 	var columns int
 	if err := env.Pool.QueryRow(ctx, `

@@ -1,6 +1,6 @@
-// Package sql holds dama's schema, embedded in the binary, and applies it
+// Package schema holds dama's schema, embedded in the binary, and applies it
 // together with River's own migrations.
-package sql
+package schema
 
 import (
 	"context"
@@ -28,8 +28,8 @@ import (
 //go:embed migrations/*.sql
 var migrations embed.FS
 
-// Schema is the PostgreSQL schema that holds dama's tables and view.
-const Schema = "data_manager"
+// Name is the PostgreSQL schema that holds dama's tables and view.
+const Name = "data_manager"
 
 // The advisory lock that serializes concurrent migrations: dama's lock
 // namespace ('dama', as etlcontext.LockNamespace), and 0, which no context id
@@ -205,8 +205,8 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error
 		logger.Info("applied River migration", "version", v.Version, "name", v.Name)
 	}
 
-	if _, err := pool.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+Schema); err != nil {
-		return fmt.Errorf("create schema %s: %w", Schema, err)
+	if _, err := pool.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+Name); err != nil {
+		return fmt.Errorf("create schema %s: %w", Name, err)
 	}
 	fsys, err := fs.Sub(migrations, "migrations")
 	if err != nil {
@@ -217,7 +217,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error
 	db := stdlib.OpenDB(*connConfig)
 	defer db.Close()
 	provider, err := goose.NewProvider(goose.DialectPostgres, db, fsys,
-		goose.WithTableName(Schema+".schema_migrations"),
+		goose.WithTableName(Name+".schema_migrations"),
 		goose.WithDisableGlobalRegistry(true),
 	)
 	if err != nil {

@@ -1,4 +1,4 @@
-package sql
+package schema
 
 import (
 	"context"
@@ -68,12 +68,12 @@ type right struct {
 	// with columns, on those columns only.
 	privileges []string
 	columns    []string
-	// tables are dama's (in Schema) or, river, River's, of which those
+	// tables are dama's (in the schema Name) or, river, River's, of which those
 	// that exist; none (and no functions) means every table and view of
-	// Schema.
+	// the schema Name.
 	tables []string
 	river  bool
-	// functions are dama's functions (in Schema), by their signatures.
+	// functions are dama's functions (in the schema Name), by their signatures.
 	functions []string
 	// revoke takes the privileges away instead: a right a role must not
 	// hold (an earlier build granted it, or PUBLIC has it by default).
@@ -155,7 +155,7 @@ func rights() []right {
 func (r right) sql() string {
 	to := strings.Join(r.roles, ", ")
 	if len(r.privileges) == 0 {
-		return fmt.Sprintf(`GRANT USAGE ON SCHEMA %s TO %s`, Schema, to)
+		return fmt.Sprintf(`GRANT USAGE ON SCHEMA %s TO %s`, Name, to)
 	}
 	privileges := strings.Join(r.privileges, ", ")
 	if len(r.columns) > 0 {
@@ -168,7 +168,7 @@ func (r right) sql() string {
 	case len(r.functions) > 0:
 		on = "FUNCTION " + qualified(r.functions)
 	case len(r.tables) == 0:
-		on = "ALL TABLES IN SCHEMA " + Schema
+		on = "ALL TABLES IN SCHEMA " + Name
 	default:
 		on = qualified(r.tables)
 	}
@@ -178,11 +178,11 @@ func (r right) sql() string {
 	return fmt.Sprintf(`GRANT %s ON %s TO %s`, privileges, on, to)
 }
 
-// qualified names dama's tables or functions in Schema, comma-separated.
+// qualified names dama's tables or functions in the schema Name, comma-separated.
 func qualified(names []string) string {
 	q := make([]string, len(names))
 	for i, n := range names {
-		q[i] = Schema + "." + n
+		q[i] = Name + "." + n
 	}
 	return strings.Join(q, ", ")
 }
@@ -309,7 +309,7 @@ func CheckRoles(ctx context.Context, pool *pgxpool.Pool) error {
 	var schemaTables []string
 	if err := pool.QueryRow(ctx, `
 		SELECT coalesce(array_agg(c.oid::regclass::text ORDER BY c.relname), '{}') FROM pg_class AS c
-		 WHERE c.relnamespace = $1::regnamespace AND c.relkind IN ('r', 'v', 'p')`, Schema).Scan(&schemaTables); err != nil {
+		 WHERE c.relnamespace = $1::regnamespace AND c.relkind IN ('r', 'v', 'p')`, Name).Scan(&schemaTables); err != nil {
 		return fmt.Errorf("read dama's tables: %w", err)
 	}
 	// One row per (role, object, privilege, column, whether held), checked
@@ -373,7 +373,7 @@ func CheckRoles(ctx context.Context, pool *pgxpool.Pool) error {
 	var schemaUse []string
 	if err := pool.QueryRow(ctx, `
 		SELECT coalesce(array_agg(r || ' lacks USAGE on schema ' || $2), '{}') FROM unnest($1::text[]) AS r
-		 WHERE NOT has_schema_privilege(r, $2, 'USAGE')`, present, Schema).Scan(&schemaUse); err != nil {
+		 WHERE NOT has_schema_privilege(r, $2, 'USAGE')`, present, Name).Scan(&schemaUse); err != nil {
 		return fmt.Errorf("read the rights of dama's roles: %w", err)
 	}
 	lacking = append(lacking, schemaUse...)

@@ -14,9 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dama-etl/dama/cmd/dama/internal/web"
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/internal/testenv"
-	"github.com/dama-etl/dama/internal/web"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

@@ -1,0 +1,254 @@
+package etlcontext
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Event is a row of data_manager.event_store.
+type Event struct {
+	ID        int64           `json:"event_id"`
+	ContextID int64           `json:"etl_context_id"`
+	Type      string          `json:"type"`
+	Payload   json.RawMessage `json:"payload"`
+	Meta      json.RawMessage `json:"meta"`
+	Error     bool            `json:"error"`
+	Attempt   int             `json:"attempt"`
+	RunID     *string         `json:"run_id"`
+	CreatedAt time.Time       `json:"created_at"`
+}
+
+// NewEvent is an event to append to a context.
+type NewEvent struct {
+	ContextID int64
+	// Type is the full type, <kind>:<SUFFIX>.
+	Type    string
+	Payload any
+	Meta    any
+	Error   bool
+	// RunID is the current attempt's run id; nil only for a context that has
+	// never started.
+	RunID *string
+	// Seq, when set, numbers the event within its run: an event appended
+	// again with the same run id and Seq (a write retried after a lost
+	// connection) is stored once.
+	Seq *int
+}
+
+// Append writes an event and returns its id. The database derives the
+// context's status from it and refuses it with ErrFinished or ErrStaleRun.
+func Append(ctx context.Context, db DB, e NewEvent) (int64, error) {
+	// Cleaned here too, whoever the caller: no bytes may make a write fail.
+	payload, _, err := cleanPayload(e.Payload)
+	if err != nil {
+		return 0, fmt.Errorf("encode payload of %s event: %w", e.Type, err)
+	}
+	meta, _, err := cleanPayload(e.Meta)
+	if err != nil {
+		return 0, fmt.Errorf("encode meta of %s event: %w", e.Type, err)
+	}
+	var id int64
+	err = db.QueryRow(ctx, `
+		WITH ins AS (
+			INSERT INTO data_manager.event_store (etl_context_id, type, payload, meta, error, run_id, seq)
+			VALUES ($1, $2, $3, $4, $5, $6::uuid, $7)
+			ON CONFLICT (etl_context_id, run_id, seq) WHERE seq IS NOT NULL DO NOTHING
+			RETURNING event_id)
+		SELECT event_id FROM ins
+		UNION ALL
+		SELECT event_id FROM data_manager.event_store
+		 WHERE $7::int IS NOT NULL AND etl_context_id = $1 AND run_id = $6::uuid AND seq = $7
+		 LIMIT 1`, e.ContextID, e.Type, payload, meta, e.Error, e.RunID, e.Seq).Scan(&id)
+	if err != nil {
+		return 0, fmt.Errorf("append %s event to etl context %d: %w", e.Type, e.ContextID, classify(err))
+	}
+	return id, nil
+}
+
+// AppendEvents writes events of one context and run in one statement, in
+// order: as Append, one round trip for many. The first event's context and
+// run id stand for all. An event the database refuses fails them all.
+func AppendEvents(ctx context.Context, db DB, events []NewEvent) error {
+	if len(events) == 0 {
+		return nil
+	}
+	types := make([]string, len(events))
+	payloads := make([]*string, len(events))
+	metas := make([]*string, len(events))
+	errs := make([]bool, len(events))
+	seqs := make([]*int32, len(events))
+	for i, e := range events {
+		payload, _, err := cleanPayload(e.Payload)
+		if err != nil {
+			return fmt.Errorf("encode payload of %s event: %w", e.Type, err)
+		}
+		meta, _, err := cleanPayload(e.Meta)
+		if err != nil {
+			return fmt.Errorf("encode meta of %s event: %w", e.Type, err)
+		}
+		types[i], errs[i] = e.Type, e.Error
+		if payload != nil {
+			p := string(payload)
+			payloads[i] = &p
+		}
+		if meta != nil {
+			m := string(meta)
+			metas[i] = &m
+		}
+		if e.Seq != nil {
+			s := int32(*e.Seq)
+			seqs[i] = &s
+		}
+	}
+	first := events[0]
+	_, err := db.Exec(ctx, `
+		INSERT INTO data_manager.event_store (etl_context_id, type, payload, meta, error, run_id, seq)
+		SELECT $1, e.type, e.payload::jsonb, e.meta::jsonb, e.error, $2::uuid, e.seq
+		  FROM unnest($3::text[], $4::text[], $5::text[], $6::boolean[], $7::int[])
+		       WITH ORDINALITY AS e(type, payload, meta, error, seq, n)
+		 ORDER BY e.n
+		ON CONFLICT (etl_context_id, run_id, seq) WHERE seq IS NOT NULL DO NOTHING`,
+		first.ContextID, first.RunID, types, payloads, metas, errs, seqs)
+	if err != nil {
+		return fmt.Errorf("append %d events to etl context %d: %w", len(events), first.ContextID, classify(err))
+	}
+	return nil
+}
+
+func marshalNullable(v any) ([]byte, error) {
+	switch v := v.(type) {
+	case nil:
+		return nil, nil
+	case json.RawMessage:
+		if len(v) == 0 {
+			return nil, nil
+		}
+		return v, nil
+	}
+	return json.Marshal(v)
+}
+
+// Events returns the events of context id in the order they were written.
+func Events(ctx context.Context, db DB, id int64) ([]Event, error) {
+	rows, err := db.Query(ctx, `
+		SELECT event_id, etl_context_id, type, payload, meta, error, attempt, run_id::text, created_at
+		  FROM data_manager.event_store
+		 WHERE etl_context_id = $1
+		 ORDER BY event_id`, id)
+	if err != nil {
+		return nil, fmt.Errorf("read events of etl context %d: %w", id, err)
+	}
+	return collectEvents(rows, id)
+}
+
+// TruncatedKey marks a JSON value read cut short: in its place stands
+// {"dama_truncated": {"bytes": <its size as text>, "head": "<its first
+// characters>"}}.
+const TruncatedKey = "dama_truncated"
+
+// boundedJSON is SQL that reads the jsonb expression expr as itself when its
+// text is at most the parameter limit long, and else as the TruncatedKey
+// marker holding its size and its first limit characters.
+func boundedJSON(expr, limit string) string {
+	return fmt.Sprintf(`CASE WHEN %[1]s IS NULL OR %[2]s <= 0 OR octet_length(%[1]s::text) <= %[2]s THEN %[1]s
+		ELSE jsonb_build_object('%[3]s', jsonb_build_object('bytes', octet_length(%[1]s::text), 'head', left(%[1]s::text, %[2]s))) END`,
+		expr, limit, TruncatedKey)
+}
+
+// RecentEvents returns the newest limit events of context id, oldest first,
+// each payload and meta read up to maxPayload bytes (0: whole; see
+// TruncatedKey).
+func RecentEvents(ctx context.Context, db DB, id int64, limit, maxPayload int) ([]Event, error) {
+	rows, err := db.Query(ctx, `
+		SELECT * FROM (
+			SELECT event_id, etl_context_id, type, `+boundedJSON("payload", "$3::int")+`, `+boundedJSON("meta", "$3::int")+`,
+			       error, attempt, run_id::text, created_at
+			  FROM data_manager.event_store
+			 WHERE etl_context_id = $1
+			 ORDER BY event_id DESC
+			 LIMIT $2) AS e
+		 ORDER BY event_id`, id, limit, maxPayload)
+	if err != nil {
+		return nil, fmt.Errorf("read events of etl context %d: %w", id, err)
+	}
+	return collectEvents(rows, id)
+}
+
+// EventOf returns event eventID of context id, its payload and meta each
+// read up to maxPayload bytes (0: whole; see TruncatedKey).
+func EventOf(ctx context.Context, db DB, id, eventID int64, maxPayload int) (Event, error) {
+	rows, err := db.Query(ctx, `
+		SELECT event_id, etl_context_id, type, `+boundedJSON("payload", "$3::int")+`, `+boundedJSON("meta", "$3::int")+`,
+		       error, attempt, run_id::text, created_at
+		  FROM data_manager.event_store
+		 WHERE etl_context_id = $1 AND event_id = $2`, id, eventID, maxPayload)
+	if err != nil {
+		return Event{}, fmt.Errorf("read event %d of etl context %d: %w", eventID, id, err)
+	}
+	events, err := collectEvents(rows, id)
+	if err != nil {
+		return Event{}, err
+	}
+	if len(events) == 0 {
+		return Event{}, fmt.Errorf("event %d of etl context %d: %w", eventID, id, ErrNotFound)
+	}
+	return events[0], nil
+}
+
+func collectEvents(rows pgx.Rows, id int64) ([]Event, error) {
+	events, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Event, error) {
+		var e Event
+		err := row.Scan(&e.ID, &e.ContextID, &e.Type, &e.Payload, &e.Meta, &e.Error, &e.Attempt, &e.RunID, &e.CreatedAt)
+		return e, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read events of etl context %d: %w", id, err)
+	}
+	return events, nil
+}
+
+// LatestPayload returns the payload of the newest event of context id with
+// the given suffix (CHECKPOINT, PROGRESS, ...), or nil when there is none.
+func LatestPayload(ctx context.Context, db DB, id int64, suffix string) (json.RawMessage, error) {
+	var payload json.RawMessage
+	err := db.QueryRow(ctx, `
+		SELECT e.payload
+		  FROM data_manager.event_store AS e
+		  JOIN data_manager.etl_contexts AS c USING (etl_context_id)
+		 WHERE e.etl_context_id = $1 AND e.type = c.kind || ':' || $2
+		 ORDER BY e.event_id DESC
+		 LIMIT 1`, id, suffix).Scan(&payload)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read latest %s of etl context %d: %w", suffix, id, err)
+	}
+	return payload, nil
+}
+
+// Payloads returns, in one round trip, the task's arguments (the INITIAL
+// event's payload) and its latest CHECKPOINT payload (nil when there is
+// none).
+func Payloads(ctx context.Context, db DB, id int64) (args, checkpoint json.RawMessage, err error) {
+	err = db.QueryRow(ctx, `
+		SELECT i.payload,
+		       (SELECT e.payload FROM data_manager.event_store AS e
+		         WHERE e.etl_context_id = c.etl_context_id AND e.type = c.kind || ':' || $2
+		         ORDER BY e.event_id DESC LIMIT 1)
+		  FROM data_manager.etl_contexts AS c
+		  JOIN data_manager.event_store AS i ON i.event_id = c.initial_event_id
+		 WHERE c.etl_context_id = $1`, id, EventCheckpoint).Scan(&args, &checkpoint)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil, fmt.Errorf("read arguments of etl context %d: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("read arguments and checkpoint of etl context %d: %w", id, err)
+	}
+	return args, checkpoint, nil
+}

@@ -1,0 +1,139 @@
+package etlcontext
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The lock of a context is the advisory lock (LockNamespace, id): every task
+// process holds it for as long as it lives, whatever its lock mode (row mode
+// also locks the INITIAL event row FOR UPDATE, in the same transaction), and
+// whoever judges or changes a context that may be running (a supervisor's
+// step, `dama cancel`) takes it first. A held lock is visible in pg_locks,
+// which is how the view and the supervisors see, without trying it, which
+// tasks run. Trying it never fails with an error, so nothing fills the
+// server's log while tasks run.
+
+// Lock takes the lock of context id for the rest of tx, without waiting,
+// and returns the context as it stands once the lock is held. It returns
+// ErrLocked when a task process (or, for a moment, a supervisor) holds it.
+func Lock(ctx context.Context, tx pgx.Tx, id int64) (*Context, error) {
+	ok, err := tryXactLock(ctx, tx, id)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, fmt.Errorf("lock etl context %d: %w", id, ErrLocked)
+	}
+	// Read once the lock is held: a task process that released it just
+	// before has committed everything it wrote.
+	return Get(ctx, tx, id)
+}
+
+// LockRow takes, for the rest of tx, the lock of context id and then its
+// INITIAL event row FOR UPDATE: the lock of a row-mode task process, held
+// in a transaction left open for the task's life. It returns ErrLocked when
+// another process holds either.
+//
+// byKey says that tx's session holds its run's key (RunKeySetting): the
+// row is then locked through data_manager.lock_initial_event (migration
+// 19), the only way for a member of dama_task, which may lock no other row
+// of event_store, when the role may call it. Otherwise it is locked
+// directly, as a task process launched by an earlier release, which sets
+// no key, does on a schema not yet migrated.
+//
+// What tx keeps locked for the task's life is part of the contract between
+// releases (README "Releases and upgrades"): the advisory lock, the row,
+// and so event_store and its indexes (ROW SHARE), but nothing
+// of etl_contexts, so that a later release's migration may add a column to
+// etl_contexts while this task runs.
+func LockRow(ctx context.Context, tx pgx.Tx, id int64, byKey bool) (*Context, error) {
+	ok, err := tryXactLock(ctx, tx, id)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, fmt.Errorf("lock etl context %d: %w", id, ErrLocked)
+	}
+	// Found by event_store's own index, without reading etl_contexts: the
+	// function reads it in a subtransaction rolled back. Whoever locks the
+	// row holds the advisory lock first, so NOWAIT does not fail here
+	// unless something outside dama locks the row.
+	lockSQL := `SELECT event_id FROM data_manager.event_store
+		 WHERE etl_context_id = $1 AND type LIKE '%:INITIAL'
+		   FOR UPDATE NOWAIT`
+	if byKey {
+		// A role that may not call the function (one of an earlier setup's,
+		// with rights of its own on event_store) locks directly, as may the
+		// one on a schema not yet migrated.
+		var may bool
+		if err := tx.QueryRow(ctx, `
+			SELECT coalesce(has_function_privilege(to_regprocedure('data_manager.lock_initial_event(bigint)'), 'EXECUTE'), false)`).Scan(&may); err != nil {
+			return nil, fmt.Errorf("lock initial event of etl context %d: %w", id, err)
+		}
+		if may {
+			lockSQL = `SELECT data_manager.lock_initial_event($1)`
+		}
+	}
+	var eventID *int64
+	err = tx.QueryRow(ctx, lockSQL, id).Scan(&eventID)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows) || err == nil && eventID == nil:
+		return nil, fmt.Errorf("lock initial event of etl context %d: %w", id, ErrNotFound)
+	case err != nil:
+		return nil, fmt.Errorf("lock initial event of etl context %d: %w", id, classify(err))
+	}
+	// The context is read in a savepoint rolled back at once: the table
+	// lock the read takes on etl_contexts goes with it, while the locks
+	// taken before the savepoint stay.
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read etl context %d: %w", id, err)
+	}
+	c, err := Get(ctx, sp, id)
+	if rerr := sp.Rollback(ctx); rerr != nil && err == nil {
+		err = fmt.Errorf("read etl context %d: %w", id, rerr)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// LockSession takes the lock of context id for the life of conn's session,
+// with no transaction left open (advisory lock mode), and returns the
+// context as it stands once the lock is held; ErrLocked when another
+// process holds it. The lock lasts until UnlockSession or the session's end.
+func LockSession(ctx context.Context, conn *pgx.Conn, id int64) (*Context, error) {
+	var ok bool
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, $2::int)`, LockNamespace, id).Scan(&ok); err != nil {
+		return nil, fmt.Errorf("take session lock of etl context %d: %w", id, err)
+	}
+	if !ok {
+		return nil, fmt.Errorf("take session lock of etl context %d: %w", id, ErrLocked)
+	}
+	c, err := Get(ctx, conn, id)
+	if err != nil {
+		return nil, errors.Join(err, UnlockSession(ctx, conn, id))
+	}
+	return c, nil
+}
+
+// UnlockSession releases the session lock LockSession took on conn.
+func UnlockSession(ctx context.Context, conn *pgx.Conn, id int64) error {
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_unlock($1, $2::int)`, LockNamespace, id); err != nil {
+		return fmt.Errorf("release session lock of etl context %d: %w", id, err)
+	}
+	return nil
+}
+
+func tryXactLock(ctx context.Context, tx pgx.Tx, id int64) (bool, error) {
+	var ok bool
+	if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1, $2::int)`, LockNamespace, id).Scan(&ok); err != nil {
+		return false, fmt.Errorf("take lock of etl context %d: %w", id, err)
+	}
+	return ok, nil
+}

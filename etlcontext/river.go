@@ -1,0 +1,398 @@
+package etlcontext
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// This file holds every statement dama runs on River's table river_job,
+// each with why. River's API inserts, cancels and retries a job (the
+// supervisor calls it); what it does not offer is done here the way River
+// does it itself. They were checked against River v0.51.1 (go.mod pins
+// it): an upgrade of River must check them again, and the list of River
+// internals in supervisor/riverinternals.go.
+//
+//   - wakeJobs makes a parked job ('scheduled': River's snooze leaves a job
+//     snoozed beyond its scheduler interval, 5s, so) available now, in the
+//     same statement that finds it, which Client.JobRetry cannot do for a
+//     batch and would do even to a job that finished meanwhile. It is what
+//     River's scheduler does when a job's time comes. A job 'available'
+//     with a future scheduled_at is left alone: River leaves so both a
+//     short snooze and a short retry backoff, and a retry must wait out
+//     its kind's backoff. Watch, WakeJobOf and WakeWaitingJobs use it.
+//   - rescueJob makes a job that a dead supervisor left 'running' available
+//     again with its attempt given back (state 'available', attempt - 1):
+//     what River's own snooze does, without River's rescuer spending an
+//     attempt or discarding the job an hour later (RescueStaleSteps,
+//     RescueSteps).
+//   - AlignJobAttempt gives a retried task's new job the task's attempt
+//     count, which InsertOpts cannot set.
+//   - Watch, Disagreements, LockJobless and StepsWithoutClientLock read
+//     river_job: a job's state, queue, attempt, last client and times.
+
+// JobKind is the River kind of every dama job: one job per task, whose
+// work is a step of the task (supervisor.TaskArgs).
+const JobKind = "dama_task"
+
+// River's job states, as the statements below name them.
+const (
+	jobAvailable = "'available'"
+	jobScheduled = "'scheduled'"
+	jobRunning   = "'running'"
+	jobFinalized = "('completed', 'cancelled', 'discarded')"
+)
+
+// wakeJobs, given a relation "due(id)" of job ids, makes those of them that
+// wait for a future time available now and returns their id and queue.
+const wakeJobs = `UPDATE river_job AS j
+	   SET state = ` + jobAvailable + `, scheduled_at = now()
+	  FROM due
+	 WHERE j.id = due.id
+	   AND j.state = ` + jobScheduled + `
+	   AND j.scheduled_at > now()
+	RETURNING j.id, j.queue`
+
+// rescueJob is the assignment of a rescue: the job is available again, its
+// attempt given back.
+const rescueJob = `state = ` + jobAvailable + `, attempt = greatest(j.attempt - 1, 0), scheduled_at = now()`
+
+// heldLocks is a query, usable as a CTE, of the ids of the contexts whose
+// lock is held in the current database, read from pg_locks: reading takes
+// no lock and fails nothing.
+func heldLocks() string {
+	return `SELECT l.objid::bigint AS etl_context_id
+	  FROM pg_catalog.pg_locks AS l
+	 WHERE l.locktype = 'advisory'
+	   AND l.granted
+	   AND l.classid = ` + strconv.Itoa(LockNamespace) + `::oid
+	   AND l.objsubid = 2
+	   AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d WHERE d.datname = current_database())`
+}
+
+// Watched is what Watch found.
+type Watched struct {
+	// WokenQueues are the queues of the jobs it woke.
+	WokenQueues []string
+	// FreeHere are the RUNNING contexts on the host whose lock is free.
+	FreeHere []int64
+}
+
+// Watch is a supervisor's look at every task, in one statement whose cost
+// does not depend on how many tasks run (a running task's job is parked
+// and never fetched while its task process holds the lock). From pg_locks
+// it finds the RUNNING contexts whose lock is free: in queues, their parked
+// job is woken, so that a step looks at the attempt; on hostID, whoever
+// steps them, they are returned. It also wakes, in queues, the jobs parked
+// within park of now whose context ended without the supervisors hearing
+// of it: a finished context, or a failed attempt.
+func Watch(ctx context.Context, db DB, queues []string, hostID string, park time.Duration) (Watched, error) {
+	rows, err := db.Query(ctx, `
+		WITH held AS (`+heldLocks()+`),
+		free AS (
+			SELECT c.etl_context_id, c.river_job_id, c.queue, c.host_id
+			  FROM data_manager.etl_contexts AS c
+			 WHERE c.etl_status = `+sqlRunning+`
+			   AND (c.queue = ANY($1) OR c.host_id = $2)
+			   AND c.etl_context_id NOT IN (SELECT etl_context_id FROM held)),
+		ended AS (
+			SELECT j.id
+			  FROM river_job AS j
+			  JOIN data_manager.etl_contexts AS c ON c.river_job_id = j.id
+			 WHERE j.state IN (`+jobScheduled+`, `+jobAvailable+`)
+			   AND j.queue = ANY($1)
+			   AND j.kind = $3
+			   AND j.scheduled_at > now()
+			   AND j.scheduled_at <= now() + $4::interval
+			   AND (c.etl_status IN `+sqlFinished+`
+			        -- River's attempt counter lags one behind while the job
+			        -- waits: the attempt it launched has failed.
+			        OR (c.etl_status = `+sqlRetrying+` AND c.attempt > j.attempt))),
+		due AS (
+			SELECT river_job_id AS id FROM free WHERE queue = ANY($1) AND river_job_id IS NOT NULL
+			UNION
+			SELECT id FROM ended),
+		woken AS (`+wakeJobs+`)
+		SELECT 'woken', id, queue FROM woken
+		UNION ALL
+		SELECT 'here', etl_context_id, queue FROM free WHERE host_id = $2`,
+		queues, hostID, JobKind, park)
+	if err != nil {
+		return Watched{}, fmt.Errorf("look for tasks whose lock is free: %w", err)
+	}
+	var (
+		w           Watched
+		what, queue string
+		id          int64
+		seen        = map[string]bool{}
+	)
+	_, err = pgx.ForEachRow(rows, []any{&what, &id, &queue}, func() error {
+		switch {
+		case what == "here":
+			w.FreeHere = append(w.FreeHere, id)
+		case !seen[queue]:
+			seen[queue] = true
+			w.WokenQueues = append(w.WokenQueues, queue)
+		}
+		return nil
+	})
+	if err != nil {
+		return Watched{}, fmt.Errorf("look for tasks whose lock is free: %w", err)
+	}
+	return w, nil
+}
+
+// JobWake is what WakeJobOf found of a context's job.
+type JobWake struct {
+	// State is the job's state before the wake (a River JobState).
+	State string
+	Queue string
+	// Woken: the job waited for a future time and is available now.
+	Woken bool
+}
+
+// WakeJobOf makes the parked job of context id available now, if the
+// context is due (an announcement is a hint that anyone may send: a task
+// that is not due yet, --delay or --run-at, is not woken, for its step
+// would only park it again). ok is false when the context or its job is
+// gone.
+func WakeJobOf(ctx context.Context, db DB, id int64) (w JobWake, ok bool, err error) {
+	// The outer select sees the job as it was before the wake.
+	err = db.QueryRow(ctx, `
+		WITH due AS (
+			SELECT river_job_id AS id FROM data_manager.etl_contexts
+			 WHERE etl_context_id = $1 AND coalesce(due_at, created_at) <= now()),
+		woken AS (`+wakeJobs+`)
+		SELECT j.state, j.queue, EXISTS (SELECT 1 FROM woken)
+		  FROM river_job AS j JOIN due ON j.id = due.id`, id).Scan(&w.State, &w.Queue, &w.Woken)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return JobWake{}, false, nil
+	}
+	if err != nil {
+		return JobWake{}, false, fmt.Errorf("wake the job of etl context %d: %w", id, err)
+	}
+	return w, true, nil
+}
+
+// QueueRoom is what WakeWaitingJobs needs of a queue's configuration.
+type QueueRoom struct {
+	Queue      string
+	MaxRunning int
+	// Kinds are every configured kind, with their max_running and
+	// max_running_per_key (0: no limit).
+	Kinds               []string
+	KindMax, KindKeyMax []int32
+}
+
+// WakeWaitingJobs wakes the parked jobs of the queue's due tasks that wait
+// for a slot and would find one now (wakeWaiting), and returns how many.
+func WakeWaitingJobs(ctx context.Context, db DB, q QueueRoom) (int, error) {
+	var n int
+	err := db.QueryRow(ctx, `
+		WITH due AS (`+wakeWaiting+`),
+		woken AS (`+wakeJobs+`)
+		SELECT count(*) FROM woken`, q.Queue, q.MaxRunning, q.Kinds, q.KindMax, q.KindKeyMax).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("wake the tasks of queue %s waiting for a slot: %w", q.Queue, err)
+	}
+	return n, nil
+}
+
+// Disagreement is a context whose job says otherwise (Disagreements).
+type Disagreement struct {
+	ID          int64
+	Queue, Kind string
+	MaxAttempts int
+	// Job is the context's job, or nil when it is gone.
+	Job *int64
+}
+
+// Disagreements finds, in queues, the disagreements a step cannot see,
+// because no step runs once a job is finished: a context that is not
+// finished while its River job is (or is gone), or a finished context
+// whose job ended in a state that says otherwise. They happen only behind
+// dama's back (River's own rescuer after all supervisors were down for an
+// hour, a job cancelled or deleted by hand).
+func Disagreements(ctx context.Context, db DB, queues []string) ([]Disagreement, error) {
+	rows, err := db.Query(ctx, `
+		SELECT c.etl_context_id, c.queue, c.kind, c.max_attempts, j.id
+		  FROM data_manager.etl_contexts AS c
+		  LEFT JOIN river_job AS j ON j.id = c.river_job_id
+		 WHERE c.etl_status NOT IN `+sqlFinished+`
+		   AND c.queue = ANY($1)
+		   AND (j.id IS NULL OR j.state IN `+jobFinalized+`)
+		UNION ALL
+		-- Finished contexts are many; only recently finalized jobs can
+		-- disagree with theirs (River deletes old finalized jobs anyway).
+		SELECT c.etl_context_id, c.queue, c.kind, c.max_attempts, j.id
+		  FROM river_job AS j
+		  JOIN data_manager.etl_contexts AS c ON c.river_job_id = j.id
+		 WHERE j.state IN `+jobFinalized+`
+		   AND j.finalized_at > now() - interval '1 day'
+		   AND c.queue = ANY($1)
+		   AND CASE c.etl_status
+		         WHEN `+sqlDone+` THEN j.state <> 'completed'
+		         WHEN `+sqlCancelled+` THEN j.state <> 'cancelled'
+		         -- A FAILED context's job is discarded, or cancelled when it
+		         -- was retried after the context had failed.
+		         WHEN `+sqlFailed+` THEN j.state = 'completed'
+		         ELSE false
+		       END`, queues)
+	if err != nil {
+		return nil, fmt.Errorf("find contexts that disagree with their jobs: %w", err)
+	}
+	found, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Disagreement, error) {
+		var d Disagreement
+		err := row.Scan(&d.ID, &d.Queue, &d.Kind, &d.MaxAttempts, &d.Job)
+		return d, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("find contexts that disagree with their jobs: %w", err)
+	}
+	return found, nil
+}
+
+// LockJobless locks context id's row, in tx until it ends, and reports
+// whether the context still has no job. Concurrent callers take turns on
+// the row lock, held until the job is recorded (SetJob) and committed, so
+// whoever comes second sees the job the first committed. That check must
+// be a statement of its own, run once the lock is granted: under READ
+// COMMITTED a statement sees only what was committed before it began, so a
+// check inside the locking statement would re-read the context's new
+// river_job_id yet miss the job it names.
+func LockJobless(ctx context.Context, tx pgx.Tx, id int64) (bool, error) {
+	var current *int64
+	if err := tx.QueryRow(ctx, `
+		SELECT river_job_id FROM data_manager.etl_contexts WHERE etl_context_id = $1 FOR UPDATE`,
+		id).Scan(&current); err != nil {
+		return false, fmt.Errorf("lock etl context %d: %w", id, classify(err))
+	}
+	if current == nil {
+		return true, nil
+	}
+	var exists bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM river_job WHERE id = $1)`, *current).Scan(&exists); err != nil {
+		return false, fmt.Errorf("look for job %d: %w", *current, err)
+	}
+	return !exists, nil
+}
+
+// AlignJobAttempt sets the attempt count of job, inserted in tx and not
+// yet fetched, to attempt: a step compares River's attempt with the
+// context's to tell a failure River has counted from one it has not, and
+// a retried task's new job (dama retry) must start where the task is.
+func AlignJobAttempt(ctx context.Context, tx pgx.Tx, job int64, attempt int) error {
+	if _, err := tx.Exec(ctx, `
+		UPDATE river_job SET attempt = $2
+		 WHERE id = $1 AND state = `+jobAvailable+` AND attempted_at IS NULL`, job, attempt); err != nil {
+		return fmt.Errorf("align attempt of job %d: %w", job, err)
+	}
+	return nil
+}
+
+// Rescued is a job a rescue made available again.
+type Rescued struct {
+	ID    int64
+	Queue string
+}
+
+// RescueStaleSteps rescues the steps that started more than olderThan ago
+// and still run: surely dead.
+func RescueStaleSteps(ctx context.Context, db DB, olderThan time.Duration) ([]Rescued, error) {
+	rows, err := db.Query(ctx, `
+		UPDATE river_job AS j
+		   SET `+rescueJob+`
+		 WHERE j.kind = $1
+		   AND j.state = `+jobRunning+`
+		   AND j.attempted_at < now() - $2::interval
+		RETURNING j.id, j.queue`, JobKind, olderThan)
+	if err != nil {
+		return nil, fmt.Errorf("rescue steps older than %s: %w", olderThan, err)
+	}
+	return collectRescued(rows)
+}
+
+// clientLockMissing is true for a river_job row j whose last client holds
+// no liveness lock (ClientLockNamespace) in this database.
+func clientLockMissing() string {
+	return `NOT EXISTS (
+	SELECT 1 FROM pg_catalog.pg_locks AS l
+	 WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+	   AND l.classid = ` + strconv.Itoa(ClientLockNamespace) + `::oid
+	   AND l.objid = hashtext(j.attempted_by[array_length(j.attempted_by, 1)])::oid
+	   AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d WHERE d.datname = current_database()))`
+}
+
+// Step is a running step of a job: the job, the client that last fetched
+// it, and when (a job fetched again is another step).
+type Step struct {
+	JobID       int64
+	Client      string
+	AttemptedAt time.Time
+}
+
+// StepsWithoutClientLock finds the running steps, begun over a second ago
+// (which leaves alone a client taking its lock at startup), whose client
+// holds no liveness lock.
+func StepsWithoutClientLock(ctx context.Context, db DB) ([]Step, error) {
+	rows, err := db.Query(ctx, `
+		SELECT j.id, coalesce(j.attempted_by[array_length(j.attempted_by, 1)], ''), j.attempted_at
+		  FROM river_job AS j
+		 WHERE j.kind = $1
+		   AND j.state = `+jobRunning+`
+		   AND j.attempted_at < now() - interval '1 second'
+		   AND `+clientLockMissing(), JobKind)
+	if err != nil {
+		return nil, fmt.Errorf("find running steps whose supervisor holds no liveness lock: %w", err)
+	}
+	steps, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Step, error) {
+		var s Step
+		err := row.Scan(&s.JobID, &s.Client, &s.AttemptedAt)
+		return s, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("find running steps whose supervisor holds no liveness lock: %w", err)
+	}
+	return steps, nil
+}
+
+// RescueSteps rescues those of steps that still run, under the same
+// attempt, with their client's lock still missing: the lock is looked at
+// once more, in the statement that rescues.
+func RescueSteps(ctx context.Context, db DB, steps []Step) ([]Rescued, error) {
+	ids := make([]int64, len(steps))
+	ats := make([]time.Time, len(steps))
+	for i, s := range steps {
+		ids[i], ats[i] = s.JobID, s.AttemptedAt
+	}
+	rows, err := db.Query(ctx, `
+		UPDATE river_job AS j
+		   SET `+rescueJob+`
+		  FROM unnest($2::bigint[], $3::timestamptz[]) AS due(id, attempted_at)
+		 WHERE j.id = due.id
+		   AND j.attempted_at = due.attempted_at
+		   AND j.kind = $1
+		   AND j.state = `+jobRunning+`
+		   AND `+clientLockMissing()+`
+		RETURNING j.id, j.queue`, JobKind, ids, ats)
+	if err != nil {
+		return nil, fmt.Errorf("rescue steps of dead supervisors: %w", err)
+	}
+	return collectRescued(rows)
+}
+
+func collectRescued(rows pgx.Rows) ([]Rescued, error) {
+	rescued, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Rescued, error) {
+		var r Rescued
+		err := row.Scan(&r.ID, &r.Queue)
+		return r, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("rescue steps: %w", err)
+	}
+	return rescued, nil
+}

@@ -1,0 +1,205 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/taskrunner"
+)
+
+type launchOutcome int
+
+// lateReadyWait bounds how long a supervisor listens for the report of a
+// runner that did not report within the launch timeout: the runner holds
+// its lock by then, or has failed to for good.
+const lateReadyWait = 10 * time.Minute
+
+const (
+	// launchReady: the runner holds the lock and runs the command.
+	launchReady launchOutcome = iota
+	// launchPending: the runner did not report within the launch timeout; it
+	// may still take its lock.
+	launchPending
+	// launchLocked: the runner found another process holding the lock.
+	launchLocked
+	// launchExited: the runner exited before holding its lock.
+	launchExited
+	// launchRefused: the database no longer accepts this release's task
+	// processes (taskrunner.ExitRefused).
+	launchRefused
+)
+
+// child is a runner this supervisor spawned and reaps.
+type child struct {
+	pid      int
+	exited   chan struct{}
+	exitCode int
+}
+
+// launch spawns `dama taskrunner` for c, detached: in a session of its own
+// (so no signal for the supervisor's process group reaches it), stdio on
+// /dev/null and the task's log file, no inherited descriptor but the
+// readiness pipe, and the database URL in its environment rather than its
+// arguments. It waits, at most LaunchTimeout, for the runner to report that
+// it holds the lock, or to exit. A runner that reports later (the outcome
+// is then launchPending) makes it call lateReady, if that is within
+// lateReadyWait.
+func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcontext.Context, run etlcontext.Run, lateReady func()) (launchOutcome, error) {
+	if err := os.MkdirAll(s.cfg.LogDir, 0o755); err != nil {
+		return 0, fmt.Errorf("create log directory: %w", err)
+	}
+	logPath := filepath.Join(s.cfg.LogDir, strconv.FormatInt(c.ID, 10)+".log")
+	logFile, err := os.OpenFile(logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		return 0, fmt.Errorf("open log file: %w", err)
+	}
+	defer logFile.Close()
+	// The run's key goes through a pipe, written whole before the runner
+	// starts (it is far shorter than a pipe's buffer).
+	keyR, keyW, err := os.Pipe()
+	if err != nil {
+		return 0, fmt.Errorf("create key pipe: %w", err)
+	}
+	defer keyR.Close()
+	_, err = io.WriteString(keyW, run.Key)
+	if cerr := keyW.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return 0, fmt.Errorf("write the run's key: %w", err)
+	}
+	readyR, readyW, err := os.Pipe()
+	if err != nil {
+		return 0, fmt.Errorf("create readiness pipe: %w", err)
+	}
+	defer func() {
+		if readyR != nil {
+			readyR.Close()
+		}
+	}()
+	// pending hands the open pipe to a goroutine that hears a late report.
+	pending := func(logger *slog.Logger, pid int) (launchOutcome, error) {
+		r, since := readyR, time.Now()
+		readyR = nil
+		go func() {
+			defer r.Close()
+			_ = r.SetReadDeadline(time.Now().Add(lateReadyWait))
+			var b [1]byte
+			if n, _ := r.Read(b[:]); n == 1 {
+				logger.Info("task process took its lock after the launch timeout", "pid", pid, "later_by", time.Since(since))
+				lateReady()
+			}
+		}()
+		return launchPending, nil
+	}
+
+	kind, _ := s.cfg.Kind(c.Kind)
+	launch := taskrunner.Launch{ContextID: c.ID, RunID: run.ID, LockMode: s.cfg.LockModeOf(kind), ReadyFD: 3, KeyFD: 4}
+	cmd := exec.Command(s.spawnPath, launch.Args()...)
+	// Named by its path in a process listing, whichever file it runs from.
+	cmd.Args[0] = s.opts.Executable
+	cmd.Env = runnerEnv(s.opts.DatabaseURL, s.cfg.Path)
+	cmd.Stdout = logFile
+	cmd.Stderr = logFile
+	cmd.ExtraFiles = []*os.File{readyW, keyR}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		readyW.Close()
+		return 0, fmt.Errorf("start taskrunner: %w", err)
+	}
+	readyW.Close()
+	keyR.Close() // the runner has its own
+	ch := &child{pid: cmd.Process.Pid, exited: make(chan struct{})}
+	s.mu.Lock()
+	s.children[c.ID] = ch
+	s.mu.Unlock()
+	go s.reap(c.ID, cmd, ch)
+	logger.Info("spawned task process", "pid", ch.pid, "kind", c.Kind)
+
+	_ = readyR.SetReadDeadline(time.Now().Add(s.opts.LaunchTimeout))
+	var b [1]byte
+	n, err := readyR.Read(b[:])
+	switch {
+	case n == 1:
+		return launchReady, nil
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		logger.Warn("task process has not taken its lock yet", "pid", ch.pid, "waited", s.opts.LaunchTimeout)
+		return pending(logger, ch.pid)
+	}
+	// The pipe closed without a byte: the runner is exiting, and will not
+	// report.
+	select {
+	case <-ch.exited:
+	case <-time.After(s.opts.LaunchTimeout):
+		return launchPending, nil
+	case <-ctx.Done():
+		return launchPending, nil
+	}
+	switch ch.exitCode {
+	case taskrunner.ExitLocked:
+		return launchLocked, nil
+	case taskrunner.ExitRefused:
+		return launchRefused, nil
+	}
+	logger.Warn("task process exited before taking its lock", "pid", ch.pid, "exit_code", ch.exitCode, "log", logPath)
+	return launchExited, nil
+}
+
+// runnerEnv is the supervisor's environment with the database URL and the
+// configuration path set, for the runner to read, and the process it is
+// to be, for a program embedding the supervisor.
+func runnerEnv(databaseURL, configPath string) []string {
+	env := make([]string, 0, len(os.Environ())+3)
+	for _, kv := range os.Environ() {
+		switch name, _, _ := strings.Cut(kv, "="); name {
+		case taskrunner.DatabaseURLEnv, taskrunner.ConfigEnv, taskrunner.ProcessEnv, taskrunner.FunctionEnv:
+			continue
+		}
+		env = append(env, kv)
+	}
+	return append(env,
+		taskrunner.DatabaseURLEnv+"="+databaseURL,
+		taskrunner.ConfigEnv+"="+configPath,
+		taskrunner.ProcessEnv+"="+taskrunner.ProcessRunner)
+}
+
+// reap waits for a spawned runner so that it does not linger as a zombie,
+// then wakes its context's job so the outcome is settled at once rather than
+// a poll interval later.
+func (s *Supervisor) reap(id int64, cmd *exec.Cmd, ch *child) {
+	err := cmd.Wait()
+	ch.exitCode = 0
+	var exitErr *exec.ExitError
+	if errors.As(err, &exitErr) {
+		ch.exitCode = exitErr.ExitCode()
+	} else if err != nil {
+		ch.exitCode = -1
+	}
+	close(ch.exited)
+	s.mu.Lock()
+	if s.children[id] == ch {
+		delete(s.children, id)
+	}
+	s.mu.Unlock()
+	s.logger.Info("task process exited", "etl_context_id", id, "pid", ch.pid, "exit_code", ch.exitCode)
+	if ch.exitCode == taskrunner.ExitRefused {
+		// Also when the refusal came after the launch stopped waiting.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		s.retire(ctx)
+		cancel()
+	}
+	if ch.exitCode != taskrunner.ExitLocked {
+		s.wake(context.Background(), id)
+	}
+}

@@ -1,0 +1,67 @@
+package supervisor
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+
+	"github.com/dama-etl/dama/etlcontext"
+)
+
+// reconcile repairs the disagreements a step cannot see, because no step
+// runs once a job is finished: a context that is not finished while its River
+// job is, or a finished context whose job ended in a state that says
+// otherwise. They happen only behind dama's back (River's own rescuer after
+// all supervisors were down for an hour, a job cancelled or deleted by hand);
+// the job is retried, or a new one enqueued, and the next step settles the
+// context like any other.
+func (s *Supervisor) reconcile(ctx context.Context) error {
+	found, err := etlcontext.Disagreements(ctx, s.pool, s.cfg.QueueNames())
+	if err != nil {
+		return err
+	}
+	for _, d := range found {
+		if d.Job != nil {
+			if _, err := s.river.JobRetry(ctx, *d.Job); err != nil {
+				return fmt.Errorf("retry job %d of unsettled etl context %d: %w", *d.Job, d.ID, err)
+			}
+			s.logger.Warn("retried a job whose state disagreed with its context", "etl_context_id", d.ID, "job_id", *d.Job)
+		} else {
+			// Retrying a job twice is harmless, inserting two is not: a
+			// context must have exactly one job.
+			jobID, err := s.enqueueMissingJob(ctx, d)
+			if err != nil {
+				return fmt.Errorf("enqueue a job for unsettled etl context %d: %w", d.ID, err)
+			}
+			if jobID == 0 {
+				// Another supervisor's reconcile enqueued one first.
+				continue
+			}
+			s.logger.Warn("enqueued a new job for a context whose job was gone", "etl_context_id", d.ID, "job_id", jobID)
+		}
+		s.notifyQueue(ctx, d.Queue)
+	}
+	return nil
+}
+
+// enqueueMissingJob inserts a River job for context d, whose job was gone
+// when reconcile looked, and returns its id; or returns 0 when the context
+// has a job by now (another supervisor reconciling at the same time gave it
+// one: see etlcontext.LockJobless).
+func (s *Supervisor) enqueueMissingJob(ctx context.Context, d etlcontext.Disagreement) (int64, error) {
+	var inserted int64
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		jobless, err := etlcontext.LockJobless(ctx, tx, d.ID)
+		if err != nil || !jobless {
+			return err
+		}
+		inserted, err = enqueueJob(ctx, s.river, tx, d.ID, d.Kind, &river.InsertOpts{Queue: d.Queue, MaxAttempts: d.MaxAttempts})
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	return inserted, nil
+}

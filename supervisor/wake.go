@@ -1,0 +1,113 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/riverqueue/river/rivertype"
+
+	"github.com/dama-etl/dama/etlcontext"
+)
+
+// wake makes the snoozed job of context id available now, so that a step
+// settles the context without waiting out the job's snooze. Steps are
+// idempotent, so an extra one is harmless; a job in the middle of a step is
+// left alone and looked at again shortly.
+func (s *Supervisor) wake(ctx context.Context, id int64) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	for {
+		w, ok, err := etlcontext.WakeJobOf(ctx, s.pool, id)
+		if !ok {
+			if err != nil {
+				s.logger.Warn("wake job", "etl_context_id", id, "error", err)
+			}
+			return
+		}
+		switch {
+		case w.Woken:
+			s.notifyQueue(ctx, w.Queue)
+			s.wakeWaiting(context.WithoutCancel(ctx), w.Queue)
+			return
+		case w.State == string(rivertype.JobStateRunning):
+			// A step is under way; it may snooze the job without having seen
+			// the exit, so look again shortly.
+		default:
+			// Already due, in backoff, or finished: nothing to wake but the
+			// tasks waiting for the slot this one freed.
+			s.wakeWaiting(context.WithoutCancel(ctx), w.Queue)
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// wakeTimeout bounds a wake-up of waiting tasks.
+const wakeTimeout = 10 * time.Second
+
+// wakeWaiting wakes the parked jobs of the queue's due tasks that wait for
+// a slot and would find one now, as many as the queue has free slots, the
+// kinds taking turns (etlcontext.WakeWaitingJobs), so that a slot freed by a
+// task's end, a resumed queue or an unblocked kind is taken at once. It is
+// also the backstop, every poll interval, for a wake-up that came while the
+// task's step was still parking it. A woken task that finds no slot after
+// all (another supervisor's start took it) is parked again.
+//
+// Wake-ups of one queue are coalesced: while one runs, those asked for
+// meanwhile (500 tasks ending at once) make it run once more, not 500
+// times at once.
+func (s *Supervisor) wakeWaiting(ctx context.Context, queue string) {
+	s.mu.Lock()
+	if again, running := s.waking[queue]; running {
+		if !again {
+			s.waking[queue] = true
+		}
+		s.mu.Unlock()
+		return
+	}
+	s.waking[queue] = false
+	s.mu.Unlock()
+	for {
+		s.wakeOnce(ctx, queue)
+		s.mu.Lock()
+		if !s.waking[queue] {
+			delete(s.waking, queue)
+			s.mu.Unlock()
+			return
+		}
+		s.waking[queue] = false
+		s.mu.Unlock()
+	}
+}
+
+// wakeOnce is one wake-up of the queue's waiting tasks.
+func (s *Supervisor) wakeOnce(ctx context.Context, queue string) {
+	q, ok := s.cfg.Queues[queue]
+	if !ok {
+		return
+	}
+	room := etlcontext.QueueRoom{Queue: queue, MaxRunning: q.MaxRunning, Kinds: s.cfg.KindNames()}
+	room.KindMax, room.KindKeyMax = make([]int32, len(room.Kinds)), make([]int32, len(room.Kinds))
+	for i, name := range room.Kinds {
+		k, _ := s.cfg.Kind(name)
+		room.KindMax[i], room.KindKeyMax[i] = int32(k.MaxRunning), int32(k.MaxRunningPerKey)
+	}
+	ctx, cancel := context.WithTimeout(ctx, wakeTimeout)
+	defer cancel()
+	n, err := etlcontext.WakeWaitingJobs(ctx, s.pool, room)
+	if err != nil {
+		// The backstop tries again at the next poll interval.
+		if !errors.Is(err, context.Canceled) {
+			s.logger.Warn("wake tasks waiting for a slot", "queue", queue, "error", err)
+		}
+		return
+	}
+	if n > 0 {
+		s.notifyQueue(ctx, queue)
+	}
+}

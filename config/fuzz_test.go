@@ -18,7 +18,7 @@ import (
 
 func FuzzParse(f *testing.F) {
 	for _, s := range []string{
-		// The README's example.
+		// The example of docs/configuration.md.
 		`log_dir: /var/lib/dama/logs
 poll_interval: 5s
 heartbeat_interval: 5s

@@ -46,7 +46,7 @@ func Lock(ctx context.Context, tx pgx.Tx, id int64) (*Context, error) {
 // no key, does on a schema not yet migrated.
 //
 // What tx keeps locked for the task's life is part of the contract between
-// releases (README "Releases and upgrades"): the advisory lock, the row,
+// releases (docs/operations.md "Releases and upgrades"): the advisory lock, the row,
 // and so event_store and its indexes (ROW SHARE), but nothing
 // of etl_contexts, so that a later release's migration may add a column to
 // etl_contexts while this task runs.

@@ -102,7 +102,7 @@ var runnerColumns = []string{"host", "pid", "process_started_at", "heartbeat_at"
 var heldFunctions = []string{"held_to_its_run(name)", "holds_run_key(bytea)", "holds_key_of(bigint)",
 	"submitted_by_key_holder(bigint)", "refuse_to_held(text)"}
 
-// rights lists what each role may do; see the README's "Database roles".
+// rights lists what each role may do; see docs/security.md "Database roles".
 // Revocations come first: a table-level REVOKE takes the columns' rights
 // too.
 func rights() []right {

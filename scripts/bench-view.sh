@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The view benchmark (README "Status with SQL"): loads BENCH_VIEW_CONTEXTS
+# The view benchmark (docs/performance.md "How fast the view answers"): loads BENCH_VIEW_CONTEXTS
 # (default 1,000,000) contexts into a fresh database, holds the advisory locks
 # of the BENCH_VIEW_RUNNING (default 500) running ones from one idle session,
 # as task processes do, and prints EXPLAIN (ANALYZE, BUFFERS) figures of the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The latency benchmark (README "Speed"), without the race detector, against
+# The latency benchmark (docs/performance.md "Speed"), without the race detector, against
 # TEST_DATABASE_URL or a throwaway PostgreSQL cluster. Extra arguments go to
 # go test, e.g. scripts/bench.sh -benchtime 1000x.
 #

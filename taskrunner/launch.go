@@ -52,7 +52,7 @@ type Launch struct {
 	// not the environment: the runner closes it once read, so neither the
 	// command nor a function process inherits it. (In the runner's first
 	// milliseconds, before it is non-dumpable, a process of the same user
-	// may read either: README "Database roles".)
+	// may read either: docs/security.md "Database roles".)
 	KeyFD int
 }
 

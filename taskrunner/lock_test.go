@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// The bounds the README states for the shipped defaults and the tests'
+// The bounds docs/architecture.md states for the shipped defaults and the tests'
 // settings.
 func TestLockBounds(t *testing.T) {
 	cases := []struct {

@@ -148,7 +148,7 @@ func TestRetiredRunnerProtocolIsRefused(t *testing.T) {
 }
 
 // A later release may add a column to etl_contexts while task processes of
-// this one run, in either lock mode (README "Releases and upgrades"): a
+// this one run, in either lock mode (docs/operations.md "Releases and upgrades"): a
 // row-mode task's lock transaction holds no lock on etl_contexts.
 func TestContextsCanGainAColumnWhileTasksRun(t *testing.T) {
 	w := newWorld(t, 10)

@@ -44,7 +44,7 @@ type upgradeTask struct {
 	pid int
 }
 
-// The redeploy the README describes, from the previous release recorded in
+// The redeploy docs/operations.md describes ("Releases and upgrades"), from the previous release recorded in
 // CHANGELOG.md (built from this clone's own history) to this code, with
 // tasks of the previous release running throughout.
 func TestUpgradeFromThePreviousRelease(t *testing.T) {

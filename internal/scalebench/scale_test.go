@@ -77,7 +77,7 @@ type params struct {
 	// adoptWait is how long the new supervisor is given to adopt the tasks
 	// after the old one was SIGKILLed (DAMA_BENCH_ADOPT_WAIT): by default the
 	// rescue grace of a dead supervisor's steps, max(2 x poll_interval, 10s),
-	// plus two poll intervals (README: a dead supervisor's step is rescued
+	// plus two poll intervals (docs/architecture.md: a dead supervisor's step is rescued
 	// within that) plus 5s.
 	adoptWait time.Duration
 	// startDeadline bounds the wait for all N to hold their lock

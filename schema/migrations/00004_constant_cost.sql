@@ -4,7 +4,7 @@
 -- row lock (lock_mode), recorded on the context. Additive only: task
 -- processes of the previous release keep working (but a supervisor of the
 -- previous release does not see an advisory-mode task's lock: see the
--- README's deployment notes).
+-- docs/operations.md "Deployment notes").
 
 -- +goose Up
 -- How the attempt's task process holds its lock: 'row' or 'advisory'; NULL

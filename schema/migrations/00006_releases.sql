@@ -1,6 +1,6 @@
 -- Releases: which release of dama migrated the schema, what the schema still
 -- accepts of the task processes of older releases, and which release ran
--- each attempt (README "Releases and upgrades"). Additive only: task
+-- each attempt (docs/operations.md "Releases and upgrades"). Additive only: task
 -- processes of earlier builds keep working.
 --
 -- ALTER TABLE needs a moment's ACCESS EXCLUSIVE lock on etl_contexts, which

@@ -1,4 +1,4 @@
--- Queue controls (README "Queues"): an operator pauses a queue or blocks a
+-- Queue controls (docs/operations.md "Queues"): an operator pauses a queue or blocks a
 -- kind, a task records why it waits to start and when it is due, and
 -- data_manager.dama_queue_stats counts what every queue holds. Additive, and
 -- safe while task processes of v0.1.0 run: new tables, new nullable columns

@@ -1,4 +1,4 @@
--- Retry policies (README "Retries and timeouts"): an ERROR event whose
+-- Retry policies (docs/tasks.md "Retries and timeouts"): an ERROR event whose
 -- payload says "retry": false fails the task whatever attempts remain (an
 -- exit code the kind says not to retry, a timeout with on_timeout: fail),
 -- and `dama retry` reopens a FAILED or CANCELLED task with a RETRIED event,

@@ -1,4 +1,4 @@
--- Periodic kinds (README "Schedules"): one row per scheduled kind says which
+-- Periodic kinds (docs/operations.md "Schedules"): one row per scheduled kind says which
 -- tick was last taken, so that every supervisor configuring the kind agrees
 -- on it. A supervisor takes a tick by locking the row, in the transaction
 -- that submits the tick's task: one task per tick however many supervisors

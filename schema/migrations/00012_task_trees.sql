@@ -1,4 +1,4 @@
--- Task trees (README "Task trees"): a task's command submits children on
+-- Task trees (docs/tasks.md "Task trees"): a task's command submits children on
 -- its events pipe, and a kind with await_children finishes once they have.
 -- The announcement of a finished context names its parent, so that a task
 -- process awaiting its children hears of theirs without counting at every

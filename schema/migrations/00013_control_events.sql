@@ -1,4 +1,4 @@
--- Who acts (README "The status page"): every pause, resume, block and
+-- Who acts (docs/operations.md "The status page"): every pause, resume, block and
 -- unblock is kept, with who did it, in data_manager.control_events
 -- (queue_pauses and kind_blocks hold only what is in force, and lose the
 -- record of a pause once it is lifted); and a request to cancel a running

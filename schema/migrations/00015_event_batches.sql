@@ -1,4 +1,4 @@
--- Events in batches (README "What a task sees"): a task process writes the
+-- Events in batches (docs/tasks.md "What a task sees"): a task process writes the
 -- events its command reports many to a statement. Every event used to
 -- update its context's row for its latest_event_id; while a row-mode task
 -- holds its transaction open no dead version of that row can be pruned,

@@ -1,4 +1,4 @@
--- Least privilege (README "Database roles"): a role that may only append
+-- Least privilege (docs/security.md "Database roles"): a role that may only append
 -- events (a task process, an operator) still has them checked and
 -- applied. The triggers that check an event, apply it to its context, and
 -- keep the attempts, run with the rights of their owner, the tables' owner; each names the

@@ -1,4 +1,4 @@
--- An operator writes only what an operator does (README "Database roles"):
+-- An operator writes only what an operator does (docs/security.md "Database roles"):
 -- a submission's INITIAL, a cancellation's request, the CANCELLED of a
 -- task that is not running, a retry's RETRIED. An outcome of a running
 -- task (FINAL, ERROR, ...) is its task process's, or its supervisor's, to

@@ -1,4 +1,4 @@
--- A task process writes only what is its own run's (README "Database
+-- A task process writes only what is its own run's (docs/security.md "Database
 -- roles"): its context's row, its run's events, its children and their
 -- River jobs. A supervisor gives each run a key, which only the task
 -- process it launches learns (through a pipe); the context keeps the key's
@@ -238,7 +238,7 @@ $$;
 -- transaction; NULL when there is none. A role held to its run (the
 -- session's: within this function current_user is its owner) must hold the
 -- key of the context's running run. The caller's transaction keeps no lock
--- of etl_contexts (README "Releases and upgrades"): the context is read in
+-- of etl_contexts (docs/operations.md "Releases and upgrades"): the context is read in
 -- a subtransaction rolled back, which releases the read's lock, while the
 -- variables keep what was read. Only dama_task and dama_supervisor may
 -- call it (dama migrate grants them).

@@ -11,13 +11,13 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/pgerr"
 	"github.com/dama-etl/dama/taskrunner"
 )
 
@@ -237,29 +237,17 @@ var ErrAlreadyFinished = errors.New("already finished")
 // is surely over, which may take its fencing window.
 var ErrCancelPending = errors.New("cancellation requested, not yet recorded")
 
-// cancelRecheck is how often Cancel looks at the context while it waits
-// for the announcement of its end, in case it missed it.
-const cancelRecheck = 10 * time.Second
-
 // Cancel cancels context id and waits, until ctx ends, for it to be
 // CANCELLED. A context that is not running is cancelled at once, together
 // with its River job. A running one is asked to stop: its task process, on
 // whichever host it runs, stops its command's process group (SIGTERM, then
 // SIGKILL after the kill grace) and records the cancellation. Cancel waits
-// on the database's announcement of the context's end (LISTEN
-// dama_task_finished), not by polling, and rides out a database restart
-// within ctx.
+// as Wait does, on the database's announcement of the context's end, and
+// rides out a database restart within ctx.
 func (c *Client) Cancel(ctx context.Context, id int64) (etlcontext.Status, error) {
 	requested := false
-	var (
-		unreachable error
-		listener    *pgx.Conn
-	)
-	defer func() {
-		if listener != nil {
-			listener.Close(context.WithoutCancel(ctx))
-		}
-	}()
+	w := &finishWatch{c: c}
+	defer w.close(ctx)
 	// Once the cancellation is requested, a wait that ends for any reason
 	// says so: the request stands.
 	pending := func(status etlcontext.Status) error {
@@ -269,58 +257,39 @@ func (c *Client) Cancel(ctx context.Context, id int64) (etlcontext.Status, error
 		return fmt.Errorf("cancel etl context %d: still %s when the wait ended; it is CANCELLED once its attempt has surely stopped: %w", id, status, ErrCancelPending)
 	}
 	for {
-		if listener == nil {
-			// Listening starts before the look, so that an end announced
-			// in between is heard.
-			conn, err := c.listenFinished(ctx)
-			switch {
-			case err == nil:
-				listener = conn
-			case unreachableDatabase(err) && ctx.Err() == nil:
-				unreachable = err
-			case requested && ctx.Err() != nil:
+		// Listening starts before the look, so that an end announced in
+		// between is heard.
+		if err := w.listen(ctx); err != nil {
+			if requested && ctx.Err() != nil {
 				return "", pending("")
-			default:
-				return "", err
 			}
+			return "", err
 		}
 		var (
 			status etlcontext.Status
 			done   bool
 			err    error
 		)
-		if listener != nil {
+		if w.conn != nil {
 			status, done, err = c.tryCancel(ctx, id, &requested)
 		}
 		switch {
-		case err != nil && unreachableDatabase(err) && ctx.Err() == nil:
-			unreachable = err
+		case err != nil && pgerr.Unreachable(err) && ctx.Err() == nil:
+			w.unreachable = err
 		case err != nil && requested && ctx.Err() != nil:
 			return status, pending(status)
 		case err != nil || done:
 			return status, err
-		case listener != nil:
-			unreachable = nil
+		case w.conn != nil:
+			w.unreachable = nil
 		}
-		if listener != nil {
-			if err := waitFinished(ctx, listener, id); err != nil && ctx.Err() == nil {
-				// The connection failed: make another, and look again.
-				listener.Close(context.WithoutCancel(ctx))
-				listener = nil
-				unreachable = err
-			}
-		} else {
-			select {
-			case <-ctx.Done():
-			case <-time.After(time.Second):
-			}
-		}
+		w.wait(ctx, id)
 		if ctx.Err() != nil {
 			if requested {
 				return status, pending(status)
 			}
-			if unreachable != nil {
-				return status, fmt.Errorf("cancel etl context %d: database unreachable: %w", id, unreachable)
+			if w.unreachable != nil {
+				return status, fmt.Errorf("cancel etl context %d: database unreachable: %w", id, w.unreachable)
 			}
 			return status, fmt.Errorf("cancel etl context %d: still %s: %w", id, status, ctx.Err())
 		}
@@ -360,41 +329,6 @@ func (c *Client) RequestCancel(ctx context.Context, id int64) (etlcontext.Status
 // requestRecheck is how often RequestCancel looks again at a context that is
 // not running and whose lock is held.
 const requestRecheck = 50 * time.Millisecond
-
-// listenFinished opens a connection of its own (a pooled one would keep
-// listening for its next user) that listens for finished contexts.
-func (c *Client) listenFinished(ctx context.Context) (*pgx.Conn, error) {
-	conn, err := pgx.ConnectConfig(ctx, c.pool.Config().ConnConfig.Copy())
-	if err != nil {
-		return nil, fmt.Errorf("connect to wait for the cancellation: %w", err)
-	}
-	if _, err := conn.Exec(ctx, "LISTEN "+etlcontext.FinishedChannel); err != nil {
-		conn.Close(context.WithoutCancel(ctx))
-		return nil, fmt.Errorf("listen for finished contexts: %w", err)
-	}
-	return conn, nil
-}
-
-// waitFinished waits until the end of context id is announced on conn, or
-// cancelRecheck passes, or ctx ends; it returns an error only when the
-// connection failed.
-func waitFinished(ctx context.Context, conn *pgx.Conn, id int64) error {
-	wctx, cancel := context.WithTimeout(ctx, cancelRecheck)
-	defer cancel()
-	for {
-		n, err := conn.WaitForNotification(wctx)
-		if wctx.Err() != nil {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		var f etlcontext.Finished
-		if json.Unmarshal([]byte(n.Payload), &f) == nil && f.ID == id {
-			return nil
-		}
-	}
-}
 
 // tryCancel cancels the context if nobody holds its lock, or else asks its
 // runner to stop it; done reports that the context is finished.
@@ -487,20 +421,4 @@ func finishedError(id int64, s etlcontext.Status) error {
 		return nil
 	}
 	return fmt.Errorf("etl context %d is %s: %w", id, s, ErrAlreadyFinished)
-}
-
-// unreachableDatabase reports an error of the connection rather than of the
-// request: the server is restarting, failing over, or out of reach.
-func unreachableDatabase(err error) bool {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch pgErr.Code {
-		case "57P01", "57P02", "57P03", // admin_shutdown, crash_shutdown, cannot_connect_now
-			"53300": // too_many_connections
-			return true
-		}
-		return pgErr.Code[:2] == "08" // connection exception
-	}
-	var connectErr *pgconn.ConnectError
-	return errors.As(err, &connectErr) || pgconn.Timeout(err)
 }

@@ -102,16 +102,13 @@ func runExample(yaml, kind, args string) {
 	if err != nil {
 		panic(err)
 	}
-	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		tasks, err := etlcontext.Tasks(ctx, env.Pool, etlcontext.TaskQuery{ID: id})
-		if err != nil {
-			panic(err)
-		}
-		if t := tasks[0]; t.Status.Finished() && t.JobState != nil && *t.JobState == "completed" {
-			fmt.Println(t.Status, "at attempt", t.Attempt)
-			break
-		}
+	waitCtx, stopWaiting := context.WithTimeout(ctx, time.Minute)
+	defer stopWaiting()
+	c, err := client.Wait(waitCtx, id)
+	if err != nil {
+		panic(err)
 	}
+	fmt.Println(c.Status, "at attempt", c.Attempt)
 	events, err := etlcontext.Events(ctx, env.Pool, id)
 	if err != nil {
 		panic(err)

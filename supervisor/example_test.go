@@ -3,6 +3,7 @@ package supervisor_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -100,16 +101,16 @@ kinds:
 	if err != nil {
 		panic(err)
 	}
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		tasks, err := etlcontext.Tasks(ctx, env.Pool, etlcontext.TaskQuery{ID: id})
-		if err != nil {
-			panic(err)
-		}
-		if t := tasks[0]; t.Status.Finished() && t.JobState != nil && *t.JobState == "completed" {
-			fmt.Println(t.Status, string(t.Progress))
-			break
-		}
+	waitCtx, stopWaiting := context.WithTimeout(ctx, 30*time.Second)
+	defer stopWaiting()
+	if _, err := client.Wait(waitCtx, id); err != nil {
+		panic(err)
 	}
+	tasks, err := etlcontext.Tasks(ctx, env.Pool, etlcontext.TaskQuery{ID: id})
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(tasks[0].Status, string(tasks[0].Progress))
 	events, err := etlcontext.Events(ctx, env.Pool, id)
 	if err != nil {
 		panic(err)
@@ -127,4 +128,51 @@ kinds:
 	// 0 report:INITIAL
 	// 1 report:PROGRESS
 	// 1 report:FINAL
+}
+
+// Wait follows a task to its end on the database's announcement (LISTEN
+// dama_task_finished), from any host and without polling; here a task
+// cancelled before any supervisor ran it.
+func ExampleClient_Wait() {
+	env, done := testenv.ForExample()
+	defer done()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	cfg, err := config.Parse([]byte(`
+log_dir: /tmp/dama-example-logs
+kinds:
+  conflation:
+    command: ["/opt/etl/conflation"]
+`))
+	if err != nil {
+		panic(err)
+	}
+	client, err := supervisor.NewClient(env.Pool, cfg)
+	if err != nil {
+		panic(err)
+	}
+	id, _, err := client.Submit(ctx, supervisor.SubmitParams{Kind: "conflation"})
+	if err != nil {
+		panic(err)
+	}
+	ended := make(chan *etlcontext.Context)
+	go func() {
+		c, err := client.Wait(ctx, id)
+		if err != nil {
+			panic(err)
+		}
+		ended <- c
+	}()
+	if _, err := client.Cancel(ctx, id); err != nil {
+		panic(err)
+	}
+	c := <-ended
+	fmt.Println(c.ID == id, c.Status)
+
+	_, err = client.Wait(ctx, id+1000)
+	fmt.Println(errors.Is(err, etlcontext.ErrNotFound))
+	// Output:
+	// true CANCELLED
+	// true
 }

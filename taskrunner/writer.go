@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/pgerr"
 )
 
 // Bounds of the events from the command's pipe that wait for the database
@@ -1082,14 +1083,11 @@ const (
 )
 
 func classifyWriteError(err error, conn *pgx.Conn) writeError {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch class := pgErr.Code[:2]; {
-		case conn == nil || conn.IsClosed(), class == "08", pgErr.Code == "53300":
+	if code := pgerr.Code(err); code != "" {
+		switch {
+		case conn == nil || conn.IsClosed(), pgerr.ConnectionLost(code):
 			return connectionLost
-		case pgErr.Code[:3] == "57P": // admin_shutdown, crash_shutdown, cannot_connect_now, idle_session_timeout...
-			return connectionLost
-		case class == "22", class == "23", class == "54", class == "DM":
+		case pgerr.Refused(code):
 			// The write itself is refused: what the database cannot
 			// store, or one of dama's guards.
 			return statementError
@@ -1100,7 +1098,7 @@ func classifyWriteError(err error, conn *pgx.Conn) writeError {
 		// inside. The same write may pass next time.
 		return serverBusy
 	}
-	if conn == nil || conn.IsClosed() || pgconn.Timeout(err) || errors.Is(err, context.DeadlineExceeded) {
+	if conn == nil || conn.IsClosed() || pgerr.Unreachable(err) || errors.Is(err, context.DeadlineExceeded) {
 		return connectionLost
 	}
 	return statementError

@@ -16,13 +16,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/pgerr"
 	"github.com/dama-etl/dama/internal/pgsession"
 	"github.com/dama-etl/dama/schema"
 	"github.com/dama-etl/dama/supervisor"
@@ -78,9 +78,11 @@ func connectMigrated(ctx context.Context, minConns int32) (*pgxpool.Pool, string
 
 // waitForDatabase is connectMigrated that waits, until ctx ends, for a
 // database that restarts or fails over (a supervisor that systemd restarts
-// meanwhile, say), reporting the wait. An unmigrated database or a malformed
-// URL is an error at once; a host name that does not resolve is waited for,
-// as a failover's DNS change may need.
+// meanwhile, say), reporting the wait: whatever pgerr.Unreachable says a
+// later connection may cure, a full server among them. An unmigrated
+// database, a malformed URL or a login the server refuses (a password, a
+// missing database) is an error at once; a host name that does not
+// resolve is waited for, as a failover's DNS change may need.
 func waitForDatabase(ctx context.Context, logger *slog.Logger, minConns int32) (*pgxpool.Pool, string, error) {
 	start := time.Now()
 	for tries := 1; ; tries++ {
@@ -91,12 +93,7 @@ func waitForDatabase(ctx context.Context, logger *slog.Logger, minConns int32) (
 			}
 			return pool, url, nil
 		}
-		var (
-			connectErr *pgconn.ConnectError
-			pgErr      *pgconn.PgError
-		)
-		starting := errors.As(err, &pgErr) && (pgErr.Code == "57P01" || pgErr.Code == "57P03")
-		if !errors.As(err, &connectErr) && !pgconn.Timeout(err) && !starting {
+		if !pgerr.Unreachable(err) {
 			return nil, "", err
 		}
 		if tries == 1 || tries%30 == 0 {
@@ -353,7 +350,7 @@ refused.`,
 			if !wait {
 				return nil
 			}
-			c, err := waitForTask(cmd.Context(), pool, id, cmd.ErrOrStderr())
+			c, err := waitForTask(cmd.Context(), client, pool, id, cmd.ErrOrStderr())
 			*code = exitCode(c)
 			return err
 		},

@@ -3,18 +3,17 @@ package main
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"golang.org/x/sys/unix"
 
 	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/pgerr"
+	"github.com/dama-etl/dama/supervisor"
 )
 
 // Exit codes of `dama submit --wait` once the task is submitted, beside 0
@@ -72,26 +71,6 @@ func fit(s string, n int) string {
 	return string(r[:n])
 }
 
-// transientDBError tells an error that a database restart, a failover or a
-// lost network gives, which a wait rides out, from one that waiting would
-// not cure (a permission, a missing view).
-func transientDBError(err error) bool {
-	var (
-		connectErr *pgconn.ConnectError
-		pgErr      *pgconn.PgError
-		netErr     net.Error
-	)
-	switch {
-	case errors.As(err, &pgErr):
-		class := pgErr.Code[:2]
-		return class == "08" || class == "53" || class == "57"
-	case errors.As(err, &connectErr), errors.As(err, &netErr), pgconn.Timeout(err), pgconn.SafeToRetry(err),
-		errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
-		return true
-	}
-	return false
-}
-
 // bar draws progress as "[#######.............] 35% 7/20", or the payload
 // itself when it is not one of the forms dama reads.
 func bar(payload []byte, width int) string {
@@ -129,19 +108,27 @@ func describe(t etlcontext.Task) string {
 
 // waitForTask follows task id until it is finished, drawing its progress
 // on w: redrawn in place, every 250ms, on a terminal; off one, a line per
-// change of status or attempt, from a look every second. A database that
-// goes away is waited for. A finished task is followed a little longer
-// (at most settleWait), until its task process has let go of its lock and
-// its River job is settled, so that what the caller does next (`dama
-// retry`, `dama logs`) finds it at rest. It returns the exit code: 0 for
-// DONE, exitTaskFailed or exitTaskCancelled with the last error as the
-// error, exitTaskUnknown when the wait ended first.
-func waitForTask(ctx context.Context, db etlcontext.DB, id int64, w io.Writer) (int, error) {
+// change of status or attempt, from a look every second. The end itself is
+// heard, not looked for (client.Wait). A database that goes away is waited
+// for. A finished task is followed a little longer (at most settleWait),
+// until its task process has let go of its lock and its River job is
+// settled, so that what the caller does next (`dama retry`, `dama logs`)
+// finds it at rest. It returns the exit code: 0 for DONE, exitTaskFailed
+// or exitTaskCancelled with the last error as the error, exitTaskUnknown
+// when the wait ended first.
+func waitForTask(ctx context.Context, client *supervisor.Client, db etlcontext.DB, id int64, w io.Writer) (int, error) {
 	cols, _, tty := terminalSize(w)
 	interval := time.Second
 	if tty {
 		interval = 250 * time.Millisecond
 	}
+	waitCtx, stopWaiting := context.WithCancel(ctx)
+	defer stopWaiting()
+	ended := make(chan error, 1)
+	go func() {
+		_, err := client.Wait(waitCtx, id)
+		ended <- err
+	}()
 	var (
 		last     string
 		failing  error
@@ -160,7 +147,7 @@ func waitForTask(ctx context.Context, db etlcontext.DB, id int64, w io.Writer) (
 		case ctx.Err() != nil:
 			newline()
 			return exitTaskUnknown, fmt.Errorf("stopped waiting; task %d goes on", id)
-		case err != nil && !transientDBError(err):
+		case err != nil && !pgerr.Transient(err):
 			newline()
 			return exitTaskUnknown, fmt.Errorf("follow task %d: %w", id, err)
 		case err != nil:
@@ -197,6 +184,14 @@ func waitForTask(ctx context.Context, db etlcontext.DB, id int64, w io.Writer) (
 		}
 		select {
 		case <-ctx.Done():
+		case err := <-ended:
+			// Finished: look at once, then every interval until it is at
+			// rest.
+			if err != nil && ctx.Err() == nil {
+				newline()
+				return exitTaskUnknown, fmt.Errorf("follow task %d: %w", id, err)
+			}
+			ended = nil
 		case <-time.After(interval):
 		}
 	}
@@ -250,7 +245,7 @@ func watchTasks(ctx context.Context, db etlcontext.DB, q etlcontext.TaskQuery, w
 		switch {
 		case ctx.Err() != nil:
 			return nil
-		case err != nil && !transientDBError(err):
+		case err != nil && !pgerr.Transient(err):
 			return err
 		}
 		var table bytes.Buffer

@@ -33,12 +33,12 @@ import (
 	"time"
 	"unicode"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/hostproc"
+	"github.com/dama-etl/dama/internal/pgerr"
 	"github.com/dama-etl/dama/supervisor"
 )
 
@@ -390,22 +390,16 @@ func readError(w http.ResponseWriter, err error) {
 // 404 for what does not exist, 503 when the database could not be asked,
 // and 409 when it refused (a task already finished, running, ...).
 func actionError(w http.ResponseWriter, err error) {
-	var netErr net.Error
 	switch {
 	case errors.Is(err, errInvalid):
 		writeError(w, http.StatusBadRequest, err)
 	case errors.Is(err, etlcontext.ErrNotFound), errors.Is(err, supervisor.ErrUnknownQueue):
 		writeError(w, http.StatusNotFound, err)
-	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &netErr), pgconn.Timeout(err), isConnectError(err):
+	case errors.Is(err, context.DeadlineExceeded), pgerr.Unreachable(err):
 		writeError(w, http.StatusServiceUnavailable, err)
 	default:
 		writeError(w, http.StatusConflict, err)
 	}
-}
-
-func isConnectError(err error) bool {
-	var ce *pgconn.ConnectError
-	return errors.As(err, &ce)
 }
 
 // config tells the page what it may offer: the actions, and the queues and

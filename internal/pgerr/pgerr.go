@@ -1,0 +1,87 @@
+// Package pgerr sorts the errors of a PostgreSQL connection by what cures
+// them: waiting for the server (it restarts, fails over, is full or out of
+// reach), trying the same request again (the server turned it away for
+// now), or nothing (the request itself is refused). Every part of dama that
+// rides out a database outage asks here, so that they all agree.
+package pgerr
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Code is err's SQLSTATE, or "" when the server did not answer with one.
+func Code(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
+}
+
+// ConnectionLost reports a SQLSTATE that ends the session or refuses one:
+// class 08 (connection exception), 57P01 to 57P05 (the server shutting
+// down or crashed, not accepting connections yet, the database dropped,
+// the session idle too long) and 53300 (too many connections).
+func ConnectionLost(code string) bool {
+	return len(code) == 5 && (code[:2] == "08" || code[:3] == "57P" || code == "53300")
+}
+
+// Refused reports a SQLSTATE that the request itself causes, which no
+// retry cures: data the database cannot store (class 22), a broken
+// constraint (23), a program limit (54), or one of dama's guards (class
+// DM, raised by its triggers).
+func Refused(code string) bool {
+	if len(code) != 5 {
+		return false
+	}
+	switch code[:2] {
+	case "22", "23", "54", "DM":
+		return true
+	}
+	return false
+}
+
+// Unreachable reports an error of the connection rather than of the
+// request: no answer came (a refused or failed dial, a timeout, a
+// connection closed under the request), or the server ended or refused
+// the session (ConnectionLost). A new connection, later, may well succeed.
+// A connection the server refused for a reason waiting does not cure (a
+// password, a missing database) is not unreachable.
+func Unreachable(err error) bool {
+	if err == nil {
+		return false
+	}
+	if code := Code(err); code != "" {
+		return ConnectionLost(code)
+	}
+	var (
+		connectErr *pgconn.ConnectError
+		netErr     net.Error
+	)
+	return errors.As(err, &connectErr) || errors.As(err, &netErr) || pgconn.Timeout(err) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+}
+
+// Transient reports an error that a later try of the same request may not
+// meet: the database is unreachable, or the server turned the request away
+// for now (class 40, a serialization failure or deadlock; 53, short of
+// resources; 57, a statement cancelled or the server shutting down).
+func Transient(err error) bool {
+	if Unreachable(err) {
+		return true
+	}
+	code := Code(err)
+	if len(code) != 5 {
+		return errors.Is(err, context.DeadlineExceeded)
+	}
+	switch code[:2] {
+	case "40", "53", "57":
+		return true
+	}
+	return false
+}

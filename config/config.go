@@ -10,31 +10,13 @@ package config
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
-	"os"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"sort"
 	"strings"
 	"time"
-
-	"go.yaml.in/yaml/v3"
-)
-
-// Defaults applied to fields the file leaves out.
-const (
-	DefaultPollInterval      = 5 * time.Second
-	DefaultHeartbeatInterval = 5 * time.Second
-	DefaultKillGrace         = 10 * time.Second
-	DefaultReconnectGrace    = 2 * time.Minute
-	DefaultMaxAttempts       = 3
-	DefaultMaxRunning        = 10
-	DefaultMaxRunningPerKey  = 1
-	DefaultQueue             = "default"
-	DefaultLockMode          = LockModeRow
 )
 
 // attemptsLimit bounds max_attempts: River keeps a job's max_attempts in a
@@ -75,51 +57,64 @@ func (m LockMode) ConnectionsPerTask() int {
 	return 2
 }
 
-// Config is a parsed and validated configuration file.
+// Config is dama's configuration. Every field's comment gives its
+// default: a field left unset (its zero value, or nil where zero means
+// something) gets it from WithDefaults, the one place defaults are
+// applied, and Validate, the one place settings are checked, refuses what
+// is wrong. Parse and Load do both; a hand-built Config is given both by
+// supervisor.New and supervisor.NewClient.
 type Config struct {
-	// Path is the absolute path of the file the configuration was read from.
+	// Path is the absolute path of the file the configuration was read
+	// from (Load sets it). A supervisor needs it: its task processes read
+	// the configuration from there. Empty for a configuration not read from
+	// a file.
 	Path string `yaml:"-"`
-	// LogDir holds one log file per task, <etl_context_id>.log.
+	// LogDir holds one log file per task, <etl_context_id>.log. Required;
+	// Load makes a relative one relative to the file.
 	LogDir string `yaml:"log_dir"`
 	// PollInterval is how often the supervisor looks, in one statement, at
 	// the locks of every running task (to find those whose task process
 	// died), rescues the steps of dead supervisors and reconciles contexts
 	// with their jobs. Default 5s.
-	PollInterval Duration `yaml:"poll_interval"`
+	PollInterval time.Duration `yaml:"poll_interval"`
 	// HeartbeatInterval is how long a task process's lock connection may be
 	// silent before the kernel probes it (TCP keepalive); a loss is noticed
 	// within it plus three probes. Nothing is written: the lock is the proof
 	// of life. Default 5s.
-	HeartbeatInterval Duration `yaml:"heartbeat_interval"`
+	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
 	// KillGrace is how long a task's command has between SIGTERM and SIGKILL
-	// when it is cancelled or loses its lock.
-	KillGrace Duration `yaml:"kill_grace"`
+	// when it is cancelled or loses its lock. Default 10s (0 means the
+	// default).
+	KillGrace time.Duration `yaml:"kill_grace"`
 	// ReconnectGrace is how long a task process keeps its command running
 	// after losing its lock connection (a database restart, a failover, a
 	// network cut) while it tries to take its lock again under the same run.
-	// Past it, the command is stopped and the task retried. Default 2m; "0s"
-	// stops the command as soon as the lock connection fails.
-	ReconnectGrace *Duration `yaml:"reconnect_grace"`
-	// LockMode is how task processes hold their lock, "row" (the default) or
-	// "advisory"; a kind may override it. See LockModeRow and
-	// LockModeAdvisory: advisory suits tasks that run for days.
+	// Past it, the command is stopped and the task retried. nil means the
+	// default, 2m; 0 ("0s") stops the command as soon as the lock
+	// connection fails.
+	ReconnectGrace *time.Duration `yaml:"reconnect_grace"`
+	// LockMode is how task processes hold their lock, "row" or "advisory";
+	// a kind may override it. See LockModeRow and LockModeAdvisory:
+	// advisory suits tasks that run for days. Empty means the default,
+	// row.
 	LockMode LockMode `yaml:"lock_mode"`
-	// Queues maps a queue name to its limits.
+	// Queues maps a queue name to its limits. A kind with no queue is in
+	// the queue "default", which is added when it is missing.
 	Queues map[string]Queue `yaml:"queues"`
-	// Kinds maps a task kind to how it runs.
+	// Kinds maps a task kind to how it runs. At least one is required.
 	Kinds map[string]Kind `yaml:"kinds"`
 }
 
 // Queue holds the limits of one queue.
 type Queue struct {
 	// MaxRunning bounds the tasks of this queue running at once, across every
-	// supervisor sharing the database.
+	// supervisor sharing the database. Default 10 (0 means the default).
 	MaxRunning int `yaml:"max_running"`
 }
 
 // Kind says how the tasks of one kind run.
 type Kind struct {
-	// Queue is the queue the kind's tasks wait in.
+	// Queue is the queue the kind's tasks wait in. Default "default".
 	Queue string `yaml:"queue"`
 	// Command is the program and its arguments; it is executed directly,
 	// never through a shell. A kind has a command or a function, not both.
@@ -132,7 +127,8 @@ type Kind struct {
 	// supervisor, and accepts it everywhere else (submit, status).
 	Function string `yaml:"function"`
 	// MaxAttempts is how many times a task is started before it is FAILED;
-	// default 3. Retry.MaxAttempts is the same setting.
+	// default 3 (0 means the default), at most 32767. Retry.MaxAttempts is
+	// the same setting.
 	MaxAttempts int `yaml:"max_attempts"`
 	// Retry is when a failed attempt is tried again; nil means River's
 	// default backoff (attempt⁴ seconds, with jitter).
@@ -150,11 +146,11 @@ type Kind struct {
 	// SIGKILL after KillGrace), a TIMEOUT event is recorded, and the
 	// attempt fails; OnTimeout says whether the task is then retried
 	// ("retry", the default) or FAILED ("fail").
-	Timeout   Duration  `yaml:"timeout"`
-	OnTimeout OnTimeout `yaml:"on_timeout"`
+	Timeout   time.Duration `yaml:"timeout"`
+	OnTimeout OnTimeout     `yaml:"on_timeout"`
 	// KillGrace overrides the configuration's kill_grace for this kind;
-	// nil means the configuration's.
-	KillGrace *Duration `yaml:"kill_grace"`
+	// nil means the configuration's, and 0 ("0s") SIGKILL at once.
+	KillGrace *time.Duration `yaml:"kill_grace"`
 	// LockMode overrides the configuration's lock_mode for this kind; empty
 	// means the configuration's.
 	LockMode LockMode `yaml:"lock_mode"`
@@ -183,10 +179,11 @@ type Kind struct {
 	// default UTC.
 	Timezone string `yaml:"timezone"`
 	// Overlap is what a tick does while an earlier task of the kind is
-	// unfinished: "skip" (the default), "queue" or "allow"; see Overlap.
+	// unfinished: "skip" (the default of a scheduled kind), "queue" or
+	// "allow"; see Overlap. "queue" makes the default max_running 1.
 	Overlap Overlap `yaml:"overlap"`
 	// ScheduleArgs are the arguments of the tasks a tick submits, a
-	// mapping; default {}.
+	// mapping; default {} for a scheduled kind.
 	ScheduleArgs JSONObject `yaml:"schedule_args"`
 	// AwaitChildren makes a task of the kind, once its command succeeded,
 	// wait for the children it submitted: DONE when every child is DONE,
@@ -213,15 +210,18 @@ func Withheld(name string) bool {
 // RetryPolicy says how long a failed attempt waits before the next.
 type RetryPolicy struct {
 	// MaxAttempts is the kind's max_attempts (either may be set; both
-	// must then agree).
+	// must then agree). The defaults set both.
 	MaxAttempts int `yaml:"max_attempts"`
-	// Backoff is "exponential" (the default: Delay, then twice as long
-	// after each failure) or "fixed" (Delay after every failure).
+	// Backoff is "exponential" (Delay, then twice as long after each
+	// failure) or "fixed" (Delay after every failure). Empty means the
+	// default, exponential.
 	Backoff Backoff `yaml:"backoff"`
-	// Delay is the wait after the first failure; default 1m.
-	Delay Duration `yaml:"delay"`
-	// MaxDelay caps an exponential backoff's wait; default 1h.
-	MaxDelay Duration `yaml:"max_delay"`
+	// Delay is the wait after the first failure; default 1m (0 means the
+	// default).
+	Delay time.Duration `yaml:"delay"`
+	// MaxDelay caps an exponential backoff's wait; default 1h, or Delay
+	// when that is longer (0 means the default).
+	MaxDelay time.Duration `yaml:"max_delay"`
 }
 
 // Backoff is how a retry's wait grows.
@@ -242,26 +242,15 @@ const (
 	OnTimeoutFail  OnTimeout = "fail"
 )
 
-// Defaults of a retry policy.
-const (
-	DefaultRetryDelay    = time.Minute
-	DefaultRetryMaxDelay = time.Hour
-)
-
 // RetryDelay is how long to wait after the failure of attempt (from 1)
-// before the next; 0 means River's default backoff.
+// before the next, by k's retry policy with its defaults applied (Parse
+// or WithDefaults); 0 means River's default backoff.
 func (k Kind) RetryDelay(attempt int) time.Duration {
 	p := k.Retry
 	if p == nil {
 		return 0
 	}
-	delay, maxDelay := p.Delay.D(), p.MaxDelay.D()
-	if delay == 0 {
-		delay = DefaultRetryDelay
-	}
-	if maxDelay == 0 {
-		maxDelay = DefaultRetryMaxDelay
-	}
+	delay, maxDelay := p.Delay, p.MaxDelay
 	if p.Backoff == BackoffFixed {
 		return delay
 	}
@@ -285,38 +274,6 @@ func (k Kind) RetriesExit(code int) bool {
 	return !slices.Contains(k.FailOnExitCodes, code)
 }
 
-// KillGraceOf returns kind k's kill grace: its own, else the
-// configuration's, else the default.
-func (c *Config) KillGraceOf(k Kind) time.Duration {
-	switch {
-	case k.KillGrace != nil:
-		return k.KillGrace.D()
-	case c.KillGrace != 0:
-		return c.KillGrace.D()
-	}
-	return DefaultKillGrace
-}
-
-// Duration is a time.Duration written as "5s" or "1m30s" in YAML.
-type Duration time.Duration
-
-// UnmarshalYAML parses a Go duration string.
-func (d *Duration) UnmarshalYAML(node *yaml.Node) error {
-	var s string
-	if err := node.Decode(&s); err != nil {
-		return fmt.Errorf("line %d: want a duration such as 5s: %w", node.Line, err)
-	}
-	v, err := time.ParseDuration(s)
-	if err != nil {
-		return fmt.Errorf("line %d: %w", node.Line, err)
-	}
-	*d = Duration(v)
-	return nil
-}
-
-// D returns d as a time.Duration.
-func (d Duration) D() time.Duration { return time.Duration(d) }
-
 var (
 	nameRE    = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_.-]{0,62}$`)
 	keyPathRE = regexp.MustCompile(`^[^.]+(\.[^.]+)*$`)
@@ -325,170 +282,6 @@ var (
 
 // ValidName reports whether name may name a queue or a kind.
 func ValidName(name string) bool { return nameRE.MatchString(name) }
-
-// Load reads and validates the configuration file at path.
-func Load(path string) (*Config, error) {
-	if path == "" {
-		return nil, errors.New("no configuration file: pass --config or set DAMA_CONFIG")
-	}
-	abs, err := filepath.Abs(path)
-	if err != nil {
-		return nil, fmt.Errorf("resolve configuration path %s: %w", path, err)
-	}
-	data, err := os.ReadFile(abs)
-	if err != nil {
-		return nil, fmt.Errorf("read configuration: %w", err)
-	}
-	cfg, err := Parse(data)
-	if err != nil {
-		return nil, fmt.Errorf("configuration %s: %w", abs, err)
-	}
-	cfg.Path = abs
-	if !filepath.IsAbs(cfg.LogDir) {
-		cfg.LogDir = filepath.Join(filepath.Dir(abs), cfg.LogDir)
-	}
-	return cfg, nil
-}
-
-// Parse parses and validates a configuration document. Unknown fields are
-// errors, so that a misspelt setting is not silently ignored.
-func Parse(data []byte) (*Config, error) {
-	var cfg Config
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&cfg); err != nil {
-		return nil, fmt.Errorf("parse YAML: %w", err)
-	}
-	if cfg.LogDir == "" {
-		return nil, errors.New("log_dir is required")
-	}
-	if cfg.PollInterval == 0 {
-		cfg.PollInterval = Duration(DefaultPollInterval)
-	}
-	if cfg.HeartbeatInterval == 0 {
-		cfg.HeartbeatInterval = Duration(DefaultHeartbeatInterval)
-	}
-	if cfg.KillGrace == 0 {
-		cfg.KillGrace = Duration(DefaultKillGrace)
-	}
-	if cfg.PollInterval.D() < 100*time.Millisecond {
-		return nil, errors.New("poll_interval must be at least 100ms")
-	}
-	if cfg.HeartbeatInterval.D() < 100*time.Millisecond {
-		return nil, errors.New("heartbeat_interval must be at least 100ms")
-	}
-	if cfg.ReconnectGrace == nil {
-		d := Duration(DefaultReconnectGrace)
-		cfg.ReconnectGrace = &d
-	}
-	if cfg.ReconnectGrace.D() < 0 {
-		return nil, errors.New("reconnect_grace must not be negative")
-	}
-	if cfg.KillGrace.D() < 0 {
-		return nil, errors.New("kill_grace must not be negative")
-	}
-	if cfg.LockMode == "" {
-		cfg.LockMode = DefaultLockMode
-	}
-	if err := cfg.LockMode.validate(); err != nil {
-		return nil, err
-	}
-	if len(cfg.Kinds) == 0 {
-		return nil, errors.New("no kinds: a supervisor with no kinds runs nothing")
-	}
-	if cfg.Queues == nil {
-		cfg.Queues = map[string]Queue{}
-	}
-	for name, q := range cfg.Queues {
-		if !nameRE.MatchString(name) {
-			return nil, fmt.Errorf("queue name %q: want letters, digits, '_', '.', '-', starting with a letter", name)
-		}
-		if q.MaxRunning < 0 {
-			return nil, fmt.Errorf("queue %s: max_running must not be negative", name)
-		}
-		if q.MaxRunning == 0 {
-			q.MaxRunning = DefaultMaxRunning
-		}
-		cfg.Queues[name] = q
-	}
-	for name, k := range cfg.Kinds {
-		if !nameRE.MatchString(name) {
-			return nil, fmt.Errorf("kind name %q: want letters, digits, '_', '.', '-', starting with a letter", name)
-		}
-		switch {
-		case k.Function != "" && len(k.Command) > 0:
-			return nil, fmt.Errorf("kind %s: command and function exclude each other: set one", name)
-		case k.Function != "":
-			if !nameRE.MatchString(k.Function) {
-				return nil, fmt.Errorf("kind %s: function name %q: want letters, digits, '_', '.', '-', starting with a letter", name, k.Function)
-			}
-			if len(k.RetryOnExitCodes) > 0 || len(k.FailOnExitCodes) > 0 {
-				return nil, fmt.Errorf("kind %s: a function kind has no exit codes to list: its function returns taskrunner.NoRetry(err) to fail for good", name)
-			}
-		case len(k.Command) == 0 || k.Command[0] == "":
-			return nil, fmt.Errorf("kind %s: command (or function) is required", name)
-		}
-		if k.Queue == "" {
-			k.Queue = DefaultQueue
-		}
-		if _, ok := cfg.Queues[k.Queue]; !ok {
-			if k.Queue != DefaultQueue {
-				return nil, fmt.Errorf("kind %s: queue %s is not in queues", name, k.Queue)
-			}
-			cfg.Queues[DefaultQueue] = Queue{MaxRunning: DefaultMaxRunning}
-		}
-		if k.MaxAttempts < 0 {
-			return nil, fmt.Errorf("kind %s: max_attempts must not be negative", name)
-		}
-		if err := k.validateFailures(); err != nil {
-			return nil, fmt.Errorf("kind %s: %w", name, err)
-		}
-		if k.MaxAttempts == 0 {
-			k.MaxAttempts = DefaultMaxAttempts
-		}
-		if k.MaxAttempts > attemptsLimit {
-			return nil, fmt.Errorf("kind %s: max_attempts %d: at most %d", name, k.MaxAttempts, attemptsLimit)
-		}
-		if k.MaxRunning < 0 {
-			return nil, fmt.Errorf("kind %s: max_running must not be negative", name)
-		}
-		if k.MaxRunningPerKey < 0 {
-			return nil, fmt.Errorf("kind %s: max_running_per_key must not be negative", name)
-		}
-		if k.ConcurrencyKey == "" && k.MaxRunningPerKey > 0 {
-			return nil, fmt.Errorf("kind %s: max_running_per_key needs concurrency_key", name)
-		}
-		if k.ConcurrencyKey != "" {
-			if !keyPathRE.MatchString(k.ConcurrencyKey) {
-				return nil, fmt.Errorf("kind %s: concurrency_key %q: want a field name, or names joined by '.'", name, k.ConcurrencyKey)
-			}
-			if k.MaxRunningPerKey == 0 {
-				k.MaxRunningPerKey = DefaultMaxRunningPerKey
-			}
-		}
-		for _, v := range k.PassEnv {
-			switch {
-			case !envNameRE.MatchString(v):
-				return nil, fmt.Errorf("kind %s: pass_env %q: want a variable name (letters, digits, '_', not starting with a digit)", name, v)
-			case strings.HasPrefix(v, "DAMA_"):
-				return nil, fmt.Errorf("kind %s: pass_env %s: dama sets the DAMA_ variables a command gets", name, v)
-			case !Withheld(v):
-				return nil, fmt.Errorf("kind %s: pass_env %s: a command gets it anyway; pass_env names DATABASE_URL or PG* variables", name, v)
-			}
-		}
-		if err := k.validateSchedule(); err != nil {
-			return nil, fmt.Errorf("kind %s: %w", name, err)
-		}
-		if k.LockMode == "" {
-			k.LockMode = cfg.LockMode
-		}
-		if err := k.LockMode.validate(); err != nil {
-			return nil, fmt.Errorf("kind %s: %w", name, err)
-		}
-		cfg.Kinds[name] = k
-	}
-	return &cfg, nil
-}
 
 // ConcurrencyKeyOf returns the concurrency key of a task of kind k with
 // the given arguments: nil when the kind has none, else the value of the
@@ -537,83 +330,6 @@ func (k Kind) ConcurrencyKeyOf(args json.RawMessage) (*string, error) {
 
 // MaxConcurrencyKey is the most bytes a task's concurrency key may hold.
 const MaxConcurrencyKey = 512
-
-// validateFailures checks the retry, exit code and timeout settings, and
-// fills in their defaults.
-func (k *Kind) validateFailures() error {
-	if p := k.Retry; p != nil {
-		switch {
-		case p.MaxAttempts < 0:
-			return errors.New("retry.max_attempts must not be negative")
-		case p.MaxAttempts > 0 && k.MaxAttempts > 0 && p.MaxAttempts != k.MaxAttempts:
-			return fmt.Errorf("max_attempts %d and retry.max_attempts %d disagree: set one", k.MaxAttempts, p.MaxAttempts)
-		case p.Delay < 0 || p.MaxDelay < 0:
-			return errors.New("retry delays must not be negative")
-		}
-		if p.MaxAttempts > 0 {
-			k.MaxAttempts = p.MaxAttempts
-		}
-		switch p.Backoff {
-		case "":
-			p.Backoff = BackoffExponential
-		case BackoffExponential, BackoffFixed:
-		default:
-			return fmt.Errorf("retry.backoff %q: want %q or %q", p.Backoff, BackoffFixed, BackoffExponential)
-		}
-		if p.Delay == 0 {
-			p.Delay = Duration(DefaultRetryDelay)
-		}
-		if p.MaxDelay == 0 {
-			p.MaxDelay = Duration(max(DefaultRetryMaxDelay, p.Delay.D()))
-		}
-		if p.MaxDelay < p.Delay {
-			return fmt.Errorf("retry.max_delay %s is shorter than retry.delay %s", p.MaxDelay.D(), p.Delay.D())
-		}
-	}
-	if len(k.RetryOnExitCodes) > 0 && len(k.FailOnExitCodes) > 0 {
-		return errors.New("retry_on_exit_codes and fail_on_exit_codes exclude each other: set one")
-	}
-	for _, c := range append(slices.Clone(k.RetryOnExitCodes), k.FailOnExitCodes...) {
-		if c < 1 || c > 255 {
-			return fmt.Errorf("exit code %d: want 1 to 255 (0 is success)", c)
-		}
-	}
-	if k.Timeout < 0 {
-		return errors.New("timeout must not be negative")
-	}
-	switch k.OnTimeout {
-	case "":
-		k.OnTimeout = OnTimeoutRetry
-	case OnTimeoutRetry, OnTimeoutFail:
-	default:
-		return fmt.Errorf("on_timeout %q: want %q or %q", k.OnTimeout, OnTimeoutRetry, OnTimeoutFail)
-	}
-	if k.KillGrace != nil && k.KillGrace.D() < 0 {
-		return errors.New("kill_grace must not be negative")
-	}
-	return nil
-}
-
-// ReconnectGraceD returns reconnect_grace, or its default when the field
-// was left nil by a hand-built Config.
-func (c *Config) ReconnectGraceD() time.Duration {
-	if c.ReconnectGrace == nil {
-		return DefaultReconnectGrace
-	}
-	return c.ReconnectGrace.D()
-}
-
-// LockModeOf returns the lock mode of kind k: its own, else the
-// configuration's, else the default (for a hand-built Config).
-func (c *Config) LockModeOf(k Kind) LockMode {
-	switch {
-	case k.LockMode != "":
-		return k.LockMode
-	case c.LockMode != "":
-		return c.LockMode
-	}
-	return DefaultLockMode
-}
 
 // Kind returns the configuration of the named kind and whether it exists.
 func (c *Config) Kind(name string) (Kind, bool) {

@@ -3,6 +3,7 @@ package config_test
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -31,8 +32,8 @@ kinds:
 	if q := cfg.Queues[config.DefaultQueue]; q.MaxRunning != config.DefaultMaxRunning {
 		t.Errorf("default queue max_running %d", q.MaxRunning)
 	}
-	if cfg.PollInterval.D() != config.DefaultPollInterval || cfg.HeartbeatInterval.D() != config.DefaultHeartbeatInterval || cfg.KillGrace.D() != config.DefaultKillGrace {
-		t.Errorf("interval defaults: %v %v %v", cfg.PollInterval.D(), cfg.HeartbeatInterval.D(), cfg.KillGrace.D())
+	if cfg.PollInterval != config.DefaultPollInterval || cfg.HeartbeatInterval != config.DefaultHeartbeatInterval || cfg.KillGrace != config.DefaultKillGrace {
+		t.Errorf("interval defaults: %v %v %v", cfg.PollInterval, cfg.HeartbeatInterval, cfg.KillGrace)
 	}
 }
 
@@ -96,8 +97,8 @@ func TestLoadResolvesPaths(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Path != path || cfg.LogDir != filepath.Join(dir, "logs") || cfg.PollInterval.D() != 2*time.Second {
-		t.Errorf("path %q, log_dir %q, poll %v", cfg.Path, cfg.LogDir, cfg.PollInterval.D())
+	if cfg.Path != path || cfg.LogDir != filepath.Join(dir, "logs") || cfg.PollInterval != 2*time.Second {
+		t.Errorf("path %q, log_dir %q, poll %v", cfg.Path, cfg.LogDir, cfg.PollInterval)
 	}
 	if _, err := config.Load(""); err == nil || !strings.Contains(err.Error(), "DAMA_CONFIG") {
 		t.Errorf("Load(\"\"): %v", err)
@@ -111,12 +112,22 @@ func TestLockModeDefaultsAndValidation(t *testing.T) {
 	}
 	a, _ := cfg.Kind("a")
 	b, _ := cfg.Kind("b")
-	if cfg.LockMode != config.LockModeRow || cfg.LockModeOf(a) != config.LockModeRow || cfg.LockModeOf(b) != config.LockModeAdvisory {
-		t.Errorf("lock modes: config %q, a %q, b %q", cfg.LockMode, cfg.LockModeOf(a), cfg.LockModeOf(b))
+	if cfg.LockMode != config.LockModeRow || a.LockMode != config.LockModeRow || b.LockMode != config.LockModeAdvisory {
+		t.Errorf("lock modes: config %q, a %q, b %q", cfg.LockMode, a.LockMode, b.LockMode)
 	}
-	// A hand-built configuration behaves like a parsed one.
-	if got := (&config.Config{}).LockModeOf(config.Kind{}); got != config.LockModeRow {
-		t.Errorf("hand-built config: lock mode %q, want row", got)
+	// A hand-built configuration, given its defaults, is what Parse gives.
+	hand := (&config.Config{LogDir: "/l", Kinds: map[string]config.Kind{
+		"a": {Command: []string{"x"}},
+		"b": {Command: []string{"y"}, LockMode: config.LockModeAdvisory},
+	}}).WithDefaults()
+	if err := hand.Validate(); err != nil {
+		t.Fatalf("hand-built config: %v", err)
+	}
+	if !reflect.DeepEqual(hand, cfg) {
+		t.Errorf("hand-built config, with defaults:\n%+v\nparsed:\n%+v", hand, cfg)
+	}
+	if err := (&config.Config{LogDir: "/l", Kinds: map[string]config.Kind{"a": {Command: []string{"x"}}}}).Validate(); err == nil {
+		t.Error("Validate accepts a configuration without its defaults")
 	}
 	for _, bad := range []string{
 		"log_dir: /l\nlock_mode: rows\nkinds: {a: {command: [x]}}",
@@ -175,8 +186,8 @@ kinds:
 	if seed.MaxAttempts != 3 || seed.RetryDelay(1) != 5*time.Minute || seed.RetryDelay(2) != 5*time.Minute {
 		t.Errorf("seed: max_attempts %d, delays %v %v; want 3 attempts 5 minutes apart", seed.MaxAttempts, seed.RetryDelay(1), seed.RetryDelay(2))
 	}
-	if seed.RetriesExit(2) || !seed.RetriesExit(1) || seed.OnTimeout != config.OnTimeoutRetry || cfg.KillGraceOf(seed) != 7*time.Second {
-		t.Errorf("seed: retries exit 2 %t, exit 1 %t, on_timeout %q, kill grace %v", seed.RetriesExit(2), seed.RetriesExit(1), seed.OnTimeout, cfg.KillGraceOf(seed))
+	if seed.RetriesExit(2) || !seed.RetriesExit(1) || seed.OnTimeout != config.OnTimeoutRetry || *seed.KillGrace != 7*time.Second {
+		t.Errorf("seed: retries exit 2 %t, exit 1 %t, on_timeout %q, kill grace %v", seed.RetriesExit(2), seed.RetriesExit(1), seed.OnTimeout, *seed.KillGrace)
 	}
 	d, _ := cfg.Kind("doubling")
 	var delays []time.Duration
@@ -186,11 +197,11 @@ kinds:
 	if want := []time.Duration{10 * time.Second, 20 * time.Second, 40 * time.Second, time.Minute, time.Minute}; !slices.Equal(delays, want) {
 		t.Errorf("exponential delays %v, want %v", delays, want)
 	}
-	if !d.RetriesExit(75) || d.RetriesExit(1) || d.RetriesExit(-1) || cfg.KillGraceOf(d) != time.Second {
-		t.Errorf("doubling: retries 75 %t, 1 %t, a signal %t; kill grace %v", d.RetriesExit(75), d.RetriesExit(1), d.RetriesExit(-1), cfg.KillGraceOf(d))
+	if !d.RetriesExit(75) || d.RetriesExit(1) || d.RetriesExit(-1) || *d.KillGrace != time.Second {
+		t.Errorf("doubling: retries 75 %t, 1 %t, a signal %t; kill grace %v", d.RetriesExit(75), d.RetriesExit(1), d.RetriesExit(-1), *d.KillGrace)
 	}
 	p, _ := cfg.Kind("plain")
 	if p.RetryDelay(1) != 0 || p.Timeout != 0 || !p.RetriesExit(2) {
-		t.Errorf("plain: delay %v (want River's), timeout %v, retries 2 %t", p.RetryDelay(1), p.Timeout.D(), p.RetriesExit(2))
+		t.Errorf("plain: delay %v (want River's), timeout %v, retries 2 %t", p.RetryDelay(1), p.Timeout, p.RetriesExit(2))
 	}
 }

@@ -38,7 +38,7 @@ kinds:
 // Days-long kinds hold their lock in advisory mode: one connection per task
 // and no transaction left open. The top-level lock_mode is every kind's
 // default.
-func ExampleConfig_LockModeOf() {
+func ExampleLockMode() {
 	cfg, err := config.Parse([]byte(`
 log_dir: /var/lib/dama/logs
 lock_mode: row
@@ -54,7 +54,7 @@ kinds:
 	}
 	for _, name := range cfg.KindNames() {
 		k, _ := cfg.Kind(name)
-		mode := cfg.LockModeOf(k)
+		mode := k.LockMode
 		fmt.Printf("%s: %s, %d connections per task\n", name, mode, mode.ConnectionsPerTask())
 	}
 	// Output:
@@ -77,4 +77,26 @@ func ExampleParseSchedule() {
 	// Output:
 	// next: 2026-11-23 01:30:00 +0000 UTC
 	// after three missed nights, one run for: 2026-11-22 01:30:00 +0000 UTC
+}
+
+// A Config built in Go is given its defaults and checked as a parsed one
+// is: WithDefaults fills in what is unset, Validate refuses what is wrong.
+func ExampleConfig_WithDefaults() {
+	cfg := (&config.Config{
+		LogDir: "/var/lib/dama/logs",
+		Kinds: map[string]config.Kind{
+			"nightly": {Command: []string{"/opt/etl/nightly"}, Retry: &config.RetryPolicy{Backoff: config.BackoffFixed}},
+		},
+	}).WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		panic(err)
+	}
+	k, _ := cfg.Kind("nightly")
+	fmt.Println(cfg.PollInterval, *cfg.ReconnectGrace, k.Queue, k.MaxAttempts, k.LockMode, *k.KillGrace, k.RetryDelay(2))
+
+	bad := &config.Config{LogDir: "/l", Kinds: map[string]config.Kind{"x": {Command: []string{"x"}, MaxRunning: -1}}}
+	fmt.Println(bad.WithDefaults().Validate())
+	// Output:
+	// 5s 2m0s default 3 row 10s 1m0s
+	// kind x: max_running must not be negative
 }

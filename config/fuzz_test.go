@@ -119,12 +119,10 @@ func checkConfig(t *testing.T, cfg *config.Config) {
 	switch {
 	case cfg.LogDir == "":
 		t.Fatal("accepted without log_dir")
-	case cfg.PollInterval.D() < 100*time.Millisecond || cfg.HeartbeatInterval.D() < 100*time.Millisecond:
-		t.Fatalf("intervals %v, %v: want at least 100ms", cfg.PollInterval.D(), cfg.HeartbeatInterval.D())
+	case cfg.PollInterval < 100*time.Millisecond || cfg.HeartbeatInterval < 100*time.Millisecond:
+		t.Fatalf("intervals %v, %v: want at least 100ms", cfg.PollInterval, cfg.HeartbeatInterval)
 	case cfg.KillGrace < 0 || cfg.ReconnectGrace == nil || *cfg.ReconnectGrace < 0:
-		t.Fatalf("graces %v, %v: want set and not negative", cfg.KillGrace.D(), cfg.ReconnectGrace)
-	case cfg.ReconnectGraceD() < 0:
-		t.Fatalf("ReconnectGraceD = %v", cfg.ReconnectGraceD())
+		t.Fatalf("graces %v, %v: want set and not negative", cfg.KillGrace, cfg.ReconnectGrace)
 	case !validMode(cfg.LockMode):
 		t.Fatalf("lock_mode %q", cfg.LockMode)
 	case len(cfg.Kinds) == 0:
@@ -153,15 +151,15 @@ func checkConfig(t *testing.T, cfg *config.Config) {
 			t.Fatalf("kind %s: no queue", name)
 		// River's jobs hold max_attempts in a smallint.
 		case k.MaxAttempts < 1 || k.MaxAttempts > math.MaxInt16 || k.MaxRunning < 0 || k.Timeout < 0:
-			t.Fatalf("kind %s: max_attempts %d, max_running %d, timeout %v", name, k.MaxAttempts, k.MaxRunning, k.Timeout.D())
+			t.Fatalf("kind %s: max_attempts %d, max_running %d, timeout %v", name, k.MaxAttempts, k.MaxRunning, k.Timeout)
 		case (k.ConcurrencyKey == "") != (k.MaxRunningPerKey == 0) || k.MaxRunningPerKey < 0:
 			t.Fatalf("kind %s: concurrency_key %q, max_running_per_key %d", name, k.ConcurrencyKey, k.MaxRunningPerKey)
-		case !validMode(k.LockMode) || cfg.LockModeOf(k) != k.LockMode:
-			t.Fatalf("kind %s: lock_mode %q, LockModeOf %q", name, k.LockMode, cfg.LockModeOf(k))
+		case !validMode(k.LockMode):
+			t.Fatalf("kind %s: lock_mode %q", name, k.LockMode)
 		case k.OnTimeout != config.OnTimeoutRetry && k.OnTimeout != config.OnTimeoutFail:
 			t.Fatalf("kind %s: on_timeout %q", name, k.OnTimeout)
-		case k.KillGrace != nil && *k.KillGrace < 0, cfg.KillGraceOf(k) < 0:
-			t.Fatalf("kind %s: kill grace %v", name, cfg.KillGraceOf(k))
+		case k.KillGrace == nil || *k.KillGrace < 0:
+			t.Fatalf("kind %s: kill grace %v", name, *k.KillGrace)
 		case len(k.RetryOnExitCodes) > 0 && len(k.FailOnExitCodes) > 0:
 			t.Fatalf("kind %s: both exit code lists", name)
 		}
@@ -206,7 +204,7 @@ func checkRetry(t *testing.T, name string, k config.Kind) {
 	case p.Backoff != config.BackoffExponential && p.Backoff != config.BackoffFixed:
 		t.Fatalf("kind %s: retry.backoff %q", name, p.Backoff)
 	case p.Delay <= 0 || p.MaxDelay < p.Delay:
-		t.Fatalf("kind %s: retry.delay %v, retry.max_delay %v", name, p.Delay.D(), p.MaxDelay.D())
+		t.Fatalf("kind %s: retry.delay %v, retry.max_delay %v", name, p.Delay, p.MaxDelay)
 	case p.MaxAttempts != 0 && p.MaxAttempts != k.MaxAttempts:
 		t.Fatalf("kind %s: retry.max_attempts %d, max_attempts %d", name, p.MaxAttempts, k.MaxAttempts)
 	}
@@ -214,12 +212,12 @@ func checkRetry(t *testing.T, name string, k config.Kind) {
 	for attempt := 1; attempt <= 70; attempt++ {
 		d := k.RetryDelay(attempt)
 		switch {
-		case d < p.Delay.D() || d > p.MaxDelay.D():
-			t.Fatalf("kind %s: RetryDelay(%d) = %v: want from %v to %v", name, attempt, d, p.Delay.D(), p.MaxDelay.D())
+		case d < p.Delay || d > p.MaxDelay:
+			t.Fatalf("kind %s: RetryDelay(%d) = %v: want from %v to %v", name, attempt, d, p.Delay, p.MaxDelay)
 		case d < prev:
 			t.Fatalf("kind %s: RetryDelay(%d) = %v, shorter than the wait before, %v", name, attempt, d, prev)
-		case p.Backoff == config.BackoffFixed && d != p.Delay.D():
-			t.Fatalf("kind %s: fixed backoff: RetryDelay(%d) = %v, want %v", name, attempt, d, p.Delay.D())
+		case p.Backoff == config.BackoffFixed && d != p.Delay:
+			t.Fatalf("kind %s: fixed backoff: RetryDelay(%d) = %v, want %v", name, attempt, d, p.Delay)
 		}
 		prev = d
 	}
@@ -327,7 +325,7 @@ type (
 // render writes cfg as a configuration file with every setting explicit.
 func render(t *testing.T, cfg *config.Config) []byte {
 	t.Helper()
-	dur := func(d config.Duration) string { return d.D().String() }
+	dur := func(d time.Duration) string { return d.String() }
 	out := fullConfig{
 		LogDir:            cfg.LogDir,
 		PollInterval:      dur(cfg.PollInterval),

@@ -2,7 +2,6 @@ package config
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -141,48 +140,3 @@ func (o *JSONObject) UnmarshalYAML(node *yaml.Node) error {
 // maxScheduleArgs is taskrunner.MaxEnvPayload, which config cannot import:
 // a submission of larger arguments is refused.
 const maxScheduleArgs = 96 << 10
-
-// validateSchedule checks the schedule settings and fills in their
-// defaults.
-func (k *Kind) validateSchedule() error {
-	if k.Schedule == "" {
-		switch {
-		case k.Timezone != "":
-			return errors.New("timezone needs schedule")
-		case k.Overlap != "":
-			return errors.New("overlap needs schedule")
-		case k.ScheduleArgs != nil:
-			return errors.New("schedule_args needs schedule")
-		}
-		return nil
-	}
-	sched, err := k.ScheduleOf()
-	if err != nil {
-		return err
-	}
-	if sched.Next(time.Now()).IsZero() {
-		return fmt.Errorf("schedule %q has no tick in the next five years", k.Schedule)
-	}
-	switch k.Overlap {
-	case "":
-		k.Overlap = OverlapSkip
-	case OverlapSkip, OverlapAllow:
-	case OverlapQueue:
-		if k.MaxRunning > 1 {
-			return fmt.Errorf("overlap queue runs one task at a time, but max_running is %d", k.MaxRunning)
-		}
-		k.MaxRunning = 1
-	default:
-		return fmt.Errorf("overlap %q: want %q, %q or %q", k.Overlap, OverlapSkip, OverlapQueue, OverlapAllow)
-	}
-	if k.ScheduleArgs == nil {
-		k.ScheduleArgs = JSONObject("{}")
-	}
-	if len(k.ScheduleArgs) > maxScheduleArgs {
-		return fmt.Errorf("schedule_args are %d bytes; a task receives them in DAMA_ARGS, which holds at most %d", len(k.ScheduleArgs), maxScheduleArgs)
-	}
-	if _, err := k.ConcurrencyKeyOf(json.RawMessage(k.ScheduleArgs)); err != nil {
-		return fmt.Errorf("schedule_args: %w", err)
-	}
-	return nil
-}

@@ -36,7 +36,7 @@ func (s *Supervisor) ConnectionBudget(ctx context.Context) (Budget, error) {
 		perTask := 0
 		for _, k := range s.cfg.Kinds {
 			if k.Queue == name {
-				perTask = max(perTask, s.cfg.LockModeOf(k).ConnectionsPerTask())
+				perTask = max(perTask, k.LockMode.ConnectionsPerTask())
 			}
 		}
 		b.MaxTasks += q.MaxRunning

@@ -58,9 +58,16 @@ type Client struct {
 	actor string
 }
 
-// NewClient returns a client that submits tasks of the kinds in cfg. A client
-// with a nil cfg can cancel tasks but not submit them.
+// NewClient returns a client that submits tasks of the kinds in cfg, given
+// its defaults (cfg itself is left as it is). A client with a nil cfg can
+// cancel tasks but not submit them.
 func NewClient(pool *pgxpool.Pool, cfg *config.Config) (*Client, error) {
+	if cfg != nil {
+		cfg = cfg.WithDefaults()
+		if err := cfg.Validate(); err != nil {
+			return nil, fmt.Errorf("configuration: %w", err)
+		}
+	}
 	// River sends at most one insert notification per queue per
 	// FetchCooldown from a client; its default (100ms) would leave tasks
 	// submitted in a burst waiting for the supervisors' next fetch poll.

@@ -105,7 +105,7 @@ func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcont
 	}
 
 	kind, _ := s.cfg.Kind(c.Kind)
-	launch := taskrunner.Launch{ContextID: c.ID, RunID: run.ID, LockMode: s.cfg.LockModeOf(kind), ReadyFD: 3, KeyFD: 4}
+	launch := taskrunner.Launch{ContextID: c.ID, RunID: run.ID, LockMode: kind.LockMode, ReadyFD: 3, KeyFD: 4}
 	cmd := exec.Command(s.spawnPath, launch.Args()...)
 	// Named by its path in a process listing, whichever file it runs from.
 	cmd.Args[0] = s.opts.Executable

@@ -107,14 +107,14 @@ func (s *Supervisor) stopOrphansLocked(ctx context.Context, id int64) error {
 		return nil
 	}
 	logger := s.logger.With("etl_context_id", id, "attempt", c.Attempt)
-	logger.Warn("the task process is gone but processes of its attempt live on; stopping them", "pids", pids, "kill_grace", s.cfg.KillGrace.D())
+	logger.Warn("the task process is gone but processes of its attempt live on; stopping them", "pids", pids, "kill_grace", s.cfg.KillGrace)
 	if err := a.Signal(syscall.SIGTERM); err != nil {
 		logger.Warn("signal the processes of a dead attempt", "signal", "SIGTERM", "error", err)
 	}
 	// The lock is held until they are gone, however long that takes (a
 	// process in uninterruptible sleep dies late): while it is held, no
 	// supervisor on any host starts another attempt.
-	deadline := time.Now().Add(s.cfg.KillGrace.D())
+	deadline := time.Now().Add(s.cfg.KillGrace)
 	nextReport := time.Now().Add(30 * time.Second)
 	for {
 		select {

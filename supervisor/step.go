@@ -26,7 +26,7 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 	if depth == 0 && s.retired.Load() {
 		// Stopping because the database refused this release's task
 		// processes: leave the task to a newer supervisor.
-		return river.JobSnooze(s.cfg.PollInterval.D())
+		return river.JobSnooze(s.cfg.PollInterval)
 	}
 
 	tx, err := s.pool.Begin(ctx)
@@ -101,7 +101,7 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 			}
 			s.reportLaunchFailure(ctx, logger, c)
 			s.wakeWaiting(ctx, c.Queue)
-			return river.JobSnooze(s.cfg.PollInterval.D())
+			return river.JobSnooze(s.cfg.PollInterval)
 		}
 		// RUNNING recorded but the lock is free: the attempt's process is
 		// gone without reporting a result, or it lost its lock and is taking
@@ -190,7 +190,7 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 		// Only configured kinds run here. Another supervisor serving this
 		// queue may run the kind: leave the task to it, spending nothing.
 		logger.Warn("kind not in this supervisor's configuration; leaving the task to another supervisor", "kind", c.Kind)
-		return river.JobSnooze(s.cfg.PollInterval.D())
+		return river.JobSnooze(s.cfg.PollInterval)
 	}
 	if c.HostID != nil && *c.HostID == s.hostID && c.RunID != nil {
 		// The previous attempt ran here: none of its processes may meet the
@@ -262,14 +262,14 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 		if depth < 2 {
 			return s.step(ctx, job, depth+1)
 		}
-		return river.JobSnooze(s.cfg.PollInterval.D())
+		return river.JobSnooze(s.cfg.PollInterval)
 	default:
 		// The runner exited before holding its lock; what it recorded (or
 		// failed to) decides, so look again.
 		if depth < 2 {
 			return s.step(ctx, job, depth+1)
 		}
-		return river.JobSnooze(s.cfg.PollInterval.D())
+		return river.JobSnooze(s.cfg.PollInterval)
 	}
 }
 
@@ -339,7 +339,7 @@ func (s *Supervisor) attemptAlive(ctx context.Context, logger *slog.Logger, tx p
 		return 0, err
 	}
 	freeFor := s.fence.freeFor(c.ID, mark)
-	window := taskrunner.FenceWindow(s.cfg.HeartbeatInterval.D(), s.cfg.ReconnectGraceD(), s.cfg.KillGrace.D(), s.cfg.PollInterval.D())
+	window := taskrunner.FenceWindow(s.cfg.HeartbeatInterval, *s.cfg.ReconnectGrace, s.cfg.KillGrace, s.cfg.PollInterval)
 	if c.FenceWindow != nil {
 		window = *c.FenceWindow
 	}
@@ -375,7 +375,7 @@ func deref(s *string) string {
 func (s *Supervisor) transient(logger *slog.Logger, err error) error {
 	s.metrics.stepErrors.Inc()
 	logger.Warn("step failed; trying again", "error", err)
-	return river.JobSnooze(s.cfg.PollInterval.D())
+	return river.JobSnooze(s.cfg.PollInterval)
 }
 
 // admit decides, under the locks of c's queue, kind and key held for the

@@ -138,10 +138,25 @@ type Supervisor struct {
 // function kinds name a function Options.Funcs lacks.
 var ErrUnregisteredFunction = errors.New("unregistered function")
 
-// New returns a supervisor for cfg; Run starts it.
+// withDefaults is o with every field left unset given its default, as each
+// field's comment says.
+func (o Options) withDefaults() Options {
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	o.LaunchTimeout = cmp.Or(o.LaunchTimeout, 10*time.Second)
+	o.FetchCooldown = cmp.Or(o.FetchCooldown, defaultFetchCooldown)
+	o.FetchPollInterval = cmp.Or(o.FetchPollInterval, defaultFetchPollInterval)
+	o.MaxWorkers = cmp.Or(o.MaxWorkers, 32)
+	return o
+}
+
+// New returns a supervisor for cfg, given its defaults (cfg itself is left
+// as it is); Run starts it.
 func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, error) {
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("configuration: %w", err)
 	}
 	if opts.Executable != "" && len(opts.Funcs) > 0 {
 		// Another program would find none of the functions: its task
@@ -175,12 +190,7 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 			return nil, fmt.Errorf("%w: the configuration's function kinds name %s, which this program does not register (Options.Funcs); run them under the program that does", ErrUnregisteredFunction, name)
 		}
 	}
-	opts.LaunchTimeout = cmpOr(opts.LaunchTimeout, 10*time.Second)
-	opts.FetchCooldown = cmpOr(opts.FetchCooldown, defaultFetchCooldown)
-	opts.FetchPollInterval = cmpOr(opts.FetchPollInterval, defaultFetchPollInterval)
-	if opts.MaxWorkers == 0 {
-		opts.MaxWorkers = 32
-	}
+	opts = opts.withDefaults()
 	host, err := os.Hostname()
 	if err != nil {
 		return nil, fmt.Errorf("read host name: %w", err)
@@ -206,7 +216,7 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 
 		metrics: newMetrics(),
 
-		rescueGrace: rescueGraceFor(cfg.PollInterval.D()),
+		rescueGrace: rescueGraceFor(cfg.PollInterval),
 		suspects:    map[suspect]time.Time{},
 		stop:        make(chan error, 1),
 	}
@@ -277,13 +287,6 @@ func (h levelFloor) WithGroup(name string) slog.Handler {
 
 // stepTimeout bounds a step: its launch wait plus a margin for its queries.
 func stepTimeout(launch time.Duration) time.Duration { return launch + 20*time.Second }
-
-func cmpOr(d, def time.Duration) time.Duration {
-	if d == 0 {
-		return def
-	}
-	return d
-}
 
 // Run works tasks until ctx ends, then stops River cleanly: steps in progress
 // finish, and task processes are never signalled.
@@ -408,7 +411,7 @@ func (s *Supervisor) countAdoptions(ctx context.Context) {
 // their jobs and watches the running tasks (see watch), every poll
 // interval: a constant number of statements, however many tasks run.
 func (s *Supervisor) rescueLoop(ctx context.Context) {
-	ticker := time.NewTicker(s.cfg.PollInterval.D())
+	ticker := time.NewTicker(s.cfg.PollInterval)
 	defer ticker.Stop()
 	for {
 		select {

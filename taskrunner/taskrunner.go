@@ -119,7 +119,7 @@ type Options struct {
 	// DatabaseURL names the database; it comes from the environment.
 	DatabaseURL string
 	// Config is the configuration the command of the task's kind is taken
-	// from.
+	// from; Run gives it its defaults (config.Config.WithDefaults).
 	Config *config.Config
 	// ContextID is the context to run.
 	ContextID int64
@@ -171,6 +171,9 @@ func Run(ctx context.Context, opts Options) int {
 	caught := make(chan os.Signal, 1)
 	signal.Notify(caught, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer signal.Stop(caught)
+	if opts.Config != nil {
+		opts.Config = opts.Config.WithDefaults()
+	}
 	r := &runner{opts: opts, signals: caught, logger: opts.Logger.With("etl_context_id", opts.ContextID, "run_id", opts.RunID)}
 	code, err := r.run(ctx)
 	if err != nil {
@@ -228,7 +231,7 @@ func (r *runner) run(ctx context.Context) (int, error) {
 	if mode == "" {
 		mode = config.LockModeRow
 	}
-	r.lock = newLockKeeper(r.opts.DatabaseURL, r.opts.ContextID, r.opts.RunID, mode, cfg.HeartbeatInterval.D(), r.logger)
+	r.lock = newLockKeeper(r.opts.DatabaseURL, r.opts.ContextID, r.opts.RunID, mode, cfg.HeartbeatInterval, r.logger)
 	r.lock.runKey = r.opts.RunKey
 	hooks := writerHooks{resume: r.checkCancel}
 	name := fmt.Sprintf("dama-task:%d", r.opts.ContextID)
@@ -251,7 +254,7 @@ func (r *runner) run(ctx context.Context) (int, error) {
 	r.w.submit = r.opts.Submit
 	// Probed like the lock connection, in both modes: the write connection
 	// also hears cancellations, which a silently dead connection would lose.
-	r.w.heartbeat = cfg.HeartbeatInterval.D()
+	r.w.heartbeat = cfg.HeartbeatInterval
 	r.lock.w = r.w
 	wctx, stopWriter := context.WithCancel(context.WithoutCancel(ctx))
 	writerDone := make(chan struct{})
@@ -409,7 +412,7 @@ func (r *runner) recordStart(ctx context.Context) (cancelRequested bool, err err
 	rec := etlcontext.Runner{
 		Host: r.opts.Host, HostID: r.opts.HostID, PID: os.Getpid(), StartedAt: started,
 		StartTicks: self.StartTicks, LogPath: r.logPath,
-		FenceWindow: FenceWindow(cfg.HeartbeatInterval.D(), cfg.ReconnectGraceD(), cfg.KillGraceOf(r.kind), cfg.PollInterval.D()),
+		FenceWindow: FenceWindow(cfg.HeartbeatInterval, *cfg.ReconnectGrace, *r.kind.KillGrace, cfg.PollInterval),
 		LockMode:    string(r.lock.mode),
 		Release:     version.Release,
 		Protocol:    Protocol,
@@ -479,7 +482,7 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 	// still held right before, so the fencing window holds from the start.
 	// A database restart since the lock was taken is ridden out here too:
 	// nothing runs yet, so the runner may simply wait to take it again.
-	if err := r.lock.check(ctx, cfg.ReconnectGraceD()); err != nil {
+	if err := r.lock.check(ctx, *cfg.ReconnectGrace); err != nil {
 		eventsW.Close()
 		return r.finish(ctx, ExitLockLost, etlcontext.EventError, map[string]any{"reason": "the lock was lost before the command started and not taken again within reconnect_grace"}, fmt.Errorf("take the lock again before starting the command: %w", err))
 	}
@@ -530,7 +533,7 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 		timeout    <-chan time.Time
 		timedOut   bool
 	)
-	if d := r.kind.Timeout.D(); d > 0 {
+	if d := r.kind.Timeout; d > 0 {
 		timeout = time.After(d)
 	}
 
@@ -547,7 +550,7 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 		}
 		stopReason, stopCode = reason, code
 		r.logger.Info("stopping command", "reason", reason)
-		go killGroup(pgid, cfg.KillGraceOf(r.kind), ended)
+		go killGroup(pgid, *r.kind.KillGrace, ended)
 	}
 	for !commandEnded {
 		select {
@@ -566,7 +569,7 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 			switch {
 			case state == lockLost && !lockIsLost:
 				lockIsLost, lostSince = true, time.Now()
-				grace := cfg.ReconnectGraceD()
+				grace := *cfg.ReconnectGrace
 				r.logger.Error("lock connection failed; keeping the command running while taking the lock again", "error", err, "reconnect_grace", grace)
 				if grace == 0 {
 					stop("lock connection failed", ExitLockLost)
@@ -582,12 +585,12 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 		case <-timeout:
 			timeout, timedOut = nil, true
 			r.w.event(etlcontext.EventTimeout, map[string]any{
-				"timeout": r.kind.Timeout.D().String(), "on_timeout": string(r.kind.OnTimeout), "kill_grace": cfg.KillGraceOf(r.kind).String(),
+				"timeout": r.kind.Timeout.String(), "on_timeout": string(r.kind.OnTimeout), "kill_grace": (*r.kind.KillGrace).String(),
 			}, nil, false)
-			stop(fmt.Sprintf("timed out after %s", r.kind.Timeout.D()), ExitFailed)
+			stop(fmt.Sprintf("timed out after %s", r.kind.Timeout), ExitFailed)
 		case <-graceTimer:
 			graceTimer = nil
-			stop(fmt.Sprintf("the lock was not taken again within reconnect_grace (%s)", cfg.ReconnectGraceD()), ExitLockLost)
+			stop(fmt.Sprintf("the lock was not taken again within reconnect_grace (%s)", *cfg.ReconnectGrace), ExitLockLost)
 		case sig := <-signals:
 			stop("runner received "+sig.String(), ExitFailed)
 		}
@@ -599,7 +602,7 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 	// reuses its id.
 	close(ended)
 	r.stopDescendants(hostproc.Attempt{PGID: pgid, LeaderStartTicks: leaderTicks, Marker: RunIDEnv + "=" + r.opts.RunID})
-	events.drain(ctx, r.opts.Config.ReconnectGraceD()+stmtTimeout)
+	events.drain(ctx, *r.opts.Config.ReconnectGrace+stmtTimeout)
 	stopWatch()
 	<-watchDone
 
@@ -672,7 +675,7 @@ func (r *runner) stopDescendants(a hostproc.Attempt) {
 // death.
 func (r *runner) finish(ctx context.Context, code int, suffix string, payload map[string]any, cause error) (int, error) {
 	r.w.outcome(suffix, payload, plainOutcome(payload))
-	wait := r.opts.Config.ReconnectGraceD() + stmtTimeout
+	wait := *r.opts.Config.ReconnectGrace + stmtTimeout
 	if code == ExitLockLost {
 		// Best effort: without its lock this attempt no longer decides, and
 		// the supervisor records its death anyway.

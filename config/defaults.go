@@ -1,0 +1,129 @@
+package config
+
+import (
+	"maps"
+	"slices"
+	"time"
+)
+
+// Defaults applied to the fields left unset (see each field's comment).
+const (
+	DefaultPollInterval      = 5 * time.Second
+	DefaultHeartbeatInterval = 5 * time.Second
+	DefaultKillGrace         = 10 * time.Second
+	DefaultReconnectGrace    = 2 * time.Minute
+	DefaultMaxAttempts       = 3
+	DefaultMaxRunning        = 10
+	DefaultMaxRunningPerKey  = 1
+	DefaultQueue             = "default"
+	DefaultLockMode          = LockModeRow
+	DefaultRetryDelay        = time.Minute
+	DefaultRetryMaxDelay     = time.Hour
+)
+
+// WithDefaults returns a copy of c with every field left unset given its
+// default, as each field's comment says: the one place defaults are
+// applied, so that a hand-built Config behaves like a parsed one. Parse
+// applies it; supervisor.New and supervisor.NewClient apply it to the
+// Config they are given. Values that are set are left as they are, wrong
+// ones too: Validate tells those.
+func (c *Config) WithDefaults() *Config {
+	out := *c
+	if out.PollInterval == 0 {
+		out.PollInterval = DefaultPollInterval
+	}
+	if out.HeartbeatInterval == 0 {
+		out.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if out.KillGrace == 0 {
+		out.KillGrace = DefaultKillGrace
+	}
+	if out.ReconnectGrace == nil {
+		out.ReconnectGrace = ptr(DefaultReconnectGrace)
+	} else {
+		out.ReconnectGrace = ptr(*out.ReconnectGrace)
+	}
+	if out.LockMode == "" {
+		out.LockMode = DefaultLockMode
+	}
+	out.Queues = maps.Clone(out.Queues)
+	if out.Queues == nil {
+		out.Queues = map[string]Queue{}
+	}
+	for name, q := range out.Queues {
+		if q.MaxRunning == 0 {
+			q.MaxRunning = DefaultMaxRunning
+		}
+		out.Queues[name] = q
+	}
+	out.Kinds = maps.Clone(out.Kinds)
+	for name, k := range out.Kinds {
+		out.Kinds[name] = out.kindDefaults(k)
+	}
+	return &out
+}
+
+// kindDefaults is k with its defaults, some of which come from c (already
+// given its own).
+func (c *Config) kindDefaults(k Kind) Kind {
+	k.Command = slices.Clone(k.Command)
+	k.RetryOnExitCodes = slices.Clone(k.RetryOnExitCodes)
+	k.FailOnExitCodes = slices.Clone(k.FailOnExitCodes)
+	k.PassEnv = slices.Clone(k.PassEnv)
+	if k.Queue == "" {
+		k.Queue = DefaultQueue
+		if _, ok := c.Queues[DefaultQueue]; !ok {
+			c.Queues[DefaultQueue] = Queue{MaxRunning: DefaultMaxRunning}
+		}
+	}
+	if k.MaxAttempts == 0 && k.Retry != nil && k.Retry.MaxAttempts > 0 {
+		k.MaxAttempts = k.Retry.MaxAttempts
+	}
+	if k.MaxAttempts == 0 {
+		k.MaxAttempts = DefaultMaxAttempts
+	}
+	if k.Retry != nil {
+		p := *k.Retry
+		if p.MaxAttempts == 0 {
+			p.MaxAttempts = k.MaxAttempts
+		}
+		if p.Backoff == "" {
+			p.Backoff = BackoffExponential
+		}
+		if p.Delay == 0 {
+			p.Delay = DefaultRetryDelay
+		}
+		if p.MaxDelay == 0 {
+			p.MaxDelay = max(DefaultRetryMaxDelay, p.Delay)
+		}
+		k.Retry = &p
+	}
+	if k.OnTimeout == "" {
+		k.OnTimeout = OnTimeoutRetry
+	}
+	if k.KillGrace == nil {
+		k.KillGrace = ptr(c.KillGrace)
+	} else {
+		k.KillGrace = ptr(*k.KillGrace)
+	}
+	if k.LockMode == "" {
+		k.LockMode = c.LockMode
+	}
+	if k.ConcurrencyKey != "" && k.MaxRunningPerKey == 0 {
+		k.MaxRunningPerKey = DefaultMaxRunningPerKey
+	}
+	if k.Schedule != "" {
+		if k.Overlap == "" {
+			k.Overlap = OverlapSkip
+		}
+		if k.Overlap == OverlapQueue && k.MaxRunning == 0 {
+			k.MaxRunning = 1
+		}
+		if k.ScheduleArgs == nil {
+			k.ScheduleArgs = JSONObject("{}")
+		}
+	}
+	return k
+}
+
+func ptr[T any](v T) *T { return &v }

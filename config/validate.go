@@ -1,0 +1,192 @@
+package config
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Validate reports the first setting of c that is wrong, in one line that
+// names it: the one place settings are checked. It expects c's defaults
+// applied (WithDefaults): an unset field is wrong for it.
+func (c *Config) Validate() error {
+	if c.LogDir == "" {
+		return errors.New("log_dir is required")
+	}
+	if c.PollInterval < 100*time.Millisecond {
+		return errors.New("poll_interval must be at least 100ms")
+	}
+	if c.HeartbeatInterval < 100*time.Millisecond {
+		return errors.New("heartbeat_interval must be at least 100ms")
+	}
+	if c.ReconnectGrace == nil || *c.ReconnectGrace < 0 {
+		return errors.New("reconnect_grace must not be negative")
+	}
+	if c.KillGrace < 0 {
+		return errors.New("kill_grace must not be negative")
+	}
+	if err := c.LockMode.validate(); err != nil {
+		return err
+	}
+	if len(c.Kinds) == 0 {
+		return errors.New("no kinds: a supervisor with no kinds runs nothing")
+	}
+	for _, name := range c.QueueNames() {
+		if !nameRE.MatchString(name) {
+			return fmt.Errorf("queue name %q: want letters, digits, '_', '.', '-', starting with a letter", name)
+		}
+		if c.Queues[name].MaxRunning < 0 {
+			return fmt.Errorf("queue %s: max_running must not be negative", name)
+		}
+	}
+	for _, name := range c.KindNames() {
+		if !nameRE.MatchString(name) {
+			return fmt.Errorf("kind name %q: want letters, digits, '_', '.', '-', starting with a letter", name)
+		}
+		k := c.Kinds[name]
+		if _, ok := c.Queues[k.Queue]; !ok {
+			return fmt.Errorf("kind %s: queue %s is not in queues", name, k.Queue)
+		}
+		if err := k.validate(); err != nil {
+			return fmt.Errorf("kind %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// validate checks a kind's own settings.
+func (k *Kind) validate() error {
+	switch {
+	case k.Function != "" && len(k.Command) > 0:
+		return errors.New("command and function exclude each other: set one")
+	case k.Function != "":
+		if !nameRE.MatchString(k.Function) {
+			return fmt.Errorf("function name %q: want letters, digits, '_', '.', '-', starting with a letter", k.Function)
+		}
+		if len(k.RetryOnExitCodes) > 0 || len(k.FailOnExitCodes) > 0 {
+			return errors.New("a function kind has no exit codes to list: its function returns taskrunner.NoRetry(err) to fail for good")
+		}
+	case len(k.Command) == 0 || k.Command[0] == "":
+		return errors.New("command (or function) is required")
+	}
+	if k.MaxAttempts < 0 {
+		return errors.New("max_attempts must not be negative")
+	}
+	if err := k.validateFailures(); err != nil {
+		return err
+	}
+	if k.MaxAttempts == 0 {
+		return errors.New("max_attempts must be set")
+	}
+	if k.MaxAttempts > attemptsLimit {
+		return fmt.Errorf("max_attempts %d: at most %d", k.MaxAttempts, attemptsLimit)
+	}
+	if k.MaxRunning < 0 {
+		return errors.New("max_running must not be negative")
+	}
+	if k.MaxRunningPerKey < 0 {
+		return errors.New("max_running_per_key must not be negative")
+	}
+	if k.ConcurrencyKey == "" && k.MaxRunningPerKey > 0 {
+		return errors.New("max_running_per_key needs concurrency_key")
+	}
+	if k.ConcurrencyKey != "" && !keyPathRE.MatchString(k.ConcurrencyKey) {
+		return fmt.Errorf("concurrency_key %q: want a field name, or names joined by '.'", k.ConcurrencyKey)
+	}
+	for _, v := range k.PassEnv {
+		switch {
+		case !envNameRE.MatchString(v):
+			return fmt.Errorf("pass_env %q: want a variable name (letters, digits, '_', not starting with a digit)", v)
+		case strings.HasPrefix(v, "DAMA_"):
+			return fmt.Errorf("pass_env %s: dama sets the DAMA_ variables a command gets", v)
+		case !Withheld(v):
+			return fmt.Errorf("pass_env %s: a command gets it anyway; pass_env names DATABASE_URL or PG* variables", v)
+		}
+	}
+	if err := k.validateSchedule(); err != nil {
+		return err
+	}
+	if err := k.LockMode.validate(); err != nil {
+		return err
+	}
+	return nil
+}
+
+// validateFailures checks the retry, exit code and timeout settings.
+func (k *Kind) validateFailures() error {
+	if p := k.Retry; p != nil {
+		switch {
+		case p.MaxAttempts < 0:
+			return errors.New("retry.max_attempts must not be negative")
+		case p.MaxAttempts != k.MaxAttempts:
+			return fmt.Errorf("max_attempts %d and retry.max_attempts %d disagree: set one", k.MaxAttempts, p.MaxAttempts)
+		case p.Delay < 0 || p.MaxDelay < 0:
+			return errors.New("retry delays must not be negative")
+		case p.Backoff != BackoffExponential && p.Backoff != BackoffFixed:
+			return fmt.Errorf("retry.backoff %q: want %q or %q", p.Backoff, BackoffFixed, BackoffExponential)
+		case p.Delay == 0:
+			return errors.New("retry.delay must be set")
+		case p.MaxDelay < p.Delay:
+			return fmt.Errorf("retry.max_delay %s is shorter than retry.delay %s", p.MaxDelay, p.Delay)
+		}
+	}
+	if len(k.RetryOnExitCodes) > 0 && len(k.FailOnExitCodes) > 0 {
+		return errors.New("retry_on_exit_codes and fail_on_exit_codes exclude each other: set one")
+	}
+	for _, c := range append(slices.Clone(k.RetryOnExitCodes), k.FailOnExitCodes...) {
+		if c < 1 || c > 255 {
+			return fmt.Errorf("exit code %d: want 1 to 255 (0 is success)", c)
+		}
+	}
+	if k.Timeout < 0 {
+		return errors.New("timeout must not be negative")
+	}
+	if k.OnTimeout != OnTimeoutRetry && k.OnTimeout != OnTimeoutFail {
+		return fmt.Errorf("on_timeout %q: want %q or %q", k.OnTimeout, OnTimeoutRetry, OnTimeoutFail)
+	}
+	if k.KillGrace == nil || *k.KillGrace < 0 {
+		return errors.New("kill_grace must not be negative")
+	}
+	return nil
+}
+
+// validateSchedule checks the schedule settings.
+func (k *Kind) validateSchedule() error {
+	if k.Schedule == "" {
+		switch {
+		case k.Timezone != "":
+			return errors.New("timezone needs schedule")
+		case k.Overlap != "":
+			return errors.New("overlap needs schedule")
+		case k.ScheduleArgs != nil:
+			return errors.New("schedule_args needs schedule")
+		}
+		return nil
+	}
+	sched, err := k.ScheduleOf()
+	if err != nil {
+		return err
+	}
+	if sched.Next(time.Now()).IsZero() {
+		return fmt.Errorf("schedule %q has no tick in the next five years", k.Schedule)
+	}
+	switch k.Overlap {
+	case OverlapSkip, OverlapAllow:
+	case OverlapQueue:
+		if k.MaxRunning != 1 {
+			return fmt.Errorf("overlap queue runs one task at a time, but max_running is %d", k.MaxRunning)
+		}
+	default:
+		return fmt.Errorf("overlap %q: want %q, %q or %q", k.Overlap, OverlapSkip, OverlapQueue, OverlapAllow)
+	}
+	if len(k.ScheduleArgs) > maxScheduleArgs {
+		return fmt.Errorf("schedule_args are %d bytes; a task receives them in DAMA_ARGS, which holds at most %d", len(k.ScheduleArgs), maxScheduleArgs)
+	}
+	if _, err := k.ConcurrencyKeyOf(json.RawMessage(k.ScheduleArgs)); err != nil {
+		return fmt.Errorf("schedule_args: %w", err)
+	}
+	return nil
+}

@@ -17,44 +17,32 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 // attemptsLimit bounds max_attempts: River keeps a job's max_attempts in a
 // smallint, and would silently cut a larger one down to this.
 const attemptsLimit = math.MaxInt16
 
-// LockMode says how a task process holds the lock that proves it runs.
-type LockMode string
+// LockMode says how a task process holds the lock that proves it runs:
+// protocol.LockMode, part of the contract between a supervisor and the task
+// processes it launches.
+type LockMode = protocol.LockMode
 
+// The lock modes (see protocol.LockModeRow and protocol.LockModeAdvisory):
+// advisory suits tasks that run for days.
 const (
-	// LockModeRow, the default, is the seed design: the context's INITIAL
-	// event row is locked FOR UPDATE in a transaction held open for the
-	// task's whole life, on a connection of its own; writes go over a
-	// second connection. Two server connections per task, and the open
-	// transaction keeps VACUUM from removing any row version that died
-	// after the task started, in every table of the cluster.
-	LockModeRow LockMode = "row"
-	// LockModeAdvisory holds a session-level advisory lock keyed by the
-	// context id, with no transaction left open: the lock, the writes and
-	// the cancellation LISTEN share one connection, and VACUUM is left
-	// alone. The guarantees are the same as row mode's.
-	LockModeAdvisory LockMode = "advisory"
+	LockModeRow      = protocol.LockModeRow
+	LockModeAdvisory = protocol.LockModeAdvisory
 )
 
-func (m LockMode) validate() error {
-	if m != LockModeRow && m != LockModeAdvisory {
+// validLockMode says what is wrong with m, if anything.
+func validLockMode(m LockMode) error {
+	if !m.Valid() {
 		return fmt.Errorf("lock_mode %q: want %q or %q", m, LockModeRow, LockModeAdvisory)
 	}
 	return nil
-}
-
-// ConnectionsPerTask is how many server connections a running task process
-// of this mode holds.
-func (m LockMode) ConnectionsPerTask() int {
-	if m == LockModeAdvisory {
-		return 1
-	}
-	return 2
 }
 
 // Config is dama's configuration. Every field's comment gives its

@@ -136,7 +136,3 @@ func (o *JSONObject) UnmarshalYAML(node *yaml.Node) error {
 	*o = b
 	return nil
 }
-
-// maxScheduleArgs is taskrunner.MaxEnvPayload, which config cannot import:
-// a submission of larger arguments is refused.
-const maxScheduleArgs = 96 << 10

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 // Validate reports the first setting of c that is wrong, in one line that
@@ -28,7 +30,7 @@ func (c *Config) Validate() error {
 	if c.KillGrace < 0 {
 		return errors.New("kill_grace must not be negative")
 	}
-	if err := c.LockMode.validate(); err != nil {
+	if err := validLockMode(c.LockMode); err != nil {
 		return err
 	}
 	if len(c.Kinds) == 0 {
@@ -109,7 +111,7 @@ func (k *Kind) validate() error {
 	if err := k.validateSchedule(); err != nil {
 		return err
 	}
-	if err := k.LockMode.validate(); err != nil {
+	if err := validLockMode(k.LockMode); err != nil {
 		return err
 	}
 	return nil
@@ -182,8 +184,8 @@ func (k *Kind) validateSchedule() error {
 	default:
 		return fmt.Errorf("overlap %q: want %q, %q or %q", k.Overlap, OverlapSkip, OverlapQueue, OverlapAllow)
 	}
-	if len(k.ScheduleArgs) > maxScheduleArgs {
-		return fmt.Errorf("schedule_args are %d bytes; a task receives them in DAMA_ARGS, which holds at most %d", len(k.ScheduleArgs), maxScheduleArgs)
+	if len(k.ScheduleArgs) > protocol.MaxEnvPayload {
+		return fmt.Errorf("schedule_args are %d bytes; a task receives them in "+protocol.ArgsEnv+", which holds at most %d", len(k.ScheduleArgs), protocol.MaxEnvPayload)
 	}
 	if _, err := k.ConcurrencyKeyOf(json.RawMessage(k.ScheduleArgs)); err != nil {
 		return fmt.Errorf("schedule_args: %w", err)

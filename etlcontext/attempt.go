@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/dama-etl/dama/taskrunner/protocol"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -25,7 +26,7 @@ type Runner struct {
 	// LockMode is how the task process holds its lock: "row" or "advisory".
 	LockMode string
 	// Release and Protocol name the task process's release of dama and the
-	// taskrunner.Protocol it speaks.
+	// protocol.Version it speaks.
 	Release  string
 	Protocol int
 }
@@ -147,7 +148,7 @@ func RequestCancel(ctx context.Context, tx pgx.Tx, id int64, by string) (Status,
 	}
 	if _, err := Append(ctx, tx, NewEvent{
 		ContextID: id,
-		Type:      EventType(kind, EventCancelRequested),
+		Type:      protocol.EventType(kind, protocol.EventCancelRequested),
 		Payload:   map[string]any{"by": by},
 		RunID:     runID,
 	}); err != nil {
@@ -285,7 +286,7 @@ func Reopen(ctx context.Context, db DB, c *Context, maxAttempts int, by string) 
 	}
 	_, err = Append(ctx, db, NewEvent{
 		ContextID: c.ID,
-		Type:      EventType(c.Kind, EventRetried),
+		Type:      protocol.EventType(c.Kind, protocol.EventRetried),
 		Payload:   map[string]any{"by": by, "previous_status": c.Status, "max_attempts": maxAttempts},
 		RunID:     c.RunID,
 	})
@@ -355,7 +356,7 @@ func RecentAttempts(ctx context.Context, db DB, id int64, limit, maxText int) ([
 		 WHERE a.etl_context_id = $1
 		 ORDER BY a.started_at DESC, a.attempt DESC
 		 LIMIT CASE WHEN $4 > 0 THEN $4 END) AS a
-		 ORDER BY started_at, attempt`, id, EventError, EventCancelled, limit, maxText)
+		 ORDER BY started_at, attempt`, id, protocol.EventError, protocol.EventCancelled, limit, maxText)
 	if err != nil {
 		return nil, fmt.Errorf("read attempts of etl context %d: %w", id, err)
 	}
@@ -388,7 +389,7 @@ func WarnedThisAttempt(ctx context.Context, db DB, id int64, reason string) (boo
 			  FROM data_manager.event_store AS e
 			  JOIN data_manager.etl_contexts AS c ON c.etl_context_id = e.etl_context_id
 			 WHERE e.etl_context_id = $1 AND e.type = c.kind || ':' || $3
-			   AND e.attempt = c.attempt AND e.meta->>$4 = $2)`, id, reason, EventWarning, UnfitHostMeta).Scan(&seen)
+			   AND e.attempt = c.attempt AND e.meta->>$4 = $2)`, id, reason, protocol.EventWarning, UnfitHostMeta).Scan(&seen)
 	if err != nil {
 		return false, fmt.Errorf("read the warnings of etl context %d: %w", id, err)
 	}
@@ -405,7 +406,7 @@ func LatestUnfitHost(ctx context.Context, db DB, id int64, attempt int) (string,
 		  JOIN data_manager.etl_contexts AS c ON c.etl_context_id = e.etl_context_id
 		 WHERE e.etl_context_id = $1 AND e.attempt = $2 AND e.type = c.kind || ':' || $3
 		   AND e.meta ? $4
-		 ORDER BY e.event_id DESC LIMIT 1`, id, attempt, EventWarning, UnfitHostMeta).Scan(&reason)
+		 ORDER BY e.event_id DESC LIMIT 1`, id, attempt, protocol.EventWarning, UnfitHostMeta).Scan(&reason)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return "", nil

@@ -11,7 +11,7 @@ import (
 // releases, and which `dama migrate` last ran on it (the one row of
 // data_manager.compatibility).
 type Compatibility struct {
-	// MinRunnerProtocol is the oldest taskrunner.Protocol accepted.
+	// MinRunnerProtocol is the oldest protocol.Version accepted.
 	MinRunnerProtocol int
 	// MigratedBy and MigratedAt name the release of the last `dama migrate`
 	// and when it ran; nil before any release recorded itself.

@@ -14,7 +14,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -57,43 +56,6 @@ const (
 func (s Status) Finished() bool {
 	return s == StatusDone || s == StatusFailed || s == StatusCancelled
 }
-
-// EventType is the type of an event of a context of kind: "<kind>:<suffix>".
-func EventType(kind, suffix string) string { return kind + ":" + suffix }
-
-// EventSuffix is the suffix of an event type ("" for a type with none).
-func EventSuffix(eventType string) string {
-	_, suffix, _ := strings.Cut(eventType, ":")
-	return suffix
-}
-
-// Event type suffixes with a meaning to dama. A task may report any other
-// upper-case suffix.
-const (
-	EventInitial    = "INITIAL"
-	EventFinal      = "FINAL"
-	EventError      = "ERROR"
-	EventCancelled  = "CANCELLED"
-	EventProgress   = "PROGRESS"
-	EventCheckpoint = "CHECKPOINT"
-	EventWarning    = "WARNING"
-	// EventTimeout records that an attempt's command outran its kind's
-	// timeout and was stopped; the attempt's ERROR follows.
-	EventTimeout = "TIMEOUT"
-	// EventRetried reopens a FAILED or CANCELLED context for a new attempt
-	// (`dama retry`): the one event a finished context accepts.
-	EventRetried = "RETRIED"
-	// EventSubmitted records a child submitted by the task's command on its
-	// events pipe, in the transaction that creates the child: only the
-	// current attempt can submit one.
-	EventSubmitted = "SUBMITTED"
-	// EventCancelRequested records who asked a running task to stop; the
-	// task process records its CANCELLED once it has.
-	EventCancelRequested = "CANCEL_REQUESTED"
-	// EventAwaiting records that the command of a kind with await_children
-	// succeeded and the task now waits for its children to finish.
-	EventAwaiting = "AWAITING"
-)
 
 // ErrorFinal is the field of an ERROR event's payload that, set to false,
 // makes the context FAILED whatever attempts remain: the kind's policy

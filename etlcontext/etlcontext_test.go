@@ -10,6 +10,7 @@ import (
 
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
+	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 // newContext inserts a QUEUED context of kind "k" with its INITIAL event, as
@@ -380,7 +381,7 @@ func TestCancelRequestIsANoteBesideTheRun(t *testing.T) {
 	if err := env.Pool.QueryRow(ctx, `SELECT session_user`).Scan(&role); err != nil {
 		t.Fatal(err)
 	}
-	by, err := etlcontext.LatestPayload(ctx, env.Pool, id, etlcontext.EventCancelRequested)
+	by, err := etlcontext.LatestPayload(ctx, env.Pool, id, protocol.EventCancelRequested)
 	if err != nil || string(by) != `{"by": "alice@host (database role `+role+`)"}` {
 		t.Errorf("CANCEL_REQUESTED payload %s, %v", by, err)
 	}

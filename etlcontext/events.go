@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/dama-etl/dama/taskrunner/protocol"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -243,7 +244,7 @@ func Payloads(ctx context.Context, db DB, id int64) (args, checkpoint json.RawMe
 		         ORDER BY e.event_id DESC LIMIT 1)
 		  FROM data_manager.etl_contexts AS c
 		  JOIN data_manager.event_store AS i ON i.event_id = c.initial_event_id
-		 WHERE c.etl_context_id = $1`, id, EventCheckpoint).Scan(&args, &checkpoint)
+		 WHERE c.etl_context_id = $1`, id, protocol.EventCheckpoint).Scan(&args, &checkpoint)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil, fmt.Errorf("read arguments of etl context %d: %w", id, ErrNotFound)
 	}

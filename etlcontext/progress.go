@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/dama-etl/dama/taskrunner/protocol"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -84,7 +85,7 @@ func LastFailure(ctx context.Context, db DB, id int64, kind string) (Failure, er
 		  FROM data_manager.event_store
 		 WHERE etl_context_id = $1 AND type IN ($2, $3)
 		 ORDER BY event_id DESC LIMIT 1`,
-		id, EventType(kind, EventError), EventType(kind, EventCancelled), DetectedBy).Scan(&reason, &timedOut, &died)
+		id, protocol.EventType(kind, protocol.EventError), protocol.EventType(kind, protocol.EventCancelled), DetectedBy).Scan(&reason, &timedOut, &died)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return Failure{}, nil

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/dama-etl/dama/taskrunner/protocol"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -41,7 +42,7 @@ const (
 // would otherwise take every slot, and wait for ever.
 const holdsSlot = `(r.etl_status = ` + sqlRunning + ` AND NOT EXISTS (
 	SELECT 1 FROM data_manager.event_store AS ae
-	 WHERE ae.event_id = r.latest_event_id AND ae.type LIKE '%:` + EventAwaiting + `'))`
+	 WHERE ae.event_id = r.latest_event_id AND ae.type LIKE '%:` + protocol.EventAwaiting + `'))`
 
 // Admission is what a start must respect, from the configuration of the
 // supervisor that starts the task.

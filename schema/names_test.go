@@ -9,6 +9,7 @@ import (
 
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
+	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 // TestTheDatabaseSpellsNamesAsGoDoes checks the names the schema spells
@@ -74,10 +75,10 @@ func TestTheDatabaseSpellsNamesAsGoDoes(t *testing.T) {
 	}
 
 	// The events the triggers act on are dama's.
-	suffixes := []string{etlcontext.EventInitial, etlcontext.EventFinal, etlcontext.EventError,
-		etlcontext.EventCancelled, etlcontext.EventProgress, etlcontext.EventCheckpoint,
-		etlcontext.EventWarning, etlcontext.EventTimeout, etlcontext.EventRetried,
-		etlcontext.EventSubmitted, etlcontext.EventCancelRequested, etlcontext.EventAwaiting}
+	suffixes := []string{protocol.EventInitial, protocol.EventFinal, protocol.EventError,
+		protocol.EventCancelled, protocol.EventProgress, protocol.EventCheckpoint,
+		protocol.EventWarning, protocol.EventTimeout, protocol.EventRetried,
+		protocol.EventSubmitted, protocol.EventCancelRequested, protocol.EventAwaiting}
 	var bodies []string
 	rows, err := env.Pool.Query(ctx, `SELECT prosrc FROM pg_catalog.pg_proc WHERE pronamespace = 'data_manager'::regnamespace`)
 	if err != nil {

@@ -57,7 +57,7 @@ DAMA_TEST_LOCK_MODE=advisory go test -race -count=1 -timeout 30m -skip 'TestStea
 fuzz_targets=(
 	"./config FuzzParse 50000"
 	"./config FuzzParseSchedule 50000"
-	"./taskrunner FuzzParseLaunch 50000"
+	"./taskrunner/protocol FuzzParseLaunch 50000"
 	"./cmd/dama FuzzDueAt 50000"
 	"./cmd/dama FuzzParseID 50000"
 	"./cmd/dama FuzzListenAddr 20000"

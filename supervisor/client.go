@@ -18,7 +18,7 @@ import (
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/pgerr"
-	"github.com/dama-etl/dama/taskrunner"
+	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 // TaskArgs are the arguments of the one River job that follows a context
@@ -152,15 +152,15 @@ func (c *Client) SubmitTx(ctx context.Context, tx pgx.Tx, p SubmitParams) (id in
 	if strings.HasPrefix(p.IdempotencyKey, reservedKeyPrefix) {
 		return 0, false, fmt.Errorf("submit %s task: idempotency key %q: %w", p.Kind, p.IdempotencyKey, ErrReservedIdempotencyKey)
 	}
-	if len(p.IdempotencyKey) > taskrunner.MaxIdempotencyKey {
-		return 0, false, fmt.Errorf("submit %s task: idempotency key of %d bytes: at most %d", p.Kind, len(p.IdempotencyKey), taskrunner.MaxIdempotencyKey)
+	if len(p.IdempotencyKey) > protocol.MaxIdempotencyKey {
+		return 0, false, fmt.Errorf("submit %s task: idempotency key of %d bytes: at most %d", p.Kind, len(p.IdempotencyKey), protocol.MaxIdempotencyKey)
 	}
 	return c.submitTx(ctx, tx, p)
 }
 
 // submitChild submits a child that a task's command asked for; its key,
 // made by the task process, is one of dama's own.
-func (c *Client) submitChild(ctx context.Context, tx pgx.Tx, child taskrunner.Child) (int64, bool, error) {
+func (c *Client) submitChild(ctx context.Context, tx pgx.Tx, child protocol.Child) (int64, bool, error) {
 	return c.submitTx(ctx, tx, SubmitParams{
 		Kind: child.Kind, Args: child.Args, IdempotencyKey: child.IdempotencyKey, ParentID: child.ParentID,
 	})
@@ -193,8 +193,8 @@ func (c *Client) submitTx(ctx context.Context, tx pgx.Tx, p SubmitParams) (id in
 		return 0, false, fmt.Errorf("arguments hold %d number(s) the database would give back far longer than written (1e100 as 101 digits): write them in full, or as strings", replaced.Huge)
 	}
 	// Measured as the database gives them back, which is what the task gets.
-	if n := etlcontext.JSONBTextLen(args); n > taskrunner.MaxEnvPayload {
-		return 0, false, fmt.Errorf("arguments are %d bytes as stored; a task receives them in DAMA_ARGS, which holds at most %d", n, taskrunner.MaxEnvPayload)
+	if n := etlcontext.JSONBTextLen(args); n > protocol.MaxEnvPayload {
+		return 0, false, fmt.Errorf("arguments are %d bytes as stored; a task receives them in DAMA_ARGS, which holds at most %d", n, protocol.MaxEnvPayload)
 	}
 	if k := p.IdempotencyKey; strings.ContainsRune(k, 0) || !utf8.ValidString(k) {
 		return 0, false, errors.New("idempotency key: want UTF-8 text without NUL")
@@ -215,7 +215,7 @@ func (c *Client) submitTx(ctx context.Context, tx pgx.Tx, p SubmitParams) (id in
 		}
 		if _, err := etlcontext.Append(ctx, tx, etlcontext.NewEvent{
 			ContextID: id,
-			Type:      etlcontext.EventType(p.Kind, etlcontext.EventInitial),
+			Type:      protocol.EventType(p.Kind, protocol.EventInitial),
 			Payload:   args,
 		}); err != nil {
 			return err
@@ -373,7 +373,7 @@ func (c *Client) tryCancel(ctx context.Context, id int64, requested *bool) (stat
 	}
 	if _, err := etlcontext.Append(ctx, tx, etlcontext.NewEvent{
 		ContextID: id,
-		Type:      etlcontext.EventType(ec.Kind, etlcontext.EventCancelled),
+		Type:      protocol.EventType(ec.Kind, protocol.EventCancelled),
 		Payload:   map[string]any{"reason": "cancelled while not running", "by": by},
 		RunID:     ec.RunID,
 	}); err != nil {
@@ -408,7 +408,7 @@ func (c *Client) requestCancel(ctx context.Context, id int64, requested *bool) (
 		if status, err = etlcontext.RequestCancel(ctx, tx, id, c.actor); err != nil || status.Finished() {
 			return err
 		}
-		if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, taskrunner.CancelChannel, strconv.FormatInt(id, 10)); err != nil {
+		if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, protocol.CancelChannel, strconv.FormatInt(id, 10)); err != nil {
 			return fmt.Errorf("announce cancellation of etl context %d: %w", id, err)
 		}
 		return nil

@@ -48,7 +48,7 @@
 // own, or one that no longer accepts its task processes' protocol, before
 // it touches any task. A supervisor already running when the database
 // retires its protocol stops at its first launch, which its task process
-// refuses (taskrunner.ExitRefused): the launch is taken back without
+// refuses (protocol.ExitRefused): the launch is taken back without
 // spending an attempt, and Run returns why.
 //
 // # Function kinds

@@ -13,6 +13,7 @@ import (
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
 	"github.com/dama-etl/dama/taskrunner"
+	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 const idempotencyTestConfig = `
@@ -104,7 +105,7 @@ func TestIdempotencyKeyBelongsToOneKindAndDamasPrefixToDama(t *testing.T) {
 	// A task process submits its children with keys of dama's own, by the
 	// function runnerOptions gives the runner.
 	var submit taskrunner.SubmitFunc = client.submitChild
-	child := taskrunner.Child{Kind: "other", IdempotencyKey: childKey, ParentID: id}
+	child := protocol.Child{Kind: "other", IdempotencyKey: childKey, ParentID: id}
 	var childID int64
 	for i, wantCreated := range []bool{true, false} {
 		err := pgx.BeginFunc(ctx, env.Pool, func(tx pgx.Tx) error {

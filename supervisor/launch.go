@@ -8,14 +8,12 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/dama-etl/dama/etlcontext"
-	"github.com/dama-etl/dama/taskrunner"
+	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 type launchOutcome int
@@ -36,7 +34,7 @@ const (
 	// launchExited: the runner exited before holding its lock.
 	launchExited
 	// launchRefused: the database no longer accepts this release's task
-	// processes (taskrunner.ExitRefused).
+	// processes (protocol.ExitRefused).
 	launchRefused
 )
 
@@ -59,7 +57,7 @@ func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcont
 	if err := os.MkdirAll(s.cfg.LogDir, 0o755); err != nil {
 		return 0, fmt.Errorf("create log directory: %w", err)
 	}
-	logPath := filepath.Join(s.cfg.LogDir, strconv.FormatInt(c.ID, 10)+".log")
+	logPath := protocol.LogPath(s.cfg.LogDir, c.ID)
 	logFile, err := os.OpenFile(logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
 	if err != nil {
 		return 0, fmt.Errorf("open log file: %w", err)
@@ -105,13 +103,14 @@ func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcont
 	}
 
 	kind, _ := s.cfg.Kind(c.Kind)
-	launch := taskrunner.Launch{ContextID: c.ID, RunID: run.ID, LockMode: kind.LockMode, ReadyFD: 3, KeyFD: 4}
+	launch := protocol.Launch{ContextID: c.ID, RunID: run.ID, LockMode: kind.LockMode, ReadyFD: protocol.ReadyFD, KeyFD: protocol.KeyFD}
 	cmd := exec.Command(s.spawnPath, launch.Args()...)
 	// Named by its path in a process listing, whichever file it runs from.
 	cmd.Args[0] = s.opts.Executable
 	cmd.Env = runnerEnv(s.opts.DatabaseURL, s.cfg.Path)
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile
+	// ExtraFiles start at descriptor 3: protocol.ReadyFD, then protocol.KeyFD.
 	cmd.ExtraFiles = []*os.File{readyW, keyR}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
@@ -147,9 +146,9 @@ func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcont
 		return launchPending, nil
 	}
 	switch ch.exitCode {
-	case taskrunner.ExitLocked:
+	case protocol.ExitLocked:
 		return launchLocked, nil
-	case taskrunner.ExitRefused:
+	case protocol.ExitRefused:
 		return launchRefused, nil
 	}
 	logger.Warn("task process exited before taking its lock", "pid", ch.pid, "exit_code", ch.exitCode, "log", logPath)
@@ -163,15 +162,15 @@ func runnerEnv(databaseURL, configPath string) []string {
 	env := make([]string, 0, len(os.Environ())+3)
 	for _, kv := range os.Environ() {
 		switch name, _, _ := strings.Cut(kv, "="); name {
-		case taskrunner.DatabaseURLEnv, taskrunner.ConfigEnv, taskrunner.ProcessEnv, taskrunner.FunctionEnv:
+		case protocol.DatabaseURLEnv, protocol.ConfigEnv, protocol.ProcessEnv, protocol.FunctionEnv:
 			continue
 		}
 		env = append(env, kv)
 	}
 	return append(env,
-		taskrunner.DatabaseURLEnv+"="+databaseURL,
-		taskrunner.ConfigEnv+"="+configPath,
-		taskrunner.ProcessEnv+"="+taskrunner.ProcessRunner)
+		protocol.DatabaseURLEnv+"="+databaseURL,
+		protocol.ConfigEnv+"="+configPath,
+		protocol.ProcessEnv+"="+protocol.ProcessRunner)
 }
 
 // reap waits for a spawned runner so that it does not linger as a zombie,
@@ -193,13 +192,13 @@ func (s *Supervisor) reap(id int64, cmd *exec.Cmd, ch *child) {
 	}
 	s.mu.Unlock()
 	s.logger.Info("task process exited", "etl_context_id", id, "pid", ch.pid, "exit_code", ch.exitCode)
-	if ch.exitCode == taskrunner.ExitRefused {
+	if ch.exitCode == protocol.ExitRefused {
 		// Also when the refusal came after the launch stopped waiting.
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		s.retire(ctx)
 		cancel()
 	}
-	if ch.exitCode != taskrunner.ExitLocked {
+	if ch.exitCode != protocol.ExitLocked {
 		s.wake(context.Background(), id)
 	}
 }

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/dama-etl/dama/etlcontext"
-	"github.com/dama-etl/dama/taskrunner"
+	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 // listener is the supervisor's connection that hears runners announce their
@@ -26,7 +26,7 @@ func (s *Supervisor) connectListener(ctx context.Context) (*listener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open listening connection: %w", err)
 	}
-	if _, err := conn.Exec(ctx, "LISTEN "+taskrunner.ExitedChannel+"; LISTEN "+etlcontext.ControlChannel); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+protocol.ExitedChannel+"; LISTEN "+etlcontext.ControlChannel); err != nil {
 		conn.Close(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("listen for task exits: %w", err)
 	}

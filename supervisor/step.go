@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"path/filepath"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -17,6 +15,7 @@ import (
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/hostproc"
 	"github.com/dama-etl/dama/taskrunner"
+	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 // step is one short, idempotent step of a context's state machine.
@@ -123,7 +122,7 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 		}
 		if cancelRequested {
 			// Asked to stop, and now surely stopped: the request's outcome.
-			if err := s.recordEnd(ctx, tx, c, etlcontext.EventCancelled, "cancel requested; the task process had exited or lost its lock"); err != nil {
+			if err := s.recordEnd(ctx, tx, c, protocol.EventCancelled, "cancel requested; the task process had exited or lost its lock"); err != nil {
 				return s.transient(logger, err)
 			}
 			after, err := etlcontext.Get(ctx, tx, id)
@@ -140,7 +139,7 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 			return river.JobCancel(fmt.Errorf("etl context %d was cancelled", id))
 		}
 		reason := "the task process exited without reporting a result"
-		if err := s.recordEnd(ctx, tx, c, etlcontext.EventError, reason); err != nil {
+		if err := s.recordEnd(ctx, tx, c, protocol.EventError, reason); err != nil {
 			return s.transient(logger, err)
 		}
 		// The death may have been the last attempt's: the task is FAILED
@@ -174,7 +173,7 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 	// QUEUED, or RETRYING and River has moved on to a new attempt: launch.
 	if c.CancelRequestedAt != nil {
 		if _, err := etlcontext.Append(ctx, tx, etlcontext.NewEvent{
-			ContextID: id, Type: etlcontext.EventType(c.Kind, etlcontext.EventCancelled),
+			ContextID: id, Type: protocol.EventType(c.Kind, protocol.EventCancelled),
 			Payload: map[string]any{"reason": "cancelled before it ran"}, RunID: c.RunID,
 		}); err != nil {
 			return s.transient(logger, err)
@@ -352,7 +351,7 @@ func (s *Supervisor) attemptAlive(ctx context.Context, logger *slog.Logger, tx p
 
 // attemptProcesses names the processes of c's current attempt on this host.
 func (s *Supervisor) attemptProcesses(c *etlcontext.Context) hostproc.Attempt {
-	a := hostproc.Attempt{Marker: taskrunner.RunIDEnv + "=" + deref(c.RunID)}
+	a := hostproc.Attempt{Marker: protocol.RunIDEnv + "=" + deref(c.RunID)}
 	if c.CommandPGID != nil {
 		a.PGID = *c.CommandPGID
 	}
@@ -435,7 +434,7 @@ func (s *Supervisor) recordEnd(ctx context.Context, tx pgx.Tx, c *etlcontext.Con
 	}
 	_, err := etlcontext.Append(ctx, tx, etlcontext.NewEvent{
 		ContextID: c.ID,
-		Type:      etlcontext.EventType(c.Kind, suffix),
+		Type:      protocol.EventType(c.Kind, suffix),
 		Payload:   payload,
 		RunID:     c.RunID,
 	})
@@ -478,7 +477,7 @@ func (s *Supervisor) reportLaunchFailure(ctx context.Context, logger *slog.Logge
 	s.mu.Unlock()
 	if !spawnFailed {
 		reason = "the task process stopped before it took its lock (see " +
-			filepath.Join(s.cfg.LogDir, strconv.FormatInt(c.ID, 10)+".log") + " on " + deref(c.LaunchedBy) + ")"
+			protocol.LogPath(s.cfg.LogDir, c.ID) + " on " + deref(c.LaunchedBy) + ")"
 		// The task process says why once per attempt, not at every launch.
 		if warning, err := etlcontext.LatestUnfitHost(ctx, s.pool, c.ID, c.Attempt); err == nil && warning != "" {
 			reason = warning

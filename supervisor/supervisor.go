@@ -22,6 +22,7 @@ import (
 	"github.com/dama-etl/dama/internal/hostproc"
 	"github.com/dama-etl/dama/schema"
 	"github.com/dama-etl/dama/taskrunner"
+	"github.com/dama-etl/dama/taskrunner/protocol"
 	"github.com/dama-etl/dama/version"
 )
 
@@ -296,7 +297,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	if err := schema.CheckMigrated(ctx, s.pool); err != nil {
 		return err
 	}
-	if err := etlcontext.CheckRunnerProtocol(ctx, s.pool, taskrunner.Protocol); err != nil {
+	if err := etlcontext.CheckRunnerProtocol(ctx, s.pool, protocol.Version); err != nil {
 		return err
 	}
 	s.countAdoptions(ctx)
@@ -339,7 +340,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		return fmt.Errorf("start River client: %w", err)
 	}
 	s.logger.Info("supervisor started", "host", s.host, "client_id", s.river.ID(), "queues", s.cfg.QueueNames(), "kinds", s.cfg.KindNames(),
-		"release", version.Release, "commit", version.Commit(), "protocol", taskrunner.Protocol)
+		"release", version.Release, "commit", version.Commit(), "protocol", protocol.Version)
 	s.reportBudget(ctx)
 	bg.Go(func() { s.rescueLoop(bgCtx) })
 	for _, name := range s.cfg.KindNames() {
@@ -375,10 +376,10 @@ func (s *Supervisor) retire(ctx context.Context) {
 	if s.retired.Swap(true) {
 		return
 	}
-	err := etlcontext.CheckRunnerProtocol(ctx, s.pool, taskrunner.Protocol)
+	err := etlcontext.CheckRunnerProtocol(ctx, s.pool, protocol.Version)
 	if !errors.Is(err, etlcontext.ErrProtocolRefused) {
 		// The database could not say more (or changed its mind since).
-		err = errors.Join(fmt.Errorf("a task process exited with code %d: %w", taskrunner.ExitRefused, etlcontext.ErrProtocolRefused), err)
+		err = errors.Join(fmt.Errorf("a task process exited with code %d: %w", protocol.ExitRefused, etlcontext.ErrProtocolRefused), err)
 	}
 	s.stop <- err
 }

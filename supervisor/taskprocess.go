@@ -11,6 +11,7 @@ import (
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/internal/hostproc"
 	"github.com/dama-etl/dama/taskrunner"
+	"github.com/dama-etl/dama/taskrunner/protocol"
 	"golang.org/x/sys/unix"
 )
 
@@ -28,35 +29,35 @@ import (
 // again, which holds the task's lock as the runner (see [RunTaskrunner]),
 // and which starts this program a third time to call the kind's function
 // (see [taskrunner.RunFunction]). Which of these the process is comes from
-// its environment (taskrunner.ProcessEnv), which only dama sets. The
+// its environment (protocol.ProcessEnv), which only dama sets. The
 // functions must be those given to New in Options.Funcs: a runner whose
 // program lacks its kind's function leaves the task to another host, and
 // no host would have it.
 func RunTaskProcess(ctx context.Context, funcs taskrunner.Funcs) (code int, ok bool) {
-	switch role, set := os.LookupEnv(taskrunner.ProcessEnv); {
+	switch role, set := os.LookupEnv(protocol.ProcessEnv); {
 	case !set:
 		return 0, false
-	case role == taskrunner.ProcessRunner:
+	case role == protocol.ProcessRunner:
 		args := os.Args[1:]
-		if len(args) > 0 && args[0] == taskrunner.Subcommand {
+		if len(args) > 0 && args[0] == protocol.Subcommand {
 			args = args[1:]
 		}
 		return RunTaskrunner(ctx, args, funcs), true
-	case role == taskrunner.ProcessFunction:
+	case role == protocol.ProcessFunction:
 		return taskrunner.RunFunction(ctx, funcs), true
 	default:
 		// Not this program's normal run either: that could start a
 		// whole supervisor where a task process was meant.
-		fmt.Fprintf(os.Stderr, "dama: %s=%q: want %q or %q\n", taskrunner.ProcessEnv, role, taskrunner.ProcessRunner, taskrunner.ProcessFunction)
-		return taskrunner.ExitSetup, true
+		fmt.Fprintf(os.Stderr, "dama: %s=%q: want %q or %q\n", protocol.ProcessEnv, role, protocol.ProcessRunner, protocol.ProcessFunction)
+		return protocol.ExitSetup, true
 	}
 }
 
 // RunTaskrunner runs one attempt of a task as its runner, with the
-// arguments a supervisor gives after taskrunner.Subcommand, and returns the
+// arguments a supervisor gives after protocol.Subcommand, and returns the
 // process's exit code (taskrunner's Exit codes). The configuration and the
-// database come from the environment (taskrunner.ConfigEnv and
-// taskrunner.DatabaseURLEnv); the runner logs to stderr, the task's log
+// database come from the environment (protocol.ConfigEnv and
+// protocol.DatabaseURLEnv); the runner logs to stderr, the task's log
 // file. It is `dama taskrunner`.
 func RunTaskrunner(ctx context.Context, args []string, funcs taskrunner.Funcs) int {
 	// Before anything else: the environment holds the database URL, which
@@ -66,8 +67,8 @@ func RunTaskrunner(ctx context.Context, args []string, funcs taskrunner.Funcs) i
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "taskrunner")
 	opts, err := runnerOptions(args, funcs)
 	if err != nil {
-		logger.Error("taskrunner", "error", err, "exit_code", taskrunner.ExitSetup)
-		return taskrunner.ExitSetup
+		logger.Error("taskrunner", "error", err, "exit_code", protocol.ExitSetup)
+		return protocol.ExitSetup
 	}
 	opts.Logger = logger
 	// The runner ends on its own terms: a signal to it stops its command,
@@ -76,17 +77,17 @@ func RunTaskrunner(ctx context.Context, args []string, funcs taskrunner.Funcs) i
 }
 
 func runnerOptions(args []string, funcs taskrunner.Funcs) (taskrunner.Options, error) {
-	launch, err := taskrunner.ParseLaunch(args)
+	launch, err := protocol.ParseLaunch(args)
 	if err != nil {
 		return taskrunner.Options{}, err
 	}
-	cfg, err := config.Load(os.Getenv(taskrunner.ConfigEnv))
+	cfg, err := config.Load(os.Getenv(protocol.ConfigEnv))
 	if err != nil {
 		return taskrunner.Options{}, err
 	}
-	url := os.Getenv(taskrunner.DatabaseURLEnv)
+	url := os.Getenv(protocol.DatabaseURLEnv)
 	if url == "" {
-		return taskrunner.Options{}, errors.New(taskrunner.DatabaseURLEnv + " is not set")
+		return taskrunner.Options{}, errors.New(protocol.DatabaseURLEnv + " is not set")
 	}
 	hostID, err := hostproc.ID()
 	if err != nil {
@@ -118,7 +119,7 @@ func runnerOptions(args []string, funcs taskrunner.Funcs) (taskrunner.Options, e
 	}
 	if launch.KeyFD > 0 {
 		f := os.NewFile(uintptr(launch.KeyFD), "key")
-		key, err := io.ReadAll(io.LimitReader(f, taskrunner.MaxKey))
+		key, err := io.ReadAll(io.LimitReader(f, protocol.MaxKey))
 		f.Close()
 		if err != nil {
 			return taskrunner.Options{}, fmt.Errorf("read the run's key: %w", err)

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 // awaitRecount bounds how long an awaiting task process goes without
@@ -34,11 +35,11 @@ func (r *runner) awaitChildren(ctx context.Context, signals <-chan os.Signal) (i
 		cancel()
 	}
 	if err != nil {
-		return r.finish(ctx, ExitFailed, etlcontext.EventError, map[string]any{"reason": "could not wait for the children: " + err.Error()}, err)
+		return r.finish(ctx, protocol.ExitFailed, protocol.EventError, map[string]any{"reason": "could not wait for the children: " + err.Error()}, err)
 	}
 	if n := r.w.refused(); n > 0 {
 		// The command meant them to exist: the tree is incomplete for good.
-		return r.finish(ctx, ExitFailed, etlcontext.EventError, map[string]any{
+		return r.finish(ctx, protocol.ExitFailed, protocol.EventError, map[string]any{
 			"reason":              fmt.Sprintf("%d children could not be submitted (see the WARNING events)", n),
 			etlcontext.ErrorFinal: false,
 		}, nil)
@@ -78,22 +79,22 @@ func (r *runner) awaitChildren(ctx context.Context, signals <-chan os.Signal) (i
 		cancel()
 		switch {
 		case errors.Is(err, etlcontext.ErrStaleRun):
-			return ExitLockLost, errors.New("the run is no longer current")
+			return protocol.ExitLockLost, errors.New("the run is no longer current")
 		case err != nil:
 			r.logger.Warn("count the children", "error", err)
 		case cancelled:
-			return r.finish(ctx, ExitCancelled, etlcontext.EventCancelled, map[string]any{"reason": "cancel requested while awaiting the children"}, nil)
+			return r.finish(ctx, protocol.ExitCancelled, protocol.EventCancelled, map[string]any{"reason": "cancel requested while awaiting the children"}, nil)
 		case counts.Failed() > 0:
-			return r.finish(ctx, ExitFailed, etlcontext.EventError, map[string]any{
+			return r.finish(ctx, protocol.ExitFailed, protocol.EventError, map[string]any{
 				"reason":              fmt.Sprintf("%d children did not finish DONE", counts.Failed()),
 				"children":            counts,
 				etlcontext.ErrorFinal: false,
 			}, nil)
 		case counts.Pending() == 0:
-			return r.finish(ctx, ExitDone, etlcontext.EventFinal, map[string]any{"exit_code": 0, "children": counts}, nil)
+			return r.finish(ctx, protocol.ExitDone, protocol.EventFinal, map[string]any{"exit_code": 0, "children": counts}, nil)
 		case !announced:
 			announced = true
-			r.w.event(etlcontext.EventAwaiting, map[string]any{"children": counts}, nil, false)
+			r.w.event(protocol.EventAwaiting, map[string]any{"children": counts}, nil, false)
 			r.logger.Info("command succeeded; awaiting the children", "children", counts)
 		}
 	wait:
@@ -101,9 +102,9 @@ func (r *runner) awaitChildren(ctx context.Context, signals <-chan os.Signal) (i
 			select {
 			case n := <-r.w.notify:
 				switch n.Channel {
-				case CancelChannel:
+				case protocol.CancelChannel:
 					if n.Payload == strconv.FormatInt(self, 10) {
-						return r.finish(ctx, ExitCancelled, etlcontext.EventCancelled, map[string]any{"reason": "cancel requested while awaiting the children"}, nil)
+						return r.finish(ctx, protocol.ExitCancelled, protocol.EventCancelled, map[string]any{"reason": "cancel requested while awaiting the children"}, nil)
 					}
 				case etlcontext.FinishedChannel:
 					var f etlcontext.Finished
@@ -114,15 +115,15 @@ func (r *runner) awaitChildren(ctx context.Context, signals <-chan os.Signal) (i
 					}
 				}
 			case <-r.w.superseded:
-				return ExitLockLost, errors.New("the database refused a write of this run: it is no longer current")
+				return protocol.ExitLockLost, errors.New("the database refused a write of this run: it is no longer current")
 			case <-r.lock.changed:
 				if state, err := r.lock.get(); state == lockSuperseded {
-					return r.finish(ctx, ExitLockLost, etlcontext.EventError, map[string]any{"reason": "the lock could not be taken again: " + err.Error()}, err)
+					return r.finish(ctx, protocol.ExitLockLost, protocol.EventError, map[string]any{"reason": "the lock could not be taken again: " + err.Error()}, err)
 				}
 			case <-recount.C:
 				break wait
 			case sig := <-signals:
-				return r.finish(ctx, ExitFailed, etlcontext.EventError, map[string]any{"reason": "runner received " + sig.String() + " while awaiting the children"}, nil)
+				return r.finish(ctx, protocol.ExitFailed, protocol.EventError, map[string]any{"reason": "runner received " + sig.String() + " while awaiting the children"}, nil)
 			}
 		}
 	}

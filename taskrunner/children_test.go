@@ -12,6 +12,7 @@ import (
 
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
+	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -45,14 +46,14 @@ func TestAChildIsSubmittedOnlyByTheCurrentRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	current := startRun()
-	insertChild := func(ctx context.Context, tx pgx.Tx, c Child) (int64, bool, error) {
+	insertChild := func(ctx context.Context, tx pgx.Tx, c protocol.Child) (int64, bool, error) {
 		var child int64
 		err := tx.QueryRow(ctx, `
 			INSERT INTO data_manager.etl_contexts (parent_context_id, kind, queue, max_attempts, idempotency_key)
 			VALUES ($1, $2, 'q', 1, $3) RETURNING etl_context_id`, c.ParentID, c.Kind, c.IdempotencyKey).Scan(&child)
 		return child, true, err
 	}
-	refuse := func(context.Context, pgx.Tx, Child) (int64, bool, error) {
+	refuse := func(context.Context, pgx.Tx, protocol.Child) (int64, bool, error) {
 		return 0, false, errors.New(`unknown kind "nope"`)
 	}
 	// One writer per submission; a run's writer numbers its writes, so
@@ -67,13 +68,13 @@ func TestAChildIsSubmittedOnlyByTheCurrentRun(t *testing.T) {
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			w.run(wctx, nil, CancelChannel)
+			w.run(wctx, nil, protocol.CancelChannel)
 		}()
 		defer func() {
 			stop()
 			<-done
 		}()
-		if err := w.submitChild(ctx, Child{Kind: "c", Args: []byte(`{}`)}); err != nil {
+		if err := w.submitChild(ctx, protocol.Child{Kind: "c", Args: []byte(`{}`)}); err != nil {
 			return err
 		}
 		fctx, cancel := context.WithTimeout(ctx, 30*time.Second)

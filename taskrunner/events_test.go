@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/dama-etl/dama/internal/testenv"
+	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 func TestDecodeLine(t *testing.T) {
@@ -24,7 +25,7 @@ func TestDecodeLine(t *testing.T) {
 		{`{"type":"cancel_requested","payload":{"by":"alice"}}`, "WARNING", ``, "reserved"},
 		{`{"type":"bad type!"}`, "WARNING", ``, "want letters"},
 		{`{"type":""}`, "WARNING", ``, "want letters"},
-		{`{"type":"checkpoint","payload":"` + strings.Repeat("c", MaxEnvPayload) + `"}`, "WARNING", ``, "previous checkpoint stands"},
+		{`{"type":"checkpoint","payload":"` + strings.Repeat("c", protocol.MaxEnvPayload) + `"}`, "WARNING", ``, "previous checkpoint stands"},
 	}
 	for _, c := range cases {
 		got := decodeLine([]byte(c.line))
@@ -48,7 +49,7 @@ func TestDecodeFailureLine(t *testing.T) {
 	}{
 		{line: `{"type":"failure","payload":{"error":"disk full"}}`, err: "disk full"},
 		{line: `{"type":"FAILURE","payload":{"error":"bad row","retry":false}}`, err: "bad row", retry: new(false)},
-		{line: `{"type":"failure","payload":{"error":"` + strings.Repeat("é", MaxFailureError) + `"}}`, err: strings.Repeat("é", MaxFailureError/2)},
+		{line: `{"type":"failure","payload":{"error":"` + strings.Repeat("é", protocol.MaxFailureError) + `"}}`, err: strings.Repeat("é", protocol.MaxFailureError/2)},
 		{line: `{"type":"failure"}`, problem: "failure: want"},
 		{line: `{"type":"failure","payload":{"error":""}}`, problem: "error is required"},
 		{line: `{"type":"failure","payload":{"error":"x","why":1}}`, problem: "unknown field"},
@@ -69,42 +70,13 @@ func TestDecodeFailureLine(t *testing.T) {
 	}
 }
 
-func TestLaunchArgsRoundTrip(t *testing.T) {
-	want := Launch{ContextID: 42, RunID: "r-1", LockMode: "advisory", ReadyFD: 3}
-	args := want.Args()
-	if args[0] != Subcommand {
-		t.Fatalf("args %v: want %s first", args, Subcommand)
-	}
-	got, err := ParseLaunch(args[1:])
-	if err != nil || got != want {
-		t.Errorf("ParseLaunch(%v) = %+v, %v: want %+v", args[1:], got, err, want)
-	}
-	// What a v0.1.0 supervisor passes to the binary at its path, which may
-	// be this release's after a redeploy.
-	v010 := []string{"--context-id", "42", "--run-id", "r-1", "--lock-mode", "advisory", "--ready-fd", "3"}
-	if got, err := ParseLaunch(v010); err != nil || got != want {
-		t.Errorf("ParseLaunch(%v) = %+v, %v: want %+v", v010, got, err, want)
-	}
-	for _, bad := range [][]string{
-		{"--run-id", "r"},
-		{"--context-id", "1"},
-		{"--context-id", "1", "--run-id", "r", "--lock-mode", "table"},
-		{"--context-id", "1", "--run-id", "r", "extra"},
-		{"--context-id", "x", "--run-id", "r"},
-	} {
-		if _, err := ParseLaunch(bad); err == nil {
-			t.Errorf("ParseLaunch(%v): no error", bad)
-		}
-	}
-}
-
 func TestReadEventsSkipsOversizedLinesAndGoesOn(t *testing.T) {
-	// The longest line taken is MaxEventLine bytes, its newline aside.
-	longest := `{"type":"progress","payload":"` + strings.Repeat("y", MaxEventLine-len(`{"type":"progress","payload":""}`)) + `"}`
+	// The longest line taken is protocol.MaxEventLine bytes, its newline aside.
+	longest := `{"type":"progress","payload":"` + strings.Repeat("y", protocol.MaxEventLine-len(`{"type":"progress","payload":""}`)) + `"}`
 	input := `{"type":"progress","payload":1}` + "\n" +
 		longest + "\n" +
 		longest + "z\n" +
-		strings.Repeat("x", MaxEventLine+10) + "\n" +
+		strings.Repeat("x", protocol.MaxEventLine+10) + "\n" +
 		"\n" +
 		`{"type":"progress","payload":2}` + "\n" +
 		`{"type":"progress","payload":3}` // no final newline
@@ -158,7 +130,7 @@ func FuzzDecodeLine(f *testing.F) {
 			stored(t, line, "child", map[string]any{"kind": r.child.Kind, "args": r.child.Args, "key": r.child.IdempotencyKey})
 			return
 		}
-		if !suffixRE.MatchString(r.suffix) || reservedSuffixes[r.suffix] {
+		if !protocol.ValidSuffix(r.suffix) || protocol.Reserved(r.suffix) {
 			t.Fatalf("line %q decoded to suffix %q", line, r.suffix)
 		}
 		stored(t, line, "payload", r.payload)
@@ -179,7 +151,7 @@ func TestDecodeLineMeasuresWhatTheDatabaseGivesBack(t *testing.T) {
 		{line: `{"type":"submit","payload":{"kind":"k","idempotency_key":"a\u0000"}}`, problem: "only from a clean line"},
 		{line: "{\"type\":\"submit\",\"payload\":{\"kind\":\"k\",\"idempotency_key\":\"a\xff\"}}", problem: "only from a clean line"},
 		{line: `{"type":"submit","payload":{"kind":"k","idempotency_key":"a","args":{"x":"\ud800"}}}`, problem: "only from a clean line"},
-		{line: `{"type":"submit","payload":{"kind":"k","idempotency_key":"` + strings.Repeat("k", MaxIdempotencyKey+1) + `"}}`, problem: "at most"},
+		{line: `{"type":"submit","payload":{"kind":"k","idempotency_key":"` + strings.Repeat("k", protocol.MaxIdempotencyKey+1) + `"}}`, problem: "at most"},
 	}
 	for _, c := range cases {
 		got := decodeLine([]byte(c.line))

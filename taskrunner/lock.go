@@ -19,6 +19,7 @@ import (
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/pgsession"
+	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 // Server-side TCP keepalives of the lock connection. A host that vanishes
@@ -157,7 +158,7 @@ func (k *lockKeeper) lock(ctx context.Context) (*etlcontext.Context, *pgx.Conn, 
 	}
 	// Before the lock: a runner the database no longer accepts touches
 	// nothing.
-	if err := etlcontext.CheckRunnerProtocol(cctx, conn, Protocol); err != nil {
+	if err := etlcontext.CheckRunnerProtocol(cctx, conn, protocol.Version); err != nil {
 		conn.Close(context.WithoutCancel(ctx))
 		return nil, nil, err
 	}

@@ -3,7 +3,7 @@
 //
 // It takes the context's lock and holds it for as long as it lives: the lock
 // is the proof that the task is running, and a second runner for the same
-// context exits at once with ExitLocked. In row lock mode that is an
+// context exits at once with protocol.ExitLocked. In row lock mode that is an
 // advisory lock keyed by the context id and the INITIAL event row FOR
 // UPDATE, in a transaction left open on a connection of its own, with the
 // writes on a second connection; in advisory lock mode, the advisory lock at
@@ -37,7 +37,6 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -53,66 +52,9 @@ import (
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/hostproc"
+	"github.com/dama-etl/dama/taskrunner/protocol"
 	"github.com/dama-etl/dama/version"
 )
-
-// Exit codes of the runner process.
-const (
-	// ExitDone: the command exited 0 and the context is DONE.
-	ExitDone = 0
-	// ExitSetup: the runner could not run (bad arguments, unreachable
-	// database); it wrote nothing.
-	ExitSetup = 1
-	// ExitLocked: another process holds the context's lock, or this run is
-	// not the context's current launch; the runner wrote nothing.
-	ExitLocked = 100
-	// ExitFinished: the context is already finished; the runner wrote
-	// nothing.
-	ExitFinished = 101
-	// ExitFailed: the command failed (non-zero exit, or it could not be
-	// started); an ERROR event records why.
-	ExitFailed = 102
-	// ExitCancelled: the task was cancelled; a CANCELLED event records it.
-	ExitCancelled = 103
-	// ExitLockLost: the lock was lost and not taken again within
-	// reconnect_grace (or the run was superseded), so the command was
-	// stopped.
-	ExitLockLost = 104
-	// ExitUnfit: this host cannot run the task (its log directory is
-	// unwritable, the kind's command or configuration is missing here); a
-	// WARNING event records why, and the supervisor takes the launch back
-	// without spending an attempt.
-	ExitUnfit = 105
-	// ExitRefused: the database no longer accepts task processes of this
-	// Protocol (it was migrated by a release that retired it); the runner
-	// wrote nothing and took no lock. The supervisor that launched it is as
-	// old: it stops, and leaves the task to a newer one.
-	ExitRefused = 106
-)
-
-// Protocol is the version of what a task process and the rest of dama rely
-// on of each other, across releases: the runner's arguments and
-// environment, its exit codes, the NOTIFY channels, the lock keys and lock
-// modes, and the columns and events it writes under the database's
-// checks. A release raises it when it changes any of these so that a task
-// process of an older release could no longer work with it; the database
-// records the oldest protocol it accepts (data_manager.compatibility),
-// which a migration raises only once no task process of an older one runs.
-const Protocol = 1
-
-// RunIDEnv names the environment variable that carries the attempt's run id
-// to the command and, inherited, to every process it starts: a supervisor on
-// the same host finds the attempt's processes by it.
-const RunIDEnv = "DAMA_RUN_ID"
-
-// CancelChannel is the NOTIFY channel on which `dama cancel` announces the id
-// of a context to cancel.
-const CancelChannel = "dama_cancel"
-
-// ExitedChannel is the NOTIFY channel on which a runner announces, after it
-// released its lock, the id of the context it ran, so that supervisors can
-// settle the context's job at once.
-const ExitedChannel = "dama_task_exited"
 
 // Options configure one run.
 type Options struct {
@@ -200,7 +142,7 @@ type runner struct {
 	argv []string
 	// failure is what the command said, last, of why it fails; set by the
 	// events reader, guarded by failureMu.
-	failure   *Failure
+	failure   *protocol.Failure
 	failureMu sync.Mutex
 	logPath   string
 	logFile   *os.File
@@ -261,7 +203,7 @@ func (r *runner) run(ctx context.Context) (int, error) {
 	startWriter := func(conn *pgx.Conn) {
 		go func() {
 			defer close(writerDone)
-			r.w.run(wctx, conn, CancelChannel)
+			r.w.run(wctx, conn, protocol.CancelChannel)
 		}()
 	}
 	defer func() {
@@ -281,11 +223,11 @@ func (r *runner) run(ctx context.Context) (int, error) {
 	switch {
 	case errors.Is(err, etlcontext.ErrLocked):
 		r.logger.Info("another process holds the lock of this context")
-		return ExitLocked, nil
+		return protocol.ExitLocked, nil
 	case errors.Is(err, etlcontext.ErrProtocolRefused):
-		return ExitRefused, err
+		return protocol.ExitRefused, err
 	case err != nil:
-		return ExitSetup, err
+		return protocol.ExitSetup, err
 	}
 	if conn != nil {
 		r.writerStarted = true
@@ -294,11 +236,11 @@ func (r *runner) run(ctx context.Context) (int, error) {
 	defer r.lock.release(ctx, stmtTimeout)
 	if c.Status.Finished() {
 		r.logger.Info("context already finished", "status", c.Status)
-		return ExitFinished, nil
+		return protocol.ExitFinished, nil
 	}
 	if c.Status != etlcontext.StatusRunning || c.RunID == nil || *c.RunID != r.opts.RunID || c.PID != nil {
 		r.logger.Info("this run is not the context's current launch", "status", c.Status, "current_run_id", deref(c.RunID))
-		return ExitLocked, nil
+		return protocol.ExitLocked, nil
 	}
 	r.ctx = c
 	r.w.bind(c.ID, r.opts.RunID, c.Kind)
@@ -321,12 +263,12 @@ func (r *runner) run(ctx context.Context) (int, error) {
 			r.logger.Warn("read earlier warnings", "error", serr)
 		}
 		if !seen {
-			r.w.event(etlcontext.EventWarning, map[string]any{"reason": reason, "host": r.opts.Host}, map[string]any{etlcontext.UnfitHostMeta: reason}, false)
+			r.w.event(protocol.EventWarning, map[string]any{"reason": reason, "host": r.opts.Host}, map[string]any{etlcontext.UnfitHostMeta: reason}, false)
 			if ferr := r.w.flush(fctx); ferr != nil {
 				err = errors.Join(err, ferr)
 			}
 		}
-		return ExitUnfit, err
+		return protocol.ExitUnfit, err
 	}
 	defer r.logFile.Close()
 
@@ -335,15 +277,15 @@ func (r *runner) run(ctx context.Context) (int, error) {
 		// Nothing is recorded yet: the supervisor takes the launch back,
 		// and no attempt is spent.
 		r.logger.Info("signalled before the command started: the launch is given back", "signal", sig.String())
-		return ExitSetup, nil
+		return protocol.ExitSetup, nil
 	default:
 	}
 	cancelRequested, err := r.recordStart(ctx)
 	switch {
 	case errors.Is(err, etlcontext.ErrStaleRun):
-		return ExitLocked, nil
+		return protocol.ExitLocked, nil
 	case err != nil:
-		return ExitSetup, err
+		return protocol.ExitSetup, err
 	}
 	select {
 	case sig := <-r.signals:
@@ -358,7 +300,7 @@ func (r *runner) run(ctx context.Context) (int, error) {
 	}
 	if cancelRequested {
 		// Cancelled between the launch and now: the command never starts.
-		return r.finish(ctx, ExitCancelled, etlcontext.EventCancelled, map[string]any{"reason": "cancelled before the command started"}, nil)
+		return r.finish(ctx, protocol.ExitCancelled, protocol.EventCancelled, map[string]any{"reason": "cancelled before the command started"}, nil)
 	}
 	return r.supervise(ctx)
 }
@@ -387,7 +329,7 @@ func (r *runner) prepare() error {
 	if err := os.MkdirAll(cfg.LogDir, 0o755); err != nil {
 		return fmt.Errorf("create log directory: %w", err)
 	}
-	r.logPath = filepath.Join(cfg.LogDir, strconv.FormatInt(r.ctx.ID, 10)+".log")
+	r.logPath = protocol.LogPath(cfg.LogDir, r.ctx.ID)
 	f, err := os.OpenFile(r.logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
 	if err != nil {
 		return fmt.Errorf("open log file: %w", err)
@@ -415,7 +357,7 @@ func (r *runner) recordStart(ctx context.Context) (cancelRequested bool, err err
 		FenceWindow: FenceWindow(cfg.HeartbeatInterval, *cfg.ReconnectGrace, *r.kind.KillGrace, cfg.PollInterval),
 		LockMode:    string(r.lock.mode),
 		Release:     version.Release,
-		Protocol:    Protocol,
+		Protocol:    protocol.Version,
 	}
 	rctx, cancel := context.WithTimeout(ctx, 2*stmtTimeout)
 	defer cancel()
@@ -447,11 +389,11 @@ func (r *runner) giveBack(ctx context.Context, sig os.Signal) (int, error) {
 	switch {
 	case err == nil:
 		r.logger.Info("signalled before the command started: the launch is given back", "signal", sig.String())
-		return ExitSetup, nil
+		return protocol.ExitSetup, nil
 	case errors.Is(err, etlcontext.ErrStaleRun):
-		return ExitLocked, nil
+		return protocol.ExitLocked, nil
 	}
-	return r.finish(ctx, ExitFailed, etlcontext.EventError,
+	return r.finish(ctx, protocol.ExitFailed, protocol.EventError,
 		map[string]any{"reason": "the task process received " + sig.String() + " before its command started"},
 		fmt.Errorf("give the launch back: %w", err))
 }
@@ -463,7 +405,7 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 	cfg := r.opts.Config
 	eventsR, eventsW, err := os.Pipe()
 	if err != nil {
-		return r.finish(ctx, ExitFailed, etlcontext.EventError, map[string]any{"reason": "create events pipe: " + err.Error()}, err)
+		return r.finish(ctx, protocol.ExitFailed, protocol.EventError, map[string]any{"reason": "create events pipe: " + err.Error()}, err)
 	}
 	defer eventsR.Close()
 	cmd := &exec.Cmd{
@@ -472,7 +414,7 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 		Env:        r.commandEnv(r.args, r.checkpoint),
 		Stdout:     r.logFile,
 		Stderr:     r.logFile,
-		ExtraFiles: []*os.File{eventsW},
+		ExtraFiles: []*os.File{eventsW}, // descriptor 3: protocol.EventsFD
 		SysProcAttr: &syscall.SysProcAttr{
 			Setpgid:   true,
 			Pdeathsig: syscall.SIGKILL,
@@ -484,7 +426,7 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 	// nothing runs yet, so the runner may simply wait to take it again.
 	if err := r.lock.check(ctx, *cfg.ReconnectGrace); err != nil {
 		eventsW.Close()
-		return r.finish(ctx, ExitLockLost, etlcontext.EventError, map[string]any{"reason": "the lock was lost before the command started and not taken again within reconnect_grace"}, fmt.Errorf("take the lock again before starting the command: %w", err))
+		return r.finish(ctx, protocol.ExitLockLost, protocol.EventError, map[string]any{"reason": "the lock was lost before the command started and not taken again within reconnect_grace"}, fmt.Errorf("take the lock again before starting the command: %w", err))
 	}
 	select {
 	case sig := <-r.signals:
@@ -498,7 +440,7 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 	eventsW.Close()
 	if err != nil {
 		err = fmt.Errorf("start command of kind %s: %w", r.ctx.Kind, err)
-		return r.finish(ctx, ExitFailed, etlcontext.EventError, map[string]any{"reason": err.Error()}, err)
+		return r.finish(ctx, protocol.ExitFailed, protocol.EventError, map[string]any{"reason": err.Error()}, err)
 	}
 	pgid := cmd.Process.Pid
 	var leaderTicks uint64
@@ -557,13 +499,13 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 		case waitErr = <-exited:
 			commandEnded = true
 		case n := <-r.w.notify:
-			if n.Channel == CancelChannel && n.Payload == strconv.FormatInt(r.ctx.ID, 10) {
-				stop("cancel requested", ExitCancelled)
+			if n.Channel == protocol.CancelChannel && n.Payload == strconv.FormatInt(r.ctx.ID, 10) {
+				stop("cancel requested", protocol.ExitCancelled)
 			}
 		case <-superseded:
 			// Closed for good: heard once.
 			superseded = nil
-			stop("the database refused a write of this run: it is no longer current", ExitLockLost)
+			stop("the database refused a write of this run: it is no longer current", protocol.ExitLockLost)
 		case <-r.lock.changed:
 			state, err := r.lock.get()
 			switch {
@@ -572,7 +514,7 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 				grace := *cfg.ReconnectGrace
 				r.logger.Error("lock connection failed; keeping the command running while taking the lock again", "error", err, "reconnect_grace", grace)
 				if grace == 0 {
-					stop("lock connection failed", ExitLockLost)
+					stop("lock connection failed", protocol.ExitLockLost)
 				} else {
 					graceTimer = time.After(grace)
 				}
@@ -580,19 +522,19 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 				lockIsLost, graceTimer = false, nil
 				r.logger.Info("lock held again", "unlocked_for", time.Since(lostSince).Round(time.Millisecond))
 			case state == lockSuperseded:
-				stop("the lock could not be taken again: "+err.Error(), ExitLockLost)
+				stop("the lock could not be taken again: "+err.Error(), protocol.ExitLockLost)
 			}
 		case <-timeout:
 			timeout, timedOut = nil, true
-			r.w.event(etlcontext.EventTimeout, map[string]any{
+			r.w.event(protocol.EventTimeout, map[string]any{
 				"timeout": r.kind.Timeout.String(), "on_timeout": string(r.kind.OnTimeout), "kill_grace": (*r.kind.KillGrace).String(),
 			}, nil, false)
-			stop(fmt.Sprintf("timed out after %s", r.kind.Timeout), ExitFailed)
+			stop(fmt.Sprintf("timed out after %s", r.kind.Timeout), protocol.ExitFailed)
 		case <-graceTimer:
 			graceTimer = nil
-			stop(fmt.Sprintf("the lock was not taken again within reconnect_grace (%s)", *cfg.ReconnectGrace), ExitLockLost)
+			stop(fmt.Sprintf("the lock was not taken again within reconnect_grace (%s)", *cfg.ReconnectGrace), protocol.ExitLockLost)
 		case sig := <-signals:
-			stop("runner received "+sig.String(), ExitFailed)
+			stop("runner received "+sig.String(), protocol.ExitFailed)
 		}
 	}
 	// Stragglers the command left behind end with it, in its group or not:
@@ -601,23 +543,23 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 	// The group is empty now: a pending SIGKILL must not reach whoever
 	// reuses its id.
 	close(ended)
-	r.stopDescendants(hostproc.Attempt{PGID: pgid, LeaderStartTicks: leaderTicks, Marker: RunIDEnv + "=" + r.opts.RunID})
+	r.stopDescendants(hostproc.Attempt{PGID: pgid, LeaderStartTicks: leaderTicks, Marker: protocol.RunIDEnv + "=" + r.opts.RunID})
 	events.drain(ctx, *r.opts.Config.ReconnectGrace+stmtTimeout)
 	stopWatch()
 	<-watchDone
 
 	exitCode := exitCodeOf(waitErr)
 	switch {
-	case stopCode == ExitLockLost:
+	case stopCode == protocol.ExitLockLost:
 		// Without the lock this process must not decide the outcome; the
 		// database refuses the write anyway when another attempt started.
-		return r.finish(ctx, ExitLockLost, etlcontext.EventError, map[string]any{"reason": stopReason, "exit_code": exitCode}, errors.New(stopReason))
-	case stopCode == ExitCancelled:
-		return r.finish(ctx, ExitCancelled, etlcontext.EventCancelled, map[string]any{"reason": stopReason, "exit_code": exitCode}, nil)
+		return r.finish(ctx, protocol.ExitLockLost, protocol.EventError, map[string]any{"reason": stopReason, "exit_code": exitCode}, errors.New(stopReason))
+	case stopCode == protocol.ExitCancelled:
+		return r.finish(ctx, protocol.ExitCancelled, protocol.EventCancelled, map[string]any{"reason": stopReason, "exit_code": exitCode}, nil)
 	case waitErr == nil && stopReason == "" && r.kind.AwaitChildren:
 		return r.awaitChildren(ctx, signals)
 	case waitErr == nil && stopReason == "":
-		return r.finish(ctx, ExitDone, etlcontext.EventFinal, map[string]any{"exit_code": 0}, nil)
+		return r.finish(ctx, protocol.ExitDone, protocol.EventFinal, map[string]any{"exit_code": 0}, nil)
 	default:
 		reason := stopReason
 		if reason == "" {
@@ -625,7 +567,7 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 		}
 		logTail, replaced := tail(r.logPath, 4096)
 		if replaced.Any() {
-			r.w.replacedIn(etlcontext.EventError+" log tail", replaced)
+			r.w.replacedIn(protocol.EventError+" log tail", replaced)
 		}
 		payload := map[string]any{"reason": reason, "exit_code": exitCode, "log_tail": logTail}
 		failure := r.lastFailure()
@@ -643,7 +585,7 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 			// The command said not to retry this failure.
 			payload[etlcontext.ErrorFinal] = false
 		}
-		return r.finish(ctx, ExitFailed, etlcontext.EventError, payload, nil)
+		return r.finish(ctx, protocol.ExitFailed, protocol.EventError, payload, nil)
 	}
 }
 
@@ -676,7 +618,7 @@ func (r *runner) stopDescendants(a hostproc.Attempt) {
 func (r *runner) finish(ctx context.Context, code int, suffix string, payload map[string]any, cause error) (int, error) {
 	r.w.outcome(suffix, payload, plainOutcome(payload))
 	wait := *r.opts.Config.ReconnectGrace + stmtTimeout
-	if code == ExitLockLost {
+	if code == protocol.ExitLockLost {
 		// Best effort: without its lock this attempt no longer decides, and
 		// the supervisor records its death anyway.
 		wait = 2 * time.Second
@@ -686,8 +628,8 @@ func (r *runner) finish(ctx context.Context, code int, suffix string, payload ma
 	flushErr := r.w.flush(fctx)
 	if flushErr != nil {
 		r.logger.Error("record the outcome", "type", suffix, "error", flushErr)
-		if code == ExitDone {
-			code = ExitFailed
+		if code == protocol.ExitDone {
+			code = protocol.ExitFailed
 		}
 		cause = errors.Join(cause, fmt.Errorf("record %s: %w", suffix, flushErr))
 	}
@@ -701,7 +643,7 @@ func (r *runner) finish(ctx context.Context, code int, suffix string, payload ma
 	nctx, ncancel := context.WithTimeout(ctx, 2*time.Second)
 	defer ncancel()
 	if err := r.w.do(nctx, func(ctx context.Context, conn *pgx.Conn) error {
-		_, err := conn.Exec(ctx, "SELECT pg_notify($1, $2)", ExitedChannel, strconv.FormatInt(r.ctx.ID, 10))
+		_, err := conn.Exec(ctx, "SELECT pg_notify($1, $2)", protocol.ExitedChannel, strconv.FormatInt(r.ctx.ID, 10))
 		return err
 	}); err != nil {
 		r.logger.Warn("announce exit", "error", err)
@@ -720,7 +662,7 @@ func plainOutcome(payload map[string]any) map[string]any {
 			if k == "log_tail" {
 				continue
 			}
-			s, _ := etlcontext.CleanText(truncateUTF8(v, 512))
+			s, _ := etlcontext.CleanText(protocol.TruncateUTF8(v, 512))
 			plain[k] = s
 		case bool, int:
 			plain[k] = v
@@ -730,13 +672,13 @@ func plainOutcome(payload map[string]any) map[string]any {
 	return plain
 }
 
-func (r *runner) setFailure(f *Failure) {
+func (r *runner) setFailure(f *protocol.Failure) {
 	r.failureMu.Lock()
 	r.failure = f
 	r.failureMu.Unlock()
 }
 
-func (r *runner) lastFailure() *Failure {
+func (r *runner) lastFailure() *protocol.Failure {
 	r.failureMu.Lock()
 	defer r.failureMu.Unlock()
 	return r.failure
@@ -781,7 +723,7 @@ func drainBound(pipe *os.File) int64 {
 	if err != nil || capacity <= 0 {
 		capacity = 1 << 20 // the default pipe-max-size
 	}
-	return int64(capacity) + 64<<10 + MaxEventLine
+	return int64(capacity) + 64<<10 + protocol.MaxEventLine
 }
 
 func (r *runner) readEvents(ctx context.Context, pipe *os.File) *eventsReader {
@@ -817,12 +759,12 @@ func (r *runner) report(ctx context.Context, rep reported) error {
 	case rep.failure != nil:
 		r.setFailure(rep.failure)
 		if rep.replaced.Any() {
-			r.w.replacedIn(failureType, rep.replaced)
+			r.w.replacedIn(protocol.TypeFailure, rep.replaced)
 		}
 		return nil
 	case rep.child != nil:
 		if rep.replaced.Any() {
-			r.w.replacedIn(submitType, rep.replaced)
+			r.w.replacedIn(protocol.TypeSubmit, rep.replaced)
 		}
 		return r.w.submitChild(ctx, *rep.child)
 	}
@@ -854,7 +796,7 @@ func (er *eventsReader) drain(ctx context.Context, wait time.Duration) {
 			<-er.done
 		}
 		er.r.logger.Warn(why, "lines_lost", er.lost.Load())
-		er.r.w.event(etlcontext.EventWarning, nil, map[string]any{
+		er.r.w.event(protocol.EventWarning, nil, map[string]any{
 			"problem":    why,
 			"lines_lost": er.lost.Load(),
 		}, false)
@@ -917,16 +859,16 @@ func (r *runner) commandEnv(args, checkpoint json.RawMessage) []string {
 		args = json.RawMessage("null")
 	}
 	if r.kind.Function != "" {
-		env = append(env, ProcessEnv+"="+ProcessFunction, FunctionEnv+"="+r.kind.Function)
+		env = append(env, protocol.ProcessEnv+"="+protocol.ProcessFunction, protocol.FunctionEnv+"="+r.kind.Function)
 	}
 	return append(env,
-		"DAMA_ETL_CONTEXT_ID="+strconv.FormatInt(r.ctx.ID, 10),
-		"DAMA_KIND="+r.ctx.Kind,
-		"DAMA_ATTEMPT="+strconv.Itoa(r.ctx.Attempt),
-		"DAMA_ARGS="+string(args),
-		"DAMA_CHECKPOINT="+string(checkpoint),
-		"DAMA_EVENTS_FD=3",
-		RunIDEnv+"="+r.opts.RunID,
+		protocol.ContextIDEnv+"="+strconv.FormatInt(r.ctx.ID, 10),
+		protocol.KindEnv+"="+r.ctx.Kind,
+		protocol.AttemptEnv+"="+strconv.Itoa(r.ctx.Attempt),
+		protocol.ArgsEnv+"="+string(args),
+		protocol.CheckpointEnv+"="+string(checkpoint),
+		protocol.EventsFDEnv+"="+strconv.Itoa(protocol.EventsFD),
+		protocol.RunIDEnv+"="+r.opts.RunID,
 	)
 }
 

@@ -18,6 +18,7 @@ import (
 
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/pgerr"
+	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 // Bounds of the events from the command's pipe that wait for the database
@@ -38,7 +39,7 @@ const (
 
 // coalescing are the suffixes of which only the newest waiting event is
 // kept.
-var coalescing = map[string]bool{etlcontext.EventProgress: true, etlcontext.EventCheckpoint: true}
+var coalescing = map[string]bool{protocol.EventProgress: true, protocol.EventCheckpoint: true}
 
 // writer owns the runner's write connection. Every write goes through it in
 // order, and none makes its caller wait: the runner's main loop, which
@@ -168,7 +169,7 @@ type pendingEvent struct {
 	stoodIn bool
 	// child, when set, is submitted in the transaction that stores ev (a
 	// SUBMITTED event, whose payload then names the child).
-	child *Child
+	child *protocol.Child
 }
 
 // replacedNote adds up what was replaced in the pipe's lines and in the
@@ -192,7 +193,7 @@ const replacedKey = "\x00replaced"
 
 // SubmitFunc records child c in tx (its context, INITIAL event and River
 // job) and returns its id, and whether it is new.
-type SubmitFunc func(ctx context.Context, tx pgx.Tx, c Child) (id int64, created bool, err error)
+type SubmitFunc func(ctx context.Context, tx pgx.Tx, c protocol.Child) (id int64, created bool, err error)
 
 func newWriter(url, name string, logger *slog.Logger, stmtTimeout time.Duration, hooks writerHooks) *writer {
 	return &writer{
@@ -307,7 +308,7 @@ func (w *writer) full(size int) bool {
 // newEvent makes the next event of the run, its payload and meta cleaned
 // for the database; w.mu is held or the event is not queued yet.
 func (w *writer) newEvent(suffix string, payload, meta any, isError bool) *pendingEvent {
-	e := &pendingEvent{ev: etlcontext.NewEvent{ContextID: w.contextID, Type: etlcontext.EventType(w.kind, suffix), Error: isError}}
+	e := &pendingEvent{ev: etlcontext.NewEvent{ContextID: w.contextID, Type: protocol.EventType(w.kind, suffix), Error: isError}}
 	var replaced etlcontext.Replaced
 	e.ev.Payload, replaced = cleanValue(payload)
 	m, r := cleanValue(meta)
@@ -387,7 +388,7 @@ func (w *writer) mergeReplaced(n *replacedNote) {
 		}
 		return
 	}
-	e := &pendingEvent{ev: etlcontext.NewEvent{ContextID: w.contextID, Type: etlcontext.EventType(w.kind, etlcontext.EventWarning)}, size: 512, coalesce: replacedKey, replaced: n}
+	e := &pendingEvent{ev: etlcontext.NewEvent{ContextID: w.contextID, Type: protocol.EventType(w.kind, protocol.EventWarning)}, size: 512, coalesce: replacedKey, replaced: n}
 	w.append(e)
 }
 
@@ -441,18 +442,18 @@ func asRaw(v any) json.RawMessage {
 // as a SUBMITTED event of the run in the same transaction: the database's
 // fence on the event refuses the child of a run that is no longer current.
 // It waits for room as report does: a child is work, never dropped.
-func (w *writer) submitChild(ctx context.Context, c Child) error {
+func (w *writer) submitChild(ctx context.Context, c protocol.Child) error {
 	size := 256 + len(c.Args) + len(c.Kind) + len(c.IdempotencyKey)
 	if err := w.waitRoom(ctx, size); err != nil {
 		return err
 	}
 	defer w.mu.Unlock()
 	c.ParentID = w.contextID
-	e := &pendingEvent{ev: etlcontext.NewEvent{ContextID: w.contextID, Type: etlcontext.EventType(w.kind, etlcontext.EventSubmitted)}, size: size, child: &c, piped: true}
+	e := &pendingEvent{ev: etlcontext.NewEvent{ContextID: w.contextID, Type: protocol.EventType(w.kind, protocol.EventSubmitted)}, size: size, child: &c, piped: true}
 	w.append(e)
 	// The key needs the sequence number append gave.
 	if c.IdempotencyKey == "" {
-		c.IdempotencyKey = fmt.Sprintf("dama:child:%d:%s%s:%d", w.contextID, autoKeyPrefix, w.runID, *e.ev.Seq)
+		c.IdempotencyKey = fmt.Sprintf("dama:child:%d:%s%s:%d", w.contextID, protocol.AutoKeyPrefix, w.runID, *e.ev.Seq)
 	} else {
 		c.IdempotencyKey = fmt.Sprintf("dama:child:%d:%s", w.contextID, c.IdempotencyKey)
 	}
@@ -803,7 +804,7 @@ func (w *writer) serveEvents(ctx context.Context) bool {
 		w.mu.Lock()
 		e := batch[0]
 		e.ev.Meta = map[string]any{"problem": "the database refused this event: " + err.Error(), "type": e.ev.Type}
-		e.ev.Type, e.ev.Payload, e.ev.Error = etlcontext.EventType(w.kind, etlcontext.EventWarning), nil, false
+		e.ev.Type, e.ev.Payload, e.ev.Error = protocol.EventType(w.kind, protocol.EventWarning), nil, false
 		e.stoodIn, e.writing = true, false
 		w.mu.Unlock()
 		return true
@@ -885,7 +886,7 @@ func (w *writer) serveChild(ctx context.Context, e *pendingEvent) bool {
 		w.logger.Warn("submit child", "kind", e.child.Kind, "error", refused)
 		w.mu.Lock()
 		w.refusedChildren++
-		e.ev.Type = etlcontext.EventType(w.kind, etlcontext.EventWarning)
+		e.ev.Type = protocol.EventType(w.kind, protocol.EventWarning)
 		e.ev.Meta = map[string]any{"problem": "submit " + e.child.Kind + " child: " + refused.Error()}
 		e.child = nil
 		e.writing = false
@@ -900,7 +901,7 @@ func (w *writer) serveChild(ctx context.Context, e *pendingEvent) bool {
 		w.logger.Warn("store event", "type", e.ev.Type, "error", err)
 		w.mu.Lock()
 		w.refusedChildren++
-		e.ev.Type = etlcontext.EventType(w.kind, etlcontext.EventWarning)
+		e.ev.Type = protocol.EventType(w.kind, protocol.EventWarning)
 		e.ev.Meta = map[string]any{"problem": "submit " + e.child.Kind + " child: " + err.Error()}
 		e.child, e.stoodIn, e.writing = nil, true, false
 		w.mu.Unlock()
@@ -963,7 +964,7 @@ func (w *writer) waitNotification(ctx context.Context) {
 // receiver reads the database itself: when one is already waiting, n adds
 // nothing, so a flood of them costs nothing.
 func (w *writer) hear(n *pgconn.Notification) {
-	if n.Channel == CancelChannel {
+	if n.Channel == protocol.CancelChannel {
 		w.mu.Lock()
 		id := w.contextID
 		w.mu.Unlock()
@@ -1006,7 +1007,7 @@ func (w *writer) confirmCancel(ctx context.Context) bool {
 		}
 	case err == nil:
 		select {
-		case w.notify <- &pgconn.Notification{Channel: CancelChannel, Payload: strconv.FormatInt(id, 10)}:
+		case w.notify <- &pgconn.Notification{Channel: protocol.CancelChannel, Payload: strconv.FormatInt(id, 10)}:
 			w.cancelHinted = false
 		default:
 			// The runner has yet to take what waits: look again soon.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 // While the database is away, reported events wait within the bounds and
@@ -31,19 +32,19 @@ func TestPendingEventsAreBoundedByWaitingNotDropping(t *testing.T) {
 		t.Fatalf("a named event past the bound: %v, want it to wait", err)
 	}
 	// Children wait too.
-	if err := w.submitChild(wctx, Child{Kind: "c"}); !errors.Is(err, context.DeadlineExceeded) {
+	if err := w.submitChild(wctx, protocol.Child{Kind: "c"}); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("a child past the bound: %v, want it to wait", err)
 	}
 	// Progress and checkpoints do not: each replaces the one waiting.
 	for n := range 5 {
-		for _, suffix := range []string{etlcontext.EventProgress, etlcontext.EventCheckpoint} {
+		for _, suffix := range []string{protocol.EventProgress, protocol.EventCheckpoint} {
 			if err := w.report(ctx, suffix, json.RawMessage(strconv.Itoa(n)), nil, false, etlcontext.Replaced{}); err != nil {
 				t.Fatalf("%s past the bound: %v", suffix, err)
 			}
 		}
 	}
 	// The runner's own events are never refused.
-	w.outcome(etlcontext.EventFinal, map[string]any{"exit_code": 0}, nil)
+	w.outcome(protocol.EventFinal, map[string]any{"exit_code": 0}, nil)
 
 	var live []*pendingEvent
 	for _, e := range w.events {
@@ -84,7 +85,7 @@ func TestReplacementsAreCleanedAndNotedOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	w.event(etlcontext.EventWarning, map[string]any{"reason": "nul\x00"}, nil, false)
+	w.event(protocol.EventWarning, map[string]any{"reason": "nul\x00"}, nil, false)
 	var warnings []*pendingEvent
 	for _, e := range w.events {
 		if p, ok := e.ev.Payload.(json.RawMessage); ok && e.ev.Type == "k:ROWS" && string(p) != `"a\ufffdb\ufffd"` {
@@ -115,7 +116,7 @@ func TestCoalescedEventsDoNotGrowTheQueue(t *testing.T) {
 		}
 	}
 	for i := range 100000 {
-		if err := w.report(ctx, etlcontext.EventProgress, json.RawMessage(strconv.Itoa(i)), nil, false, etlcontext.Replaced{}); err != nil {
+		if err := w.report(ctx, protocol.EventProgress, json.RawMessage(strconv.Itoa(i)), nil, false, etlcontext.Replaced{}); err != nil {
 			t.Fatal(err)
 		}
 	}

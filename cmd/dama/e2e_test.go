@@ -18,7 +18,7 @@ import (
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
 	"github.com/dama-etl/dama/schema"
-	"github.com/dama-etl/dama/taskrunner"
+	"github.com/dama-etl/dama/taskrunner/protocol"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -227,7 +227,7 @@ func TestKilledTaskIsRetriedFromItsCheckpoint(t *testing.T) {
 	id := w.submit(40, 50)
 	w.waitRunning(id)
 	running := w.waitFor(id, 30*time.Second, "to record a checkpoint past step 5", func(etlcontext.Task) bool {
-		cp, err := etlcontext.LatestPayload(context.Background(), w.Pool, id, etlcontext.EventCheckpoint)
+		cp, err := etlcontext.LatestPayload(context.Background(), w.Pool, id, protocol.EventCheckpoint)
 		var c struct {
 			NextStep int `json:"next_step"`
 		}
@@ -286,8 +286,8 @@ func TestSecondTaskrunnerExitsWithoutWriting(t *testing.T) {
 	}
 	before := count()
 	res := w.Dama(w.cfg, "taskrunner", "--context-id", strconv.FormatInt(id, 10), "--run-id", *running.RunID)
-	if res.Code != taskrunner.ExitLocked {
-		t.Fatalf("second taskrunner: exit %d, want %d; stderr: %s", res.Code, taskrunner.ExitLocked, res.Stderr)
+	if res.Code != protocol.ExitLocked {
+		t.Fatalf("second taskrunner: exit %d, want %d; stderr: %s", res.Code, protocol.ExitLocked, res.Stderr)
 	}
 	if after := count(); after != before {
 		t.Errorf("the second taskrunner wrote %d events", after-before)
@@ -298,8 +298,8 @@ func TestSecondTaskrunnerExitsWithoutWriting(t *testing.T) {
 
 	w.waitSettled(id, 60*time.Second)
 	res = w.Dama(w.cfg, "taskrunner", "--context-id", strconv.FormatInt(id, 10), "--run-id", *running.RunID)
-	if res.Code != taskrunner.ExitFinished {
-		t.Fatalf("taskrunner for a DONE context: exit %d, want %d; stderr: %s", res.Code, taskrunner.ExitFinished, res.Stderr)
+	if res.Code != protocol.ExitFinished {
+		t.Fatalf("taskrunner for a DONE context: exit %d, want %d; stderr: %s", res.Code, protocol.ExitFinished, res.Stderr)
 	}
 	if starts := w.starts(id); len(starts) != 1 {
 		t.Errorf("starts: %v, want exactly one", starts)

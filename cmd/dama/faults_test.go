@@ -22,7 +22,7 @@ import (
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/hostproc"
 	"github.com/dama-etl/dama/internal/testenv"
-	"github.com/dama-etl/dama/taskrunner"
+	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 // beatScript is a task that forks: a background worker, which ignores
@@ -698,7 +698,7 @@ func TestCancelledAttemptsOrphansAreStopped(t *testing.T) {
 		t.Errorf("the worker beat %s after the task was recorded CANCELLED", time.Duration(last-got.FinishedAt.UnixNano()))
 	}
 	// And it is gone, not merely quiet.
-	attempt := hostproc.Attempt{Marker: taskrunner.RunIDEnv + "=" + *running.RunID}
+	attempt := hostproc.Attempt{Marker: protocol.RunIDEnv + "=" + *running.RunID}
 	testenv.Eventually(t, 10*time.Second, "no process of the cancelled attempt left", func() (bool, error) {
 		pids, err := attempt.Processes()
 		return len(pids) == 0, err

@@ -24,7 +24,7 @@ import (
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
 	"github.com/dama-etl/dama/schema"
-	"github.com/dama-etl/dama/taskrunner"
+	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 // A notification is a hint, never an order: a role with no grants at all
@@ -50,7 +50,7 @@ kinds:` + waiterKind(goFile, 1))
 	}
 	defer intruder.Close(ctx)
 	for range 50 {
-		if _, err := intruder.Exec(ctx, `SELECT pg_notify($1, $2)`, taskrunner.CancelChannel, strconv.FormatInt(id, 10)); err != nil {
+		if _, err := intruder.Exec(ctx, `SELECT pg_notify($1, $2)`, protocol.CancelChannel, strconv.FormatInt(id, 10)); err != nil {
 			t.Fatalf("notify as a role with no grants: %v", err)
 		}
 	}
@@ -389,7 +389,7 @@ kinds:
 	if err := env.Pool.QueryRow(context.Background(), `SELECT rolname FROM pg_roles WHERE pg_has_role(rolname, $1, 'MEMBER') AND rolname LIKE 'dama_login_%'`, schema.RoleOperator).Scan(&opRole); err != nil {
 		t.Fatal(err)
 	}
-	if by, err := etlcontext.LatestPayload(context.Background(), env.Pool, waiter, etlcontext.EventCancelRequested); err != nil || !strings.Contains(string(by), "(database role "+opRole+")") {
+	if by, err := etlcontext.LatestPayload(context.Background(), env.Pool, waiter, protocol.EventCancelRequested); err != nil || !strings.Contains(string(by), "(database role "+opRole+")") {
 		t.Errorf("CANCEL_REQUESTED %s, %v: want it to name the operator's role %s", by, err, opRole)
 	}
 	// The database stamps the role, whatever the writer says: an operator
@@ -484,7 +484,7 @@ kinds:
 		t.Fatal(err)
 	}
 	defer intruder.Close(ctx)
-	if _, err := intruder.Exec(ctx, `SELECT pg_notify($1, $2)`, taskrunner.ExitedChannel, strconv.FormatInt(later, 10)); err != nil {
+	if _, err := intruder.Exec(ctx, `SELECT pg_notify($1, $2)`, protocol.ExitedChannel, strconv.FormatInt(later, 10)); err != nil {
 		t.Fatal(err)
 	}
 	// A task submitted after the announcement runs to its end: the
@@ -539,7 +539,7 @@ func TestATaskProcessWritesOnlyItsOwnRun(t *testing.T) {
 		t.Cleanup(func() { conn.Close(context.Background()) })
 		return conn
 	}
-	runner := etlcontext.Runner{Host: "h", PID: 1, LockMode: "row", Protocol: taskrunner.Protocol}
+	runner := etlcontext.Runner{Host: "h", PID: 1, LockMode: "row", Protocol: protocol.Version}
 	refused := func(what string, err error) {
 		t.Helper()
 		var pgErr *pgconn.PgError

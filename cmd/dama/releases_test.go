@@ -13,7 +13,7 @@ import (
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
 	"github.com/dama-etl/dama/schema"
-	"github.com/dama-etl/dama/taskrunner"
+	"github.com/dama-etl/dama/taskrunner/protocol"
 	"github.com/dama-etl/dama/version"
 )
 
@@ -29,7 +29,7 @@ func TestVersion(t *testing.T) {
 		if res.Code != 0 || len(lines) != 5 {
 			t.Fatalf("dama %v: exit %d, stdout %q, stderr %q; want 5 lines", args, res.Code, res.Stdout, res.Stderr)
 		}
-		want := []string{"dama " + version.Release, "commit ", fmt.Sprintf("protocol %d", taskrunner.Protocol), fmt.Sprintf("schema %d", latest), "go go1."}
+		want := []string{"dama " + version.Release, "commit ", fmt.Sprintf("protocol %d", protocol.Version), fmt.Sprintf("schema %d", latest), "go go1."}
 		for i, w := range want {
 			if !strings.HasPrefix(lines[i], w) {
 				t.Errorf("dama %v line %d: %q, want it to start with %q", args, i+1, lines[i], w)
@@ -93,7 +93,7 @@ func TestRetiredRunnerProtocolIsRefused(t *testing.T) {
 
 	// A supervisor whose task processes the database no longer accepts
 	// does not start.
-	setMinRunnerProtocol(t, w.Env, taskrunner.Protocol+1)
+	setMinRunnerProtocol(t, w.Env, protocol.Version+1)
 	res := w.Dama(w.cfg, "supervisor")
 	lines := strings.Split(strings.TrimRight(res.Stderr, "\n"), "\n")
 	if res.Code == 0 || len(lines) != 1 || !strings.Contains(lines[0], "no longer accepts task processes") || !strings.Contains(lines[0], "run dama v9.9.9 or later") {
@@ -103,13 +103,13 @@ func TestRetiredRunnerProtocolIsRefused(t *testing.T) {
 	// One that was running when the database retired its protocol stops
 	// at its first launch, which its task process refuses, spending no
 	// attempt.
-	setMinRunnerProtocol(t, w.Env, taskrunner.Protocol)
+	setMinRunnerProtocol(t, w.Env, protocol.Version)
 	sup := w.Start(w.cfg, "supervisor")
 	testenv.Eventually(t, 30*time.Second, "the supervisor to start", func() (bool, error) {
 		out, err := os.ReadFile(sup.Log)
 		return strings.Contains(string(out), "supervisor started"), err
 	})
-	setMinRunnerProtocol(t, w.Env, taskrunner.Protocol+1)
+	setMinRunnerProtocol(t, w.Env, protocol.Version+1)
 	id := w.submit(1, 1)
 	select {
 	case <-sup.Done():
@@ -118,8 +118,8 @@ func TestRetiredRunnerProtocolIsRefused(t *testing.T) {
 	}
 	out, _ := os.ReadFile(sup.Log)
 	if sup.Wait() == nil || !strings.Contains(string(out), "dama: the database no longer accepts task processes of this protocol") ||
-		!strings.Contains(string(out), "exit_code="+strconv.Itoa(taskrunner.ExitRefused)) {
-		t.Errorf("supervisor exited with %v; want an error after its task process exited %d; log:\n%s", sup.Wait(), taskrunner.ExitRefused, out)
+		!strings.Contains(string(out), "exit_code="+strconv.Itoa(protocol.ExitRefused)) {
+		t.Errorf("supervisor exited with %v; want an error after its task process exited %d; log:\n%s", sup.Wait(), protocol.ExitRefused, out)
 	}
 	runnerLog, _ := os.ReadFile(filepath.Join(w.Dir, "logs", strconv.FormatInt(id, 10)+".log"))
 	if n := strings.Count(string(runnerLog), "no longer accepts task processes"); n != 1 {
@@ -136,14 +136,14 @@ func TestRetiredRunnerProtocolIsRefused(t *testing.T) {
 	}
 
 	// A supervisor of a release the database accepts runs it, once.
-	setMinRunnerProtocol(t, w.Env, taskrunner.Protocol)
+	setMinRunnerProtocol(t, w.Env, protocol.Version)
 	w.Start(w.cfg, "supervisor")
 	got = w.waitSettled(id, 60*time.Second)
 	if got.Status != etlcontext.StatusDone || got.Attempt != 1 {
 		t.Errorf("%s at attempt %d, want DONE at attempt 1", got.Status, got.Attempt)
 	}
-	if got.RunnerRelease == nil || *got.RunnerRelease != version.Release || got.RunnerProtocol == nil || *got.RunnerProtocol != taskrunner.Protocol || got.LockMode == nil {
-		t.Errorf("runner release %v, protocol %v, lock mode %v; want %s, %d and the mode", deref(got.RunnerRelease), deref(got.RunnerProtocol), deref(got.LockMode), version.Release, taskrunner.Protocol)
+	if got.RunnerRelease == nil || *got.RunnerRelease != version.Release || got.RunnerProtocol == nil || *got.RunnerProtocol != protocol.Version || got.LockMode == nil {
+		t.Errorf("runner release %v, protocol %v, lock mode %v; want %s, %d and the mode", deref(got.RunnerRelease), deref(got.RunnerProtocol), deref(got.LockMode), version.Release, protocol.Version)
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/pgerr"
 	"github.com/dama-etl/dama/supervisor"
+	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 // Exit codes of `dama submit --wait` once the task is submitted, beside 0
@@ -95,7 +96,7 @@ func describe(t etlcontext.Task) string {
 	if w := waiting(t); w != "-" {
 		s += " (waiting: " + w + ")"
 	}
-	if t.LatestEventType != nil && etlcontext.EventSuffix(*t.LatestEventType) == etlcontext.EventAwaiting && t.Status == etlcontext.StatusRunning {
+	if t.LatestEventType != nil && protocol.EventSuffix(*t.LatestEventType) == protocol.EventAwaiting && t.Status == etlcontext.StatusRunning {
 		s += " awaiting children: " + children(t.Children)
 	} else if len(t.Children) > 0 {
 		s += " children: " + children(t.Children)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 // treeConfig has a parent kind whose command submits three children on its
@@ -96,7 +97,7 @@ func TestAwaitChildren(t *testing.T) {
 	parent := submittedID(t, res.Stdout)
 
 	awaiting := w.waitFor(parent, 30*time.Second, "to await its children", func(t etlcontext.Task) bool {
-		return t.LatestEventType != nil && strings.HasSuffix(*t.LatestEventType, ":"+etlcontext.EventAwaiting)
+		return t.LatestEventType != nil && strings.HasSuffix(*t.LatestEventType, ":"+protocol.EventAwaiting)
 	})
 	if awaiting.Status != etlcontext.StatusRunning || !awaiting.InitialEventLocked || awaiting.Children.Pending() == 0 {
 		t.Errorf("awaiting parent: %s, locked %t, children %v: want RUNNING, locked, children pending", awaiting.Status, awaiting.InitialEventLocked, awaiting.Children)

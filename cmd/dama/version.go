@@ -8,7 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/dama-etl/dama/schema"
-	"github.com/dama-etl/dama/taskrunner"
+	"github.com/dama-etl/dama/taskrunner/protocol"
 	"github.com/dama-etl/dama/version"
 )
 
@@ -30,7 +30,7 @@ func versionText() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "dama %s\n", version.Release)
 	fmt.Fprintf(&b, "commit %s\n", version.Commit())
-	fmt.Fprintf(&b, "protocol %d\n", taskrunner.Protocol)
+	fmt.Fprintf(&b, "protocol %d\n", protocol.Version)
 	if latest, err := schema.Latest(); err == nil {
 		fmt.Fprintf(&b, "schema %d\n", latest)
 	}

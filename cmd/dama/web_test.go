@@ -22,6 +22,7 @@ import (
 
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
+	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 const webConfig = `
@@ -292,7 +293,7 @@ fetch(%[1]q, {method: "POST", headers: {"X-Dama-Token": "guess"}})
 	}
 	// Who acts: the name the page was given, and the database role.
 	wantActor := `"alice" via dama web on ` + host + " from 127.0.0.1 (database role " + role + ")"
-	if by := eventBy(t, env, victim, etlcontext.EventCancelRequested); by != wantActor {
+	if by := eventBy(t, env, victim, protocol.EventCancelRequested); by != wantActor {
 		t.Errorf("CANCEL_REQUESTED of task %d by %q, want %q", victim, by, wantActor)
 	}
 
@@ -301,7 +302,7 @@ fetch(%[1]q, {method: "POST", headers: {"X-Dama-Token": "guess"}})
 	w.waitFor(victim, 30*time.Second, "to run again", func(t etlcontext.Task) bool {
 		return t.Status == etlcontext.StatusRunning && t.Attempt == 2
 	})
-	if by := eventBy(t, env, victim, etlcontext.EventRetried); by != wantActor {
+	if by := eventBy(t, env, victim, protocol.EventRetried); by != wantActor {
 		t.Errorf("RETRIED of task %d by %q, want %q", victim, by, wantActor)
 	}
 
@@ -530,7 +531,7 @@ func TestWebAPI(t *testing.T) {
 	if code != http.StatusOK || v["status"] != "CANCELLED" {
 		t.Fatalf("cancel the parked task: %d %v, want CANCELLED at once", code, v)
 	}
-	if by := eventBy(t, env, parked, etlcontext.EventCancelled); !strings.HasPrefix(by, wantActor) {
+	if by := eventBy(t, env, parked, protocol.EventCancelled); !strings.HasPrefix(by, wantActor) {
 		t.Errorf("CANCELLED of the parked task by %q, want %s...", by, wantActor)
 	}
 	if code, v = call(t, "POST", fmt.Sprintf("%sapi/tasks/%d/cancel", base, done), ci, ""); code != http.StatusConflict {

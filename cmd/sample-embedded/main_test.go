@@ -15,7 +15,7 @@ import (
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
-	"github.com/dama-etl/dama/taskrunner"
+	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -173,7 +173,7 @@ func TestAFunctionReportsFailsAndResumesFromItsCheckpoint(t *testing.T) {
 		t.Errorf("starts (pid attempt first-row): %v, want attempt 1 from row 0, then attempt 2 from row 2", s)
 	}
 	_, payloads := w.events(id)
-	errs := payloads[etlcontext.EventError]
+	errs := payloads[protocol.EventError]
 	if len(errs) != 1 {
 		t.Fatalf("%d ERROR events, want 1", len(errs))
 	}
@@ -212,8 +212,8 @@ func TestWhatAFunctionStartsIsNotTheTask(t *testing.T) {
 			dama = append(dama, kv)
 		}
 	}
-	if len(dama) != 1 || !strings.HasPrefix(dama[0], taskrunner.RunIDEnv+"=") {
-		t.Errorf("a process the function started got %v: want %s alone", dama, taskrunner.RunIDEnv)
+	if len(dama) != 1 || !strings.HasPrefix(dama[0], protocol.RunIDEnv+"=") {
+		t.Errorf("a process the function started got %v: want %s alone", dama, protocol.RunIDEnv)
 	}
 }
 
@@ -227,7 +227,7 @@ func TestNoRetryFailsForGoodAndAPanicIsRecorded(t *testing.T) {
 		t.Errorf("NoRetry task %s at attempt %d: want FAILED at attempt 1", got.Status, got.Attempt)
 	}
 	_, payloads := w.events(final)
-	if e := decode[errorPayload](t, payloads[etlcontext.EventError][0]); e.Reason != "source connection reset at row 2" || e.Retry == nil || *e.Retry {
+	if e := decode[errorPayload](t, payloads[protocol.EventError][0]); e.Reason != "source connection reset at row 2" || e.Retry == nil || *e.Retry {
 		t.Errorf("NoRetry ERROR reason %q, retry %v: want the function's error, retry false", e.Reason, e.Retry)
 	}
 
@@ -235,7 +235,7 @@ func TestNoRetryFailsForGoodAndAPanicIsRecorded(t *testing.T) {
 		t.Errorf("panicking task %s at attempt %d: want DONE at attempt 2", got.Status, got.Attempt)
 	}
 	_, payloads = w.events(panicky)
-	e := decode[errorPayload](t, payloads[etlcontext.EventError][0])
+	e := decode[errorPayload](t, payloads[protocol.EventError][0])
 	if !strings.HasPrefix(e.Reason, "panic: row 2: unexpected NULL (at main.copyRows ") || !strings.Contains(e.LogTail, "main.copyRows") {
 		t.Errorf("panic ERROR reason %q, log tail %q: want the panic, where it happened, and its stack", e.Reason, e.LogTail)
 	}
@@ -257,8 +257,8 @@ func TestAFunctionTaskIsAdoptedAfterItsSupervisorIsKilled(t *testing.T) {
 	// The lock proves the task runs: a second runner for it, started as
 	// the supervisor starts one, exits at once.
 	res, log := w.runner(id, *running.RunID)
-	if res != taskrunner.ExitLocked || !strings.Contains(log, "another process holds the lock") {
-		t.Errorf("second runner: exit %d, log %q: want %d (ExitLocked) because another process holds the lock", res, log, taskrunner.ExitLocked)
+	if res != protocol.ExitLocked || !strings.Contains(log, "another process holds the lock") {
+		t.Errorf("second runner: exit %d, log %q: want %d (ExitLocked) because another process holds the lock", res, log, protocol.ExitLocked)
 	}
 	if now := w.task(id); now.Status != etlcontext.StatusRunning || !now.InitialEventLocked || *now.PID != *running.PID {
 		t.Fatalf("after the supervisor's kill: %s, locked %v, pid %v: want RUNNING and locked by pid %d", now.Status, now.InitialEventLocked, now.PID, *running.PID)
@@ -279,11 +279,11 @@ func TestAFunctionTaskIsAdoptedAfterItsSupervisorIsKilled(t *testing.T) {
 // supervisor would, and returns its exit code and its log.
 func (w *world) runner(id int64, runID string) (int, string) {
 	w.T.Helper()
-	launch := taskrunner.Launch{ContextID: id, RunID: runID, LockMode: config.LockModeRow}
+	launch := protocol.Launch{ContextID: id, RunID: runID, LockMode: config.LockModeRow}
 	if mode := os.Getenv(testenv.LockModeEnv); mode != "" {
 		launch.LockMode = config.LockMode(mode)
 	}
-	p := w.StartProgramWith(w.SampleEmbedded, w.cfg, []string{taskrunner.ProcessEnv + "=" + taskrunner.ProcessRunner}, launch.Args()...)
+	p := w.StartProgramWith(w.SampleEmbedded, w.cfg, []string{protocol.ProcessEnv + "=" + protocol.ProcessRunner}, launch.Args()...)
 	select {
 	case <-p.Done():
 	case <-time.After(30 * time.Second):
@@ -320,9 +320,9 @@ func TestAFunctionThatIgnoresCancellationIsStopped(t *testing.T) {
 			t.Errorf("task %d %s at attempt %d: want %s at attempt 1", id, got.Status, got.Attempt, want)
 		}
 		_, payloads := w.events(id)
-		outcome := payloads[etlcontext.EventCancelled]
+		outcome := payloads[protocol.EventCancelled]
 		if want == etlcontext.StatusFailed {
-			outcome = payloads[etlcontext.EventError]
+			outcome = payloads[protocol.EventError]
 		}
 		if len(outcome) != 1 || decode[map[string]any](t, outcome[0])["exit_code"] != float64(wantExit[id]) {
 			t.Errorf("task %d: outcome %s, want exit_code %d", id, outcome, wantExit[id])
@@ -334,10 +334,10 @@ func TestAFunctionThatIgnoresCancellationIsStopped(t *testing.T) {
 		}
 	}
 	types, payloads := w.events(timed)
-	if !strings.Contains(strings.Join(types, " "), etlcontext.EventTimeout) {
+	if !strings.Contains(strings.Join(types, " "), protocol.EventTimeout) {
 		t.Errorf("timed task's events %v: want a TIMEOUT", types)
 	}
-	if e := decode[errorPayload](t, payloads[etlcontext.EventError][0]); !strings.Contains(e.Reason, "timed out") {
+	if e := decode[errorPayload](t, payloads[protocol.EventError][0]); !strings.Contains(e.Reason, "timed out") {
 		t.Errorf("timed task's ERROR reason %q: want the timeout", e.Reason)
 	}
 }
@@ -353,7 +353,7 @@ func TestAFunctionSubmitsChildrenAndAwaitsThem(t *testing.T) {
 		t.Fatalf("parent %s, children %+v: want DONE with 3 children DONE", got.Status, got.Children)
 	}
 	types, _ := w.events(parent)
-	if n := strings.Count(strings.Join(types, " "), etlcontext.EventSubmitted); n != 3 {
+	if n := strings.Count(strings.Join(types, " "), protocol.EventSubmitted); n != 3 {
 		t.Errorf("parent's events %v: want 3 SUBMITTED", types)
 	}
 }
@@ -373,14 +373,14 @@ func TestTheDamaSupervisorRefusesFunctionKinds(t *testing.T) {
 // whole supervisor).
 func TestAnUnknownTaskProcessRoleIsRefused(t *testing.T) {
 	w := newWorld(t)
-	p := w.StartProgramWith(w.SampleEmbedded, w.cfg, []string{taskrunner.ProcessEnv + "=janitor"}, "supervisor")
+	p := w.StartProgramWith(w.SampleEmbedded, w.cfg, []string{protocol.ProcessEnv + "=janitor"}, "supervisor")
 	select {
 	case <-p.Done():
 	case <-time.After(30 * time.Second):
 		t.Fatal("sample-embedded with an unknown task process role still runs after 30s")
 	}
 	log, _ := os.ReadFile(p.Log)
-	if code := p.Cmd.ProcessState.ExitCode(); code != taskrunner.ExitSetup || !strings.Contains(string(log), `DAMA_TASK_PROCESS="janitor"`) {
-		t.Errorf("exit %d, output %q: want %d and the role refused", code, log, taskrunner.ExitSetup)
+	if code := p.Cmd.ProcessState.ExitCode(); code != protocol.ExitSetup || !strings.Contains(string(log), `DAMA_TASK_PROCESS="janitor"`) {
+		t.Errorf("exit %d, output %q: want %d and the role refused", code, log, protocol.ExitSetup)
 	}
 }

@@ -1,9 +1,9 @@
-// Command sample-etl is a small ETL task for dama's demo and tests. It works
-// through a number of steps, reports progress and a checkpoint after each on
-// the events pipe (DAMA_EVENTS_FD), and on a retry resumes after the last
-// checkpoint (DAMA_CHECKPOINT).
+// Command sample-etl is a small ETL task for dama's demo and tests, and an
+// example of a task's own Go program (package task). It works through a
+// number of steps, reports progress and a checkpoint after each on the
+// events pipe, and on a retry resumes after the last checkpoint.
 //
-// Its arguments (DAMA_ARGS) are a JSON object:
+// Its arguments are a JSON object:
 //
 //	steps       number of steps (default 10)
 //	step_ms     milliseconds each step takes (default 100)
@@ -12,12 +12,13 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"time"
+
+	"github.com/dama-etl/dama/task"
 )
 
 type args struct {
@@ -41,42 +42,31 @@ func main() {
 }
 
 func run() error {
+	t, err := task.FromEnv()
+	if err != nil {
+		return err
+	}
 	a := args{Steps: 10, StepMS: 100}
-	if s := os.Getenv("DAMA_ARGS"); s != "" && s != "null" {
-		if err := json.Unmarshal([]byte(s), &a); err != nil {
-			return fmt.Errorf("DAMA_ARGS: %w", err)
-		}
+	if err := t.DecodeArgs(&a); err != nil {
+		return err
 	}
 	var cp checkpoint
-	if s := os.Getenv("DAMA_CHECKPOINT"); s != "" {
-		if err := json.Unmarshal([]byte(s), &cp); err != nil {
-			return fmt.Errorf("DAMA_CHECKPOINT: %w", err)
-		}
-	}
-	attempt, _ := strconv.Atoi(os.Getenv("DAMA_ATTEMPT"))
-	id := os.Getenv("DAMA_ETL_CONTEXT_ID")
-
-	events := os.Stdout
-	if fd, err := strconv.Atoi(os.Getenv("DAMA_EVENTS_FD")); err == nil {
-		events = os.NewFile(uintptr(fd), "events")
-	}
-	enc := json.NewEncoder(events)
-	report := func(typ string, payload any) error {
-		return enc.Encode(map[string]any{"type": typ, "payload": payload})
+	if _, err := t.DecodeLastCheckpoint(&cp); err != nil {
+		return err
 	}
 
 	if a.StartsDir != "" {
-		f, err := os.OpenFile(filepath.Join(a.StartsDir, id+".starts"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+		f, err := os.OpenFile(filepath.Join(a.StartsDir, strconv.FormatInt(t.ID(), 10)+".starts"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(f, "%d %d %d\n", os.Getpid(), attempt, cp.NextStep)
+		fmt.Fprintf(f, "%d %d %d\n", os.Getpid(), t.Attempt(), cp.NextStep)
 		f.Close()
 	}
-	fmt.Printf("context %s attempt %d: steps %d to %d\n", id, attempt, cp.NextStep, a.Steps)
+	fmt.Printf("context %d attempt %d: steps %d to %d\n", t.ID(), t.Attempt(), cp.NextStep, a.Steps)
 
 	for step := cp.NextStep; step < a.Steps; step++ {
-		if a.FailAt > 0 && step == a.FailAt && attempt <= 1 {
+		if a.FailAt > 0 && step == a.FailAt && t.Attempt() <= 1 {
 			fmt.Fprintf(os.Stderr, "failing at step %d as asked\n", step)
 			os.Exit(3)
 		}
@@ -84,16 +74,16 @@ func run() error {
 		if a.LogSteps {
 			fmt.Printf("step %d/%d\n", step+1, a.Steps)
 		}
-		if err := report("progress", map[string]int{"step": step + 1, "of": a.Steps}); err != nil {
+		if err := t.Progress(map[string]int{"step": step + 1, "of": a.Steps}); err != nil {
 			return err
 		}
-		if err := report("checkpoint", checkpoint{NextStep: step + 1}); err != nil {
+		if err := t.Checkpoint(checkpoint{NextStep: step + 1}); err != nil {
 			return err
 		}
 	}
-	if err := report("rows_loaded", map[string]int{"rows": a.Steps * 1000}); err != nil {
+	if err := t.Event("rows_loaded", map[string]int{"rows": a.Steps * 1000}); err != nil {
 		return err
 	}
-	fmt.Printf("context %s done\n", id)
+	fmt.Printf("context %d done\n", t.ID())
 	return nil
 }

@@ -40,6 +40,7 @@ import (
 	"github.com/dama-etl/dama/internal/hostproc"
 	"github.com/dama-etl/dama/internal/pgerr"
 	"github.com/dama-etl/dama/supervisor"
+	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 //go:embed assets
@@ -615,7 +616,7 @@ func (s *Server) log(w http.ResponseWriter, r *http.Request) {
 	// Anyone who reaches the page reads this, so only a regular file named
 	// as dama names logs, reached without following a link the task could
 	// have put in its place, and without blocking on a FIFO.
-	if filepath.Base(*t.LogPath) != strconv.FormatInt(t.ID, 10)+".log" {
+	if filepath.Base(*t.LogPath) != protocol.LogName(t.ID) {
 		writeError(w, http.StatusNotFound, fmt.Errorf("task %d's log %s is not a dama log", t.ID, *t.LogPath))
 		return
 	}

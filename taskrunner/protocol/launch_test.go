@@ -1,11 +1,9 @@
-package taskrunner
+package protocol
 
 import (
 	"reflect"
 	"strings"
 	"testing"
-
-	"github.com/dama-etl/dama/config"
 )
 
 // FuzzParseLaunch reads arbitrary runner command lines (the arguments
@@ -17,13 +15,13 @@ func FuzzParseLaunch(f *testing.F) {
 		argv   string
 		launch Launch
 	}{
-		{join(Launch{ContextID: 42, RunID: "7f3c9a12-0b1e-4c55-9d0e-2a6f1e8b4c01", LockMode: config.LockModeRow, ReadyFD: 3}), Launch{ContextID: 42, RunID: "r", LockMode: config.LockModeRow}},
-		{join(Launch{ContextID: 1<<63 - 1, RunID: "-x", LockMode: config.LockModeAdvisory}), Launch{ContextID: 1, RunID: "--context-id", LockMode: config.LockModeAdvisory, ReadyFD: 1 << 40}},
-		{"--context-id=5\x00--run-id=r", Launch{ContextID: 5, RunID: "=", LockMode: config.LockModeRow, ReadyFD: -1}},
-		{"-context-id\x000x10\x00-run-id\x00r\x00-lock-mode\x00advisory", Launch{ContextID: -1, RunID: "r", LockMode: config.LockModeRow}},
-		{"--context-id\x000\x00--run-id\x00r", Launch{ContextID: 2, RunID: "", LockMode: config.LockModeRow}},
+		{join(Launch{ContextID: 42, RunID: "7f3c9a12-0b1e-4c55-9d0e-2a6f1e8b4c01", LockMode: LockModeRow, ReadyFD: 3}), Launch{ContextID: 42, RunID: "r", LockMode: LockModeRow}},
+		{join(Launch{ContextID: 1<<63 - 1, RunID: "-x", LockMode: LockModeAdvisory}), Launch{ContextID: 1, RunID: "--context-id", LockMode: LockModeAdvisory, ReadyFD: 1 << 40}},
+		{"--context-id=5\x00--run-id=r", Launch{ContextID: 5, RunID: "=", LockMode: LockModeRow, ReadyFD: -1}},
+		{"-context-id\x000x10\x00-run-id\x00r\x00-lock-mode\x00advisory", Launch{ContextID: -1, RunID: "r", LockMode: LockModeRow}},
+		{"--context-id\x000\x00--run-id\x00r", Launch{ContextID: 2, RunID: "", LockMode: LockModeRow}},
 		{"--context-id\x0042\x00--run-id\x00r\x00--lock-mode\x00ROW", Launch{ContextID: 2, RunID: "r", LockMode: "ROW"}},
-		{"--context-id\x0042\x00--run-id\x00r\x00--ready-fd\x00-3", Launch{ContextID: 2, RunID: "a b\nc", LockMode: config.LockModeAdvisory, ReadyFD: 4}},
+		{"--context-id\x0042\x00--run-id\x00r\x00--ready-fd\x00-3", Launch{ContextID: 2, RunID: "a b\nc", LockMode: LockModeAdvisory, ReadyFD: 4}},
 		{"--context-id\x0042\x00--run-id\x00r\x00extra", Launch{}},
 		{"--context-id\x0042\x00--run-id\x00r\x00--\x00extra", Launch{}},
 		{"--context-id\x0099999999999999999999\x00--run-id\x00r", Launch{}},
@@ -48,7 +46,7 @@ func FuzzParseLaunch(f *testing.F) {
 			switch {
 			case l.ContextID <= 0 || l.RunID == "":
 				t.Fatalf("ParseLaunch(%q) = %+v: want a context and a run", args, l)
-			case l.LockMode != config.LockModeRow && l.LockMode != config.LockModeAdvisory:
+			case l.LockMode != LockModeRow && l.LockMode != LockModeAdvisory:
 				t.Fatalf("ParseLaunch(%q) = %+v: lock mode %q", args, l, l.LockMode)
 			}
 			// A ready-fd of 0 or less means none, which Args leaves out.
@@ -61,9 +59,9 @@ func FuzzParseLaunch(f *testing.F) {
 
 		// What a supervisor launches, the runner reads: any run id, any
 		// descriptor.
-		l := Launch{ContextID: contextID, RunID: runID, LockMode: config.LockMode(lockMode), ReadyFD: readyFD}
+		l := Launch{ContextID: contextID, RunID: runID, LockMode: LockMode(lockMode), ReadyFD: readyFD}
 		if l.ContextID <= 0 || l.RunID == "" || strings.Contains(l.RunID, "\x00") ||
-			(l.LockMode != config.LockModeRow && l.LockMode != config.LockModeAdvisory) {
+			(l.LockMode != LockModeRow && l.LockMode != LockModeAdvisory) {
 			return
 		}
 		if l.Args()[0] != Subcommand {
@@ -75,4 +73,32 @@ func FuzzParseLaunch(f *testing.F) {
 			t.Fatalf("Launch %+v: its Args %q read back as %+v, %v", l, l.Args(), got, err)
 		}
 	})
+}
+func TestLaunchArgsRoundTrip(t *testing.T) {
+	want := Launch{ContextID: 42, RunID: "r-1", LockMode: "advisory", ReadyFD: 3}
+	args := want.Args()
+	if args[0] != Subcommand {
+		t.Fatalf("args %v: want %s first", args, Subcommand)
+	}
+	got, err := ParseLaunch(args[1:])
+	if err != nil || got != want {
+		t.Errorf("ParseLaunch(%v) = %+v, %v: want %+v", args[1:], got, err, want)
+	}
+	// What a v0.1.0 supervisor passes to the binary at its path, which may
+	// be this release's after a redeploy.
+	v010 := []string{"--context-id", "42", "--run-id", "r-1", "--lock-mode", "advisory", "--ready-fd", "3"}
+	if got, err := ParseLaunch(v010); err != nil || got != want {
+		t.Errorf("ParseLaunch(%v) = %+v, %v: want %+v", v010, got, err, want)
+	}
+	for _, bad := range [][]string{
+		{"--run-id", "r"},
+		{"--context-id", "1"},
+		{"--context-id", "1", "--run-id", "r", "--lock-mode", "table"},
+		{"--context-id", "1", "--run-id", "r", "extra"},
+		{"--context-id", "x", "--run-id", "r"},
+	} {
+		if _, err := ParseLaunch(bad); err == nil {
+			t.Errorf("ParseLaunch(%v): no error", bad)
+		}
+	}
 }

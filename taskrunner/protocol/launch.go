@@ -1,4 +1,4 @@
-package taskrunner
+package protocol
 
 import (
 	"errors"
@@ -6,28 +6,6 @@ import (
 	"fmt"
 	"io"
 	"strconv"
-
-	"github.com/dama-etl/dama/config"
-)
-
-// The environment of task processes, beside RunIDEnv and what a command
-// receives (DAMA_ETL_CONTEXT_ID, DAMA_KIND, DAMA_ATTEMPT, DAMA_ARGS,
-// DAMA_CHECKPOINT, DAMA_EVENTS_FD).
-const (
-	// DatabaseURLEnv and ConfigEnv name the database and the configuration
-	// file a runner reads; the supervisor sets both.
-	DatabaseURLEnv = "DATABASE_URL"
-	ConfigEnv      = "DAMA_CONFIG"
-	// ProcessEnv says which task process a program was started as:
-	// ProcessRunner (by a supervisor, with Launch's arguments) or
-	// ProcessFunction (by a runner, to call FunctionEnv's function). A
-	// program embedding the supervisor reads it in
-	// supervisor.RunTaskProcess; the dama binary is told by its arguments.
-	ProcessEnv      = "DAMA_TASK_PROCESS"
-	ProcessRunner   = "runner"
-	ProcessFunction = "function"
-	// FunctionEnv names the function a function process calls.
-	FunctionEnv = "DAMA_FUNCTION"
 )
 
 // Subcommand is the first argument of a runner's command line: a runner
@@ -42,7 +20,7 @@ type Launch struct {
 	// RunID is the run id the supervisor prepared for this launch.
 	RunID string
 	// LockMode is how to hold the lock (the kind's lock_mode).
-	LockMode config.LockMode
+	LockMode LockMode
 	// ReadyFD, when above 0, is a descriptor to write one byte to once the
 	// lock is held.
 	ReadyFD int
@@ -58,6 +36,13 @@ type Launch struct {
 
 // MaxKey bounds what is read from KeyFD.
 const MaxKey = 1 << 10
+
+// The descriptors a supervisor hands the task process it launches, after
+// stdin, stdout and stderr: the ready pipe, then the key pipe.
+const (
+	ReadyFD = 3
+	KeyFD   = 4
+)
 
 // Args returns the runner's command line after the program name.
 func (l Launch) Args() []string {
@@ -87,11 +72,11 @@ func ParseLaunch(args []string) (Launch, error) {
 	fs.StringVar(&l.RunID, "run-id", "", "run id prepared by the supervisor")
 	fs.IntVar(&l.ReadyFD, "ready-fd", 0, "descriptor to write one byte to once the lock is held")
 	fs.IntVar(&l.KeyFD, "key-fd", 0, "descriptor to read the run's key from")
-	fs.StringVar(&lockMode, "lock-mode", string(config.LockModeRow), "how to hold the lock: row or advisory")
+	fs.StringVar(&lockMode, "lock-mode", string(LockModeRow), "how to hold the lock: row or advisory")
 	if err := fs.Parse(args); err != nil {
 		return Launch{}, fmt.Errorf("%s arguments: %w", Subcommand, err)
 	}
-	l.LockMode = config.LockMode(lockMode)
+	l.LockMode = LockMode(lockMode)
 	switch {
 	case fs.NArg() > 0:
 		return Launch{}, fmt.Errorf("%s arguments: unexpected %q", Subcommand, fs.Arg(0))
@@ -99,8 +84,8 @@ func ParseLaunch(args []string) (Launch, error) {
 		return Launch{}, errors.New("--context-id is required: a positive etl_context_id")
 	case l.RunID == "":
 		return Launch{}, errors.New("--run-id is required")
-	case l.LockMode != config.LockModeRow && l.LockMode != config.LockModeAdvisory:
-		return Launch{}, fmt.Errorf("--lock-mode %q: want %q or %q", lockMode, config.LockModeRow, config.LockModeAdvisory)
+	case !l.LockMode.Valid():
+		return Launch{}, fmt.Errorf("--lock-mode %q: want %q or %q", lockMode, LockModeRow, LockModeAdvisory)
 	}
 	return l, nil
 }

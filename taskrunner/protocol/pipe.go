@@ -1,0 +1,158 @@
+package protocol
+
+import (
+	"encoding/json"
+	"regexp"
+	"strings"
+	"unicode/utf8"
+)
+
+// A command reports on its events pipe (EventsFD), one JSON object per
+// line:
+//
+//	{"type": "progress", "payload": {"step": 3, "of": 10}}
+//
+// Each line is stored as an event of type <kind>:<TYPE upper-cased>
+// (EventType), but for the directives "submit" and "failure" (Child,
+// Failure) and the types dama writes itself (Reserved).
+type Line struct {
+	Type    string          `json:"type"`
+	Payload json.RawMessage `json:"payload"`
+}
+
+// MaxEventLine is the longest line a command may write on its events pipe;
+// a longer one is recorded as a WARNING event and skipped.
+const MaxEventLine = 1 << 20
+
+// MaxEnvPayload bounds the arguments and checkpoints handed to a command in
+// ArgsEnv and CheckpointEnv: Linux refuses to exec with an environment
+// string over 128 KiB, which would make every retry fail. A larger checkpoint
+// is recorded as a WARNING, and the previous checkpoint stands.
+const MaxEnvPayload = 96 << 10
+
+// MaxIdempotencyKey bounds an idempotency key, a child's or a user's: the
+// database indexes it.
+const MaxIdempotencyKey = 512
+
+// MaxFailureError bounds the reason a failure line gives.
+const MaxFailureError = 4 << 10
+
+// The event suffixes with a meaning to dama: a stored event's type is
+// <kind>:<suffix> (EventType). A task may report any other upper-case
+// suffix (ValidSuffix) but those dama writes itself (Reserved).
+const (
+	EventInitial    = "INITIAL"
+	EventFinal      = "FINAL"
+	EventError      = "ERROR"
+	EventCancelled  = "CANCELLED"
+	EventProgress   = "PROGRESS"
+	EventCheckpoint = "CHECKPOINT"
+	EventWarning    = "WARNING"
+	// EventTimeout records that an attempt's command outran its kind's
+	// timeout and was stopped; the attempt's ERROR follows.
+	EventTimeout = "TIMEOUT"
+	// EventRetried reopens a FAILED or CANCELLED context for a new attempt
+	// (`dama retry`): the one event a finished context accepts.
+	EventRetried = "RETRIED"
+	// EventSubmitted records a child submitted by the task's command on its
+	// events pipe, in the transaction that creates the child: only the
+	// current attempt can submit one.
+	EventSubmitted = "SUBMITTED"
+	// EventCancelRequested records who asked a running task to stop; the
+	// task process records its CANCELLED once it has.
+	EventCancelRequested = "CANCEL_REQUESTED"
+	// EventAwaiting records that the command of a kind with await_children
+	// succeeded and the task now waits for its children to finish.
+	EventAwaiting = "AWAITING"
+)
+
+// The types of the lines that are directives to the task process rather
+// than events: a child to submit (Child), a failure to report (Failure).
+const (
+	TypeSubmit  = "SUBMIT"
+	TypeFailure = "FAILURE"
+)
+
+// EventType is the type of an event of a task of kind: "<kind>:<suffix>".
+func EventType(kind, suffix string) string { return kind + ":" + suffix }
+
+// EventSuffix is the suffix of an event type ("" for a type with none).
+func EventSuffix(eventType string) string {
+	_, suffix, _ := strings.Cut(eventType, ":")
+	return suffix
+}
+
+var suffixRE = regexp.MustCompile(`^[A-Z][A-Z0-9_]{0,62}$`)
+
+// ValidSuffix reports whether suffix may be an event's suffix: an
+// upper-case letter, then upper-case letters, digits and '_', at most 63.
+func ValidSuffix(suffix string) bool { return suffixRE.MatchString(suffix) }
+
+// Reserved reports whether suffix is written by dama alone: a task cannot
+// declare itself done, forge its arguments or say who cancelled it.
+func Reserved(suffix string) bool {
+	switch suffix {
+	case EventInitial, EventFinal, EventError, EventCancelled, EventTimeout,
+		EventRetried, EventSubmitted, EventAwaiting, EventCancelRequested:
+		return true
+	}
+	return false
+}
+
+// Failure is why a command is about to fail, which it may say with a line
+//
+//	{"type": "failure", "payload": {"error": "...", "retry": false}}
+//
+// on its events pipe before it exits. When the command then exits non-zero
+// (and was not stopped by dama), the attempt's ERROR event gives Error as
+// its reason, and Retry false fails the task for good whatever attempts
+// remain. The last such line counts; a command that exits 0 is DONE
+// whatever it said.
+type Failure struct {
+	// Error says what went wrong; it is cut to MaxFailureError bytes.
+	Error string `json:"error"`
+	// Retry, when false, says not to try again; default true.
+	Retry *bool `json:"retry"`
+}
+
+// Child is a task a command submits as its task's child, with a line
+//
+//	{"type": "submit", "payload": {"kind": "...", "args": {...}, "idempotency_key": "..."}}
+//
+// on its events pipe.
+type Child struct {
+	// ParentID is the submitting task's context (set by the task process,
+	// not read from the line).
+	ParentID int64 `json:"-"`
+	// Kind must be a kind of the task process's configuration.
+	Kind string `json:"kind"`
+	// Args are the child's arguments; empty means {}.
+	Args json.RawMessage `json:"args"`
+	// IdempotencyKey, when the command gives one, makes the submission
+	// return the parent's earlier child with the same key (a later attempt
+	// of the parent submitting it again, say). The key is stored scoped to
+	// the parent: dama:child:<parent id>:<key>. Without one, the key is
+	// dama:child:<parent id>:auto:<run id>:<line's sequence number>, so
+	// that a write retried after a lost connection submits one child. A
+	// key is at most MaxIdempotencyKey bytes and does not start with
+	// AutoKeyPrefix.
+	IdempotencyKey string `json:"idempotency_key"`
+}
+
+// AutoKeyPrefix starts the part of the key of a child submitted without
+// one that names the line: dama:child:<parent>:auto:<run id>:<sequence
+// number>. A command's own key cannot start with it, so as not to name
+// another line's child.
+const AutoKeyPrefix = "auto:"
+
+// TruncateUTF8 cuts s to at most n bytes without splitting a character:
+// how a text over one of the limits above (a failure's reason) is cut.
+func TruncateUTF8(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}

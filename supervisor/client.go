@@ -17,7 +17,7 @@ import (
 
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
-	"github.com/dama-etl/dama/internal/pgerr"
+	"github.com/dama-etl/dama/internal/pglisten"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
@@ -252,55 +252,46 @@ var ErrCancelPending = errors.New("cancellation requested, not yet recorded")
 // as Wait does, on the database's announcement of the context's end, and
 // rides out a database restart within ctx.
 func (c *Client) Cancel(ctx context.Context, id int64) (etlcontext.Status, error) {
-	requested := false
-	w := &finishWatch{c: c}
-	defer w.close(ctx)
-	// Once the cancellation is requested, a wait that ends for any reason
-	// says so: the request stands.
-	pending := func(status etlcontext.Status) error {
-		if status == "" {
-			status = "unfinished"
-		}
-		return fmt.Errorf("cancel etl context %d: still %s when the wait ended; it is CANCELLED once its attempt has surely stopped: %w", id, status, ErrCancelPending)
-	}
-	for {
-		// Listening starts before the look, so that an end announced in
-		// between is heard.
-		if err := w.listen(ctx); err != nil {
-			if requested && ctx.Err() != nil {
-				return "", pending("")
-			}
-			return "", err
-		}
-		var (
-			status etlcontext.Status
-			done   bool
-			err    error
-		)
-		if w.conn != nil {
-			status, done, err = c.tryCancel(ctx, id, &requested)
-		}
+	var (
+		requested   bool
+		status      etlcontext.Status
+		done        bool
+		result      error
+		unreachable error
+	)
+	// Listening starts before each look, so that an end announced in
+	// between is heard.
+	look := func(ctx context.Context) error {
+		var err error
+		status, done, err = c.tryCancel(ctx, id, &requested)
 		switch {
-		case err != nil && pgerr.Unreachable(err) && ctx.Err() == nil:
-			w.unreachable = err
-		case err != nil && requested && ctx.Err() != nil:
-			return status, pending(status)
-		case err != nil || done:
-			return status, err
-		case w.conn != nil:
-			w.unreachable = nil
+		case done:
+			result = err
+			return pglisten.ErrStop
+		case err != nil:
+			return err
 		}
-		w.wait(ctx, id)
-		if ctx.Err() != nil {
-			if requested {
-				return status, pending(status)
-			}
-			if w.unreachable != nil {
-				return status, fmt.Errorf("cancel etl context %d: database unreachable: %w", id, w.unreachable)
-			}
-			return status, fmt.Errorf("cancel etl context %d: still %s: %w", id, status, ctx.Err())
-		}
+		unreachable = nil
+		return nil
 	}
+	err := c.finishListener(id, look, &unreachable).Serve(ctx)
+	switch {
+	case done:
+		return status, result
+	case requested && ctx.Err() != nil:
+		// Once the cancellation is requested, a wait that ends for any
+		// reason says so: the request stands.
+		s := status
+		if s == "" {
+			s = "unfinished"
+		}
+		return status, fmt.Errorf("cancel etl context %d: still %s when the wait ended; it is CANCELLED once its attempt has surely stopped: %w", id, s, ErrCancelPending)
+	case err != nil:
+		return status, err
+	case unreachable != nil:
+		return status, fmt.Errorf("cancel etl context %d: database unreachable: %w", id, unreachable)
+	}
+	return status, fmt.Errorf("cancel etl context %d: still %s: %w", id, status, ctx.Err())
 }
 
 // RequestCancel cancels context id without waiting for it to stop: a

@@ -5,82 +5,61 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
-	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/pglisten"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
-// listener is the supervisor's connection that hears runners announce their
-// exit. It holds no lock: the liveness lock has a connection of its own
-// (holdLiveness), so that the listener can fail and reconnect without anyone
-// taking the supervisor for dead.
-type listener struct {
-	conn *pgx.Conn
+// newListener is the supervisor's connection that hears runners announce
+// their exit, and operators resume queues and unblock kinds. It holds no
+// lock: the liveness lock has a connection of its own (holdLiveness), so
+// that the listener can fail and reconnect without anyone taking the
+// supervisor for dead. What it hears is a hint: a woken job's step looks at
+// the context itself, and the watch looks at every task each poll
+// interval, so nothing heard while it reconnects is lost.
+func (s *Supervisor) newListener() *pglisten.Listener {
+	return &pglisten.Listener{
+		Connect: func(ctx context.Context) (*pgx.Conn, error) {
+			conn, err := s.connectNamed(ctx, listenAppNamePrefix+s.river.ID())
+			if err != nil {
+				return nil, fmt.Errorf("open listening connection: %w", err)
+			}
+			return conn, nil
+		},
+		Channels: []string{protocol.ExitedChannel, etlcontext.ControlChannel},
+		Notify:   s.heard,
+		Failed: func(err error) bool {
+			s.logger.Warn("listening connection failed; reconnecting", "error", err)
+			return true
+		},
+		Reconnected: func() { s.metrics.reconnects.WithLabelValues("listener").Inc() },
+	}
 }
 
-func (s *Supervisor) connectListener(ctx context.Context) (*listener, error) {
-	conn, err := s.connectNamed(ctx, listenAppNamePrefix+s.river.ID())
+// heard acts on a notification of the listener.
+func (s *Supervisor) heard(ctx context.Context, n *pgconn.Notification) error {
+	if n.Channel == etlcontext.ControlChannel {
+		var c etlcontext.Control
+		if json.Unmarshal([]byte(n.Payload), &c) == nil {
+			go s.controlled(ctx, c)
+		}
+		return nil
+	}
+	id, err := strconv.ParseInt(n.Payload, 10, 64)
 	if err != nil {
-		return nil, fmt.Errorf("open listening connection: %w", err)
+		return nil
 	}
-	if _, err := conn.Exec(ctx, "LISTEN "+protocol.ExitedChannel+"; LISTEN "+etlcontext.ControlChannel); err != nil {
-		conn.Close(context.WithoutCancel(ctx))
-		return nil, fmt.Errorf("listen for task exits: %w", err)
+	s.mu.Lock()
+	_, mine := s.children[id]
+	s.mu.Unlock()
+	if !mine {
+		go s.wake(ctx, id)
 	}
-	return &listener{conn: conn}, nil
-}
-
-// listen serves l until ctx ends, reconnecting when the connection fails.
-func (s *Supervisor) listen(ctx context.Context, l *listener) {
-	for {
-		err := s.serveListener(ctx, l)
-		l.conn.Close(context.WithoutCancel(ctx))
-		if ctx.Err() != nil {
-			return
-		}
-		s.logger.Warn("listening connection failed; reconnecting", "error", err)
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(time.Second):
-			}
-			if l, err = s.connectListener(ctx); err == nil {
-				s.metrics.reconnects.WithLabelValues("listener").Inc()
-				break
-			}
-			s.logger.Warn("reconnect listening connection", "error", err)
-		}
-	}
-}
-
-func (s *Supervisor) serveListener(ctx context.Context, l *listener) error {
-	for {
-		n, err := l.conn.WaitForNotification(ctx)
-		if err != nil {
-			return err
-		}
-		if n.Channel == etlcontext.ControlChannel {
-			var c etlcontext.Control
-			if json.Unmarshal([]byte(n.Payload), &c) == nil {
-				go s.controlled(ctx, c)
-			}
-			continue
-		}
-		id, err := strconv.ParseInt(n.Payload, 10, 64)
-		if err != nil {
-			continue
-		}
-		s.mu.Lock()
-		_, mine := s.children[id]
-		s.mu.Unlock()
-		if !mine {
-			go s.wake(ctx, id)
-		}
-	}
+	return nil
 }
 
 // controlled starts the tasks a resumed queue or an unblocked kind held

@@ -310,8 +310,8 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	l, err := s.connectListener(ctx)
-	if err != nil {
+	l := s.newListener()
+	if err := l.Open(ctx); err != nil {
 		live.Close(context.WithoutCancel(ctx))
 		return err
 	}
@@ -321,7 +321,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	s.mu.Unlock()
 	var bg sync.WaitGroup
 	bg.Go(func() { s.holdLiveness(bgCtx, live) })
-	bg.Go(func() { s.listen(bgCtx, l) })
+	bg.Go(func() { _ = l.Serve(bgCtx) })
 	defer func() {
 		// Under s.mu: stopOrphans adds to s.orphans only before this.
 		s.mu.Lock()

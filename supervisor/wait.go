@@ -8,9 +8,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/pgerr"
+	"github.com/dama-etl/dama/internal/pglisten"
 )
 
 // finishedRecheck is how often a wait looks at the context while it waits
@@ -28,112 +30,65 @@ const finishedRecheck = 10 * time.Second
 // It returns an error wrapping etlcontext.ErrNotFound for a context that
 // does not exist, and one wrapping ctx's error when ctx ends first.
 func (c *Client) Wait(ctx context.Context, id int64) (*etlcontext.Context, error) {
-	w := &finishWatch{c: c}
-	defer w.close(ctx)
-	for {
-		if err := w.listen(ctx); err != nil {
-			return nil, fmt.Errorf("wait for etl context %d: %w", id, err)
+	var (
+		finished    *etlcontext.Context
+		unreachable error
+	)
+	look := func(ctx context.Context) error {
+		ec, err := etlcontext.Get(ctx, c.pool, id)
+		switch {
+		case err != nil:
+			return err
+		case ec.Status.Finished():
+			finished = ec
+			return pglisten.ErrStop
 		}
-		if w.conn != nil {
-			ec, err := etlcontext.Get(ctx, c.pool, id)
-			switch {
-			case err == nil && ec.Status.Finished():
-				return ec, nil
-			case err != nil && pgerr.Unreachable(err) && ctx.Err() == nil:
-				w.unreachable = err
-			case err != nil:
-				return nil, fmt.Errorf("wait for etl context %d: %w", id, err)
-			default:
-				w.unreachable = nil
-			}
-		}
-		w.wait(ctx, id)
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("wait for etl context %d: %w", id, w.ended(ctx))
-		}
-	}
-}
-
-// finishWatch listens for the announcements of finished contexts on a
-// connection of its own (a pooled one would keep listening for its next
-// user), and opens another when it fails.
-type finishWatch struct {
-	c    *Client
-	conn *pgx.Conn
-	// unreachable is the error of the last try to reach the database, nil
-	// once it answered.
-	unreachable error
-}
-
-// listen makes sure the watch listens: it opens its connection when it has
-// none. A database that cannot be reached is not an error (w.conn stays nil,
-// and w.unreachable says why) unless ctx has ended.
-func (w *finishWatch) listen(ctx context.Context) error {
-	if w.conn != nil {
+		unreachable = nil
 		return nil
 	}
-	conn, err := pgx.ConnectConfig(ctx, w.c.pool.Config().ConnConfig.Copy())
-	if err == nil {
-		if _, err = conn.Exec(ctx, "LISTEN "+etlcontext.FinishedChannel); err != nil {
-			conn.Close(context.WithoutCancel(ctx))
-			err = fmt.Errorf("listen for finished contexts: %w", err)
-		}
-	} else {
-		err = fmt.Errorf("connect to wait for the end: %w", err)
-	}
+	err := c.finishListener(id, look, &unreachable).Serve(ctx)
 	switch {
-	case err == nil:
-		w.conn = conn
-		return nil
-	case pgerr.Unreachable(err) && ctx.Err() == nil:
-		w.unreachable = err
-		return nil
+	case finished != nil:
+		return finished, nil
+	case err != nil:
+		return nil, fmt.Errorf("wait for etl context %d: %w", id, err)
+	case unreachable != nil:
+		return nil, fmt.Errorf("wait for etl context %d: database unreachable: %w", id, errors.Join(unreachable, ctx.Err()))
 	}
-	return err
+	return nil, fmt.Errorf("wait for etl context %d: %w", id, ctx.Err())
 }
 
-// wait waits until the end of context id is announced, or finishedRecheck
-// passes, or ctx ends. Without a connection it waits a second, for the
-// database to come back. A connection that fails is dropped, for listen to
-// open another.
-func (w *finishWatch) wait(ctx context.Context, id int64) {
-	if w.conn == nil {
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Second):
-		}
-		return
-	}
-	wctx, cancel := context.WithTimeout(ctx, finishedRecheck)
-	defer cancel()
-	for {
-		n, err := w.conn.WaitForNotification(wctx)
-		if wctx.Err() != nil {
-			return
-		}
-		if err != nil {
-			w.conn.Close(context.WithoutCancel(ctx))
-			w.conn, w.unreachable = nil, err
-			return
-		}
-		var f etlcontext.Finished
-		if json.Unmarshal([]byte(n.Payload), &f) == nil && f.ID == id {
-			return
-		}
-	}
-}
-
-// ended is why a wait ended with ctx: ctx's error, and the database's when
-// it could not be reached.
-func (w *finishWatch) ended(ctx context.Context) error {
-	if w.unreachable != nil {
-		return fmt.Errorf("database unreachable: %w", errors.Join(w.unreachable, ctx.Err()))
-	}
-	return ctx.Err()
-}
-
-func (w *finishWatch) close(ctx context.Context) {
-	if w.conn != nil {
-		w.conn.Close(context.WithoutCancel(ctx))
+// finishListener listens, on a connection of its own, for the
+// announcements of finished contexts, and calls look once listening has
+// begun on each connection, on each announcement of context id's end, and
+// every finishedRecheck in case one was missed. A failure that an outage
+// gives (pgerr.Unreachable) is ridden out, and kept in *unreachable; any
+// other ends the listener's Serve.
+func (c *Client) finishListener(id int64, look func(context.Context) error, unreachable *error) *pglisten.Listener {
+	return &pglisten.Listener{
+		Connect: func(ctx context.Context) (*pgx.Conn, error) {
+			conn, err := pgx.ConnectConfig(ctx, c.pool.Config().ConnConfig.Copy())
+			if err != nil {
+				return nil, fmt.Errorf("connect to wait for the end: %w", err)
+			}
+			return conn, nil
+		},
+		Channels: []string{etlcontext.FinishedChannel},
+		Look:     look,
+		Notify: func(ctx context.Context, n *pgconn.Notification) error {
+			var f etlcontext.Finished
+			if json.Unmarshal([]byte(n.Payload), &f) == nil && f.ID == id {
+				return look(ctx)
+			}
+			return nil
+		},
+		Recheck: finishedRecheck,
+		Failed: func(err error) bool {
+			if pgerr.Unreachable(err) {
+				*unreachable = err
+				return true
+			}
+			return false
+		},
 	}
 }

@@ -1,0 +1,152 @@
+// Package pglisten keeps a PostgreSQL connection listening on channels,
+// connects again when it fails, and hands its notifications on. A
+// notification is a hint: what it announces is looked up (Look) once
+// listening has begun on each connection, so that nothing announced while
+// no connection listened is missed, and again on each notification and
+// every Recheck.
+package pglisten
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// ErrStop, returned by Look or Notify, ends Serve with no error.
+var ErrStop = errors.New("stop listening")
+
+// Listener is one listening connection and what to do with what it
+// hears. Connect and Notify are required; the rest is optional.
+type Listener struct {
+	// Connect opens a connection of the listener's own: a pooled one would
+	// keep listening for its next user.
+	Connect func(ctx context.Context) (*pgx.Conn, error)
+	// Channels are listened to on every connection.
+	Channels []string
+	// Look is called once listening has begun on each connection, before
+	// any notification is handed on, and every Recheck: it looks at what
+	// the notifications announce. nil means nothing to look at.
+	Look func(ctx context.Context) error
+	// Notify handles a notification.
+	Notify func(ctx context.Context, n *pgconn.Notification) error
+	// Recheck, above 0, is how long a wait for a notification lasts
+	// before Look is called again; 0 means only on a new connection.
+	Recheck time.Duration
+	// RetryDelay is how long after a failure the listener connects again;
+	// 0 means 1s.
+	RetryDelay time.Duration
+	// Failed is told each failure (to connect, to listen, of the
+	// connection, or an error of Look or Notify), and says whether to
+	// connect again after RetryDelay; nil means always. The connection is
+	// dropped either way.
+	Failed func(err error) bool
+	// Reconnected, when set, is told each connection after the first.
+	Reconnected func()
+
+	conn      *pgx.Conn
+	connected bool
+}
+
+// Open opens the listener's connection, if it has none, and listens on it:
+// the first connection of a caller that reports its failure itself. It
+// does not Look.
+func (l *Listener) Open(ctx context.Context) error {
+	if l.conn != nil {
+		return nil
+	}
+	conn, err := l.Connect(ctx)
+	if err != nil {
+		return err
+	}
+	for _, ch := range l.Channels {
+		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
+			conn.Close(context.WithoutCancel(ctx))
+			return fmt.Errorf("listen on %s: %w", ch, err)
+		}
+	}
+	if l.connected && l.Reconnected != nil {
+		l.Reconnected()
+	}
+	l.conn, l.connected = conn, true
+	return nil
+}
+
+// Serve hands notifications on until ctx ends (it then returns nil), Look
+// or Notify returns ErrStop (nil), or Failed says not to go on (the
+// failure). It opens the connection when there is none, and again after
+// each failure.
+func (l *Listener) Serve(ctx context.Context) error {
+	defer l.Close(ctx)
+	for {
+		err := l.serve(ctx)
+		switch {
+		case errors.Is(err, ErrStop), ctx.Err() != nil:
+			return nil
+		case l.Failed != nil && !l.Failed(err):
+			return err
+		}
+		l.Close(ctx)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(cmpOr(l.RetryDelay, time.Second)):
+		}
+	}
+}
+
+// serve serves one connection until it fails.
+func (l *Listener) serve(ctx context.Context) error {
+	if err := l.Open(ctx); err != nil {
+		return err
+	}
+	look := func() error {
+		if l.Look == nil {
+			return nil
+		}
+		return l.Look(ctx)
+	}
+	if err := look(); err != nil {
+		return err
+	}
+	for {
+		wctx, cancel := ctx, context.CancelFunc(func() {})
+		if l.Recheck > 0 {
+			wctx, cancel = context.WithTimeout(ctx, l.Recheck)
+		}
+		n, err := l.conn.WaitForNotification(wctx)
+		timedOut := wctx.Err() != nil && ctx.Err() == nil
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case timedOut:
+			err = look()
+		case err != nil:
+			return fmt.Errorf("wait for notifications: %w", err)
+		default:
+			err = l.Notify(ctx, n)
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// Close closes the listener's connection, if open.
+func (l *Listener) Close(ctx context.Context) {
+	if l.conn != nil {
+		l.conn.Close(context.WithoutCancel(ctx))
+		l.conn = nil
+	}
+}
+
+func cmpOr(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
+}

@@ -1,0 +1,132 @@
+package pglisten_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/dama-etl/dama/internal/pglisten"
+	"github.com/dama-etl/dama/internal/testenv"
+)
+
+// TestListenerRidesOutATerminatedConnection: a notification is heard; the
+// listening backend terminated by the server is replaced, and looked
+// through again (Look) before the next notification; ErrStop ends Serve.
+func TestListenerRidesOutATerminatedConnection(t *testing.T) {
+	env := testenv.NewUnmigrated(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	var looks, reconnects atomic.Int32
+	heard := make(chan string, 10)
+	failed := make(chan error, 10)
+	l := &pglisten.Listener{
+		Connect: func(ctx context.Context) (*pgx.Conn, error) {
+			cfg, err := pgx.ParseConfig(env.URL)
+			if err != nil {
+				return nil, err
+			}
+			cfg.RuntimeParams["application_name"] = "pglisten-test"
+			return pgx.ConnectConfig(ctx, cfg)
+		},
+		Channels: []string{"pglisten_test"},
+		Look: func(context.Context) error {
+			looks.Add(1)
+			return nil
+		},
+		Notify: func(_ context.Context, n *pgconn.Notification) error {
+			if n.Payload == "stop" {
+				return pglisten.ErrStop
+			}
+			heard <- n.Payload
+			return nil
+		},
+		RetryDelay:  10 * time.Millisecond,
+		Failed:      func(err error) bool { failed <- err; return true },
+		Reconnected: func() { reconnects.Add(1) },
+	}
+	if err := l.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- l.Serve(ctx) }()
+
+	// notify repeats a notification until it is heard: one sent before
+	// the (new) connection listens is not.
+	notify := func(payload string) {
+		t.Helper()
+		for {
+			if _, err := env.Pool.Exec(ctx, `SELECT pg_notify('pglisten_test', $1)`, payload); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case got := <-heard:
+				if got == payload {
+					return
+				}
+			case <-time.After(100 * time.Millisecond):
+			case <-ctx.Done():
+				t.Fatalf("%q was never heard", payload)
+			}
+		}
+	}
+	notify("one")
+	if n := looks.Load(); n != 1 {
+		t.Fatalf("%d looks before the first notification, want 1", n)
+	}
+	var terminated int
+	if err := env.Pool.QueryRow(ctx, `
+		SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		 WHERE application_name = 'pglisten-test'`).Scan(&terminated); err != nil || terminated != 1 {
+		t.Fatalf("terminated %d listening backends (%v), want 1", terminated, err)
+	}
+	select {
+	case err := <-failed:
+		t.Logf("the listener failed as it should: %v", err)
+	case <-ctx.Done():
+		t.Fatal("the listener never noticed its backend was gone")
+	}
+	notify("two")
+	if n, r := looks.Load(), reconnects.Load(); n != 2 || r != 1 {
+		t.Fatalf("%d looks and %d reconnects, want 2 and 1", n, r)
+	}
+	if _, err := env.Pool.Exec(ctx, `SELECT pg_notify('pglisten_test', 'stop')`); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-served; err != nil {
+		t.Fatalf("Serve after ErrStop: %v", err)
+	}
+}
+
+// TestListenerLooksAgainEveryRecheckAndStopsWhenTold: Look runs every
+// Recheck, and a failure Failed refuses ends Serve with it.
+func TestListenerLooksAgainEveryRecheckAndStopsWhenTold(t *testing.T) {
+	env := testenv.NewUnmigrated(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	refused := errors.New("refused")
+	var looks atomic.Int32
+	l := &pglisten.Listener{
+		Connect: func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, env.URL) },
+		Look: func(context.Context) error {
+			if looks.Add(1) == 3 {
+				return refused
+			}
+			return nil
+		},
+		Notify:  func(context.Context, *pgconn.Notification) error { return nil },
+		Recheck: 50 * time.Millisecond,
+		Failed:  func(err error) bool { return !errors.Is(err, refused) },
+	}
+	if err := l.Serve(ctx); !errors.Is(err, refused) {
+		t.Fatalf("Serve = %v, want the refused look's error", err)
+	}
+	if n := looks.Load(); n != 3 {
+		t.Fatalf("%d looks, want 3", n)
+	}
+}

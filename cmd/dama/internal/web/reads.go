@@ -1,0 +1,292 @@
+// Package web serves dama's status page (`dama web`): the tasks, a task's
+// arguments, events, attempts and log, the queues, and the operator's
+// actions, over the same database as the supervisors. It reads the views
+// and the event store, never a task's lock, so it blocks no task.
+//
+// The pages are static files embedded in the binary; a small script reads
+// the JSON API under /api/ every second. Actions are POST requests that
+// carry the token in TokenHeader: a cross-site form cannot set a header,
+// and a cross-site script cannot without a CORS preflight, which the
+// server never grants.
+package web
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/taskrunner/protocol"
+)
+
+// config tells the page what it may offer: the actions, and the queues and
+// kinds of the configuration.
+func (s *Server) config(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, map[string]any{
+		"read_only": s.opts.ReadOnly,
+		"host":      s.host,
+		"queues":    s.cfg.QueueNames(),
+		"kinds":     s.cfg.KindNames(),
+	})
+}
+
+// taskJSON is a task with its progress read as a bar.
+type taskJSON struct {
+	etlcontext.Task
+	Bar *etlcontext.Progress `json:"bar"`
+}
+
+func withBar(t etlcontext.Task) taskJSON {
+	j := taskJSON{Task: t}
+	if p, ok := etlcontext.ParseProgress(t.Progress); ok {
+		j.Bar = &p
+	}
+	return j
+}
+
+func withBars(tasks []etlcontext.Task) []taskJSON {
+	out := make([]taskJSON, 0, len(tasks))
+	for _, t := range tasks {
+		out = append(out, withBar(t))
+	}
+	return out
+}
+
+// tasks lists the newest tasks, filtered by ?status= (comma-separated),
+// ?kind=, ?queue=, and ?q=, an id or an idempotency key.
+func (s *Server) tasks(w http.ResponseWriter, r *http.Request) {
+	v := r.URL.Query()
+	q := etlcontext.TaskQuery{Limit: taskPage, Kind: v.Get("kind"), Queue: v.Get("queue"), MaxPayload: maxPayload}
+	if st := v.Get("status"); st != "" {
+		for _, name := range strings.Split(st, ",") {
+			status := etlcontext.Status(strings.ToUpper(strings.TrimSpace(name)))
+			if !slices.Contains(etlcontext.Statuses, status) {
+				readError(w, fmt.Errorf("%w: unknown status %q", errInvalid, name))
+				return
+			}
+			q.Statuses = append(q.Statuses, status)
+		}
+	}
+	search := strings.TrimSpace(v.Get("q"))
+	var tasks []etlcontext.Task
+	if id, err := strconv.ParseInt(search, 10, 64); err == nil && id > 0 {
+		byID := q
+		byID.ID = id
+		found, err := etlcontext.Tasks(r.Context(), s.pool, byID)
+		if err != nil {
+			readError(w, err)
+			return
+		}
+		tasks = found
+	}
+	if search != "" && len(tasks) == 0 {
+		q.IdempotencyKey = search
+	}
+	if search == "" || len(tasks) == 0 {
+		found, err := etlcontext.Tasks(r.Context(), s.pool, q)
+		if err != nil {
+			readError(w, err)
+			return
+		}
+		tasks = found
+	}
+	writeJSON(w, map[string]any{"tasks": withBars(tasks), "limit": taskPage})
+}
+
+func pathID(r *http.Request) (int64, error) {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil || id <= 0 {
+		return 0, fmt.Errorf("%w: task id %q", errInvalid, r.PathValue("id"))
+	}
+	return id, nil
+}
+
+// oneTask reads the task of the request's path.
+func (s *Server) oneTask(r *http.Request) (etlcontext.Task, error) {
+	id, err := pathID(r)
+	if err != nil {
+		return etlcontext.Task{}, err
+	}
+	tasks, err := etlcontext.Tasks(r.Context(), s.pool, etlcontext.TaskQuery{ID: id, MaxPayload: maxPayload})
+	if err != nil {
+		return etlcontext.Task{}, err
+	}
+	if len(tasks) == 0 {
+		return etlcontext.Task{}, fmt.Errorf("task %d: %w", id, etlcontext.ErrNotFound)
+	}
+	return tasks[0], nil
+}
+
+func (s *Server) task(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	t, err := s.oneTask(r)
+	if err != nil {
+		readError(w, err)
+		return
+	}
+	events, err := etlcontext.RecentEvents(ctx, s.pool, t.ID, eventsPage, maxPayload)
+	if err != nil {
+		readError(w, err)
+		return
+	}
+	attempts, err := etlcontext.RecentAttempts(ctx, s.pool, t.ID, attemptsPage, maxText)
+	if err != nil {
+		readError(w, err)
+		return
+	}
+	children, err := etlcontext.Tasks(ctx, s.pool, etlcontext.TaskQuery{ParentID: t.ID, Limit: childrenPage, MaxPayload: maxPayload})
+	if err != nil {
+		readError(w, err)
+		return
+	}
+	args, checkpoint, err := etlcontext.Payloads(ctx, s.pool, t.ID)
+	if err != nil {
+		readError(w, err)
+		return
+	}
+	b, err := taskReply(map[string]any{
+		"task": withBar(t), "events_limit": eventsPage, "attempts_limit": attemptsPage, "children_limit": childrenPage,
+		"args": args, "checkpoint": checkpoint, "log_here": s.logHere(t),
+	}, events, attempts, withBars(children), maxResponse)
+	if err != nil {
+		readError(w, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	_, _ = w.Write(b)
+}
+
+// taskReply encodes a task's read, reply with its events, attempts and
+// children (oldest first, oldest first, newest first), within max bytes.
+// Each value is bounded, but their sum may not be: the oldest events give
+// way, then the oldest attempts, then the oldest children, halving, and
+// reply says which ("events_cut", ...). What is left (the task, its
+// arguments and checkpoint, its newest attempt) is a few hundred KiB.
+func taskReply[E, A, C any](reply map[string]any, events []E, attempts []A, children []C, max int) ([]byte, error) {
+	for {
+		reply["events"], reply["attempts"], reply["children"] = events, attempts, children
+		b, err := marshal(reply)
+		if err != nil || len(b) <= max {
+			return b, err
+		}
+		switch {
+		case len(events) > 0:
+			events = events[len(events)/2+len(events)%2:]
+			reply["events_cut"] = true
+		case len(attempts) > 1:
+			attempts = attempts[len(attempts)/2:]
+			reply["attempts_cut"] = true
+		case len(children) > 0:
+			children = children[:len(children)/2]
+			reply["children_cut"] = true
+		default:
+			return b, nil
+		}
+	}
+}
+
+// event returns one event of a task, whole: what the task's read cut short.
+func (s *Server) event(w http.ResponseWriter, r *http.Request) {
+	id, err := pathID(r)
+	if err != nil {
+		readError(w, err)
+		return
+	}
+	eventID, err := strconv.ParseInt(r.PathValue("event"), 10, 64)
+	if err != nil || eventID <= 0 {
+		readError(w, fmt.Errorf("%w: event id %q", errInvalid, r.PathValue("event")))
+		return
+	}
+	e, err := etlcontext.EventOf(r.Context(), s.pool, id, eventID, maxEvent)
+	if err != nil {
+		readError(w, err)
+		return
+	}
+	writeJSON(w, e)
+}
+
+// logHere reports whether the task's log is on this host, where the page
+// can read it.
+func (s *Server) logHere(t etlcontext.Task) bool {
+	return t.HostID != nil && *t.HostID == s.hostID && t.LogPath != nil
+}
+
+// log returns up to maxLogChunk bytes of the task's log from ?offset=, or
+// its last maxLogChunk bytes without one; "next" is the offset to ask for
+// next. Only for a task that ran on this host.
+func (s *Server) log(w http.ResponseWriter, r *http.Request) {
+	t, err := s.oneTask(r)
+	if err != nil {
+		readError(w, err)
+		return
+	}
+	if !s.logHere(t) {
+		host := "-"
+		if t.Host != nil {
+			host = *t.Host
+		}
+		writeError(w, http.StatusNotFound, fmt.Errorf("task %d's log is on host %s", t.ID, host))
+		return
+	}
+	// Anyone who reaches the page reads this, so only a regular file named
+	// as dama names logs, reached without following a link the task could
+	// have put in its place, and without blocking on a FIFO.
+	if filepath.Base(*t.LogPath) != protocol.LogName(t.ID) {
+		writeError(w, http.StatusNotFound, fmt.Errorf("task %d's log %s is not a dama log", t.ID, *t.LogPath))
+		return
+	}
+	f, err := os.OpenFile(*t.LogPath, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		writeError(w, http.StatusNotFound, fmt.Errorf("open the log of task %d: %w", t.ID, err))
+		return
+	}
+	defer f.Close()
+	info, err := f.Stat()
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, fmt.Errorf("read the log of task %d: %w", t.ID, err))
+		return
+	}
+	if !info.Mode().IsRegular() {
+		writeError(w, http.StatusNotFound, fmt.Errorf("task %d's log %s is not a regular file", t.ID, *t.LogPath))
+		return
+	}
+	offset, err := strconv.ParseInt(r.URL.Query().Get("offset"), 10, 64)
+	if err != nil || offset < 0 || offset > info.Size() {
+		// A first read, or a log that was truncated: its last chunk.
+		offset = max(info.Size()-maxLogChunk, 0)
+	}
+	buf := make([]byte, min(info.Size()-offset, maxLogChunk))
+	n, err := f.ReadAt(buf, offset)
+	if err != nil && !errors.Is(err, io.EOF) {
+		writeError(w, http.StatusInternalServerError, fmt.Errorf("read the log of task %d: %w", t.ID, err))
+		return
+	}
+	writeJSON(w, map[string]any{
+		"data":     strings.ToValidUTF8(string(buf[:n]), "\uFFFD"),
+		"offset":   offset,
+		"next":     offset + int64(n),
+		"finished": t.Status.Finished(),
+	})
+}
+
+func (s *Server) queues(w http.ResponseWriter, r *http.Request) {
+	stats, err := etlcontext.QueueStats(r.Context(), s.pool)
+	if err != nil {
+		readError(w, err)
+		return
+	}
+	history, err := etlcontext.ControlEvents(r.Context(), s.pool, controlEvents)
+	if err != nil {
+		readError(w, err)
+		return
+	}
+	writeJSON(w, map[string]any{"queues": stats, "history": history})
+}

@@ -1,0 +1,100 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/dama-etl/dama/config"
+	"github.com/dama-etl/dama/supervisor"
+)
+
+func newSubmitCommand(g *globals, code *exitCode) *cobra.Command {
+	var (
+		wait   bool
+		args   string
+		key    string
+		parent int64
+		delay  time.Duration
+		runAt  string
+	)
+	cmd := &cobra.Command{
+		Use:               "submit KIND",
+		ValidArgsFunction: g.completeKinds,
+		Short:             "Submit a task; prints its etl_context_id",
+		Long: `Submit a task of a configured kind and print its etl_context_id alone on
+stdout. With --idempotency-key, submitting the same key again with the same
+kind prints the id of the first submission and creates nothing; with
+another kind it is an error. Keys starting with "dama:" are dama's own and
+refused.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			cfg, err := config.Load(g.configPath)
+			if err != nil {
+				return err
+			}
+			if _, ok := cfg.Kind(argv[0]); !ok {
+				return fmt.Errorf("unknown kind %q: the configuration has %s", argv[0], strings.Join(cfg.KindNames(), ", "))
+			}
+			if !json.Valid([]byte(args)) {
+				return errors.New("--args is not valid JSON")
+			}
+			due, err := dueAt(runAt, delay, time.Now())
+			if err != nil {
+				return err
+			}
+			pool, _, err := connectMigrated(cmd.Context(), 0)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			client, err := supervisor.NewClient(pool, cfg)
+			if err != nil {
+				return err
+			}
+			p := supervisor.SubmitParams{Kind: argv[0], Args: json.RawMessage(args), IdempotencyKey: key, ParentID: parent, ScheduledAt: due}
+			id, _, err := client.Submit(cmd.Context(), p)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), id)
+			if !wait {
+				return nil
+			}
+			c, err := waitForTask(cmd.Context(), client, pool, id, cmd.ErrOrStderr())
+			*code = exitCode(c)
+			return err
+		},
+	}
+	cmd.Flags().BoolVar(&wait, "wait", false, "wait for the task to finish, showing its progress on stderr; exit 0 only when it is DONE (20 FAILED, 21 CANCELLED, 22 wait ended first)")
+	cmd.Flags().StringVar(&args, "args", "{}", "the task's arguments, a JSON document")
+	cmd.Flags().StringVar(&key, "idempotency-key", "", "submit at most once for this key")
+	cmd.Flags().Int64Var(&parent, "parent", 0, "etl_context_id of the parent task")
+	cmd.Flags().DurationVar(&delay, "delay", 0, "start no earlier than this long from now")
+	cmd.Flags().StringVar(&runAt, "run-at", "", "start no earlier than this time (RFC 3339, e.g. 2026-11-22T18:00:00+01:00)")
+	return cmd
+}
+
+// dueAt is when a task submitted at now with --run-at and --delay may
+// start; zero means at once.
+func dueAt(runAt string, delay time.Duration, now time.Time) (time.Time, error) {
+	switch {
+	case delay < 0:
+		return time.Time{}, errors.New("--delay must not be negative")
+	case runAt != "" && delay > 0:
+		return time.Time{}, errors.New("--run-at and --delay exclude each other")
+	case runAt != "":
+		t, err := time.Parse(time.RFC3339, runAt)
+		if err != nil {
+			return time.Time{}, fmt.Errorf("--run-at %q: want an RFC 3339 time such as 2026-11-22T18:00:00Z", runAt)
+		}
+		return t, nil
+	case delay > 0:
+		return now.Add(delay), nil
+	}
+	return time.Time{}, nil
+}

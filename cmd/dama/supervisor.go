@@ -1,0 +1,98 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/cobra"
+
+	"github.com/dama-etl/dama/config"
+	"github.com/dama-etl/dama/supervisor"
+)
+
+// taskDatabaseURLEnv names the URL a supervisor's task processes connect
+// with, when not its own (DATABASE_URL).
+const taskDatabaseURLEnv = "DAMA_TASK_DATABASE_URL"
+
+func newSupervisorCommand(g *globals) *cobra.Command {
+	var metricsListen string
+	cmd := &cobra.Command{
+		Use:   "supervisor",
+		Short: "Run tasks of the configured kinds until SIGTERM or SIGINT",
+		Long: `Run tasks of the configured kinds until SIGTERM or SIGINT. Stopping the
+supervisor never stops a task: the next supervisor adopts the tasks still
+running.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := config.Load(g.configPath)
+			if err != nil {
+				return err
+			}
+			// Steps hold a connection for a few milliseconds each, River's
+			// producers and completer need their own: pgxpool's default
+			// (4 on two cores) would make steps queue for connections.
+			logger, err := g.logger(cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			var reg *prometheus.Registry
+			stopMetrics := func() {}
+			if metricsListen != "" {
+				reg = newMetricsRegistry()
+				metrics, err := listenMetrics(metricsListen, reg, logger)
+				if err != nil {
+					return err
+				}
+				// Served from now on, the process's metrics while the
+				// database is waited for too, and until the supervisor
+				// has stopped: a signal ends Run, then this.
+				ctx, stop := context.WithCancel(context.WithoutCancel(cmd.Context()))
+				served := make(chan struct{})
+				go func() {
+					defer close(served)
+					metrics.serve(ctx, logger)
+				}()
+				stopMetrics = sync.OnceFunc(func() {
+					stop()
+					<-served
+				})
+				defer stopMetrics()
+			}
+			pool, url, err := waitForDatabase(cmd.Context(), logger, 20)
+			if err != nil {
+				return err
+			}
+			defer func() {
+				// No scrape reads the database's statistics from a
+				// closed pool.
+				stopMetrics()
+				pool.Close()
+			}()
+			// Task processes connect as the supervisor does, or, least
+			// privilege, as a member of dama_task.
+			taskURL := url
+			if u := os.Getenv(taskDatabaseURLEnv); u != "" {
+				if _, err := pgx.ParseConfig(u); err != nil {
+					return fmt.Errorf("$%s: %w", taskDatabaseURLEnv, err)
+				}
+				taskURL = u
+			}
+			opts := supervisor.Options{DatabaseURL: taskURL, Logger: logger}
+			if reg != nil {
+				opts.Registerer = reg
+			}
+			s, err := supervisor.New(pool, cfg, opts)
+			if err != nil {
+				return err
+			}
+			return s.Run(cmd.Context())
+		},
+	}
+	g.addLogFormat(cmd)
+	cmd.Flags().StringVar(&metricsListen, "metrics-listen", "", "serve Prometheus metrics on http://ADDR/metrics (ADDR e.g. 127.0.0.1:9464; a bare :PORT is on localhost); empty: none")
+	return cmd
+}

@@ -1,0 +1,202 @@
+// Package taskrunner is the detached process that runs one attempt of one
+// task (`dama taskrunner`, started by the supervisor).
+//
+// It takes the context's lock and holds it for as long as it lives: the lock
+// is the proof that the task is running, and a second runner for the same
+// context exits at once with protocol.ExitLocked. In row lock mode that is an
+// advisory lock keyed by the context id and the INITIAL event row FOR
+// UPDATE, in a transaction left open on a connection of its own, with the
+// writes on a second connection; in advisory lock mode, the advisory lock at
+// session level, with no transaction open, on the one connection that also
+// carries the writes. Every write carries the attempt's run id, which the
+// database checks. While the task runs quietly nothing is sent to the
+// server: the lock connection is watched by waiting on it, and probed by the
+// kernel when silent.
+//
+// The kind's command runs as the runner's child in its own process group,
+// with its stdin on /dev/null, its output appended to the task's log file and
+// a pipe on descriptor 3 for the events it reports. The command gets SIGKILL
+// when the runner dies; its descendants are left to the supervisor, which
+// finds them by process group and DAMA_RUN_ID. When the lock connection
+// fails, the command runs on for at most reconnect_grace while the lock is
+// taken again under the same run, then its process group is stopped: it
+// runs unlocked for at most FenceWindow.
+//
+// A function kind's command is the runner's own program, started again to
+// call the kind's Func with a Task (see RunFunction): everything above
+// holds for it unchanged.
+package taskrunner
+
+import (
+	"context"
+	"io"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/dama-etl/dama/taskrunner/protocol"
+)
+
+// eventsReader reads the command's events pipe and queues what it reports,
+// blocking while the writer is at its bounds.
+type eventsReader struct {
+	r      *runner
+	pipe   *os.File
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan error
+	// lines counts the lines handed on; waiting is set while the reader
+	// waits for room in the writer.
+	lines   atomic.Int64
+	waiting atomic.Bool
+	// lost counts the lines not queued because the run ended first.
+	lost atomic.Int64
+	// read counts the bytes read from the pipe.
+	read atomic.Int64
+}
+
+// countingReader counts what is read through it.
+type countingReader struct {
+	r io.Reader
+	n *atomic.Int64
+}
+
+func (c countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n.Add(int64(n))
+	return n, err
+}
+
+// drainBound is the most the events pipe can still give once every process
+// of the attempt is gone: what the pipe holds, what the reader has
+// buffered, and one line being read. More than that is written by a
+// process that escaped the attempt, and is not waited for.
+func drainBound(pipe *os.File) int64 {
+	capacity, err := unix.FcntlInt(pipe.Fd(), unix.F_GETPIPE_SZ, 0)
+	if err != nil || capacity <= 0 {
+		capacity = 1 << 20 // the default pipe-max-size
+	}
+	return int64(capacity) + 64<<10 + protocol.MaxEventLine
+}
+
+func (r *runner) readEvents(ctx context.Context, pipe *os.File) *eventsReader {
+	er := &eventsReader{r: r, pipe: pipe, done: make(chan error, 1)}
+	er.ctx, er.cancel = context.WithCancel(ctx)
+	go func() {
+		var stopped error
+		er.done <- readEvents(countingReader{pipe, &er.read}, func(rep reported) {
+			defer er.lines.Add(1)
+			if stopped != nil {
+				// Why the command fails needs no room: it is never lost.
+				if rep.failure != nil {
+					r.setFailure(rep.failure)
+					return
+				}
+				er.lost.Add(1)
+				return
+			}
+			er.waiting.Store(true)
+			stopped = r.report(er.ctx, rep)
+			er.waiting.Store(false)
+			if stopped != nil {
+				er.lost.Add(1)
+			}
+		})
+	}()
+	return er
+}
+
+// report queues one line of the events pipe, waiting for room.
+func (r *runner) report(ctx context.Context, rep reported) error {
+	switch {
+	case rep.failure != nil:
+		r.setFailure(rep.failure)
+		if rep.replaced.Any() {
+			r.w.replacedIn(protocol.TypeFailure, rep.replaced)
+		}
+		return nil
+	case rep.child != nil:
+		if rep.replaced.Any() {
+			r.w.replacedIn(protocol.TypeSubmit, rep.replaced)
+		}
+		return r.w.submitChild(ctx, *rep.child)
+	}
+	return r.w.report(ctx, rep.suffix, rep.payload, rep.meta, rep.isError, rep.replaced)
+}
+
+// drain waits until everything the command wrote is queued. Once its
+// processes are gone the pipe ends, unless a process that escaped them
+// holds it open: that is not waited for once the pipe has been quiet for
+// 2 s. While the writer is behind, the wait goes on for as long as it
+// makes progress, and for up to wait without any. Lines not stored are
+// counted in a WARNING, queued ahead of the outcome.
+func (er *eventsReader) drain(ctx context.Context, wait time.Duration) {
+	defer er.cancel()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	quietSince, progressSince := time.Now(), time.Now()
+	seen := er.lines.Load()
+	bound := er.read.Load() + drainBound(er.pipe)
+	wasWaiting := false
+	stop := func(why string) {
+		// Lines are no longer queued, but what is left is still read for a
+		// moment: a failure line at the end still counts.
+		er.cancel()
+		select {
+		case <-er.done:
+		case <-time.After(2 * time.Second):
+			er.pipe.Close()
+			<-er.done
+		}
+		er.r.logger.Warn(why, "lines_lost", er.lost.Load())
+		er.r.w.event(protocol.EventWarning, nil, map[string]any{
+			"problem":    why,
+			"lines_lost": er.lost.Load(),
+		}, false)
+	}
+	for {
+		select {
+		case err := <-er.done:
+			if err != nil {
+				er.r.logger.Warn("read events", "error", err)
+			}
+			if n := er.lost.Load(); n > 0 {
+				er.r.logger.Warn("lines of the events pipe were not stored: the run ended first", "lines_lost", n)
+			}
+			return
+		case <-tick.C:
+			now := time.Now()
+			waiting := er.waiting.Load()
+			if n := er.lines.Load(); n != seen {
+				// Only the writer's progress extends the wait: lines that keep
+				// coming from a process that escaped the attempt do not.
+				if waiting || wasWaiting {
+					progressSince = now
+				}
+				seen, quietSince = n, now
+			}
+			wasWaiting = waiting
+			if er.read.Load() > bound {
+				stop("more was written to the events pipe after the command's processes ended than the pipe holds: a process that escaped the attempt writes to it; the rest is discarded")
+				return
+			}
+			if now.Sub(progressSince) >= wait {
+				stop("the events the command wrote could not all be stored within " + wait.String() + " of the last progress; the rest of the pipe is discarded")
+				return
+			}
+			if waiting {
+				quietSince = now
+				continue
+			}
+			if now.Sub(quietSince) >= 2*time.Second {
+				stop("events pipe still open 2s after the command's processes ended; what is written to it later is discarded")
+				return
+			}
+		case <-ctx.Done():
+			stop("the task process is stopping: the events not yet read are discarded")
+			return
+		}
+	}
+}

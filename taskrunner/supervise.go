@@ -1,0 +1,321 @@
+// Package taskrunner is the detached process that runs one attempt of one
+// task (`dama taskrunner`, started by the supervisor).
+//
+// It takes the context's lock and holds it for as long as it lives: the lock
+// is the proof that the task is running, and a second runner for the same
+// context exits at once with protocol.ExitLocked. In row lock mode that is an
+// advisory lock keyed by the context id and the INITIAL event row FOR
+// UPDATE, in a transaction left open on a connection of its own, with the
+// writes on a second connection; in advisory lock mode, the advisory lock at
+// session level, with no transaction open, on the one connection that also
+// carries the writes. Every write carries the attempt's run id, which the
+// database checks. While the task runs quietly nothing is sent to the
+// server: the lock connection is watched by waiting on it, and probed by the
+// kernel when silent.
+//
+// The kind's command runs as the runner's child in its own process group,
+// with its stdin on /dev/null, its output appended to the task's log file and
+// a pipe on descriptor 3 for the events it reports. The command gets SIGKILL
+// when the runner dies; its descendants are left to the supervisor, which
+// finds them by process group and DAMA_RUN_ID. When the lock connection
+// fails, the command runs on for at most reconnect_grace while the lock is
+// taken again under the same run, then its process group is stopped: it
+// runs unlocked for at most FenceWindow.
+//
+// A function kind's command is the runner's own program, started again to
+// call the kind's Func with a Task (see RunFunction): everything above
+// holds for it unchanged.
+package taskrunner
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/dama-etl/dama/config"
+	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/hostproc"
+	"github.com/dama-etl/dama/taskrunner/protocol"
+)
+
+// supervise runs the command and reacts to its exit, to cancellation, to
+// the loss of the lock and to signals sent to the runner. Nothing here waits
+// on the database: writes are queued, the lock is watched by its keeper.
+func (r *runner) supervise(ctx context.Context) (int, error) {
+	cfg := r.opts.Config
+	eventsR, eventsW, err := os.Pipe()
+	if err != nil {
+		return r.finish(ctx, protocol.ExitFailed, protocol.EventError, map[string]any{"reason": "create events pipe: " + err.Error()}, err)
+	}
+	defer eventsR.Close()
+	cmd := &exec.Cmd{
+		Path:       r.path,
+		Args:       r.argv,
+		Env:        r.commandEnv(r.args, r.checkpoint),
+		Stdout:     r.logFile,
+		Stderr:     r.logFile,
+		ExtraFiles: []*os.File{eventsW}, // descriptor 3: protocol.EventsFD
+		SysProcAttr: &syscall.SysProcAttr{
+			Setpgid:   true,
+			Pdeathsig: syscall.SIGKILL,
+		},
+	}
+	// The lock is watched only from the command's start: make sure it is
+	// still held right before, so the fencing window holds from the start.
+	// A database restart since the lock was taken is ridden out here too:
+	// nothing runs yet, so the runner may simply wait to take it again.
+	if err := r.lock.check(ctx, *cfg.ReconnectGrace); err != nil {
+		eventsW.Close()
+		return r.finish(ctx, protocol.ExitLockLost, protocol.EventError, map[string]any{"reason": "the lock was lost before the command started and not taken again within reconnect_grace"}, fmt.Errorf("take the lock again before starting the command: %w", err))
+	}
+	select {
+	case sig := <-r.signals:
+		// Signalled while the lock was checked, which may wait out a
+		// database restart: the command has not started yet.
+		eventsW.Close()
+		return r.giveBack(ctx, sig)
+	default:
+	}
+	exited, err := startLocked(cmd)
+	eventsW.Close()
+	if err != nil {
+		err = fmt.Errorf("start command of kind %s: %w", r.ctx.Kind, err)
+		return r.finish(ctx, protocol.ExitFailed, protocol.EventError, map[string]any{"reason": err.Error()}, err)
+	}
+	pgid := cmd.Process.Pid
+	var leaderTicks uint64
+	if st, err := hostproc.ReadStat(pgid); err == nil {
+		leaderTicks = st.StartTicks
+	}
+	r.w.call(func(ctx context.Context, conn *pgx.Conn) error {
+		return etlcontext.RecordCommand(ctx, conn, r.ctx.ID, r.opts.RunID, pgid, leaderTicks)
+	})
+	r.logger.Info("command started", "pid", pgid, "command", r.argv, "attempt", r.ctx.Attempt)
+
+	events := r.readEvents(ctx, eventsR)
+
+	signals := r.signals
+	superseded := r.w.superseded
+
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		r.lock.watch(watchCtx)
+	}()
+	defer func() {
+		stopWatch()
+		<-watchDone
+	}()
+
+	var (
+		graceTimer <-chan time.Time
+		lostSince  time.Time
+		lockIsLost bool
+		timeout    <-chan time.Time
+		timedOut   bool
+	)
+	if d := r.kind.Timeout; d > 0 {
+		timeout = time.After(d)
+	}
+
+	var (
+		waitErr      error
+		stopReason   string
+		stopCode     int
+		commandEnded bool
+		ended        = make(chan struct{})
+	)
+	stop := func(reason string, code int) {
+		if stopReason != "" {
+			return
+		}
+		stopReason, stopCode = reason, code
+		r.logger.Info("stopping command", "reason", reason)
+		go killGroup(pgid, *r.kind.KillGrace, ended)
+	}
+	for !commandEnded {
+		select {
+		case waitErr = <-exited:
+			commandEnded = true
+		case n := <-r.w.notify:
+			if n.Channel == protocol.CancelChannel && n.Payload == strconv.FormatInt(r.ctx.ID, 10) {
+				stop("cancel requested", protocol.ExitCancelled)
+			}
+		case <-superseded:
+			// Closed for good: heard once.
+			superseded = nil
+			stop("the database refused a write of this run: it is no longer current", protocol.ExitLockLost)
+		case <-r.lock.changed:
+			state, err := r.lock.get()
+			switch {
+			case state == lockLost && !lockIsLost:
+				lockIsLost, lostSince = true, time.Now()
+				grace := *cfg.ReconnectGrace
+				r.logger.Error("lock connection failed; keeping the command running while taking the lock again", "error", err, "reconnect_grace", grace)
+				if grace == 0 {
+					stop("lock connection failed", protocol.ExitLockLost)
+				} else {
+					graceTimer = time.After(grace)
+				}
+			case state == lockHeld && lockIsLost:
+				lockIsLost, graceTimer = false, nil
+				r.logger.Info("lock held again", "unlocked_for", time.Since(lostSince).Round(time.Millisecond))
+			case state == lockSuperseded:
+				stop("the lock could not be taken again: "+err.Error(), protocol.ExitLockLost)
+			}
+		case <-timeout:
+			timeout, timedOut = nil, true
+			r.w.event(protocol.EventTimeout, map[string]any{
+				"timeout": r.kind.Timeout.String(), "on_timeout": string(r.kind.OnTimeout), "kill_grace": (*r.kind.KillGrace).String(),
+			}, nil, false)
+			stop(fmt.Sprintf("timed out after %s", r.kind.Timeout), protocol.ExitFailed)
+		case <-graceTimer:
+			graceTimer = nil
+			stop(fmt.Sprintf("the lock was not taken again within reconnect_grace (%s)", *cfg.ReconnectGrace), protocol.ExitLockLost)
+		case sig := <-signals:
+			stop("runner received "+sig.String(), protocol.ExitFailed)
+		}
+	}
+	// Stragglers the command left behind end with it, in its group or not:
+	// the next attempt must not meet them.
+	_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	// The group is empty now: a pending SIGKILL must not reach whoever
+	// reuses its id.
+	close(ended)
+	r.stopDescendants(hostproc.Attempt{PGID: pgid, LeaderStartTicks: leaderTicks, Marker: protocol.RunIDEnv + "=" + r.opts.RunID})
+	events.drain(ctx, *r.opts.Config.ReconnectGrace+stmtTimeout)
+	stopWatch()
+	<-watchDone
+
+	exitCode := exitCodeOf(waitErr)
+	switch {
+	case stopCode == protocol.ExitLockLost:
+		// Without the lock this process must not decide the outcome; the
+		// database refuses the write anyway when another attempt started.
+		return r.finish(ctx, protocol.ExitLockLost, protocol.EventError, map[string]any{"reason": stopReason, "exit_code": exitCode}, errors.New(stopReason))
+	case stopCode == protocol.ExitCancelled:
+		return r.finish(ctx, protocol.ExitCancelled, protocol.EventCancelled, map[string]any{"reason": stopReason, "exit_code": exitCode}, nil)
+	case waitErr == nil && stopReason == "" && r.kind.AwaitChildren:
+		return r.awaitChildren(ctx, signals)
+	case waitErr == nil && stopReason == "":
+		return r.finish(ctx, protocol.ExitDone, protocol.EventFinal, map[string]any{"exit_code": 0}, nil)
+	default:
+		reason := stopReason
+		if reason == "" {
+			reason = describeExit(waitErr)
+		}
+		logTail, replaced := tail(r.logPath, 4096)
+		if replaced.Any() {
+			r.w.replacedIn(protocol.EventError+" log tail", replaced)
+		}
+		payload := map[string]any{"reason": reason, "exit_code": exitCode, "log_tail": logTail}
+		failure := r.lastFailure()
+		if f := failure; stopReason == "" && f != nil {
+			payload["reason"], payload["exit"] = f.Error, reason
+		}
+		switch {
+		case timedOut:
+			payload["timed_out"] = true
+			if r.kind.OnTimeout == config.OnTimeoutFail {
+				payload[etlcontext.ErrorFinal] = false
+			}
+		case stopReason == "" && failure != nil && failure.Retry != nil && !*failure.Retry,
+			stopReason == "" && !r.kind.RetriesExit(exitCode):
+			// The command said not to retry this failure.
+			payload[etlcontext.ErrorFinal] = false
+		}
+		return r.finish(ctx, protocol.ExitFailed, protocol.EventError, payload, nil)
+	}
+}
+
+// stopDescendants kills what remains of the attempt's processes and waits
+// for them to be gone, however long that takes (a process in uninterruptible
+// sleep dies late): the outcome is recorded, and the lock released, only
+// once no process of the attempt is left to meet the next one.
+func (r *runner) stopDescendants(a hostproc.Attempt) {
+	nextReport := time.Now().Add(30 * time.Second)
+	for {
+		pids, err := a.Processes()
+		if err == nil && len(pids) == 0 {
+			return
+		}
+		if time.Now().After(nextReport) {
+			r.logger.Error("processes of the command survive SIGKILL; waiting for them before recording the outcome", "pids", pids, "error", err)
+			nextReport = time.Now().Add(30 * time.Second)
+		}
+		_ = a.Signal(syscall.SIGKILL)
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (r *runner) commandEnv(args, checkpoint json.RawMessage) []string {
+	env := make([]string, 0, len(os.Environ())+9)
+	for _, kv := range os.Environ() {
+		// dama's credentials reach a command only when its kind asks.
+		if name, _, _ := strings.Cut(kv, "="); config.Withheld(name) && (strings.HasPrefix(name, "DAMA_") || !slices.Contains(r.kind.PassEnv, name)) {
+			continue
+		}
+		env = append(env, kv)
+	}
+	if len(args) == 0 {
+		args = json.RawMessage("null")
+	}
+	if r.kind.Function != "" {
+		env = append(env, protocol.ProcessEnv+"="+protocol.ProcessFunction, protocol.FunctionEnv+"="+r.kind.Function)
+	}
+	return append(env,
+		protocol.ContextIDEnv+"="+strconv.FormatInt(r.ctx.ID, 10),
+		protocol.KindEnv+"="+r.ctx.Kind,
+		protocol.AttemptEnv+"="+strconv.Itoa(r.ctx.Attempt),
+		protocol.ArgsEnv+"="+string(args),
+		protocol.CheckpointEnv+"="+string(checkpoint),
+		protocol.EventsFDEnv+"="+strconv.Itoa(protocol.EventsFD),
+		protocol.RunIDEnv+"="+r.opts.RunID,
+	)
+}
+
+// startLocked starts cmd from a goroutine locked to its OS thread, which then
+// waits for it: Pdeathsig fires when the thread that forked the child exits,
+// so that thread must live exactly as long as the command.
+func startLocked(cmd *exec.Cmd) (<-chan error, error) {
+	started := make(chan error, 1)
+	exited := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		exited <- cmd.Wait()
+	}()
+	if err := <-started; err != nil {
+		return nil, err
+	}
+	return exited, nil
+}
+
+// killGroup sends SIGTERM to the process group, and SIGKILL after grace if
+// the command has not ended by then.
+func killGroup(pgid int, grace time.Duration, ended <-chan struct{}) {
+	_ = syscall.Kill(-pgid, syscall.SIGTERM)
+	timer := time.NewTimer(grace)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	case <-ended:
+	}
+}

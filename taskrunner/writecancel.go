@@ -1,0 +1,119 @@
+package taskrunner
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/taskrunner/protocol"
+)
+
+// waitNotification waits for a notification until a write is queued.
+func (w *writer) waitNotification(ctx context.Context) {
+	waitCtx, cancel := context.WithCancel(ctx)
+	stop := make(chan struct{})
+	go func() {
+		select {
+		case <-w.wake:
+			cancel()
+		case <-stop:
+		}
+	}()
+	n, err := w.conn.WaitForNotification(waitCtx)
+	close(stop)
+	cancel()
+	switch {
+	case err == nil:
+		w.hear(n)
+	case ctx.Err() != nil, errors.Is(err, context.Canceled):
+	default:
+		// Closed whatever the error: pgconn keeps a connection whose read
+		// timed out, and a kernel that gave up on a silent server reports a
+		// timeout too.
+		w.connErr = err
+		w.logger.Warn("write connection failed while listening", "error", err)
+		w.conn.Close(context.WithoutCancel(ctx))
+	}
+}
+
+// hear passes notification n on to the runner. A cancellation is a hint,
+// which anyone who can connect may send: one naming this run's context is
+// noted, and passed on only once the database's record confirms it
+// (confirmCancel); others are ignored. The rest are wake-ups whose
+// receiver reads the database itself: when one is already waiting, n adds
+// nothing, so a flood of them costs nothing.
+func (w *writer) hear(n *pgconn.Notification) {
+	if n.Channel == protocol.CancelChannel {
+		w.mu.Lock()
+		id := w.contextID
+		w.mu.Unlock()
+		if id != 0 && n.Payload == strconv.FormatInt(id, 10) {
+			w.cancelHinted = true
+		}
+		return
+	}
+	select {
+	case w.notify <- n:
+	default:
+	}
+}
+
+// confirmCancel reads whether the run's cancellation is recorded, as hinted,
+// and if so passes it on to the runner. It reports whether the writer may
+// wait for the next notification: false when the connection failed, to be
+// made again (which reads the record anew: hooks.resume).
+func (w *writer) confirmCancel(ctx context.Context) bool {
+	if wait := confirmInterval - time.Since(w.confirmedAt); wait > 0 {
+		w.signalIn(wait)
+		return true
+	}
+	w.confirmedAt = time.Now()
+	w.mu.Lock()
+	id, runID := w.contextID, w.runID
+	w.mu.Unlock()
+	var requested bool
+	err := w.exec(ctx, func(ctx context.Context, conn *pgx.Conn) (err error) {
+		requested, err = etlcontext.CancelRequested(ctx, conn, id, runID)
+		return err
+	})
+	switch {
+	case err == nil && !requested:
+		w.cancelHinted = false
+		w.ignored++
+		if time.Since(w.ignoredSaid) >= time.Minute {
+			w.logger.Warn("ignored announced cancellations that the database does not record", "count", w.ignored)
+			w.ignored, w.ignoredSaid = 0, time.Now()
+		}
+	case err == nil:
+		select {
+		case w.notify <- &pgconn.Notification{Channel: protocol.CancelChannel, Payload: strconv.FormatInt(id, 10)}:
+			w.cancelHinted = false
+		default:
+			// The runner has yet to take what waits: look again soon.
+			w.signalIn(confirmInterval)
+		}
+	case permanent(err):
+		w.cancelHinted = false
+	case w.conn.IsClosed():
+		return false
+	default:
+		w.sayBusy("read the announced cancellation; tried again in a second", err)
+		w.signalIn(time.Second)
+	}
+	return true
+}
+
+// signalIn wakes the writer's loop after d; one wake-up waits at a time.
+func (w *writer) signalIn(d time.Duration) {
+	if w.wakeSet.CompareAndSwap(false, true) {
+		time.AfterFunc(d, func() {
+			w.wakeSet.Store(false)
+			w.signal()
+		})
+	}
+}

@@ -162,7 +162,10 @@ func runnerEnv(databaseURL, configPath string) []string {
 	env := make([]string, 0, len(os.Environ())+3)
 	for _, kv := range os.Environ() {
 		switch name, _, _ := strings.Cut(kv, "="); name {
-		case protocol.DatabaseURLEnv, protocol.ConfigEnv, protocol.ProcessEnv, protocol.FunctionEnv:
+		case protocol.DatabaseURLEnv, protocol.ConfigEnv, protocol.ProcessEnv, protocol.FunctionEnv,
+			// The supervisor's service manager's: a task that told it
+			// anything would speak for the supervisor.
+			"NOTIFY_SOCKET":
 			continue
 		}
 		env = append(env, kv)

@@ -133,7 +133,15 @@ type Supervisor struct {
 	// this release's task processes: Run then stops the supervisor.
 	retired atomic.Bool
 	stop    chan error
+
+	// started is closed once Run works (Started).
+	started chan struct{}
 }
+
+// Started is closed once Run works: it holds its liveness lock, listens,
+// and River fetches its queues' jobs. A service manager or a test waits on
+// it rather than on a log line.
+func (s *Supervisor) Started() <-chan struct{} { return s.started }
 
 // ErrUnregisteredFunction is returned by New for a configuration whose
 // function kinds name a function Options.Funcs lacks.
@@ -220,6 +228,7 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 		rescueGrace: rescueGraceFor(cfg.PollInterval),
 		suspects:    map[suspect]time.Time{},
 		stop:        make(chan error, 1),
+		started:     make(chan struct{}),
 	}
 	s.metrics.zero(cfg)
 	if opts.Registerer != nil {
@@ -341,6 +350,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	}
 	s.logger.Info("supervisor started", "host", s.host, "client_id", s.river.ID(), "queues", s.cfg.QueueNames(), "kinds", s.cfg.KindNames(),
 		"release", version.Release, "commit", version.Commit(), "protocol", protocol.Version)
+	close(s.started)
 	s.reportBudget(ctx)
 	bg.Go(func() { s.rescueLoop(bgCtx) })
 	for _, name := range s.cfg.KindNames() {

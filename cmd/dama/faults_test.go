@@ -290,10 +290,7 @@ func TestOutageLongerThanGraceStopsCommandsBeforeAnyRetry(t *testing.T) {
 		return strings.Contains(string(log), "database unreachable; waiting for it"), err
 	})
 	srv.Start(t)
-	testenv.Eventually(t, 20*time.Second, "the late supervisor to start", func() (bool, error) {
-		log, err := os.ReadFile(late.Log)
-		return strings.Contains(string(log), "supervisor started"), err
-	})
+	late.WaitReady(t, 20*time.Second)
 
 	got := (&world{Env: env}).waitSettled(id, 90*time.Second)
 	if got.Status != etlcontext.StatusDone || got.Attempt != 2 {

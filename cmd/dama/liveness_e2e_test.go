@@ -146,7 +146,7 @@ func (w *world) startTwoSupervisors(id int64) (a, b *testenv.Proc, client string
 	w.T.Helper()
 	sups := []*testenv.Proc{w.Start(w.cfg, "supervisor"), w.Start(w.cfg, "supervisor")}
 	for _, p := range sups {
-		waitLogged(w.T, p, "supervisor started", 30*time.Second)
+		p.WaitReady(w.T, 30*time.Second)
 	}
 	jobID, client = w.waitStepBlocked(id)
 	for i, p := range sups {

@@ -105,10 +105,7 @@ func TestRetiredRunnerProtocolIsRefused(t *testing.T) {
 	// attempt.
 	setMinRunnerProtocol(t, w.Env, protocol.Version)
 	sup := w.Start(w.cfg, "supervisor")
-	testenv.Eventually(t, 30*time.Second, "the supervisor to start", func() (bool, error) {
-		out, err := os.ReadFile(sup.Log)
-		return strings.Contains(string(out), "supervisor started"), err
-	})
+	sup.WaitReady(t, 30*time.Second)
 	setMinRunnerProtocol(t, w.Env, protocol.Version+1)
 	id := w.submit(1, 1)
 	select {

@@ -104,7 +104,7 @@ kinds:
 	<-sups[0].Done()
 	w.waitScheduled("tick", 6, 30*time.Second)
 	sups[0] = w.Start(w.cfg, "supervisor")
-	waitLogged(t, sups[0], "supervisor started", 30*time.Second)
+	sups[0].WaitReady(t, 30*time.Second)
 	w.waitScheduled("tick", 10, 30*time.Second)
 	// The supervisors run on, to finish these tasks and submit later ones.
 	list := w.scheduled("tick")

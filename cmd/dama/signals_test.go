@@ -67,10 +67,7 @@ kinds:
 `)
 	w := &world{Env: env, cfg: cfg}
 	sup := w.Start(cfg, "supervisor")
-	testenv.Eventually(t, 30*time.Second, "the supervisor to start", func() (bool, error) {
-		log, err := os.ReadFile(sup.Log)
-		return strings.Contains(string(log), "supervisor started"), err
-	})
+	sup.WaitReady(t, 30*time.Second)
 	return &signalWorld{world: w, starts: starts, sup: sup}
 }
 

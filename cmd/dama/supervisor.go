@@ -3,9 +3,11 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"sync"
 
+	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
@@ -89,10 +91,31 @@ running.`,
 			if err != nil {
 				return err
 			}
-			return s.Run(cmd.Context())
+			// A service manager (systemd's Type=notify, a test) hears
+			// when the supervisor works, and when it stops.
+			go func() {
+				select {
+				case <-s.Started():
+					notify(logger, daemon.SdNotifyReady)
+				case <-cmd.Context().Done():
+				}
+			}()
+			err = s.Run(cmd.Context())
+			notify(logger, daemon.SdNotifyStopping)
+			return err
 		},
 	}
 	g.addLogFormat(cmd)
 	cmd.Flags().StringVar(&metricsListen, "metrics-listen", "", "serve Prometheus metrics on http://ADDR/metrics (ADDR e.g. 127.0.0.1:9464; a bare :PORT is on localhost); empty: none")
 	return cmd
+}
+
+// notify tells the service manager named by NOTIFY_SOCKET, if any, the
+// supervisor's state (sd_notify(3)). The variable stays set for the
+// supervisor's own later notices; its task processes do not get it
+// (supervisor.runnerEnv).
+func notify(logger *slog.Logger, state string) {
+	if _, err := daemon.SdNotify(false, state); err != nil {
+		logger.Warn("notify the service manager", "state", state, "error", err)
+	}
 }

@@ -91,10 +91,7 @@ func TestUpgradeFromThePreviousRelease(t *testing.T) {
 		}
 		install(w.DamaBin)
 		sup := w.With(installed).Start(w.cfg, "supervisor")
-		testenv.Eventually(t, 30*time.Second, "the supervisor to start", func() (bool, error) {
-			out, err := os.ReadFile(sup.Log)
-			return strings.Contains(string(out), "supervisor started"), err
-		})
+		sup.WaitReady(t, 30*time.Second)
 		install(oldBin)
 		id := w.submit(1, 1)
 		got := w.waitSettled(id, 60*time.Second)

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -340,10 +341,29 @@ func (e *Env) DamaWith(configPath string, extraEnv []string, args ...string) Res
 
 // Proc is a long-running process a test started.
 type Proc struct {
-	Cmd  *exec.Cmd
-	Log  string
-	done chan struct{}
-	err  error
+	Cmd   *exec.Cmd
+	Log   string
+	done  chan struct{}
+	err   error
+	ready chan struct{}
+}
+
+// Ready is closed once the process told its service manager it is ready
+// (sd_notify READY=1 on NOTIFY_SOCKET, which start sets): a supervisor
+// does once it works.
+func (p *Proc) Ready() <-chan struct{} { return p.ready }
+
+// WaitReady waits, at most timeout, for the process to be Ready, and fails
+// t if it exits or the time passes first.
+func (p *Proc) WaitReady(t testing.TB, timeout time.Duration) {
+	t.Helper()
+	select {
+	case <-p.ready:
+	case <-p.done:
+		t.Fatalf("%s exited before it was ready: %v", filepath.Base(p.Cmd.Path), p.err)
+	case <-time.After(timeout):
+		t.Fatalf("%s not ready after %s", filepath.Base(p.Cmd.Path), timeout)
+	}
 }
 
 // Done is closed when the process has exited.
@@ -400,13 +420,14 @@ func (e *Env) start(bin, configPath string, extraEnv, wrapper []string, args []s
 	defer logFile.Close()
 	argv := append(append(append([]string{}, wrapper...), bin), args...)
 	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = append(e.Environ(configPath), extraEnv...)
+	notifySocket, ready := e.listenNotify()
+	cmd.Env = append(append(e.Environ(configPath), "NOTIFY_SOCKET="+notifySocket), extraEnv...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		e.T.Fatalf("start %s %v: %v", filepath.Base(bin), args, err)
 	}
-	p := &Proc{Cmd: cmd, Log: logPath, done: make(chan struct{})}
+	p := &Proc{Cmd: cmd, Log: logPath, done: make(chan struct{}), ready: ready}
 	go func() {
 		p.err = cmd.Wait()
 		close(p.done)
@@ -420,6 +441,52 @@ func (e *Env) start(bin, configPath string, extraEnv, wrapper []string, args []s
 		}
 	})
 	return p
+}
+
+// listenNotify opens a socket a process tells its readiness on, as to
+// systemd (sd_notify(3)), and returns its path and a channel closed once
+// READY=1 arrives. The socket is closed when the test ends.
+func (e *Env) listenNotify() (string, chan struct{}) {
+	e.T.Helper()
+	// Short: a socket's path is at most 107 bytes, and a test's temporary
+	// directory is named after the test.
+	dir, err := os.MkdirTemp("", "dama-notify-")
+	if err != nil {
+		e.T.Fatal(err)
+	}
+	path := filepath.Join(dir, "s")
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
+	if err != nil {
+		e.T.Fatalf("listen for readiness: %v", err)
+	}
+	// A process a test runs as another user (setpriv) tells it too.
+	for _, p := range []string{dir, path} {
+		if err := os.Chmod(p, 0o777); err != nil {
+			e.T.Fatal(err)
+		}
+	}
+	ready := make(chan struct{})
+	go func() {
+		buf := make([]byte, 4096)
+		told := false
+		for {
+			n, err := conn.Read(buf)
+			if err != nil {
+				return
+			}
+			for _, line := range strings.Split(string(buf[:n]), "\n") {
+				if line == "READY=1" && !told {
+					told = true
+					close(ready)
+				}
+			}
+		}
+	}()
+	e.T.Cleanup(func() {
+		conn.Close()
+		os.RemoveAll(dir)
+	})
+	return path, ready
 }
 
 // Kill sends sig to the process (not its group).

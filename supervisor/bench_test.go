@@ -71,8 +71,11 @@ kinds:
 	if err != nil {
 		b.Fatal(err)
 	}
-	// Let the supervisor start before measuring.
-	time.Sleep(500 * time.Millisecond)
+	select {
+	case <-sup.Started():
+	case err := <-done:
+		b.Fatalf("supervisor: %v", err)
+	}
 
 	starts := make([]time.Duration, 0, b.N)
 	b.ResetTimer()

@@ -3,6 +3,8 @@ package supervisor
 import (
 	"testing"
 	"time"
+
+	"github.com/dama-etl/dama/internal/testenv"
 )
 
 // The window runs on this process's clock from its first sight of a loss:
@@ -34,13 +36,7 @@ func TestFenceClockTimesEachLossFromItsFirstSight(t *testing.T) {
 // testWait waits for cond, bounded.
 func testWait(t *testing.T, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met in 10s")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testenv.Eventually(t, 10*time.Second, "the condition", func() (bool, error) { return cond(), nil })
 }
 
 // A sighting no step looks at any more (its context settled by another

@@ -311,7 +311,7 @@ func TestChaosNoOverlapWhateverIsKilledOrRestarted(t *testing.T) {
 		}
 	}
 	for ; rounds < chaosRounds; rounds++ {
-		time.Sleep(chaosRoundGap)
+		time.Sleep(chaosRoundGap) // deliberately: the rhythm of the faults
 		if open, err := unsettled(); err == nil && open == "" {
 			break
 		}
@@ -403,7 +403,7 @@ func TestChaosNoOverlapWhateverIsKilledOrRestarted(t *testing.T) {
 			}
 			start := time.Now()
 			srv.Stop(t, "fast")
-			time.Sleep(chaosOutage)
+			time.Sleep(chaosOutage) // deliberately: the outage is the fault
 			srv.Start(t)
 			outages++
 			counts["long outage"]++
@@ -441,7 +441,7 @@ func TestChaosNoOverlapWhateverIsKilledOrRestarted(t *testing.T) {
 		return len(left) == 0, fmt.Errorf("still running: %v", left)
 	})
 	sizes := beatSizes(env.Dir, ids)
-	time.Sleep(time.Second)
+	time.Sleep(time.Second) // deliberately: a window in which nothing may grow
 	if after := beatSizes(env.Dir, ids); !maps.Equal(sizes, after) {
 		for _, id := range ids {
 			if sizes[id] != after[id] {

@@ -155,7 +155,7 @@ func noSecondStartWhileAlive(t *testing.T, pid int, starts func() []string) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the lock-less command %d still runs after 30s", pid)
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // deliberately: watches that nothing starts while pid lives
 	}
 }
 
@@ -930,7 +930,7 @@ func TestNothingIsLostWhateverIsKilled(t *testing.T) {
 	// Chaos: every 1.5s a supervisor is crashed and replaced, and every
 	// other round a task process is crashed too.
 	for round := 0; round < 12 && !allDone(); round++ {
-		time.Sleep(1500 * time.Millisecond)
+		time.Sleep(1500 * time.Millisecond) // deliberately: the rhythm of the crashes
 		i := round % len(sups)
 		_ = syscall.Kill(-sups[i].Cmd.Process.Pid, syscall.SIGKILL)
 		sups[i] = w.Start(w.cfg, "supervisor")

@@ -158,7 +158,7 @@ func TestForkingCommandNeverOverlapsItsRetry(t *testing.T) {
 	}
 	// The worker is gone for good.
 	last := slices.Max(beats[1])
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(300 * time.Millisecond) // deliberately: a window in which a live worker would beat
 	if slices.Max(w.beats(id)[1]) != last {
 		t.Errorf("the worker of attempt 1 still runs after the task finished")
 	}

@@ -214,7 +214,7 @@ func TestLiveSupervisorKeepsItsStepsWhenItsConnectionsFail(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("A's listening connection did not come back in 15s")
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // deliberately: watches the lock all along
 	}
 	unchanged("after the listener failed")
 

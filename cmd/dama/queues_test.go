@@ -176,7 +176,7 @@ func TestPausedQueueStartsNothingUntilResumed(t *testing.T) {
 				t.Fatalf("context %d of the paused queue: %s, attempt %d", id, got.Status, got.Attempt)
 			}
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // deliberately: nothing may start in this window
 	}
 	res = w.Dama(w.cfg, "queues")
 	if res.Code != 0 {
@@ -264,14 +264,14 @@ kinds:
 			t.Fatal(err)
 		}
 		before := startedSoFar()
-		time.Sleep(time.Duration(rng.IntN(40)) * time.Millisecond)
+		time.Sleep(time.Duration(rng.IntN(40)) * time.Millisecond) // deliberately: the operator's random rhythm
 		if after := startedSoFar(); after != before {
 			t.Fatalf("%d tasks started while the queue was paused", after-before)
 		}
 		if _, err := client.ResumeQueue(ctx, "etl"); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(time.Duration(rng.IntN(40)) * time.Millisecond)
+		time.Sleep(time.Duration(rng.IntN(40)) * time.Millisecond) // deliberately: the operator's random rhythm
 		var unfinished int
 		if err := w.Pool.QueryRow(ctx, `SELECT count(*) FROM data_manager.etl_contexts WHERE etl_status NOT IN ('DONE', 'FAILED', 'CANCELLED')`).Scan(&unfinished); err != nil {
 			t.Fatal(err)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"syscall"
 	"testing"
@@ -58,17 +59,12 @@ func (w *world) scheduled(kind string) []scheduledTask {
 // waitScheduled waits until kind's ticks have submitted at least n tasks.
 func (w *world) waitScheduled(kind string, n int, timeout time.Duration) []scheduledTask {
 	w.T.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		list := w.scheduled(kind)
-		if len(list) >= n {
-			return list
-		}
-		if time.Now().After(deadline) {
-			w.T.Fatalf("%d tasks of %s after %v, want %d", len(list), kind, timeout, n)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	var list []scheduledTask
+	testenv.Eventually(w.T, timeout, fmt.Sprintf("%d tasks of %s", n, kind), func() (bool, error) {
+		list = w.scheduled(kind)
+		return len(list) >= n, fmt.Errorf("%d so far", len(list))
+	})
+	return list
 }
 
 // dbNow is the database's clock, by which ticks are taken.
@@ -152,7 +148,7 @@ kinds:
 	killed := w.dbNow()
 	// The outage itself: ticks pass with no supervisor.
 	for w.dbNow().Sub(killed) < 4*time.Second {
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // deliberately: the outage is the fault
 	}
 	restarted := w.dbNow()
 	w.Start(w.cfg, "supervisor")

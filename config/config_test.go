@@ -205,3 +205,46 @@ kinds:
 		t.Errorf("plain: delay %v (want River's), timeout %v, retries 2 %t", p.RetryDelay(1), p.Timeout, p.RetriesExit(2))
 	}
 }
+
+// TestDurationsWrittenAsABareZero: "kill_grace: 0" is zero, as dama always
+// read it, though YAML reads a bare 0 as an integer; a zero elsewhere (in
+// a task's arguments) stays a number, and a bare non-zero number is still
+// refused, lacking its unit.
+func TestDurationsWrittenAsABareZero(t *testing.T) {
+	cfg, err := config.Parse([]byte(`
+log_dir: /l
+reconnect_grace: 0
+kinds:
+  a: {command: [x], kill_grace: 0, timeout: +0, retry: {delay: 1m, max_delay: 0}}
+  b:
+    command: [x]
+    schedule: "@daily"
+    schedule_args: {timeout: 0, kill_grace: 0}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := cfg.Kinds["a"], cfg.Kinds["b"]
+	if *cfg.ReconnectGrace != 0 || *a.KillGrace != 0 || a.Timeout != 0 || a.Retry.MaxDelay != config.DefaultRetryMaxDelay {
+		t.Errorf("reconnect_grace %v, kill_grace %v, timeout %v, max_delay %v: want 0, 0, 0 and the default", *cfg.ReconnectGrace, *a.KillGrace, a.Timeout, a.Retry.MaxDelay)
+	}
+	if string(b.ScheduleArgs) != `{"kill_grace":0,"timeout":0}` {
+		t.Errorf("schedule_args %s: want the numbers kept", b.ScheduleArgs)
+	}
+	_, err = config.Parse([]byte("log_dir: /l\nkinds:\n  a: {command: [x], kill_grace: 5}\n"))
+	if err == nil || !strings.Contains(err.Error(), "line 3") {
+		t.Errorf("kill_grace: 5 gave %v, want an error on line 3", err)
+	}
+}
+
+// TestTheDefaultQueueNeedNotBeConfigured: a kind naming the queue
+// "default" runs there although queues does not list it.
+func TestTheDefaultQueueNeedNotBeConfigured(t *testing.T) {
+	cfg, err := config.Parse([]byte("log_dir: /l\nqueues: {etl: {max_running: 2}}\nkinds: {a: {command: [x], queue: default}}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q, ok := cfg.Queues[config.DefaultQueue]; !ok || q.MaxRunning != config.DefaultMaxRunning {
+		t.Errorf("queues %v: want default with max_running %d", cfg.Queues, config.DefaultMaxRunning)
+	}
+}

@@ -72,9 +72,11 @@ func (c *Config) kindDefaults(k Kind) Kind {
 	k.PassEnv = slices.Clone(k.PassEnv)
 	if k.Queue == "" {
 		k.Queue = DefaultQueue
-		if _, ok := c.Queues[DefaultQueue]; !ok {
-			c.Queues[DefaultQueue] = Queue{MaxRunning: DefaultMaxRunning}
-		}
+	}
+	if _, ok := c.Queues[k.Queue]; !ok && k.Queue == DefaultQueue {
+		// The default queue need not be configured, whether a kind names
+		// it or not.
+		c.Queues[DefaultQueue] = Queue{MaxRunning: DefaultMaxRunning}
 	}
 	if k.MaxAttempts == 0 && k.Retry != nil && k.Retry.MaxAttempts > 0 {
 		k.MaxAttempts = k.Retry.MaxAttempts

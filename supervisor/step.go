@@ -55,6 +55,29 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 		s.fence.forget(id)
 	}
 	switch c.Status {
+	case etlcontext.StatusDone, etlcontext.StatusCancelled, etlcontext.StatusFailed:
+		return s.settleFinished(ctx, logger, tx, job, c)
+	case etlcontext.StatusRunning:
+		return s.settleRunning(ctx, logger, tx, c)
+	case etlcontext.StatusRetrying:
+		if c.Attempt >= job.Attempt {
+			// This River attempt's task attempt failed; let River back off.
+			f := lastFailure(ctx, tx, c)
+			if !f.Died {
+				s.metrics.failed(c, f)
+			}
+			return fmt.Errorf("attempt %d of etl context %d failed: %s", c.Attempt, id, f.Reason)
+		}
+	}
+
+	return s.startAttempt(ctx, logger, tx, job, c, depth)
+}
+
+// settleFinished settles the job of c, a finished context, to agree with
+// it.
+func (s *Supervisor) settleFinished(ctx context.Context, logger *slog.Logger, tx pgx.Tx, job *river.Job[TaskArgs], c *etlcontext.Context) error {
+	id := c.ID
+	switch c.Status {
 	case etlcontext.StatusDone:
 		// Completing in the step's own transaction settles the job now,
 		// rather than at River's next batch of completions (up to 250ms).
@@ -86,91 +109,96 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 		// retried by hand after it failed: River cannot discard a job
 		// early, so it is cancelled.
 		return river.JobCancel(failure)
-	case etlcontext.StatusRunning:
-		if c.PID == nil {
-			// The launch never got as far as a command: its task process
-			// failed to start, to connect, or found this host unfit, or the
-			// supervisor died in between. That says nothing about the task:
-			// take the launch back without spending an attempt.
-			if err := etlcontext.AbandonLaunch(ctx, tx, c); err != nil {
-				return s.transient(logger, err)
-			}
-			if err := tx.Commit(ctx); err != nil {
-				return s.transient(logger, fmt.Errorf("commit abandoned launch of etl context %d: %w", id, err))
-			}
-			s.reportLaunchFailure(ctx, logger, c)
-			s.wakeWaiting(ctx, c.Queue)
-			return river.JobSnooze(s.cfg.PollInterval)
-		}
-		// RUNNING recorded but the lock is free: the attempt's process is
-		// gone without reporting a result, or it lost its lock and is taking
-		// it again or stopping its command. No new attempt may start before
-		// every process of that attempt is surely gone.
-		wait, err := s.attemptAlive(ctx, logger, tx, c)
-		if err != nil {
+	}
+	return fmt.Errorf("etl context %d is %s, not finished", id, c.Status)
+}
+
+// settleRunning decides a step of c, RUNNING while its lock is free (the
+// step holds it): a launch that never got as far as a command is taken
+// back; an attempt whose processes may still run is waited out; one surely
+// over is recorded as cancelled or dead.
+func (s *Supervisor) settleRunning(ctx context.Context, logger *slog.Logger, tx pgx.Tx, c *etlcontext.Context) error {
+	id := c.ID
+	if c.PID == nil {
+		// The launch never got as far as a command: its task process
+		// failed to start, to connect, or found this host unfit, or the
+		// supervisor died in between. That says nothing about the task:
+		// take the launch back without spending an attempt.
+		if err := etlcontext.AbandonLaunch(ctx, tx, c); err != nil {
 			return s.transient(logger, err)
 		}
-		if wait > 0 {
-			if err := tx.Commit(ctx); err != nil {
-				return s.transient(logger, fmt.Errorf("commit lock loss of etl context %d: %w", id, err))
-			}
-			return river.JobSnooze(wait)
+		if err := tx.Commit(ctx); err != nil {
+			return s.transient(logger, fmt.Errorf("commit abandoned launch of etl context %d: %w", id, err))
 		}
-		cancelRequested, err := etlcontext.CancelRequestedNow(ctx, tx, id)
-		if err != nil {
+		s.reportLaunchFailure(ctx, logger, c)
+		s.wakeWaiting(ctx, c.Queue)
+		return river.JobSnooze(s.cfg.PollInterval)
+	}
+	// RUNNING recorded but the lock is free: the attempt's process is
+	// gone without reporting a result, or it lost its lock and is taking
+	// it again or stopping its command. No new attempt may start before
+	// every process of that attempt is surely gone.
+	wait, err := s.attemptAlive(ctx, logger, tx, c)
+	if err != nil {
+		return s.transient(logger, err)
+	}
+	if wait > 0 {
+		if err := tx.Commit(ctx); err != nil {
+			return s.transient(logger, fmt.Errorf("commit lock loss of etl context %d: %w", id, err))
+		}
+		return river.JobSnooze(wait)
+	}
+	cancelRequested, err := etlcontext.CancelRequestedNow(ctx, tx, id)
+	if err != nil {
+		return s.transient(logger, err)
+	}
+	if cancelRequested {
+		// Asked to stop, and now surely stopped: the request's outcome.
+		if err := s.recordEnd(ctx, tx, c, protocol.EventCancelled, "cancel requested; the task process had exited or lost its lock"); err != nil {
 			return s.transient(logger, err)
 		}
-		if cancelRequested {
-			// Asked to stop, and now surely stopped: the request's outcome.
-			if err := s.recordEnd(ctx, tx, c, protocol.EventCancelled, "cancel requested; the task process had exited or lost its lock"); err != nil {
-				return s.transient(logger, err)
-			}
-			after, err := etlcontext.Get(ctx, tx, id)
-			if err != nil {
-				return s.transient(logger, err)
-			}
-			if err := tx.Commit(ctx); err != nil {
-				return s.transient(logger, fmt.Errorf("commit cancellation of etl context %d: %w", id, err))
-			}
-			s.metrics.lockLosses.WithLabelValues(c.Queue, c.Kind).Inc()
-			s.metrics.finished(after)
-			s.wakeWaiting(ctx, c.Queue)
-			logger.Info("cancelled task's attempt is over", "attempt", c.Attempt)
-			return river.JobCancel(fmt.Errorf("etl context %d was cancelled", id))
-		}
-		reason := "the task process exited without reporting a result"
-		if err := s.recordEnd(ctx, tx, c, protocol.EventError, reason); err != nil {
-			return s.transient(logger, err)
-		}
-		// The death may have been the last attempt's: the task is FAILED
-		// now, and River discards the job without another step.
 		after, err := etlcontext.Get(ctx, tx, id)
 		if err != nil {
 			return s.transient(logger, err)
 		}
 		if err := tx.Commit(ctx); err != nil {
-			return s.transient(logger, fmt.Errorf("commit death of etl context %d: %w", id, err))
+			return s.transient(logger, fmt.Errorf("commit cancellation of etl context %d: %w", id, err))
 		}
 		s.metrics.lockLosses.WithLabelValues(c.Queue, c.Kind).Inc()
-		s.metrics.attemptsFailed.WithLabelValues(c.Queue, c.Kind, failedLockLost).Inc()
-		if after.Status == etlcontext.StatusFailed {
-			s.metrics.finished(after)
-		}
+		s.metrics.finished(after)
 		s.wakeWaiting(ctx, c.Queue)
-		logger.Warn("task attempt died", "attempt", c.Attempt, "reason", reason)
-		return fmt.Errorf("attempt %d of etl context %d died: %s", c.Attempt, id, reason)
-	case etlcontext.StatusRetrying:
-		if c.Attempt >= job.Attempt {
-			// This River attempt's task attempt failed; let River back off.
-			f := lastFailure(ctx, tx, c)
-			if !f.Died {
-				s.metrics.failed(c, f)
-			}
-			return fmt.Errorf("attempt %d of etl context %d failed: %s", c.Attempt, id, f.Reason)
-		}
+		logger.Info("cancelled task's attempt is over", "attempt", c.Attempt)
+		return river.JobCancel(fmt.Errorf("etl context %d was cancelled", id))
 	}
+	reason := "the task process exited without reporting a result"
+	if err := s.recordEnd(ctx, tx, c, protocol.EventError, reason); err != nil {
+		return s.transient(logger, err)
+	}
+	// The death may have been the last attempt's: the task is FAILED
+	// now, and River discards the job without another step.
+	after, err := etlcontext.Get(ctx, tx, id)
+	if err != nil {
+		return s.transient(logger, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return s.transient(logger, fmt.Errorf("commit death of etl context %d: %w", id, err))
+	}
+	s.metrics.lockLosses.WithLabelValues(c.Queue, c.Kind).Inc()
+	s.metrics.attemptsFailed.WithLabelValues(c.Queue, c.Kind, failedLockLost).Inc()
+	if after.Status == etlcontext.StatusFailed {
+		s.metrics.finished(after)
+	}
+	s.wakeWaiting(ctx, c.Queue)
+	logger.Warn("task attempt died", "attempt", c.Attempt, "reason", reason)
+	return fmt.Errorf("attempt %d of etl context %d died: %s", c.Attempt, id, reason)
+}
 
-	// QUEUED, or RETRYING and River has moved on to a new attempt: launch.
+// startAttempt launches an attempt of c, QUEUED, or RETRYING with River on a new
+// attempt, unless it is to be cancelled, its kind is not configured here,
+// the previous attempt's processes live on here, or it must wait for a
+// slot.
+func (s *Supervisor) startAttempt(ctx context.Context, logger *slog.Logger, tx pgx.Tx, job *river.Job[TaskArgs], c *etlcontext.Context, depth int) error {
+	id := c.ID
 	if c.CancelRequestedAt != nil {
 		if _, err := etlcontext.Append(ctx, tx, etlcontext.NewEvent{
 			ContextID: id, Type: protocol.EventType(c.Kind, protocol.EventCancelled),

@@ -61,8 +61,9 @@ func (c *Client) Wait(ctx context.Context, id int64) (*etlcontext.Context, error
 // finishListener listens, on a connection of its own, for the
 // announcements of finished contexts, and calls look once listening has
 // begun on each connection, on each announcement of context id's end, and
-// every finishedRecheck in case one was missed. A failure that an outage
-// gives (pgerr.Unreachable) is ridden out, and kept in *unreachable; any
+// every finishedRecheck in case one was missed. A failure that waiting may
+// cure (pgerr.Transient: an outage, a server short of resources or
+// read-only for a switchover) is ridden out, and kept in *unreachable; any
 // other ends the listener's Serve.
 func (c *Client) finishListener(id int64, look func(context.Context) error, unreachable *error) *pglisten.Listener {
 	return &pglisten.Listener{
@@ -84,7 +85,7 @@ func (c *Client) finishListener(id int64, look func(context.Context) error, unre
 		},
 		Recheck: finishedRecheck,
 		Failed: func(err error) bool {
-			if pgerr.Unreachable(err) {
+			if pgerr.Transient(err) {
 				*unreachable = err
 				return true
 			}

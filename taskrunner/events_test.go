@@ -41,6 +41,16 @@ func TestDecodeLine(t *testing.T) {
 	}
 }
 
+// TestDecodeSubmitLineOfAnEarlierRelease: a submit line as dama's earlier
+// releases wrote it, with "ParentID", submits its child, of the task that
+// wrote it whatever the line says.
+func TestDecodeSubmitLineOfAnEarlierRelease(t *testing.T) {
+	got := decodeLine([]byte(`{"type":"submit","payload":{"ParentID":7,"kind":"c","args":{},"idempotency_key":""}}`))
+	if got.child == nil || got.child.Kind != "c" {
+		t.Fatalf("got %+v, want the child of kind c", got)
+	}
+}
+
 func TestDecodeFailureLine(t *testing.T) {
 	cases := []struct {
 		line, err string

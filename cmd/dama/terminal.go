@@ -185,13 +185,10 @@ func waitForTask(ctx context.Context, client *supervisor.Client, db etlcontext.D
 		}
 		select {
 		case <-ctx.Done():
-		case err := <-ended:
-			// Finished: look at once, then every interval until it is at
-			// rest.
-			if err != nil && ctx.Err() == nil {
-				newline()
-				return exitTaskUnknown, fmt.Errorf("follow task %d: %w", id, err)
-			}
+		case <-ended:
+			// Finished, or the wait failed for a reason waiting would not
+			// cure: look at once, then every interval, until the task is
+			// finished and at rest.
 			ended = nil
 		case <-time.After(interval):
 		}

@@ -64,13 +64,14 @@ func Unreachable(err error) bool {
 		netErr     net.Error
 	)
 	return errors.As(err, &connectErr) || errors.As(err, &netErr) || pgconn.Timeout(err) ||
-		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+		pgconn.SafeToRetry(err) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 // Transient reports an error that a later try of the same request may not
 // meet: the database is unreachable, or the server turned the request away
 // for now (class 40, a serialization failure or deadlock; 53, short of
-// resources; 57, a statement cancelled or the server shutting down).
+// resources; 57, a statement cancelled or the server shutting down;
+// 25006, a server read-only for a switchover, or a standby).
 func Transient(err error) bool {
 	if Unreachable(err) {
 		return true
@@ -78,6 +79,9 @@ func Transient(err error) bool {
 	code := Code(err)
 	if len(code) != 5 {
 		return errors.Is(err, context.DeadlineExceeded)
+	}
+	if code == "25006" {
+		return true
 	}
 	switch code[:2] {
 	case "40", "53", "57":

@@ -27,7 +27,7 @@ func TestErrorsAreSortedByWhatCuresThem(t *testing.T) {
 		{"disk full", pg("53100"), false, true, false},
 		{"statement timeout", pg("57014"), false, true, false},
 		{"deadlock", pg("40P01"), false, true, false},
-		{"read-only", pg("25006"), false, false, false},
+		{"read-only", pg("25006"), false, true, false},
 		{"permission denied", pg("42501"), false, false, false},
 		{"not null", pg("23502"), false, false, true},
 		{"bad text", pg("22021"), false, false, true},

@@ -33,8 +33,8 @@ type Listener struct {
 	Look func(ctx context.Context) error
 	// Notify handles a notification.
 	Notify func(ctx context.Context, n *pgconn.Notification) error
-	// Recheck, above 0, is how long a wait for a notification lasts
-	// before Look is called again; 0 means only on a new connection.
+	// Recheck, above 0, is how often Look is called again, whatever
+	// notifications arrive meanwhile; 0 means only on a new connection.
 	Recheck time.Duration
 	// RetryDelay is how long after a failure the listener connects again;
 	// 0 means 1s.
@@ -112,10 +112,13 @@ func (l *Listener) serve(ctx context.Context) error {
 	if err := look(); err != nil {
 		return err
 	}
+	// Looks come every Recheck however many notifications arrive between
+	// them: every task's end is announced on one channel.
+	nextLook := time.Now().Add(l.Recheck)
 	for {
 		wctx, cancel := ctx, context.CancelFunc(func() {})
 		if l.Recheck > 0 {
-			wctx, cancel = context.WithTimeout(ctx, l.Recheck)
+			wctx, cancel = context.WithDeadline(ctx, nextLook)
 		}
 		n, err := l.conn.WaitForNotification(wctx)
 		timedOut := wctx.Err() != nil && ctx.Err() == nil
@@ -124,6 +127,7 @@ func (l *Listener) serve(ctx context.Context) error {
 		case ctx.Err() != nil:
 			return ctx.Err()
 		case timedOut:
+			nextLook = time.Now().Add(l.Recheck)
 			err = look()
 		case err != nil:
 			return fmt.Errorf("wait for notifications: %w", err)

@@ -104,15 +104,29 @@ func TestListenerRidesOutATerminatedConnection(t *testing.T) {
 }
 
 // TestListenerLooksAgainEveryRecheckAndStopsWhenTold: Look runs every
-// Recheck, and a failure Failed refuses ends Serve with it.
+// Recheck, however many notifications arrive meanwhile, and a failure
+// Failed refuses ends Serve with it.
 func TestListenerLooksAgainEveryRecheckAndStopsWhenTold(t *testing.T) {
 	env := testenv.NewUnmigrated(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
+	// A notification every 10 ms, far more often than Recheck.
+	flood, stopFlood := context.WithCancel(ctx)
+	defer stopFlood()
+	go func() {
+		for flood.Err() == nil {
+			_, _ = env.Pool.Exec(flood, `SELECT pg_notify('pglisten_flood', 'x')`)
+			select {
+			case <-flood.Done():
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}()
 	refused := errors.New("refused")
 	var looks atomic.Int32
 	l := &pglisten.Listener{
-		Connect: func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, env.URL) },
+		Connect:  func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, env.URL) },
+		Channels: []string{"pglisten_flood"},
 		Look: func(context.Context) error {
 			if looks.Add(1) == 3 {
 				return refused
@@ -120,7 +134,7 @@ func TestListenerLooksAgainEveryRecheckAndStopsWhenTold(t *testing.T) {
 			return nil
 		},
 		Notify:  func(context.Context, *pgconn.Notification) error { return nil },
-		Recheck: 50 * time.Millisecond,
+		Recheck: 200 * time.Millisecond,
 		Failed:  func(err error) bool { return !errors.Is(err, refused) },
 	}
 	if err := l.Serve(ctx); !errors.Is(err, refused) {

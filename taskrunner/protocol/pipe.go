@@ -121,9 +121,10 @@ type Failure struct {
 //
 // on its events pipe.
 type Child struct {
-	// ParentID is the submitting task's context (set by the task process,
-	// not read from the line).
-	ParentID int64 `json:"-"`
+	// ParentID is the submitting task's context: the task process sets it,
+	// whatever the line says (a line may carry it, as dama's earlier
+	// releases wrote it).
+	ParentID int64 `json:",omitempty"`
 	// Kind must be a kind of the task process's configuration.
 	Kind string `json:"kind"`
 	// Args are the child's arguments; empty means {}.

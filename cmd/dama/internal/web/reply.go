@@ -21,6 +21,7 @@ import (
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/pgerr"
 	"github.com/dama-etl/dama/supervisor"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // bufferedReply is a reply made in memory, to write later.
@@ -102,9 +103,16 @@ func actionError(w http.ResponseWriter, err error) {
 		writeError(w, http.StatusBadRequest, err)
 	case errors.Is(err, etlcontext.ErrNotFound), errors.Is(err, supervisor.ErrUnknownQueue):
 		writeError(w, http.StatusNotFound, err)
-	case errors.Is(err, context.DeadlineExceeded), pgerr.Unreachable(err):
+	case errors.Is(err, context.DeadlineExceeded), pgerr.Unreachable(err), isConnectError(err):
 		writeError(w, http.StatusServiceUnavailable, err)
 	default:
 		writeError(w, http.StatusConflict, err)
 	}
+}
+
+// isConnectError reports a connection the server refused (a login, say):
+// the action never ran.
+func isConnectError(err error) bool {
+	var ce *pgconn.ConnectError
+	return errors.As(err, &ce)
 }

@@ -123,9 +123,24 @@ func (c *Config) kindDefaults(k Kind) Kind {
 		}
 		if k.ScheduleArgs == nil {
 			k.ScheduleArgs = JSONObject("{}")
+		} else {
+			k.ScheduleArgs = slices.Clone(k.ScheduleArgs)
 		}
 	}
 	return k
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// Upper bounds of the durations, which Validate enforces: a task process
+// adds its heartbeat's silence bound, reconnect_grace and kill_grace into
+// its fencing window, and the kernel takes the heartbeat in whole seconds
+// and milliseconds of 32 bits, so that none of these overflows.
+const (
+	MaxPollInterval      = time.Hour
+	MaxHeartbeatInterval = time.Hour
+	MaxReconnectGrace    = 7 * 24 * time.Hour
+	MaxKillGrace         = 24 * time.Hour
+	// MaxDelay bounds a kind's timeout and its retry delays.
+	MaxDelay = 10 * 365 * 24 * time.Hour
+)

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dama-etl/dama/internal/jsonb"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
@@ -29,6 +30,19 @@ func (c *Config) Validate() error {
 	}
 	if c.KillGrace < 0 {
 		return errors.New("kill_grace must not be negative")
+	}
+	for _, d := range []struct {
+		name       string
+		value, max time.Duration
+	}{
+		{"poll_interval", c.PollInterval, MaxPollInterval},
+		{"heartbeat_interval", c.HeartbeatInterval, MaxHeartbeatInterval},
+		{"reconnect_grace", *c.ReconnectGrace, MaxReconnectGrace},
+		{"kill_grace", c.KillGrace, MaxKillGrace},
+	} {
+		if d.value > d.max {
+			return fmt.Errorf("%s %s: at most %s", d.name, d.value, d.max)
+		}
 	}
 	if err := validLockMode(c.LockMode); err != nil {
 		return err
@@ -152,6 +166,15 @@ func (k *Kind) validateFailures() error {
 	if k.KillGrace == nil || *k.KillGrace < 0 {
 		return errors.New("kill_grace must not be negative")
 	}
+	if *k.KillGrace > MaxKillGrace {
+		return fmt.Errorf("kill_grace %s: at most %s", *k.KillGrace, MaxKillGrace)
+	}
+	if k.Timeout > MaxDelay {
+		return fmt.Errorf("timeout %s: at most %s", k.Timeout, MaxDelay)
+	}
+	if p := k.Retry; p != nil && (p.Delay > MaxDelay || p.MaxDelay > MaxDelay) {
+		return fmt.Errorf("retry delays: at most %s", MaxDelay)
+	}
 	return nil
 }
 
@@ -184,8 +207,10 @@ func (k *Kind) validateSchedule() error {
 	default:
 		return fmt.Errorf("overlap %q: want %q, %q or %q", k.Overlap, OverlapSkip, OverlapQueue, OverlapAllow)
 	}
-	if len(k.ScheduleArgs) > protocol.MaxEnvPayload {
-		return fmt.Errorf("schedule_args are %d bytes; a task receives them in "+protocol.ArgsEnv+", which holds at most %d", len(k.ScheduleArgs), protocol.MaxEnvPayload)
+	// Measured as the database gives them back, which is what the task
+	// gets.
+	if n := jsonb.TextLen(k.ScheduleArgs); n > protocol.MaxEnvPayload {
+		return fmt.Errorf("schedule_args are %d bytes (as stored); a task receives them in "+protocol.ArgsEnv+", which holds at most %d", n, protocol.MaxEnvPayload)
 	}
 	if _, err := k.ConcurrencyKeyOf(json.RawMessage(k.ScheduleArgs)); err != nil {
 		return fmt.Errorf("schedule_args: %w", err)

@@ -18,6 +18,11 @@ var (
 	notInAnchor = regexp.MustCompile(`[^\p{L}\p{N}_\- ]`)
 )
 
+// isFence reports a line that opens or closes a code block.
+func isFence(line string) bool {
+	return strings.HasPrefix(line, "```") || strings.HasPrefix(line, "~~~")
+}
+
 // anchors are the anchors GitHub gives the headings of a Markdown file.
 func anchors(t *testing.T, path string) map[string]bool {
 	t.Helper()
@@ -26,8 +31,12 @@ func anchors(t *testing.T, path string) map[string]bool {
 		t.Fatal(err)
 	}
 	out := map[string]bool{}
+	fence := false
 	for _, line := range strings.Split(string(body), "\n") {
-		if m := heading.FindStringSubmatch(line); m != nil {
+		if isFence(line) {
+			fence = !fence
+		}
+		if m := heading.FindStringSubmatch(line); m != nil && !fence {
 			a := notInAnchor.ReplaceAllString(strings.ToLower(strings.TrimSpace(m[1])), "")
 			out[strings.ReplaceAll(a, " ", "-")] = true
 		}
@@ -49,7 +58,7 @@ func TestLinksLeadSomewhere(t *testing.T) {
 		}
 		fence := false
 		for n, line := range strings.Split(string(body), "\n") {
-			if strings.HasPrefix(line, "```") {
+			if isFence(line) {
 				fence = !fence
 			}
 			if fence {
@@ -78,5 +87,55 @@ func TestLinksLeadSomewhere(t *testing.T) {
 	}
 	if checked == 0 {
 		t.Fatal("no link checked: the pattern misses them")
+	}
+}
+
+// sectionRef is how code, SQL and scripts point at a page's section:
+// docs/<page>.md "<heading>", the heading perhaps split across comment
+// lines.
+var sectionRef = regexp.MustCompile(`docs/([a-z]+\.md) "([^"]+)"`)
+
+// commentBreak is a line break inside a comment, with the next line's
+// comment marker.
+var commentBreak = regexp.MustCompile(`\s*\n\s*(//|--|#)?\s*`)
+
+// TestSectionsNamedInTheCodeExist: every docs/<page>.md "<heading>" in
+// the repository's code, SQL and scripts names a heading of that page.
+func TestSectionsNamedInTheCodeExist(t *testing.T) {
+	var files []string
+	err := filepath.WalkDir("..", func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == ".git" || d.Name() == "testdata") {
+			return filepath.SkipDir
+		}
+		switch filepath.Ext(path) {
+		case ".go", ".sql", ".sh", ".md", ".service":
+			files = append(files, path)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checked := 0
+	for _, f := range files {
+		body, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range sectionRef.FindAllStringSubmatch(string(body), -1) {
+			title := commentBreak.ReplaceAllString(m[2], " ")
+			// Code quotes a heading by its text: GitHub's anchor of it.
+			a := strings.ReplaceAll(notInAnchor.ReplaceAllString(strings.ToLower(title), ""), " ", "-")
+			checked++
+			if !anchors(t, m[1])[a] {
+				t.Errorf("%s names the section %q of docs/%s, which has no such heading", f, title, m[1])
+			}
+		}
+	}
+	if checked == 0 {
+		t.Fatal("no section reference found: the pattern misses them")
 	}
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/jsonb"
 	"github.com/dama-etl/dama/internal/pglisten"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 )
@@ -193,7 +194,7 @@ func (c *Client) submitTx(ctx context.Context, tx pgx.Tx, p SubmitParams) (id in
 		return 0, false, fmt.Errorf("arguments hold %d number(s) the database would give back far longer than written (1e100 as 101 digits): write them in full, or as strings", replaced.Huge)
 	}
 	// Measured as the database gives them back, which is what the task gets.
-	if n := etlcontext.JSONBTextLen(args); n > protocol.MaxEnvPayload {
+	if n := jsonb.TextLen(args); n > protocol.MaxEnvPayload {
 		return 0, false, fmt.Errorf("arguments are %d bytes as stored; a task receives them in DAMA_ARGS, which holds at most %d", n, protocol.MaxEnvPayload)
 	}
 	if k := p.IdempotencyKey; strings.ContainsRune(k, 0) || !utf8.ValidString(k) {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -40,12 +41,48 @@ func (s *Supervisor) newListener() *pglisten.Listener {
 	}
 }
 
-// heard acts on a notification of the listener.
-func (s *Supervisor) heard(ctx context.Context, n *pgconn.Notification) error {
+// Bounds of what the listener hears, which anyone who can connect may
+// send: a flood costs at most maxHeard pending contexts and hearWorkers
+// goroutines. A hint dropped at the bound is made good by the watch, every
+// poll interval.
+const (
+	maxHeard    = 10000
+	hearWorkers = 4
+)
+
+// hearings holds what the listener heard and the workers have not acted
+// on yet: the contexts whose task process announced its exit, and whether
+// a queue was resumed or a kind unblocked. Repeats coalesce.
+type hearings struct {
+	mu      sync.Mutex
+	exited  map[int64]struct{}
+	control bool
+	// ready has a token while anything is pending.
+	ready chan struct{}
+}
+
+func newHearings() *hearings {
+	return &hearings{exited: map[int64]struct{}{}, ready: make(chan struct{}, 1)}
+}
+
+func (h *hearings) signal() {
+	select {
+	case h.ready <- struct{}{}:
+	default:
+	}
+}
+
+// heard notes a notification of the listener, for the workers (actOnHeard)
+// to act on.
+func (s *Supervisor) heard(_ context.Context, n *pgconn.Notification) error {
+	h := s.hearings
 	if n.Channel == etlcontext.ControlChannel {
 		var c etlcontext.Control
 		if json.Unmarshal([]byte(n.Payload), &c) == nil {
-			go s.controlled(ctx, c)
+			h.mu.Lock()
+			h.control = true
+			h.mu.Unlock()
+			h.signal()
 		}
 		return nil
 	}
@@ -56,18 +93,59 @@ func (s *Supervisor) heard(ctx context.Context, n *pgconn.Notification) error {
 	s.mu.Lock()
 	_, mine := s.children[id]
 	s.mu.Unlock()
-	if !mine {
-		go s.wake(ctx, id)
+	if mine {
+		// Its reaping wakes it.
+		return nil
 	}
+	h.mu.Lock()
+	if len(h.exited) < maxHeard {
+		h.exited[id] = struct{}{}
+	}
+	h.mu.Unlock()
+	h.signal()
 	return nil
 }
 
-// controlled starts the tasks a resumed queue or an unblocked kind held
-// back.
-func (s *Supervisor) controlled(ctx context.Context, c etlcontext.Control) {
-	for _, q := range s.cfg.QueueNames() {
-		if c.Queue == q || c.Kind != "" {
-			s.wakeWaiting(ctx, q)
+// actOnHeard is one of the hearWorkers goroutines that act on what the
+// listener heard, until ctx ends: they wake the job of each context whose
+// exit was announced, and, for a resumed queue or an unblocked kind, the
+// tasks waiting for a slot in every queue of the supervisor.
+func (s *Supervisor) actOnHeard(ctx context.Context) {
+	h := s.hearings
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-h.ready:
+		}
+		for {
+			h.mu.Lock()
+			var (
+				id      int64
+				found   bool
+				control = h.control
+			)
+			h.control = false
+			for id = range h.exited {
+				delete(h.exited, id)
+				found = true
+				break
+			}
+			more := found && len(h.exited) > 0
+			h.mu.Unlock()
+			if more {
+				// Another worker may take the rest meanwhile.
+				h.signal()
+			}
+			if control {
+				for _, q := range s.cfg.QueueNames() {
+					s.wakeWaiting(ctx, q)
+				}
+			}
+			if !found {
+				break
+			}
+			s.wake(ctx, id)
 		}
 	}
 }

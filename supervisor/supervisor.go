@@ -134,6 +134,9 @@ type Supervisor struct {
 	retired atomic.Bool
 	stop    chan error
 
+	// hearings holds what the listener heard, for actOnHeard.
+	hearings *hearings
+
 	// started is closed once Run works (Started).
 	started chan struct{}
 }
@@ -229,6 +232,7 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 		suspects:    map[suspect]time.Time{},
 		stop:        make(chan error, 1),
 		started:     make(chan struct{}),
+		hearings:    newHearings(),
 	}
 	s.metrics.zero(cfg)
 	if opts.Registerer != nil {
@@ -331,6 +335,9 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	var bg sync.WaitGroup
 	bg.Go(func() { s.holdLiveness(bgCtx, live) })
 	bg.Go(func() { _ = l.Serve(bgCtx) })
+	for range hearWorkers {
+		bg.Go(func() { s.actOnHeard(bgCtx) })
+	}
 	defer func() {
 		// Under s.mu: stopOrphans adds to s.orphans only before this.
 		s.mu.Lock()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"sync"
 	"syscall"
 
 	"github.com/dama-etl/dama/task"
@@ -16,7 +17,7 @@ import (
 // (Here the example sets that environment itself, and prints the lines the
 // task process would read.)
 func Example() {
-	pipe := fakeTaskProcess()
+	pipe := taskProcess()
 
 	t, err := task.FromEnv()
 	if err != nil {
@@ -63,6 +64,10 @@ func Example() {
 	// {"type":"rows_loaded","payload":{"rows":42000}}
 	// {"type":"failure","payload":{"error":"the warehouse refused the last batch","retry":false}}
 }
+
+// taskProcess is the one fake task process of this test binary: FromEnv
+// reads the environment once.
+var taskProcess = sync.OnceValue(fakeTaskProcess)
 
 // fakeTaskProcess sets the environment a task process gives a task's
 // program (its second attempt, resuming after the first file) and returns

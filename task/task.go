@@ -21,6 +21,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"unicode/utf8"
 
 	"github.com/dama-etl/dama/taskrunner/protocol"
 )
@@ -46,10 +47,19 @@ type Task struct {
 
 // FromEnv reads the task this process runs from the environment its task
 // process set (protocol's ContextIDEnv, KindEnv, AttemptEnv, ArgsEnv,
-// CheckpointEnv and EventsFDEnv). The events pipe is made close-on-exec,
-// so that the processes the program starts do not hold it open: the task
-// process waits for it to close.
-func FromEnv() (*Task, error) {
+// CheckpointEnv and EventsFDEnv), once: every call returns the same Task,
+// which owns the events pipe. The pipe is made close-on-exec, so that the
+// processes the program starts do not hold it open: the task process
+// waits for it to close.
+func FromEnv() (*Task, error) { return fromEnv() }
+
+// fromEnv is FromEnv's one reading of the environment. Package state,
+// because the events pipe is the process's: a second Task wrapping the
+// same descriptor would close it when collected, and a later write would
+// go to whatever file took the number.
+var fromEnv = sync.OnceValues(readEnv)
+
+func readEnv() (*Task, error) {
 	id, err := strconv.ParseInt(os.Getenv(protocol.ContextIDEnv), 10, 64)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w (is this program run by dama?)", protocol.ContextIDEnv, err)
@@ -61,6 +71,10 @@ func FromEnv() (*Task, error) {
 	fd, err := strconv.Atoi(os.Getenv(protocol.EventsFDEnv))
 	if err != nil || fd < 3 {
 		return nil, fmt.Errorf("%s %q: want a descriptor above 2", protocol.EventsFDEnv, os.Getenv(protocol.EventsFDEnv))
+	}
+	var st syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFIFO {
+		return nil, fmt.Errorf("%s %d: not a pipe (is this program run by dama?)", protocol.EventsFDEnv, fd)
 	}
 	syscall.CloseOnExec(fd)
 	t := &Task{
@@ -124,13 +138,14 @@ func (t *Task) Logger() *slog.Logger { return t.logger }
 // Progress reports how far along the task is, a PROGRESS event: {"step":
 // 3, "of": 10} or {"percent": 30} draw a bar in dama's views.
 func (t *Task) Progress(v any) error {
-	return t.send(protocol.EventProgress, v, 0)
+	return t.send(protocol.EventProgress, v)
 }
 
 // Checkpoint records where a later attempt may resume from, a CHECKPOINT
-// event: at most protocol.MaxEnvPayload bytes of JSON.
+// event: at most protocol.MaxEnvPayload bytes as the database gives it
+// back (protocol.CheckCheckpoint).
 func (t *Task) Checkpoint(v any) error {
-	return t.send(protocol.EventCheckpoint, v, protocol.MaxEnvPayload)
+	return t.send(protocol.EventCheckpoint, v)
 }
 
 // Event records an event of the task's own type (letters, digits and '_';
@@ -144,7 +159,7 @@ func (t *Task) Event(eventType string, v any) error {
 	case protocol.Reserved(suffix) || suffix == protocol.TypeSubmit || suffix == protocol.TypeFailure:
 		return fmt.Errorf("event type %q is reserved for dama", eventType)
 	}
-	return t.send(suffix, v, 0)
+	return t.send(suffix, v)
 }
 
 // Submit submits a child task of the given kind, a kind of the task
@@ -155,21 +170,23 @@ func (t *Task) Event(eventType string, v any) error {
 // event that names it; a kind with await_children waits for it once the
 // program has succeeded.
 func (t *Task) Submit(kind string, args any, idempotencyKey string) error {
-	if kind == "" {
-		return errors.New("submit a child: kind is required")
-	}
 	c := protocol.Child{Kind: kind, IdempotencyKey: idempotencyKey}
 	if args != nil {
 		b, err := json.Marshal(args)
 		if err != nil {
 			return fmt.Errorf("submit a child: encode arguments: %w", err)
 		}
-		if len(b) > protocol.MaxEnvPayload {
-			return fmt.Errorf("submit a child: arguments of %d bytes exceed the %d bytes a task receives", len(b), protocol.MaxEnvPayload)
-		}
 		c.Args = b
 	}
-	return t.send(protocol.TypeSubmit, c, 0)
+	if err := c.Check(); err != nil {
+		return fmt.Errorf("submit a child: %w", err)
+	}
+	// JSON encoding would replace what the database cannot store, and two
+	// keys that differ only there would name one child.
+	if !utf8.ValidString(idempotencyKey) || strings.ContainsRune(idempotencyKey, 0) {
+		return errors.New("submit a child: idempotency key: want UTF-8 text without NUL")
+	}
+	return t.send(protocol.TypeSubmit, c)
 }
 
 // Fail says why the program is about to fail, a failure line: when it
@@ -178,19 +195,24 @@ func (t *Task) Submit(kind string, args any, idempotencyKey string) error {
 // good, whatever attempts remain. The last call counts; a program that
 // exits 0 is DONE whatever it said.
 func (t *Task) Fail(reason string, retry bool) error {
-	return t.send(protocol.TypeFailure, protocol.Failure{Error: protocol.TruncateUTF8(reason, protocol.MaxFailureError), Retry: &retry}, 0)
+	if reason == "" {
+		// The task process requires one; retry must not be lost for it.
+		reason = "(no reason given)"
+	}
+	return t.send(protocol.TypeFailure, protocol.Failure{Error: protocol.TruncateUTF8(reason, protocol.MaxFailureError), Retry: &retry})
 }
 
-// send writes one line on the events pipe; limit, when above 0, bounds the
-// payload's size.
-func (t *Task) send(suffix string, v any, limit int) error {
+// send writes one line on the events pipe.
+func (t *Task) send(suffix string, v any) error {
 	what := strings.ToLower(suffix)
 	payload, err := json.Marshal(v)
 	if err != nil {
 		return fmt.Errorf("report %s: encode payload: %w", what, err)
 	}
-	if limit > 0 && len(payload) > limit {
-		return fmt.Errorf("report %s: payload of %d bytes exceeds %d bytes", what, len(payload), limit)
+	if suffix == protocol.EventCheckpoint {
+		if err := protocol.CheckCheckpoint(payload); err != nil {
+			return fmt.Errorf("report %s: %w", what, err)
+		}
 	}
 	line, err := json.Marshal(protocol.Line{Type: what, Payload: payload})
 	if err != nil {

@@ -86,8 +86,10 @@ func decodeCleanLine(line []byte) reported {
 		return decodeFailure(payload, line)
 	}
 	// Measured as the database gives it back, which is what a retry gets.
-	if n := etlcontext.JSONBTextLen(payload); suffix == protocol.EventCheckpoint && n > protocol.MaxEnvPayload {
-		return warning(fmt.Sprintf("checkpoint of %d bytes (as stored) exceeds the %d bytes a retry receives in DAMA_CHECKPOINT; the previous checkpoint stands", n, protocol.MaxEnvPayload), line)
+	if suffix == protocol.EventCheckpoint {
+		if err := protocol.CheckCheckpoint(payload); err != nil {
+			return warning(err.Error()+"; the previous checkpoint stands", line)
+		}
 	}
 	return reported{suffix: suffix, payload: payload}
 }
@@ -99,17 +101,11 @@ func decodeChild(payload json.RawMessage, line []byte) reported {
 	if err := dec.Decode(&c); err != nil {
 		return warning(fmt.Sprintf(`submit: want {"kind": ..., "args": {...}, "idempotency_key": ...}: %v`, err), line)
 	}
-	if c.Kind == "" {
-		return warning("submit: kind is required", line)
+	if err := c.Check(); err != nil {
+		return warning("submit: "+err.Error(), line)
 	}
-	if n := etlcontext.JSONBTextLen(c.Args); n > protocol.MaxEnvPayload {
-		return warning(fmt.Sprintf("submit: arguments of %d bytes (as stored) exceed the %d bytes a task receives in DAMA_ARGS", n, protocol.MaxEnvPayload), line)
-	}
-	if len(c.IdempotencyKey) > protocol.MaxIdempotencyKey {
-		return warning(fmt.Sprintf("submit: idempotency key of %d bytes; at most %d", len(c.IdempotencyKey), protocol.MaxIdempotencyKey), line)
-	}
-	if strings.HasPrefix(c.IdempotencyKey, protocol.AutoKeyPrefix) {
-		return warning(fmt.Sprintf("submit: idempotency keys starting with %q are dama's own", protocol.AutoKeyPrefix), line)
+	if len(c.Args) == 0 || string(c.Args) == "null" {
+		c.Args = json.RawMessage("{}")
 	}
 	return reported{suffix: protocol.EventSubmitted, child: &c}
 }

@@ -126,16 +126,20 @@ func (l *Listener) serve(ctx context.Context) error {
 		switch {
 		case ctx.Err() != nil:
 			return ctx.Err()
-		case timedOut:
-			nextLook = time.Now().Add(l.Recheck)
-			err = look()
-		case err != nil:
+		case n != nil && err == nil:
+			// Handed on even when the deadline passed meanwhile: pgx
+			// gives a notification it had read already.
+			if err := l.Notify(ctx, n); err != nil {
+				return err
+			}
+		case !timedOut:
 			return fmt.Errorf("wait for notifications: %w", err)
-		default:
-			err = l.Notify(ctx, n)
 		}
-		if err != nil {
-			return err
+		if timedOut || (l.Recheck > 0 && !time.Now().Before(nextLook)) {
+			nextLook = time.Now().Add(l.Recheck)
+			if err := look(); err != nil {
+				return err
+			}
 		}
 	}
 }

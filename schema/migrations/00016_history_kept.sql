@@ -1,4 +1,4 @@
--- The database keeps the history (docs/architecture.md "Schema"): no role may delete
+-- The database keeps the history (docs/architecture.md "The schema"): no role may delete
 -- events or empty event_store, and a context's status changes to an
 -- outcome (DONE, FAILED, CANCELLED, RETRYING after a failure) or back to
 -- QUEUED for a retry only through its events, whose triggers apply them,

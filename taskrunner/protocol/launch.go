@@ -86,6 +86,10 @@ func ParseLaunch(args []string) (Launch, error) {
 		return Launch{}, errors.New("--run-id is required")
 	case !l.LockMode.Valid():
 		return Launch{}, fmt.Errorf("--lock-mode %q: want %q or %q", lockMode, LockModeRow, LockModeAdvisory)
+	case l.ReadyFD < 0 || (l.ReadyFD > 0 && l.ReadyFD < 3):
+		return Launch{}, fmt.Errorf("--ready-fd %d: want a descriptor above 2, or none", l.ReadyFD)
+	case l.KeyFD < 0 || (l.KeyFD > 0 && l.KeyFD < 3):
+		return Launch{}, fmt.Errorf("--key-fd %d: want a descriptor above 2, or none", l.KeyFD)
 	}
 	return l, nil
 }

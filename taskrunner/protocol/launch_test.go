@@ -48,10 +48,10 @@ func FuzzParseLaunch(f *testing.F) {
 				t.Fatalf("ParseLaunch(%q) = %+v: want a context and a run", args, l)
 			case l.LockMode != LockModeRow && l.LockMode != LockModeAdvisory:
 				t.Fatalf("ParseLaunch(%q) = %+v: lock mode %q", args, l, l.LockMode)
+			case l.ReadyFD != 0 && l.ReadyFD < 3, l.KeyFD != 0 && l.KeyFD < 3:
+				t.Fatalf("ParseLaunch(%q) = %+v: a descriptor the runner must not read or close", args, l)
 			}
-			// A ready-fd of 0 or less means none, which Args leaves out.
 			want := l
-			want.ReadyFD = max(want.ReadyFD, 0)
 			if again, err := ParseLaunch(l.Args()[1:]); err != nil || !reflect.DeepEqual(again, want) {
 				t.Fatalf("ParseLaunch(%q) = %+v, whose Args read back as %+v, %v", args, l, again, err)
 			}
@@ -61,7 +61,9 @@ func FuzzParseLaunch(f *testing.F) {
 		// descriptor.
 		l := Launch{ContextID: contextID, RunID: runID, LockMode: LockMode(lockMode), ReadyFD: readyFD}
 		if l.ContextID <= 0 || l.RunID == "" || strings.Contains(l.RunID, "\x00") ||
-			(l.LockMode != LockModeRow && l.LockMode != LockModeAdvisory) {
+			(l.LockMode != LockModeRow && l.LockMode != LockModeAdvisory) ||
+			(l.ReadyFD > 0 && l.ReadyFD < 3) {
+			// A supervisor hands descriptors above 2 (ReadyFD, KeyFD).
 			return
 		}
 		if l.Args()[0] != Subcommand {
@@ -74,6 +76,7 @@ func FuzzParseLaunch(f *testing.F) {
 		}
 	})
 }
+
 func TestLaunchArgsRoundTrip(t *testing.T) {
 	want := Launch{ContextID: 42, RunID: "r-1", LockMode: "advisory", ReadyFD: 3}
 	args := want.Args()
@@ -96,6 +99,9 @@ func TestLaunchArgsRoundTrip(t *testing.T) {
 		{"--context-id", "1", "--run-id", "r", "--lock-mode", "table"},
 		{"--context-id", "1", "--run-id", "r", "extra"},
 		{"--context-id", "x", "--run-id", "r"},
+		{"--context-id", "1", "--run-id", "r", "--key-fd", "-1"},
+		{"--context-id", "1", "--run-id", "r", "--key-fd", "1"},
+		{"--context-id", "1", "--run-id", "r", "--ready-fd", "2"},
 	} {
 		if _, err := ParseLaunch(bad); err == nil {
 			t.Errorf("ParseLaunch(%v): no error", bad)

@@ -2,9 +2,13 @@ package protocol
 
 import (
 	"encoding/json"
+	"errors"
+	"fmt"
 	"regexp"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/dama-etl/dama/internal/jsonb"
 )
 
 // A command reports on its events pipe (EventsFD), one JSON object per
@@ -156,4 +160,36 @@ func TruncateUTF8(s string, n int) string {
 		n--
 	}
 	return s[:n]
+}
+
+// CheckCheckpoint says what is wrong with a checkpoint's payload, if
+// anything: measured as the database gives it back (jsonb adds spaces and
+// prints numbers in full), which is what a retry receives in
+// CheckpointEnv, it may be at most MaxEnvPayload bytes. The task process
+// keeps the previous checkpoint instead (and records a WARNING); package
+// task refuses to write it.
+func CheckCheckpoint(payload json.RawMessage) error {
+	if n := jsonb.TextLen(payload); n > MaxEnvPayload {
+		return fmt.Errorf("checkpoint of %d bytes (as stored) exceeds the %d bytes a retry receives in %s", n, MaxEnvPayload, CheckpointEnv)
+	}
+	return nil
+}
+
+// Check says what is wrong with c, a child a submit line asks for, if
+// anything: the task process refuses such a line (and records a WARNING),
+// and package task refuses to write it. (A key holding bytes the database
+// cannot store is the task process's to judge, on the line as written: a
+// program's JSON encoder replaces them before it sees them.)
+func (c Child) Check() error {
+	switch k := c.IdempotencyKey; {
+	case c.Kind == "":
+		return errors.New("kind is required")
+	case jsonb.TextLen(c.Args) > MaxEnvPayload:
+		return fmt.Errorf("arguments of %d bytes (as stored) exceed the %d bytes a task receives in %s", jsonb.TextLen(c.Args), MaxEnvPayload, ArgsEnv)
+	case len(k) > MaxIdempotencyKey:
+		return fmt.Errorf("idempotency key of %d bytes; at most %d", len(k), MaxIdempotencyKey)
+	case strings.HasPrefix(k, AutoKeyPrefix):
+		return fmt.Errorf("idempotency keys starting with %q are dama's own", AutoKeyPrefix)
+	}
+	return nil
 }

@@ -17,7 +17,7 @@ import (
 
 // newListener is the supervisor's connection that hears runners announce
 // their exit, and operators resume queues and unblock kinds. It holds no
-// lock: the liveness lock has a connection of its own (holdLiveness), so
+// lock: the liveness lock has a connection of its own (newLiveness), so
 // that the listener can fail and reconnect without anyone taking the
 // supervisor for dead. What it hears is a hint: a woken job's step looks at
 // the context itself, and the watch looks at every task each poll

@@ -6,9 +6,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/pglisten"
 	"github.com/dama-etl/dama/internal/pgsession"
 )
 
@@ -83,68 +83,50 @@ func (s *Supervisor) connectLiveness(ctx context.Context) (*pgx.Conn, error) {
 	return conn, nil
 }
 
-// holdLiveness keeps the liveness lock held until ctx ends: when its
-// connection fails, it opens another at once and takes the lock again, then
-// retries every livenessRetryInterval. Other supervisors rescue this one's
-// steps only if the lock stays missing for the rescue grace.
-func (s *Supervisor) holdLiveness(ctx context.Context, conn *pgx.Conn) {
-	for {
-		err := watchConn(ctx, conn)
-		conn.Close(context.WithoutCancel(ctx))
-		if ctx.Err() != nil {
-			return
-		}
-		lostAt := time.Now()
-		s.logger.Error("lost the database connection: tasks keep running; reconnecting", "error", err)
-		for tries := 1; ; tries++ {
-			if conn, err = s.connectLiveness(ctx); err == nil {
-				break
+// newLiveness is the liveness connection, which holds the supervisor's
+// liveness lock for as long as it lives: when the connection fails, another
+// is opened at once and takes the lock again, and then one every
+// livenessRetryInterval. It is waited on, so that a backend ended by the
+// server (pg_terminate_backend, a restart) is noticed as soon as the server
+// says so, and pinged every livenessCheckInterval, so that a connection
+// that fails silently is noticed within livenessPingTimeout. Other
+// supervisors rescue this one's steps only if the lock stays missing for
+// the rescue grace.
+func (s *Supervisor) newLiveness() *pglisten.Listener {
+	var (
+		lostAt time.Time
+		tries  int
+	)
+	return &pglisten.Listener{
+		Connect: s.connectLiveness,
+		Look: func(ctx context.Context, conn *pgx.Conn) error {
+			pingCtx, cancel := context.WithTimeout(ctx, livenessPingTimeout)
+			defer cancel()
+			if err := conn.Ping(pingCtx); err != nil {
+				return fmt.Errorf("ping liveness connection: %w", err)
 			}
-			if ctx.Err() != nil {
-				return
+			return nil
+		},
+		Recheck:    livenessCheckInterval,
+		RetryDelay: livenessRetryInterval,
+		Failed: func(err error) bool {
+			if lostAt.IsZero() {
+				lostAt, tries = time.Now(), 0
+				s.logger.Error("lost the database connection: tasks keep running; reconnecting", "error", err)
+				return true
 			}
 			// Once at first, then every 30 tries: an outage is reported, not
 			// logged at every retry.
-			if tries == 1 || tries%30 == 0 {
+			if tries++; tries == 1 || tries%30 == 0 {
 				s.logger.Warn("database still unreachable", "error", err, "for", time.Since(lostAt).Round(time.Second))
 			}
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(livenessRetryInterval):
-			}
-		}
-		s.metrics.reconnects.WithLabelValues("liveness").Inc()
-		s.logger.Info("database connection back; liveness lock taken again", "outage", time.Since(lostAt).Round(time.Millisecond))
-	}
-}
-
-// watchConn returns when conn fails or ctx ends. It waits on the connection
-// between pings, so that a backend ended by the server (pg_terminate_backend,
-// a restart) is noticed as soon as the server says so, and pings it every
-// livenessCheckInterval, so that a connection that fails silently is noticed
-// within livenessPingTimeout.
-func watchConn(ctx context.Context, conn *pgx.Conn) error {
-	for {
-		waitCtx, cancel := context.WithTimeout(ctx, livenessCheckInterval)
-		// No LISTEN was issued, so nothing but an error ends the wait early.
-		err := conn.PgConn().WaitForNotification(waitCtx)
-		cancel()
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if err != nil && !pgconn.Timeout(err) {
-			return fmt.Errorf("wait on liveness connection: %w", err)
-		}
-		pingCtx, cancel := context.WithTimeout(ctx, livenessPingTimeout)
-		err = conn.Ping(pingCtx)
-		cancel()
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if err != nil {
-			return fmt.Errorf("ping liveness connection: %w", err)
-		}
+			return true
+		},
+		Reconnected: func() {
+			s.metrics.reconnects.WithLabelValues("liveness").Inc()
+			s.logger.Info("database connection back; liveness lock taken again", "outage", time.Since(lostAt).Round(time.Millisecond))
+			lostAt = time.Time{}
+		},
 	}
 }
 

@@ -319,13 +319,13 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	// connection of its own, so that nothing but that connection's failure
 	// drops it, and is released only after River has stopped (the deferred
 	// stopBackground runs after the River.Stop below).
-	live, err := s.connectLiveness(ctx)
-	if err != nil {
+	live := s.newLiveness()
+	if err := live.Open(ctx); err != nil {
 		return err
 	}
 	l := s.newListener()
 	if err := l.Open(ctx); err != nil {
-		live.Close(context.WithoutCancel(ctx))
+		live.Close(ctx)
 		return err
 	}
 	bgCtx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
@@ -333,7 +333,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	s.orphanCtx = bgCtx
 	s.mu.Unlock()
 	var bg sync.WaitGroup
-	bg.Go(func() { s.holdLiveness(bgCtx, live) })
+	bg.Go(func() { _ = live.Serve(bgCtx) })
 	bg.Go(func() { _ = l.Serve(bgCtx) })
 	for range hearWorkers {
 		bg.Go(func() { s.actOnHeard(bgCtx) })

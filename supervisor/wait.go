@@ -75,7 +75,7 @@ func (c *Client) finishListener(id int64, look func(context.Context) error, unre
 			return conn, nil
 		},
 		Channels: []string{etlcontext.FinishedChannel},
-		Look:     look,
+		Look:     func(ctx context.Context, _ *pgx.Conn) error { return look(ctx) },
 		Notify: func(ctx context.Context, n *pgconn.Notification) error {
 			var f etlcontext.Finished
 			if json.Unmarshal([]byte(n.Payload), &f) == nil && f.ID == id {

@@ -1,9 +1,10 @@
-// Package pglisten keeps a PostgreSQL connection listening on channels,
-// connects again when it fails, and hands its notifications on. A
-// notification is a hint: what it announces is looked up (Look) once
+// Package pglisten keeps a PostgreSQL connection of its own open, listening
+// on channels, connects again when it fails, and hands its notifications
+// on. A notification is a hint: what it announces is looked up (Look) once
 // listening has begun on each connection, so that nothing announced while
-// no connection listened is missed, and again on each notification and
-// every Recheck.
+// no connection listened is missed, and again every Recheck. A connection
+// with no channels is kept and watched all the same: a connection that
+// holds a session lock.
 package pglisten
 
 import (
@@ -27,17 +28,19 @@ type Listener struct {
 	Connect func(ctx context.Context) (*pgx.Conn, error)
 	// Channels are listened to on every connection.
 	Channels []string
-	// Look is called once listening has begun on each connection, before
-	// any notification is handed on, and every Recheck: it looks at what
-	// the notifications announce. nil means nothing to look at.
-	Look func(ctx context.Context) error
-	// Notify handles a notification.
+	// Look is called with the connection once listening has begun on
+	// it, before any notification is handed on, and every Recheck: it
+	// looks at what the notifications announce, or at the connection
+	// itself. nil means nothing to look at.
+	Look func(ctx context.Context, conn *pgx.Conn) error
+	// Notify handles a notification; nil for a listener of no channels.
 	Notify func(ctx context.Context, n *pgconn.Notification) error
 	// Recheck, above 0, is how often Look is called again, whatever
 	// notifications arrive meanwhile; 0 means only on a new connection.
 	Recheck time.Duration
-	// RetryDelay is how long after a failure the listener connects again;
-	// 0 means 1s.
+	// RetryDelay spaces the tries to connect again after a failure: the
+	// first try is at once when the connection had served for RetryDelay
+	// at least, and then one every RetryDelay. 0 means 1s.
 	RetryDelay time.Duration
 	// Failed is told each failure (to connect, to listen, of the
 	// connection, or an error of Look or Notify), and says whether to
@@ -82,7 +85,8 @@ func (l *Listener) Open(ctx context.Context) error {
 func (l *Listener) Serve(ctx context.Context) error {
 	defer l.Close(ctx)
 	for {
-		err := l.serve(ctx)
+		began := time.Now()
+		served, err := l.serve(ctx)
 		switch {
 		case errors.Is(err, ErrStop), ctx.Err() != nil:
 			return nil
@@ -90,6 +94,12 @@ func (l *Listener) Serve(ctx context.Context) error {
 			return err
 		}
 		l.Close(ctx)
+		if served && time.Since(began) >= cmpOr(l.RetryDelay, time.Second) {
+			// A connection that served a while fails: the next one is
+			// tried at once (a session lock is missing meanwhile), and
+			// then no faster than RetryDelay.
+			continue
+		}
 		select {
 		case <-ctx.Done():
 			return nil
@@ -98,19 +108,20 @@ func (l *Listener) Serve(ctx context.Context) error {
 	}
 }
 
-// serve serves one connection until it fails.
-func (l *Listener) serve(ctx context.Context) error {
+// serve serves one connection until it fails; served reports that it got
+// as far as waiting for notifications.
+func (l *Listener) serve(ctx context.Context) (served bool, err error) {
 	if err := l.Open(ctx); err != nil {
-		return err
+		return false, err
 	}
 	look := func() error {
 		if l.Look == nil {
 			return nil
 		}
-		return l.Look(ctx)
+		return l.Look(ctx, l.conn)
 	}
 	if err := look(); err != nil {
-		return err
+		return false, err
 	}
 	// Looks come every Recheck however many notifications arrive between
 	// them: every task's end is announced on one channel.
@@ -125,20 +136,22 @@ func (l *Listener) serve(ctx context.Context) error {
 		cancel()
 		switch {
 		case ctx.Err() != nil:
-			return ctx.Err()
+			return true, ctx.Err()
 		case n != nil && err == nil:
 			// Handed on even when the deadline passed meanwhile: pgx
 			// gives a notification it had read already.
-			if err := l.Notify(ctx, n); err != nil {
-				return err
+			if l.Notify != nil {
+				if err := l.Notify(ctx, n); err != nil {
+					return true, err
+				}
 			}
 		case !timedOut:
-			return fmt.Errorf("wait for notifications: %w", err)
+			return true, fmt.Errorf("wait for notifications: %w", err)
 		}
 		if timedOut || (l.Recheck > 0 && !time.Now().Before(nextLook)) {
 			nextLook = time.Now().Add(l.Recheck)
 			if err := look(); err != nil {
-				return err
+				return true, err
 			}
 		}
 	}

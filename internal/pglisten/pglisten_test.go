@@ -35,7 +35,7 @@ func TestListenerRidesOutATerminatedConnection(t *testing.T) {
 			return pgx.ConnectConfig(ctx, cfg)
 		},
 		Channels: []string{"pglisten_test"},
-		Look: func(context.Context) error {
+		Look: func(context.Context, *pgx.Conn) error {
 			looks.Add(1)
 			return nil
 		},
@@ -127,7 +127,7 @@ func TestListenerLooksAgainEveryRecheckAndStopsWhenTold(t *testing.T) {
 	l := &pglisten.Listener{
 		Connect:  func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, env.URL) },
 		Channels: []string{"pglisten_flood"},
-		Look: func(context.Context) error {
+		Look: func(context.Context, *pgx.Conn) error {
 			if looks.Add(1) == 3 {
 				return refused
 			}

@@ -13,8 +13,6 @@ import (
 
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
-	"github.com/dama-etl/dama/internal/hostproc"
-	"github.com/dama-etl/dama/taskrunner"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
@@ -300,95 +298,6 @@ func (s *Supervisor) startAttempt(ctx context.Context, logger *slog.Logger, tx p
 	}
 }
 
-// lockedElsewhere decides a step that found the lock of context id held.
-// A RUNNING context's task process holds it, whoever started it: the job is
-// parked (this is adoption, from any host) until the task ends or the watch
-// finds the lock free. Otherwise someone looks at the context for a moment
-// (`dama cancel`, another supervisor stopping orphans): look again soon.
-func (s *Supervisor) lockedElsewhere(ctx context.Context, logger *slog.Logger, tx pgx.Tx, id int64) error {
-	// On the step's own connection: a step that waited for a second one
-	// while holding the first could exhaust the pool.
-	c, err := etlcontext.Get(ctx, tx, id)
-	if err != nil {
-		return s.transient(logger, err)
-	}
-	if c.Status == etlcontext.StatusRunning {
-		// Held again by its task process, which cleared the loss's mark: a
-		// later loss is timed anew. (Held for a moment by someone else, the
-		// mark stays, and so does the sighting.)
-		if c.LockLostAt == nil {
-			s.fence.forget(id)
-		}
-		return river.JobSnooze(parkFor)
-	}
-	return river.JobSnooze(time.Second)
-}
-
-// attemptAlive tells, for c RUNNING with a free lock and a recorded task
-// process, how long to wait before looking again (0: every process of the
-// attempt is surely gone).
-//
-// On this host (same boot and pid namespace) the processes are looked at:
-// the task process by pid and start time, the command's process group, and
-// any process carrying the attempt's run id in its environment. Orphans of a
-// dead task process (a forking command's children) are stopped: SIGTERM,
-// SIGKILL after kill_grace. A process that cannot be read counts as alive.
-//
-// On another host nothing can be looked at: the task process stops its
-// command within its fencing window of the lock's release, so no attempt
-// starts before that window has passed since this supervisor first found
-// the lock free, on its own monotonic clock: a clock that can jump (the
-// database's, or this host's wall clock) could end the wait early. Another
-// supervisor, or this one restarted, waits its own window again.
-func (s *Supervisor) attemptAlive(ctx context.Context, logger *slog.Logger, tx pgx.Tx, c *etlcontext.Context) (time.Duration, error) {
-	const recheck = time.Second
-	if c.HostID != nil && *c.HostID == s.hostID && c.RunnerStartTicks != nil {
-		alive, err := hostproc.Alive(*c.PID, uint64(*c.RunnerStartTicks))
-		if err != nil {
-			logger.Warn("read task process; counting it alive", "pid", *c.PID, "error", err)
-		}
-		if alive {
-			return recheck, nil
-		}
-		procs, err := s.attemptProcesses(c).Processes()
-		if err != nil {
-			logger.Warn("look for the processes of a dead attempt; counting them alive", "error", err)
-			return recheck, nil
-		}
-		if len(procs) > 0 {
-			s.stopOrphans(c.ID)
-			return recheck, nil
-		}
-		return 0, nil
-	}
-	mark, err := etlcontext.MarkLockLost(ctx, tx, c.ID)
-	if err != nil {
-		return 0, err
-	}
-	freeFor := s.fence.freeFor(c.ID, mark)
-	window := taskrunner.FenceWindow(s.cfg.HeartbeatInterval, *s.cfg.ReconnectGrace, s.cfg.KillGrace, s.cfg.PollInterval)
-	if c.FenceWindow != nil {
-		window = *c.FenceWindow
-	}
-	if freeFor < window {
-		return min(window-freeFor, recheck), nil
-	}
-	s.fence.forget(c.ID)
-	return 0, nil
-}
-
-// attemptProcesses names the processes of c's current attempt on this host.
-func (s *Supervisor) attemptProcesses(c *etlcontext.Context) hostproc.Attempt {
-	a := hostproc.Attempt{Marker: protocol.RunIDEnv + "=" + deref(c.RunID)}
-	if c.CommandPGID != nil {
-		a.PGID = *c.CommandPGID
-	}
-	if c.CommandStartTicks != nil {
-		a.LeaderStartTicks = uint64(*c.CommandStartTicks)
-	}
-	return a
-}
-
 func deref(s *string) string {
 	if s == nil {
 		return ""
@@ -446,78 +355,4 @@ func (s *Supervisor) deriveKey(ctx context.Context, tx pgx.Tx, c *etlcontext.Con
 		return nil, err
 	}
 	return key, nil
-}
-
-// recordEnd ends the current attempt of c, surely over, with an event of
-// suffix written in the attempt's name: an ERROR for a death (the database
-// makes the context RETRYING or, when its attempts are used up, FAILED), a
-// CANCELLED for a cancel requested meanwhile. The caller holds the lock.
-func (s *Supervisor) recordEnd(ctx context.Context, tx pgx.Tx, c *etlcontext.Context, suffix, reason string) error {
-	payload := map[string]any{"reason": reason, etlcontext.DetectedBy: s.host}
-	if c.PID != nil {
-		payload["pid"] = *c.PID
-	}
-	if c.Host != nil {
-		payload["host"] = *c.Host
-	}
-	_, err := etlcontext.Append(ctx, tx, etlcontext.NewEvent{
-		ContextID: c.ID,
-		Type:      protocol.EventType(c.Kind, suffix),
-		Payload:   payload,
-		RunID:     c.RunID,
-	})
-	return err
-}
-
-// lastFailure returns what the context's latest ERROR or CANCELLED event says.
-func lastFailure(ctx context.Context, db etlcontext.DB, c *etlcontext.Context) etlcontext.Failure {
-	f, err := etlcontext.LastFailure(ctx, db, c.ID, c.Kind)
-	if err != nil || f.Reason == "" {
-		f.Reason = "no error recorded"
-	}
-	return f
-}
-
-// noteLaunchFailure remembers why this supervisor could not spawn the task
-// process of context id, for reportLaunchFailure.
-func (s *Supervisor) noteLaunchFailure(id int64, reason string) {
-	s.mu.Lock()
-	s.spawnFailures[id] = reason
-	s.mu.Unlock()
-}
-
-// forgetLaunchFailure is called when a launch of context id succeeded.
-func (s *Supervisor) forgetLaunchFailure(id int64) {
-	s.mu.Lock()
-	delete(s.spawnFailures, id)
-	delete(s.launchFailures, id)
-	s.mu.Unlock()
-}
-
-// reportLaunchFailure logs a launch that was taken back: as an error the
-// first time a context's launch fails for a given reason, at debug level
-// while it keeps failing for that reason (it is tried again every poll
-// interval, and the reason is also in the task's WARNING events or log).
-func (s *Supervisor) reportLaunchFailure(ctx context.Context, logger *slog.Logger, c *etlcontext.Context) {
-	s.mu.Lock()
-	reason, spawnFailed := s.spawnFailures[c.ID]
-	delete(s.spawnFailures, c.ID)
-	s.mu.Unlock()
-	if !spawnFailed {
-		reason = "the task process stopped before it took its lock (see " +
-			protocol.LogPath(s.cfg.LogDir, c.ID) + " on " + deref(c.LaunchedBy) + ")"
-		// The task process says why once per attempt, not at every launch.
-		if warning, err := etlcontext.LatestUnfitHost(ctx, s.pool, c.ID, c.Attempt); err == nil && warning != "" {
-			reason = warning
-		}
-	}
-	s.mu.Lock()
-	repeated := s.launchFailures[c.ID] == reason
-	s.launchFailures[c.ID] = reason
-	s.mu.Unlock()
-	if repeated {
-		logger.Debug("launch failed again; taken back without spending an attempt", "reason", reason)
-		return
-	}
-	logger.Error("launch failed; taken back without spending an attempt, tried again every poll interval", "reason", reason)
 }

@@ -4,7 +4,9 @@
 // listening has begun on each connection, so that nothing announced while
 // no connection listened is missed, and again every Recheck. A connection
 // with no channels is kept and watched all the same: a connection that
-// holds a session lock.
+// holds a session lock. (A task process's writer listens on the
+// connection it writes on instead: a connection of its own per task is
+// what lock_mode advisory saves.)
 package pglisten
 
 import (

@@ -131,14 +131,6 @@ func (w *world) appConns(name string, terminate bool) int {
 	return n
 }
 
-func waitLogged(t testing.TB, p *testenv.Proc, line string, timeout time.Duration) {
-	t.Helper()
-	testenv.Eventually(t, timeout, "the log to say "+line, func() (bool, error) {
-		log, err := os.ReadFile(p.Log)
-		return strings.Contains(string(log), line), err
-	})
-}
-
 // startTwoSupervisors starts two supervisors while the event store is
 // locked, waits for one of them to block in a step of context id, and
 // returns that one (A, with its client id and the job) and the other (B).
@@ -280,7 +272,7 @@ func TestDeadSupervisorsStepIsRescued(t *testing.T) {
 	w := newWorld(t, 10)
 	id := w.submit(5, 100)
 	release := w.holdQueue()
-	a, b, client, jobID := w.startTwoSupervisors(id)
+	a, _, client, jobID := w.startTwoSupervisors(id)
 
 	if err := syscall.Kill(-a.Cmd.Process.Pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -289,7 +281,13 @@ func TestDeadSupervisorsStepIsRescued(t *testing.T) {
 	testenv.Eventually(t, 10*time.Second, "A's liveness lock to go", func() (bool, error) {
 		return !w.livenessHeld(client), nil
 	})
-	waitLogged(t, b, rescuedLine, 30*time.Second)
+	// The rescue gives the step back: the job is no longer running under
+	// A's attempt.
+	stuck := w.job(jobID)
+	testenv.Eventually(t, 30*time.Second, "B to rescue A's step", func() (bool, error) {
+		j := w.job(jobID)
+		return j.State != "running" || !j.AttemptedAt.Equal(stuck.AttemptedAt), nil
+	})
 	if waited := time.Since(killed); waited < rescueGrace {
 		t.Errorf("B rescued the step %s after A died, before the grace (%s) was over", waited, rescueGrace)
 	}

@@ -133,11 +133,12 @@ kinds:
     schedule_args: { steps: 1, step_ms: 10, starts_dir: "{{dir}}/starts" }
 `)
 	sup := w.Start(w.cfg, "supervisor")
-	waitLogged(t, sup, "schedule taken up", 30*time.Second)
+	// Taking the schedule up records its baseline tick.
 	var baseline time.Time
-	if err := w.Pool.QueryRow(context.Background(), `SELECT last_tick FROM data_manager.schedules WHERE kind = 'tick'`).Scan(&baseline); err != nil {
-		t.Fatal(err)
-	}
+	testenv.Eventually(t, 30*time.Second, "the schedule to be taken up", func() (bool, error) {
+		err := w.Pool.QueryRow(context.Background(), `SELECT last_tick FROM data_manager.schedules WHERE kind = 'tick'`).Scan(&baseline)
+		return err == nil, err
+	})
 	before := w.waitScheduled("tick", 2, 30*time.Second)
 	if !before[0].tick.After(baseline) {
 		t.Errorf("first task for tick %s, at or before the schedule was taken up (%s)", before[0].tick, baseline)

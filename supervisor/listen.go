@@ -72,38 +72,57 @@ func (h *hearings) signal() {
 	}
 }
 
+// What became of a notification (dama_notifications_total).
+const (
+	heardQueued  = "queued"
+	heardDropped = "dropped"
+	heardIgnored = "ignored"
+)
+
 // heard notes a notification of the listener, for the workers (actOnHeard)
 // to act on.
 func (s *Supervisor) heard(_ context.Context, n *pgconn.Notification) error {
+	outcome := s.note(n)
+	s.metrics.heard.WithLabelValues(n.Channel, outcome).Inc()
+	return nil
+}
+
+// note queues what notification n asks for and says what became of it.
+func (s *Supervisor) note(n *pgconn.Notification) string {
 	h := s.hearings
 	if n.Channel == etlcontext.ControlChannel {
 		var c etlcontext.Control
-		if json.Unmarshal([]byte(n.Payload), &c) == nil {
-			h.mu.Lock()
-			h.control = true
-			h.mu.Unlock()
-			h.signal()
+		if json.Unmarshal([]byte(n.Payload), &c) != nil {
+			return heardIgnored
 		}
-		return nil
+		h.mu.Lock()
+		h.control = true
+		h.mu.Unlock()
+		h.signal()
+		return heardQueued
 	}
 	id, err := strconv.ParseInt(n.Payload, 10, 64)
 	if err != nil {
-		return nil
+		return heardIgnored
 	}
 	s.mu.Lock()
 	_, mine := s.children[id]
 	s.mu.Unlock()
 	if mine {
 		// Its reaping wakes it.
-		return nil
+		return heardIgnored
 	}
 	h.mu.Lock()
-	if len(h.exited) < maxHeard {
+	queued := len(h.exited) < maxHeard
+	if queued {
 		h.exited[id] = struct{}{}
 	}
 	h.mu.Unlock()
 	h.signal()
-	return nil
+	if !queued {
+		return heardDropped
+	}
+	return heardQueued
 }
 
 // actOnHeard is one of the hearWorkers goroutines that act on what the
@@ -118,7 +137,7 @@ func (s *Supervisor) actOnHeard(ctx context.Context) {
 			return
 		case <-h.ready:
 		}
-		for {
+		for ctx.Err() == nil {
 			h.mu.Lock()
 			var (
 				id      int64

@@ -9,6 +9,7 @@ import (
 
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 // metrics are what a supervisor counts of its own work, for Prometheus.
@@ -25,6 +26,7 @@ type metrics struct {
 	adopted         *prometheus.GaugeVec
 	lockLosses      *prometheus.CounterVec
 	reconnects      *prometheus.CounterVec
+	heard           *prometheus.CounterVec
 	stepErrors      prometheus.Counter
 }
 
@@ -74,6 +76,10 @@ func newMetrics() *metrics {
 			Name: "dama_reconnects_total",
 			Help: "Reconnections of this supervisor's own connections after they failed, by connection (liveness, listener).",
 		}, []string{"connection"}),
+		heard: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dama_notifications_total",
+			Help: "Notifications this supervisor's listener heard, by channel and what became of them: queued for a worker, dropped (a flood past 10,000 pending: the poll interval's watch makes up for them), or ignored (its own task's, or not dama's).",
+		}, []string{"channel", "outcome"}),
 		stepErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "dama_step_errors_total",
 			Help: "Steps that failed for a reason that says nothing about the task (the database was unreachable, a statement timed out) and were tried again.",
@@ -83,7 +89,7 @@ func newMetrics() *metrics {
 
 func (m *metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.attemptsStarted, m.attemptsFailed, m.tasksFinished, m.runSeconds,
-		m.submitToLock, m.adopted, m.lockLosses, m.reconnects, m.stepErrors}
+		m.submitToLock, m.adopted, m.lockLosses, m.reconnects, m.heard, m.stepErrors}
 }
 
 // zero creates the counters of every configured queue and kind at 0: a
@@ -104,6 +110,11 @@ func (m *metrics) zero(cfg *config.Config) {
 	}
 	for _, conn := range []string{"liveness", "listener"} {
 		m.reconnects.WithLabelValues(conn)
+	}
+	for _, ch := range []string{protocol.ExitedChannel, etlcontext.ControlChannel} {
+		for _, outcome := range []string{heardQueued, heardDropped, heardIgnored} {
+			m.heard.WithLabelValues(ch, outcome)
+		}
 	}
 }
 

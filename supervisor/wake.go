@@ -15,12 +15,13 @@ import (
 // idempotent, so an extra one is harmless; a job in the middle of a step is
 // left alone and looked at again shortly.
 func (s *Supervisor) wake(ctx context.Context, id int64) {
+	stopping := ctx
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	for {
 		w, ok, err := etlcontext.WakeJobOf(ctx, s.pool, id)
 		if !ok {
-			if err != nil {
+			if err != nil && stopping.Err() == nil {
 				s.logger.Warn("wake job", "etl_context_id", id, "error", err)
 			}
 			return

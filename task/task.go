@@ -48,7 +48,8 @@ type Task struct {
 // FromEnv reads the task this process runs from the environment its task
 // process set (protocol's ContextIDEnv, KindEnv, AttemptEnv, ArgsEnv,
 // CheckpointEnv and EventsFDEnv), once: every call returns the same Task,
-// which owns the events pipe. The pipe is made close-on-exec, so that the
+// which owns the events pipe, or the same error. EventsFDEnv must name a
+// pipe, as dama hands it. The pipe is made close-on-exec, so that the
 // processes the program starts do not hold it open: the task process
 // waits for it to close.
 func FromEnv() (*Task, error) { return fromEnv() }

@@ -41,8 +41,8 @@ type Listener struct {
 	// notifications arrive meanwhile; 0 means only on a new connection.
 	Recheck time.Duration
 	// RetryDelay spaces the tries to connect again after a failure: the
-	// first try is at once when the connection had served for RetryDelay
-	// at least, and then one every RetryDelay. 0 means 1s.
+	// first try is at once when the connection had served (at most once
+	// per RetryDelay), and then one every RetryDelay. 0 means 1s.
 	RetryDelay time.Duration
 	// Failed is told each failure (to connect, to listen, of the
 	// connection, or an error of Look or Notify), and says whether to
@@ -86,8 +86,8 @@ func (l *Listener) Open(ctx context.Context) error {
 // each failure.
 func (l *Listener) Serve(ctx context.Context) error {
 	defer l.Close(ctx)
+	var atOnce time.Time // when a connection was last tried again at once
 	for {
-		began := time.Now()
 		served, err := l.serve(ctx)
 		switch {
 		case errors.Is(err, ErrStop), ctx.Err() != nil:
@@ -96,10 +96,11 @@ func (l *Listener) Serve(ctx context.Context) error {
 			return err
 		}
 		l.Close(ctx)
-		if served && time.Since(began) >= cmpOr(l.RetryDelay, time.Second) {
-			// A connection that served a while fails: the next one is
-			// tried at once (a session lock is missing meanwhile), and
-			// then no faster than RetryDelay.
+		if served && time.Since(atOnce) >= cmpOr(l.RetryDelay, time.Second) {
+			// A connection that served fails: the next one is tried at
+			// once (a session lock is missing meanwhile), then no faster
+			// than RetryDelay, however often the server ends them.
+			atOnce = time.Now()
 			continue
 		}
 		select {
@@ -148,11 +149,14 @@ func (l *Listener) serve(ctx context.Context) (served bool, err error) {
 				}
 			}
 		case !timedOut:
-			return true, fmt.Errorf("wait for notifications: %w", err)
+			return true, fmt.Errorf("wait on the connection: %w", err)
 		}
 		if timedOut || (l.Recheck > 0 && !time.Now().Before(nextLook)) {
+			err := look()
+			// From the look's end: a slow look is not followed by another
+			// at once.
 			nextLook = time.Now().Add(l.Recheck)
-			if err := look(); err != nil {
+			if err != nil {
 				return true, err
 			}
 		}

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/dama-etl/dama/task"
 	"github.com/dama-etl/dama/taskrunner/protocol"
@@ -87,12 +88,26 @@ func fakeTaskProcess() func(n int) []string {
 	} {
 		os.Setenv(name, value)
 	}
-	r := bufio.NewScanner(os.NewFile(uintptr(fds[0]), "events"))
-	return func(n int) []string {
-		var lines []string
-		for len(lines) < n && r.Scan() {
-			lines = append(lines, r.Text())
+	// Read all along, as a task process does: a program's write must
+	// never wait on the reader.
+	lines := make(chan string, 1000)
+	go func() {
+		r := bufio.NewScanner(os.NewFile(uintptr(fds[0]), "events"))
+		r.Buffer(nil, 2<<20)
+		for r.Scan() {
+			lines <- r.Text()
 		}
-		return lines
+	}()
+	return func(n int) []string {
+		var got []string
+		for len(got) < n {
+			select {
+			case l := <-lines:
+				got = append(got, l)
+			case <-time.After(10 * time.Second):
+				return got
+			}
+		}
+		return got
 	}
 }

@@ -125,10 +125,12 @@ func waitForTask(ctx context.Context, client *supervisor.Client, db etlcontext.D
 	}
 	waitCtx, stopWaiting := context.WithCancel(ctx)
 	defer stopWaiting()
-	ended := make(chan error, 1)
+	// Closed once the end is heard, or the wait failed: either way the
+	// looks below then come at once, until the task is at rest.
+	ended := make(chan struct{})
 	go func() {
-		_, err := client.Wait(waitCtx, id)
-		ended <- err
+		defer close(ended)
+		_, _ = client.Wait(waitCtx, id)
 	}()
 	var (
 		last     string

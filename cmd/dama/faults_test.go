@@ -406,9 +406,14 @@ kinds:
 		}
 	}
 	testenv.Eventually(t, 30*time.Second, "several more launches of the task", tries(id))
-	if got := w.task(id); got.Status != etlcontext.StatusQueued || got.Attempt != 0 {
-		t.Fatalf("after failed launches: %s, attempt %d; want QUEUED, attempt 0", got.Status, got.Attempt)
-	}
+	// Each try shows RUNNING, attempt 1 from its start until the launch is
+	// taken back a moment later; between tries the task is QUEUED with no
+	// attempt spent. A spent attempt would leave it FAILED (max_attempts
+	// 1), never QUEUED again.
+	testenv.Eventually(t, 10*time.Second, "the task QUEUED between tries, with no attempt spent", func() (bool, error) {
+		got := w.task(id)
+		return got.Status == etlcontext.StatusQueued && got.Attempt == 0, fmt.Errorf("%s, attempt %d", got.Status, got.Attempt)
+	})
 	log, _ := os.ReadFile(sup.Log)
 	if n := strings.Count(string(log), `level=ERROR msg="launch failed`); n != 1 {
 		t.Errorf("the repeated launch failure was logged as an error %d times, want once", n)

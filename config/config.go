@@ -81,6 +81,20 @@ type Config struct {
 	// default, 2m; 0 ("0s") stops the command as soon as the lock
 	// connection fails.
 	ReconnectGrace *time.Duration `yaml:"reconnect_grace"`
+	// ProgressInterval is how often a task's progress and checkpoint are
+	// stored as events: a PROGRESS or CHECKPOINT line that comes sooner
+	// than this after the last one stored waits, replaced by any newer one,
+	// until the interval is up, and the newest waiting checkpoint is stored
+	// before the attempt's outcome. The context's latest progress, which
+	// the view and the status page show, is updated at most once a second
+	// in between. Default 10s (0 means the default), at most 1h.
+	ProgressInterval time.Duration `yaml:"progress_interval"`
+	// Retention is how long a finished task is kept, with its events and
+	// attempts and its River job, after it finished: the supervisors then
+	// remove it (dama prune does it once). A task is removed only once it
+	// has no child left. Default 720h, 30 days (0 means the default); a
+	// negative value (-1s) keeps every task; at least 1s.
+	Retention time.Duration `yaml:"retention"`
 	// LockMode is how task processes hold their lock, "row" or "advisory";
 	// a kind may override it. See LockModeRow and LockModeAdvisory:
 	// advisory suits tasks that run for days. Empty means the default,

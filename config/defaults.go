@@ -12,6 +12,8 @@ const (
 	DefaultHeartbeatInterval = 5 * time.Second
 	DefaultKillGrace         = 10 * time.Second
 	DefaultReconnectGrace    = 2 * time.Minute
+	DefaultProgressInterval  = 10 * time.Second
+	DefaultRetention         = 30 * 24 * time.Hour
 	DefaultMaxAttempts       = 3
 	DefaultMaxRunning        = 10
 	DefaultMaxRunningPerKey  = 1
@@ -42,6 +44,12 @@ func (c *Config) WithDefaults() *Config {
 		out.ReconnectGrace = ptr(DefaultReconnectGrace)
 	} else {
 		out.ReconnectGrace = ptr(*out.ReconnectGrace)
+	}
+	if out.Retention == 0 {
+		out.Retention = DefaultRetention
+	}
+	if out.ProgressInterval == 0 {
+		out.ProgressInterval = DefaultProgressInterval
 	}
 	if out.LockMode == "" {
 		out.LockMode = DefaultLockMode
@@ -141,6 +149,9 @@ const (
 	MaxHeartbeatInterval = time.Hour
 	MaxReconnectGrace    = 7 * 24 * time.Hour
 	MaxKillGrace         = 24 * time.Hour
+	// MaxProgressInterval bounds progress_interval: a sample of progress
+	// at least every hour.
+	MaxProgressInterval = time.Hour
 	// MaxDelay bounds a kind's timeout and its retry delays.
 	MaxDelay = 10 * 365 * 24 * time.Hour
 )

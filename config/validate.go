@@ -31,6 +31,12 @@ func (c *Config) Validate() error {
 	if c.KillGrace < 0 {
 		return errors.New("kill_grace must not be negative")
 	}
+	if c.ProgressInterval < 0 {
+		return errors.New("progress_interval must not be negative")
+	}
+	if c.Retention > 0 && c.Retention < time.Second {
+		return fmt.Errorf("retention %s: at least 1s (a negative one keeps every task)", c.Retention)
+	}
 	for _, d := range []struct {
 		name       string
 		value, max time.Duration
@@ -39,6 +45,8 @@ func (c *Config) Validate() error {
 		{"heartbeat_interval", c.HeartbeatInterval, MaxHeartbeatInterval},
 		{"reconnect_grace", *c.ReconnectGrace, MaxReconnectGrace},
 		{"kill_grace", c.KillGrace, MaxKillGrace},
+		{"progress_interval", c.ProgressInterval, MaxProgressInterval},
+		{"retention", c.Retention, MaxDelay},
 	} {
 		if d.value > d.max {
 			return fmt.Errorf("%s %s: at most %s", d.name, d.value, d.max)

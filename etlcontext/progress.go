@@ -100,3 +100,28 @@ func LastFailure(ctx context.Context, db DB, id int64, kind string) (Failure, er
 	f.Died = died
 	return f, nil
 }
+
+// SetProgress records payload as the latest progress of context id while
+// its run runID is the one running: what the view and the status page show
+// between the PROGRESS events, which are only a sample of it (every
+// progress_interval). A run that is no longer current changes nothing, and
+// no error says so: its events are refused, and say it.
+func SetProgress(ctx context.Context, db DB, id int64, runID string, payload json.RawMessage) error {
+	clean, _, err := cleanPayload(payload)
+	if err != nil {
+		return fmt.Errorf("encode progress of etl context %d: %w", id, err)
+	}
+	var p *string
+	if clean != nil {
+		s := string(clean)
+		p = &s
+	}
+	_, err = db.Exec(ctx, `
+		UPDATE data_manager.etl_contexts SET progress = $3::jsonb, progress_at = now()
+		 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = `+sqlRunning,
+		id, runID, p)
+	if err != nil {
+		return fmt.Errorf("set progress of etl context %d: %w", id, classify(err))
+	}
+	return nil
+}

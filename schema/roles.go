@@ -92,9 +92,11 @@ var eventColumns = []string{"etl_context_id", "type", "payload", "meta", "error"
 
 // runnerColumns are the columns of etl_contexts a task process writes about
 // itself (etlcontext.RecordRunner, RecordCommand, ClearLockLost,
-// WithdrawRunner), and river_job_id for the children it submits.
+// WithdrawRunner, SetProgress), and river_job_id for the children it
+// submits.
 var runnerColumns = []string{"host", "pid", "process_started_at", "heartbeat_at", "log_path", "host_id", "runner_start_ticks",
-	"fence_window", "lock_lost_at", "lock_mode", "runner_release", "runner_protocol", "command_pgid", "command_start_ticks", "river_job_id"}
+	"fence_window", "lock_lost_at", "lock_mode", "runner_release", "runner_protocol", "command_pgid", "command_start_ticks", "river_job_id",
+	"progress", "progress_at"}
 
 // heldFunctions are what migration 19's checks call with the rights of
 // whoever writes: every role needs them, even where PUBLIC may not execute

@@ -325,6 +325,12 @@ CREATE FUNCTION data_manager.event_store_append_only() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    IF TG_OP = 'DELETE' AND current_setting('dama.pruning', true) = 'on'
+       AND EXISTS (SELECT 1 FROM data_manager.etl_contexts AS c
+                    WHERE c.etl_context_id = OLD.etl_context_id
+                      AND data_manager.is_finished(c.etl_status)) THEN
+        RETURN OLD;
+    END IF;
     RAISE EXCEPTION 'data_manager.event_store keeps every event: % is refused', TG_OP
         USING ERRCODE = 'DMAPP';
 END
@@ -544,16 +550,24 @@ CREATE FUNCTION data_manager.event_store_latest() RETURNS trigger
 BEGIN
     -- A cancellation request is a note beside the run, not a step of it:
     -- the latest event stays the run's (an AWAITING parent keeps its queue
-    -- slot free until its task process records the end).
+    -- slot free until its task process records the end). The newest
+    -- PROGRESS event of the statement is the context's progress.
     UPDATE data_manager.etl_contexts AS c
-       SET latest_event_id = n.latest
-      FROM (SELECT e.etl_context_id, max(e.event_id) AS latest
+       SET latest_event_id = CASE WHEN c.latest_event_id IS NULL OR c.latest_event_id < n.latest
+                                  THEN n.latest ELSE c.latest_event_id END,
+           progress = CASE WHEN n.progress_id IS NOT NULL THEN n.progress ELSE c.progress END,
+           progress_at = CASE WHEN n.progress_id IS NOT NULL THEN n.progress_at ELSE c.progress_at END
+      FROM (SELECT e.etl_context_id,
+                   max(e.event_id) FILTER (WHERE e.type <> k.kind || ':CANCEL_REQUESTED') AS latest,
+                   max(e.event_id) FILTER (WHERE e.type = k.kind || ':PROGRESS') AS progress_id,
+                   (array_agg(e.payload ORDER BY e.event_id DESC) FILTER (WHERE e.type = k.kind || ':PROGRESS'))[1] AS progress,
+                   max(e.created_at) FILTER (WHERE e.type = k.kind || ':PROGRESS') AS progress_at
               FROM new_events AS e
               JOIN data_manager.etl_contexts AS k ON k.etl_context_id = e.etl_context_id
-             WHERE e.type <> k.kind || ':CANCEL_REQUESTED'
              GROUP BY e.etl_context_id) AS n
      WHERE c.etl_context_id = n.etl_context_id
-       AND (c.latest_event_id IS NULL OR c.latest_event_id < n.latest);
+       AND ((n.latest IS NOT NULL AND (c.latest_event_id IS NULL OR c.latest_event_id < n.latest))
+            OR n.progress_id IS NOT NULL);
     RETURN NULL;
 END
 $$;
@@ -862,6 +876,8 @@ CREATE TABLE data_manager.etl_contexts (
     waiting_for text,
     waiting_since timestamp with time zone,
     runner_key_hash bytea,
+    progress jsonb,
+    progress_at timestamp with time zone,
     CONSTRAINT etl_contexts_etl_status_check CHECK ((etl_status = ANY (ARRAY['QUEUED'::text, 'RUNNING'::text, 'RETRYING'::text, 'DONE'::text, 'FAILED'::text, 'CANCELLED'::text]))),
     CONSTRAINT etl_contexts_kind_check CHECK ((kind ~ '^[A-Za-z][A-Za-z0-9_.-]{0,62}$'::text)),
     CONSTRAINT etl_contexts_max_attempts_check CHECK ((max_attempts >= 1)),
@@ -1061,7 +1077,7 @@ CREATE VIEW data_manager.dama_task_queue AS
     c.heartbeat_at,
     le.type AS latest_event_type,
     le.created_at AS latest_event_at,
-    p.payload AS progress,
+    c.progress,
     (h.etl_context_id IS NOT NULL) AS initial_event_locked,
     c.river_job_id,
     c.run_id,
@@ -1084,15 +1100,11 @@ CREATE VIEW data_manager.dama_task_queue AS
             ELSE NULL::timestamp with time zone
         END AS waiting_since,
     c.concurrency_key,
-    ch.children
-   FROM (((((data_manager.etl_contexts c
+    ch.children,
+    c.progress_at
+   FROM ((((data_manager.etl_contexts c
      LEFT JOIN public.river_job j ON ((j.id = c.river_job_id)))
      LEFT JOIN data_manager.event_store le ON ((le.event_id = c.latest_event_id)))
-     LEFT JOIN LATERAL ( SELECT e.payload
-           FROM data_manager.event_store e
-          WHERE ((e.etl_context_id = c.etl_context_id) AND (e.type = (c.kind || ':PROGRESS'::text)))
-          ORDER BY e.event_id DESC
-         LIMIT 1) p ON (true))
      LEFT JOIN ( SELECT (l.objid)::bigint AS etl_context_id
            FROM pg_locks l
           WHERE ((l.locktype = 'advisory'::text) AND l.granted AND (l.classid = (1684106593)::oid) AND (l.objsubid = 2) AND (l.database = ( SELECT d.oid
@@ -2005,6 +2017,20 @@ GRANT INSERT(due_at) ON TABLE data_manager.etl_contexts TO dama_task;
 
 GRANT INSERT(concurrency_key) ON TABLE data_manager.etl_contexts TO dama_operator;
 GRANT INSERT(concurrency_key) ON TABLE data_manager.etl_contexts TO dama_task;
+
+
+--
+-- Name: COLUMN etl_contexts.progress; Type: ACL; Schema: data_manager; Owner: -
+--
+
+GRANT UPDATE(progress) ON TABLE data_manager.etl_contexts TO dama_task;
+
+
+--
+-- Name: COLUMN etl_contexts.progress_at; Type: ACL; Schema: data_manager; Owner: -
+--
+
+GRANT UPDATE(progress_at) ON TABLE data_manager.etl_contexts TO dama_task;
 
 
 --

@@ -61,6 +61,7 @@ fuzz_targets=(
 	"./cmd/dama FuzzDueAt 50000"
 	"./cmd/dama FuzzParseID 50000"
 	"./cmd/dama FuzzListenAddr 20000"
+	"./cmd/dama FuzzParseOlderThan 20000"
 	"./internal/hostproc FuzzParseStat 100000"
 	# What a command writes on its events pipe, and what the database is
 	# given of it: against the test server, whose jsonb is the judge.

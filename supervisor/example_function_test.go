@@ -136,6 +136,11 @@ func runExample(yaml, kind, args string) {
 // A function kind names a Go function that the program embedding the
 // supervisor registers. Its task runs in a process of its own, this
 // program started again, holding the task's lock like a command's.
+//
+// Progress is sampled: the first PROGRESS is stored at once, those that
+// follow within progress_interval (10s) wait, each replacing the last, and
+// the newest is stored when the interval is up or, as here, before the
+// outcome.
 func ExampleRunTaskProcess() {
 	runExample(`
 log_dir: {{dir}}/logs
@@ -147,9 +152,8 @@ kinds:
 	// DONE at attempt 1
 	// 0 sum:INITIAL {"numbers": [1, 2, 3]}
 	// 1 sum:PROGRESS {"of": 3, "step": 1}
-	// 1 sum:PROGRESS {"of": 3, "step": 2}
-	// 1 sum:PROGRESS {"of": 3, "step": 3}
 	// 1 sum:TOTAL {"sum": 6}
+	// 1 sum:PROGRESS {"of": 3, "step": 3}
 	// 1 sum:FINAL {"exit_code": 0}
 }
 

@@ -28,6 +28,7 @@ type metrics struct {
 	reconnects      *prometheus.CounterVec
 	heard           *prometheus.CounterVec
 	stepErrors      prometheus.Counter
+	pruned          *prometheus.CounterVec
 }
 
 // Why an attempt failed, the reason label of dama_attempts_failed_total.
@@ -84,12 +85,16 @@ func newMetrics() *metrics {
 			Name: "dama_step_errors_total",
 			Help: "Steps that failed for a reason that says nothing about the task (the database was unreachable, a statement timed out) and were tried again.",
 		}),
+		pruned: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dama_pruned_total",
+			Help: "What this supervisor removed of the finished tasks older than retention, by what: tasks, events, attempts, jobs (River's).",
+		}, []string{"what"}),
 	}
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.attemptsStarted, m.attemptsFailed, m.tasksFinished, m.runSeconds,
-		m.submitToLock, m.adopted, m.lockLosses, m.reconnects, m.heard, m.stepErrors}
+		m.submitToLock, m.adopted, m.lockLosses, m.reconnects, m.heard, m.stepErrors, m.pruned}
 }
 
 // zero creates the counters of every configured queue and kind at 0: a
@@ -107,6 +112,9 @@ func (m *metrics) zero(cfg *config.Config) {
 		for _, st := range []etlcontext.Status{etlcontext.StatusDone, etlcontext.StatusFailed, etlcontext.StatusCancelled} {
 			m.tasksFinished.WithLabelValues(k.Queue, name, string(st))
 		}
+	}
+	for _, what := range prunedWhat {
+		m.pruned.WithLabelValues(what)
 	}
 	for _, conn := range []string{"liveness", "listener"} {
 		m.reconnects.WithLabelValues(conn)

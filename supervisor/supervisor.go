@@ -268,6 +268,11 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 		// interval and without spending an attempt (rescueOrphanedSteps);
 		// River's rescuer is only the last resort.
 		RescueStuckJobsAfter: time.Hour,
+		// A finished task's job is kept as long as the task, and goes
+		// with it (pruneLoop).
+		CompletedJobRetentionPeriod: jobRetention(cfg, 24*time.Hour),
+		CancelledJobRetentionPeriod: jobRetention(cfg, 24*time.Hour),
+		DiscardedJobRetentionPeriod: jobRetention(cfg, 7*24*time.Hour),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create River client: %w", err)
@@ -360,6 +365,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	close(s.started)
 	s.reportBudget(ctx)
 	bg.Go(func() { s.rescueLoop(bgCtx) })
+	bg.Go(func() { s.pruneLoop(bgCtx) })
 	for _, name := range s.cfg.KindNames() {
 		k := s.cfg.Kinds[name]
 		if sched, _ := k.ScheduleOf(); sched != nil {

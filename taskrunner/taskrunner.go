@@ -192,6 +192,7 @@ func (r *runner) run(ctx context.Context) (int, error) {
 	// Probed like the lock connection, in both modes: the write connection
 	// also hears cancellations, which a silently dead connection would lose.
 	r.w.heartbeat = cfg.HeartbeatInterval
+	r.w.sampleEvery = cfg.ProgressInterval
 	r.lock.w = r.w
 	wctx, stopWriter := context.WithCancel(context.WithoutCancel(ctx))
 	writerDone := make(chan struct{})

@@ -72,10 +72,13 @@ func (w *writer) supersede() {
 	w.supOnce.Do(func() { close(w.superseded) })
 }
 
-// flush waits until everything queued so far is written, or ctx ends. It
-// reports the last event the database refused for good since the previous
-// flush.
+// flush waits until everything queued so far is written, or ctx ends,
+// the sampled lines held back included. It reports the last event the
+// database refused for good since the previous flush.
 func (w *writer) flush(ctx context.Context) error {
+	w.mu.Lock()
+	w.releaseAll()
+	w.mu.Unlock()
 	for {
 		w.mu.Lock()
 		empty := len(w.calls) == 0 && len(w.events) == 0
@@ -249,7 +252,7 @@ func (w *writer) serveOne(ctx context.Context) bool {
 		return w.serveEvents(ctx)
 	}
 	w.mu.Unlock()
-	return false
+	return w.serveProgress(ctx)
 }
 
 // serveEvents writes the events at the head of the queue: a child alone,

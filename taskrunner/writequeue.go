@@ -23,6 +23,8 @@ func (w *writer) event(suffix string, payload, meta any, isError bool) {
 func (w *writer) outcome(suffix string, payload map[string]any, fallback map[string]any) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	// The newest checkpoint is stored before the outcome.
+	w.releaseAll()
 	e := w.newEvent(suffix, payload, nil, false)
 	e.fallback, e.outcome = fallback, true
 	w.append(e)
@@ -30,8 +32,9 @@ func (w *writer) outcome(suffix string, payload map[string]any, fallback map[str
 
 // report queues an event the command reported. It waits while the bounds
 // are reached, until ctx ends or the run is superseded, unless the event
-// coalesces: then it replaces the waiting one of its suffix. replaced is
-// what was replaced in the line, so that the database takes it.
+// coalesces: then it is sampled (writesample.go), and at the bounds it
+// replaces the waiting one of its suffix. replaced is what was replaced in
+// the line, so that the database takes it.
 func (w *writer) report(ctx context.Context, suffix string, payload json.RawMessage, meta any, isError bool, replaced etlcontext.Replaced) error {
 	e := w.newEvent(suffix, payload, meta, false)
 	e.ev.Error = isError
@@ -43,10 +46,13 @@ func (w *writer) report(ctx context.Context, suffix string, payload json.RawMess
 		return err
 	}
 	defer w.mu.Unlock()
-	w.append(e)
 	if replaced.Any() {
 		w.noteReplaced(suffix, replaced)
 	}
+	if e.coalesce != "" && w.hold(e) {
+		return nil
+	}
+	w.append(e)
 	return nil
 }
 

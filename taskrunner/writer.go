@@ -64,7 +64,14 @@ type writer struct {
 	// latest is the newest waiting event of each coalescing suffix, and of
 	// the replacements noted (replacedKey).
 	latest map[string]*pendingEvent
-	room   chan struct{} // closed and replaced when piped events leave
+	// sampleEvery is the least time between two queued lines of a sampled
+	// suffix (config.ProgressInterval, see writesample.go); 0 queues every
+	// line. samples holds what each sampled suffix holds back, and progress
+	// the newest progress not yet on the context.
+	sampleEvery time.Duration
+	samples     map[string]*sample
+	progress    contextProgress
+	room        chan struct{} // closed and replaced when piped events leave
 	// batchLimit is how many events go in one statement: maxBatch (0),
 	// halved after a batch was cut short. singleThrough, when set, is the
 	// last sequence number of a refused batch: up to it, events are
@@ -196,6 +203,7 @@ func newWriter(url, name string, logger *slog.Logger, stmtTimeout time.Duration,
 		idle:       make(chan struct{}),
 		room:       make(chan struct{}),
 		latest:     make(map[string]*pendingEvent),
+		samples:    make(map[string]*sample),
 		wake:       make(chan struct{}, 1),
 		notify:     make(chan *pgconn.Notification, 16),
 		superseded: make(chan struct{}),

@@ -4,12 +4,16 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/testenv"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
@@ -123,4 +127,67 @@ func TestCoalescedEventsDoNotGrowTheQueue(t *testing.T) {
 	if n := len(w.events); n > 2*maxPendingEvents {
 		t.Errorf("%d events in the queue after 100,000 coalesced progress lines, want at most %d", n, 2*maxPendingEvents)
 	}
+}
+
+// Progress and checkpoints are sampled: the first of each is queued at
+// once, those that follow within the interval wait, each replacing the
+// last, and the newest is queued when the interval is up, or before the
+// outcome. Named events are never held.
+func TestProgressAndCheckpointsAreSampled(t *testing.T) {
+	queued := func(w *writer) []string {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		var got []string
+		for _, e := range w.events {
+			if !e.gone {
+				p, _ := e.ev.Payload.(json.RawMessage)
+				got = append(got, e.ev.Type+" "+string(p))
+			}
+		}
+		return got
+	}
+	report := func(w *writer, suffix string, n int) {
+		t.Helper()
+		if err := w.report(context.Background(), suffix, json.RawMessage(strconv.Itoa(n)), nil, false, etlcontext.Replaced{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	t.Run("before the outcome", func(t *testing.T) {
+		w := newWriter("", "test", slog.New(slog.DiscardHandler), time.Second, writerHooks{})
+		w.sampleEvery = time.Hour
+		w.bind(1, "00000000-0000-0000-0000-000000000001", "k")
+		for i := range 100 {
+			report(w, protocol.EventProgress, i)
+			report(w, protocol.EventCheckpoint, i)
+			if i%50 == 0 {
+				report(w, "ROWS", i)
+			}
+		}
+		w.mu.Lock()
+		newest := string(w.progress.payload)
+		w.mu.Unlock()
+		if newest != "99" {
+			t.Errorf("progress for the context %q, want the newest, 99", newest)
+		}
+		w.outcome(protocol.EventFinal, map[string]any{"exit_code": 0}, nil)
+		got := strings.Join(queued(w), ", ")
+		want := `k:PROGRESS 0, k:CHECKPOINT 0, k:ROWS 0, k:ROWS 50, k:PROGRESS 99, k:CHECKPOINT 99, k:FINAL {"exit_code":0}`
+		if got != want {
+			t.Errorf("queued:\n%s\nwant:\n%s", got, want)
+		}
+	})
+
+	t.Run("when the interval is up", func(t *testing.T) {
+		w := newWriter("", "test", slog.New(slog.DiscardHandler), time.Second, writerHooks{})
+		w.sampleEvery = 50 * time.Millisecond
+		w.bind(1, "00000000-0000-0000-0000-000000000001", "k")
+		for i := range 100 {
+			report(w, protocol.EventCheckpoint, i)
+		}
+		testenv.Eventually(t, 10*time.Second, "the newest checkpoint queued", func() (bool, error) {
+			got := queued(w)
+			return slices.Equal(got, []string{"k:CHECKPOINT 0", "k:CHECKPOINT 99"}), fmt.Errorf("queued %v", got)
+		})
+	})
 }

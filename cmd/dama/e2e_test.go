@@ -27,6 +27,7 @@ log_dir: {{dir}}/logs
 poll_interval: 500ms
 heartbeat_interval: 200ms
 kill_grace: 1s
+progress_interval: 100ms
 queues:
   etl: { max_running: %d }
 kinds:

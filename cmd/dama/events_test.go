@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -273,5 +274,60 @@ kinds:
 	if !said {
 		log, _ := os.ReadFile(filepath.Join(env.Dir, "logs", fmt.Sprintf("%d.log", id)))
 		t.Errorf("no WARNING says that a process that escaped the attempt writes to the pipe; %d events; the task's log:\n%s", len(events), log)
+	}
+}
+
+// A task that reports its progress and checkpoint 100 times a second
+// stores a sample of them, one of each per progress_interval (here an
+// hour: the first, and the newest before its outcome), while the view
+// follows its newest progress within a second.
+func TestProgressIsSampled(t *testing.T) {
+	env := testenv.New(t)
+	goFile := filepath.Join(env.Dir, "go")
+	// 300 lines of each, 10 ms apart, then the command waits for goFile.
+	script := `i=1; while [ $i -le 300 ]; do
+  printf '{"type":"progress","payload":{"step":%d,"of":300}}\n{"type":"checkpoint","payload":{"next":%d}}\n' $i $i >&3
+  sleep 0.01; i=$((i+1))
+done
+while [ ! -e ` + goFile + ` ]; do sleep 0.05; done`
+	cfg := env.WriteConfig(`
+log_dir: {{dir}}/logs
+poll_interval: 500ms
+progress_interval: 1h
+kinds:
+  chatty:
+    command: ["/bin/sh", "-c", ` + strconv.Quote(script) + `]
+`)
+	w := &world{Env: env, cfg: cfg}
+	w.Start(cfg, "supervisor")
+	id := w.submitOf("chatty")
+	last := `{"of": 300, "step": 300}`
+	// No PROGRESS event carries it before the outcome: the task process
+	// sets it on the context.
+	w.waitFor(id, time.Minute, "the view to show the newest progress", func(t etlcontext.Task) bool {
+		return t.Status == etlcontext.StatusRunning && string(t.Progress) == last
+	})
+	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.waitSettled(id, time.Minute); got.Status != etlcontext.StatusDone {
+		t.Fatalf("%s, want DONE", got.Status)
+	}
+	events, err := etlcontext.Events(context.Background(), w.Pool, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range events {
+		if e.Type == "chatty:PROGRESS" || e.Type == "chatty:CHECKPOINT" {
+			got = append(got, e.Type+" "+string(e.Payload))
+		}
+	}
+	want := []string{
+		`chatty:PROGRESS {"of": 300, "step": 1}`, `chatty:CHECKPOINT {"next": 1}`,
+		`chatty:PROGRESS {"of": 300, "step": 300}`, `chatty:CHECKPOINT {"next": 300}`,
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("stored of 300 lines of each:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }

@@ -190,7 +190,9 @@ func socketEnv(t *testing.T, env *testenv.Env) (*testenv.Env, string) {
 func TestPostgresRestartKillsNoTask(t *testing.T) {
 	srv := testenv.NewServer(t)
 	env := testenv.NewOn(t, srv)
-	w := &world{Env: env, cfg: env.WriteConfig(strings.Replace(sampleConfigFor(10), "kill_grace: 1s", "kill_grace: 1s\nreconnect_grace: 10s", 1)),
+	// Every progress line is stored (progress_interval 1ms): none may be
+	// stored twice through the outage.
+	w := &world{Env: env, cfg: env.WriteConfig(strings.NewReplacer("kill_grace: 1s", "kill_grace: 1s\nreconnect_grace: 10s", "progress_interval: 100ms", "progress_interval: 1ms").Replace(sampleConfigFor(10))),
 		startsDir: filepath.Join(env.Dir, "starts")}
 	if err := os.MkdirAll(w.startsDir, 0o755); err != nil {
 		t.Fatal(err)

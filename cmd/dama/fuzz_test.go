@@ -136,3 +136,22 @@ func FuzzListenAddr(f *testing.F) {
 		}
 	})
 }
+
+func FuzzParseOlderThan(f *testing.F) {
+	for _, s := range []string{"", "720h", "0s", "0", "90m", "-1s", "1.5h", "30d", "1e3h", "9223372036854775807ns", "9223372036854775808ns", " 1h", "1h\n", "\x00"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		d, err := parseOlderThan(s)
+		if err != nil {
+			checkOneLine(t, err)
+			return
+		}
+		if d < 0 {
+			t.Fatalf("parseOlderThan(%q) = %v, a negative duration", s, d)
+		}
+		if back, err := time.ParseDuration(s); err != nil || back != d {
+			t.Fatalf("parseOlderThan(%q) = %v, but ParseDuration gives %v, %v", s, d, back, err)
+		}
+	})
+}

@@ -1,0 +1,72 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/dama-etl/dama/etlcontext"
+)
+
+// pruneBatch bounds the tasks one transaction of dama prune removes.
+const pruneBatch = 500
+
+func newPruneCommand() *cobra.Command {
+	var olderThan string
+	cmd := &cobra.Command{
+		Use:   "prune --older-than DURATION",
+		Short: "Remove the finished tasks older than a duration, with their events, now",
+		Long: `Remove the tasks that finished more than DURATION ago (a Go duration:
+720h, 90m; 0s removes every finished task), by the database's clock, with
+their events, attempts and River jobs, in transactions of 500 tasks: what
+the supervisors do on their own past the configuration's retention. A task
+that is not finished is never removed, nor a parent while a child of it is
+kept. Needs a role that may delete (dama_supervisor, or the tables' owner).
+Prints what it removed.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			d, err := parseOlderThan(olderThan)
+			if err != nil {
+				return err
+			}
+			pool, _, err := connectMigrated(cmd.Context(), 0)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			var total etlcontext.Pruned
+			for {
+				p, err := etlcontext.Prune(cmd.Context(), pool, d, pruneBatch)
+				total = total.Add(p)
+				if err != nil {
+					return fmt.Errorf("%w (removed %d tasks before it)", err, total.Tasks)
+				}
+				if p.Tasks < pruneBatch {
+					break
+				}
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "removed %d tasks, %d events, %d attempts, %d River jobs\n", total.Tasks, total.Events, total.Attempts, total.Jobs)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&olderThan, "older-than", "", "remove the tasks finished longer ago than this (required; e.g. 720h)")
+	return cmd
+}
+
+// parseOlderThan reads --older-than: a Go duration, not negative.
+func parseOlderThan(s string) (time.Duration, error) {
+	if s == "" {
+		return 0, errors.New("--older-than is required (a duration, e.g. 720h)")
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, fmt.Errorf("--older-than %s: not a duration (e.g. 720h, 90m)", strconv.Quote(s))
+	}
+	if d < 0 {
+		return 0, fmt.Errorf("--older-than %s: must not be negative", strconv.Quote(s))
+	}
+	return d, nil
+}

@@ -15,9 +15,12 @@
 //
 // The kind's command runs as the runner's child in its own process group,
 // with its stdin on /dev/null, its output appended to the task's log file and
-// a pipe on descriptor 3 for the events it reports. The command gets SIGKILL
-// when the runner dies; its descendants are left to the supervisor, which
-// finds them by process group and DAMA_RUN_ID. When the lock connection
+// a pipe on descriptor 3 for the events it reports. The runner is the
+// subreaper of the command's processes, and once the command ends it kills
+// what is left of them, found in its own tree, before recording the
+// outcome. The command gets SIGKILL when the runner dies; its descendants
+// are then left to the supervisor, which finds them by process group and
+// DAMA_RUN_ID. When the lock connection
 // fails, the command runs on for at most reconnect_grace while the lock is
 // taken again under the same run, then its process group is stopped: it
 // runs unlocked for at most FenceWindow.
@@ -34,6 +37,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"runtime"
 	"slices"
 	"strconv"
@@ -107,6 +111,13 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 
 	signals := r.signals
 	superseded := r.w.superseded
+	// Orphans of the command that exit are the runner's to reap.
+	var orphaned chan os.Signal
+	if r.subreaper {
+		orphaned = make(chan os.Signal, 1)
+		signal.Notify(orphaned, syscall.SIGCHLD)
+		defer signal.Stop(orphaned)
+	}
 
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	watchDone := make(chan struct{})
@@ -149,6 +160,8 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 		select {
 		case waitErr = <-exited:
 			commandEnded = true
+		case <-orphaned:
+			r.reapOrphans(pgid)
 		case n := <-r.w.notify:
 			if n.Channel == protocol.CancelChannel && n.Payload == strconv.FormatInt(r.ctx.ID, 10) {
 				stop("cancel requested", protocol.ExitCancelled)
@@ -237,26 +250,6 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 			payload[etlcontext.ErrorFinal] = false
 		}
 		return r.finish(ctx, protocol.ExitFailed, protocol.EventError, payload, nil)
-	}
-}
-
-// stopDescendants kills what remains of the attempt's processes and waits
-// for them to be gone, however long that takes (a process in uninterruptible
-// sleep dies late): the outcome is recorded, and the lock released, only
-// once no process of the attempt is left to meet the next one.
-func (r *runner) stopDescendants(a hostproc.Attempt) {
-	nextReport := time.Now().Add(30 * time.Second)
-	for {
-		pids, err := a.Processes()
-		if err == nil && len(pids) == 0 {
-			return
-		}
-		if time.Now().After(nextReport) {
-			r.logger.Error("processes of the command survive SIGKILL; waiting for them before recording the outcome", "pids", pids, "error", err)
-			nextReport = time.Now().Add(30 * time.Second)
-		}
-		_ = a.Signal(syscall.SIGKILL)
-		time.Sleep(50 * time.Millisecond)
 	}
 }
 

@@ -112,6 +112,11 @@ func Run(ctx context.Context, opts Options) int {
 		opts.Config = opts.Config.WithDefaults()
 	}
 	r := &runner{opts: opts, signals: caught, logger: opts.Logger.With("etl_context_id", opts.ContextID, "run_id", opts.RunID)}
+	if err := hostproc.BecomeSubreaper(); err != nil {
+		r.logger.Warn("the command's processes will be found by reading every process of the host", "error", err)
+	} else {
+		r.subreaper = true
+	}
 	code, err := r.run(ctx)
 	if err != nil {
 		r.logger.Error("taskrunner", "error", err, "exit_code", code)
@@ -146,6 +151,9 @@ type runner struct {
 	w                *writer
 	writerStarted    bool
 	lock             *lockKeeper
+	// subreaper: the runner is its command's subreaper, and finds the
+	// attempt's processes in its own tree (reap.go).
+	subreaper bool
 }
 
 // checkCancel runs first on every new write connection but the first: a

@@ -230,26 +230,21 @@ func TestAReadOnlySpellLosesNothing(t *testing.T) {
 	checkFloodStored(t, w, id, n, 5*time.Minute)
 }
 
-// A process that escaped the attempt (a session and an environment of its
-// own) and keeps writing to the events pipe, faster than the database
-// stores, does not keep the task from ending: once the command's processes
-// are gone, the task process reads no more than the pipe can hold.
+// A process outside the attempt that writes to the events pipe, faster
+// than the database stores, does not keep the task from ending: once the
+// command's processes are gone, the task process reads no more than the
+// pipe can hold. (No process the command starts can be outside the
+// attempt, whatever group or session it moves to: the task process is its
+// subreaper. The writer here is the test itself, which opens the command's
+// pipe through /proc.)
 func TestAnEscapedWriterDoesNotHoldTheTaskOpen(t *testing.T) {
 	env := testenv.New(t)
-	// The writer has escaped once it has a session of its own and no
-	// DAMA_RUN_ID; the command exits then.
-	script := `setsid env -u DAMA_RUN_ID /bin/sh -c 'touch "$0"; exec yes "{\"type\":\"rows\",\"payload\":{\"n\":1}}" >&3' "$1/ready" &
-while [ ! -e "$1/ready" ]; do sleep 0.01; done
-`
-	if err := os.WriteFile(filepath.Join(env.Dir, "leak.sh"), []byte(script), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	cfg := env.WriteConfig(`
 log_dir: {{dir}}/logs
 poll_interval: 500ms
 kinds:
   leaky:
-    command: ["/bin/sh", "{{dir}}/leak.sh", "{{dir}}"]
+    command: ["/bin/sh", "-c", "echo $$ > \"$0/pid\"; while [ ! -e \"$0/go\" ]; do sleep 0.01; done", "{{dir}}"]
     max_attempts: 1
 `)
 	w := &world{Env: env, cfg: cfg}
@@ -259,6 +254,40 @@ kinds:
 		t.Fatalf("submit: %s", res.Stderr)
 	}
 	id := testenv.Atoi(t, res.Stdout)
+	var pid int
+	testenv.Eventually(t, time.Minute, "the command to start", func() (bool, error) {
+		b, err := os.ReadFile(filepath.Join(env.Dir, "pid"))
+		pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+		return pid > 0, err
+	})
+	pipe, err := os.OpenFile(fmt.Sprintf("/proc/%d/fd/3", pid), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		line := []byte(`{"type":"rows","payload":{"n":1}}` + "\n")
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := pipe.Write(line); err != nil {
+				return // the task process closed its end
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		close(stop)
+		pipe.Close()
+		<-stopped
+	})
+	if err := os.WriteFile(filepath.Join(env.Dir, "go"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	got := w.waitSettled(id, 2*time.Minute)
 	if got.Status != etlcontext.StatusDone || got.Attempt != 1 {
 		t.Fatalf("%s at attempt %d, want DONE at attempt 1", got.Status, got.Attempt)
@@ -273,7 +302,7 @@ kinds:
 	}
 	if !said {
 		log, _ := os.ReadFile(filepath.Join(env.Dir, "logs", fmt.Sprintf("%d.log", id)))
-		t.Errorf("no WARNING says that a process that escaped the attempt writes to the pipe; %d events; the task's log:\n%s", len(events), log)
+		t.Errorf("no WARNING says that a process outside the attempt writes to the pipe; %d events; the task's log:\n%s", len(events), log)
 	}
 }
 

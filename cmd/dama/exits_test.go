@@ -1,0 +1,110 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/hostproc"
+	"github.com/dama-etl/dama/internal/testenv"
+)
+
+// A process the command started that left its process group and session
+// and dropped DAMA_RUN_ID (a daemon, double-forked) is still the attempt's:
+// the task process, its subreaper, kills it before it records the outcome,
+// so no process of the attempt outlives the task.
+func TestADaemonOfTheCommandEndsWithTheTask(t *testing.T) {
+	env := testenv.New(t)
+	// The daemon writes its pid, then sleeps; the command exits once the
+	// pid is written.
+	script := `setsid env -u DAMA_RUN_ID /bin/sh -c 'echo $$ > "$0/daemon"; exec sleep 1000' "$0" &
+while [ ! -s "$0/daemon" ]; do sleep 0.01; done`
+	cfg := env.WriteConfig(`
+log_dir: {{dir}}/logs
+poll_interval: 500ms
+kinds:
+  daemonizing:
+    command: ["/bin/sh", "-c", ` + strconv.Quote(script) + `, "{{dir}}"]
+    max_attempts: 1
+`)
+	w := &world{Env: env, cfg: cfg}
+	w.Start(cfg, "supervisor")
+	id := w.submitOf("daemonizing")
+	var daemon int
+	testenv.Eventually(t, time.Minute, "the daemon to start", func() (bool, error) {
+		b, err := os.ReadFile(filepath.Join(env.Dir, "daemon"))
+		daemon, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+		return daemon > 0, err
+	})
+	st, err := hostproc.ReadStat(daemon)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// Only that process: its pid may be another's by now.
+		if now, err := hostproc.ReadStat(daemon); err == nil && now.StartTicks == st.StartTicks {
+			_ = syscall.Kill(daemon, syscall.SIGKILL)
+		}
+	})
+	got := w.waitSettled(id, time.Minute)
+	if got.Status != etlcontext.StatusDone || got.Attempt != 1 {
+		t.Fatalf("%s at attempt %d, want DONE at attempt 1", got.Status, got.Attempt)
+	}
+	// Dead, not a zombie of the task process's (which has exited too).
+	if testenv.Alive(daemon) {
+		t.Errorf("the command's daemon (pid %d, its own session, no DAMA_RUN_ID) outlived the task", daemon)
+	}
+}
+
+// Daemons of the command that exit while it runs are reaped by the task
+// process, their subreaper: a command that starts many leaves no zombies.
+func TestExitedDaemonsOfARunningCommandAreReaped(t *testing.T) {
+	env := testenv.New(t)
+	goFile := filepath.Join(env.Dir, "go")
+	// Twenty daemons of a moment each, orphaned at once (their parent
+	// subshell exits), then the command waits.
+	script := `i=0; while [ $i -lt 20 ]; do (setsid /bin/sh -c 'sleep 0.01' &); i=$((i+1)); done
+touch "$0/started"
+while [ ! -e ` + goFile + ` ]; do sleep 0.05; done`
+	cfg := env.WriteConfig(`
+log_dir: {{dir}}/logs
+poll_interval: 500ms
+kinds:
+  spawner:
+    command: ["/bin/sh", "-c", ` + strconv.Quote(script) + `, "{{dir}}"]
+    max_attempts: 1
+`)
+	w := &world{Env: env, cfg: cfg}
+	w.Start(cfg, "supervisor")
+	id := w.submitOf("spawner")
+	running := w.waitRunning(id)
+	testenv.Eventually(t, time.Minute, "the daemons to start", func() (bool, error) {
+		_, err := os.Stat(filepath.Join(env.Dir, "started"))
+		return err == nil, nil
+	})
+	testenv.Eventually(t, 30*time.Second, "no zombie child of the task process", func() (bool, error) {
+		kids, err := hostproc.Children(*running.PID)
+		if err != nil {
+			return false, err
+		}
+		var zombies []int
+		for _, k := range kids {
+			if st, err := hostproc.ReadStat(k); err == nil && st.Zombie() {
+				zombies = append(zombies, k)
+			}
+		}
+		return len(zombies) == 0, fmt.Errorf("zombies %v", zombies)
+	})
+	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.waitSettled(id, time.Minute); got.Status != etlcontext.StatusDone {
+		t.Errorf("%s, want DONE", got.Status)
+	}
+}

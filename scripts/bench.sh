@@ -17,6 +17,12 @@
 #   DAMA_BENCH_START_DEADLINE (10m) how long all N may take to hold their lock
 # A quick run: DAMA_BENCH_WINDOW=10s DAMA_BENCH_SETTLE=11s scripts/bench.sh scale 10,50 row
 #
+# scripts/bench.sh storage [go test flags]: what chatty tasks store
+# (cmd/dama BenchmarkProgressStorage): 5 tasks reporting progress 50 times a
+# second for DAMA_BENCH_WINDOW (60s), with progress_interval at its default
+# and at 1ms (every line stored), as lines and events per minute and the
+# database's growth.
+#
 # scripts/bench.sh memory [go test flags]: the memory of a running task by
 # kind (cmd/sample-embedded): a function kind's, the sample ETL command's
 # and a bare /bin/sleep's, DAMA_BENCH_TASKS (20) of each side by side, as
@@ -46,6 +52,12 @@ if [ "${1:-}" = scale ]; then
 fi
 
 dama_pg_use TEST_DATABASE_URL
+
+if [ "${1:-}" = storage ]; then
+	shift
+	echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(free -g | awk '/Mem:/ {print $2}') GB; $(go version); $(psql "$TEST_DATABASE_URL" -AtqX -c 'SHOW server_version')"
+	exec go test -run '^$' -bench ProgressStorage -benchtime 1x -count=1 -timeout 30m "$@" ./cmd/dama
+fi
 
 if [ "${1:-}" = memory ]; then
 	shift

@@ -1,0 +1,107 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dama-etl/dama/internal/testenv"
+)
+
+// BenchmarkProgressStorage measures what chatty tasks store (docs/performance.md
+// "Storage"): 5 tasks each reporting progress 50 times a second for
+// DAMA_BENCH_WINDOW (60s), with progress_interval at its default (10s) and,
+// as the baseline, at 1ms (every line stored, as before sampling). It
+// reports the lines reported and the events stored per minute, and the
+// database's growth. Run it with scripts/bench.sh storage.
+func BenchmarkProgressStorage(b *testing.B) {
+	window := time.Minute
+	if v := os.Getenv("DAMA_BENCH_WINDOW"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			b.Fatalf("DAMA_BENCH_WINDOW: %v", err)
+		}
+		window = d
+	}
+	for _, interval := range []string{"10s", "1ms"} {
+		b.Run("progress_interval="+interval, func(b *testing.B) {
+			for range b.N {
+				measureStorage(b, interval, window)
+			}
+		})
+	}
+}
+
+func measureStorage(b *testing.B, interval string, window time.Duration) {
+	const tasks = 5
+	env := testenv.New(b)
+	goFile := filepath.Join(env.Dir, "go")
+	// 50 lines a second, each 20 ms apart, until goFile exists; then the
+	// count of lines written goes to lines-<id>.
+	script := `i=0; while [ ! -e ` + goFile + ` ]; do
+  i=$((i+1)); printf '{"type":"progress","payload":{"step":%d,"of":1000000}}\n' $i >&3; sleep 0.02
+done
+echo $i > "$0/lines-$DAMA_ETL_CONTEXT_ID"`
+	cfg := env.WriteConfig(`
+log_dir: {{dir}}/logs
+poll_interval: 500ms
+progress_interval: ` + interval + `
+queues:
+  default: { max_running: 10 }
+kinds:
+  chatty:
+    command: ["/bin/sh", "-c", ` + strconv.Quote(script) + `, "{{dir}}"]
+`)
+	w := &world{Env: env, cfg: cfg}
+	w.Start(cfg, "supervisor")
+	ctx := context.Background()
+	size := func() int64 {
+		var n int64
+		if err := env.Pool.QueryRow(ctx, `SELECT pg_database_size(current_database())`).Scan(&n); err != nil {
+			b.Fatal(err)
+		}
+		return n
+	}
+	// From before the first submission: the lines and events counted are
+	// the tasks' whole lives'.
+	before, start := size(), time.Now()
+	b.ResetTimer()
+	var ids []int64
+	for range tasks {
+		ids = append(ids, w.submitOf("chatty"))
+	}
+	for _, id := range ids {
+		w.waitRunning(id)
+	}
+	// The window is what is measured, not a wait for a condition.
+	time.Sleep(window)
+	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
+		b.Fatal(err)
+	}
+	ran := time.Since(start)
+	b.StopTimer()
+	var lines int64
+	for _, id := range ids {
+		w.waitSettled(id, time.Minute)
+		data, err := os.ReadFile(filepath.Join(env.Dir, fmt.Sprintf("lines-%d", id)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		n, _ := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
+		lines += n
+	}
+	var events int64
+	if err := env.Pool.QueryRow(ctx, `SELECT count(*) FROM data_manager.event_store WHERE type = 'chatty:PROGRESS'`).Scan(&events); err != nil {
+		b.Fatal(err)
+	}
+	perMin := func(n int64) float64 { return float64(n) / ran.Minutes() }
+	b.ReportMetric(perMin(lines), "lines/min")
+	b.ReportMetric(perMin(events), "events/min")
+	b.ReportMetric(float64(size()-before)/(1<<20)/ran.Minutes(), "MB/min")
+	b.Logf("progress_interval %s: %d tasks reported %d progress lines in %s; %d PROGRESS events stored", interval, tasks, lines, ran.Round(time.Second), events)
+}

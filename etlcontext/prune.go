@@ -2,16 +2,12 @@ package etlcontext
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 )
-
-// pruningSetting is the transaction setting by which Prune tells the
-// database that it removes finished tasks' events (migration 22): nothing
-// else may delete an event.
-const pruningSetting = "dama.pruning"
 
 // Pruned counts what one Prune removed.
 type Pruned struct {
@@ -23,73 +19,182 @@ func (p Pruned) Add(o Pruned) Pruned {
 	return Pruned{Tasks: p.Tasks + o.Tasks, Events: p.Events + o.Events, Attempts: p.Attempts + o.Attempts, Jobs: p.Jobs + o.Jobs}
 }
 
-// Prune removes, in one short transaction, up to limit tasks that finished
-// more than olderThan ago, by the database's clock, and have no child left, oldest first, with their events,
-// attempts and River job (when it is finalized; jobs an earlier dama retry
-// left are River's cleaner's). A task that is running, waiting or to be
-// retried is never removed, nor a parent while any of its children is
-// kept: the children go first, and their parent with a later call. Tasks
-// another Prune holds are skipped, so that supervisors prune side by side.
-// Call it until it removes fewer than limit.
-func Prune(ctx context.Context, db Beginner, olderThan time.Duration, limit int) (Pruned, error) {
-	var p Pruned
+// PruneLimits bound what one transaction of Prune removes, so that each
+// is short and locks few rows (a task stored before progress was sampled
+// may hold hundreds of thousands of events). A tree larger than either is
+// removed alone.
+type PruneLimits struct {
+	// Tasks bounds the tasks; default 500 (0 means the default).
+	Tasks int
+	// Events bounds their events; default 50,000 (0 means the default).
+	Events int64
+}
+
+// pruneCursor is where the last transaction of Prune stopped, in the order
+// of the roots: their end, then their id.
+type pruneCursor struct {
+	at time.Time
+	id int64
+}
+
+// Prune removes whole trees of finished tasks: a task with no parent and
+// every task below it, each finished more than olderThan ago by the
+// database's clock and with its River job settled (finalized, or gone),
+// oldest first, with their events, attempts and jobs, in transactions of
+// at most limits (but a tree whatever its size). A task that is not
+// finished, or whose tree is not, is never removed, so that a parent still
+// counts its children and a retried parent finds the children it
+// submitted. Trees another Prune holds are skipped, so that supervisors
+// prune side by side. The removal itself is data_manager.remove_tasks
+// (migration 23), which refuses anything but whole finished trees. Prune
+// returns what it removed, also when ctx ends or an error stops it.
+func Prune(ctx context.Context, db Beginner, olderThan time.Duration, limits PruneLimits) (Pruned, error) {
+	if limits.Tasks <= 0 {
+		limits.Tasks = 500
+	}
+	if limits.Events <= 0 {
+		limits.Events = 50000
+	}
+	var may bool
+	if err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, `SELECT has_function_privilege('data_manager.remove_tasks(bigint[])', 'EXECUTE')`).Scan(&may)
+	}); err != nil {
+		return Pruned{}, fmt.Errorf("read whether this role may remove tasks: %w", err)
+	}
+	if !may {
+		return Pruned{}, errors.New("this role may not remove tasks: it takes dama_supervisor (EXECUTE on data_manager.remove_tasks)")
+	}
+	var (
+		total Pruned
+		after *pruneCursor
+	)
+	for {
+		p, next, err := pruneOnce(ctx, db, olderThan, limits, after)
+		total = total.Add(p)
+		if err != nil || next == nil {
+			return total, err
+		}
+		after = next
+	}
+}
+
+// pruneOnce is one transaction of Prune, from the roots after after; it
+// returns where it stopped, nil when no root was left.
+func pruneOnce(ctx context.Context, db Beginner, olderThan time.Duration, limits PruneLimits, after *pruneCursor) (Pruned, *pruneCursor, error) {
+	var (
+		p    Pruned
+		next *pruneCursor
+	)
+	afterAt, afterID := time.Time{}, int64(0)
+	if after != nil {
+		afterAt, afterID = after.at, after.id
+	}
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		var ids, jobs []int64
-		// Locked, and so checked again once locked: a task retried or
-		// given a child meanwhile is no longer one to remove.
+		// Roots, locked: a root retried or given a child meanwhile is read
+		// again once locked.
+		type root struct {
+			id int64
+			at time.Time
+		}
 		rows, err := tx.Query(ctx, `
-			SELECT c.etl_context_id, c.river_job_id
+			SELECT c.etl_context_id, c.finished_at
 			  FROM data_manager.etl_contexts AS c
-			 WHERE c.finished_at < now() - make_interval(secs => $1) AND c.etl_status IN `+sqlFinished+`
-			   AND NOT EXISTS (SELECT 1 FROM data_manager.etl_contexts AS k WHERE k.parent_context_id = c.etl_context_id)
-			 ORDER BY c.finished_at
+			  LEFT JOIN river_job AS j ON j.id = c.river_job_id
+			 WHERE c.parent_context_id IS NULL
+			   AND c.finished_at < now() - make_interval(secs => $1) AND c.etl_status IN `+sqlFinished+`
+			   AND (c.finished_at, c.etl_context_id) > ($3, $4)
+			   AND (j.id IS NULL OR j.state IN `+jobFinalized+`)
+			 ORDER BY c.finished_at, c.etl_context_id
 			 LIMIT $2
-			   FOR UPDATE OF c SKIP LOCKED`, olderThan.Seconds(), limit)
+			   FOR UPDATE OF c SKIP LOCKED`, olderThan.Seconds(), limits.Tasks, afterAt, afterID)
 		if err != nil {
 			return fmt.Errorf("find finished tasks to remove: %w", err)
 		}
-		for rows.Next() {
-			var id int64
-			var job *int64
-			if err := rows.Scan(&id, &job); err != nil {
-				rows.Close()
-				return fmt.Errorf("find finished tasks to remove: %w", err)
-			}
-			ids = append(ids, id)
-			if job != nil {
-				jobs = append(jobs, *job)
-			}
-		}
-		if err := rows.Err(); err != nil {
+		roots, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (root, error) {
+			var r root
+			err := row.Scan(&r.id, &r.at)
+			return r, err
+		})
+		if err != nil {
 			return fmt.Errorf("find finished tasks to remove: %w", err)
 		}
-		if len(ids) == 0 {
+		if len(roots) == 0 {
 			return nil
 		}
-		if _, err := tx.Exec(ctx, `SELECT set_config($1, 'on', true)`, pruningSetting); err != nil {
-			return fmt.Errorf("remove finished tasks: %w", err)
+		ids := make([]int64, len(roots))
+		for i, r := range roots {
+			ids[i] = r.id
 		}
-		for _, step := range []struct {
-			n    *int64
-			what string
-			sql  string
-			arg  []int64
-		}{
-			{&p.Events, "events", `DELETE FROM data_manager.event_store WHERE etl_context_id = ANY($1)`, ids},
-			{&p.Attempts, "attempts", `DELETE FROM data_manager.etl_attempts WHERE etl_context_id = ANY($1)`, ids},
-			{&p.Jobs, "River jobs", `DELETE FROM river_job WHERE id = ANY($1) AND state IN ` + jobFinalized, jobs},
-			{&p.Tasks, "contexts", `DELETE FROM data_manager.etl_contexts WHERE etl_context_id = ANY($1)`, ids},
-		} {
-			tag, err := tx.Exec(ctx, step.sql, step.arg)
-			if err != nil {
-				return fmt.Errorf("remove the %s of %d finished tasks: %w", step.what, len(ids), err)
+		// Each root's tree, whole, with what it weighs: a tree with a
+		// member not finished long enough ago, or whose job is not settled,
+		// is left.
+		rows, err = tx.Query(ctx, `
+			WITH RECURSIVE tree AS (
+			    SELECT r AS root, r AS id FROM unnest($1::bigint[]) AS r
+			    UNION ALL
+			    SELECT t.root, k.etl_context_id FROM tree AS t
+			      JOIN data_manager.etl_contexts AS k ON k.parent_context_id = t.id),
+			weighed AS (
+			    SELECT t.root, array_agg(t.id) AS members,
+			           array_agg(c.river_job_id) FILTER (WHERE c.river_job_id IS NOT NULL) AS jobs,
+			           bool_and(c.etl_status IN `+sqlFinished+` AND c.finished_at < now() - make_interval(secs => $2)
+			                    AND (c.river_job_id IS NULL OR j.id IS NULL OR j.state IN `+jobFinalized+`)) AS removable
+			      FROM tree AS t
+			      JOIN data_manager.etl_contexts AS c ON c.etl_context_id = t.id
+			      LEFT JOIN river_job AS j ON j.id = c.river_job_id
+			     GROUP BY t.root)
+			SELECT w.root, w.members, coalesce(w.jobs, '{}'), w.removable,
+			       (SELECT count(*) FROM data_manager.event_store AS e WHERE e.etl_context_id = ANY(w.members))
+			  FROM weighed AS w
+			 ORDER BY array_position($1::bigint[], w.root)`, ids, olderThan.Seconds())
+		if err != nil {
+			return fmt.Errorf("read the trees of finished tasks to remove: %w", err)
+		}
+		var (
+			remove, jobs []int64
+			events       int64
+			decided      int
+		)
+		for rows.Next() {
+			var (
+				r           int64
+				members, js []int64
+				removable   bool
+				treeEvents  int64
+			)
+			if err := rows.Scan(&r, &members, &js, &removable, &treeEvents); err != nil {
+				rows.Close()
+				return fmt.Errorf("read the trees of finished tasks to remove: %w", err)
 			}
-			*step.n = tag.RowsAffected()
+			if removable {
+				if len(remove) > 0 && (len(remove)+len(members) > limits.Tasks || events+treeEvents > limits.Events) {
+					break
+				}
+				remove, jobs, events = append(remove, members...), append(jobs, js...), events+treeEvents
+			}
+			decided++
 		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("read the trees of finished tasks to remove: %w", err)
+		}
+		last := roots[decided-1]
+		next = &pruneCursor{at: last.at, id: last.id}
+		if len(remove) == 0 {
+			return nil
+		}
+		if err := tx.QueryRow(ctx, `SELECT tasks, events, attempts FROM data_manager.remove_tasks($1)`, remove).Scan(&p.Tasks, &p.Events, &p.Attempts); err != nil {
+			return fmt.Errorf("remove %d finished tasks: %w", len(remove), classify(err))
+		}
+		tag, err := tx.Exec(ctx, `DELETE FROM river_job WHERE id = ANY($1) AND state IN `+jobFinalized, jobs)
+		if err != nil {
+			return fmt.Errorf("remove the River jobs of %d finished tasks: %w", len(remove), err)
+		}
+		p.Jobs = tag.RowsAffected()
 		return nil
 	})
 	if err != nil {
-		return Pruned{}, err
+		return Pruned{}, nil, err
 	}
-	return p, nil
+	return p, next, nil
 }

@@ -10,10 +10,11 @@ import (
 	"github.com/dama-etl/dama/internal/testenv"
 )
 
-// Prune removes finished tasks older than its cutoff with everything of
-// theirs, and nothing else: not a running task, not a finished one
-// younger than the cutoff, not a parent while it has a child left.
-func TestPruneRemovesOnlyOldFinishedTasks(t *testing.T) {
+// Prune removes whole trees of finished tasks older than its cutoff with
+// everything of theirs, and nothing else: not a running task, not a
+// finished one younger than the cutoff, not a finished parent while a child
+// of it runs, nor a finished child while its parent runs.
+func TestPruneRemovesOnlyOldFinishedTrees(t *testing.T) {
 	env := testenv.New(t)
 	ctx := context.Background()
 	finish := func(id int64) {
@@ -40,13 +41,19 @@ func TestPruneRemovesOnlyOldFinishedTasks(t *testing.T) {
 	running := newContext(t, env, 1)
 	startAttempt(t, env, running)
 	queued := newContext(t, env, 1)
-	// A finished parent with a running child, and one whose child is done.
-	parentOfRunning, parentOfDone := newContext(t, env, 1), newContext(t, env, 1)
+	// A finished parent with a running child; one whose children are done
+	// (one of them with a child of its own); a running parent whose child
+	// is done.
+	parentOfRunning, parentOfDone, runningParent := newContext(t, env, 1), newContext(t, env, 1), newContext(t, env, 1)
 	finish(parentOfRunning)
 	finish(parentOfDone)
-	runningChild, doneChild := child(parentOfRunning), child(parentOfDone)
+	startAttempt(t, env, runningParent)
+	runningChild, doneChild, childOfRunning := child(parentOfRunning), child(parentOfDone), child(runningParent)
+	doneGrandchild := child(doneChild)
 	startAttempt(t, env, runningChild)
 	finish(doneChild)
+	finish(doneGrandchild)
+	finish(childOfRunning)
 	// Those are older than olderThan once the database's clock says so;
 	// the next is younger.
 	const olderThan = 2 * time.Second
@@ -58,18 +65,10 @@ func TestPruneRemovesOnlyOldFinishedTasks(t *testing.T) {
 	young := newContext(t, env, 1)
 	finish(young)
 
-	var total etlcontext.Pruned
-	for {
-		// Two at a time: the parent of the done child goes once its child
-		// went, in a later call.
-		p, err := etlcontext.Prune(ctx, env.Pool, olderThan, 2)
-		if err != nil {
-			t.Fatal(err)
-		}
-		total = total.Add(p)
-		if p.Tasks < 2 {
-			break
-		}
+	// Two tasks a transaction: the tree of three goes alone.
+	total, err := etlcontext.Prune(ctx, env.Pool, olderThan, etlcontext.PruneLimits{Tasks: 2})
+	if err != nil {
+		t.Fatal(err)
 	}
 	var left []int64
 	rows, err := env.Pool.Query(ctx, `SELECT etl_context_id FROM data_manager.etl_contexts ORDER BY 1`)
@@ -83,14 +82,14 @@ func TestPruneRemovesOnlyOldFinishedTasks(t *testing.T) {
 		}
 		left = append(left, id)
 	}
-	want := []int64{running, queued, parentOfRunning, runningChild, young}
+	want := []int64{running, queued, parentOfRunning, runningParent, runningChild, childOfRunning, young}
 	slices.Sort(want)
 	if !slices.Equal(left, want) {
-		t.Errorf("contexts left %v, want %v (running, queued, the parent of a running child and its child, the young)", left, want)
+		t.Errorf("contexts left %v, want %v (running, queued, the trees with a running member, the young)", left, want)
 	}
-	// Each removed task had INITIAL, PROGRESS and FINAL, and one attempt.
-	if total.Tasks != 5 || total.Events != 15 {
-		t.Errorf("pruned %+v, want 5 tasks and their 15 events", total)
+	// Each removed task had INITIAL, PROGRESS and FINAL.
+	if total.Tasks != 6 || total.Events != 18 {
+		t.Errorf("pruned %+v, want 6 tasks and their 18 events", total)
 	}
 	var orphans int
 	if err := env.Pool.QueryRow(ctx, `
@@ -102,11 +101,7 @@ func TestPruneRemovesOnlyOldFinishedTasks(t *testing.T) {
 		t.Errorf("%d events or attempts left of removed tasks", orphans)
 	}
 	// Outside Prune, events are still never deleted, a finished task's
-	// neither.
-	if _, err := env.Pool.Exec(ctx, `DELETE FROM data_manager.event_store WHERE etl_context_id = $1`, young); err == nil {
-		t.Error("a plain DELETE of a finished task's events was accepted")
-	}
-	// Nor, with the setting, a running task's.
+	// neither, even with the setting remove_tasks uses.
 	tx, err := env.Pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -117,5 +112,11 @@ func TestPruneRemovesOnlyOldFinishedTasks(t *testing.T) {
 	}
 	if _, err := tx.Exec(ctx, `DELETE FROM data_manager.event_store WHERE etl_context_id = $1`, running); err == nil {
 		t.Error("a running task's events were deleted")
+	}
+	// remove_tasks itself refuses a part of a tree, or a running task.
+	for _, ids := range [][]int64{{childOfRunning}, {runningChild}, {parentOfRunning}} {
+		if _, err := env.Pool.Exec(ctx, `SELECT data_manager.remove_tasks($1)`, ids); err == nil {
+			t.Errorf("remove_tasks(%v) was accepted", ids)
+		}
 	}
 }

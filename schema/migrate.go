@@ -242,8 +242,10 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error
 		}
 		file := partial.Failed.Source.Path
 		var pgErr *pgconn.PgError
-		// lock_not_available: lock_timeout ran out.
-		if !errors.As(partial.Err, &pgErr) || pgErr.Code != "55P03" {
+		// lock_not_available: lock_timeout ran out; deadlock_detected: a
+		// reader took the migration's locks in the other order, and was
+		// let through.
+		if !errors.As(partial.Err, &pgErr) || (pgErr.Code != "55P03" && pgErr.Code != "40P01") {
 			return fmt.Errorf("apply dama migration %s: %w", file, partial.Err)
 		}
 		if try < lockTries {

@@ -73,6 +73,9 @@ type right struct {
 	// the schema Name.
 	tables []string
 	river  bool
+	// except are tables of the schema a right on every table leaves out:
+	// a revocation that follows it takes their right away.
+	except []string
 	// functions are dama's functions (in the schema Name), by their signatures.
 	functions []string
 	// revoke takes the privileges away instead: a right a role must not
@@ -147,9 +150,15 @@ func rights() []right {
 		// River inserts with ON CONFLICT ... DO UPDATE SET kind.
 		{roles: []string{RoleTask}, privileges: []string{"SELECT", "INSERT"}, tables: []string{"river_job"}, river: true},
 		{roles: []string{RoleTask}, privileges: []string{"UPDATE"}, columns: []string{"kind"}, tables: []string{"river_job"}, river: true},
-		// A supervisor reads and writes every table, and alters none.
-		{roles: []string{RoleSupervisor}, privileges: []string{"SELECT", "INSERT", "UPDATE", "DELETE"}},
+		// A supervisor reads and writes every table, and alters none. It
+		// deletes no event: finished tasks are removed, their events with
+		// them, by remove_tasks (migration 23), which only it may call.
+		{roles: []string{RoleSupervisor}, privileges: []string{"SELECT", "INSERT", "UPDATE", "DELETE"}, except: []string{"event_store"}},
+		{roles: []string{RoleSupervisor}, privileges: []string{"DELETE"}, tables: []string{"event_store"}, revoke: true},
+		{roles: []string{RoleSupervisor}, privileges: []string{"SELECT", "INSERT", "UPDATE"}, tables: []string{"event_store"}},
 		{roles: []string{RoleSupervisor}, privileges: []string{"SELECT", "INSERT", "UPDATE", "DELETE"}, tables: riverTables(), river: true},
+		{roles: []string{"PUBLIC", RoleReader, RoleOperator, RoleTask}, privileges: []string{"EXECUTE"}, functions: []string{"remove_tasks(bigint[])"}, revoke: true},
+		{roles: []string{RoleSupervisor}, privileges: []string{"EXECUTE"}, functions: []string{"remove_tasks(bigint[])"}},
 	}
 }
 
@@ -331,7 +340,9 @@ func CheckRoles(ctx context.Context, pool *pgxpool.Pool) error {
 		case len(r.functions) > 0:
 			kind, objs = "function", strings.Split(qualified(r.functions), ", ")
 		case len(objs) == 0:
-			objs = schemaTables
+			objs = slices.DeleteFunc(slices.Clone(schemaTables), func(t string) bool {
+				return slices.Contains(strings.Split(qualified(r.except), ", "), t)
+			})
 		case !r.river:
 			objs = strings.Split(qualified(objs), ", ")
 		}

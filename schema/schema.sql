@@ -265,11 +265,11 @@ BEGIN
         IF OLD.run_id IS NULL AND OLD.river_job_id IS NULL AND NEW.run_id IS NULL AND own_job
            AND (NEW.host, NEW.pid, NEW.process_started_at, NEW.heartbeat_at, NEW.log_path, NEW.host_id, NEW.runner_start_ticks,
                 NEW.fence_window, NEW.lock_lost_at, NEW.lock_mode, NEW.runner_release, NEW.runner_protocol,
-                NEW.command_pgid, NEW.command_start_ticks)
+                NEW.command_pgid, NEW.command_start_ticks, NEW.progress, NEW.progress_at)
                IS NOT DISTINCT FROM
                (OLD.host, OLD.pid, OLD.process_started_at, OLD.heartbeat_at, OLD.log_path, OLD.host_id, OLD.runner_start_ticks,
                 OLD.fence_window, OLD.lock_lost_at, OLD.lock_mode, OLD.runner_release, OLD.runner_protocol,
-                OLD.command_pgid, OLD.command_start_ticks)
+                OLD.command_pgid, OLD.command_start_ticks, OLD.progress, OLD.progress_at)
            AND data_manager.holds_key_of(OLD.parent_context_id) THEN
             RETURN NEW;
         END IF;
@@ -282,11 +282,11 @@ BEGIN
        AND (NEW.river_job_id IS NOT DISTINCT FROM OLD.river_job_id OR (OLD.etl_status <> 'RUNNING' AND own_job))
        AND (NEW.host, NEW.pid, NEW.process_started_at, NEW.heartbeat_at, NEW.log_path, NEW.host_id, NEW.runner_start_ticks,
             NEW.fence_window, NEW.lock_lost_at, NEW.lock_mode, NEW.runner_release, NEW.runner_protocol,
-            NEW.command_pgid, NEW.command_start_ticks)
+            NEW.command_pgid, NEW.command_start_ticks, NEW.progress, NEW.progress_at)
            IS NOT DISTINCT FROM
            (OLD.host, OLD.pid, OLD.process_started_at, OLD.heartbeat_at, OLD.log_path, OLD.host_id, OLD.runner_start_ticks,
             OLD.fence_window, OLD.lock_lost_at, OLD.lock_mode, OLD.runner_release, OLD.runner_protocol,
-            OLD.command_pgid, OLD.command_start_ticks) THEN
+            OLD.command_pgid, OLD.command_start_ticks, OLD.progress, OLD.progress_at) THEN
         RETURN NEW;
     END IF;
     RAISE EXCEPTION 'a member of dama_operator may not make this change to etl context %', OLD.etl_context_id
@@ -697,6 +697,43 @@ $$;
 
 
 --
+-- Name: remove_tasks(bigint[]); Type: FUNCTION; Schema: data_manager; Owner: -
+--
+
+CREATE FUNCTION data_manager.remove_tasks(ids bigint[], OUT tasks bigint, OUT events bigint, OUT attempts bigint) RETURNS record
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'data_manager', 'pg_temp'
+    AS $$
+DECLARE
+    bad bigint;
+BEGIN
+    -- Locked in one order, so that two callers never wait for each other.
+    PERFORM 1 FROM data_manager.etl_contexts WHERE etl_context_id = ANY(ids) ORDER BY etl_context_id FOR UPDATE;
+    SELECT c.etl_context_id INTO bad
+      FROM data_manager.etl_contexts AS c
+     WHERE c.etl_context_id = ANY(ids)
+       AND (NOT data_manager.is_finished(c.etl_status)
+            OR (c.parent_context_id IS NOT NULL AND c.parent_context_id <> ALL(ids))
+            OR EXISTS (SELECT 1 FROM data_manager.etl_contexts AS k
+                        WHERE k.parent_context_id = c.etl_context_id AND k.etl_context_id <> ALL(ids)))
+     LIMIT 1;
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'etl context % is not a finished task removed with its whole tree', bad
+            USING ERRCODE = 'DMPRU';
+    END IF;
+    PERFORM set_config('dama.pruning', 'on', true);
+    DELETE FROM data_manager.event_store WHERE etl_context_id = ANY(ids);
+    GET DIAGNOSTICS events = ROW_COUNT;
+    DELETE FROM data_manager.etl_attempts WHERE etl_context_id = ANY(ids);
+    GET DIAGNOSTICS attempts = ROW_COUNT;
+    DELETE FROM data_manager.etl_contexts WHERE etl_context_id = ANY(ids);
+    GET DIAGNOSTICS tasks = ROW_COUNT;
+    PERFORM set_config('dama.pruning', 'off', true);
+END
+$$;
+
+
+--
 -- Name: river_job_held_to_its_run(); Type: FUNCTION; Schema: data_manager; Owner: -
 --
 
@@ -1077,7 +1114,14 @@ CREATE VIEW data_manager.dama_task_queue AS
     c.heartbeat_at,
     le.type AS latest_event_type,
     le.created_at AS latest_event_at,
-    c.progress,
+        CASE
+            WHEN (c.progress_at IS NOT NULL) THEN c.progress
+            ELSE ( SELECT e.payload
+               FROM data_manager.event_store e
+              WHERE ((e.etl_context_id = c.etl_context_id) AND (e.type = (c.kind || ':PROGRESS'::text)))
+              ORDER BY e.event_id DESC
+             LIMIT 1)
+        END AS progress,
     (h.etl_context_id IS NOT NULL) AS initial_event_locked,
     c.river_job_id,
     c.run_id,
@@ -1812,6 +1856,14 @@ GRANT ALL ON FUNCTION data_manager.refuse_to_held(what text) TO dama_supervisor;
 
 
 --
+-- Name: FUNCTION remove_tasks(ids bigint[], OUT tasks bigint, OUT events bigint, OUT attempts bigint); Type: ACL; Schema: data_manager; Owner: -
+--
+
+REVOKE ALL ON FUNCTION data_manager.remove_tasks(ids bigint[], OUT tasks bigint, OUT events bigint, OUT attempts bigint) FROM PUBLIC;
+GRANT ALL ON FUNCTION data_manager.remove_tasks(ids bigint[], OUT tasks bigint, OUT events bigint, OUT attempts bigint) TO dama_supervisor;
+
+
+--
 -- Name: FUNCTION submitted_by_key_holder(id bigint); Type: ACL; Schema: data_manager; Owner: -
 --
 
@@ -2085,7 +2137,7 @@ GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE data_manager.dama_schedules TO dama_s
 GRANT SELECT ON TABLE data_manager.event_store TO dama_reader;
 GRANT SELECT ON TABLE data_manager.event_store TO dama_operator;
 GRANT SELECT ON TABLE data_manager.event_store TO dama_task;
-GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE data_manager.event_store TO dama_supervisor;
+GRANT SELECT,INSERT,UPDATE ON TABLE data_manager.event_store TO dama_supervisor;
 
 
 --

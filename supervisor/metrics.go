@@ -113,7 +113,7 @@ func (m *metrics) zero(cfg *config.Config) {
 			m.tasksFinished.WithLabelValues(k.Queue, name, string(st))
 		}
 	}
-	for _, what := range prunedWhat {
+	for _, what := range prunedWhat() {
 		m.pruned.WithLabelValues(what)
 	}
 	for _, conn := range []string{"liveness", "listener"} {

@@ -8,13 +8,8 @@ import (
 	"github.com/dama-etl/dama/etlcontext"
 )
 
-// pruneBatch bounds the tasks one transaction of the retention removes:
-// each transaction is short and locks few rows, so that it never holds up
-// the tasks running beside it.
-const pruneBatch = 500
-
 // prunedWhat are the values of dama_pruned_total's label.
-var prunedWhat = []string{"tasks", "events", "attempts", "jobs"}
+func prunedWhat() []string { return []string{"tasks", "events", "attempts", "jobs"} }
 
 // pruneEvery is how often a supervisor removes the finished tasks older
 // than retention: a quarter of it, within the poll interval and an hour,
@@ -47,32 +42,26 @@ func (s *Supervisor) pruneLoop(ctx context.Context) {
 	}
 }
 
-// prune removes, batch after batch, the finished tasks older than
-// retention, and returns what it removed.
+// prune removes the finished tasks older than retention, and returns what
+// it removed.
 func (s *Supervisor) prune(ctx context.Context) (etlcontext.Pruned, error) {
-	var total etlcontext.Pruned
-	for ctx.Err() == nil {
-		p, err := etlcontext.Prune(ctx, s.pool, s.cfg.Retention, pruneBatch)
-		total = total.Add(p)
-		for what, n := range map[string]int64{"tasks": p.Tasks, "events": p.Events, "attempts": p.Attempts, "jobs": p.Jobs} {
-			s.metrics.pruned.WithLabelValues(what).Add(float64(n))
-		}
-		if err != nil || p.Tasks < pruneBatch {
-			return total, err
-		}
+	p, err := etlcontext.Prune(ctx, s.pool, s.cfg.Retention, etlcontext.PruneLimits{})
+	for what, n := range map[string]int64{"tasks": p.Tasks, "events": p.Events, "attempts": p.Attempts, "jobs": p.Jobs} {
+		s.metrics.pruned.WithLabelValues(what).Add(float64(n))
 	}
-	return total, ctx.Err()
+	return p, err
 }
 
 // jobRetention is how long River's cleaner is to keep finalized jobs that
-// it keeps riverDefault by default: past the configuration's retention
-// and a pruneEvery, so that a finished task's job goes with the task
-// rather than before it (the view's job columns would go blank), and
-// forever (-1) when every task is kept. The cleaner of another program's
-// River client on the same tables keeps its own periods.
+// it keeps riverDefault by default: past the configuration's retention and
+// a pruneEvery, so that a finished task's job goes with the task rather
+// than before it (the view's job columns would go blank). With every task
+// kept (a negative retention) River's defaults apply, as before retention.
+// River's cleaner runs on its elected leader, with the leader's periods,
+// for every job of the database.
 func jobRetention(cfg *config.Config, riverDefault time.Duration) time.Duration {
 	if cfg.Retention < 0 {
-		return -1
+		return riverDefault
 	}
 	return max(riverDefault, cfg.Retention+pruneEvery(cfg.Retention, cfg.PollInterval))
 }

@@ -3,6 +3,7 @@ package taskrunner
 import (
 	"errors"
 	"os"
+	"slices"
 	"syscall"
 	"time"
 
@@ -21,16 +22,19 @@ import (
 // stopDescendants kills what remains of the attempt's processes and waits
 // for them to be gone, however long that takes (a process in uninterruptible
 // sleep dies late): the outcome is recorded, and the lock released, only
-// once no process of the attempt is left to meet the next one.
+// once no process of the attempt is left to meet the next one. A process
+// the runner may not signal (another user's: a setuid program the command
+// ran) is said once and not waited for.
 func (r *runner) stopDescendants(a hostproc.Attempt) {
 	nextReport := time.Now().Add(30 * time.Second)
+	unkillable := map[int]bool{}
 	for {
 		var (
 			pids []int
 			err  error
 		)
 		if r.subreaper {
-			pids, err = r.killTree()
+			pids, err = r.killTree(unkillable)
 		} else {
 			if pids, err = a.Processes(); len(pids) > 0 {
 				_ = a.Signal(syscall.SIGKILL)
@@ -48,10 +52,12 @@ func (r *runner) stopDescendants(a hostproc.Attempt) {
 }
 
 // killTree reaps the runner's exited children, sends SIGKILL to each live
-// process below the runner, and returns those it found alive.
-func (r *runner) killTree() ([]int, error) {
+// process below the runner but those in unkillable (to which it adds those
+// it may not signal), and returns the runner's children left: once the
+// command is reaped, the runner, their subreaper, has a child for as long
+// as any process of the attempt lives (but below one it may not signal).
+func (r *runner) killTree(unkillable map[int]bool) ([]int, error) {
 	tree, err := hostproc.Descendants(os.Getpid())
-	var live []int
 	for _, st := range tree {
 		if st.Zombie() {
 			// Only a child of the runner's can be reaped here; a deeper one
@@ -59,10 +65,17 @@ func (r *runner) killTree() ([]int, error) {
 			_, _ = unix.Wait4(st.PID, nil, unix.WNOHANG, nil)
 			continue
 		}
-		live = append(live, st.PID)
-		signalExactly(st, syscall.SIGKILL)
+		if unkillable[st.PID] {
+			continue
+		}
+		if serr := signalExactly(st, syscall.SIGKILL); errors.Is(serr, unix.EPERM) {
+			unkillable[st.PID] = true
+			r.logger.Warn("a process of the command may not be signalled (another user's): it is left running", "pid", st.PID)
+		}
 	}
-	return live, err
+	kids, kerr := hostproc.Children(os.Getpid())
+	kids = slices.DeleteFunc(kids, func(pid int) bool { return unkillable[pid] })
+	return kids, errors.Join(err, kerr)
 }
 
 // reapOrphans reaps the runner's exited children but skip (the command,
@@ -87,22 +100,43 @@ func (r *runner) reapOrphans(skip int) {
 // signalExactly sends sig to the process st names, and to no other: a pid
 // reused since st was read (its process reaped by its parent, a descendant
 // of the runner's) has another start time. A pidfd holds the process from
-// before that check on; a kernel without pidfds (before 5.3) gets a plain
-// kill after it.
-func signalExactly(st hostproc.Stat, sig syscall.Signal) {
+// before that check on; where pidfds are refused (a kernel before 5.3, a
+// seccomp filter) a plain kill follows the check. It returns the signal's
+// error; a process gone is none.
+func signalExactly(st hostproc.Stat, sig syscall.Signal) error {
+	same := func() bool {
+		now, err := hostproc.ReadStat(st.PID)
+		return err == nil && now.StartTicks == st.StartTicks
+	}
 	fd, err := unix.PidfdOpen(st.PID, 0)
-	if errors.Is(err, unix.ENOSYS) {
-		if now, err := hostproc.ReadStat(st.PID); err == nil && now.StartTicks == st.StartTicks {
-			_ = syscall.Kill(st.PID, sig)
+	if errors.Is(err, unix.ESRCH) {
+		return nil
+	}
+	if err == nil {
+		defer unix.Close(fd)
+		if !same() {
+			return nil
 		}
-		return
+		err = unix.PidfdSendSignal(fd, sig, nil, 0)
+		if err == nil || errors.Is(err, unix.ESRCH) {
+			return nil
+		}
+		if errors.Is(err, unix.EPERM) && same() {
+			// Refused by a filter, or another user's process: a plain kill
+			// tells which.
+			return ignoreGone(syscall.Kill(st.PID, sig))
+		}
+		return err
 	}
-	if err != nil {
-		return // gone
+	if !same() {
+		return nil
 	}
-	defer unix.Close(fd)
-	if now, err := hostproc.ReadStat(st.PID); err != nil || now.StartTicks != st.StartTicks {
-		return
+	return ignoreGone(syscall.Kill(st.PID, sig))
+}
+
+func ignoreGone(err error) error {
+	if errors.Is(err, syscall.ESRCH) {
+		return nil
 	}
-	_ = unix.PidfdSendSignal(fd, sig, nil, 0)
+	return err
 }

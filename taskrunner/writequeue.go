@@ -15,6 +15,7 @@ import (
 func (w *writer) event(suffix string, payload, meta any, isError bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.releaseCheckpoint()
 	w.append(w.newEvent(suffix, payload, meta, isError))
 }
 
@@ -51,6 +52,9 @@ func (w *writer) report(ctx context.Context, suffix string, payload json.RawMess
 	}
 	if e.coalesce != "" && w.hold(e) {
 		return nil
+	}
+	if e.coalesce == "" {
+		w.releaseCheckpoint()
 	}
 	w.append(e)
 	return nil
@@ -243,6 +247,7 @@ func (w *writer) submitChild(ctx context.Context, c protocol.Child) error {
 		return err
 	}
 	defer w.mu.Unlock()
+	w.releaseCheckpoint()
 	c.ParentID = w.contextID
 	e := &pendingEvent{ev: etlcontext.NewEvent{ContextID: w.contextID, Type: protocol.EventType(w.kind, protocol.EventSubmitted)}, size: size, child: &c, piped: true}
 	w.append(e)

@@ -132,7 +132,8 @@ func TestCoalescedEventsDoNotGrowTheQueue(t *testing.T) {
 // Progress and checkpoints are sampled: the first of each is queued at
 // once, those that follow within the interval wait, each replacing the
 // last, and the newest is queued when the interval is up, or before the
-// outcome. Named events are never held.
+// outcome. Named events are never held, and a checkpoint held is queued
+// before a named event that follows it.
 func TestProgressAndCheckpointsAreSampled(t *testing.T) {
 	queued := func(w *writer) []string {
 		w.mu.Lock()
@@ -172,7 +173,7 @@ func TestProgressAndCheckpointsAreSampled(t *testing.T) {
 		}
 		w.outcome(protocol.EventFinal, map[string]any{"exit_code": 0}, nil)
 		got := strings.Join(queued(w), ", ")
-		want := `k:PROGRESS 0, k:CHECKPOINT 0, k:ROWS 0, k:ROWS 50, k:PROGRESS 99, k:CHECKPOINT 99, k:FINAL {"exit_code":0}`
+		want := `k:PROGRESS 0, k:CHECKPOINT 0, k:ROWS 0, k:CHECKPOINT 50, k:ROWS 50, k:PROGRESS 99, k:CHECKPOINT 99, k:FINAL {"exit_code":0}`
 		if got != want {
 			t.Errorf("queued:\n%s\nwant:\n%s", got, want)
 		}
@@ -180,7 +181,8 @@ func TestProgressAndCheckpointsAreSampled(t *testing.T) {
 
 	t.Run("when the interval is up", func(t *testing.T) {
 		w := newWriter("", "test", slog.New(slog.DiscardHandler), time.Second, writerHooks{})
-		w.sampleEvery = 50 * time.Millisecond
+		// Long enough for the 100 reports to come within it.
+		w.sampleEvery = time.Second
 		w.bind(1, "00000000-0000-0000-0000-000000000001", "k")
 		for i := range 100 {
 			report(w, protocol.EventCheckpoint, i)

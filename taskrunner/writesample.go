@@ -61,6 +61,9 @@ type contextProgress struct {
 	// off: the database refused SetProgress for good (a schema not yet
 	// migrated, a role without the right): the events alone carry it.
 	off bool
+	// gen counts the changes of payload: a write that failed sets its
+	// payload again only if none came since.
+	gen uint64
 }
 
 // hold holds e, a line of a sampled suffix, back when one of its suffix
@@ -80,13 +83,17 @@ func (w *writer) hold(e *pendingEvent) bool {
 		s.queuedAt = now
 		if e.coalesce == protocol.EventProgress {
 			w.progress.payload, w.progress.setAt, w.progress.due = nil, now, false
+			w.progress.gen++
 		}
 		return false
 	}
 	s.held = e
 	if s.timer == nil {
 		suffix := e.coalesce
-		s.timer = time.AfterFunc(s.queuedAt.Add(w.sampleEvery).Sub(now), func() { w.release(suffix) })
+		var t *time.Timer
+		// t is read under w.mu, once hold (which holds it) has set it.
+		t = time.AfterFunc(s.queuedAt.Add(w.sampleEvery).Sub(now), func() { w.release(suffix, &t) })
+		s.timer = t
 	}
 	if e.coalesce == protocol.EventProgress {
 		w.holdProgress(asRaw(e.ev.Payload), now)
@@ -105,27 +112,51 @@ func (w *writer) holdProgress(payload json.RawMessage, now time.Time) {
 		payload = json.RawMessage("null")
 	}
 	p.payload = payload
+	p.gen++
 	switch wait := p.setAt.Add(progressEvery).Sub(now); {
 	case wait <= 0:
 		p.due = true
 		w.signal()
 	case p.timer == nil:
-		p.timer = time.AfterFunc(wait, func() {
+		var t *time.Timer
+		t = time.AfterFunc(wait, func() {
 			w.mu.Lock()
-			w.progress.timer, w.progress.due = nil, true
+			if w.progress.timer == t {
+				w.progress.timer, w.progress.due = nil, true
+			}
 			w.mu.Unlock()
 			w.signal()
 		})
+		p.timer = t
 	}
 }
 
-// release queues the line of suffix held back, once its interval is up.
-func (w *writer) release(suffix string) {
+// release queues the line of suffix held back, once its interval is up,
+// unless the timer *t was stopped meanwhile (the line was queued already).
+func (w *writer) release(suffix string, t **time.Timer) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	s := w.samples[suffix]
+	if s.timer != *t {
+		return
+	}
 	s.timer = nil
 	w.queueHeld(suffix, s)
+}
+
+// releaseCheckpoint queues the checkpoint held back, if any, ahead of an
+// event that is not sampled: what the command reported after a checkpoint
+// (a child, a named event) is never stored before it, so that a retry
+// never resumes from before what the stored events say was done; w.mu is
+// held.
+func (w *writer) releaseCheckpoint() {
+	if s := w.samples[protocol.EventCheckpoint]; s != nil && s.held != nil {
+		if s.timer != nil {
+			s.timer.Stop()
+			s.timer = nil
+		}
+		w.queueHeld(protocol.EventCheckpoint, s)
+	}
 }
 
 // releaseAll queues every line held back, at once: nothing is held past the
@@ -152,6 +183,7 @@ func (w *writer) queueHeld(suffix string, s *sample) {
 	if suffix == protocol.EventProgress {
 		// The event sets the context's progress.
 		w.progress.payload, w.progress.setAt, w.progress.due = nil, s.queuedAt, false
+		w.progress.gen++
 	}
 	w.append(e)
 }
@@ -165,34 +197,43 @@ func (w *writer) serveProgress(ctx context.Context) bool {
 		w.mu.Unlock()
 		return false
 	}
-	payload := p.payload
+	payload, gen := p.payload, p.gen
 	p.payload, p.due, p.setAt = nil, false, time.Now()
 	id, runID := w.contextID, w.runID
 	w.mu.Unlock()
 	err := w.exec(ctx, func(ctx context.Context, conn *pgx.Conn) error {
 		return etlcontext.SetProgress(ctx, conn, id, runID, payload)
 	})
+	// again sets payload anew unless something newer was noted meanwhile
+	// (a newer line, or a PROGRESS event queued, which carries its own).
+	again := func(due bool) {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if p.gen != gen {
+			return
+		}
+		if due {
+			p.payload, p.due = payload, true
+			return
+		}
+		w.holdProgress(payload, time.Now())
+	}
+	kind := classifyWriteError(err, w.conn)
 	switch {
 	case err == nil || ctx.Err() != nil:
-	case classifyWriteError(err, w.conn) == connectionLost:
+	case kind == connectionLost:
 		w.retry(ctx, err) // closes the connection, to be made again
-		w.mu.Lock()
-		if p.payload == nil {
-			p.payload = payload
-		}
-		p.due = true
-		w.mu.Unlock()
-	case classifyWriteError(err, w.conn) == serverBusy && !strings.HasPrefix(pgerr.Code(err), "42"):
-		// Refused for now (a timeout, a read-only server): set with the
-		// next one, a second later.
-		w.mu.Lock()
-		if p.payload == nil {
-			w.holdProgress(payload, time.Now())
-		}
-		w.mu.Unlock()
+		again(true)
+	case kind == serverBusy && !strings.HasPrefix(pgerr.Code(err), "42"):
+		// Refused for now (a timeout, a read-only server): set a second
+		// later.
+		again(false)
+	case kind == statementError && !strings.HasPrefix(pgerr.Code(err), "42"):
+		// This payload is refused: the next one may not be.
+		w.logger.Warn("the database refused the task's latest progress", "error", err)
 	default:
-		// A schema not yet migrated, a role without the right: the
-		// PROGRESS events still carry it, every progress_interval.
+		// A schema not yet migrated, a role without the right (class 42):
+		// the PROGRESS events still carry it, every progress_interval.
 		w.logger.Warn("the database refused the task's latest progress; from now on only its PROGRESS events record it", "error", err)
 		w.mu.Lock()
 		p.off, p.payload = true, nil

@@ -348,13 +348,16 @@ kinds:
 	}
 	var got []string
 	for _, e := range events {
-		if e.Type == "chatty:PROGRESS" || e.Type == "chatty:CHECKPOINT" {
+		switch e.Type {
+		case "chatty:PROGRESS", "chatty:CHECKPOINT":
 			got = append(got, e.Type+" "+string(e.Payload))
+		case "chatty:FINAL":
+			got = append(got, e.Type)
 		}
 	}
 	want := []string{
 		`chatty:PROGRESS {"of": 300, "step": 1}`, `chatty:CHECKPOINT {"next": 1}`,
-		`chatty:PROGRESS {"of": 300, "step": 300}`, `chatty:CHECKPOINT {"next": 300}`,
+		`chatty:PROGRESS {"of": 300, "step": 300}`, `chatty:CHECKPOINT {"next": 300}`, "chatty:FINAL",
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("stored of 300 lines of each:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))

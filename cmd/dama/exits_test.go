@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -67,9 +68,9 @@ kinds:
 func TestExitedDaemonsOfARunningCommandAreReaped(t *testing.T) {
 	env := testenv.New(t)
 	goFile := filepath.Join(env.Dir, "go")
-	// Twenty daemons of a moment each, orphaned at once (their parent
+	// Twenty daemons of two seconds each, orphaned at once (their parent
 	// subshell exits), then the command waits.
-	script := `i=0; while [ $i -lt 20 ]; do (setsid /bin/sh -c 'sleep 0.01' &); i=$((i+1)); done
+	script := `i=0; while [ $i -lt 20 ]; do (setsid /bin/sh -c 'sleep 2' &); i=$((i+1)); done
 touch "$0/started"
 while [ ! -e ` + goFile + ` ]; do sleep 0.05; done`
 	cfg := env.WriteConfig(`
@@ -88,18 +89,17 @@ kinds:
 		_, err := os.Stat(filepath.Join(env.Dir, "started"))
 		return err == nil, nil
 	})
-	testenv.Eventually(t, 30*time.Second, "no zombie child of the task process", func() (bool, error) {
+	// They are the task process's children now, not init's.
+	testenv.Eventually(t, 30*time.Second, "the orphans to be the task process's children", func() (bool, error) {
 		kids, err := hostproc.Children(*running.PID)
-		if err != nil {
-			return false, err
-		}
-		var zombies []int
-		for _, k := range kids {
-			if st, err := hostproc.ReadStat(k); err == nil && st.Zombie() {
-				zombies = append(zombies, k)
-			}
-		}
-		return len(zombies) == 0, fmt.Errorf("zombies %v", zombies)
+		return len(kids) > 1, fmt.Errorf("children %v, %v", kids, err)
+	})
+	// Once they exited, the task process has no child but the command:
+	// it reaped them.
+	cmd := w.waitFor(id, 30*time.Second, "to record its command", func(t etlcontext.Task) bool { return t.CommandPGID != nil })
+	testenv.Eventually(t, 30*time.Second, "the exited orphans to be reaped", func() (bool, error) {
+		kids, err := hostproc.Children(*running.PID)
+		return slices.Equal(kids, []int{*cmd.CommandPGID}), fmt.Errorf("children %v (the command is %d), %v", kids, *cmd.CommandPGID, err)
 	})
 	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
 		t.Fatal(err)

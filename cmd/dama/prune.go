@@ -11,8 +11,6 @@ import (
 	"github.com/dama-etl/dama/etlcontext"
 )
 
-// pruneBatch bounds the tasks one transaction of dama prune removes.
-const pruneBatch = 500
 
 func newPruneCommand() *cobra.Command {
 	var olderThan string
@@ -21,7 +19,7 @@ func newPruneCommand() *cobra.Command {
 		Short: "Remove the finished tasks older than a duration, with their events, now",
 		Long: `Remove the tasks that finished more than DURATION ago (a Go duration:
 720h, 90m; 0s removes every finished task), by the database's clock, with
-their events, attempts and River jobs, in transactions of 500 tasks: what
+their events, attempts and River jobs, in transactions of at most 500 tasks or 50,000 events: what
 the supervisors do on their own past the configuration's retention. A task
 that is not finished is never removed, nor a parent while a child of it is
 kept. Needs a role that may delete (dama_supervisor, or the tables' owner).
@@ -37,16 +35,9 @@ Prints what it removed.`,
 				return err
 			}
 			defer pool.Close()
-			var total etlcontext.Pruned
-			for {
-				p, err := etlcontext.Prune(cmd.Context(), pool, d, pruneBatch)
-				total = total.Add(p)
-				if err != nil {
-					return fmt.Errorf("%w (removed %d tasks before it)", err, total.Tasks)
-				}
-				if p.Tasks < pruneBatch {
-					break
-				}
+			total, err := etlcontext.Prune(cmd.Context(), pool, d, etlcontext.PruneLimits{})
+			if err != nil {
+				return fmt.Errorf("%w (removed %d tasks before it)", err, total.Tasks)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "removed %d tasks, %d events, %d attempts, %d River jobs\n", total.Tasks, total.Events, total.Attempts, total.Jobs)
 			return nil

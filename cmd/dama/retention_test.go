@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
 	"github.com/dama-etl/dama/schema"
@@ -125,7 +127,22 @@ kinds:
 			t.Fatalf("task %d removed by a refused or too young prune", id)
 		}
 	}
-	res := w.Dama(cfg, "prune", "--older-than", "0s")
+	// A supervisor's role may remove them, and may delete no event itself,
+	// whatever it says in dama.pruning.
+	supURL := env.NewLogin(schema.RoleSupervisor)
+	asSupervisor := []string{"DATABASE_URL=" + supURL}
+	sup, err := pgx.Connect(context.Background(), supURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sup.Close(context.Background())
+	if _, err := sup.Exec(context.Background(), `SET dama.pruning = 'on'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sup.Exec(context.Background(), `DELETE FROM data_manager.event_store WHERE etl_context_id = $1`, ids[0]); err == nil {
+		t.Error("a supervisor's role deleted a finished task's events")
+	}
+	res := env.DamaWith(cfg, asSupervisor, "prune", "--older-than", "0s")
 	if res.Code != 0 || !strings.HasPrefix(res.Stdout, "removed 3 tasks, ") || !strings.HasSuffix(res.Stdout, ", 3 attempts, 3 River jobs\n") {
 		t.Fatalf("dama prune --older-than 0s: exit %d, %q %q; want 3 tasks with their attempts and jobs removed", res.Code, res.Stdout, res.Stderr)
 	}

@@ -49,7 +49,7 @@ func FuzzParseStat(f *testing.F) {
 		state = "RSDZTtXxKWPI"[int(state)%12]
 		line := fmt.Sprintf("42 (%s) %c 1 %d %d 0 -1 4194560 120 0 0 0 3 1 0 0 20 0 1 0 %d 8192000 250 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0 0 0 0 0 0 0 0 0\n",
 			comm, state, pgid, pgid, ticks)
-		want := Stat{PID: 42, State: state, PGID: int(pgid), StartTicks: ticks}
+		want := Stat{PID: 42, State: state, PPID: 1, PGID: int(pgid), StartTicks: ticks}
 		if st, err := parseStat(42, []byte(line)); err != nil || st != want {
 			t.Fatalf("parseStat(%q) = %+v, %v; want %+v", line, st, err, want)
 		}

@@ -46,6 +46,7 @@ func ID() (string, error) {
 type Stat struct {
 	PID        int
 	State      byte
+	PPID       int
 	PGID       int
 	StartTicks uint64
 }
@@ -78,6 +79,10 @@ func parseStat(pid int, data []byte) (Stat, error) {
 	if len(f) < 20 {
 		return Stat{}, fmt.Errorf("parse stat of process %d: %d fields", pid, len(f))
 	}
+	ppid, err := strconv.Atoi(f[1])
+	if err != nil {
+		return Stat{}, fmt.Errorf("parse ppid of process %d: %w", pid, err)
+	}
 	pgid, err := strconv.Atoi(f[2])
 	if err != nil {
 		return Stat{}, fmt.Errorf("parse pgrp of process %d: %w", pid, err)
@@ -86,7 +91,7 @@ func parseStat(pid int, data []byte) (Stat, error) {
 	if err != nil {
 		return Stat{}, fmt.Errorf("parse start time of process %d: %w", pid, err)
 	}
-	return Stat{PID: pid, State: f[0][0], PGID: pgid, StartTicks: ticks}, nil
+	return Stat{PID: pid, State: f[0][0], PPID: ppid, PGID: pgid, StartTicks: ticks}, nil
 }
 
 // Self returns this process's stat.

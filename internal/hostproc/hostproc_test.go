@@ -31,7 +31,7 @@ func TestAliveComparesExactStartTicks(t *testing.T) {
 
 func TestParseStatWithParenthesesInTheName(t *testing.T) {
 	st, err := parseStat(42, []byte("42 (a) b (c)) S 1 77 77 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 123456 0 0"))
-	if err != nil || st.PGID != 77 || st.StartTicks != 123456 || st.State != 'S' {
+	if err != nil || st.PPID != 1 || st.PGID != 77 || st.StartTicks != 123456 || st.State != 'S' {
 		t.Errorf("parseStat = %+v, %v", st, err)
 	}
 }

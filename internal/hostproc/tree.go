@@ -101,6 +101,12 @@ func Descendants(pid int) ([]Stat, error) {
 				errs = append(errs, err)
 				continue
 			}
+			if st.PPID != p {
+				// Gone since p's list was read, its pid perhaps another
+				// process's by now; or reparented, to the subreaper, whose
+				// list the caller reads again.
+				continue
+			}
 			found = append(found, st)
 			if !st.zombie() {
 				queue = append(queue, k)

@@ -1,29 +1,18 @@
--- A context keeps its latest progress. The view and the status page read
--- it from the context rather than by searching its events, and PROGRESS
--- events become a sample of it, one per progress_interval
--- (docs/tasks.md "Progress and checkpoints"). A task process sets it in
--- between; each PROGRESS event stored sets it too.
+-- A context keeps its latest progress (docs/tasks.md "Progress and
+-- checkpoints"): each PROGRESS event stored sets it, and a task process
+-- sets it in between (etlcontext.SetProgress), PROGRESS events being a
+-- sample of it, one per progress_interval. Contexts from before keep theirs
+-- in their events, where the view (migration 22) still finds it.
 --
--- Additive: two nullable columns of etl_contexts (whose row a row-mode task
--- process never locks), a trigger function replaced in place, and the view
--- with a column added at its end.
+-- Quick and safe while tasks run: two nullable columns (no rewrite; the
+-- table's lock is held only for that, and a row-mode task process holds
+-- nothing of etl_contexts), and trigger functions replaced in place. Only
+-- the task process's own run may set the columns (the run's key), and no
+-- operator, nor a task process for its children before they run
+-- (etl_contexts_held_to_its_run).
 
 -- +goose Up
 ALTER TABLE data_manager.etl_contexts ADD COLUMN progress jsonb, ADD COLUMN progress_at timestamptz;
-
--- One index probe per context that has progress.
-UPDATE data_manager.etl_contexts AS c
-   SET progress = p.payload, progress_at = p.created_at
-  FROM data_manager.etl_contexts AS k
-  CROSS JOIN LATERAL (
-        SELECT e.payload, e.created_at
-          FROM data_manager.event_store AS e
-         WHERE e.etl_context_id = k.etl_context_id
-           AND e.type = k.kind || ':PROGRESS'
-         ORDER BY e.event_id DESC
-         LIMIT 1
-  ) AS p
- WHERE c.etl_context_id = k.etl_context_id;
 
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION data_manager.event_store_latest() RETURNS trigger
@@ -54,132 +43,190 @@ END
 $$;
 -- +goose StatementEnd
 
--- As in 00012, with the progress read from the context, and when it was
--- reported added.
-CREATE OR REPLACE VIEW data_manager.dama_task_queue AS
-SELECT c.etl_context_id,
-       c.parent_context_id,
-       c.kind,
-       c.queue,
-       c.etl_status,
-       c.attempt,
-       coalesce(j.max_attempts, c.max_attempts) AS max_attempts,
-       j.state::text                             AS job_state,
-       j.scheduled_at,
-       c.host,
-       c.pid,
-       c.created_at,
-       c.started_at,
-       c.finished_at,
-       c.heartbeat_at,
-       le.type                                   AS latest_event_type,
-       le.created_at                             AS latest_event_at,
-       c.progress,
-       (h.etl_context_id IS NOT NULL)            AS initial_event_locked,
-       c.river_job_id,
-       c.run_id,
-       c.idempotency_key,
-       c.cancel_requested_at,
-       c.log_path,
-       c.host_id,
-       c.command_pgid,
-       c.lock_lost_at,
-       c.lock_mode,
-       c.runner_release,
-       c.runner_protocol,
-       coalesce(c.due_at, c.created_at)          AS due_at,
-       -- A finished task waits for nothing, whatever it waited for before.
-       CASE WHEN c.etl_status IN ('QUEUED', 'RETRYING') THEN c.waiting_for END   AS waiting_for,
-       CASE WHEN c.etl_status IN ('QUEUED', 'RETRYING') THEN c.waiting_since END AS waiting_since,
-       c.concurrency_key,
-       ch.children,
-       c.progress_at
-  FROM data_manager.etl_contexts AS c
-  LEFT JOIN river_job AS j ON j.id = c.river_job_id
-  LEFT JOIN data_manager.event_store AS le ON le.event_id = c.latest_event_id
-  LEFT JOIN (
-        SELECT l.objid::bigint AS etl_context_id
-          FROM pg_catalog.pg_locks AS l
-         WHERE l.locktype = 'advisory'
-           AND l.granted
-           AND l.classid = 1684106593::oid
-           AND l.objsubid = 2
-           AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d WHERE d.datname = current_database())
-  ) AS h ON h.etl_context_id = c.etl_context_id
-  LEFT JOIN LATERAL (
-        SELECT jsonb_object_agg(s.etl_status, s.n) AS children
-          FROM (SELECT k.etl_status, count(*) AS n
-                  FROM data_manager.etl_contexts AS k
-                 WHERE k.parent_context_id = c.etl_context_id
-                 GROUP BY k.etl_status) AS s
-  ) AS ch ON true;
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION data_manager.etl_contexts_held_to_its_run() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    held      boolean;
+    operating boolean;
+    own_job   boolean;
+BEGIN
+    -- A run's key opens only its run: a launch that gave no key (by a
+    -- supervisor of an earlier release) takes the previous one away.
+    IF TG_OP = 'UPDATE' AND NEW.run_id IS DISTINCT FROM OLD.run_id AND NEW.runner_key_hash IS NOT DISTINCT FROM OLD.runner_key_hash THEN
+        NEW.runner_key_hash := NULL;
+    END IF;
+    -- Who is held, asked of pg_catalog alone: a role with no right on
+    -- data_manager (another program's River client) inserts River jobs,
+    -- and a supervisor pays no more than this.
+    IF to_regrole('dama_supervisor') IS NULL OR to_regrole('dama_task') IS NULL OR to_regrole('dama_operator') IS NULL THEN
+        RETURN NEW;
+    END IF;
+    IF pg_has_role(current_user, 'dama_supervisor', 'MEMBER') THEN
+        RETURN NEW;
+    END IF;
+    IF NOT pg_has_role(current_user, 'dama_task', 'MEMBER') AND NOT pg_has_role(current_user, 'dama_operator', 'MEMBER') THEN
+        RETURN NEW;
+    END IF;
+    -- No supervisor, and a member of one or both of these:
+    held := pg_has_role(current_user, 'dama_task', 'MEMBER');
+    operating := pg_has_role(current_user, 'dama_operator', 'MEMBER');
+    IF TG_OP = 'INSERT' THEN
+        IF held AND data_manager.holds_key_of(NEW.parent_context_id)
+           AND (NEW.idempotency_key IS NULL OR starts_with(NEW.idempotency_key, 'dama:child:' || NEW.parent_context_id || ':')) THEN
+            RETURN NEW;
+        END IF;
+        IF operating AND (NEW.idempotency_key IS NULL OR NOT starts_with(NEW.idempotency_key, 'dama:')) THEN
+            RETURN NEW;
+        END IF;
+        IF held THEN
+            PERFORM data_manager.refuse_to_held(format('submit a task under etl context %s', NEW.parent_context_id));
+        END IF;
+        RAISE EXCEPTION 'a member of dama_operator may not submit a task under a key of dama''s (%)', NEW.idempotency_key
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    own_job := NEW.river_job_id IS NOT DISTINCT FROM OLD.river_job_id
+        OR EXISTS (SELECT 1 FROM river_job AS j
+                    WHERE j.id = NEW.river_job_id AND j.args -> 'etl_context_id' = to_jsonb(NEW.etl_context_id));
+    IF held THEN
+        IF OLD.etl_status = 'RUNNING' AND data_manager.holds_run_key(OLD.runner_key_hash)
+           AND NEW.river_job_id IS NOT DISTINCT FROM OLD.river_job_id THEN
+            RETURN NEW;
+        END IF;
+        IF OLD.run_id IS NULL AND OLD.river_job_id IS NULL AND NEW.run_id IS NULL AND own_job
+           AND (NEW.host, NEW.pid, NEW.process_started_at, NEW.heartbeat_at, NEW.log_path, NEW.host_id, NEW.runner_start_ticks,
+                NEW.fence_window, NEW.lock_lost_at, NEW.lock_mode, NEW.runner_release, NEW.runner_protocol,
+                NEW.command_pgid, NEW.command_start_ticks, NEW.progress, NEW.progress_at)
+               IS NOT DISTINCT FROM
+               (OLD.host, OLD.pid, OLD.process_started_at, OLD.heartbeat_at, OLD.log_path, OLD.host_id, OLD.runner_start_ticks,
+                OLD.fence_window, OLD.lock_lost_at, OLD.lock_mode, OLD.runner_release, OLD.runner_protocol,
+                OLD.command_pgid, OLD.command_start_ticks, OLD.progress, OLD.progress_at)
+           AND data_manager.holds_key_of(OLD.parent_context_id) THEN
+            RETURN NEW;
+        END IF;
+        IF NOT operating THEN
+            PERFORM data_manager.refuse_to_held(format('write etl context %s', OLD.etl_context_id));
+        END IF;
+    END IF;
+    -- What an operator may change: its column rights name the columns.
+    IF (NEW.cancel_requested_at IS NOT DISTINCT FROM OLD.cancel_requested_at OR OLD.cancel_requested_at IS NULL)
+       AND (NEW.river_job_id IS NOT DISTINCT FROM OLD.river_job_id OR (OLD.etl_status <> 'RUNNING' AND own_job))
+       AND (NEW.host, NEW.pid, NEW.process_started_at, NEW.heartbeat_at, NEW.log_path, NEW.host_id, NEW.runner_start_ticks,
+            NEW.fence_window, NEW.lock_lost_at, NEW.lock_mode, NEW.runner_release, NEW.runner_protocol,
+            NEW.command_pgid, NEW.command_start_ticks, NEW.progress, NEW.progress_at)
+           IS NOT DISTINCT FROM
+           (OLD.host, OLD.pid, OLD.process_started_at, OLD.heartbeat_at, OLD.log_path, OLD.host_id, OLD.runner_start_ticks,
+            OLD.fence_window, OLD.lock_lost_at, OLD.lock_mode, OLD.runner_release, OLD.runner_protocol,
+            OLD.command_pgid, OLD.command_start_ticks, OLD.progress, OLD.progress_at) THEN
+        RETURN NEW;
+    END IF;
+    RAISE EXCEPTION 'a member of dama_operator may not make this change to etl context %', OLD.etl_context_id
+        USING ERRCODE = 'insufficient_privilege';
+END
+$$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+DO $$
+BEGIN
+    EXECUTE format('ALTER FUNCTION data_manager.etl_contexts_held_to_its_run() SET search_path = pg_catalog, %I, pg_temp',
+        (SELECT n.nspname FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace WHERE c.oid = to_regclass('river_job')));
+END
+$$;
+-- +goose StatementEnd
 
 -- +goose Down
-DROP VIEW data_manager.dama_task_queue;
--- As in 00012.
-CREATE VIEW data_manager.dama_task_queue AS
-SELECT c.etl_context_id,
-       c.parent_context_id,
-       c.kind,
-       c.queue,
-       c.etl_status,
-       c.attempt,
-       coalesce(j.max_attempts, c.max_attempts) AS max_attempts,
-       j.state::text                             AS job_state,
-       j.scheduled_at,
-       c.host,
-       c.pid,
-       c.created_at,
-       c.started_at,
-       c.finished_at,
-       c.heartbeat_at,
-       le.type                                   AS latest_event_type,
-       le.created_at                             AS latest_event_at,
-       p.payload                                 AS progress,
-       (h.etl_context_id IS NOT NULL)            AS initial_event_locked,
-       c.river_job_id,
-       c.run_id,
-       c.idempotency_key,
-       c.cancel_requested_at,
-       c.log_path,
-       c.host_id,
-       c.command_pgid,
-       c.lock_lost_at,
-       c.lock_mode,
-       c.runner_release,
-       c.runner_protocol,
-       coalesce(c.due_at, c.created_at)          AS due_at,
-       CASE WHEN c.etl_status IN ('QUEUED', 'RETRYING') THEN c.waiting_for END   AS waiting_for,
-       CASE WHEN c.etl_status IN ('QUEUED', 'RETRYING') THEN c.waiting_since END AS waiting_since,
-       c.concurrency_key,
-       ch.children
-  FROM data_manager.etl_contexts AS c
-  LEFT JOIN river_job AS j ON j.id = c.river_job_id
-  LEFT JOIN data_manager.event_store AS le ON le.event_id = c.latest_event_id
-  LEFT JOIN LATERAL (
-        SELECT e.payload
-          FROM data_manager.event_store AS e
-         WHERE e.etl_context_id = c.etl_context_id
-           AND e.type = c.kind || ':PROGRESS'
-         ORDER BY e.event_id DESC
-         LIMIT 1
-  ) AS p ON true
-  LEFT JOIN (
-        SELECT l.objid::bigint AS etl_context_id
-          FROM pg_catalog.pg_locks AS l
-         WHERE l.locktype = 'advisory'
-           AND l.granted
-           AND l.classid = 1684106593::oid
-           AND l.objsubid = 2
-           AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d WHERE d.datname = current_database())
-  ) AS h ON h.etl_context_id = c.etl_context_id
-  LEFT JOIN LATERAL (
-        SELECT jsonb_object_agg(s.etl_status, s.n) AS children
-          FROM (SELECT k.etl_status, count(*) AS n
-                  FROM data_manager.etl_contexts AS k
-                 WHERE k.parent_context_id = c.etl_context_id
-                 GROUP BY k.etl_status) AS s
-  ) AS ch ON true;
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION data_manager.etl_contexts_held_to_its_run() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    held      boolean;
+    operating boolean;
+    own_job   boolean;
+BEGIN
+    -- A run's key opens only its run: a launch that gave no key (by a
+    -- supervisor of an earlier release) takes the previous one away.
+    IF TG_OP = 'UPDATE' AND NEW.run_id IS DISTINCT FROM OLD.run_id AND NEW.runner_key_hash IS NOT DISTINCT FROM OLD.runner_key_hash THEN
+        NEW.runner_key_hash := NULL;
+    END IF;
+    -- Who is held, asked of pg_catalog alone: a role with no right on
+    -- data_manager (another program's River client) inserts River jobs,
+    -- and a supervisor pays no more than this.
+    IF to_regrole('dama_supervisor') IS NULL OR to_regrole('dama_task') IS NULL OR to_regrole('dama_operator') IS NULL THEN
+        RETURN NEW;
+    END IF;
+    IF pg_has_role(current_user, 'dama_supervisor', 'MEMBER') THEN
+        RETURN NEW;
+    END IF;
+    IF NOT pg_has_role(current_user, 'dama_task', 'MEMBER') AND NOT pg_has_role(current_user, 'dama_operator', 'MEMBER') THEN
+        RETURN NEW;
+    END IF;
+    -- No supervisor, and a member of one or both of these:
+    held := pg_has_role(current_user, 'dama_task', 'MEMBER');
+    operating := pg_has_role(current_user, 'dama_operator', 'MEMBER');
+    IF TG_OP = 'INSERT' THEN
+        IF held AND data_manager.holds_key_of(NEW.parent_context_id)
+           AND (NEW.idempotency_key IS NULL OR starts_with(NEW.idempotency_key, 'dama:child:' || NEW.parent_context_id || ':')) THEN
+            RETURN NEW;
+        END IF;
+        IF operating AND (NEW.idempotency_key IS NULL OR NOT starts_with(NEW.idempotency_key, 'dama:')) THEN
+            RETURN NEW;
+        END IF;
+        IF held THEN
+            PERFORM data_manager.refuse_to_held(format('submit a task under etl context %s', NEW.parent_context_id));
+        END IF;
+        RAISE EXCEPTION 'a member of dama_operator may not submit a task under a key of dama''s (%)', NEW.idempotency_key
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    own_job := NEW.river_job_id IS NOT DISTINCT FROM OLD.river_job_id
+        OR EXISTS (SELECT 1 FROM river_job AS j
+                    WHERE j.id = NEW.river_job_id AND j.args -> 'etl_context_id' = to_jsonb(NEW.etl_context_id));
+    IF held THEN
+        IF OLD.etl_status = 'RUNNING' AND data_manager.holds_run_key(OLD.runner_key_hash)
+           AND NEW.river_job_id IS NOT DISTINCT FROM OLD.river_job_id THEN
+            RETURN NEW;
+        END IF;
+        IF OLD.run_id IS NULL AND OLD.river_job_id IS NULL AND NEW.run_id IS NULL AND own_job
+           AND (NEW.host, NEW.pid, NEW.process_started_at, NEW.heartbeat_at, NEW.log_path, NEW.host_id, NEW.runner_start_ticks,
+                NEW.fence_window, NEW.lock_lost_at, NEW.lock_mode, NEW.runner_release, NEW.runner_protocol,
+                NEW.command_pgid, NEW.command_start_ticks)
+               IS NOT DISTINCT FROM
+               (OLD.host, OLD.pid, OLD.process_started_at, OLD.heartbeat_at, OLD.log_path, OLD.host_id, OLD.runner_start_ticks,
+                OLD.fence_window, OLD.lock_lost_at, OLD.lock_mode, OLD.runner_release, OLD.runner_protocol,
+                OLD.command_pgid, OLD.command_start_ticks)
+           AND data_manager.holds_key_of(OLD.parent_context_id) THEN
+            RETURN NEW;
+        END IF;
+        IF NOT operating THEN
+            PERFORM data_manager.refuse_to_held(format('write etl context %s', OLD.etl_context_id));
+        END IF;
+    END IF;
+    -- What an operator may change: its column rights name the columns.
+    IF (NEW.cancel_requested_at IS NOT DISTINCT FROM OLD.cancel_requested_at OR OLD.cancel_requested_at IS NULL)
+       AND (NEW.river_job_id IS NOT DISTINCT FROM OLD.river_job_id OR (OLD.etl_status <> 'RUNNING' AND own_job))
+       AND (NEW.host, NEW.pid, NEW.process_started_at, NEW.heartbeat_at, NEW.log_path, NEW.host_id, NEW.runner_start_ticks,
+            NEW.fence_window, NEW.lock_lost_at, NEW.lock_mode, NEW.runner_release, NEW.runner_protocol,
+            NEW.command_pgid, NEW.command_start_ticks)
+           IS NOT DISTINCT FROM
+           (OLD.host, OLD.pid, OLD.process_started_at, OLD.heartbeat_at, OLD.log_path, OLD.host_id, OLD.runner_start_ticks,
+            OLD.fence_window, OLD.lock_lost_at, OLD.lock_mode, OLD.runner_release, OLD.runner_protocol,
+            OLD.command_pgid, OLD.command_start_ticks) THEN
+        RETURN NEW;
+    END IF;
+    RAISE EXCEPTION 'a member of dama_operator may not make this change to etl context %', OLD.etl_context_id
+        USING ERRCODE = 'insufficient_privilege';
+END
+$$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+DO $$
+BEGIN
+    EXECUTE format('ALTER FUNCTION data_manager.etl_contexts_held_to_its_run() SET search_path = pg_catalog, %I, pg_temp',
+        (SELECT n.nspname FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace WHERE c.oid = to_regclass('river_job')));
+END
+$$;
+-- +goose StatementEnd
 
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION data_manager.event_store_latest() RETURNS trigger

@@ -11,7 +11,6 @@ import (
 	"github.com/dama-etl/dama/etlcontext"
 )
 
-
 func newPruneCommand() *cobra.Command {
 	var olderThan string
 	cmd := &cobra.Command{

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/dama-etl/dama/internal/pgerr"
 )
 
 // Pruned counts what one Prune removed.
@@ -78,6 +80,10 @@ func Prune(ctx context.Context, db Beginner, olderThan time.Duration, limits Pru
 	}
 }
 
+// errPruneRace rolls back a transaction of Prune whose trees changed
+// between weighing and removal (a member retried meanwhile).
+var errPruneRace = errors.New("a tree changed while it was being removed")
+
 // pruneOnce is one transaction of Prune, from the roots after after; it
 // returns where it stopped, nil when no root was left.
 func pruneOnce(ctx context.Context, db Beginner, olderThan time.Duration, limits PruneLimits, after *pruneCursor) (Pruned, *pruneCursor, error) {
@@ -90,8 +96,6 @@ func pruneOnce(ctx context.Context, db Beginner, olderThan time.Duration, limits
 		afterAt, afterID = after.at, after.id
 	}
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		// Roots, locked: a root retried or given a child meanwhile is read
-		// again once locked.
 		type root struct {
 			id int64
 			at time.Time
@@ -105,8 +109,7 @@ func pruneOnce(ctx context.Context, db Beginner, olderThan time.Duration, limits
 			   AND (c.finished_at, c.etl_context_id) > ($3, $4)
 			   AND (j.id IS NULL OR j.state IN `+jobFinalized+`)
 			 ORDER BY c.finished_at, c.etl_context_id
-			 LIMIT $2
-			   FOR UPDATE OF c SKIP LOCKED`, olderThan.Seconds(), limits.Tasks, afterAt, afterID)
+			 LIMIT $2`, olderThan.Seconds(), limits.Tasks, afterAt, afterID)
 		if err != nil {
 			return fmt.Errorf("find finished tasks to remove: %w", err)
 		}
@@ -118,72 +121,63 @@ func pruneOnce(ctx context.Context, db Beginner, olderThan time.Duration, limits
 		if err != nil {
 			return fmt.Errorf("find finished tasks to remove: %w", err)
 		}
-		if len(roots) == 0 {
-			return nil
-		}
-		ids := make([]int64, len(roots))
-		for i, r := range roots {
-			ids[i] = r.id
-		}
-		// Each root's tree, whole, with what it weighs: a tree with a
-		// member not finished long enough ago, or whose job is not settled,
-		// is left.
-		rows, err = tx.Query(ctx, `
-			WITH RECURSIVE tree AS (
-			    SELECT r AS root, r AS id FROM unnest($1::bigint[]) AS r
-			    UNION ALL
-			    SELECT t.root, k.etl_context_id FROM tree AS t
-			      JOIN data_manager.etl_contexts AS k ON k.parent_context_id = t.id),
-			weighed AS (
-			    SELECT t.root, array_agg(t.id) AS members,
-			           array_agg(c.river_job_id) FILTER (WHERE c.river_job_id IS NOT NULL) AS jobs,
-			           bool_and(c.etl_status IN `+sqlFinished+` AND c.finished_at < now() - make_interval(secs => $2)
-			                    AND (c.river_job_id IS NULL OR j.id IS NULL OR j.state IN `+jobFinalized+`)) AS removable
-			      FROM tree AS t
-			      JOIN data_manager.etl_contexts AS c ON c.etl_context_id = t.id
-			      LEFT JOIN river_job AS j ON j.id = c.river_job_id
-			     GROUP BY t.root)
-			SELECT w.root, w.members, coalesce(w.jobs, '{}'), w.removable,
-			       (SELECT count(*) FROM data_manager.event_store AS e WHERE e.etl_context_id = ANY(w.members))
-			  FROM weighed AS w
-			 ORDER BY array_position($1::bigint[], w.root)`, ids, olderThan.Seconds())
-		if err != nil {
-			return fmt.Errorf("read the trees of finished tasks to remove: %w", err)
-		}
 		var (
 			remove, jobs []int64
 			events       int64
-			decided      int
 		)
-		for rows.Next() {
+		// One tree at a time, oldest first, until the limits: each root
+		// is locked (or skipped, when another Prune holds it) and read
+		// again once locked, its tree weighed no further than the events
+		// left to the limit.
+		for _, r := range roots {
 			var (
-				r           int64
 				members, js []int64
 				removable   bool
 				treeEvents  int64
 			)
-			if err := rows.Scan(&r, &members, &js, &removable, &treeEvents); err != nil {
-				rows.Close()
-				return fmt.Errorf("read the trees of finished tasks to remove: %w", err)
+			err := tx.QueryRow(ctx, `
+				WITH RECURSIVE locked AS (
+				    SELECT c.etl_context_id FROM data_manager.etl_contexts AS c
+				     WHERE c.etl_context_id = $1 AND c.parent_context_id IS NULL AND c.etl_status IN `+sqlFinished+`
+				       FOR UPDATE SKIP LOCKED),
+				tree AS (
+				    SELECT etl_context_id AS id FROM locked
+				    UNION ALL
+				    SELECT k.etl_context_id FROM tree AS t
+				      JOIN data_manager.etl_contexts AS k ON k.parent_context_id = t.id),
+				weighed AS (
+				    SELECT array_agg(t.id) AS members,
+				           coalesce(array_agg(c.river_job_id) FILTER (WHERE c.river_job_id IS NOT NULL), '{}') AS jobs,
+				           bool_and(c.etl_status IN `+sqlFinished+` AND c.finished_at < now() - make_interval(secs => $2)
+				                    AND (c.river_job_id IS NULL OR j.id IS NULL OR j.state IN `+jobFinalized+`)) AS removable
+				      FROM tree AS t
+				      JOIN data_manager.etl_contexts AS c ON c.etl_context_id = t.id
+				      LEFT JOIN river_job AS j ON j.id = c.river_job_id)
+				SELECT coalesce(w.members, '{}'), w.jobs, coalesce(w.removable, false),
+				       CASE WHEN coalesce(w.removable, false)
+				            THEN (SELECT count(*) FROM (SELECT 1 FROM data_manager.event_store AS e
+				                                         WHERE e.etl_context_id = ANY(w.members) LIMIT $3) AS x)
+				            ELSE 0 END
+				  FROM weighed AS w`, r.id, olderThan.Seconds(), limits.Events-events+1).Scan(&members, &js, &removable, &treeEvents)
+			if err != nil {
+				return fmt.Errorf("read the tree of finished task %d: %w", r.id, err)
 			}
+			if removable && len(remove) > 0 && (len(remove)+len(members) > limits.Tasks || events+treeEvents > limits.Events) {
+				break
+			}
+			next = &pruneCursor{at: r.at, id: r.id}
 			if removable {
-				if len(remove) > 0 && (len(remove)+len(members) > limits.Tasks || events+treeEvents > limits.Events) {
-					break
-				}
 				remove, jobs, events = append(remove, members...), append(jobs, js...), events+treeEvents
 			}
-			decided++
 		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return fmt.Errorf("read the trees of finished tasks to remove: %w", err)
-		}
-		last := roots[decided-1]
-		next = &pruneCursor{at: last.at, id: last.id}
 		if len(remove) == 0 {
 			return nil
 		}
 		if err := tx.QueryRow(ctx, `SELECT tasks, events, attempts FROM data_manager.remove_tasks($1)`, remove).Scan(&p.Tasks, &p.Events, &p.Attempts); err != nil {
+			if pgerr.Code(err) == "DMPRU" {
+				p = Pruned{}
+				return errPruneRace
+			}
 			return fmt.Errorf("remove %d finished tasks: %w", len(remove), classify(err))
 		}
 		tag, err := tx.Exec(ctx, `DELETE FROM river_job WHERE id = ANY($1) AND state IN `+jobFinalized, jobs)
@@ -193,7 +187,12 @@ func pruneOnce(ctx context.Context, db Beginner, olderThan time.Duration, limits
 		p.Jobs = tag.RowsAffected()
 		return nil
 	})
-	if err != nil {
+	switch {
+	case errors.Is(err, errPruneRace):
+		// Nothing of this transaction was removed; its trees are looked
+		// at again by the next Prune.
+		return Pruned{}, next, nil
+	case err != nil:
 		return Pruned{}, nil, err
 	}
 	return p, next, nil

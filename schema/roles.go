@@ -319,7 +319,7 @@ func CheckRoles(ctx context.Context, pool *pgxpool.Pool) error {
 	}
 	var schemaTables []string
 	if err := pool.QueryRow(ctx, `
-		SELECT coalesce(array_agg(c.oid::regclass::text ORDER BY c.relname), '{}') FROM pg_class AS c
+		SELECT coalesce(array_agg(format('%I.%I', $1::text, c.relname) ORDER BY c.relname), '{}') FROM pg_class AS c
 		 WHERE c.relnamespace = $1::regnamespace AND c.relkind IN ('r', 'v', 'p')`, Name).Scan(&schemaTables); err != nil {
 		return fmt.Errorf("read dama's tables: %w", err)
 	}

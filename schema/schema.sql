@@ -325,7 +325,11 @@ CREATE FUNCTION data_manager.event_store_append_only() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    -- Inside remove_tasks, the current user is its owner: a session that
+    -- only sets dama.pruning is not let through, whatever its rights.
     IF TG_OP = 'DELETE' AND current_setting('dama.pruning', true) = 'on'
+       AND current_user = (SELECT pg_catalog.pg_get_userbyid(f.proowner) FROM pg_catalog.pg_proc AS f
+                            WHERE f.oid = pg_catalog.to_regprocedure('data_manager.remove_tasks(bigint[])'))
        AND EXISTS (SELECT 1 FROM data_manager.etl_contexts AS c
                     WHERE c.etl_context_id = OLD.etl_context_id
                       AND data_manager.is_finished(c.etl_status)) THEN

@@ -3,7 +3,6 @@ package taskrunner
 import (
 	"errors"
 	"os"
-	"slices"
 	"syscall"
 	"time"
 
@@ -23,11 +22,11 @@ import (
 // for them to be gone, however long that takes (a process in uninterruptible
 // sleep dies late): the outcome is recorded, and the lock released, only
 // once no process of the attempt is left to meet the next one. A process
-// the runner may not signal (another user's: a setuid program the command
-// ran) is said once and not waited for.
+// the runner may not signal or read (another user's: a setuid program the
+// command ran) is said once and not waited for.
 func (r *runner) stopDescendants(a hostproc.Attempt) {
 	nextReport := time.Now().Add(30 * time.Second)
-	unkillable := map[int]bool{}
+	unkillable := map[process]bool{}
 	for {
 		var (
 			pids []int
@@ -51,13 +50,23 @@ func (r *runner) stopDescendants(a hostproc.Attempt) {
 	}
 }
 
+// process names a process by its pid and start time (0 when it cannot be
+// read).
+type process struct {
+	pid   int
+	ticks uint64
+}
+
 // killTree reaps the runner's exited children, sends SIGKILL to each live
 // process below the runner but those in unkillable (to which it adds those
-// it may not signal), and returns the runner's children left: once the
-// command is reaped, the runner, their subreaper, has a child for as long
-// as any process of the attempt lives (but below one it may not signal).
-func (r *runner) killTree(unkillable map[int]bool) ([]int, error) {
-	tree, err := hostproc.Descendants(os.Getpid())
+// it may not signal or read), and returns the runner's children left: once
+// the command is reaped, the runner, their subreaper, has a child for as
+// long as any process of the attempt lives (but below one it may not
+// signal). A process below that cannot be read is left to the next walk,
+// where it is the runner's child once its parent is killed.
+func (r *runner) killTree(unkillable map[process]bool) ([]int, error) {
+	self := os.Getpid()
+	tree, _ := hostproc.Descendants(self)
 	for _, st := range tree {
 		if st.Zombie() {
 			// Only a child of the runner's can be reaped here; a deeper one
@@ -65,17 +74,48 @@ func (r *runner) killTree(unkillable map[int]bool) ([]int, error) {
 			_, _ = unix.Wait4(st.PID, nil, unix.WNOHANG, nil)
 			continue
 		}
-		if unkillable[st.PID] {
+		p := process{st.PID, st.StartTicks}
+		if unkillable[p] {
 			continue
 		}
-		if serr := signalExactly(st, syscall.SIGKILL); errors.Is(serr, unix.EPERM) {
-			unkillable[st.PID] = true
-			r.logger.Warn("a process of the command may not be signalled (another user's): it is left running", "pid", st.PID)
+		if err := signalExactly(st, syscall.SIGKILL); errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES) {
+			r.markUnkillable(unkillable, p)
 		}
 	}
-	kids, kerr := hostproc.Children(os.Getpid())
-	kids = slices.DeleteFunc(kids, func(pid int) bool { return unkillable[pid] })
-	return kids, errors.Join(err, kerr)
+	kids, err := hostproc.Children(self)
+	if err != nil {
+		return nil, err
+	}
+	var left []int
+	for _, pid := range kids {
+		if st, serr := hostproc.ReadStat(pid); serr == nil {
+			if !unkillable[process{pid, st.StartTicks}] {
+				left = append(left, pid)
+			}
+			continue
+		}
+		// Gone meanwhile, or another user's under hidepid, which cannot
+		// be read: a signal 0 tells.
+		switch kerr := syscall.Kill(pid, 0); {
+		case errors.Is(kerr, syscall.ESRCH):
+		case errors.Is(kerr, syscall.EPERM), errors.Is(kerr, syscall.EACCES):
+			r.markUnkillable(unkillable, process{pid: pid})
+		default:
+			// A child of the runner's, unreaped: its pid is its own.
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+			left = append(left, pid)
+		}
+	}
+	return left, nil
+}
+
+// markUnkillable notes p as a process of the attempt the runner may not
+// stop, and says so once.
+func (r *runner) markUnkillable(unkillable map[process]bool, p process) {
+	if !unkillable[p] {
+		unkillable[p] = true
+		r.logger.Warn("a process of the command may not be signalled (another user's): it is left running", "pid", p.pid)
+	}
 }
 
 // reapOrphans reaps the runner's exited children but skip (the command,

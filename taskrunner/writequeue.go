@@ -135,9 +135,17 @@ func (w *writer) append(e *pendingEvent) {
 		// written, so that those a newer one replaced use up no number.
 		w.number(e)
 	}
+	w.appended++
+	e.order = w.appended
+	if e.coalesce == "" {
+		w.plainOrder = e.order
+	}
 	if e.coalesce != "" {
-		// Only at the bounds: until then every report is kept.
-		if old := w.latest[e.coalesce]; old != nil && !old.attempted && !old.gone && (e.coalesce == replacedKey || w.full(e.size)) {
+		// Only at the bounds: until then every report is kept. A
+		// checkpoint followed by a named event or a child stays: the newer
+		// one, after them, may not stand in for it.
+		if old := w.latest[e.coalesce]; old != nil && !old.attempted && !old.gone && (e.coalesce == replacedKey || w.full(e.size)) &&
+			(e.coalesce != protocol.EventCheckpoint || old.order > w.plainOrder) {
 			old.gone = true
 			old.ev.Payload, old.ev.Meta, old.replaced = nil, nil, nil
 			w.leave(old)

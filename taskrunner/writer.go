@@ -79,7 +79,10 @@ type writer struct {
 	batchLimit, singleThrough int
 	// goneCount counts the replaced events still in events.
 	goneCount int
-	nextSeq   int
+	// appended numbers the events queued, in order; plainOrder is the
+	// number of the last one that does not coalesce.
+	appended, plainOrder int64
+	nextSeq              int
 	// eventErr is the last error that made the database refuse an event for
 	// good; flush reports it.
 	eventErr error
@@ -172,6 +175,8 @@ type pendingEvent struct {
 	// child, when set, is submitted in the transaction that stores ev (a
 	// SUBMITTED event, whose payload then names the child).
 	child *protocol.Child
+	// order is its place among the events queued (writer.appended).
+	order int64
 }
 
 // replacedNote adds up what was replaced in the pipe's lines and in the

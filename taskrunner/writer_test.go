@@ -193,3 +193,39 @@ func TestProgressAndCheckpointsAreSampled(t *testing.T) {
 		})
 	})
 }
+
+// At the bounds a checkpoint replaces the one waiting, but not across an
+// event queued between them: what came after a checkpoint is never stored
+// before every checkpoint that preceded it.
+func TestACheckpointIsNotReplacedAcrossAnEvent(t *testing.T) {
+	w := newWriter("", "test", slog.New(slog.DiscardHandler), time.Second, writerHooks{})
+	w.bind(1, "00000000-0000-0000-0000-000000000001", "k")
+	ctx := context.Background()
+	for i := range maxPendingEvents {
+		if err := w.report(ctx, "ROWS", json.RawMessage(strconv.Itoa(i)), nil, false, etlcontext.Replaced{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkpoint := func(n int) {
+		t.Helper()
+		if err := w.report(ctx, protocol.EventCheckpoint, json.RawMessage(strconv.Itoa(n)), nil, false, etlcontext.Replaced{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkpoint(1)
+	// The runner's own events never wait for room.
+	w.event(protocol.EventWarning, map[string]any{"reason": "between"}, nil, false)
+	checkpoint(2)
+	checkpoint(3)
+	var got []string
+	for _, e := range w.events[maxPendingEvents:] {
+		if !e.gone {
+			p, _ := e.ev.Payload.(json.RawMessage)
+			got = append(got, e.ev.Type+" "+string(p))
+		}
+	}
+	want := []string{"k:CHECKPOINT 1", `k:WARNING {"reason":"between"}`, "k:CHECKPOINT 3"}
+	if !slices.Equal(got, want) {
+		t.Errorf("queued after the named events: %q, want %q", got, want)
+	}
+}

@@ -18,7 +18,8 @@ func newPruneCommand() *cobra.Command {
 		Short: "Remove the finished tasks older than a duration, with their events, now",
 		Long: `Remove the tasks that finished more than DURATION ago (a Go duration:
 720h, 90m; 0s removes every finished task), by the database's clock, with
-their events, attempts and River jobs, in transactions of at most 500 tasks or 50,000 events: what
+their events, attempts and River jobs, in transactions of at most 500 tasks or 50,000 events (a larger tree
+alone): what
 the supervisors do on their own past the configuration's retention. A task
 that is not finished is never removed, nor a parent while a child of it is
 kept. Needs a role that may delete (dama_supervisor, or the tables' owner).

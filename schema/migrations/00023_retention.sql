@@ -3,10 +3,10 @@
 -- by data_manager.remove_tasks, which only a supervisor may call
 -- (etlcontext.Prune chooses the trees). It removes only whole trees of
 -- finished tasks, and it alone may delete events: it says so in the
--- transaction's setting dama.pruning, and no role but the owner has the
--- right to delete events at all (a supervisor's is taken away by dama
--- migrate's grants), so setting dama.pruning opens nothing. Nothing deletes
--- an unfinished task's events.
+-- transaction's setting dama.pruning, which lets a DELETE through only as
+-- its owner (inside it), and no role but the owner has the right to delete
+-- events at all (a supervisor's is taken away by dama migrate's grants).
+-- Nothing deletes an unfinished task's events.
 --
 -- Additive: a function, and a trigger function replaced in place (no lock
 -- on event_store, which row-mode task processes hold for days).
@@ -16,7 +16,11 @@
 CREATE OR REPLACE FUNCTION data_manager.event_store_append_only() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
+    -- Inside remove_tasks, the current user is its owner: a session that
+    -- only sets dama.pruning is not let through, whatever its rights.
     IF TG_OP = 'DELETE' AND current_setting('dama.pruning', true) = 'on'
+       AND current_user = (SELECT pg_catalog.pg_get_userbyid(f.proowner) FROM pg_catalog.pg_proc AS f
+                            WHERE f.oid = pg_catalog.to_regprocedure('data_manager.remove_tasks(bigint[])'))
        AND EXISTS (SELECT 1 FROM data_manager.etl_contexts AS c
                     WHERE c.etl_context_id = OLD.etl_context_id
                       AND data_manager.is_finished(c.etl_status)) THEN

@@ -25,9 +25,9 @@ import (
 // second, while the PROGRESS events keep a history whose size grows with
 // the task's duration, not its chatter.
 
-// sampled are the suffixes that are sampled, in the order their held
+// sampled returns the suffixes that are sampled, in the order their held
 // lines are queued before an outcome.
-var sampled = []string{protocol.EventProgress, protocol.EventCheckpoint}
+func sampled() []string { return []string{protocol.EventProgress, protocol.EventCheckpoint} }
 
 // progressEvery is the least time between two writes of the context's
 // latest progress (etlcontext.SetProgress) between the PROGRESS events.
@@ -162,7 +162,7 @@ func (w *writer) releaseCheckpoint() {
 // releaseAll queues every line held back, at once: nothing is held past the
 // outcome; w.mu is held.
 func (w *writer) releaseAll() {
-	for _, suffix := range sampled {
+	for _, suffix := range sampled() {
 		if s := w.samples[suffix]; s != nil {
 			if s.timer != nil {
 				s.timer.Stop()

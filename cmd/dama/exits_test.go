@@ -23,9 +23,9 @@ import (
 func TestADaemonOfTheCommandEndsWithTheTask(t *testing.T) {
 	env := testenv.New(t)
 	// The daemon writes its pid, then sleeps; the command exits once the
-	// pid is written.
+	// test, which has read the daemon meanwhile, creates the file go.
 	script := `setsid env -u DAMA_RUN_ID /bin/sh -c 'echo $$ > "$0/daemon"; exec sleep 1000' "$0" &
-while [ ! -s "$0/daemon" ]; do sleep 0.01; done`
+while [ ! -e "$0/go" ]; do sleep 0.01; done`
 	cfg := env.WriteConfig(`
 log_dir: {{dir}}/logs
 poll_interval: 500ms
@@ -53,6 +53,9 @@ kinds:
 			_ = syscall.Kill(daemon, syscall.SIGKILL)
 		}
 	})
+	if err := os.WriteFile(filepath.Join(env.Dir, "go"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	got := w.waitSettled(id, time.Minute)
 	if got.Status != etlcontext.StatusDone || got.Attempt != 1 {
 		t.Fatalf("%s at attempt %d, want DONE at attempt 1", got.Status, got.Attempt)

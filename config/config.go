@@ -30,17 +30,19 @@ const attemptsLimit = math.MaxInt16
 // processes it launches.
 type LockMode = protocol.LockMode
 
-// The lock modes (see protocol.LockModeRow and protocol.LockModeAdvisory):
-// advisory suits tasks that run for days.
+// The lock modes (see protocol.LockModeRow, protocol.LockModeAdvisory and
+// protocol.LockModeHost): advisory suits tasks that run for days, host
+// hundreds of tasks on one host.
 const (
 	LockModeRow      = protocol.LockModeRow
 	LockModeAdvisory = protocol.LockModeAdvisory
+	LockModeHost     = protocol.LockModeHost
 )
 
 // validLockMode says what is wrong with m, if anything.
 func validLockMode(m LockMode) error {
 	if !m.Valid() {
-		return fmt.Errorf("lock_mode %q: want %q or %q", m, LockModeRow, LockModeAdvisory)
+		return fmt.Errorf("lock_mode %q: want %q, %q or %q", m, LockModeRow, LockModeAdvisory, LockModeHost)
 	}
 	return nil
 }
@@ -95,10 +97,11 @@ type Config struct {
 	// has no child left. Default 720h, 30 days (0 means the default); a
 	// negative value (-1s) keeps every task; at least 1s.
 	Retention time.Duration `yaml:"retention"`
-	// LockMode is how task processes hold their lock, "row" or "advisory";
-	// a kind may override it. See LockModeRow and LockModeAdvisory:
-	// advisory suits tasks that run for days. Empty means the default,
-	// row.
+	// LockMode is how task processes hold their lock, "row", "advisory"
+	// or "host"; a kind may override it. See LockModeRow,
+	// LockModeAdvisory and LockModeHost: advisory suits tasks that run for
+	// days, host many tasks on one host (no connection of their own).
+	// Empty means the default, row.
 	LockMode LockMode `yaml:"lock_mode"`
 	// Queues maps a queue name to its limits. A kind with no queue is in
 	// the queue "default", which is added when it is missing.

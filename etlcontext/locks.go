@@ -107,13 +107,9 @@ func LockRow(ctx context.Context, tx pgx.Tx, id int64, byKey bool) (*Context, er
 // with no transaction left open (advisory lock mode), and returns the
 // context as it stands once the lock is held; ErrLocked when another
 // process holds it. The lock lasts until UnlockSession or the session's end.
-func LockSession(ctx context.Context, conn *pgx.Conn, id int64) (*Context, error) {
-	var ok bool
-	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, $2::int)`, LockNamespace, id).Scan(&ok); err != nil {
-		return nil, fmt.Errorf("take session lock of etl context %d: %w", id, err)
-	}
-	if !ok {
-		return nil, fmt.Errorf("take session lock of etl context %d: %w", id, ErrLocked)
+func LockSession(ctx context.Context, conn DB, id int64) (*Context, error) {
+	if err := TryLockSession(ctx, conn, id); err != nil {
+		return nil, err
 	}
 	c, err := Get(ctx, conn, id)
 	if err != nil {
@@ -122,12 +118,39 @@ func LockSession(ctx context.Context, conn *pgx.Conn, id int64) (*Context, error
 	return c, nil
 }
 
+// TryLockSession takes the session lock of context id on conn, which must
+// be a connection (a pool would hand the lock to its next user), or fails
+// with ErrLocked: LockSession without the read, for a lock keeper that
+// holds the locks of many task processes on one session (host lock mode).
+func TryLockSession(ctx context.Context, conn DB, id int64) error {
+	var ok bool
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, $2::int)`, LockNamespace, id).Scan(&ok); err != nil {
+		return fmt.Errorf("take session lock of etl context %d: %w", id, err)
+	}
+	if !ok {
+		return fmt.Errorf("take session lock of etl context %d: %w", id, ErrLocked)
+	}
+	return nil
+}
+
 // UnlockSession releases the session lock LockSession took on conn.
-func UnlockSession(ctx context.Context, conn *pgx.Conn, id int64) error {
+func UnlockSession(ctx context.Context, conn DB, id int64) error {
 	if _, err := conn.Exec(ctx, `SELECT pg_advisory_unlock($1, $2::int)`, LockNamespace, id); err != nil {
 		return fmt.Errorf("release session lock of etl context %d: %w", id, err)
 	}
 	return nil
+}
+
+// HoldsKeyOf reports whether db's session (or transaction) holds the key
+// of context id's current run, which must be RUNNING: how a lock keeper
+// knows that a process asking it to hold a context's lock is that run's
+// task process.
+func HoldsKeyOf(ctx context.Context, db DB, id int64) (bool, error) {
+	var ok bool
+	if err := db.QueryRow(ctx, `SELECT data_manager.holds_key_of($1)`, id).Scan(&ok); err != nil {
+		return false, fmt.Errorf("check the run key of etl context %d: %w", id, err)
+	}
+	return ok, nil
 }
 
 func tryXactLock(ctx context.Context, tx pgx.Tx, id int64) (bool, error) {

@@ -44,7 +44,16 @@ go vet ./...
 go test -race -count=1 -timeout 30m "$@" ./...
 # The end-to-end suite again with every task in advisory lock mode (the
 # steady-state and upgrade tests run both modes themselves).
-DAMA_TEST_LOCK_MODE=advisory go test -race -count=1 -timeout 30m -skip 'TestSteadyState|TestUpgradeFromThePreviousRelease' "$@" ./cmd/dama
+DAMA_TEST_LOCK_MODE=advisory go test -race -count=1 -timeout 30m -skip 'TestSteadyState|TestUpgradeFromThePreviousRelease|TestHostMode|TestAKilledKeeper' "$@" ./cmd/dama
+# The faults and the guarantees again in host lock mode, through a lock
+# keeper (the keeper's own tests run in every pass: they set the mode).
+host_tests='TestTasksSurviveSupervisorKillAndAreAdopted|TestKilledTaskIsRetriedFromItsCheckpoint|TestSecondTaskrunnerExitsWithoutWriting'
+host_tests+='|TestCancel$|TestLockConnectionLoss|TestAdoptionAndRetryAcrossHosts|TestNothingIsLostWhateverIsKilled'
+host_tests+='|TestChaosNoOverlapWhateverIsKilledOrRestarted|TestABurstOfEventsLosesNothing|TestAFloodDuringAnOutageLosesNothing'
+host_tests+='|TestPostgresRestartKillsNoTask|TestOutageLongerThanGraceStopsCommandsBeforeAnyRetry|TestSilentLockConnectionIsFencedBeforeARetryElsewhere'
+host_tests+='|TestCancelReachesATaskWhoseWriteConnectionWentSilent|TestFailoverToAStreamingReplicaKillsNoTask|TestNoConnectionForTheTaskProcessSpendsNoAttempt'
+host_tests+='|TestAwaitChildren|TestFailedChildFailsItsParent|TestRetiredRunnerProtocolIsRefused|TestAnAnnouncedCancellationStopsNothingUnlessRecorded'
+DAMA_TEST_LOCK_MODE=host go test -race -count=1 -timeout 30m -run "$host_tests" "$@" ./cmd/dama
 
 # A short fuzz pass over the parsers of outside input, from the corpora in
 # each package's testdata/fuzz and the inputs this host's Go cache kept from
@@ -58,6 +67,9 @@ fuzz_targets=(
 	"./config FuzzParse 50000"
 	"./config FuzzParseSchedule 50000"
 	"./taskrunner/protocol FuzzParseLaunch 50000"
+	"./taskrunner/protocol FuzzParseKeeperLaunch 20000"
+	# What any process of the user may send a host's lock keeper.
+	"./internal/keeper FuzzSession 20000"
 	"./cmd/dama FuzzDueAt 50000"
 	"./cmd/dama FuzzParseID 50000"
 	"./cmd/dama FuzzListenAddr 20000"

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/dama-etl/dama/config"
+	"github.com/dama-etl/dama/taskrunner"
 )
 
 // Budget is what the configured max_running settings need of the server's
@@ -15,7 +16,9 @@ type Budget struct {
 	MaxTasks int
 	// RowMode and AdvisoryMode are the connections MaxTasks task processes
 	// hold in each lock mode; Configured, with each kind's own lock_mode
-	// (a queue counts at its most demanding kind).
+	// (a queue counts at its most demanding kind), and the lock keeper of
+	// this host when a kind uses lock_mode host (its task processes hold
+	// none of their own; each other host running them has a keeper too).
 	RowMode, AdvisoryMode, Configured int
 	// Supervisor is the most this supervisor holds itself: its pool, River's
 	// listener (taken from the pool and then let go of by it, so the pool
@@ -44,6 +47,12 @@ func (s *Supervisor) ConnectionBudget(ctx context.Context) (Budget, error) {
 		b.AdvisoryMode += q.MaxRunning * config.LockModeAdvisory.ConnectionsPerTask()
 		b.Configured += q.MaxRunning * perTask
 	}
+	for _, k := range s.cfg.Kinds {
+		if k.LockMode == config.LockModeHost {
+			b.Configured += taskrunner.KeeperConnections
+			break
+		}
+	}
 	// reserved_connections exists from PostgreSQL 16 on.
 	err := s.pool.QueryRow(ctx, `
 		SELECT current_setting('max_connections')::int
@@ -71,7 +80,7 @@ func (s *Supervisor) reportBudget(ctx context.Context) {
 		"server_max_connections", b.ServerMax, "in_use", b.InUse,
 	}
 	if !b.Enough() {
-		s.logger.Warn("the server allows fewer connections than the tasks of max_running and this supervisor need: tasks beyond it wait for a free connection (no attempt is spent); raise max_connections, lower max_running, or use lock_mode: advisory", args...)
+		s.logger.Warn("the server allows fewer connections than the tasks of max_running and this supervisor need: tasks beyond it wait for a free connection (no attempt is spent); raise max_connections, lower max_running, or use lock_mode: host", args...)
 		return
 	}
 	s.logger.Info("connection budget", args...)

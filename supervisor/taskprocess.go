@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"syscall"
 
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/internal/hostproc"
@@ -45,10 +46,16 @@ func RunTaskProcess(ctx context.Context, funcs taskrunner.Funcs) (code int, ok b
 		return RunTaskrunner(ctx, args, funcs), true
 	case role == protocol.ProcessFunction:
 		return taskrunner.RunFunction(ctx, funcs), true
+	case role == protocol.ProcessKeeper:
+		args := os.Args[1:]
+		if len(args) > 0 && args[0] == protocol.KeeperSubcommand {
+			args = args[1:]
+		}
+		return RunKeeper(ctx, args), true
 	default:
 		// Not this program's normal run either: that could start a
 		// whole supervisor where a task process was meant.
-		fmt.Fprintf(os.Stderr, "dama: %s=%q: want %q or %q\n", protocol.ProcessEnv, role, protocol.ProcessRunner, protocol.ProcessFunction)
+		fmt.Fprintf(os.Stderr, "dama: %s=%q: want %q, %q or %q\n", protocol.ProcessEnv, role, protocol.ProcessRunner, protocol.ProcessFunction, protocol.ProcessKeeper)
 		return protocol.ExitSetup, true
 	}
 }
@@ -115,9 +122,13 @@ func runnerOptions(args []string, funcs taskrunner.Funcs) (taskrunner.Options, e
 		Submit:      children.submitChild,
 	}
 	if launch.ReadyFD > 0 {
+		// Kept from any process the runner starts (a lock keeper before
+		// the lock is held): the supervisor waits for the pipe's end.
+		syscall.CloseOnExec(launch.ReadyFD)
 		opts.Ready = os.NewFile(uintptr(launch.ReadyFD), "ready")
 	}
 	if launch.KeyFD > 0 {
+		syscall.CloseOnExec(launch.KeyFD)
 		f := os.NewFile(uintptr(launch.KeyFD), "key")
 		key, err := io.ReadAll(io.LimitReader(f, protocol.MaxKey))
 		f.Close()
@@ -127,4 +138,27 @@ func runnerOptions(args []string, funcs taskrunner.Funcs) (taskrunner.Options, e
 		opts.RunKey = string(key)
 	}
 	return opts, nil
+}
+
+// RunKeeper runs the host's lock keeper of lock_mode host, with the
+// arguments a task process gives after protocol.KeeperSubcommand, and
+// returns the process's exit code. The database comes from the
+// environment (protocol.DatabaseURLEnv); the keeper logs to stderr, a file
+// beside its socket. It is `dama keeper`.
+func RunKeeper(ctx context.Context, args []string) int {
+	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
+	logger := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "keeper")
+	launch, err := protocol.ParseKeeperLaunch(args)
+	if err == nil && os.Getenv(protocol.DatabaseURLEnv) == "" {
+		err = errors.New(protocol.DatabaseURLEnv + " is not set")
+	}
+	if err != nil {
+		logger.Error("keeper", "error", err, "exit_code", protocol.ExitSetup)
+		return protocol.ExitSetup
+	}
+	return taskrunner.RunKeeper(context.WithoutCancel(ctx), taskrunner.KeeperOptions{
+		DatabaseURL: os.Getenv(protocol.DatabaseURLEnv),
+		Launch:      launch,
+		Logger:      logger,
+	})
 }

@@ -9,8 +9,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 )
@@ -66,7 +64,7 @@ func (r *runner) awaitChildren(ctx context.Context, signals <-chan os.Signal) (i
 			counts    etlcontext.Children
 			cancelled bool
 		)
-		err := r.w.do(cctx, func(ctx context.Context, conn *pgx.Conn) error {
+		err := r.w.do(cctx, func(ctx context.Context, conn dbConn) error {
 			var err error
 			if counts, err = etlcontext.ChildCounts(ctx, conn, self); err != nil {
 				return err
@@ -117,7 +115,7 @@ func (r *runner) awaitChildren(ctx context.Context, signals <-chan os.Signal) (i
 			case <-r.w.superseded:
 				return protocol.ExitLockLost, errors.New("the database refused a write of this run: it is no longer current")
 			case <-r.lock.changed:
-				if state, err := r.lock.get(); state == lockSuperseded {
+				if state, _, err := r.lock.get(); state == lockSuperseded {
 					return r.finish(ctx, protocol.ExitLockLost, protocol.EventError, map[string]any{"reason": "the lock could not be taken again: " + err.Error()}, err)
 				}
 			case <-recount.C:

@@ -50,11 +50,18 @@ type lockKeeper struct {
 	heartbeat time.Duration
 	logger    *slog.Logger
 	w         *writer
+	// dial makes the connection that holds the lock in advisory and host
+	// modes (the writer's too).
+	dial func(ctx context.Context) (dbConn, error)
 
 	mu       sync.Mutex
 	state    lockState
 	stateErr error
-	changed  chan struct{}
+	// losses counts the losses: one taken again before the main loop
+	// looked still counts (in host mode the keeper takes it again in
+	// milliseconds).
+	losses  int
+	changed chan struct{}
 
 	// Row mode: the lock connection and its transaction.
 	conn *pgx.Conn
@@ -80,27 +87,35 @@ func (k *lockKeeper) appName() string { return fmt.Sprintf("dama-task-lock:%d", 
 // as it stands under the lock; etlcontext.ErrLocked when another process
 // holds it. In advisory mode the connection is returned too, for the
 // writer to adopt: it is the task's only connection.
-func (k *lockKeeper) lock(ctx context.Context) (*etlcontext.Context, *pgx.Conn, error) {
+func (k *lockKeeper) lock(ctx context.Context) (*etlcontext.Context, dbConn, error) {
 	cctx, cancel := context.WithTimeout(ctx, lockConnectTimeout(k.heartbeat))
 	defer cancel()
-	conn, err := connect(cctx, k.url, k.runKey, k.appName(), k.heartbeat)
-	if err != nil {
-		return nil, nil, err
-	}
-	// Before the lock: a runner the database no longer accepts touches
-	// nothing.
-	if err := etlcontext.CheckRunnerProtocol(cctx, conn, protocol.Version); err != nil {
-		conn.Close(context.WithoutCancel(ctx))
-		return nil, nil, err
-	}
-	if k.mode == config.LockModeAdvisory {
-		c, err := etlcontext.LockSession(cctx, conn, k.contextID)
+	if k.mode != config.LockModeRow {
+		conn, err := k.dial(cctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		// Before the lock: a runner the database no longer accepts
+		// touches nothing.
+		if err := etlcontext.CheckRunnerProtocol(cctx, conn, protocol.Version); err != nil {
+			conn.Close(context.WithoutCancel(ctx))
+			return nil, nil, err
+		}
+		c, err := conn.lockSession(cctx, k.contextID)
 		if err != nil {
 			conn.Close(context.WithoutCancel(ctx))
 			return nil, nil, err
 		}
-		k.lastPID = conn.PgConn().PID()
+		k.lastPID = conn.backendPID()
 		return c, conn, nil
+	}
+	conn, err := connect(cctx, k.url, k.runKey, k.appName(), k.heartbeat)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := etlcontext.CheckRunnerProtocol(cctx, conn, protocol.Version); err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return nil, nil, err
 	}
 	c, tx, err := lockOn(cctx, conn, k.contextID, k.runKey != "")
 	if err != nil {
@@ -156,13 +171,13 @@ func dropSnapshot(ctx context.Context, tx pgx.Tx) error {
 // still held, and takes it again within grace if it was lost: nothing runs
 // yet, so the runner may simply wait.
 func (k *lockKeeper) check(ctx context.Context, grace time.Duration) error {
-	if k.mode == config.LockModeAdvisory {
+	if k.mode != config.LockModeRow {
 		// The writer takes the lock again on a new connection before it
 		// runs anything there: a ping that succeeds went over a connection
-		// that holds the lock.
+		// that holds the lock (in host mode, the keeper's lock session).
 		gctx, cancel := context.WithTimeout(ctx, lockConnectTimeout(k.heartbeat)+grace)
 		defer cancel()
-		return k.w.do(gctx, func(ctx context.Context, conn *pgx.Conn) error { return conn.Ping(ctx) })
+		return k.w.do(gctx, func(ctx context.Context, conn dbConn) error { return conn.Ping(ctx) })
 	}
 	pctx, cancel := context.WithTimeout(ctx, lockConnectTimeout(k.heartbeat))
 	_, err := k.tx.Exec(pctx, "SELECT 1")
@@ -182,6 +197,9 @@ func (k *lockKeeper) set(state lockState, err error) {
 	k.mu.Lock()
 	if k.state != lockSuperseded {
 		k.state, k.stateErr = state, err
+		if state == lockLost {
+			k.losses++
+		}
 	}
 	k.mu.Unlock()
 	select {
@@ -190,11 +208,12 @@ func (k *lockKeeper) set(state lockState, err error) {
 	}
 }
 
-// current returns the lock's state and what caused it.
-func (k *lockKeeper) get() (lockState, error) {
+// get returns the lock's state, how many times the lock was lost so far,
+// and what caused the state.
+func (k *lockKeeper) get() (lockState, int, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	return k.state, k.stateErr
+	return k.state, k.losses, k.stateErr
 }
 
 // release gives the lock back, once, waiting at most timeout for the
@@ -208,12 +227,12 @@ func (k *lockKeeper) release(ctx context.Context, timeout time.Duration) error {
 	k.releasing.Store(true)
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
-	if k.mode == config.LockModeAdvisory {
+	if k.mode != config.LockModeRow {
 		if k.w == nil {
 			return nil
 		}
-		return k.w.do(rctx, func(ctx context.Context, conn *pgx.Conn) error {
-			return etlcontext.UnlockSession(ctx, conn, k.contextID)
+		return k.w.do(rctx, func(ctx context.Context, conn dbConn) error {
+			return conn.unlockSession(ctx, k.contextID)
 		})
 	}
 	if k.conn == nil {
@@ -244,15 +263,7 @@ func connect(ctx context.Context, url, runKey, name string, heartbeat time.Durat
 		// In the startup packet: no statement log shows it.
 		cfg.RuntimeParams[etlcontext.RunKeySetting] = runKey
 	}
-	if heartbeat > 0 {
-		cfg.RuntimeParams["tcp_keepalives_idle"] = strconv.Itoa(int(keepaliveIdle.Seconds()))
-		cfg.RuntimeParams["tcp_keepalives_interval"] = strconv.Itoa(int(keepaliveInterval.Seconds()))
-		cfg.RuntimeParams["tcp_keepalives_count"] = strconv.Itoa(keepaliveCount)
-		// Data the server sent that stays unacknowledged this long also ends
-		// the session.
-		cfg.RuntimeParams["tcp_user_timeout"] = strconv.Itoa(int(LockReleaseBound.Milliseconds()))
-		cfg.DialFunc = probingDialer(heartbeat).DialContext
-	}
+	setKeepalives(cfg, heartbeat)
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connect as %s: %w", name, err)
@@ -262,4 +273,20 @@ func connect(ctx context.Context, url, runKey, name string, heartbeat time.Durat
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	return conn, nil
+}
+
+// setKeepalives, with heartbeat > 0, asks the server for keepalives on
+// cfg's connections, so that it releases the locks of a host that
+// vanished, and has the kernel probe them (see connect).
+func setKeepalives(cfg *pgx.ConnConfig, heartbeat time.Duration) {
+	if heartbeat <= 0 {
+		return
+	}
+	cfg.RuntimeParams["tcp_keepalives_idle"] = strconv.Itoa(int(keepaliveIdle.Seconds()))
+	cfg.RuntimeParams["tcp_keepalives_interval"] = strconv.Itoa(int(keepaliveInterval.Seconds()))
+	cfg.RuntimeParams["tcp_keepalives_count"] = strconv.Itoa(keepaliveCount)
+	// Data the server sent that stays unacknowledged this long also ends
+	// the session.
+	cfg.RuntimeParams["tcp_user_timeout"] = strconv.Itoa(int(LockReleaseBound.Milliseconds()))
+	cfg.DialFunc = probingDialer(heartbeat).DialContext
 }

@@ -39,8 +39,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 )
@@ -78,7 +76,7 @@ func (r *runner) finish(ctx context.Context, code int, suffix string, payload ma
 	}
 	nctx, ncancel := context.WithTimeout(ctx, 2*time.Second)
 	defer ncancel()
-	if err := r.w.do(nctx, func(ctx context.Context, conn *pgx.Conn) error {
+	if err := r.w.do(nctx, func(ctx context.Context, conn dbConn) error {
 		_, err := conn.Exec(ctx, "SELECT pg_notify($1, $2)", protocol.ExitedChannel, strconv.FormatInt(r.ctx.ID, 10))
 		return err
 	}); err != nil {

@@ -75,7 +75,7 @@ func (r *runner) killTree(unkillable map[process]bool) ([]int, error) {
 			continue
 		}
 		p := process{st.PID, st.StartTicks}
-		if unkillable[p] {
+		if unkillable[p] || r.isKeeper(p) {
 			continue
 		}
 		if err := signalExactly(st, syscall.SIGKILL); errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES) {
@@ -89,7 +89,7 @@ func (r *runner) killTree(unkillable map[process]bool) ([]int, error) {
 	var left []int
 	for _, pid := range kids {
 		if st, serr := hostproc.ReadStat(pid); serr == nil {
-			if !unkillable[process{pid, st.StartTicks}] {
+			if p := (process{pid, st.StartTicks}); !unkillable[p] && !r.isKeeper(p) {
 				left = append(left, pid)
 			}
 			continue

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
 )
@@ -16,7 +14,7 @@ import (
 // when it fails, it takes the lock again, reporting each change (set). In
 // advisory mode the writer does the watching.
 func (k *lockKeeper) watch(ctx context.Context) {
-	if k.mode == config.LockModeAdvisory {
+	if k.mode != config.LockModeRow {
 		return
 	}
 	for {
@@ -100,7 +98,7 @@ func (k *lockKeeper) tryRetake(ctx context.Context, oldPID uint32) error {
 	}
 	// Until a supervisor's mark of the loss is cleared, the loss counts: a
 	// later loss must not be timed from this one.
-	if err := k.w.do(cctx, func(ctx context.Context, conn *pgx.Conn) error {
+	if err := k.w.do(cctx, func(ctx context.Context, conn dbConn) error {
 		return etlcontext.ClearLockLost(ctx, conn, k.contextID, k.runID)
 	}); err != nil {
 		return err
@@ -113,7 +111,11 @@ func (k *lockKeeper) tryRetake(ctx context.Context, oldPID uint32) error {
 // endLostSession ends the backend that held the lock before the connection
 // failed, if it is still this task's: a connection that went silent may
 // still hold the lock on the server until its keepalives give up.
-func (k *lockKeeper) endLostSession(ctx context.Context, conn *pgx.Conn, oldPID uint32) {
+func (k *lockKeeper) endLostSession(ctx context.Context, conn etlcontext.DB, oldPID uint32) {
+	if oldPID == 0 {
+		// Host mode: the keeper ends its own.
+		return
+	}
 	if _, err := conn.Exec(ctx, `
 		SELECT pg_terminate_backend(pid) FROM pg_stat_activity
 		 WHERE pid = $1 AND application_name = $2 AND datname = current_database()`,
@@ -133,21 +135,22 @@ func (k *lockKeeper) current(c *etlcontext.Context) error {
 	return nil
 }
 
-// lost is the writer telling an advisory-mode keeper that the connection
-// holding the lock failed.
+// lost is the writer telling an advisory- or host-mode keeper that the
+// connection holding the lock failed.
 func (k *lockKeeper) lost(err error) { k.set(lockLost, err) }
 
-// resume runs first on every new connection of an advisory-mode writer:
+// resume runs first on every new connection of an advisory- or host-mode
+// writer:
 // it takes the lock again under the same run and clears the loss mark. A
 // permanent error (the run is no longer current) supersedes the run; any
 // other is tried again on another connection.
-func (k *lockKeeper) resume(ctx context.Context, conn *pgx.Conn) error {
+func (k *lockKeeper) resume(ctx context.Context, conn dbConn) error {
 	if k.releasing.Load() {
 		// The runner is ending: a lock taken now would outlive it.
 		return fmt.Errorf("etl context %d: the runner released its lock: %w", k.contextID, etlcontext.ErrStaleRun)
 	}
 	k.endLostSession(ctx, conn, k.lastPID)
-	c, err := etlcontext.LockSession(ctx, conn, k.contextID)
+	c, err := conn.lockSession(ctx, k.contextID)
 	if errors.Is(err, etlcontext.ErrLocked) {
 		// The lost session is still ending, or a supervisor looks at the
 		// context for a moment, or another attempt holds it: which one,
@@ -161,7 +164,7 @@ func (k *lockKeeper) resume(ctx context.Context, conn *pgx.Conn) error {
 	}
 	if err == nil {
 		if err = k.current(c); err != nil {
-			err = errors.Join(err, etlcontext.UnlockSession(ctx, conn, k.contextID))
+			err = errors.Join(err, conn.unlockSession(ctx, k.contextID))
 		}
 	}
 	if err == nil {
@@ -173,7 +176,7 @@ func (k *lockKeeper) resume(ctx context.Context, conn *pgx.Conn) error {
 		}
 		return err
 	}
-	k.lastPID = conn.PgConn().PID()
+	k.lastPID = conn.backendPID()
 	k.logger.Info("lock taken again")
 	k.set(lockHeld, nil)
 	return nil

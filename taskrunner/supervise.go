@@ -45,8 +45,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/hostproc"
@@ -102,7 +100,7 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 	if st, err := hostproc.ReadStat(pgid); err == nil {
 		leaderTicks = st.StartTicks
 	}
-	r.w.call(func(ctx context.Context, conn *pgx.Conn) error {
+	r.w.call(func(ctx context.Context, conn dbConn) error {
 		return etlcontext.RecordCommand(ctx, conn, r.ctx.ID, r.opts.RunID, pgid, leaderTicks)
 	})
 	r.logger.Info("command started", "pid", pgid, "command", r.argv, "attempt", r.ctx.Attempt)
@@ -137,6 +135,8 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 		timeout    <-chan time.Time
 		timedOut   bool
 	)
+	// Losses before the command started were ridden out (lock.check).
+	_, seenLosses, _ := r.lock.get()
 	if d := r.kind.Timeout; d > 0 {
 		timeout = time.After(d)
 	}
@@ -171,9 +171,9 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 			superseded = nil
 			stop("the database refused a write of this run: it is no longer current", protocol.ExitLockLost)
 		case <-r.lock.changed:
-			state, err := r.lock.get()
-			switch {
-			case state == lockLost && !lockIsLost:
+			state, losses, err := r.lock.get()
+			if losses > seenLosses && !lockIsLost {
+				// Lost, and perhaps held again already: the loss counts.
 				lockIsLost, lostSince = true, time.Now()
 				grace := *cfg.ReconnectGrace
 				r.logger.Error("lock connection failed; keeping the command running while taking the lock again", "error", err, "reconnect_grace", grace)
@@ -182,6 +182,9 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 				} else {
 					graceTimer = time.After(grace)
 				}
+			}
+			seenLosses = losses
+			switch {
 			case state == lockHeld && lockIsLost:
 				lockIsLost, graceTimer = false, nil
 				r.logger.Info("lock held again", "unlocked_for", time.Since(lostSince).Round(time.Millisecond))

@@ -41,7 +41,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"golang.org/x/sys/unix"
 
 	"github.com/dama-etl/dama/config"
@@ -154,13 +153,17 @@ type runner struct {
 	// subreaper: the runner is its command's subreaper, and finds the
 	// attempt's processes in its own tree (reap.go).
 	subreaper bool
+	// keepers are the lock keepers the runner started: its children, but
+	// not its command's processes, left running when it ends.
+	keepersMu sync.Mutex
+	keepers   map[process]bool
 }
 
 // checkCancel runs first on every new write connection but the first: a
 // cancellation announced while the runner was away from the database is
 // delivered as if heard. It fails with etlcontext.ErrStaleRun when the run
 // is no longer current.
-func (r *runner) checkCancel(ctx context.Context, conn *pgx.Conn) error {
+func (r *runner) checkCancel(ctx context.Context, conn dbConn) error {
 	requested, err := etlcontext.CancelRequested(ctx, conn, r.opts.ContextID, r.opts.RunID)
 	if err != nil || !requested {
 		return err
@@ -180,11 +183,13 @@ func (r *runner) run(ctx context.Context) (int, error) {
 	r.lock.runKey = r.opts.RunKey
 	hooks := writerHooks{resume: r.checkCancel}
 	name := fmt.Sprintf("dama-task:%d", r.opts.ContextID)
-	if mode == config.LockModeAdvisory {
+	if mode != config.LockModeRow {
 		// One connection for everything: it holds the lock, so every new
-		// one takes the lock again before anything else is sent on it.
+		// one takes the lock again before anything else is sent on it. In
+		// host mode it is a session with the keeper, which holds the lock
+		// for as long as the session lasts.
 		hooks = writerHooks{
-			resume: func(ctx context.Context, conn *pgx.Conn) error {
+			resume: func(ctx context.Context, conn dbConn) error {
 				if err := r.lock.resume(ctx, conn); err != nil {
 					return err
 				}
@@ -193,8 +198,19 @@ func (r *runner) run(ctx context.Context) (int, error) {
 			lost: r.lock.lost,
 		}
 		name = r.lock.appName()
+		r.lock.dial = func(ctx context.Context) (dbConn, error) {
+			conn, err := connect(ctx, r.opts.DatabaseURL, r.opts.RunKey, name, cfg.HeartbeatInterval)
+			if err != nil {
+				return nil, err
+			}
+			return pgxConn{conn}, nil
+		}
+		if mode == config.LockModeHost {
+			r.lock.dial = r.dialKeeper
+		}
 	}
 	r.w = newWriter(r.opts.DatabaseURL, name, r.logger, stmtTimeout, hooks)
+	r.w.dial = r.lock.dial
 	r.w.runKey = r.opts.RunKey
 	r.w.submit = r.opts.Submit
 	// Probed like the lock connection, in both modes: the write connection
@@ -204,7 +220,7 @@ func (r *runner) run(ctx context.Context) (int, error) {
 	r.lock.w = r.w
 	wctx, stopWriter := context.WithCancel(context.WithoutCancel(ctx))
 	writerDone := make(chan struct{})
-	startWriter := func(conn *pgx.Conn) {
+	startWriter := func(conn dbConn) {
 		go func() {
 			defer close(writerDone)
 			r.w.run(wctx, conn, protocol.CancelChannel)
@@ -227,6 +243,10 @@ func (r *runner) run(ctx context.Context) (int, error) {
 	switch {
 	case errors.Is(err, etlcontext.ErrLocked):
 		r.logger.Info("another process holds the lock of this context")
+		return protocol.ExitLocked, nil
+	case errors.Is(err, etlcontext.ErrStaleRun):
+		// The lock keeper does not take the run's key.
+		r.logger.Info("this run is not the context's current one", "error", err)
 		return protocol.ExitLocked, nil
 	case errors.Is(err, etlcontext.ErrProtocolRefused):
 		return protocol.ExitRefused, err
@@ -260,7 +280,7 @@ func (r *runner) run(ctx context.Context) (int, error) {
 		// the stored reason compares equal.
 		reason, _ := etlcontext.CleanText("this host cannot run the task: " + err.Error())
 		var seen bool
-		if serr := r.w.do(fctx, func(ctx context.Context, conn *pgx.Conn) (err error) {
+		if serr := r.w.do(fctx, func(ctx context.Context, conn dbConn) (err error) {
 			seen, err = etlcontext.WarnedThisAttempt(ctx, conn, c.ID, reason)
 			return err
 		}); serr != nil {
@@ -365,7 +385,7 @@ func (r *runner) recordStart(ctx context.Context) (cancelRequested bool, err err
 	}
 	rctx, cancel := context.WithTimeout(ctx, 2*stmtTimeout)
 	defer cancel()
-	err = r.w.do(rctx, func(ctx context.Context, conn *pgx.Conn) error {
+	err = r.w.do(rctx, func(ctx context.Context, conn dbConn) error {
 		// Read before recording: a database that fails now spends no
 		// attempt (the supervisor takes back a launch with no task process
 		// recorded).
@@ -387,7 +407,7 @@ func (r *runner) recordStart(ctx context.Context) (cancelRequested bool, err err
 func (r *runner) giveBack(ctx context.Context, sig os.Signal) (int, error) {
 	wctx, cancel := context.WithTimeout(ctx, stmtTimeout)
 	defer cancel()
-	err := r.w.do(wctx, func(ctx context.Context, conn *pgx.Conn) error {
+	err := r.w.do(wctx, func(ctx context.Context, conn dbConn) error {
 		return etlcontext.WithdrawRunner(ctx, conn, r.ctx.ID, r.opts.RunID, os.Getpid())
 	})
 	switch {

@@ -6,7 +6,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/dama-etl/dama/etlcontext"
@@ -77,7 +76,7 @@ func (w *writer) confirmCancel(ctx context.Context) bool {
 	id, runID := w.contextID, w.runID
 	w.mu.Unlock()
 	var requested bool
-	err := w.exec(ctx, func(ctx context.Context, conn *pgx.Conn) (err error) {
+	err := w.exec(ctx, func(ctx context.Context, conn dbConn) (err error) {
 		requested, err = etlcontext.CancelRequested(ctx, conn, id, runID)
 		return err
 	})

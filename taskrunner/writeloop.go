@@ -21,19 +21,19 @@ func (w *writer) listenToo(ctx context.Context, channel string) error {
 	w.mu.Lock()
 	w.alsoListen = append(w.alsoListen, channel)
 	w.mu.Unlock()
-	return w.do(ctx, func(ctx context.Context, conn *pgx.Conn) error {
-		return w.listen(ctx, conn, []string{channel})
+	return w.do(ctx, func(ctx context.Context, conn dbConn) error {
+		return listen(ctx, conn, []string{channel})
 	})
 }
 
 // call queues fn ahead of the events and returns a channel that receives its
 // result. fn may run more than once (after a lost connection): it must be
 // idempotent.
-func (w *writer) call(fn func(context.Context, *pgx.Conn) error) <-chan error {
+func (w *writer) call(fn func(context.Context, dbConn) error) <-chan error {
 	return w.enqueue(context.Background(), fn).done
 }
 
-func (w *writer) enqueue(ctx context.Context, fn func(context.Context, *pgx.Conn) error) *writeCall {
+func (w *writer) enqueue(ctx context.Context, fn func(context.Context, dbConn) error) *writeCall {
 	c := &writeCall{ctx: ctx, fn: fn, done: make(chan error, 1)}
 	w.mu.Lock()
 	w.calls = append(w.calls, c)
@@ -45,7 +45,7 @@ func (w *writer) enqueue(ctx context.Context, fn func(context.Context, *pgx.Conn
 // do is call, waiting for the result until ctx ends. When ctx ends first,
 // fn is skipped if it has not started, and otherwise waited for: it runs
 // under ctx, so it ends at once, and it never runs after do returned.
-func (w *writer) do(ctx context.Context, fn func(context.Context, *pgx.Conn) error) error {
+func (w *writer) do(ctx context.Context, fn func(context.Context, dbConn) error) error {
 	c := w.enqueue(ctx, fn)
 	var err error
 	select {
@@ -108,7 +108,7 @@ func (w *writer) flush(ctx context.Context) error {
 // when not nil, is the writer's first connection, made by the caller (in
 // advisory lock mode, the one that took the lock); otherwise the writer
 // makes it.
-func (w *writer) run(ctx context.Context, conn *pgx.Conn, listen ...string) {
+func (w *writer) run(ctx context.Context, conn dbConn, channels ...string) {
 	defer func() {
 		if w.conn != nil {
 			closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
@@ -118,7 +118,7 @@ func (w *writer) run(ctx context.Context, conn *pgx.Conn, listen ...string) {
 	}()
 	first := true
 	if conn != nil {
-		if err := w.listen(ctx, conn, listen); err != nil {
+		if err := listen(ctx, conn, channels); err != nil {
 			w.logger.Warn("listen on the first connection", "error", err)
 			w.connErr = err
 			conn.Close(ctx)
@@ -139,7 +139,7 @@ func (w *writer) run(ctx context.Context, conn *pgx.Conn, listen ...string) {
 			if w.conn != nil && w.hooks.lost != nil {
 				w.hooks.lost(w.connErr)
 			}
-			if err := w.connect(ctx, listen, first); err != nil {
+			if err := w.connect(ctx, channels, first); err != nil {
 				w.logger.Warn("connect write connection", "error", err, "retry_in", delay)
 				// A queued write cuts the wait short: the lock keeper waits on
 				// this connection to finish taking its lock again.
@@ -164,18 +164,22 @@ func (w *writer) run(ctx context.Context, conn *pgx.Conn, listen ...string) {
 	}
 }
 
-func (w *writer) connect(ctx context.Context, listen []string, first bool) error {
+func (w *writer) connect(ctx context.Context, channels []string, first bool) error {
 	w.conn = nil
 	cctx, cancel := context.WithTimeout(ctx, w.stmtTimeout)
 	defer cancel()
-	conn, err := connect(cctx, w.url, w.runKey, w.name, w.heartbeat)
+	conn, err := w.open(cctx)
 	if err != nil {
+		if permanent(err) {
+			w.logger.Warn("this run is no longer current: nothing more is written", "error", err)
+			w.supersede()
+		}
 		return err
 	}
 	w.mu.Lock()
 	also := slices.Clone(w.alsoListen)
 	w.mu.Unlock()
-	if err := w.listen(cctx, conn, append(slices.Clone(listen), also...)); err != nil {
+	if err := listen(cctx, conn, append(slices.Clone(channels), also...)); err != nil {
 		conn.Close(ctx)
 		return err
 	}
@@ -199,9 +203,21 @@ func (w *writer) connect(ctx context.Context, listen []string, first bool) error
 	return nil
 }
 
-func (w *writer) listen(ctx context.Context, conn *pgx.Conn, channels []string) error {
+// open makes a connection for the writer.
+func (w *writer) open(ctx context.Context) (dbConn, error) {
+	if w.dial != nil {
+		return w.dial(ctx)
+	}
+	conn, err := connect(ctx, w.url, w.runKey, w.name, w.heartbeat)
+	if err != nil {
+		return nil, err
+	}
+	return pgxConn{conn}, nil
+}
+
+func listen(ctx context.Context, conn dbConn, channels []string) error {
 	for _, ch := range channels {
-		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
+		if err := conn.listen(ctx, ch); err != nil {
 			return fmt.Errorf("listen on %s: %w", ch, err)
 		}
 	}
@@ -310,7 +326,7 @@ func (w *writer) serveEvents(ctx context.Context) bool {
 	}
 	w.mu.Unlock()
 
-	err := w.exec(ctx, func(ctx context.Context, conn *pgx.Conn) error {
+	err := w.exec(ctx, func(ctx context.Context, conn dbConn) error {
 		return etlcontext.AppendEvents(ctx, conn, evs)
 	})
 	if w.retry(ctx, err) {
@@ -400,7 +416,7 @@ func (w *writer) forget(e *pendingEvent) {
 // serveChild submits the child of e with its SUBMITTED event.
 func (w *writer) serveChild(ctx context.Context, e *pendingEvent) bool {
 	var refused error
-	err := w.exec(ctx, func(ctx context.Context, conn *pgx.Conn) error {
+	err := w.exec(ctx, func(ctx context.Context, conn dbConn) error {
 		return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 			refused = nil
 			if w.submit == nil {
@@ -473,7 +489,7 @@ func (w *writer) markIdle() {
 	}
 }
 
-func (w *writer) exec(ctx context.Context, fn func(context.Context, *pgx.Conn) error) error {
+func (w *writer) exec(ctx context.Context, fn func(context.Context, dbConn) error) error {
 	sctx, cancel := context.WithTimeout(ctx, w.stmtTimeout)
 	defer cancel()
 	return fn(sctx, w.conn)

@@ -92,7 +92,10 @@ type writer struct {
 	notify     chan *pgconn.Notification
 	superseded chan struct{}
 	supOnce    sync.Once
-	conn       *pgx.Conn
+	conn       dbConn
+	// dial, when set, makes the writer's connections (host lock mode);
+	// otherwise they are the writer's own, to url.
+	dial func(ctx context.Context) (dbConn, error)
 	// connErr is why the current connection failed, for hooks.lost.
 	connErr error
 	// busySaid is when sayBusy last logged; only the writer's goroutine
@@ -132,7 +135,7 @@ type writerHooks struct {
 	// LISTENs and before anything else is sent on it. An error closes the
 	// connection, to be made again; an error that says the run is no longer
 	// current (see permanent) supersedes the run: nothing more is written.
-	resume func(ctx context.Context, conn *pgx.Conn) error
+	resume func(ctx context.Context, conn dbConn) error
 	// lost is told when a connection the writer had made fails.
 	lost func(err error)
 }
@@ -141,7 +144,7 @@ type writeCall struct {
 	// ctx is the caller's: a call whose caller gave up is skipped, or cut
 	// short if it already runs.
 	ctx     context.Context
-	fn      func(context.Context, *pgx.Conn) error
+	fn      func(context.Context, dbConn) error
 	done    chan error
 	started bool // guarded by writer.mu
 	skipped bool // guarded by writer.mu

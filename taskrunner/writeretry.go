@@ -5,8 +5,7 @@ import (
 	"errors"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
+	"github.com/dama-etl/dama/internal/keeper"
 	"github.com/dama-etl/dama/internal/pgerr"
 )
 
@@ -59,7 +58,12 @@ const (
 	serverBusy
 )
 
-func classifyWriteError(err error, conn *pgx.Conn) writeError {
+func classifyWriteError(err error, conn dbConn) writeError {
+	if errors.Is(err, keeper.ErrUnavailable) {
+		// The keeper could not reach the server; its session, and the
+		// lock it holds, are fine.
+		return serverBusy
+	}
 	if code := pgerr.Code(err); code != "" {
 		switch {
 		case conn == nil || conn.IsClosed(), pgerr.ConnectionLost(code):

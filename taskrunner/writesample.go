@@ -6,8 +6,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/pgerr"
 	"github.com/dama-etl/dama/taskrunner/protocol"
@@ -201,7 +199,7 @@ func (w *writer) serveProgress(ctx context.Context) bool {
 	p.payload, p.due, p.setAt = nil, false, time.Now()
 	id, runID := w.contextID, w.runID
 	w.mu.Unlock()
-	err := w.exec(ctx, func(ctx context.Context, conn *pgx.Conn) error {
+	err := w.exec(ctx, func(ctx context.Context, conn dbConn) error {
 		return etlcontext.SetProgress(ctx, conn, id, runID, payload)
 	})
 	// again sets payload anew unless something newer was noted meanwhile

@@ -15,9 +15,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
 	"github.com/dama-etl/dama/schema"
+	"github.com/dama-etl/dama/taskrunner"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 	"github.com/jackc/pgx/v5"
 )
@@ -132,6 +134,15 @@ func (w *world) starts(id int64) [][]string {
 	return out
 }
 
+// lockConnName is the application name of the session that holds context
+// id's lock: in host lock mode, the keeper's, which holds every task's.
+func lockConnName(id int64) string {
+	if os.Getenv(testenv.LockModeEnv) == string(config.LockModeHost) {
+		return taskrunner.KeeperLockName
+	}
+	return fmt.Sprintf("dama-task-lock:%d", id)
+}
+
 // terminateLock ends the lock connection of context id's task process, as a
 // network failure or a DBA would.
 func (w *world) terminateLock(id int64) {
@@ -139,7 +150,7 @@ func (w *world) terminateLock(id int64) {
 	if _, err := w.Pool.Exec(context.Background(), `
 		SELECT pg_terminate_backend(pid) FROM pg_stat_activity
 		 WHERE application_name = $1 AND datname = current_database()`,
-		fmt.Sprintf("dama-task-lock:%d", id)); err != nil {
+		lockConnName(id)); err != nil {
 		w.T.Fatal(err)
 	}
 }
@@ -495,7 +506,7 @@ func (w *world) terminateLockConn(id int64) {
 	var terminated int
 	if err := w.Pool.QueryRow(context.Background(), `
 		SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-		 WHERE application_name = $1 AND datname = current_database()`, fmt.Sprintf("dama-task-lock:%d", id)).Scan(&terminated); err != nil {
+		 WHERE application_name = $1 AND datname = current_database()`, lockConnName(id)).Scan(&terminated); err != nil {
 		w.T.Fatal(err)
 	}
 	if terminated != 1 {
@@ -517,7 +528,7 @@ func TestLockConnectionLossIsRiddenOut(t *testing.T) {
 	testenv.Eventually(t, 15*time.Second, "the lock to be held again", func() (bool, error) {
 		var n int
 		err := w.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
-			 WHERE application_name = $1 AND datname = current_database()`, fmt.Sprintf("dama-task-lock:%d", id)).Scan(&n)
+			 WHERE application_name = $1 AND datname = current_database()`, lockConnName(id)).Scan(&n)
 		return n == 1 && w.task(id).InitialEventLocked, err
 	})
 	// The re-taken lock holds no snapshot while idle: a long-lived one
@@ -528,7 +539,7 @@ func TestLockConnectionLossIsRiddenOut(t *testing.T) {
 	testenv.Eventually(t, 15*time.Second, "the re-taken lock's session to hold no snapshot while idle", func() (bool, error) {
 		var free bool
 		err := w.Pool.QueryRow(context.Background(), `SELECT backend_xmin IS NULL FROM pg_stat_activity
-			 WHERE application_name = $1 AND datname = current_database() AND state <> 'active'`, fmt.Sprintf("dama-task-lock:%d", id)).Scan(&free)
+			 WHERE application_name = $1 AND datname = current_database() AND state <> 'active'`, lockConnName(id)).Scan(&free)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return false, nil
 		}
@@ -834,7 +845,14 @@ func onOtherHost(t *testing.T, name string) []string {
 
 func TestAdoptionAndRetryAcrossHosts(t *testing.T) {
 	env := testenv.New(t)
-	cfg := env.WriteConfig(`
+	// In host lock mode one session holds the locks of all the host's
+	// tasks: the adopted task holds its own, so that only the orphaned
+	// task's lock is lost.
+	mode, adoptedMode := "", ""
+	if os.Getenv(testenv.LockModeEnv) == string(config.LockModeHost) {
+		mode, adoptedMode = "lock_mode: host", "lock_mode: advisory"
+	}
+	cfg := env.WriteConfig(mode + `
 log_dir: {{dir}}/logs
 poll_interval: 300ms
 heartbeat_interval: 200ms
@@ -843,6 +861,9 @@ reconnect_grace: 0s
 kinds:
   stubborn:
     command: ["/bin/sh", "-c", "trap '' TERM; echo $$ $DAMA_ATTEMPT >> {{dir}}/starts-$DAMA_ETL_CONTEXT_ID; sleep 8"]
+  stubborn_too:
+    command: ["/bin/sh", "-c", "trap '' TERM; echo $$ $DAMA_ATTEMPT >> {{dir}}/starts-$DAMA_ETL_CONTEXT_ID; sleep 8"]
+    ` + adoptedMode + `
 `)
 	w := &world{Env: env, cfg: cfg}
 	other := onOtherHost(t, "dama-other-host")
@@ -850,8 +871,8 @@ kinds:
 		data, _ := os.ReadFile(filepath.Join(env.Dir, fmt.Sprintf("starts-%d", id)))
 		return strings.Fields(string(data))
 	}
-	submit := func() int64 {
-		res := w.Dama(cfg, "submit", "stubborn")
+	submit := func(kind string) int64 {
+		res := w.Dama(cfg, "submit", kind)
 		if res.Code != 0 {
 			t.Fatalf("submit: %s", res.Stderr)
 		}
@@ -859,7 +880,7 @@ kinds:
 	}
 
 	remote := env.StartWrapped(cfg, other, "supervisor")
-	adopted, orphaned := submit(), submit()
+	adopted, orphaned := submit("stubborn_too"), submit("stubborn")
 	for _, id := range []int64{adopted, orphaned} {
 		if got := w.waitRunning(id); deref(got.Host) != "dama-other-host" {
 			t.Fatalf("context %d runs on %v, want dama-other-host", id, deref(got.Host))

@@ -537,6 +537,16 @@ func TestNoConnectionForTheTaskProcessSpendsNoAttempt(t *testing.T) {
 	// those it holds: the next task process cannot connect.
 	warm := w.submit(1, 10)
 	w.waitSettled(warm, 30*time.Second)
+	if pid := w.keeperPID(); pid != 0 {
+		// Host lock mode: the next task process's lock keeper, not the
+		// one left idle, is to find no connection.
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, 10*time.Second, "the idle lock keeper's connections to end", func() (bool, error) {
+			return w.serverConns("dama-keeper") == 0, nil
+		})
+	}
 	var held int
 	if err := env.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE usename = 'dama_limited'`).Scan(&held); err != nil {
 		t.Fatal(err)

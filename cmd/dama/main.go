@@ -109,6 +109,7 @@ data_manager.dama_task_queue shows what runs where, and how far along.`,
 		newQueuesCommand(),
 		newSchedulesCommand(),
 		newTaskrunnerCommand(code),
+		newKeeperCommand(code),
 		newWebCommand(g),
 		newVersionCommand(),
 	)

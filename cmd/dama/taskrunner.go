@@ -22,3 +22,18 @@ func newTaskrunnerCommand(code *exitCode) *cobra.Command {
 		},
 	}
 }
+
+// newKeeperCommand is the host's lock keeper of lock_mode host, which a
+// task process starts when none serves.
+func newKeeperCommand(code *exitCode) *cobra.Command {
+	return &cobra.Command{
+		Use:                protocol.KeeperSubcommand,
+		Short:              "Hold the locks of a host's task processes (started by them)",
+		Hidden:             true,
+		DisableFlagParsing: true,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			*code = exitCode(supervisor.RunKeeper(cmd.Context(), args))
+			return nil
+		},
+	}
+}

@@ -102,8 +102,8 @@ func loadParams() (params, error) {
 	}
 	for _, s := range strings.Split(envOr("DAMA_BENCH_MODES", "row,advisory"), ",") {
 		m := config.LockMode(strings.TrimSpace(s))
-		if m != config.LockModeRow && m != config.LockModeAdvisory {
-			return p, fmt.Errorf("DAMA_BENCH_MODES: %q is neither row nor advisory", s)
+		if !m.Valid() {
+			return p, fmt.Errorf("DAMA_BENCH_MODES: %q is not a lock mode (row, advisory, host)", s)
 		}
 		p.modes = append(p.modes, m)
 	}
@@ -232,7 +232,13 @@ SELECT count(*) FILTER (WHERE c.etl_status = 'RUNNING' AND c.pid IS NOT NULL AND
 
 func runScale(b *testing.B, p params, bins helpers, r *result) {
 	ctx := context.Background()
-	srv := testenv.NewServerWith(b, fmt.Sprintf("max_connections = %d", max(200, 2*r.n+300)))
+	// Host mode on a server left at the default: its task processes hold
+	// no connection of their own.
+	maxConnections := max(200, 2*r.n+300)
+	if r.mode == config.LockModeHost {
+		maxConnections = 100
+	}
+	srv := testenv.NewServerWith(b, fmt.Sprintf("max_connections = %d", maxConnections))
 	env := testenv.NewOn(b, srv)
 	mon := connect(b, env.URL, "dama-scalebench-monitor", nil)
 	var version, maxConns string
@@ -437,12 +443,13 @@ func measureWindow(b *testing.B, p params, r *result, srv *testenv.Server, env *
 		b.Fatal(err)
 	}
 	self := os.Getpid()
-	conns, err := scalebench.ConnectionsTo(srv.Port(), append([]int{self, supPID}, runners...))
+	keepers := keeperPIDs(filepath.Join(env.Dir, "logs"))
+	conns, err := scalebench.ConnectionsTo(srv.Port(), append(append([]int{self, supPID}, runners...), keepers...))
 	if err != nil {
 		b.Fatal(err)
 	}
 	tasks := 0
-	for _, pid := range runners {
+	for _, pid := range append(slices.Clone(runners), keepers...) {
 		tasks += conns[pid]
 	}
 	r.m["conns"] = float64(total - conns[self])
@@ -450,8 +457,8 @@ func measureWindow(b *testing.B, p params, r *result, srv *testenv.Server, env *
 	if r.n > 0 {
 		r.m["conns_task"] = float64(tasks) / float64(r.n)
 	}
-	r.say("server connections: %d client backends: supervisor %d, task processes %d (%.2f per task), the bench's own %d, other %d",
-		total, conns[supPID], tasks, r.m["conns_task"], conns[self], total-conns[self]-conns[supPID]-tasks)
+	r.say("server connections: %d client backends: supervisor %d, task processes and lock keeper (%d) %d (%.2f per task), the bench's own %d, other %d",
+		total, conns[supPID], len(keepers), tasks, r.m["conns_task"], conns[self], total-conns[self]-conns[supPID]-tasks)
 
 	vacuum(b, r, env.URL)
 }
@@ -980,6 +987,14 @@ func targets(p params, results []*result) []string {
 			out = append(out, fmt.Sprintf("%-8s transactions/s at %d (%.1f) <= 20: %s", mode, n, tx, verdict(tx <= 20, tx)))
 			e := r.get("errors")
 			out = append(out, fmt.Sprintf("%-8s server log ERROR lines at %d (%.0f) = 0: %s", mode, n, e, verdict(e == 0, e)))
+			if mode == config.LockModeHost {
+				c, limit := r.get("conns"), 40.0
+				if n > 300 {
+					limit = 60
+				}
+				out = append(out, fmt.Sprintf("%-8s server connections at %d (%.0f; supervisor %.0f, per task %.3f) <= %.0f: %s",
+					mode, n, c, r.get("conns_sup"), r.get("conns_task"), limit, verdict(c <= limit, c)))
+			}
 			if mode == config.LockModeAdvisory {
 				dr, dc := r.get("dead_river"), r.get("dead_churn")
 				out = append(out, fmt.Sprintf("%-8s dead not removable at %d (river_job %.0f, churn %.0f) = 0: %s",
@@ -996,4 +1011,21 @@ func targets(p params, results []*result) []string {
 			mode, large, lN, fl, verdict(lN <= 1.5*fl, lN, fl)))
 	}
 	return out
+}
+
+// keeperPIDs returns the pids of the lock keepers of the task processes
+// logging in logDir, which each writes in its lock file (host lock mode).
+func keeperPIDs(logDir string) []int {
+	locks, _ := filepath.Glob(filepath.Join(logDir, ".keeper", "*.sock.lock"))
+	var pids []int
+	for _, l := range locks {
+		data, err := os.ReadFile(l)
+		if err != nil {
+			continue
+		}
+		if pid, err := strconv.Atoi(strings.TrimSpace(string(data))); err == nil {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }

@@ -5,7 +5,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"path/filepath"
 	"strconv"
+	"time"
 )
 
 // Subcommand is the first argument of a runner's command line: a runner
@@ -85,11 +87,51 @@ func ParseLaunch(args []string) (Launch, error) {
 	case l.RunID == "":
 		return Launch{}, errors.New("--run-id is required")
 	case !l.LockMode.Valid():
-		return Launch{}, fmt.Errorf("--lock-mode %q: want %q or %q", lockMode, LockModeRow, LockModeAdvisory)
+		return Launch{}, fmt.Errorf("--lock-mode %q: want %q, %q or %q", lockMode, LockModeRow, LockModeAdvisory, LockModeHost)
 	case l.ReadyFD < 0 || (l.ReadyFD > 0 && l.ReadyFD < 3):
 		return Launch{}, fmt.Errorf("--ready-fd %d: want a descriptor above 2, or none", l.ReadyFD)
 	case l.KeyFD < 0 || (l.KeyFD > 0 && l.KeyFD < 3):
 		return Launch{}, fmt.Errorf("--key-fd %d: want a descriptor above 2, or none", l.KeyFD)
+	}
+	return l, nil
+}
+
+// KeeperSubcommand is the first argument of a lock keeper's command line.
+const KeeperSubcommand = "keeper"
+
+// KeeperLaunch is what a task process tells the lock keeper it starts, on
+// its command line; the database comes in the environment
+// (DatabaseURLEnv), as the task process's does.
+type KeeperLaunch struct {
+	// Socket is the path the keeper listens on.
+	Socket string
+	// Heartbeat is the configuration's heartbeat_interval: how the keeper
+	// probes its connections.
+	Heartbeat time.Duration
+}
+
+// Args returns the keeper's command line after the program name.
+func (l KeeperLaunch) Args() []string {
+	return []string{KeeperSubcommand, "--socket", l.Socket, "--heartbeat", l.Heartbeat.String()}
+}
+
+// ParseKeeperLaunch reads the arguments that follow KeeperSubcommand.
+func ParseKeeperLaunch(args []string) (KeeperLaunch, error) {
+	var l KeeperLaunch
+	fs := flag.NewFlagSet(KeeperSubcommand, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&l.Socket, "socket", "", "path of the keeper's socket")
+	fs.DurationVar(&l.Heartbeat, "heartbeat", 0, "heartbeat_interval")
+	if err := fs.Parse(args); err != nil {
+		return KeeperLaunch{}, fmt.Errorf("%s arguments: %w", KeeperSubcommand, err)
+	}
+	switch {
+	case fs.NArg() > 0:
+		return KeeperLaunch{}, fmt.Errorf("%s arguments: unexpected %q", KeeperSubcommand, fs.Arg(0))
+	case l.Socket == "" || !filepath.IsAbs(l.Socket):
+		return KeeperLaunch{}, errors.New("--socket is required: an absolute path")
+	case l.Heartbeat <= 0:
+		return KeeperLaunch{}, errors.New("--heartbeat is required: a positive duration")
 	}
 	return l, nil
 }

@@ -4,6 +4,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 )
 
 // FuzzParseLaunch reads arbitrary runner command lines (the arguments
@@ -46,7 +47,7 @@ func FuzzParseLaunch(f *testing.F) {
 			switch {
 			case l.ContextID <= 0 || l.RunID == "":
 				t.Fatalf("ParseLaunch(%q) = %+v: want a context and a run", args, l)
-			case l.LockMode != LockModeRow && l.LockMode != LockModeAdvisory:
+			case !l.LockMode.Valid():
 				t.Fatalf("ParseLaunch(%q) = %+v: lock mode %q", args, l, l.LockMode)
 			case l.ReadyFD != 0 && l.ReadyFD < 3, l.KeyFD != 0 && l.KeyFD < 3:
 				t.Fatalf("ParseLaunch(%q) = %+v: a descriptor the runner must not read or close", args, l)
@@ -107,4 +108,56 @@ func TestLaunchArgsRoundTrip(t *testing.T) {
 			t.Errorf("ParseLaunch(%v): no error", bad)
 		}
 	}
+}
+
+// FuzzParseKeeperLaunch reads arbitrary keeper command lines (NUL-separated
+// as above), and the command line of an arbitrary KeeperLaunch, which must
+// read back as that KeeperLaunch when it is valid.
+func FuzzParseKeeperLaunch(f *testing.F) {
+	for _, s := range []struct {
+		argv      string
+		socket    string
+		heartbeat int64
+	}{
+		{"--socket\x00/var/log/dama/.keeper/ab-v1.sock\x00--heartbeat\x005s", "/tmp/k.sock", int64(time.Second)},
+		{"--socket=/x\x00--heartbeat=200ms", "relative.sock", 1},
+		{"--socket\x00\x00--heartbeat\x001s", "", 0},
+		{"--socket\x00/x\x00--heartbeat\x00-1s", "/a b\nc", -5},
+		{"--socket\x00/x\x00--heartbeat\x0099999999999h", "/x", 1 << 62},
+		{"--socket\x00/x\x00--heartbeat\x001s\x00extra", "/x", 1},
+		{"-h", "", 0},
+		{"", "", 0},
+	} {
+		f.Add(s.argv, s.socket, s.heartbeat)
+	}
+	f.Fuzz(func(t *testing.T, argv, socket string, heartbeat int64) {
+		var args []string
+		if argv != "" {
+			args = strings.Split(argv, "\x00")
+		}
+		if l, err := ParseKeeperLaunch(args); err != nil {
+			if l != (KeeperLaunch{}) || err.Error() == "" {
+				t.Fatalf("ParseKeeperLaunch(%q) = %+v, %q: want nothing and a message", args, l, err)
+			}
+		} else {
+			if !strings.HasPrefix(l.Socket, "/") || l.Heartbeat <= 0 {
+				t.Fatalf("ParseKeeperLaunch(%q) = %+v: want an absolute socket and a heartbeat", args, l)
+			}
+			if again, err := ParseKeeperLaunch(l.Args()[1:]); err != nil || again != l {
+				t.Fatalf("ParseKeeperLaunch(%q) = %+v, whose Args read back as %+v, %v", args, l, again, err)
+			}
+		}
+		l := KeeperLaunch{Socket: socket, Heartbeat: time.Duration(heartbeat)}
+		if strings.ContainsRune(socket, 0) {
+			return
+		}
+		got, err := ParseKeeperLaunch(l.Args()[1:])
+		valid := strings.HasPrefix(socket, "/") && heartbeat > 0
+		if valid && (err != nil || got.Socket != l.Socket || got.Heartbeat != l.Heartbeat) {
+			t.Fatalf("%+v reads back as %+v, %v", l, got, err)
+		}
+		if !valid && err == nil {
+			t.Fatalf("%+v, not a keeper's, reads back as %+v", l, got)
+		}
+	})
 }

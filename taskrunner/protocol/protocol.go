@@ -74,6 +74,9 @@ const (
 	ProcessEnv      = "DAMA_TASK_PROCESS"
 	ProcessRunner   = "runner"
 	ProcessFunction = "function"
+	// ProcessKeeper: started by a task process as its host's lock keeper,
+	// with KeeperLaunch's arguments.
+	ProcessKeeper = "keeper"
 	// FunctionEnv names the function a function process calls.
 	FunctionEnv = "DAMA_FUNCTION"
 )
@@ -141,16 +144,29 @@ const (
 	// the cancellation LISTEN share one connection, and VACUUM is left
 	// alone. The guarantees are the same as row mode's.
 	LockModeAdvisory LockMode = "advisory"
+	// LockModeHost holds the same session-level advisory lock, on the
+	// session of the host's lock keeper: one process per host and
+	// database, started by the first task process that needs it, which
+	// holds the locks of all of them on one connection and runs their
+	// writes on a small pool of its own. The server connections no longer
+	// grow with the number of tasks. The guarantees are the other modes':
+	// the keeper's loss is ridden out like the database's.
+	LockModeHost LockMode = "host"
 )
 
 // Valid reports whether m is a lock mode.
-func (m LockMode) Valid() bool { return m == LockModeRow || m == LockModeAdvisory }
+func (m LockMode) Valid() bool {
+	return m == LockModeRow || m == LockModeAdvisory || m == LockModeHost
+}
 
 // ConnectionsPerTask is how many server connections a running task process
-// of this mode holds.
+// of this mode holds: none of its own in host mode.
 func (m LockMode) ConnectionsPerTask() int {
-	if m == LockModeAdvisory {
+	switch m {
+	case LockModeAdvisory:
 		return 1
+	case LockModeHost:
+		return 0
 	}
 	return 2
 }

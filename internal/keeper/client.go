@@ -1,0 +1,346 @@
+package keeper
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+// Conn is a task process's session with its host's keeper: it stands for
+// a connection of the task process's own, holding the run's key, whose
+// statements the keeper runs on its pool and whose lock it holds on its
+// lock session for as long as the session lasts. Like a pgx.Conn, it
+// serves one caller at a time.
+type Conn struct {
+	st      *stream
+	typeMap *pgtype.Map
+	// descs caches the descriptions of the statements sent.
+	descMu sync.Mutex
+	descs  map[string]*pgconn.StatementDescription
+
+	mu      sync.Mutex // one request at a time
+	replies chan *reply
+	notes   chan *pgconn.Notification
+
+	closeOnce sync.Once
+	closed    chan struct{}
+	closeErr  error // set before closed is closed
+}
+
+// ErrClosed is what a request fails with once the session ended: the
+// keeper ended it (its lock session failed, or it exited) or the
+// connection broke.
+var ErrClosed = errors.New("the session with the lock keeper ended")
+
+// Dial connects to the keeper of socket and opens a session for context
+// id's current run, whose key it gives. When no keeper serves the socket,
+// it calls start, once, and tries again until ctx ends.
+func Dial(ctx context.Context, socket string, id int64, runKey string, start func() error) (*Conn, error) {
+	started := false
+	delay := 5 * time.Millisecond
+	for {
+		var nc net.Conn
+		err := viaDir(socket, func(addr string) (err error) {
+			var d net.Dialer
+			nc, err = d.DialContext(ctx, "unix", addr)
+			return err
+		})
+		if err == nil {
+			c := newConn(nc)
+			if err := c.hello(ctx, id, runKey); err != nil {
+				c.Close(context.WithoutCancel(ctx))
+				return nil, err
+			}
+			return c, nil
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("connect to the lock keeper: %w", errors.Join(err, ctx.Err()))
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) && !errors.Is(err, syscall.ENOENT) {
+			return nil, fmt.Errorf("connect to the lock keeper: %w", err)
+		}
+		if !started && start != nil {
+			if err := start(); err != nil {
+				return nil, fmt.Errorf("start a lock keeper: %w", err)
+			}
+			started = true
+		}
+		select {
+		case <-time.After(delay):
+		case <-ctx.Done():
+		}
+		delay = min(2*delay, 100*time.Millisecond)
+	}
+}
+
+func newConn(nc net.Conn) *Conn {
+	c := &Conn{
+		st:      newStream(nc, maxMessage),
+		typeMap: pgtype.NewMap(),
+		descs:   make(map[string]*pgconn.StatementDescription),
+		replies: make(chan *reply, 1),
+		notes:   make(chan *pgconn.Notification, notifyBuffer),
+		closed:  make(chan struct{}),
+	}
+	go c.read()
+	return c
+}
+
+// read receives the keeper's messages until the session ends.
+func (c *Conn) read() {
+	for {
+		r := new(reply)
+		if err := c.st.receive(r); err != nil {
+			c.end(fmt.Errorf("%w: %w", ErrClosed, eofOr(err)))
+			return
+		}
+		if r.Notification != nil {
+			select {
+			case c.notes <- r.Notification:
+			default:
+				// Nobody reads them: one with an empty payload stands for
+				// the channel's, as the keeper does.
+				select {
+				case <-c.notes:
+				default:
+				}
+				select {
+				case c.notes <- &pgconn.Notification{Channel: r.Notification.Channel}:
+				default:
+				}
+			}
+			continue
+		}
+		select {
+		case c.replies <- r:
+		case <-c.closed:
+			return
+		}
+	}
+}
+
+// eofOr keeps what a reader of the error needs: that the session's
+// connection ended.
+func eofOr(err error) error {
+	if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
+		return io.ErrUnexpectedEOF
+	}
+	return err
+}
+
+func (c *Conn) end(err error) {
+	c.closeOnce.Do(func() {
+		c.closeErr = err
+		close(c.closed)
+		c.st.conn.Close()
+	})
+}
+
+// Close ends the session: the keeper releases its lock.
+func (c *Conn) Close(context.Context) error {
+	c.end(fmt.Errorf("%w: closed", ErrClosed))
+	return nil
+}
+
+// IsClosed reports whether the session ended.
+func (c *Conn) IsClosed() bool {
+	select {
+	case <-c.closed:
+		return true
+	default:
+		return false
+	}
+}
+
+// request sends req and waits for its reply until ctx ends, which ends the
+// session: an answer may still come, and a session is one request at a
+// time.
+func (c *Conn) request(ctx context.Context, req *request) (*reply, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.IsClosed() {
+		return nil, c.closeErr
+	}
+	if d, ok := ctx.Deadline(); ok {
+		req.Timeout = time.Until(d)
+		if req.Timeout <= 0 {
+			return nil, context.DeadlineExceeded
+		}
+	} else {
+		req.Timeout = maxTimeout
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := c.st.send(req); err != nil {
+		c.end(fmt.Errorf("%w: %w", ErrClosed, err))
+		return nil, c.closeErr
+	}
+	select {
+	case r := <-c.replies:
+		if err := r.Err.err(); err != nil {
+			return r, err
+		}
+		return r, nil
+	case <-c.closed:
+		return nil, c.closeErr
+	case <-ctx.Done():
+		c.end(fmt.Errorf("%w: %w", ErrClosed, ctx.Err()))
+		return nil, ctx.Err()
+	}
+}
+
+func (c *Conn) hello(ctx context.Context, id int64, runKey string) error {
+	_, err := c.request(ctx, &request{Op: opHello, Version: Version, ContextID: id, RunKey: runKey})
+	if err != nil {
+		return fmt.Errorf("open a session with the lock keeper: %w", err)
+	}
+	return nil
+}
+
+// Lock has the keeper hold the session's context's lock for as long as
+// the session lasts; it fails with an error wrapping etlcontext.ErrLocked
+// when another session of the keeper, or another process, holds it.
+func (c *Conn) Lock(ctx context.Context) error {
+	_, err := c.request(ctx, &request{Op: opLock})
+	return err
+}
+
+// Unlock has the keeper release the session's context's lock.
+func (c *Conn) Unlock(ctx context.Context) error {
+	_, err := c.request(ctx, &request{Op: opUnlock})
+	return err
+}
+
+// Listen has the keeper pass on channel's notifications from now on.
+func (c *Conn) Listen(ctx context.Context, channel string) error {
+	_, err := c.request(ctx, &request{Op: opListen, Channel: channel})
+	return err
+}
+
+// Ping checks that the keeper serves and holds its lock session.
+func (c *Conn) Ping(ctx context.Context) error {
+	_, err := c.request(ctx, &request{Op: opPing})
+	return err
+}
+
+// WaitForNotification waits for a notification of a channel listened to,
+// until ctx ends or the session does.
+func (c *Conn) WaitForNotification(ctx context.Context) (*pgconn.Notification, error) {
+	select {
+	case n := <-c.notes:
+		return n, nil
+	default:
+	}
+	select {
+	case n := <-c.notes:
+		return n, nil
+	case <-c.closed:
+		return nil, c.closeErr
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// describe returns the description of sql, asking the keeper the first
+// time.
+func (c *Conn) describe(ctx context.Context, sql string) (*pgconn.StatementDescription, error) {
+	c.descMu.Lock()
+	sd, ok := c.descs[sql]
+	c.descMu.Unlock()
+	if ok {
+		return sd, nil
+	}
+	r, err := c.request(ctx, &request{Op: opDescribe, SQL: sql})
+	if err != nil {
+		return nil, err
+	}
+	sd = &pgconn.StatementDescription{SQL: sql, ParamOIDs: r.ParamOIDs, Fields: r.Fields}
+	c.descMu.Lock()
+	if len(c.descs) >= maxDescriptions {
+		clear(c.descs)
+	}
+	c.descs[sql] = sd
+	c.descMu.Unlock()
+	return sd, nil
+}
+
+// maxDescriptions bounds the descriptions a session keeps.
+const maxDescriptions = 256
+
+// Query runs sql with args and returns its rows, all read.
+func (c *Conn) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	r, err := c.exec(ctx, sql, args)
+	if err == nil && len(r.Rows) > 0 {
+		data := make([][][]byte, len(r.Rows))
+		for i, packed := range r.Rows {
+			if data[i], err = unpackValues(packed, len(r.Fields)); err != nil {
+				err = fmt.Errorf("%w: a row: %w", ErrClosed, err)
+				c.end(err)
+				break
+			}
+		}
+		if err == nil {
+			return &rows{fields: r.Fields, data: data, tag: pgconn.NewCommandTag(r.Tag), m: c.typeMap}, nil
+		}
+	}
+	if err != nil {
+		return &rows{err: err, m: c.typeMap, closed: true}, err
+	}
+	return &rows{fields: r.Fields, tag: pgconn.NewCommandTag(r.Tag), m: c.typeMap}, nil
+}
+
+// QueryRow runs sql with args; its row is read by Scan.
+func (c *Conn) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	rs, _ := c.Query(ctx, sql, args...)
+	return (*row)(rs.(*rows))
+}
+
+// Exec runs sql with args.
+func (c *Conn) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	r, err := c.exec(ctx, sql, args)
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	return pgconn.NewCommandTag(r.Tag), nil
+}
+
+func (c *Conn) exec(ctx context.Context, sql string, args []any) (*reply, error) {
+	if len(args) > 0 {
+		if rw, ok := args[0].(pgx.QueryRewriter); ok {
+			var err error
+			sql, args, err = rw.RewriteQuery(ctx, nil, sql, args[1:])
+			if err != nil {
+				return nil, fmt.Errorf("rewrite query: %w", err)
+			}
+		}
+	}
+	sd, err := c.describe(ctx, sql)
+	if err != nil {
+		return nil, err
+	}
+	var eqb pgx.ExtendedQueryBuilder
+	if err := eqb.Build(c.typeMap, sd, args); err != nil {
+		return nil, err
+	}
+	return c.request(ctx, &request{Op: opExec, SQL: sql, ParamOIDs: sd.ParamOIDs,
+		Params: packValues(eqb.ParamValues), ParamFormats: eqb.ParamFormats, ResultFormats: eqb.ResultFormats})
+}
+
+// Begin opens a transaction that holds the run's key, on a connection the
+// keeper sets aside for it until it ends.
+func (c *Conn) Begin(ctx context.Context) (pgx.Tx, error) {
+	if _, err := c.request(ctx, &request{Op: opBegin}); err != nil {
+		return nil, err
+	}
+	return &tx{c: c}, nil
+}

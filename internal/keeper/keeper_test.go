@@ -1,0 +1,221 @@
+package keeper_test
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/keeper"
+	"github.com/dama-etl/dama/internal/testenv"
+	"github.com/dama-etl/dama/taskrunner/protocol"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// serve runs a keeper for env's database until the test ends, and returns
+// its socket.
+func serve(t *testing.T, env *testenv.Env) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "k")
+	if err := keeper.Dir(dir); err != nil {
+		t.Fatal(err)
+	}
+	socket := keeper.SocketPath(dir, "test")
+	pool, err := pgxpool.ParseConfig(env.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool.MaxConns = 2
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- keeper.Serve(ctx, keeper.Config{
+			Socket: socket,
+			ConnectLock: func(ctx context.Context) (*pgx.Conn, error) {
+				return pgx.Connect(ctx, env.URL)
+			},
+			Pool:  pool,
+			Ready: ready,
+		})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("keeper: %v", err)
+		}
+	})
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("keeper: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the keeper does not listen after 20s")
+	}
+	return socket
+}
+
+// running makes a RUNNING context and returns its id and run.
+func running(t *testing.T, env *testenv.Env) (int64, etlcontext.Run) {
+	t.Helper()
+	ctx := context.Background()
+	var id int64
+	if err := env.Pool.QueryRow(ctx, `
+		INSERT INTO data_manager.etl_contexts (kind, queue, max_attempts) VALUES ('k', 'q', 3)
+		RETURNING etl_context_id`).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := etlcontext.Append(ctx, env.Pool, etlcontext.NewEvent{ContextID: id, Type: "k:INITIAL", Payload: map[string]int{}}); err != nil {
+		t.Fatal(err)
+	}
+	run, err := etlcontext.StartAttempt(ctx, env.Pool, id, 1, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id, run
+}
+
+func dial(t *testing.T, socket string, id int64, key string) (*keeper.Conn, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := keeper.Dial(ctx, socket, id, key, nil)
+	if err == nil {
+		t.Cleanup(func() { c.Close(context.Background()) })
+	}
+	return c, err
+}
+
+// locked reports whether context id's lock is held, as a supervisor sees it.
+func locked(t *testing.T, env *testenv.Env, id int64) bool {
+	t.Helper()
+	var held bool
+	if err := env.Pool.QueryRow(context.Background(), `
+		SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted
+		                  AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 2)`,
+		etlcontext.LockNamespace, id).Scan(&held); err != nil {
+		t.Fatal(err)
+	}
+	return held
+}
+
+// A session is opened only with the key of its context's current run, and
+// holds the lock for as long as it lasts: a second session of the same
+// context is refused it, however the keeper's one lock session could take
+// it again.
+func TestASessionHoldsItsLockAloneWithItsRunsKey(t *testing.T) {
+	env := testenv.New(t)
+	socket := serve(t, env)
+	id, run := running(t, env)
+	ctx := context.Background()
+
+	_, err := dial(t, socket, id, "not the key")
+	if !errors.Is(err, keeper.ErrRefused) || !errors.Is(err, etlcontext.ErrStaleRun) {
+		t.Fatalf("a session with a wrong key: %v, want refused as a stale run", err)
+	}
+	other, _ := running(t, env)
+	if _, err := dial(t, socket, other, run.Key); !errors.Is(err, keeper.ErrRefused) {
+		t.Fatalf("a session with another context's key: %v, want refused", err)
+	}
+
+	first, err := dial(t, socket, id, run.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !locked(t, env, id) {
+		t.Fatal("the lock is not held on the server")
+	}
+	c, err := etlcontext.Get(ctx, first, id)
+	if err != nil || c.RunID == nil || *c.RunID != run.ID {
+		t.Fatalf("read through the session: %+v, %v", c, err)
+	}
+
+	second, err := dial(t, socket, id, run.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := second.Lock(ctx); !errors.Is(err, etlcontext.ErrLocked) {
+		t.Fatalf("a second session's lock: %v, want ErrLocked", err)
+	}
+	first.Close(ctx)
+	testenv.Eventually(t, 10*time.Second, "the first session's lock to be released", func() (bool, error) {
+		return !locked(t, env, id), nil
+	})
+	if err := second.Lock(ctx); err != nil {
+		t.Fatalf("the second session's lock once the first ended: %v", err)
+	}
+	if !locked(t, env, id) {
+		t.Fatal("the second session's lock is not held on the server")
+	}
+}
+
+// Before its key is checked, a session's message is small: a larger one
+// ends the connection before it is read.
+func TestAnOversizedHelloEndsTheConnection(t *testing.T) {
+	env := testenv.New(t)
+	socket := serve(t, env)
+	conn, err := net.Dial("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	var head [4]byte
+	binary.BigEndian.PutUint32(head[:], 1<<30)
+	if _, err := conn.Write(head[:]); err != nil {
+		t.Fatal(err)
+	}
+	conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+	if _, err := io.ReadAll(conn); err != nil {
+		t.Fatalf("the connection was not ended: %v", err)
+	}
+}
+
+// A cancellation is passed on to the session of the context it names only.
+func TestACancellationReachesItsSessionOnly(t *testing.T) {
+	env := testenv.New(t)
+	socket := serve(t, env)
+	ctx := context.Background()
+	var sessions []*keeper.Conn
+	var ids []int64
+	for range 2 {
+		id, run := running(t, env)
+		c, err := dial(t, socket, id, run.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Listen(ctx, protocol.CancelChannel); err != nil {
+			t.Fatal(err)
+		}
+		sessions, ids = append(sessions, c), append(ids, id)
+	}
+	for _, id := range ids {
+		if _, err := env.Pool.Exec(ctx, `SELECT pg_notify($1, $2)`, protocol.CancelChannel, strconv.FormatInt(id, 10)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Notifications come in order: the second session's first is its own.
+	for i, c := range sessions {
+		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		n, err := c.WaitForNotification(wctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("session %d: %v", i, err)
+		}
+		if n.Payload != strconv.FormatInt(ids[i], 10) {
+			t.Errorf("session %d of context %d heard %q", i, ids[i], n.Payload)
+		}
+	}
+}

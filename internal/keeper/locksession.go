@@ -1,0 +1,281 @@
+package keeper
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/dama-etl/dama/etlcontext"
+)
+
+// lockSession is the keeper's lock session: one connection that holds the
+// session locks of every task process the keeper serves and listens to
+// the channels they listen to. One goroutine (run) owns it: it waits on
+// the connection, so that a failure is noticed at once (and a silence
+// within the connection's probes), and runs the sessions' operations
+// between two waits.
+type lockSession struct {
+	connect func(ctx context.Context) (*pgx.Conn, error)
+	logger  *slog.Logger
+	// lost is told when the connection failed, with every lock on it.
+	lost func(error)
+	// notify is handed each notification.
+	notify func(*pgconn.Notification)
+
+	mu       sync.Mutex
+	ops      []*lockOp
+	channels map[string]bool
+	wake     chan struct{}
+	// ended is closed once run returned: nothing more is answered.
+	ended chan struct{}
+}
+
+type lockOpKind int
+
+const (
+	opKindLock lockOpKind = iota
+	opKindUnlock
+	opKindListen
+	opKindPing
+)
+
+type lockOp struct {
+	kind    lockOpKind
+	id      int64
+	gen     uint64
+	channel string
+	ctx     context.Context
+	done    chan lockResult
+}
+
+type lockResult struct {
+	gen uint64
+	err error
+}
+
+func newLockSession(connect func(context.Context) (*pgx.Conn, error), logger *slog.Logger, lost func(error), notify func(*pgconn.Notification)) *lockSession {
+	return &lockSession{connect: connect, logger: logger, lost: lost, notify: notify,
+		channels: make(map[string]bool), wake: make(chan struct{}, 1), ended: make(chan struct{})}
+}
+
+// lock takes context id's session lock and returns the generation of the
+// connection that holds it.
+func (l *lockSession) lock(ctx context.Context, id int64) (uint64, error) {
+	return l.do(ctx, &lockOp{kind: opKindLock, id: id})
+}
+
+// unlock releases context id's session lock, if the connection of
+// generation gen, which took it, still holds it.
+func (l *lockSession) unlock(ctx context.Context, id int64, gen uint64) error {
+	_, err := l.do(ctx, &lockOp{kind: opKindUnlock, id: id, gen: gen})
+	return err
+}
+
+// listen listens to channel from now on, on this connection and every
+// later one.
+func (l *lockSession) listen(ctx context.Context, channel string) error {
+	_, err := l.do(ctx, &lockOp{kind: opKindListen, channel: channel})
+	return err
+}
+
+// ping checks that the lock session is open.
+func (l *lockSession) ping(ctx context.Context) error {
+	_, err := l.do(ctx, &lockOp{kind: opKindPing})
+	return err
+}
+
+func (l *lockSession) do(ctx context.Context, op *lockOp) (uint64, error) {
+	op.ctx, op.done = ctx, make(chan lockResult, 1)
+	l.mu.Lock()
+	l.ops = append(l.ops, op)
+	l.mu.Unlock()
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+	select {
+	case r := <-op.done:
+		return r.gen, r.err
+	case <-l.ended:
+		return 0, fmt.Errorf("%w: the keeper is ending", ErrUnavailable)
+	case <-ctx.Done():
+		// It may still run: an operation is undone by its own session
+		// (a lock by the session's end).
+		return 0, ctx.Err()
+	}
+}
+
+func (l *lockSession) take() []*lockOp {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ops := l.ops
+	l.ops = nil
+	return ops
+}
+
+func (l *lockSession) run(ctx context.Context) {
+	var (
+		conn    *pgx.Conn
+		gen     uint64
+		lastPID uint32
+		name    string
+	)
+	defer close(l.ended)
+	defer func() {
+		if conn != nil {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+			conn.Close(cctx)
+			cancel()
+		}
+		for _, op := range l.take() {
+			op.done <- lockResult{err: fmt.Errorf("%w: the keeper is ending", ErrUnavailable)}
+		}
+	}()
+	delay := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		if conn == nil {
+			c, err := l.open(ctx, lastPID, name)
+			if err != nil {
+				l.logger.Warn("open the lock session", "error", err, "retry_in", delay)
+				for _, op := range l.take() {
+					op.done <- lockResult{err: fmt.Errorf("%w: %v", ErrUnavailable, err)}
+				}
+				select {
+				case <-time.After(delay):
+				case <-l.wake:
+				case <-ctx.Done():
+				}
+				delay = min(2*delay, time.Second)
+				continue
+			}
+			delay = 100 * time.Millisecond
+			conn, lastPID = c, c.PgConn().PID()
+			name = c.Config().RuntimeParams["application_name"]
+			gen++
+		}
+		for _, op := range l.take() {
+			op.done <- lockResult{gen: gen, err: l.apply(conn, gen, op)}
+		}
+		if conn.IsClosed() {
+			conn = l.fail(ctx, conn, errors.New("the lock session closed"))
+			continue
+		}
+		if err := l.wait(ctx, conn); err != nil {
+			conn = l.fail(ctx, conn, err)
+		}
+	}
+}
+
+// fail drops the failed connection and tells the server: every lock on it
+// is gone.
+func (l *lockSession) fail(ctx context.Context, conn *pgx.Conn, err error) *pgx.Conn {
+	conn.Close(context.WithoutCancel(ctx))
+	if ctx.Err() == nil {
+		l.lost(err)
+	}
+	return nil
+}
+
+// open connects the lock session, ends the backend of the one before it
+// if it is still there (a connection that went silent may hold its locks
+// on the server until its keepalives give up), and listens to the
+// channels.
+func (l *lockSession) open(ctx context.Context, lastPID uint32, name string) (*pgx.Conn, error) {
+	cctx, cancel := context.WithTimeout(ctx, lockOpTimeout)
+	defer cancel()
+	conn, err := l.connect(cctx)
+	if err != nil {
+		return nil, err
+	}
+	if lastPID != 0 {
+		if _, err := conn.Exec(cctx, `
+			SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+			 WHERE pid = $1 AND application_name = $2 AND datname = current_database()`,
+			int32(lastPID), name); err != nil {
+			l.logger.Warn("end the lost lock session", "backend_pid", lastPID, "error", err)
+		}
+	}
+	l.mu.Lock()
+	var channels []string
+	for ch := range l.channels {
+		channels = append(channels, ch)
+	}
+	l.mu.Unlock()
+	for _, ch := range channels {
+		if _, err := conn.Exec(cctx, "LISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
+			conn.Close(context.WithoutCancel(ctx))
+			return nil, fmt.Errorf("listen on %s: %w", ch, err)
+		}
+	}
+	return conn, nil
+}
+
+// apply runs op on conn, of generation gen.
+func (l *lockSession) apply(conn *pgx.Conn, gen uint64, op *lockOp) error {
+	if op.ctx.Err() != nil {
+		return op.ctx.Err()
+	}
+	ctx, cancel := context.WithTimeout(op.ctx, lockOpTimeout)
+	defer cancel()
+	switch op.kind {
+	case opKindLock:
+		return etlcontext.TryLockSession(ctx, conn, op.id)
+	case opKindUnlock:
+		if op.gen != gen {
+			// Taken on a connection that is gone, and the lock with it.
+			return nil
+		}
+		return etlcontext.UnlockSession(ctx, conn, op.id)
+	case opKindListen:
+		l.mu.Lock()
+		known := l.channels[op.channel]
+		l.mu.Unlock()
+		if known {
+			return nil
+		}
+		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{op.channel}.Sanitize()); err != nil {
+			return fmt.Errorf("listen on %s: %w", op.channel, err)
+		}
+		l.mu.Lock()
+		l.channels[op.channel] = true
+		l.mu.Unlock()
+		return nil
+	case opKindPing:
+		return conn.Ping(ctx)
+	}
+	return fmt.Errorf("unknown lock operation %d", op.kind)
+}
+
+// wait waits on conn until it fails, a notification arrives (handed on)
+// or an operation is queued.
+func (l *lockSession) wait(ctx context.Context, conn *pgx.Conn) error {
+	waitCtx, cancel := context.WithCancel(ctx)
+	stop := make(chan struct{})
+	go func() {
+		select {
+		case <-l.wake:
+			cancel()
+		case <-stop:
+		}
+	}()
+	n, err := conn.WaitForNotification(waitCtx)
+	close(stop)
+	cancel()
+	switch {
+	case err == nil:
+		l.notify(n)
+		return nil
+	case ctx.Err() != nil, errors.Is(err, context.Canceled):
+		return nil
+	}
+	// Closed whatever the error: pgconn keeps a connection whose read
+	// timed out, and a kernel that gave up on a silent server reports a
+	// timeout too.
+	return err
+}

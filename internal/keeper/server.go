@@ -1,0 +1,375 @@
+package keeper
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sys/unix"
+
+	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/pgerr"
+)
+
+// Config configures a keeper (Serve).
+type Config struct {
+	// Socket is the path of the socket the keeper listens on; its
+	// directory must exist, belong to the keeper's user and be closed to
+	// others (Dir makes it so). The keeper holds Socket+".lock" while it
+	// runs, one keeper per socket, and writes its pid in it.
+	Socket string
+	// ConnectLock opens the lock session: a connection of the keeper's
+	// own, probed when silent, which holds the locks of all the sessions.
+	ConnectLock func(ctx context.Context) (*pgx.Conn, error)
+	// Pool runs the sessions' statements, each with the session's run
+	// key. Its MaxConns bounds the server connections the keeper opens
+	// beside its lock session.
+	Pool *pgxpool.Config
+	// IdleExit is how long the keeper runs on with no session before it
+	// exits. 0 means 1 minute.
+	IdleExit time.Duration
+	// Logger receives the keeper's log lines; nil discards them.
+	Logger *slog.Logger
+	// Ready, when set, is closed once the keeper listens.
+	Ready chan<- struct{}
+}
+
+// DefaultIdleExit is Config.IdleExit's default.
+const DefaultIdleExit = time.Minute
+
+// ErrRunning is what Serve fails with when another keeper serves the
+// socket.
+var ErrRunning = errors.New("another lock keeper serves this socket")
+
+// server is a running keeper.
+type server struct {
+	cfg    Config
+	logger *slog.Logger
+	pool   *pgxpool.Pool
+	lock   *lockSession
+
+	mu       sync.Mutex
+	sessions map[*session]struct{}
+	// holders maps each locked context to the session that holds it: a
+	// session lock is re-entrant on the lock session, so the keeper, not
+	// the server, keeps a second session of the same context out.
+	holders map[int64]*session
+	idle    time.Time
+}
+
+// Serve runs a keeper until ctx ends or it has had no session for
+// cfg.IdleExit.
+func Serve(ctx context.Context, cfg Config) error {
+	if cfg.IdleExit == 0 {
+		cfg.IdleExit = DefaultIdleExit
+	}
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	lockFile, err := os.OpenFile(cfg.Socket+".lock", os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("open the keeper's lock file: %w", err)
+	}
+	defer lockFile.Close()
+	if err := unix.Flock(int(lockFile.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return ErrRunning
+		}
+		return fmt.Errorf("lock the keeper's lock file: %w", err)
+	}
+	// The pid, for an operator (and a test) to find the keeper by.
+	if err := lockFile.Truncate(0); err == nil {
+		lockFile.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	}
+	// Under the lock, a socket left behind is a dead keeper's.
+	if err := os.Remove(cfg.Socket); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove the socket of a keeper that ended: %w", err)
+	}
+	var ln *net.UnixListener
+	if err := viaDir(cfg.Socket, func(addr string) (err error) {
+		ln, err = net.ListenUnix("unix", &net.UnixAddr{Name: addr, Net: "unix"})
+		return err
+	}); err != nil {
+		return fmt.Errorf("listen on the keeper's socket: %w", err)
+	}
+	ln.SetUnlinkOnClose(false)
+	defer func() {
+		// Removed before the lock file is let go: the next keeper finds
+		// no socket of this one.
+		os.Remove(cfg.Socket)
+		ln.Close()
+	}()
+	pool, err := pgxpool.NewWithConfig(ctx, cfg.Pool)
+	if err != nil {
+		return fmt.Errorf("make the keeper's pool: %w", err)
+	}
+	defer pool.Close()
+
+	s := &server{
+		cfg: cfg, logger: logger, pool: pool,
+		sessions: make(map[*session]struct{}),
+		holders:  make(map[int64]*session),
+		idle:     time.Now(),
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s.lock = newLockSession(cfg.ConnectLock, logger, s.lockLost, s.notify)
+	lockDone := make(chan struct{})
+	go func() {
+		defer close(lockDone)
+		s.lock.run(ctx)
+	}()
+	defer func() { <-lockDone }()
+	defer cancel()
+
+	if cfg.Ready != nil {
+		close(cfg.Ready)
+	}
+	logger.Info("lock keeper serves", "socket", cfg.Socket, "pid", os.Getpid())
+	go s.exitWhenIdle(ctx, ln)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer s.closeSessions()
+	for {
+		conn, err := ln.AcceptUnix()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			logger.Warn("accept", "error", err)
+			select {
+			case <-time.After(100 * time.Millisecond):
+			case <-ctx.Done():
+				return nil
+			}
+			continue
+		}
+		if err := checkPeer(conn); err != nil {
+			logger.Warn("refused a connection", "error", err)
+			conn.Close()
+			continue
+		}
+		sess := s.open(conn)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sess.serve(ctx)
+		}()
+	}
+}
+
+// checkPeer refuses a process of another user: the socket's directory
+// keeps them out already, unless an operator opened it.
+func checkPeer(conn *net.UnixConn) error {
+	raw, err := conn.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var (
+		cred *unix.Ucred
+		cerr error
+	)
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return err
+	}
+	if cerr != nil {
+		return fmt.Errorf("read the peer's credentials: %w", cerr)
+	}
+	if int(cred.Uid) != os.Getuid() {
+		return fmt.Errorf("a process of uid %d: the keeper serves uid %d only", cred.Uid, os.Getuid())
+	}
+	return nil
+}
+
+// exitWhenIdle closes the listener once the keeper has had no session for
+// IdleExit: Serve then returns.
+func (s *server) exitWhenIdle(ctx context.Context, ln *net.UnixListener) {
+	t := time.NewTicker(min(s.cfg.IdleExit/4, 5*time.Second))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			ln.Close()
+			return
+		case <-t.C:
+		}
+		s.mu.Lock()
+		idle := len(s.sessions) == 0 && time.Since(s.idle) >= s.cfg.IdleExit
+		if idle {
+			// No session opens from here on: one that connects now finds the
+			// socket closed and starts another keeper.
+			ln.Close()
+		}
+		s.mu.Unlock()
+		if idle {
+			s.logger.Info("lock keeper exits: no session", "idle_exit", s.cfg.IdleExit)
+			return
+		}
+	}
+}
+
+func (s *server) open(conn *net.UnixConn) *session {
+	sess := &session{s: s, st: newStream(conn, maxHello), notes: make(chan *pgconn.Notification, notifyBuffer)}
+	s.mu.Lock()
+	s.sessions[sess] = struct{}{}
+	s.mu.Unlock()
+	return sess
+}
+
+// closed forgets sess, and releases its lock.
+func (s *server) closed(sess *session) {
+	s.mu.Lock()
+	delete(s.sessions, sess)
+	if len(s.sessions) == 0 {
+		s.idle = time.Now()
+	}
+	held := sess.contextID != 0 && s.holders[sess.contextID] == sess
+	if held {
+		delete(s.holders, sess.contextID)
+	}
+	s.mu.Unlock()
+	if held {
+		ctx, cancel := context.WithTimeout(context.Background(), lockOpTimeout)
+		defer cancel()
+		if err := s.lock.unlock(ctx, sess.contextID, sess.lockGen); err != nil {
+			s.logger.Warn("release the lock of a session that ended", "etl_context_id", sess.contextID, "error", err)
+		}
+	}
+}
+
+// closeSessions ends every session.
+func (s *server) closeSessions() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for sess := range s.sessions {
+		sess.st.conn.Close()
+	}
+}
+
+// lockLost is told that the lock session failed, and with it every lock
+// it held: the sessions whose lock it held end, so that their task
+// processes know it and take their lock again through a new one. The
+// others end too: their notifications were lost with it.
+func (s *server) lockLost(err error) {
+	s.mu.Lock()
+	n := len(s.holders)
+	clear(s.holders)
+	s.mu.Unlock()
+	s.logger.Warn("lock session lost; its sessions end", "locks", n, "error", err)
+	s.closeSessions()
+}
+
+// notify passes notification n on to the sessions that listen to its
+// channel: a cancellation to its context's session only.
+func (s *server) notify(n *pgconn.Notification) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for sess := range s.sessions {
+		if sess.listens(n) {
+			sess.pass(n)
+		}
+	}
+}
+
+// take records that sess holds its context's lock from now on; it fails
+// when another session does.
+func (s *server) take(sess *session) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if h, ok := s.holders[sess.contextID]; ok && h != sess {
+		return fmt.Errorf("etl context %d: another session of the lock keeper holds it: %w", sess.contextID, etlcontext.ErrLocked)
+	}
+	s.holders[sess.contextID] = sess
+	return nil
+}
+
+// drop records that sess no longer holds its lock; it reports whether it
+// did.
+func (s *server) drop(sess *session) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.holders[sess.contextID] != sess {
+		return false
+	}
+	delete(s.holders, sess.contextID)
+	return true
+}
+
+// unavailable reports whether err says the keeper could not reach the
+// server, as opposed to the server refusing the statement.
+func unavailable(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgerr.ConnectionLost(pgErr.Code)
+	}
+	return pgerr.Unreachable(err) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, syscall.EPIPE)
+}
+
+// toWire turns err into what the session is told.
+func toWire(err error) *wireError {
+	if err == nil {
+		return nil
+	}
+	var pgErr *pgconn.PgError
+	switch {
+	case unavailable(err):
+		return &wireError{Kind: errUnavailable, Message: err.Error()}
+	case errors.As(err, &pgErr):
+		return &wireError{Kind: errStatement, Message: err.Error(), PgError: pgErr}
+	case errors.Is(err, etlcontext.ErrLocked):
+		return &wireError{Kind: errLocked, Message: err.Error()}
+	case errors.Is(err, ErrRefused), errors.Is(err, etlcontext.ErrStaleRun):
+		return &wireError{Kind: errRefused, Message: err.Error()}
+	}
+	return &wireError{Kind: errStatement, Message: err.Error()}
+}
+
+// Dir makes dir, the directory of a keeper's socket, if it is missing, and
+// checks that it belongs to this user and is closed to others.
+func Dir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("make the keeper's directory: %w", err)
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil {
+		return fmt.Errorf("read the keeper's directory: %w", err)
+	}
+	switch {
+	case st.Mode&unix.S_IFMT != unix.S_IFDIR:
+		return fmt.Errorf("%s is not a directory", dir)
+	case int(st.Uid) != os.Getuid():
+		return fmt.Errorf("%s belongs to uid %d, not to this user (%d)", dir, st.Uid, os.Getuid())
+	case st.Mode&0o077 != 0:
+		return fmt.Errorf("%s is open to other users (mode %o): want 0700", dir, st.Mode&0o777)
+	}
+	return nil
+}
+
+// SocketPath is the socket of the keeper of the given directory and name.
+func SocketPath(dir, name string) string { return filepath.Join(dir, name+".sock") }
+
+// viaDir calls fn with an address of socket short enough for a socket's
+// (108 bytes, where a log directory's path may not fit): the socket's
+// name in its directory, reached through a descriptor of the directory.
+func viaDir(socket string, fn func(addr string) error) error {
+	fd, err := unix.Open(filepath.Dir(socket), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open the directory of the keeper's socket: %w", err)
+	}
+	defer unix.Close(fd)
+	return fn(fmt.Sprintf("/proc/self/fd/%d/%s", fd, filepath.Base(socket)))
+}

@@ -1,0 +1,410 @@
+package keeper
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/taskrunner/protocol"
+)
+
+// notifyBuffer bounds the notifications waiting to be sent to a session;
+// beyond it, one with an empty payload stands for those dropped.
+const notifyBuffer = 64
+
+// lockOpTimeout bounds an operation on the lock session.
+const lockOpTimeout = 20 * time.Second
+
+// maxTimeout bounds what a request may ask for.
+const maxTimeout = time.Minute
+
+// session serves one connection of a task process: its requests, one at a
+// time, and the notifications of the channels it listens to.
+type session struct {
+	s  *server
+	st *stream
+
+	// Set by hello, then read only.
+	contextID int64
+	runKey    string
+
+	// lockGen is the lock session's generation when this session took its
+	// lock.
+	lockGen uint64
+
+	// tx is the session's open transaction, on a connection of the pool
+	// taken for it; depth counts its savepoints. Only serve's goroutine
+	// uses them.
+	tx    *pgxpool.Conn
+	depth int
+
+	mu       sync.Mutex
+	channels map[string]bool
+	// notes holds the notifications waiting to be sent; missed, the
+	// channels of those dropped.
+	notes  chan *pgconn.Notification
+	missed map[string]bool
+}
+
+func (sess *session) serve(ctx context.Context) {
+	defer sess.s.closed(sess)
+	defer sess.st.conn.Close()
+	done := make(chan struct{})
+	defer close(done)
+	go sess.forward(ctx, done)
+	defer func() {
+		if sess.tx != nil {
+			rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			sess.tx.Exec(rctx, "ROLLBACK")
+			cancel()
+			sess.tx.Release()
+			sess.tx = nil
+		}
+	}()
+	// A connection that says nothing is not kept for long.
+	sess.st.conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	for {
+		var req request
+		if err := sess.st.receive(&req); err != nil {
+			return
+		}
+		if sess.contextID == 0 {
+			if req.Op != opHello {
+				sess.reply(&reply{Err: &wireError{Kind: errRefused, Message: "a session begins with its hello"}})
+				return
+			}
+			err := sess.hello(ctx, &req)
+			sess.reply(&reply{Err: toWire(err)})
+			if err != nil {
+				return
+			}
+			sess.st.conn.SetReadDeadline(time.Time{})
+			sess.st.setLimit(maxMessage)
+			continue
+		}
+		if err := sess.reply(sess.handle(ctx, &req)); err != nil {
+			return
+		}
+	}
+}
+
+func (sess *session) reply(r *reply) error { return sess.st.send(r) }
+
+// forward sends the notifications waiting for the session until done.
+func (sess *session) forward(ctx context.Context, done <-chan struct{}) {
+	for {
+		select {
+		case n := <-sess.notes:
+			if err := sess.st.send(&reply{Notification: n}); err != nil {
+				return
+			}
+			sess.mu.Lock()
+			var missed []string
+			if len(sess.notes) == 0 {
+				for ch := range sess.missed {
+					missed = append(missed, ch)
+				}
+				clear(sess.missed)
+			}
+			sess.mu.Unlock()
+			for _, ch := range missed {
+				if err := sess.st.send(&reply{Notification: &pgconn.Notification{Channel: ch}}); err != nil {
+					return
+				}
+			}
+		case <-done:
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// listens reports whether the session listens to n's channel; a
+// cancellation only when it names the session's context.
+func (sess *session) listens(n *pgconn.Notification) bool {
+	sess.mu.Lock()
+	defer sess.mu.Unlock()
+	if !sess.channels[n.Channel] {
+		return false
+	}
+	return n.Channel != protocol.CancelChannel || n.Payload == strconv.FormatInt(sess.contextID, 10)
+}
+
+// pass queues n for the session, never waiting: a session that does not
+// read its notifications gets one with an empty payload in place of
+// those it missed.
+func (sess *session) pass(n *pgconn.Notification) {
+	select {
+	case sess.notes <- n:
+	default:
+		sess.mu.Lock()
+		if sess.missed == nil {
+			sess.missed = make(map[string]bool)
+		}
+		sess.missed[n.Channel] = true
+		sess.mu.Unlock()
+		// A notification is sent after the missed are noted: the
+		// forwarder, woken by none, would sit on them.
+		select {
+		case sess.notes <- &pgconn.Notification{Channel: n.Channel}:
+		default:
+		}
+	}
+}
+
+// hello opens the session for the run whose key it holds.
+func (sess *session) hello(ctx context.Context, req *request) error {
+	switch {
+	case req.Version != Version:
+		return fmt.Errorf("%w: protocol version %d, this keeper speaks %d", ErrRefused, req.Version, Version)
+	case req.ContextID <= 0:
+		return fmt.Errorf("%w: etl context %d", ErrRefused, req.ContextID)
+	case req.RunKey == "" || len(req.RunKey) > protocol.MaxKey:
+		return fmt.Errorf("%w: a session needs its run's key", ErrRefused)
+	}
+	hctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var ok bool
+	err := sess.withKey(hctx, req.RunKey, func(ctx context.Context, conn *pgxpool.Conn) error {
+		var err error
+		ok, err = etlcontext.HoldsKeyOf(ctx, conn, req.ContextID)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("check the session's key: %w", err)
+	}
+	if !ok {
+		return fmt.Errorf("%w: the key is not that of etl context %d's current run", ErrRefused, req.ContextID)
+	}
+	sess.contextID, sess.runKey = req.ContextID, req.RunKey
+	return nil
+}
+
+// withKey runs fn in a transaction of a pooled connection that holds key.
+func (sess *session) withKey(ctx context.Context, key string, fn func(context.Context, *pgxpool.Conn) error) error {
+	conn, err := sess.s.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, "BEGIN"); err != nil {
+		return err
+	}
+	if _, err := conn.Exec(ctx, "SELECT set_config($1, $2, true)", etlcontext.RunKeySetting, key); err != nil {
+		conn.Exec(ctx, "ROLLBACK")
+		return err
+	}
+	if err := fn(ctx, conn); err != nil {
+		conn.Exec(ctx, "ROLLBACK")
+		return err
+	}
+	_, err = conn.Exec(ctx, "COMMIT")
+	return err
+}
+
+func (sess *session) handle(ctx context.Context, req *request) *reply {
+	timeout := min(max(req.Timeout, time.Second), maxTimeout)
+	rctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	switch req.Op {
+	case opDescribe:
+		return sess.describe(rctx, req)
+	case opExec:
+		return sess.exec(rctx, req)
+	case opBegin:
+		return &reply{Err: toWire(sess.begin(rctx, req.Depth))}
+	case opCommit, opRollback:
+		return &reply{Err: toWire(sess.end(rctx, req.Op == opCommit, req.Depth))}
+	case opLock:
+		return &reply{Err: toWire(sess.takeLock(rctx))}
+	case opUnlock:
+		return &reply{Err: toWire(sess.releaseLock(rctx))}
+	case opListen:
+		return &reply{Err: toWire(sess.listen(rctx, req.Channel))}
+	case opPing:
+		return &reply{Err: toWire(sess.s.lock.ping(rctx))}
+	}
+	return &reply{Err: &wireError{Kind: errStatement, Message: fmt.Sprintf("unknown request %d", req.Op)}}
+}
+
+// describe asks the server for the types of a statement's parameters and
+// results, on any connection: the task process encodes its arguments with
+// them.
+func (sess *session) describe(ctx context.Context, req *request) *reply {
+	var sd *pgconn.StatementDescription
+	err := sess.onConn(ctx, func(ctx context.Context, pc *pgconn.PgConn) error {
+		var err error
+		sd, err = pc.Prepare(ctx, "", req.SQL, nil)
+		return err
+	})
+	if err != nil {
+		return &reply{Err: toWire(err)}
+	}
+	return &reply{ParamOIDs: sd.ParamOIDs, Fields: sd.Fields}
+}
+
+// onConn runs fn on the session's transaction's connection, or on one of
+// the pool's.
+func (sess *session) onConn(ctx context.Context, fn func(context.Context, *pgconn.PgConn) error) error {
+	if sess.tx != nil {
+		return fn(ctx, sess.tx.Conn().PgConn())
+	}
+	conn, err := sess.s.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	return fn(ctx, conn.Conn().PgConn())
+}
+
+// exec runs a statement: in the session's transaction, or else in one of
+// its own that holds the run's key, sent with the statement in one round
+// trip.
+func (sess *session) exec(ctx context.Context, req *request) *reply {
+	params, err := unpackValues(req.Params, len(req.ParamOIDs))
+	if err != nil {
+		return &reply{Err: &wireError{Kind: errStatement, Message: "parameters: " + err.Error()}}
+	}
+	var res *pgconn.Result
+	err = sess.onConn(ctx, func(ctx context.Context, pc *pgconn.PgConn) error {
+		if sess.tx != nil {
+			res = pc.ExecParams(ctx, req.SQL, params, req.ParamOIDs, req.ParamFormats, req.ResultFormats).Read()
+			return res.Err
+		}
+		b := &pgconn.Batch{}
+		b.ExecParams("SELECT set_config($1, $2, true)", [][]byte{[]byte(etlcontext.RunKeySetting), []byte(sess.runKey)}, []uint32{25, 25}, nil, nil)
+		b.ExecParams(req.SQL, params, req.ParamOIDs, req.ParamFormats, req.ResultFormats)
+		results, err := pc.ExecBatch(ctx, b).ReadAll()
+		if err != nil {
+			return err
+		}
+		if len(results) != 2 {
+			return fmt.Errorf("%d results of a statement", len(results))
+		}
+		res = results[1]
+		return res.Err
+	})
+	if err != nil {
+		return &reply{Err: toWire(err)}
+	}
+	rows := make([][]byte, len(res.Rows))
+	for i, r := range res.Rows {
+		rows[i] = packValues(r)
+	}
+	return &reply{Fields: res.FieldDescriptions, Rows: rows, Tag: res.CommandTag.String()}
+}
+
+// begin opens the session's transaction, holding the run's key, or a
+// savepoint in it.
+func (sess *session) begin(ctx context.Context, depth int) error {
+	if depth > 0 {
+		if sess.tx == nil || depth != sess.depth+1 {
+			return fmt.Errorf("savepoint %d in a transaction at depth %d", depth, sess.depth)
+		}
+		if _, err := sess.tx.Exec(ctx, "SAVEPOINT "+savepoint(depth)); err != nil {
+			return err
+		}
+		sess.depth = depth
+		return nil
+	}
+	if sess.tx != nil {
+		return errors.New("a transaction is open already")
+	}
+	conn, err := sess.s.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	if _, err := conn.Exec(ctx, "BEGIN"); err != nil {
+		conn.Release()
+		return err
+	}
+	if _, err := conn.Exec(ctx, "SELECT set_config($1, $2, true)", etlcontext.RunKeySetting, sess.runKey); err != nil {
+		conn.Exec(ctx, "ROLLBACK")
+		conn.Release()
+		return err
+	}
+	sess.tx, sess.depth = conn, 0
+	return nil
+}
+
+// end commits or rolls back the session's transaction, or releases or
+// rolls back to a savepoint of it. The transaction's connection goes back
+// to the pool either way.
+func (sess *session) end(ctx context.Context, commit bool, depth int) error {
+	if sess.tx == nil || depth != sess.depth {
+		return fmt.Errorf("end depth %d of a transaction at depth %d", depth, sess.depth)
+	}
+	if depth > 0 {
+		stmt := "RELEASE SAVEPOINT " + savepoint(depth)
+		if !commit {
+			stmt = "ROLLBACK TO SAVEPOINT " + savepoint(depth)
+		}
+		_, err := sess.tx.Exec(ctx, stmt)
+		if err == nil || !commit {
+			sess.depth--
+		}
+		return err
+	}
+	stmt := "COMMIT"
+	if !commit {
+		stmt = "ROLLBACK"
+	}
+	tag, err := sess.tx.Exec(ctx, stmt)
+	conn := sess.tx
+	sess.tx = nil
+	if err != nil {
+		// Neither ended for sure: the connection is not reused.
+		conn.Conn().Close(context.WithoutCancel(ctx))
+	}
+	conn.Release()
+	if err == nil && commit && tag.String() == "ROLLBACK" {
+		return errors.New("commit unexpectedly resulted in rollback")
+	}
+	return err
+}
+
+func savepoint(depth int) string { return "sp_" + strconv.Itoa(depth) }
+
+// takeLock takes the session's context's lock on the lock session.
+func (sess *session) takeLock(ctx context.Context) error {
+	if err := sess.s.take(sess); err != nil {
+		return err
+	}
+	gen, err := sess.s.lock.lock(ctx, sess.contextID)
+	if err != nil {
+		sess.s.drop(sess)
+		return err
+	}
+	sess.lockGen = gen
+	return nil
+}
+
+// releaseLock releases the session's context's lock.
+func (sess *session) releaseLock(ctx context.Context) error {
+	if !sess.s.drop(sess) {
+		return nil
+	}
+	return sess.s.lock.unlock(ctx, sess.contextID, sess.lockGen)
+}
+
+// listen passes on channel's notifications to the session from now on.
+func (sess *session) listen(ctx context.Context, channel string) error {
+	if err := sess.s.lock.listen(ctx, channel); err != nil {
+		return err
+	}
+	sess.mu.Lock()
+	if sess.channels == nil {
+		sess.channels = make(map[string]bool)
+	}
+	sess.channels[channel] = true
+	sess.mu.Unlock()
+	return nil
+}

@@ -1,0 +1,186 @@
+package taskrunner
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sys/unix"
+
+	"github.com/dama-etl/dama/internal/hostproc"
+	"github.com/dama-etl/dama/internal/keeper"
+	"github.com/dama-etl/dama/internal/pgsession"
+	"github.com/dama-etl/dama/taskrunner/protocol"
+)
+
+// The application names of a lock keeper's connections, which
+// pg_stat_activity shows.
+const (
+	KeeperLockName = "dama-keeper-lock"
+	KeeperPoolName = "dama-keeper-pool"
+)
+
+// KeeperPoolSize bounds the connections a lock keeper opens for the
+// statements of the task processes it serves, beside its lock session.
+const KeeperPoolSize = 4
+
+// KeeperConnections is how many server connections a host's lock keeper
+// holds at most: its lock session and its pool.
+const KeeperConnections = KeeperPoolSize + 1
+
+// keeperDir is the directory of the sockets of the lock keepers of the
+// task processes that log in logDir.
+func keeperDir(logDir string) string { return filepath.Join(logDir, ".keeper") }
+
+// KeeperSocket is the socket of the lock keeper that serves the task
+// processes logging in logDir that connect with url: one per host, log
+// directory, database URL and keeper protocol version. The URL is hashed:
+// the name shows nothing of it.
+func KeeperSocket(logDir, url string) string {
+	sum := sha256.Sum256([]byte(url))
+	return keeper.SocketPath(keeperDir(logDir), hex.EncodeToString(sum[:8])+"-v"+strconv.Itoa(keeper.Version))
+}
+
+// dialKeeper opens the runner's session with its host's lock keeper,
+// starting the keeper if none serves.
+func (r *runner) dialKeeper(ctx context.Context) (dbConn, error) {
+	if r.opts.RunKey == "" {
+		return nil, errors.New("lock_mode host needs the run's key, which the supervisor did not give")
+	}
+	dir := keeperDir(r.opts.Config.LogDir)
+	if err := keeper.Dir(dir); err != nil {
+		return nil, err
+	}
+	socket := KeeperSocket(r.opts.Config.LogDir, r.opts.DatabaseURL)
+	conn, err := keeper.Dial(ctx, socket, r.opts.ContextID, r.opts.RunKey, func() error {
+		return r.startKeeper(socket)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return keeperConn{conn}, nil
+}
+
+// startKeeper starts a lock keeper on socket, in a session of its own. It
+// is the runner's child but not its command's: the runner leaves it
+// running when it ends (keepers).
+func (r *runner) startKeeper(socket string) error {
+	logFile, err := os.OpenFile(strings.TrimSuffix(socket, ".sock")+".log", os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("open the keeper's log: %w", err)
+	}
+	defer logFile.Close()
+	launch := protocol.KeeperLaunch{Socket: socket, Heartbeat: r.opts.Config.HeartbeatInterval}
+	cmd := exec.Command(selfExe, launch.Args()...)
+	cmd.Args[0] = os.Args[0]
+	cmd.Env = keeperEnv(r.opts.DatabaseURL)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	st, err := hostproc.ReadStat(cmd.Process.Pid)
+	r.keepersMu.Lock()
+	if r.keepers == nil {
+		r.keepers = make(map[process]bool)
+	}
+	if err == nil {
+		r.keepers[process{st.PID, st.StartTicks}] = true
+	}
+	r.keepersMu.Unlock()
+	r.logger.Info("started a lock keeper", "pid", cmd.Process.Pid, "socket", socket)
+	// Reaped with the runner's other children (reapOrphans, killTree).
+	return cmd.Process.Release()
+}
+
+// isKeeper reports whether p is a lock keeper the runner started.
+func (r *runner) isKeeper(p process) bool {
+	r.keepersMu.Lock()
+	defer r.keepersMu.Unlock()
+	return r.keepers[p]
+}
+
+// keeperEnv is a keeper's environment: the runner's (libpq's variables,
+// HOME for its password file), which the supervisor gave it, as the
+// keeper process.
+func keeperEnv(url string) []string {
+	env := []string{protocol.ProcessEnv + "=" + protocol.ProcessKeeper, protocol.DatabaseURLEnv + "=" + url}
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if name != protocol.ProcessEnv && name != protocol.DatabaseURLEnv {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+// KeeperOptions configure a lock keeper process (RunKeeper).
+type KeeperOptions struct {
+	// DatabaseURL names the database; it comes from the environment.
+	DatabaseURL string
+	// Launch is what the task process that started the keeper said.
+	Launch protocol.KeeperLaunch
+	// IdleExit is how long the keeper runs on without a session; 0 means
+	// keeper.DefaultIdleExit.
+	IdleExit time.Duration
+	// Logger receives the keeper's log lines.
+	Logger *slog.Logger
+}
+
+// RunKeeper runs a lock keeper until it has had no session for a while,
+// or SIGTERM, and returns the process exit code: 0, also when another
+// keeper serves the socket already.
+func RunKeeper(ctx context.Context, opts KeeperOptions) int {
+	// The environment holds the database URL: see Run.
+	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	signal.Ignore(syscall.SIGHUP)
+	logger := opts.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	heartbeat := opts.Launch.Heartbeat
+	pool, err := pgxpool.ParseConfig(opts.DatabaseURL)
+	if err != nil {
+		logger.Error("lock keeper", "error", fmt.Errorf("parse database URL: %w", err))
+		return protocol.ExitSetup
+	}
+	pool.MaxConns = KeeperPoolSize
+	pool.MinConns = 0
+	pool.MaxConnIdleTime = time.Minute
+	pool.ConnConfig.RuntimeParams["application_name"] = KeeperPoolName
+	setKeepalives(pool.ConnConfig, heartbeat)
+	pool.AfterConnect = pgsession.KeepIdle
+	err = keeper.Serve(ctx, keeper.Config{
+		Socket: opts.Launch.Socket,
+		ConnectLock: func(ctx context.Context) (*pgx.Conn, error) {
+			return connect(ctx, opts.DatabaseURL, "", KeeperLockName, heartbeat)
+		},
+		Pool:     pool,
+		IdleExit: opts.IdleExit,
+		Logger:   logger,
+	})
+	switch {
+	case errors.Is(err, keeper.ErrRunning):
+		logger.Info("another lock keeper serves the socket", "socket", opts.Launch.Socket)
+		return 0
+	case err != nil:
+		logger.Error("lock keeper", "error", err)
+		return protocol.ExitSetup
+	}
+	return 0
+}

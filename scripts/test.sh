@@ -69,7 +69,7 @@ fuzz_targets=(
 	"./taskrunner/protocol FuzzParseLaunch 50000"
 	"./taskrunner/protocol FuzzParseKeeperLaunch 20000"
 	# What any process of the user may send a host's lock keeper.
-	"./internal/keeper FuzzSession 20000"
+	"./internal/keeper FuzzSession 5000"
 	"./cmd/dama FuzzDueAt 50000"
 	"./cmd/dama FuzzParseID 50000"
 	"./cmd/dama FuzzListenAddr 20000"

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 	"syscall"
 
 	"github.com/dama-etl/dama/config"
@@ -149,6 +150,9 @@ func RunKeeper(ctx context.Context, args []string) int {
 	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "keeper")
 	launch, err := protocol.ParseKeeperLaunch(args)
+	if err == nil && launch.EnvFD > 0 {
+		err = readKeeperEnv(launch.EnvFD)
+	}
 	if err == nil && os.Getenv(protocol.DatabaseURLEnv) == "" {
 		err = errors.New(protocol.DatabaseURLEnv + " is not set")
 	}
@@ -161,4 +165,30 @@ func RunKeeper(ctx context.Context, args []string) int {
 		Launch:      launch,
 		Logger:      logger,
 	})
+}
+
+// readKeeperEnv sets the variables the task process that started the
+// keeper wrote on fd (protocol.KeeperLaunch.EnvFD), once the keeper is
+// non-dumpable.
+func readKeeperEnv(fd int) error {
+	syscall.CloseOnExec(fd)
+	f := os.NewFile(uintptr(fd), "env")
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, protocol.MaxKeeperEnv))
+	if err != nil {
+		return fmt.Errorf("read the keeper's environment: %w", err)
+	}
+	for _, kv := range strings.Split(string(data), "\x00") {
+		if kv == "" {
+			continue
+		}
+		name, value, ok := strings.Cut(kv, "=")
+		if !ok || name == "" {
+			return fmt.Errorf("the keeper's environment: %q is not NAME=value", name)
+		}
+		if err := os.Setenv(name, value); err != nil {
+			return fmt.Errorf("the keeper's environment: %w", err)
+		}
+	}
+	return nil
 }

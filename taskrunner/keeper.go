@@ -65,7 +65,7 @@ func (r *runner) dialKeeper(ctx context.Context) (dbConn, error) {
 		return nil, err
 	}
 	socket := KeeperSocket(r.opts.Config.LogDir, r.opts.DatabaseURL)
-	conn, err := keeper.Dial(ctx, socket, r.opts.ContextID, r.opts.RunKey, func() error {
+	conn, err := keeper.Dial(ctx, socket, keeper.Secret(r.opts.DatabaseURL), r.opts.ContextID, r.opts.RunKey, func() error {
 		return r.startKeeper(socket)
 	})
 	if err != nil {
@@ -83,24 +83,38 @@ func (r *runner) startKeeper(socket string) error {
 		return fmt.Errorf("open the keeper's log: %w", err)
 	}
 	defer logFile.Close()
-	launch := protocol.KeeperLaunch{Socket: socket, Heartbeat: r.opts.Config.HeartbeatInterval}
+	envR, envW, err := os.Pipe()
+	if err != nil {
+		return fmt.Errorf("make the keeper's environment pipe: %w", err)
+	}
+	defer envR.Close()
+	defer envW.Close()
+	launch := protocol.KeeperLaunch{Socket: socket, Heartbeat: r.opts.Config.HeartbeatInterval, EnvFD: protocol.KeeperEnvFD}
 	cmd := exec.Command(selfExe, launch.Args()...)
 	cmd.Args[0] = os.Args[0]
-	cmd.Env = keeperEnv(r.opts.DatabaseURL)
+	env, secret := keeperEnv(r.opts.DatabaseURL)
+	cmd.Env = env
+	cmd.ExtraFiles = []*os.File{envR}
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	// Held until the keeper is known: killTree, which waits for it, must
+	// not take it for a process of the command meanwhile.
+	r.keepersMu.Lock()
+	defer r.keepersMu.Unlock()
 	if err := cmd.Start(); err != nil {
 		return err
 	}
+	// Far below a pipe's buffer: written at once, whatever the keeper does.
+	if _, err := envW.Write(secret); err != nil {
+		r.logger.Warn("hand the keeper its environment", "error", err)
+	}
 	st, err := hostproc.ReadStat(cmd.Process.Pid)
-	r.keepersMu.Lock()
 	if r.keepers == nil {
 		r.keepers = make(map[process]bool)
 	}
 	if err == nil {
 		r.keepers[process{st.PID, st.StartTicks}] = true
 	}
-	r.keepersMu.Unlock()
 	r.logger.Info("started a lock keeper", "pid", cmd.Process.Pid, "socket", socket)
 	// Reaped with the runner's other children (reapOrphans, killTree).
 	return cmd.Process.Release()
@@ -113,18 +127,24 @@ func (r *runner) isKeeper(p process) bool {
 	return r.keepers[p]
 }
 
-// keeperEnv is a keeper's environment: the runner's (libpq's variables,
-// HOME for its password file), which the supervisor gave it, as the
-// keeper process.
-func keeperEnv(url string) []string {
-	env := []string{protocol.ProcessEnv + "=" + protocol.ProcessKeeper, protocol.DatabaseURLEnv + "=" + url}
+// keeperEnv splits what a keeper gets of the runner's environment: the
+// database URL and libpq's PG* variables go through a pipe
+// (KeeperLaunch.EnvFD), NUL-terminated; the rest (HOME, for libpq's
+// password file) in its environment.
+func keeperEnv(url string) (env []string, secret []byte) {
+	env = []string{protocol.ProcessEnv + "=" + protocol.ProcessKeeper}
+	secret = append([]byte(protocol.DatabaseURLEnv+"="+url), 0)
 	for _, kv := range os.Environ() {
 		name, _, _ := strings.Cut(kv, "=")
-		if name != protocol.ProcessEnv && name != protocol.DatabaseURLEnv {
+		switch {
+		case name == protocol.ProcessEnv || name == protocol.DatabaseURLEnv:
+		case strings.HasPrefix(name, "PG"):
+			secret = append(append(secret, kv...), 0)
+		default:
 			env = append(env, kv)
 		}
 	}
-	return env
+	return env, secret
 }
 
 // KeeperOptions configure a lock keeper process (RunKeeper).
@@ -167,6 +187,7 @@ func RunKeeper(ctx context.Context, opts KeeperOptions) int {
 	pool.AfterConnect = pgsession.KeepIdle
 	err = keeper.Serve(ctx, keeper.Config{
 		Socket: opts.Launch.Socket,
+		Secret: keeper.Secret(opts.DatabaseURL),
 		ConnectLock: func(ctx context.Context) (*pgx.Conn, error) {
 			return connect(ctx, opts.DatabaseURL, "", KeeperLockName, heartbeat)
 		},

@@ -169,26 +169,35 @@ func dropSnapshot(ctx context.Context, tx pgx.Tx) error {
 
 // check makes sure, right before the command starts, that the lock is
 // still held, and takes it again within grace if it was lost: nothing runs
-// yet, so the runner may simply wait.
-func (k *lockKeeper) check(ctx context.Context, grace time.Duration) error {
+// yet, so the runner may simply wait. It returns the losses counted up to
+// the moment the lock was last seen held: any later one is the command's
+// to ride out.
+func (k *lockKeeper) check(ctx context.Context, grace time.Duration) (int, error) {
 	if k.mode != config.LockModeRow {
 		// The writer takes the lock again on a new connection before it
 		// runs anything there: a ping that succeeds went over a connection
 		// that holds the lock (in host mode, the keeper's lock session).
 		gctx, cancel := context.WithTimeout(ctx, lockConnectTimeout(k.heartbeat)+grace)
 		defer cancel()
-		return k.w.do(gctx, func(ctx context.Context, conn dbConn) error { return conn.Ping(ctx) })
+		var losses int
+		err := k.w.do(gctx, func(ctx context.Context, conn dbConn) error {
+			_, losses, _ = k.get()
+			return conn.Ping(ctx)
+		})
+		return losses, err
 	}
+	_, losses, _ := k.get()
 	pctx, cancel := context.WithTimeout(ctx, lockConnectTimeout(k.heartbeat))
 	_, err := k.tx.Exec(pctx, "SELECT 1")
 	cancel()
 	if err == nil {
-		return nil
+		return losses, nil
 	}
 	k.logger.Warn("lock connection failed before the command started; taking the lock again", "error", err, "reconnect_grace", grace)
 	rctx, cancel := context.WithTimeout(ctx, grace)
 	defer cancel()
-	return k.retake(rctx)
+	_, losses, _ = k.get()
+	return losses, k.retake(rctx)
 }
 
 // set records the lock's state and wakes the main loop; a superseded run

@@ -77,7 +77,8 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 	// still held right before, so the fencing window holds from the start.
 	// A database restart since the lock was taken is ridden out here too:
 	// nothing runs yet, so the runner may simply wait to take it again.
-	if err := r.lock.check(ctx, *cfg.ReconnectGrace); err != nil {
+	seenLosses, err := r.lock.check(ctx, *cfg.ReconnectGrace)
+	if err != nil {
 		eventsW.Close()
 		return r.finish(ctx, protocol.ExitLockLost, protocol.EventError, map[string]any{"reason": "the lock was lost before the command started and not taken again within reconnect_grace"}, fmt.Errorf("take the lock again before starting the command: %w", err))
 	}
@@ -135,11 +136,12 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 		timeout    <-chan time.Time
 		timedOut   bool
 	)
-	// Losses before the command started were ridden out (lock.check).
-	_, seenLosses, _ := r.lock.get()
 	if d := r.kind.Timeout; d > 0 {
 		timeout = time.After(d)
 	}
+	// Once started, the runner mostly waits: the program's pages it
+	// touched while starting need not count in its resident set.
+	settled := time.After(settleAfter)
 
 	var (
 		waitErr      error
@@ -202,6 +204,12 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 			stop(fmt.Sprintf("the lock was not taken again within reconnect_grace (%s)", *cfg.ReconnectGrace), protocol.ExitLockLost)
 		case sig := <-signals:
 			stop("runner received "+sig.String(), protocol.ExitFailed)
+		case <-settled:
+			if n, err := hostproc.DropProgramPages(); err != nil {
+				r.logger.Warn("give back the program's pages touched while starting", "error", err)
+			} else {
+				r.logger.Debug("gave back the program's pages touched while starting", "bytes", n)
+			}
 		}
 	}
 	// Stragglers the command left behind end with it, in its group or not:
@@ -315,3 +323,7 @@ func killGroup(pgid int, grace time.Duration, ended <-chan struct{}) {
 	case <-ended:
 	}
 }
+
+// settleAfter is how long after its command started the runner gives back
+// the program's pages it touched while starting (hostproc.DropProgramPages).
+const settleAfter = 2 * time.Second

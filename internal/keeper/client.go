@@ -13,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 // Conn is a task process's session with its host's keeper: it stands for
@@ -41,11 +43,14 @@ type Conn struct {
 // connection broke.
 var ErrClosed = errors.New("the session with the lock keeper ended")
 
-// Dial connects to the keeper of socket and opens a session for context
-// id's current run, whose key it gives. When no keeper serves the socket,
-// it calls start, once, and tries again until ctx ends.
-func Dial(ctx context.Context, socket string, id int64, runKey string, start func() error) (*Conn, error) {
-	started := false
+// Dial connects to the keeper of socket, proves the secret (Secret) and
+// checks the keeper's proof, and opens a session for context id's
+// current run, whose key it gives. When no keeper serves the socket,
+// it calls start, and tries again until ctx ends, calling start again
+// every restartEvery while none serves (a keeper that was ending refused
+// the one started meanwhile).
+func Dial(ctx context.Context, socket string, secret []byte, id int64, runKey string, start func() error) (*Conn, error) {
+	var started time.Time
 	delay := 5 * time.Millisecond
 	for {
 		var nc net.Conn
@@ -55,7 +60,16 @@ func Dial(ctx context.Context, socket string, id int64, runKey string, start fun
 			return err
 		})
 		if err == nil {
-			c := newConn(nc)
+			deadline, ok := ctx.Deadline()
+			if !ok {
+				deadline = time.Now().Add(handshakeTimeout)
+			}
+			st, err := clientHandshake(nc, secret, deadline)
+			if err != nil {
+				nc.Close()
+				return nil, fmt.Errorf("connect to the lock keeper: %w", err)
+			}
+			c := newConn(st)
 			if err := c.hello(ctx, id, runKey); err != nil {
 				c.Close(context.WithoutCancel(ctx))
 				return nil, err
@@ -68,11 +82,11 @@ func Dial(ctx context.Context, socket string, id int64, runKey string, start fun
 		if !errors.Is(err, syscall.ECONNREFUSED) && !errors.Is(err, syscall.ENOENT) {
 			return nil, fmt.Errorf("connect to the lock keeper: %w", err)
 		}
-		if !started && start != nil {
+		if start != nil && time.Since(started) >= restartEvery {
 			if err := start(); err != nil {
 				return nil, fmt.Errorf("start a lock keeper: %w", err)
 			}
-			started = true
+			started = time.Now()
 		}
 		select {
 		case <-time.After(delay):
@@ -82,9 +96,15 @@ func Dial(ctx context.Context, socket string, id int64, runKey string, start fun
 	}
 }
 
-func newConn(nc net.Conn) *Conn {
+// restartEvery spaces the keepers Dial starts.
+const restartEvery = time.Second
+
+// handshakeTimeout bounds a handshake with no other deadline.
+const handshakeTimeout = 10 * time.Second
+
+func newConn(st *stream) *Conn {
 	c := &Conn{
-		st:      newStream(nc, maxMessage),
+		st:      st,
 		typeMap: pgtype.NewMap(),
 		descs:   make(map[string]*pgconn.StatementDescription),
 		replies: make(chan *reply, 1),
@@ -113,8 +133,12 @@ func (c *Conn) read() {
 				case <-c.notes:
 				default:
 				}
+				standIn := &pgconn.Notification{Channel: r.Notification.Channel}
+				if standIn.Channel == protocol.CancelChannel {
+					standIn.Payload = r.Notification.Payload
+				}
 				select {
-				case c.notes <- &pgconn.Notification{Channel: r.Notification.Channel}:
+				case c.notes <- standIn:
 				default:
 				}
 			}

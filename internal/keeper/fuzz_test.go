@@ -1,45 +1,88 @@
 package keeper
 
 import (
-	"bufio"
-	"bytes"
 	"encoding/binary"
-	"encoding/gob"
+	"net"
 	"reflect"
 	"testing"
+	"time"
 )
 
-// FuzzSession reads arbitrary bytes as a session's requests, as the keeper
-// does from anyone who may connect: it stops at the first it cannot read,
-// and never takes a frame beyond its limit. Arbitrary values pack and
-// unpack to themselves.
+// pipePair returns the two ends of a session whose handshake is done.
+func pipePair(t testing.TB) (client, server *stream) {
+	a, b := net.Pipe()
+	secret := Secret("postgres://test")
+	done := make(chan error, 1)
+	go func() {
+		var err error
+		server, err = serverHandshake(b, secret, time.Now().Add(10*time.Second))
+		done <- err
+	}()
+	client, err := clientHandshake(a, secret, time.Now().Add(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	return client, server
+}
+
+// Before a session's key is checked its message is small: a larger one
+// is refused before it is read.
+func TestAnOversizedHelloIsRefusedUnread(t *testing.T) {
+	client, server := pipePair(t)
+	defer client.conn.Close()
+	var head [4]byte
+	binary.BigEndian.PutUint32(head[:], 1<<30)
+	go client.conn.Write(head[:])
+	var req request
+	if err := server.receive(&req); err == nil {
+		t.Fatal("a message of 1 GiB was taken")
+	}
+	// A message within the bound is taken.
+	client2, server2 := pipePair(t)
+	defer client2.conn.Close()
+	go client2.send(&request{Op: opHello, ContextID: 42, RunKey: "k"})
+	if err := server2.receive(&req); err != nil || req.ContextID != 42 {
+		t.Fatalf("a hello: %+v, %v", req, err)
+	}
+}
+
+// FuzzSession gives the keeper arbitrary bytes: as a handshake, as the
+// frames of a session (which must be sealed by the other side to be read
+// at all), and as packed values, which must unpack and pack to
+// themselves. Nothing panics, and nothing beyond a frame's bound is read.
 func FuzzSession(f *testing.F) {
-	frame := func(v any) []byte {
-		var body bytes.Buffer
-		if err := gob.NewEncoder(&body).Encode(v); err != nil {
-			f.Fatal(err)
+	f.Add([]byte("DKP1"), []byte{0, 0, 0, 20, 1, 2, 3}, []byte{0, 0, 0, 1, 0xff, 0, 0, 0, 0, 'a'})
+	f.Add([]byte{}, []byte{0xff, 0xff, 0xff, 0xff}, []byte{})
+	f.Add(append([]byte("DKP1"), make([]byte, 64)...), []byte{0, 0, 0, 0}, []byte{0xff, 0xff, 0xff, 0xff})
+	f.Add([]byte("GET / HTTP/1.1\r\n\r\n"), []byte{0, 0, 0, 16, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}, []byte{0, 0, 0, 3, 'a'})
+	f.Fuzz(func(t *testing.T, handshake, frames, packed []byte) {
+		a, b := net.Pipe()
+		go func() {
+			a.Write(handshake)
+			a.Close()
+		}()
+		if _, err := serverHandshake(b, Secret("postgres://test"), time.Now().Add(time.Second)); err == nil {
+			t.Fatalf("a handshake of %q passed without the secret", handshake)
 		}
-		return binary.BigEndian.AppendUint32(nil, uint32(body.Len()))
-	}
-	hello := func() []byte {
-		var body bytes.Buffer
-		gob.NewEncoder(&body).Encode(&request{Op: opHello, Version: Version, ContextID: 42, RunKey: "k"})
-		return append(frame(&request{Op: opHello, Version: Version, ContextID: 42, RunKey: "k"}), body.Bytes()...)
-	}
-	f.Add(hello(), []byte{0, 0, 0, 1, 0xff, 0, 0, 0, 0, 'a'})
-	f.Add([]byte{0xff, 0xff, 0xff, 0xff}, []byte{})
-	f.Add([]byte{0, 0, 0, 0}, []byte{0xff, 0xff, 0xff, 0xff})
-	f.Add([]byte{0, 0, 0, 8, 1, 2, 3, 4, 5, 6, 7, 8}, []byte{0, 0, 0, 3, 'a'})
-	f.Fuzz(func(t *testing.T, in, packed []byte) {
-		fr := &frameReader{r: bufio.NewReader(bytes.NewReader(in))}
-		fr.limit.Store(maxHello)
-		dec := gob.NewDecoder(fr)
-		for range 16 {
+		b.Close()
+
+		client, server := pipePair(t)
+		go func() {
+			client.conn.Write(frames)
+			client.conn.Close()
+		}()
+		for range 4 {
 			var req request
-			if err := dec.Decode(&req); err != nil {
+			if err := server.receive(&req); err != nil {
 				break
 			}
+			t.Fatalf("frames %q not sealed by the task process were read", frames)
 		}
+		server.conn.Close()
+
 		for n := range 4 {
 			values, err := unpackValues(packed, n)
 			if err != nil {

@@ -2,12 +2,13 @@ package keeper_test
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"io"
 	"net"
+	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -42,6 +43,7 @@ func serve(t *testing.T, env *testenv.Env) string {
 	go func() {
 		done <- keeper.Serve(ctx, keeper.Config{
 			Socket: socket,
+			Secret: keeper.Secret(env.URL),
 			ConnectLock: func(ctx context.Context) (*pgx.Conn, error) {
 				return pgx.Connect(ctx, env.URL)
 			},
@@ -85,11 +87,11 @@ func running(t *testing.T, env *testenv.Env) (int64, etlcontext.Run) {
 	return id, run
 }
 
-func dial(t *testing.T, socket string, id int64, key string) (*keeper.Conn, error) {
+func dial(t *testing.T, env *testenv.Env, socket string, id int64, key string) (*keeper.Conn, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	c, err := keeper.Dial(ctx, socket, id, key, nil)
+	c, err := keeper.Dial(ctx, socket, keeper.Secret(env.URL), id, key, nil)
 	if err == nil {
 		t.Cleanup(func() { c.Close(context.Background()) })
 	}
@@ -119,16 +121,16 @@ func TestASessionHoldsItsLockAloneWithItsRunsKey(t *testing.T) {
 	id, run := running(t, env)
 	ctx := context.Background()
 
-	_, err := dial(t, socket, id, "not the key")
+	_, err := dial(t, env, socket, id, "not the key")
 	if !errors.Is(err, keeper.ErrRefused) || !errors.Is(err, etlcontext.ErrStaleRun) {
 		t.Fatalf("a session with a wrong key: %v, want refused as a stale run", err)
 	}
 	other, _ := running(t, env)
-	if _, err := dial(t, socket, other, run.Key); !errors.Is(err, keeper.ErrRefused) {
+	if _, err := dial(t, env, socket, other, run.Key); !errors.Is(err, keeper.ErrRefused) {
 		t.Fatalf("a session with another context's key: %v, want refused", err)
 	}
 
-	first, err := dial(t, socket, id, run.Key)
+	first, err := dial(t, env, socket, id, run.Key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,7 +145,7 @@ func TestASessionHoldsItsLockAloneWithItsRunsKey(t *testing.T) {
 		t.Fatalf("read through the session: %+v, %v", c, err)
 	}
 
-	second, err := dial(t, socket, id, run.Key)
+	second, err := dial(t, env, socket, id, run.Key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,24 +164,44 @@ func TestASessionHoldsItsLockAloneWithItsRunsKey(t *testing.T) {
 	}
 }
 
-// Before its key is checked, a session's message is small: a larger one
-// ends the connection before it is read.
-func TestAnOversizedHelloEndsTheConnection(t *testing.T) {
+// The keeper and a task process each prove they know the database's
+// secret before anything else is said: a process that poses as the keeper
+// learns no key, and one that does not know the secret gets no session.
+func TestOnlyWhoKnowsTheSecretTalksToTheKeeper(t *testing.T) {
 	env := testenv.New(t)
 	socket := serve(t, env)
-	conn, err := net.Dial("unix", socket)
+	id, run := running(t, env)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := keeper.Dial(ctx, socket, keeper.Secret("postgres://someone@else/db"), id, run.Key, nil); !errors.Is(err, keeper.ErrHandshake) {
+		t.Fatalf("a task process with another secret: %v, want refused", err)
+	}
+
+	// A process of the same user that took the socket's place.
+	fake := filepath.Join(t.TempDir(), "fake.sock")
+	ln, err := net.Listen("unix", fake)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
-	var head [4]byte
-	binary.BigEndian.PutUint32(head[:], 1<<30)
-	if _, err := conn.Write(head[:]); err != nil {
-		t.Fatal(err)
+	defer ln.Close()
+	heard := make(chan []byte, 1)
+	go func() {
+		conn, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		// It answers with anything, and reads what comes.
+		conn.Write(make([]byte, 64))
+		conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		all, _ := io.ReadAll(conn)
+		heard <- all
+	}()
+	if _, err := keeper.Dial(ctx, fake, keeper.Secret(env.URL), id, run.Key, nil); !errors.Is(err, keeper.ErrHandshake) {
+		t.Fatalf("a keeper that does not know the secret: %v, want ErrHandshake", err)
 	}
-	conn.SetReadDeadline(time.Now().Add(20 * time.Second))
-	if _, err := io.ReadAll(conn); err != nil {
-		t.Fatalf("the connection was not ended: %v", err)
+	if got := <-heard; strings.Contains(string(got), run.Key) || len(got) != 4+32 {
+		t.Fatalf("the fake keeper heard %d bytes (%q): want only the handshake's opening", len(got), got)
 	}
 }
 
@@ -192,7 +214,7 @@ func TestACancellationReachesItsSessionOnly(t *testing.T) {
 	var ids []int64
 	for range 2 {
 		id, run := running(t, env)
-		c, err := dial(t, socket, id, run.Key)
+		c, err := dial(t, env, socket, id, run.Key)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -217,5 +239,47 @@ func TestACancellationReachesItsSessionOnly(t *testing.T) {
 		if n.Payload != strconv.FormatInt(ids[i], 10) {
 			t.Errorf("session %d of context %d heard %q", i, ids[i], n.Payload)
 		}
+	}
+}
+
+// A keeper whose socket was removed (or replaced) exits: task processes
+// would not find it, and the next keeper could not start beside it.
+func TestAKeeperWhoseSocketWasRemovedExits(t *testing.T) {
+	env := testenv.New(t)
+	dir := filepath.Join(t.TempDir(), "k")
+	if err := keeper.Dir(dir); err != nil {
+		t.Fatal(err)
+	}
+	socket := keeper.SocketPath(dir, "test")
+	pool, err := pgxpool.ParseConfig(env.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ready := make(chan struct{})
+	done := make(chan error, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		done <- keeper.Serve(ctx, keeper.Config{
+			Socket: socket,
+			Secret: keeper.Secret(env.URL),
+			ConnectLock: func(ctx context.Context) (*pgx.Conn, error) {
+				return pgx.Connect(ctx, env.URL)
+			},
+			Pool:  pool,
+			Ready: ready,
+		})
+	}()
+	<-ready
+	if err := os.Remove(socket); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("keeper: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the keeper still runs 20s after its socket was removed")
 	}
 }

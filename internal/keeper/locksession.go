@@ -43,6 +43,8 @@ const (
 	opKindUnlock
 	opKindListen
 	opKindPing
+	// opKindReset ends the lock session, and every lock on it.
+	opKindReset
 )
 
 type lockOp struct {
@@ -52,6 +54,27 @@ type lockOp struct {
 	channel string
 	ctx     context.Context
 	done    chan lockResult
+
+	// mu is held while the operation runs, and guards abandoned (its
+	// caller gave up waiting before it ran: it never runs) and answered
+	// (it ran: its caller gets its result, even one that gave up
+	// meanwhile). So a lock is never taken for nobody, nor a lock
+	// released late, after its context's next session took it.
+	mu        sync.Mutex
+	abandoned bool
+	answered  bool
+}
+
+// answer runs op with run, unless its caller gave up, and hands it the
+// result.
+func (l *lockSession) answer(op *lockOp, run func() lockResult) {
+	op.mu.Lock()
+	defer op.mu.Unlock()
+	if op.abandoned {
+		return
+	}
+	op.answered = true
+	op.done <- run()
 }
 
 type lockResult struct {
@@ -90,6 +113,15 @@ func (l *lockSession) ping(ctx context.Context) error {
 	return err
 }
 
+// reset ends the lock session, and with it every lock it holds: their
+// sessions end, and their task processes take them again through a new
+// one.
+func (l *lockSession) reset() {
+	ctx, cancel := context.WithTimeout(context.Background(), lockOpTimeout)
+	defer cancel()
+	l.do(ctx, &lockOp{kind: opKindReset})
+}
+
 func (l *lockSession) do(ctx context.Context, op *lockOp) (uint64, error) {
 	op.ctx, op.done = ctx, make(chan lockResult, 1)
 	l.mu.Lock()
@@ -105,10 +137,15 @@ func (l *lockSession) do(ctx context.Context, op *lockOp) (uint64, error) {
 	case <-l.ended:
 		return 0, fmt.Errorf("%w: the keeper is ending", ErrUnavailable)
 	case <-ctx.Done():
-		// It may still run: an operation is undone by its own session
-		// (a lock by the session's end).
-		return 0, ctx.Err()
 	}
+	op.mu.Lock()
+	defer op.mu.Unlock()
+	if op.answered {
+		r := <-op.done
+		return r.gen, r.err
+	}
+	op.abandoned = true
+	return 0, ctx.Err()
 }
 
 func (l *lockSession) take() []*lockOp {
@@ -121,10 +158,9 @@ func (l *lockSession) take() []*lockOp {
 
 func (l *lockSession) run(ctx context.Context) {
 	var (
-		conn    *pgx.Conn
-		gen     uint64
-		lastPID uint32
-		name    string
+		conn *pgx.Conn
+		gen  uint64
+		last backend
 	)
 	defer close(l.ended)
 	defer func() {
@@ -134,17 +170,17 @@ func (l *lockSession) run(ctx context.Context) {
 			cancel()
 		}
 		for _, op := range l.take() {
-			op.done <- lockResult{err: fmt.Errorf("%w: the keeper is ending", ErrUnavailable)}
+			l.answer(op, func() lockResult { return lockResult{err: fmt.Errorf("%w: the keeper is ending", ErrUnavailable)} })
 		}
 	}()
 	delay := 100 * time.Millisecond
 	for ctx.Err() == nil {
 		if conn == nil {
-			c, err := l.open(ctx, lastPID, name)
+			c, b, err := l.open(ctx, last)
 			if err != nil {
 				l.logger.Warn("open the lock session", "error", err, "retry_in", delay)
 				for _, op := range l.take() {
-					op.done <- lockResult{err: fmt.Errorf("%w: %v", ErrUnavailable, err)}
+					l.answer(op, func() lockResult { return lockResult{err: fmt.Errorf("%w: %v", ErrUnavailable, err)} })
 				}
 				select {
 				case <-time.After(delay):
@@ -155,12 +191,17 @@ func (l *lockSession) run(ctx context.Context) {
 				continue
 			}
 			delay = 100 * time.Millisecond
-			conn, lastPID = c, c.PgConn().PID()
-			name = c.Config().RuntimeParams["application_name"]
+			conn, last = c, b
 			gen++
 		}
+		reset := false
 		for _, op := range l.take() {
-			op.done <- lockResult{gen: gen, err: l.apply(conn, gen, op)}
+			reset = reset || op.kind == opKindReset
+			l.answer(op, func() lockResult { return lockResult{gen: gen, err: l.apply(conn, gen, op)} })
+		}
+		if reset {
+			conn = l.fail(ctx, conn, errors.New("a lock could not be released"))
+			continue
 		}
 		if conn.IsClosed() {
 			conn = l.fail(ctx, conn, errors.New("the lock session closed"))
@@ -182,23 +223,35 @@ func (l *lockSession) fail(ctx context.Context, conn *pgx.Conn, err error) *pgx.
 	return nil
 }
 
+// backend names a server process: by its pid and its start, since pids
+// are reused (another host's keeper has the same application name).
+type backend struct {
+	pid   int32
+	start time.Time
+}
+
 // open connects the lock session, ends the backend of the one before it
 // if it is still there (a connection that went silent may hold its locks
 // on the server until its keepalives give up), and listens to the
 // channels.
-func (l *lockSession) open(ctx context.Context, lastPID uint32, name string) (*pgx.Conn, error) {
+func (l *lockSession) open(ctx context.Context, last backend) (*pgx.Conn, backend, error) {
 	cctx, cancel := context.WithTimeout(ctx, lockOpTimeout)
 	defer cancel()
 	conn, err := l.connect(cctx)
 	if err != nil {
-		return nil, err
+		return nil, backend{}, err
 	}
-	if lastPID != 0 {
+	var self backend
+	if err := conn.QueryRow(cctx, `SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()`).Scan(&self.pid, &self.start); err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return nil, backend{}, fmt.Errorf("read the lock session's backend: %w", err)
+	}
+	if last.pid != 0 {
 		if _, err := conn.Exec(cctx, `
 			SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-			 WHERE pid = $1 AND application_name = $2 AND datname = current_database()`,
-			int32(lastPID), name); err != nil {
-			l.logger.Warn("end the lost lock session", "backend_pid", lastPID, "error", err)
+			 WHERE pid = $1 AND backend_start = $2 AND datname = current_database()`,
+			last.pid, last.start); err != nil {
+			l.logger.Warn("end the lost lock session", "backend_pid", last.pid, "error", err)
 		}
 	}
 	l.mu.Lock()
@@ -210,18 +263,16 @@ func (l *lockSession) open(ctx context.Context, lastPID uint32, name string) (*p
 	for _, ch := range channels {
 		if _, err := conn.Exec(cctx, "LISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
 			conn.Close(context.WithoutCancel(ctx))
-			return nil, fmt.Errorf("listen on %s: %w", ch, err)
+			return nil, backend{}, fmt.Errorf("listen on %s: %w", ch, err)
 		}
 	}
-	return conn, nil
+	return conn, self, nil
 }
 
 // apply runs op on conn, of generation gen.
 func (l *lockSession) apply(conn *pgx.Conn, gen uint64, op *lockOp) error {
-	if op.ctx.Err() != nil {
-		return op.ctx.Err()
-	}
-	ctx, cancel := context.WithTimeout(op.ctx, lockOpTimeout)
+	// Not the caller's context: once it runs, it runs to its end.
+	ctx, cancel := context.WithTimeout(context.Background(), lockOpTimeout)
 	defer cancel()
 	switch op.kind {
 	case opKindLock:
@@ -248,6 +299,8 @@ func (l *lockSession) apply(conn *pgx.Conn, gen uint64, op *lockOp) error {
 		return nil
 	case opKindPing:
 		return conn.Ping(ctx)
+	case opKindReset:
+		return nil
 	}
 	return fmt.Errorf("unknown lock operation %d", op.kind)
 }

@@ -29,6 +29,9 @@ type Config struct {
 	// others (Dir makes it so). The keeper holds Socket+".lock" while it
 	// runs, one keeper per socket, and writes its pid in it.
 	Socket string
+	// Secret is what the keeper and its task processes prove to each other
+	// they know before anything else is said (see Secret); required.
+	Secret []byte
 	// ConnectLock opens the lock session: a connection of the keeper's
 	// own, probed when silent, which holds the locks of all the sessions.
 	ConnectLock func(ctx context.Context) (*pgx.Conn, error)
@@ -74,6 +77,9 @@ func Serve(ctx context.Context, cfg Config) error {
 	if cfg.IdleExit == 0 {
 		cfg.IdleExit = DefaultIdleExit
 	}
+	if len(cfg.Secret) == 0 {
+		return errors.New("a keeper needs a secret")
+	}
 	logger := cfg.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -105,10 +111,14 @@ func Serve(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("listen on the keeper's socket: %w", err)
 	}
 	ln.SetUnlinkOnClose(false)
+	bound := fileID(cfg.Socket)
+	lockID := fileID(cfg.Socket + ".lock")
 	defer func() {
-		// Removed before the lock file is let go: the next keeper finds
-		// no socket of this one.
-		os.Remove(cfg.Socket)
+		// Removed before the lock file is let go, if it is still this
+		// keeper's: the next keeper finds no socket of this one.
+		if id := fileID(cfg.Socket); id != nil && *id == *bound {
+			os.Remove(cfg.Socket)
+		}
 		ln.Close()
 	}()
 	pool, err := pgxpool.NewWithConfig(ctx, cfg.Pool)
@@ -138,7 +148,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		close(cfg.Ready)
 	}
 	logger.Info("lock keeper serves", "socket", cfg.Socket, "pid", os.Getpid())
-	go s.exitWhenIdle(ctx, ln)
+	go s.watch(ctx, ln, bound, lockID)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer s.closeSessions()
@@ -195,10 +205,24 @@ func checkPeer(conn *net.UnixConn) error {
 	return nil
 }
 
-// exitWhenIdle closes the listener once the keeper has had no session for
-// IdleExit: Serve then returns.
-func (s *server) exitWhenIdle(ctx context.Context, ln *net.UnixListener) {
-	t := time.NewTicker(min(s.cfg.IdleExit/4, 5*time.Second))
+// fileID names the file at path by its device and inode; nil when there
+// is none.
+func fileID(path string) *[2]uint64 {
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil {
+		return nil
+	}
+	return &[2]uint64{st.Dev, st.Ino}
+}
+
+// watch closes the listener, and so ends Serve, once the keeper has had
+// no session for IdleExit, or once its socket or lock file is no longer
+// the one it holds (removed, or replaced by another process): task
+// processes would not find it, and a second keeper might serve beside it.
+// Its sessions then end, and their task processes take their locks again
+// through the keeper they find.
+func (s *server) watch(ctx context.Context, ln *net.UnixListener, socket, lock *[2]uint64) {
+	t := time.NewTicker(min(s.cfg.IdleExit/4, time.Second))
 	defer t.Stop()
 	for {
 		select {
@@ -206,6 +230,16 @@ func (s *server) exitWhenIdle(ctx context.Context, ln *net.UnixListener) {
 			ln.Close()
 			return
 		case <-t.C:
+		}
+		if id := fileID(s.cfg.Socket); socket == nil || id == nil || *id != *socket {
+			s.logger.Warn("lock keeper exits: its socket was removed or replaced", "socket", s.cfg.Socket)
+			ln.Close()
+			return
+		}
+		if id := fileID(s.cfg.Socket + ".lock"); lock == nil || id == nil || *id != *lock {
+			s.logger.Warn("lock keeper exits: its lock file was removed or replaced", "lock", s.cfg.Socket+".lock")
+			ln.Close()
+			return
 		}
 		s.mu.Lock()
 		idle := len(s.sessions) == 0 && time.Since(s.idle) >= s.cfg.IdleExit
@@ -223,7 +257,7 @@ func (s *server) exitWhenIdle(ctx context.Context, ln *net.UnixListener) {
 }
 
 func (s *server) open(conn *net.UnixConn) *session {
-	sess := &session{s: s, st: newStream(conn, maxHello), notes: make(chan *pgconn.Notification, notifyBuffer)}
+	sess := &session{s: s, conn: conn, notes: make(chan *pgconn.Notification, notifyBuffer)}
 	s.mu.Lock()
 	s.sessions[sess] = struct{}{}
 	s.mu.Unlock()
@@ -238,17 +272,33 @@ func (s *server) closed(sess *session) {
 		s.idle = time.Now()
 	}
 	held := sess.contextID != 0 && s.holders[sess.contextID] == sess
-	if held {
-		delete(s.holders, sess.contextID)
-	}
 	s.mu.Unlock()
-	if held {
-		ctx, cancel := context.WithTimeout(context.Background(), lockOpTimeout)
-		defer cancel()
-		if err := s.lock.unlock(ctx, sess.contextID, sess.lockGen); err != nil {
-			s.logger.Warn("release the lock of a session that ended", "etl_context_id", sess.contextID, "error", err)
-		}
+	if !held {
+		return
 	}
+	// The session stays the holder until its lock is released: the next
+	// session of its context is refused the lock meanwhile, as the server
+	// still holds it. One that cannot be released ends the lock session,
+	// and every lock with it, rather than hold it for nobody.
+	delay := 100 * time.Millisecond
+	for try := 0; ; try++ {
+		ctx, cancel := context.WithTimeout(context.Background(), lockOpTimeout)
+		err := s.lock.unlock(ctx, sess.contextID, sess.lockGen)
+		cancel()
+		if err == nil || errors.Is(err, ErrUnavailable) {
+			// Released, or gone with its lock session (or the keeper).
+			break
+		}
+		if try == 5 {
+			s.logger.Error("the lock of a session that ended cannot be released: ending the lock session", "etl_context_id", sess.contextID, "error", err)
+			s.lock.reset()
+			break
+		}
+		s.logger.Warn("release the lock of a session that ended", "etl_context_id", sess.contextID, "error", err, "retry_in", delay)
+		time.Sleep(delay)
+		delay *= 2
+	}
+	s.drop(sess)
 }
 
 // closeSessions ends every session.
@@ -256,7 +306,7 @@ func (s *server) closeSessions() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for sess := range s.sessions {
-		sess.st.conn.Close()
+		sess.conn.Close()
 	}
 }
 
@@ -295,6 +345,13 @@ func (s *server) take(sess *session) error {
 	}
 	s.holders[sess.contextID] = sess
 	return nil
+}
+
+// holds reports whether sess holds its context's lock.
+func (s *server) holds(sess *session) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return sess.contextID != 0 && s.holders[sess.contextID] == sess
 }
 
 // drop records that sess no longer holds its lock; it reports whether it

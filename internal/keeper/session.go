@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"sync"
 	"time"
@@ -28,7 +29,10 @@ const maxTimeout = time.Minute
 // session serves one connection of a task process: its requests, one at a
 // time, and the notifications of the channels it listens to.
 type session struct {
-	s  *server
+	s    *server
+	conn net.Conn
+	// st is the session's stream once the handshake is done; only serve's
+	// goroutine sets it, before anything else uses it.
 	st *stream
 
 	// Set by hello, then read only.
@@ -55,7 +59,14 @@ type session struct {
 
 func (sess *session) serve(ctx context.Context) {
 	defer sess.s.closed(sess)
-	defer sess.st.conn.Close()
+	defer sess.conn.Close()
+	// A connection that says nothing, or not the secret, is not kept.
+	st, err := serverHandshake(sess.conn, sess.s.cfg.Secret, time.Now().Add(10*time.Second))
+	if err != nil {
+		sess.s.logger.Debug("refused a connection", "error", err)
+		return
+	}
+	sess.st = st
 	done := make(chan struct{})
 	defer close(done)
 	go sess.forward(ctx, done)
@@ -68,8 +79,8 @@ func (sess *session) serve(ctx context.Context) {
 			sess.tx = nil
 		}
 	}()
-	// A connection that says nothing is not kept for long.
-	sess.st.conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	// Nor one that says no hello.
+	sess.conn.SetReadDeadline(time.Now().Add(10 * time.Second))
 	for {
 		var req request
 		if err := sess.st.receive(&req); err != nil {
@@ -85,7 +96,7 @@ func (sess *session) serve(ctx context.Context) {
 			if err != nil {
 				return
 			}
-			sess.st.conn.SetReadDeadline(time.Time{})
+			sess.conn.SetReadDeadline(time.Time{})
 			sess.st.setLimit(maxMessage)
 			continue
 		}
@@ -115,7 +126,7 @@ func (sess *session) forward(ctx context.Context, done <-chan struct{}) {
 			}
 			sess.mu.Unlock()
 			for _, ch := range missed {
-				if err := sess.st.send(&reply{Notification: &pgconn.Notification{Channel: ch}}); err != nil {
+				if err := sess.st.send(&reply{Notification: sess.standIn(ch)}); err != nil {
 					return
 				}
 			}
@@ -154,10 +165,20 @@ func (sess *session) pass(n *pgconn.Notification) {
 		// A notification is sent after the missed are noted: the
 		// forwarder, woken by none, would sit on them.
 		select {
-		case sess.notes <- &pgconn.Notification{Channel: n.Channel}:
+		case sess.notes <- sess.standIn(n.Channel):
 		default:
 		}
 	}
+}
+
+// standIn is the notification that stands for those of channel that were
+// dropped: an empty payload, which the task process reads as "look again";
+// a cancellation names the session's context, the only one it is passed.
+func (sess *session) standIn(channel string) *pgconn.Notification {
+	if channel == protocol.CancelChannel {
+		return &pgconn.Notification{Channel: channel, Payload: strconv.FormatInt(sess.contextID, 10)}
+	}
+	return &pgconn.Notification{Channel: channel}
 }
 
 // hello opens the session for the run whose key it holds.
@@ -293,6 +314,12 @@ func (sess *session) exec(ctx context.Context, req *request) *reply {
 		return res.Err
 	})
 	if err != nil {
+		if sess.tx != nil && sess.tx.Conn().IsClosed() {
+			// The transaction died with its connection: the task process's
+			// next Begin starts afresh.
+			sess.tx.Release()
+			sess.tx, sess.depth = nil, 0
+		}
 		return &reply{Err: toWire(err)}
 	}
 	rows := make([][]byte, len(res.Rows))
@@ -316,7 +343,8 @@ func (sess *session) begin(ctx context.Context, depth int) error {
 		return nil
 	}
 	if sess.tx != nil {
-		return errors.New("a transaction is open already")
+		// One whose end failed: it is over for its task process.
+		sess.dropTx(ctx)
 	}
 	conn, err := sess.s.pool.Acquire(ctx)
 	if err != nil {
@@ -339,18 +367,21 @@ func (sess *session) begin(ctx context.Context, depth int) error {
 // rolls back to a savepoint of it. The transaction's connection goes back
 // to the pool either way.
 func (sess *session) end(ctx context.Context, commit bool, depth int) error {
-	if sess.tx == nil || depth != sess.depth {
-		return fmt.Errorf("end depth %d of a transaction at depth %d", depth, sess.depth)
+	if sess.tx == nil {
+		return errors.New("no transaction is open")
 	}
 	if depth > 0 {
+		// As pgx: a savepoint is over once released or rolled back to,
+		// whatever the server said, and one already over ends nothing.
+		if depth > sess.depth {
+			return fmt.Errorf("savepoint %d is over", depth)
+		}
 		stmt := "RELEASE SAVEPOINT " + savepoint(depth)
 		if !commit {
 			stmt = "ROLLBACK TO SAVEPOINT " + savepoint(depth)
 		}
 		_, err := sess.tx.Exec(ctx, stmt)
-		if err == nil || !commit {
-			sess.depth--
-		}
+		sess.depth = depth - 1
 		return err
 	}
 	stmt := "COMMIT"
@@ -359,7 +390,7 @@ func (sess *session) end(ctx context.Context, commit bool, depth int) error {
 	}
 	tag, err := sess.tx.Exec(ctx, stmt)
 	conn := sess.tx
-	sess.tx = nil
+	sess.tx, sess.depth = nil, 0
 	if err != nil {
 		// Neither ended for sure: the connection is not reused.
 		conn.Conn().Close(context.WithoutCancel(ctx))
@@ -373,6 +404,16 @@ func (sess *session) end(ctx context.Context, commit bool, depth int) error {
 
 func savepoint(depth int) string { return "sp_" + strconv.Itoa(depth) }
 
+// dropTx rolls back the session's transaction and gives its connection
+// back (closed, if the rollback failed).
+func (sess *session) dropTx(ctx context.Context) {
+	if _, err := sess.tx.Exec(ctx, "ROLLBACK"); err != nil {
+		sess.tx.Conn().Close(context.WithoutCancel(ctx))
+	}
+	sess.tx.Release()
+	sess.tx, sess.depth = nil, 0
+}
+
 // takeLock takes the session's context's lock on the lock session.
 func (sess *session) takeLock(ctx context.Context) error {
 	if err := sess.s.take(sess); err != nil {
@@ -384,15 +425,31 @@ func (sess *session) takeLock(ctx context.Context) error {
 		return err
 	}
 	sess.lockGen = gen
+	if !sess.s.holds(sess) {
+		// The lock session failed while the lock was being taken, and
+		// forgot the holders: this lock, taken on the next one, is held
+		// for nobody unless released here.
+		uctx, cancel := context.WithTimeout(context.Background(), lockOpTimeout)
+		defer cancel()
+		if uerr := sess.s.lock.unlock(uctx, sess.contextID, gen); uerr != nil && !errors.Is(uerr, ErrUnavailable) {
+			sess.s.lock.reset()
+		}
+		return fmt.Errorf("%w: the lock session was lost while the lock was taken", ErrUnavailable)
+	}
 	return nil
 }
 
 // releaseLock releases the session's context's lock.
 func (sess *session) releaseLock(ctx context.Context) error {
-	if !sess.s.drop(sess) {
+	if !sess.s.holds(sess) {
 		return nil
 	}
-	return sess.s.lock.unlock(ctx, sess.contextID, sess.lockGen)
+	// Dropped once released: failed, the session's end tries again.
+	if err := sess.s.lock.unlock(ctx, sess.contextID, sess.lockGen); err != nil {
+		return err
+	}
+	sess.s.drop(sess)
+	return nil
 }
 
 // listen passes on channel's notifications to the session from now on.

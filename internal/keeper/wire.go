@@ -1,17 +1,10 @@
 package keeper
 
 import (
-	"bufio"
-	"bytes"
 	"encoding/binary"
-	"encoding/gob"
 	"errors"
 	"fmt"
-	"io"
 	"math"
-	"net"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -143,85 +136,12 @@ func (e *wireError) err() error {
 // maxMessage bounds one message either way: a statement's parameters or
 // its rows. A task process's largest writes are batches of events of at
 // most 1 MiB of payloads, and its largest reads a context's arguments and
-// checkpoint. maxHello bounds the first message of a session, before its
+// checkpoint. maxHello bounds a session's first message, before its run's
 // key was checked.
 const (
 	maxMessage = 64 << 20
 	maxHello   = 16 << 10
 )
-
-// stream carries gob messages over a connection, each in a frame of its
-// own whose length is checked before it is read: gob alone would take a
-// message of up to 1 GiB from anyone who may connect.
-type stream struct {
-	conn net.Conn
-	in   *frameReader
-	dec  *gob.Decoder
-
-	mu  sync.Mutex
-	out bytes.Buffer
-	enc *gob.Encoder
-	bw  *bufio.Writer
-}
-
-func newStream(conn net.Conn, limit int) *stream {
-	s := &stream{conn: conn, bw: bufio.NewWriter(conn)}
-	s.in = &frameReader{r: bufio.NewReader(conn)}
-	s.in.limit.Store(int64(limit))
-	s.dec = gob.NewDecoder(s.in)
-	s.enc = gob.NewEncoder(&s.out)
-	return s
-}
-
-// setLimit changes the largest frame read from now on.
-func (s *stream) setLimit(n int) { s.in.limit.Store(int64(n)) }
-
-func (s *stream) send(v any) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.out.Reset()
-	if err := s.enc.Encode(v); err != nil {
-		return err
-	}
-	var head [4]byte
-	binary.BigEndian.PutUint32(head[:], uint32(s.out.Len()))
-	s.bw.Write(head[:])
-	s.bw.Write(s.out.Bytes())
-	return s.bw.Flush()
-}
-
-func (s *stream) receive(v any) error { return s.dec.Decode(v) }
-
-// frameReader serves the bytes of the frames it reads, one after another,
-// refusing a frame longer than limit.
-type frameReader struct {
-	r     *bufio.Reader
-	left  int
-	limit atomic.Int64
-}
-
-func (f *frameReader) Read(p []byte) (int, error) {
-	if f.left == 0 {
-		var head [4]byte
-		if _, err := io.ReadFull(f.r, head[:]); err != nil {
-			return 0, err
-		}
-		n := binary.BigEndian.Uint32(head[:])
-		if int64(n) > f.limit.Load() {
-			return 0, fmt.Errorf("a message of %d bytes: at most %d are taken", n, f.limit.Load())
-		}
-		f.left = int(n)
-		if n == 0 {
-			return 0, errors.New("an empty message")
-		}
-	}
-	if len(p) > f.left {
-		p = p[:f.left]
-	}
-	n, err := f.r.Read(p)
-	f.left -= n
-	return n, err
-}
 
 // packValues packs values as a DataRow does: each value's length as 4
 // bytes, -1 for NULL, then its bytes.

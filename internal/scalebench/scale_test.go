@@ -422,6 +422,15 @@ func measureWindow(b *testing.B, p params, r *result, srv *testenv.Server, env *
 	if len(rss) > 0 {
 		r.m["runner_rss_med"], r.m["runner_rss_max"] = scalebench.Median(rss), slices.Max(rss)
 	}
+	var pss []float64
+	for _, pid := range runners {
+		if n, err := scalebench.PSS(pid); err == nil {
+			pss = append(pss, float64(n)/(1<<20))
+		}
+	}
+	if len(pss) > 0 {
+		r.m["runner_pss_med"] = scalebench.Median(pss)
+	}
 	r.say("CPU (%% of one core): supervisor %.1f, %d task processes together %.1f, server %.1f; RSS: supervisor %.1f MB, task process median %.1f MB, max %.1f MB",
 		r.m["sup_cpu"], len(runners), r.m["runners_cpu"], r.m["server_cpu"], r.get("sup_rss"), r.get("runner_rss_med"), r.get("runner_rss_max"))
 
@@ -891,6 +900,7 @@ var rows = []row{
 	{"supervisor RSS (MB)", "sup_rss", "%.1f"},
 	{"task process RSS median (MB)", "runner_rss_med", "%.1f"},
 	{"task process RSS max (MB)", "runner_rss_max", "%.1f"},
+	{"task process PSS median (MB)", "runner_pss_med", "%.1f"},
 	{"task processes CPU, all (% of a core)", "runners_cpu", "%.1f"},
 	{"server CPU, all (% of a core)", "server_cpu", "%.1f"},
 	{"server connections (less the bench's)", "conns", "%.0f"},
@@ -994,6 +1004,9 @@ func targets(p params, results []*result) []string {
 				}
 				out = append(out, fmt.Sprintf("%-8s server connections at %d (%.0f; supervisor %.0f, per task %.3f) <= %.0f: %s",
 					mode, n, c, r.get("conns_sup"), r.get("conns_task"), limit, verdict(c <= limit, c)))
+				m := r.get("runner_rss_med")
+				out = append(out, fmt.Sprintf("%-8s task process RSS median at %d (%.1f MB; PSS %.1f MB) <= 10 MB: %s",
+					mode, n, m, r.get("runner_pss_med"), verdict(m <= 10, m)))
 			}
 			if mode == config.LockModeAdvisory {
 				dr, dc := r.get("dead_river"), r.get("dead_churn")

@@ -100,20 +100,33 @@ func RSS(pid int) (int64, error) {
 	return parseRSS(data)
 }
 
-func parseRSS(status []byte) (int64, error) {
+// PSS returns the proportional set size of pid in bytes: its resident
+// pages, each shared one divided by the processes that map it, which is
+// what the host spends on it (/proc/PID/smaps_rollup's Pss).
+func PSS(pid int) (int64, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	if err != nil {
+		return 0, err
+	}
+	return parseKB(data, "Pss:")
+}
+
+func parseRSS(status []byte) (int64, error) { return parseKB(status, "VmRSS:") }
+
+func parseKB(status []byte, key string) (int64, error) {
 	sc := bufio.NewScanner(bytes.NewReader(status))
 	for sc.Scan() {
-		rest, ok := strings.CutPrefix(sc.Text(), "VmRSS:")
+		rest, ok := strings.CutPrefix(sc.Text(), key)
 		if !ok {
 			continue
 		}
 		f := strings.Fields(rest)
 		if len(f) != 2 || f[1] != "kB" {
-			return 0, fmt.Errorf("malformed VmRSS line %q", sc.Text())
+			return 0, fmt.Errorf("malformed %s line %q", key, sc.Text())
 		}
 		kb, err := strconv.ParseInt(f[0], 10, 64)
 		if err != nil {
-			return 0, fmt.Errorf("malformed VmRSS line %q", sc.Text())
+			return 0, fmt.Errorf("malformed %s line %q", key, sc.Text())
 		}
 		return kb << 10, nil
 	}

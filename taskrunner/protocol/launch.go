@@ -100,19 +100,36 @@ func ParseLaunch(args []string) (Launch, error) {
 const KeeperSubcommand = "keeper"
 
 // KeeperLaunch is what a task process tells the lock keeper it starts, on
-// its command line; the database comes in the environment
-// (DatabaseURLEnv), as the task process's does.
+// its command line.
 type KeeperLaunch struct {
 	// Socket is the path the keeper listens on.
 	Socket string
 	// Heartbeat is the configuration's heartbeat_interval: how the keeper
 	// probes its connections.
 	Heartbeat time.Duration
+	// EnvFD, when above 0, is a descriptor to read the keeper's secret
+	// environment from: DatabaseURLEnv and libpq's PG* variables, each
+	// "NAME=value" and NUL-terminated, at most MaxKeeperEnv bytes. A pipe,
+	// not the environment: a process of the same user could read the
+	// keeper's environment before it is non-dumpable, and may kill it to
+	// have it started again.
+	EnvFD int
 }
+
+// MaxKeeperEnv bounds what is read from KeeperLaunch.EnvFD.
+const MaxKeeperEnv = 64 << 10
+
+// KeeperEnvFD is the descriptor a task process hands the keeper it starts,
+// after stdin, stdout and stderr.
+const KeeperEnvFD = 3
 
 // Args returns the keeper's command line after the program name.
 func (l KeeperLaunch) Args() []string {
-	return []string{KeeperSubcommand, "--socket", l.Socket, "--heartbeat", l.Heartbeat.String()}
+	args := []string{KeeperSubcommand, "--socket", l.Socket, "--heartbeat", l.Heartbeat.String()}
+	if l.EnvFD > 0 {
+		args = append(args, "--env-fd", strconv.Itoa(l.EnvFD))
+	}
+	return args
 }
 
 // ParseKeeperLaunch reads the arguments that follow KeeperSubcommand.
@@ -122,6 +139,7 @@ func ParseKeeperLaunch(args []string) (KeeperLaunch, error) {
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&l.Socket, "socket", "", "path of the keeper's socket")
 	fs.DurationVar(&l.Heartbeat, "heartbeat", 0, "heartbeat_interval")
+	fs.IntVar(&l.EnvFD, "env-fd", 0, "descriptor to read the secret environment from")
 	if err := fs.Parse(args); err != nil {
 		return KeeperLaunch{}, fmt.Errorf("%s arguments: %w", KeeperSubcommand, err)
 	}
@@ -132,6 +150,8 @@ func ParseKeeperLaunch(args []string) (KeeperLaunch, error) {
 		return KeeperLaunch{}, errors.New("--socket is required: an absolute path")
 	case l.Heartbeat <= 0:
 		return KeeperLaunch{}, errors.New("--heartbeat is required: a positive duration")
+	case l.EnvFD < 0 || (l.EnvFD > 0 && l.EnvFD < 3):
+		return KeeperLaunch{}, fmt.Errorf("--env-fd %d: want a descriptor above 2, or none", l.EnvFD)
 	}
 	return l, nil
 }

@@ -125,6 +125,8 @@ func FuzzParseKeeperLaunch(f *testing.F) {
 		{"--socket\x00/x\x00--heartbeat\x00-1s", "/a b\nc", -5},
 		{"--socket\x00/x\x00--heartbeat\x0099999999999h", "/x", 1 << 62},
 		{"--socket\x00/x\x00--heartbeat\x001s\x00extra", "/x", 1},
+		{"--socket\x00/x\x00--heartbeat\x001s\x00--env-fd\x003", "/x", 1},
+		{"--socket\x00/x\x00--heartbeat\x001s\x00--env-fd\x001", "/x", 1},
 		{"-h", "", 0},
 		{"", "", 0},
 	} {
@@ -140,7 +142,7 @@ func FuzzParseKeeperLaunch(f *testing.F) {
 				t.Fatalf("ParseKeeperLaunch(%q) = %+v, %q: want nothing and a message", args, l, err)
 			}
 		} else {
-			if !strings.HasPrefix(l.Socket, "/") || l.Heartbeat <= 0 {
+			if !strings.HasPrefix(l.Socket, "/") || l.Heartbeat <= 0 || (l.EnvFD != 0 && l.EnvFD < 3) {
 				t.Fatalf("ParseKeeperLaunch(%q) = %+v: want an absolute socket and a heartbeat", args, l)
 			}
 			if again, err := ParseKeeperLaunch(l.Args()[1:]); err != nil || again != l {

@@ -174,9 +174,12 @@ func readKeeperEnv(fd int) error {
 	syscall.CloseOnExec(fd)
 	f := os.NewFile(uintptr(fd), "env")
 	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, protocol.MaxKeeperEnv))
+	data, err := io.ReadAll(io.LimitReader(f, protocol.MaxKeeperEnv+1))
 	if err != nil {
 		return fmt.Errorf("read the keeper's environment: %w", err)
+	}
+	if len(data) > protocol.MaxKeeperEnv {
+		return fmt.Errorf("the keeper's environment is over %d bytes", protocol.MaxKeeperEnv)
 	}
 	for _, kv := range strings.Split(string(data), "\x00") {
 		if kv == "" {

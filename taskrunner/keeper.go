@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -20,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sys/unix"
 
+	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/internal/hostproc"
 	"github.com/dama-etl/dama/internal/keeper"
 	"github.com/dama-etl/dama/internal/pgsession"
@@ -45,12 +47,27 @@ const KeeperConnections = KeeperPoolSize + 1
 // task processes that log in logDir.
 func keeperDir(logDir string) string { return filepath.Join(logDir, ".keeper") }
 
+// keeperMaterial is what a keeper and its task processes derive their
+// socket's name and their shared secret from: the database URL and libpq's
+// PG* variables, which the task processes have and their commands do not
+// (a password may be in PGPASSWORD, the URL then guessable), sorted.
+func keeperMaterial(url string, environ []string) []byte {
+	var pg []string
+	for _, kv := range environ {
+		if strings.HasPrefix(kv, "PG") {
+			pg = append(pg, kv)
+		}
+	}
+	slices.Sort(pg)
+	return []byte(strings.Join(append([]string{url}, pg...), "\x00"))
+}
+
 // KeeperSocket is the socket of the lock keeper that serves the task
-// processes logging in logDir that connect with url: one per host, log
-// directory, database URL and keeper protocol version. The URL is hashed:
-// the name shows nothing of it.
-func KeeperSocket(logDir, url string) string {
-	sum := sha256.Sum256([]byte(url))
+// processes logging in logDir that connect with url and the PG* variables
+// of environ: one per host, log directory, database settings and keeper
+// protocol version. Its name is a hash, which shows nothing of them.
+func KeeperSocket(logDir, url string, environ []string) string {
+	sum := sha256.Sum256(append([]byte("dama lock keeper socket\x00"), keeperMaterial(url, environ)...))
 	return keeper.SocketPath(keeperDir(logDir), hex.EncodeToString(sum[:8])+"-v"+strconv.Itoa(keeper.Version))
 }
 
@@ -64,8 +81,10 @@ func (r *runner) dialKeeper(ctx context.Context) (dbConn, error) {
 	if err := keeper.Dir(dir); err != nil {
 		return nil, err
 	}
-	socket := KeeperSocket(r.opts.Config.LogDir, r.opts.DatabaseURL)
-	conn, err := keeper.Dial(ctx, socket, keeper.Secret(r.opts.DatabaseURL), r.opts.ContextID, r.opts.RunKey, func() error {
+	environ := os.Environ()
+	socket := KeeperSocket(r.opts.Config.LogDir, r.opts.DatabaseURL, environ)
+	secret := keeper.Secret(keeperMaterial(r.opts.DatabaseURL, environ))
+	conn, err := keeper.Dial(ctx, socket, secret, r.opts.ContextID, r.opts.RunKey, func() error {
 		return r.startKeeper(socket)
 	})
 	if err != nil {
@@ -92,32 +111,41 @@ func (r *runner) startKeeper(socket string) error {
 	launch := protocol.KeeperLaunch{Socket: socket, Heartbeat: r.opts.Config.HeartbeatInterval, EnvFD: protocol.KeeperEnvFD}
 	cmd := exec.Command(selfExe, launch.Args()...)
 	cmd.Args[0] = os.Args[0]
-	env, secret := keeperEnv(r.opts.DatabaseURL)
+	env, withheld := keeperEnv(r.opts.DatabaseURL, os.Environ())
 	cmd.Env = env
 	cmd.ExtraFiles = []*os.File{envR}
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	// Held until the keeper is known: killTree, which waits for it, must
-	// not take it for a process of the command meanwhile.
+	if err := r.startKept(cmd); err != nil {
+		return err
+	}
+	// The keeper's end only: a keeper that died before reading makes the
+	// write fail rather than wait.
+	envR.Close()
+	envW.SetWriteDeadline(time.Now().Add(10 * time.Second))
+	if _, err := envW.Write(withheld); err != nil {
+		r.logger.Warn("hand the keeper its environment", "error", err)
+	}
+	r.logger.Info("started a lock keeper", "pid", cmd.Process.Pid, "socket", socket)
+	// Reaped with the runner's other children (reapOrphans, killTree).
+	return cmd.Process.Release()
+}
+
+// startKept starts cmd, a keeper, and records it before killTree, which
+// waits for r.keepersMu, can take it for a process of the command.
+func (r *runner) startKept(cmd *exec.Cmd) error {
 	r.keepersMu.Lock()
 	defer r.keepersMu.Unlock()
 	if err := cmd.Start(); err != nil {
 		return err
 	}
-	// Far below a pipe's buffer: written at once, whatever the keeper does.
-	if _, err := envW.Write(secret); err != nil {
-		r.logger.Warn("hand the keeper its environment", "error", err)
-	}
-	st, err := hostproc.ReadStat(cmd.Process.Pid)
 	if r.keepers == nil {
 		r.keepers = make(map[process]bool)
 	}
-	if err == nil {
+	if st, err := hostproc.ReadStat(cmd.Process.Pid); err == nil {
 		r.keepers[process{st.PID, st.StartTicks}] = true
 	}
-	r.logger.Info("started a lock keeper", "pid", cmd.Process.Pid, "socket", socket)
-	// Reaped with the runner's other children (reapOrphans, killTree).
-	return cmd.Process.Release()
+	return nil
 }
 
 // isKeeper reports whether p is a lock keeper the runner started.
@@ -127,24 +155,25 @@ func (r *runner) isKeeper(p process) bool {
 	return r.keepers[p]
 }
 
-// keeperEnv splits what a keeper gets of the runner's environment: the
-// database URL and libpq's PG* variables go through a pipe
-// (KeeperLaunch.EnvFD), NUL-terminated; the rest (HOME, for libpq's
+// keeperEnv splits what a keeper gets of the runner's environment: what
+// dama withholds from commands (config.Withheld: the database URL,
+// libpq's PG* variables, DAMA_*) goes through a pipe
+// (KeeperLaunch.EnvFD), each NUL-terminated; the rest (HOME, for libpq's
 // password file) in its environment.
-func keeperEnv(url string) (env []string, secret []byte) {
+func keeperEnv(url string, environ []string) (env []string, withheld []byte) {
 	env = []string{protocol.ProcessEnv + "=" + protocol.ProcessKeeper}
-	secret = append([]byte(protocol.DatabaseURLEnv+"="+url), 0)
-	for _, kv := range os.Environ() {
+	withheld = append([]byte(protocol.DatabaseURLEnv+"="+url), 0)
+	for _, kv := range environ {
 		name, _, _ := strings.Cut(kv, "=")
 		switch {
 		case name == protocol.ProcessEnv || name == protocol.DatabaseURLEnv:
-		case strings.HasPrefix(name, "PG"):
-			secret = append(append(secret, kv...), 0)
+		case config.Withheld(name):
+			withheld = append(append(withheld, kv...), 0)
 		default:
 			env = append(env, kv)
 		}
 	}
-	return env, secret
+	return env, withheld
 }
 
 // KeeperOptions configure a lock keeper process (RunKeeper).
@@ -187,7 +216,7 @@ func RunKeeper(ctx context.Context, opts KeeperOptions) int {
 	pool.AfterConnect = pgsession.KeepIdle
 	err = keeper.Serve(ctx, keeper.Config{
 		Socket: opts.Launch.Socket,
-		Secret: keeper.Secret(opts.DatabaseURL),
+		Secret: keeper.Secret(keeperMaterial(opts.DatabaseURL, os.Environ())),
 		ConnectLock: func(ctx context.Context) (*pgx.Conn, error) {
 			return connect(ctx, opts.DatabaseURL, "", KeeperLockName, heartbeat)
 		},

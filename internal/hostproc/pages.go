@@ -12,52 +12,71 @@ import (
 )
 
 // DropProgramPages gives back the page-table entries of the running
-// program's read-only mappings (its code and constants), and returns how
-// many bytes they spanned. The pages stay in the page cache, shared by
-// every process of the program, and come back on a minor fault when
-// touched: a process that has started and then mostly waits stops
-// counting, in its resident set, the pages of the program it touched
-// while starting (and those the kernel mapped around them). Writable
-// mappings are left alone: dropping those would lose their contents.
-// The program's file cannot change under the mappings: the kernel
-// refuses writes to a running executable, and a replaced one is a new
-// file.
+// program's read-only mappings that hold nothing but the file's pages
+// (its code and constants), and returns how many bytes they spanned. The
+// pages stay in the page cache, shared by every process of the program,
+// and come back on a minor fault when touched: a process that has started
+// and then mostly waits stops counting, in its resident set, the pages of
+// the program it touched while starting (and those the kernel mapped
+// around them). A mapping with pages of the process's own is left alone:
+// a writable one, or a read-only one the loader relocated before
+// protecting it (RELRO, in a position-independent or externally linked
+// program), whose pages dropped would come back unrelocated. The
+// program's file cannot change under the mappings: the kernel refuses
+// writes to a running executable, and a replaced one is a new file.
 func DropProgramPages() (int, error) {
 	exe, err := os.Readlink("/proc/self/exe")
 	if err != nil {
 		return 0, fmt.Errorf("read the program's path: %w", err)
 	}
-	maps, err := os.ReadFile("/proc/self/maps")
+	smaps, err := os.ReadFile("/proc/self/smaps")
 	if err != nil {
 		return 0, fmt.Errorf("read the program's mappings: %w", err)
 	}
-	dropped := 0
-	sc := bufio.NewScanner(bytes.NewReader(maps))
+	var drop [][2]uint64
+	var cur *[2]uint64
+	sc := bufio.NewScanner(bytes.NewReader(smaps))
 	for sc.Scan() {
-		// address perms offset dev inode pathname
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 6 || strings.Join(fields[5:], " ") != exe {
+		line := sc.Text()
+		fields := strings.Fields(line)
+		if len(fields) > 0 && strings.Contains(fields[0], "-") && !strings.HasSuffix(fields[0], ":") {
+			// A mapping's header: address perms offset dev inode pathname.
+			cur = nil
+			if len(fields) < 6 || strings.Join(fields[5:], " ") != exe {
+				continue
+			}
+			perms := fields[1]
+			if len(perms) < 4 || perms[0] != 'r' || perms[1] != '-' || perms[3] != 'p' {
+				continue
+			}
+			lo, hi, _ := strings.Cut(fields[0], "-")
+			start, err1 := strconv.ParseUint(lo, 16, 64)
+			end, err2 := strconv.ParseUint(hi, 16, 64)
+			if err1 != nil || err2 != nil || end <= start {
+				continue
+			}
+			cur = &[2]uint64{start, end}
 			continue
 		}
-		perms := fields[1]
-		if len(perms) < 4 || perms[1] != '-' || perms[3] != 'p' {
-			continue
+		if cur != nil && len(fields) >= 2 && fields[0] == "Anonymous:" {
+			// Pages of the process's own in a read-only mapping: relocated.
+			if fields[1] == "0" {
+				drop = append(drop, *cur)
+			}
+			cur = nil
 		}
-		lo, hi, ok := strings.Cut(fields[0], "-")
-		if !ok {
-			continue
-		}
-		start, err1 := strconv.ParseUint(lo, 16, 64)
-		end, err2 := strconv.ParseUint(hi, 16, 64)
-		if err1 != nil || err2 != nil || end <= start {
-			continue
-		}
-		if err := madvise(uintptr(start), uintptr(end-start), unix.MADV_DONTNEED); err != nil {
-			return dropped, fmt.Errorf("give back the pages of %s at %s: %w", exe, fields[0], err)
-		}
-		dropped += int(end - start)
 	}
-	return dropped, sc.Err()
+	if err := sc.Err(); err != nil {
+		return 0, fmt.Errorf("read the program's mappings: %w", err)
+	}
+	dropped := 0
+	for _, m := range drop {
+		if err := madvise(uintptr(m[0]), uintptr(m[1]-m[0]), unix.MADV_DONTNEED); err != nil {
+			return dropped, fmt.Errorf("give back the pages of %s at %x-%x: %w", exe, m[0], m[1], err)
+		}
+		dropped += int(m[1] - m[0])
+	}
+	return dropped, nil
 }
 
 func madvise(addr, length uintptr, advice int) error {

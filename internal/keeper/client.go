@@ -60,9 +60,9 @@ func Dial(ctx context.Context, socket string, secret []byte, id int64, runKey st
 			return err
 		})
 		if err == nil {
-			deadline, ok := ctx.Deadline()
-			if !ok {
-				deadline = time.Now().Add(handshakeTimeout)
+			deadline := time.Now().Add(handshakeTimeout)
+			if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+				deadline = d
 			}
 			st, err := clientHandshake(nc, secret, deadline)
 			if err != nil {

@@ -11,7 +11,7 @@ import (
 // pipePair returns the two ends of a session whose handshake is done.
 func pipePair(t testing.TB) (client, server *stream) {
 	a, b := net.Pipe()
-	secret := Secret("postgres://test")
+	secret := Secret([]byte("postgres://test"))
 	done := make(chan error, 1)
 	go func() {
 		var err error
@@ -64,7 +64,7 @@ func FuzzSession(f *testing.F) {
 			a.Write(handshake)
 			a.Close()
 		}()
-		if _, err := serverHandshake(b, Secret("postgres://test"), time.Now().Add(time.Second)); err == nil {
+		if _, err := serverHandshake(b, Secret([]byte("postgres://test")), time.Now().Add(time.Second)); err == nil {
 			t.Fatalf("a handshake of %q passed without the secret", handshake)
 		}
 		b.Close()

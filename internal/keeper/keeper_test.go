@@ -43,7 +43,7 @@ func serve(t *testing.T, env *testenv.Env) string {
 	go func() {
 		done <- keeper.Serve(ctx, keeper.Config{
 			Socket: socket,
-			Secret: keeper.Secret(env.URL),
+			Secret: keeper.Secret([]byte(env.URL)),
 			ConnectLock: func(ctx context.Context) (*pgx.Conn, error) {
 				return pgx.Connect(ctx, env.URL)
 			},
@@ -91,7 +91,7 @@ func dial(t *testing.T, env *testenv.Env, socket string, id int64, key string) (
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	c, err := keeper.Dial(ctx, socket, keeper.Secret(env.URL), id, key, nil)
+	c, err := keeper.Dial(ctx, socket, keeper.Secret([]byte(env.URL)), id, key, nil)
 	if err == nil {
 		t.Cleanup(func() { c.Close(context.Background()) })
 	}
@@ -173,7 +173,7 @@ func TestOnlyWhoKnowsTheSecretTalksToTheKeeper(t *testing.T) {
 	id, run := running(t, env)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if _, err := keeper.Dial(ctx, socket, keeper.Secret("postgres://someone@else/db"), id, run.Key, nil); !errors.Is(err, keeper.ErrHandshake) {
+	if _, err := keeper.Dial(ctx, socket, keeper.Secret([]byte("postgres://someone@else/db")), id, run.Key, nil); !errors.Is(err, keeper.ErrHandshake) {
 		t.Fatalf("a task process with another secret: %v, want refused", err)
 	}
 
@@ -197,7 +197,7 @@ func TestOnlyWhoKnowsTheSecretTalksToTheKeeper(t *testing.T) {
 		all, _ := io.ReadAll(conn)
 		heard <- all
 	}()
-	if _, err := keeper.Dial(ctx, fake, keeper.Secret(env.URL), id, run.Key, nil); !errors.Is(err, keeper.ErrHandshake) {
+	if _, err := keeper.Dial(ctx, fake, keeper.Secret([]byte(env.URL)), id, run.Key, nil); !errors.Is(err, keeper.ErrHandshake) {
 		t.Fatalf("a keeper that does not know the secret: %v, want ErrHandshake", err)
 	}
 	if got := <-heard; strings.Contains(string(got), run.Key) || len(got) != 4+32 {
@@ -262,7 +262,7 @@ func TestAKeeperWhoseSocketWasRemovedExits(t *testing.T) {
 	go func() {
 		done <- keeper.Serve(ctx, keeper.Config{
 			Socket: socket,
-			Secret: keeper.Secret(env.URL),
+			Secret: keeper.Secret([]byte(env.URL)),
 			ConnectLock: func(ctx context.Context) (*pgx.Conn, error) {
 				return pgx.Connect(ctx, env.URL)
 			},

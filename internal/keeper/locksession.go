@@ -196,7 +196,15 @@ func (l *lockSession) run(ctx context.Context) {
 		}
 		reset := false
 		for _, op := range l.take() {
-			reset = reset || op.kind == opKindReset
+			if reset {
+				// The connection is about to go: what it would hold now
+				// would be lost at once.
+				l.answer(op, func() lockResult {
+					return lockResult{err: fmt.Errorf("%w: the lock session is ending", ErrUnavailable)}
+				})
+				continue
+			}
+			reset = op.kind == opKindReset
 			l.answer(op, func() lockResult { return lockResult{gen: gen, err: l.apply(conn, gen, op)} })
 		}
 		if reset {

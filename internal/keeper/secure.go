@@ -29,9 +29,10 @@ import (
 // run key and changes no statement.
 
 // Secret is the secret a keeper and its task processes share: derived
-// from the database URL they connect with.
-func Secret(url string) []byte {
-	m := hmac.New(sha256.New, []byte(url))
+// from what they connect to the database with (the URL, and whatever else
+// the caller adds), which their user's other processes do not know.
+func Secret(material []byte) []byte {
+	m := hmac.New(sha256.New, material)
 	m.Write([]byte("dama lock keeper v1"))
 	return m.Sum(nil)
 }

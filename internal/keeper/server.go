@@ -116,7 +116,7 @@ func Serve(ctx context.Context, cfg Config) error {
 	defer func() {
 		// Removed before the lock file is let go, if it is still this
 		// keeper's: the next keeper finds no socket of this one.
-		if id := fileID(cfg.Socket); id != nil && *id == *bound {
+		if id := fileID(cfg.Socket); id != nil && bound != nil && *id == *bound {
 			os.Remove(cfg.Socket)
 		}
 		ln.Close()

@@ -27,6 +27,20 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 // its socket.
 func serve(t *testing.T, env *testenv.Env) string {
 	t.Helper()
+	socket, done, cancel := start(t, env)
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("keeper: %v", err)
+		}
+	})
+	return socket
+}
+
+// start starts a keeper for env's database, and returns its socket, what
+// Serve returns once it does, and what ends it.
+func start(t *testing.T, env *testenv.Env) (string, <-chan error, context.CancelFunc) {
+	t.Helper()
 	dir := filepath.Join(t.TempDir(), "k")
 	if err := keeper.Dir(dir); err != nil {
 		t.Fatal(err)
@@ -51,20 +65,16 @@ func serve(t *testing.T, env *testenv.Env) string {
 			Ready: ready,
 		})
 	}()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("keeper: %v", err)
-		}
-	})
 	select {
 	case <-ready:
 	case err := <-done:
+		cancel()
 		t.Fatalf("keeper: %v", err)
 	case <-time.After(20 * time.Second):
+		cancel()
 		t.Fatal("the keeper does not listen after 20s")
 	}
-	return socket
+	return socket, done, cancel
 }
 
 // running makes a RUNNING context and returns its id and run.
@@ -246,31 +256,8 @@ func TestACancellationReachesItsSessionOnly(t *testing.T) {
 // would not find it, and the next keeper could not start beside it.
 func TestAKeeperWhoseSocketWasRemovedExits(t *testing.T) {
 	env := testenv.New(t)
-	dir := filepath.Join(t.TempDir(), "k")
-	if err := keeper.Dir(dir); err != nil {
-		t.Fatal(err)
-	}
-	socket := keeper.SocketPath(dir, "test")
-	pool, err := pgxpool.ParseConfig(env.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ready := make(chan struct{})
-	done := make(chan error, 1)
-	ctx, cancel := context.WithCancel(context.Background())
+	socket, done, cancel := start(t, env)
 	defer cancel()
-	go func() {
-		done <- keeper.Serve(ctx, keeper.Config{
-			Socket: socket,
-			Secret: keeper.Secret([]byte(env.URL)),
-			ConnectLock: func(ctx context.Context) (*pgx.Conn, error) {
-				return pgx.Connect(ctx, env.URL)
-			},
-			Pool:  pool,
-			Ready: ready,
-		})
-	}()
-	<-ready
 	if err := os.Remove(socket); err != nil {
 		t.Fatal(err)
 	}

@@ -161,15 +161,22 @@ func RequestCancel(ctx context.Context, tx pgx.Tx, id int64, by string) (Status,
 // means the run is no longer current. A task process asks after it
 // reconnected, for a cancellation announced while it was away.
 func CancelRequested(ctx context.Context, db DB, id int64, runID string) (bool, error) {
-	var requested bool
+	var requested, current bool
+	var status string
+	var run string
+	// What is current when this run is not, for the runner's log.
 	err := db.QueryRow(ctx, `
-		SELECT cancel_requested_at IS NOT NULL FROM data_manager.etl_contexts
-		 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = `+sqlRunning, id, runID).Scan(&requested)
+		SELECT cancel_requested_at IS NOT NULL, coalesce(run_id = $2::uuid AND etl_status = `+sqlRunning+`, false),
+		       etl_status, coalesce(run_id::text, 'none')
+		  FROM data_manager.etl_contexts WHERE etl_context_id = $1`, id, runID).Scan(&requested, &current, &status, &run)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return false, fmt.Errorf("read cancellation of etl context %d: %w", id, ErrStaleRun)
+		return false, fmt.Errorf("read cancellation of etl context %d: it no longer exists: %w", id, ErrStaleRun)
 	}
 	if err != nil {
 		return false, fmt.Errorf("read cancellation of etl context %d: %w", id, err)
+	}
+	if !current {
+		return false, fmt.Errorf("read cancellation of etl context %d, %s under run %s: %w", id, status, run, ErrStaleRun)
 	}
 	return requested, nil
 }
@@ -225,14 +232,27 @@ type Run struct {
 // key its session holds (migration 19).
 const RunKeySetting = "dama.run_key"
 
-// StartAttempt marks context id RUNNING for a new attempt with a fresh run
-// id and key, launched by host. The caller holds the lock.
-func StartAttempt(ctx context.Context, db DB, id int64, attempt int, launchedBy string) (Run, error) {
+// NewRunKey makes a run's key: 32 random bytes, in hex.
+func NewRunKey() (string, error) {
 	var secret [32]byte
 	if _, err := rand.Read(secret[:]); err != nil {
-		return Run{}, fmt.Errorf("make the run key of etl context %d: %w", id, err)
+		return "", fmt.Errorf("make a run key: %w", err)
 	}
-	run := Run{Key: hex.EncodeToString(secret[:])}
+	return hex.EncodeToString(secret[:]), nil
+}
+
+// StartAttempt marks context id RUNNING for a new attempt with a fresh run
+// id, launched by host, whose key is key: one NewRunKey made ahead, for a
+// task process that connected with it before it had a task (a spare), or
+// a fresh one when key is empty. The caller holds the lock.
+func StartAttempt(ctx context.Context, db DB, id int64, attempt int, launchedBy, key string) (Run, error) {
+	if key == "" {
+		var err error
+		if key, err = NewRunKey(); err != nil {
+			return Run{}, fmt.Errorf("start attempt of etl context %d: %w", id, err)
+		}
+	}
+	run := Run{Key: key}
 	hash := sha256.Sum256([]byte(run.Key))
 	err := db.QueryRow(ctx, `
 		UPDATE data_manager.etl_contexts
@@ -440,4 +460,21 @@ func WithRole(ctx context.Context, db DB, by string) (string, error) {
 		return "", fmt.Errorf("read the database role: %w", err)
 	}
 	return named, nil
+}
+
+// WarmRunner runs, on db, for no context, the reads a task process makes
+// first (the protocol check, its context, its arguments): a connection
+// made ahead of its launch (a spare's) then has them prepared, and the
+// catalogs they read in its server session's caches.
+func WarmRunner(ctx context.Context, db DB) error {
+	if _, err := ReadCompatibility(ctx, db); err != nil {
+		return err
+	}
+	if _, err := Get(ctx, db, 0); err != nil && !errors.Is(err, ErrNotFound) {
+		return err
+	}
+	if _, _, err := Payloads(ctx, db, 0); err != nil && !errors.Is(err, ErrNotFound) {
+		return err
+	}
+	return nil
 }

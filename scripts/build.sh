@@ -14,5 +14,10 @@ ldflags=
 if [ -n "$commit" ]; then
 	ldflags="-X github.com/dama-etl/dama/version.commit=$commit"
 fi
+# Static (no libc): a task process starts without the dynamic loader, and
+# holds none of libc's pages; DNS and user lookups are Go's own (see the
+# README).
+: "${CGO_ENABLED:=0}"
+export CGO_ENABLED
 go build -ldflags "$ldflags" -o "$out/dama" ./cmd/dama
 go build -o "$out/sample-etl" ./cmd/sample-etl

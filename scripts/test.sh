@@ -53,6 +53,7 @@ host_tests+='|TestChaosNoOverlapWhateverIsKilledOrRestarted|TestABurstOfEventsLo
 host_tests+='|TestPostgresRestartKillsNoTask|TestOutageLongerThanGraceStopsCommandsBeforeAnyRetry|TestSilentLockConnectionIsFencedBeforeARetryElsewhere'
 host_tests+='|TestCancelReachesATaskWhoseWriteConnectionWentSilent|TestFailoverToAStreamingReplicaKillsNoTask|TestNoConnectionForTheTaskProcessSpendsNoAttempt'
 host_tests+='|TestAwaitChildren|TestFailedChildFailsItsParent|TestRetiredRunnerProtocolIsRefused|TestAnAnnouncedCancellationStopsNothingUnlessRecorded'
+host_tests+='|TestATaskStartsInTheSupervisorsSpare'
 DAMA_TEST_LOCK_MODE=host go test -race -count=1 -timeout 30m -run "$host_tests" "$@" ./cmd/dama
 
 # A short fuzz pass over the parsers of outside input, from the corpora in
@@ -68,6 +69,7 @@ fuzz_targets=(
 	"./config FuzzParseSchedule 50000"
 	"./taskrunner/protocol FuzzParseLaunch 50000"
 	"./taskrunner/protocol FuzzParseKeeperLaunch 20000"
+	"./taskrunner/protocol FuzzParseSpareLaunch 20000"
 	# What any process of the user may send a host's lock keeper.
 	"./internal/keeper FuzzSession 5000"
 	"./cmd/dama FuzzDueAt 50000"
@@ -78,6 +80,7 @@ fuzz_targets=(
 	# What a command writes on its events pipe, and what the database is
 	# given of it: against the test server, whose jsonb is the judge.
 	"./taskrunner FuzzDecodeLine 20000"
+	"./taskrunner FuzzPlainLineIsTheDecoders 20000"
 	"./etlcontext FuzzCleanJSON 20000"
 )
 for t in "${fuzz_targets[@]}"; do

@@ -49,11 +49,23 @@ type child struct {
 // (so no signal for the supervisor's process group reaches it), stdio on
 // /dev/null and the task's log file, no inherited descriptor but the
 // readiness pipe, and the database URL in its environment rather than its
-// arguments. It waits, at most LaunchTimeout, for the runner to report that
+// arguments; or it hands the launch to the spare, started so beforehand
+// (spare.go). It waits, at most LaunchTimeout, for the runner to report that
 // it holds the lock, or to exit. A runner that reports later (the outcome
 // is then launchPending) makes it call lateReady, if that is within
 // lateReadyWait.
-func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcontext.Context, run etlcontext.Run, lateReady func()) (launchOutcome, error) {
+func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcontext.Context, run etlcontext.Run, sp *spare, lateReady func()) (launchOutcome, error) {
+	var spared bool
+	if sp != nil {
+		// Let go unless it took the task, whatever happens here.
+		defer func() {
+			if spared {
+				sp.finish()
+			} else {
+				s.dropSpare(sp)
+			}
+		}()
+	}
 	if err := os.MkdirAll(s.cfg.LogDir, 0o755); err != nil {
 		return 0, fmt.Errorf("create log directory: %w", err)
 	}
@@ -63,23 +75,24 @@ func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcont
 		return 0, fmt.Errorf("open log file: %w", err)
 	}
 	defer logFile.Close()
-	// The run's key goes through a pipe, written whole before the runner
-	// starts (it is far shorter than a pipe's buffer).
-	keyR, keyW, err := os.Pipe()
-	if err != nil {
-		return 0, fmt.Errorf("create key pipe: %w", err)
+
+	kind, _ := s.cfg.Kind(c.Kind)
+	launch := protocol.Launch{ContextID: c.ID, RunID: run.ID, LockMode: kind.LockMode}
+	var (
+		ch     *child
+		readyR *os.File
+	)
+	if sp != nil {
+		if err := s.handOff(logger, sp, c.ID, launch, logFile); err != nil {
+			logger.Warn("the spare task process could not take the launch; starting one", "pid", sp.ch.pid, "error", err)
+		} else {
+			ch, readyR, spared = sp.ch, sp.readyR, true
+		}
 	}
-	defer keyR.Close()
-	_, err = io.WriteString(keyW, run.Key)
-	if cerr := keyW.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return 0, fmt.Errorf("write the run's key: %w", err)
-	}
-	readyR, readyW, err := os.Pipe()
-	if err != nil {
-		return 0, fmt.Errorf("create readiness pipe: %w", err)
+	if ch == nil {
+		if ch, readyR, err = s.spawn(c.ID, launch, run.Key, logFile); err != nil {
+			return 0, err
+		}
 	}
 	defer func() {
 		if readyR != nil {
@@ -101,30 +114,7 @@ func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcont
 		}()
 		return launchPending, nil
 	}
-
-	kind, _ := s.cfg.Kind(c.Kind)
-	launch := protocol.Launch{ContextID: c.ID, RunID: run.ID, LockMode: kind.LockMode, ReadyFD: protocol.ReadyFD, KeyFD: protocol.KeyFD}
-	cmd := exec.Command(s.spawnPath, launch.Args()...)
-	// Named by its path in a process listing, whichever file it runs from.
-	cmd.Args[0] = s.opts.Executable
-	cmd.Env = runnerEnv(s.opts.DatabaseURL, s.cfg.Path)
-	cmd.Stdout = logFile
-	cmd.Stderr = logFile
-	// ExtraFiles start at descriptor 3: protocol.ReadyFD, then protocol.KeyFD.
-	cmd.ExtraFiles = []*os.File{readyW, keyR}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		readyW.Close()
-		return 0, fmt.Errorf("start taskrunner: %w", err)
-	}
-	readyW.Close()
-	keyR.Close() // the runner has its own
-	ch := &child{pid: cmd.Process.Pid, exited: make(chan struct{})}
-	s.mu.Lock()
-	s.children[c.ID] = ch
-	s.mu.Unlock()
-	go s.reap(c.ID, cmd, ch)
-	logger.Info("spawned task process", "pid", ch.pid, "kind", c.Kind)
+	logger.Info("spawned task process", "pid", ch.pid, "kind", c.Kind, "spare", spared)
 
 	_ = readyR.SetReadDeadline(time.Now().Add(s.opts.LaunchTimeout))
 	var b [1]byte
@@ -176,10 +166,57 @@ func runnerEnv(databaseURL, configPath string) []string {
 		protocol.ProcessEnv+"="+protocol.ProcessRunner)
 }
 
-// reap waits for a spawned runner so that it does not linger as a zombie,
-// then wakes its context's job so the outcome is settled at once rather than
-// a poll interval later.
-func (s *Supervisor) reap(id int64, cmd *exec.Cmd, ch *child) {
+// spawn starts `dama taskrunner` for launch l of context id, with the
+// run's key on its key pipe, and returns it with the read end of its ready
+// pipe.
+func (s *Supervisor) spawn(id int64, l protocol.Launch, key string, logFile *os.File) (*child, *os.File, error) {
+	// The run's key goes through a pipe, written whole before the runner
+	// starts (it is far shorter than a pipe's buffer).
+	keyR, keyW, err := os.Pipe()
+	if err != nil {
+		return nil, nil, fmt.Errorf("create key pipe: %w", err)
+	}
+	defer keyR.Close() // the runner has its own
+	_, err = io.WriteString(keyW, key)
+	if cerr := keyW.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("write the run's key: %w", err)
+	}
+	readyR, readyW, err := os.Pipe()
+	if err != nil {
+		return nil, nil, fmt.Errorf("create readiness pipe: %w", err)
+	}
+	defer readyW.Close()
+	l.ReadyFD, l.KeyFD = protocol.ReadyFD, protocol.KeyFD
+	cmd := exec.Command(s.spawnPath, l.Args()...)
+	// Named by its path in a process listing, whichever file it runs from.
+	cmd.Args[0] = s.opts.Executable
+	cmd.Env = runnerEnv(s.opts.DatabaseURL, s.cfg.Path)
+	cmd.Stdout = logFile
+	cmd.Stderr = logFile
+	// ExtraFiles start at descriptor 3: protocol.ReadyFD, then protocol.KeyFD.
+	cmd.ExtraFiles = []*os.File{readyW, keyR}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		readyR.Close()
+		return nil, nil, fmt.Errorf("start taskrunner: %w", err)
+	}
+	ch := &child{pid: cmd.Process.Pid, exited: make(chan struct{})}
+	s.mu.Lock()
+	s.children[id] = ch
+	s.mu.Unlock()
+	go func() {
+		wait(cmd, ch)
+		s.reaped(id, ch)
+	}()
+	return ch, readyR, nil
+}
+
+// wait waits for a runner so that it does not linger as a zombie, and
+// records its exit code in ch.
+func wait(cmd *exec.Cmd, ch *child) {
 	err := cmd.Wait()
 	ch.exitCode = 0
 	var exitErr *exec.ExitError
@@ -189,6 +226,12 @@ func (s *Supervisor) reap(id int64, cmd *exec.Cmd, ch *child) {
 		ch.exitCode = -1
 	}
 	close(ch.exited)
+}
+
+// reaped follows the exit of context id's runner ch: it wakes the
+// context's job so the outcome is settled at once rather than a poll
+// interval later.
+func (s *Supervisor) reaped(id int64, ch *child) {
 	s.mu.Lock()
 	if s.children[id] == ch {
 		delete(s.children, id)

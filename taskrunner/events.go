@@ -45,7 +45,12 @@ func decodeLine(line []byte) reported {
 		}
 		return warning("malformed event line: not one JSON value", line)
 	}
-	rep := decodeCleanLine(clean)
+	var rep reported
+	if typ, payload, ok := plainLine(clean); ok {
+		rep = decodeFields(typ, payload, clean)
+	} else {
+		rep = decodeCleanLine(clean)
+	}
 	if rep.child != nil && rep.child.IdempotencyKey != "" && replaced.Any() {
 		// Keys that differ only in what was replaced would become one:
 		// the child is not submitted under a key it was not given.
@@ -68,14 +73,18 @@ func decodeCleanLine(line []byte) reported {
 	if dec.More() {
 		return warning("malformed event line: more than one JSON value", line)
 	}
-	suffix := strings.ToUpper(msg.Type)
+	return decodeFields(msg.Type, msg.Payload, line)
+}
+
+// decodeFields decodes a line's type and payload.
+func decodeFields(typ string, payload json.RawMessage, line []byte) reported {
+	suffix := strings.ToUpper(typ)
 	if !protocol.ValidSuffix(suffix) {
-		return warning(fmt.Sprintf("event type %q: want letters, digits and '_', starting with a letter", msg.Type), line)
+		return warning(fmt.Sprintf("event type %q: want letters, digits and '_', starting with a letter", typ), line)
 	}
 	if protocol.Reserved(suffix) {
-		return warning(fmt.Sprintf("event type %q is reserved for dama", msg.Type), line)
+		return warning(fmt.Sprintf("event type %q is reserved for dama", typ), line)
 	}
-	payload := msg.Payload
 	if len(payload) == 0 || string(payload) == "null" {
 		payload = nil
 	}
@@ -184,4 +193,113 @@ func readEvents(r io.Reader, emit func(reported)) error {
 			return nil
 		}
 	}
+}
+
+// plainLine reads line, one valid JSON value (what etlcontext.CleanJSON
+// returns; other bytes go to the decoder, or may read wrong), when it is
+// the common line:
+// an object of "type", a string of ASCII letters, digits and '_', and
+// optionally "payload", each once, spelled so. It returns what
+// decodeCleanLine's decoder would, without the decoder's reflection, whose
+// code would stay in the resident set of a runner relaying many lines a
+// second; ok false leaves the line to the decoder.
+func plainLine(line []byte) (typ string, payload json.RawMessage, ok bool) {
+	i := skipSpace(line, 0)
+	if i == len(line) || line[i] != '{' {
+		return "", nil, false
+	}
+	i = skipSpace(line, i+1)
+	seenType, seenPayload := false, false
+	for i < len(line) && line[i] == '"' {
+		keyEnd := stringEnd(line, i)
+		if keyEnd-1 <= i || line[keyEnd-1] != '"' {
+			// Not valid JSON after all: the decoder says why.
+			return "", nil, false
+		}
+		key := line[i+1 : keyEnd-1]
+		i = skipSpace(line, keyEnd)
+		if i == len(line) || line[i] != ':' {
+			return "", nil, false
+		}
+		i = skipSpace(line, i+1)
+		end := valueEnd(line, i)
+		switch {
+		case string(key) == "type" && !seenType:
+			v := line[i:end]
+			if len(v) < 2 || v[0] != '"' {
+				return "", nil, false
+			}
+			for _, c := range v[1 : len(v)-1] {
+				if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_') {
+					return "", nil, false
+				}
+			}
+			typ, seenType = string(v[1:len(v)-1]), true
+		case string(key) == "payload" && !seenPayload:
+			// A copy, as the decoder's: the line's buffer is read into
+			// again.
+			payload, seenPayload = append(json.RawMessage(nil), line[i:end]...), true
+		default:
+			return "", nil, false
+		}
+		i = skipSpace(line, end)
+		if i < len(line) && line[i] == ',' {
+			i = skipSpace(line, i+1)
+			continue
+		}
+		break
+	}
+	if !seenType || i == len(line) || line[i] != '}' || skipSpace(line, i+1) != len(line) {
+		return "", nil, false
+	}
+	return typ, payload, true
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// stringEnd returns the end of the JSON string starting at b[i] ('"'); b
+// is valid JSON.
+func stringEnd(b []byte, i int) int {
+	for i++; i < len(b) && b[i] != '"'; i++ {
+		if b[i] == '\\' {
+			i++
+		}
+	}
+	return min(i+1, len(b))
+}
+
+// valueEnd returns the end of the JSON value starting at b[i]; b is valid
+// JSON.
+func valueEnd(b []byte, i int) int {
+	if i >= len(b) {
+		return i
+	}
+	switch b[i] {
+	case '"':
+		return stringEnd(b, i)
+	case '{', '[':
+		depth := 0
+		for ; i < len(b); i++ {
+			switch b[i] {
+			case '"':
+				i = stringEnd(b, i) - 1
+			case '{', '[':
+				depth++
+			case '}', ']':
+				if depth--; depth == 0 {
+					return i + 1
+				}
+			}
+		}
+		return i
+	}
+	for i < len(b) && !strings.ContainsRune(",}] \t\n\r", rune(b[i])) {
+		i++
+	}
+	return i
 }

@@ -1,7 +1,9 @@
 package taskrunner
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -172,6 +174,49 @@ func TestDecodeLineMeasuresWhatTheDatabaseGivesBack(t *testing.T) {
 			t.Errorf("%.60s: child %v, problem %q; want a WARNING mentioning %q", c.line, got.child, p, c.problem)
 		case c.payload != "" && string(got.payload) != c.payload:
 			t.Errorf("%.60s: payload %s, want %s", c.line, got.payload, c.payload)
+		}
+	}
+}
+
+// plainLine decodes a line it takes as the decoder does.
+func FuzzPlainLineIsTheDecoders(f *testing.F) {
+	for _, seed := range []string{
+		`{"type":"progress","payload":{"step":3,"of":10}}`,
+		` { "payload" : [1, "a\"}", {"b": null}] , "type" : "rows_2" } `,
+		`{"type":"x"}`, `{"type":"x","payload":null}`, `{"type":"x","type":"y"}`,
+		`{"Type":"x"}`, `{"type":"a\u0062"}`, `{"type":1}`, `{"type":"x","payload":"\\"}`,
+		`{"type":"x","payload":-1.5e3}`, `{"type":"x","payload":true}`, `{"type":"x","other":1}`, `{}`, `[]`, `"x"`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, line []byte) {
+		if !json.Valid(line) {
+			return
+		}
+		typ, payload, ok := plainLine(line)
+		if !ok {
+			return
+		}
+		var msg struct {
+			Type    string          `json:"type"`
+			Payload json.RawMessage `json:"payload"`
+		}
+		dec := json.NewDecoder(bytes.NewReader(line))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&msg); err != nil {
+			t.Fatalf("plainLine took %q, which the decoder refuses: %v", line, err)
+		}
+		if typ != msg.Type || !bytes.Equal(payload, msg.Payload) {
+			t.Fatalf("line %q: plainLine read type %q, payload %q; the decoder %q, %q", line, typ, payload, msg.Type, msg.Payload)
+		}
+	})
+}
+
+// plainLine does not panic on bytes that are not JSON.
+func TestPlainLineTakesNoBrokenLine(t *testing.T) {
+	for _, line := range []string{`{"`, `{"type`, `{"type":`, `{"type":"x`, `{"type":"x",`, `{"type":"x","payload":[`, `{`, ``, `{"a\`} {
+		if _, _, ok := plainLine([]byte(line)); ok {
+			t.Errorf("plainLine took %q", line)
 		}
 	}
 }

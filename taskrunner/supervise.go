@@ -205,10 +205,19 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 		case sig := <-signals:
 			stop("runner received "+sig.String(), protocol.ExitFailed)
 		case <-settled:
-			if n, err := hostproc.DropProgramPages(); err != nil {
+			if n, err := dropProgramPages(); err != nil {
 				r.logger.Warn("give back the program's pages touched while starting", "error", err)
 			} else {
 				r.logger.Debug("gave back the program's pages touched while starting", "bytes", n)
+				// For the rest of the process's life: it may wait for
+				// its children, or for the database, for hours.
+				afterCollections(nil, collectionSettle, collectionDropGap, func() bool {
+					if _, err := dropProgramPages(); err != nil {
+						r.logger.Warn("give back the program's pages after a collection; no longer tried", "error", err)
+						return false
+					}
+					return true
+				})
 			}
 		}
 	}
@@ -325,5 +334,5 @@ func killGroup(pgid int, grace time.Duration, ended <-chan struct{}) {
 }
 
 // settleAfter is how long after its command started the runner gives back
-// the program's pages it touched while starting (hostproc.DropProgramPages).
+// the program's pages it touched while starting (dropProgramPages).
 const settleAfter = 2 * time.Second

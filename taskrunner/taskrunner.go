@@ -41,6 +41,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"golang.org/x/sys/unix"
 
 	"github.com/dama-etl/dama/config"
@@ -78,6 +79,14 @@ type Options struct {
 	// Submit records the children the command submits on its events pipe;
 	// nil refuses them (each "submit" line is then recorded as a WARNING).
 	Submit SubmitFunc
+	// LaunchedAt is when a spare task process, started ahead of its launch,
+	// received it: the attempt's start it records. Zero means the
+	// process's own start.
+	LaunchedAt time.Time
+	// Preconnected are the connections made by a spare before its launch
+	// (Preconnect), which the runner takes over: nil makes them all at the
+	// launch.
+	Preconnected *Preconnected
 	// Funcs are the functions of function kinds this program registers: a
 	// task of a function kind whose function is missing here is unfit for
 	// this host. The runner calls none of them; it starts its own program
@@ -179,10 +188,27 @@ func (r *runner) run(ctx context.Context) (int, error) {
 	if mode == "" {
 		mode = config.LockModeRow
 	}
+	pre := r.opts.Preconnected
+	defer pre.Close()
+	if err := pre.keep(cfg.HeartbeatInterval, mode); err != nil {
+		r.logger.Info("a connection made ahead of the launch failed; connecting now", "error", err)
+	}
+	takeFirst := func(ctx context.Context, write bool, name string) *pgx.Conn {
+		conn, err := pre.take(ctx, write, name)
+		if err != nil {
+			r.logger.Info("a connection made ahead of the launch no longer works; connecting now", "error", err)
+		}
+		return conn
+	}
 	r.lock = newLockKeeper(r.opts.DatabaseURL, r.opts.ContextID, r.opts.RunID, mode, cfg.HeartbeatInterval, r.logger)
 	r.lock.runKey = r.opts.RunKey
 	hooks := writerHooks{resume: r.checkCancel}
 	name := fmt.Sprintf("dama-task:%d", r.opts.ContextID)
+	if mode != config.LockModeHost {
+		// A host-mode runner's lock is the keeper's: a session of its own
+		// would hold it outside the keeper (keep closed them anyway).
+		r.lock.takeFirst = func(ctx context.Context) *pgx.Conn { return takeFirst(ctx, false, r.lock.appName()) }
+	}
 	if mode != config.LockModeRow {
 		// One connection for everything: it holds the lock, so every new
 		// one takes the lock again before anything else is sent on it. In
@@ -233,6 +259,7 @@ func (r *runner) run(ctx context.Context) (int, error) {
 		}
 	}()
 	if mode == config.LockModeRow {
+		r.w.takeFirst = func(ctx context.Context) *pgx.Conn { return takeFirst(ctx, true, name) }
 		// The write connection is made while the lock is taken: it is
 		// needed right after.
 		r.writerStarted = true
@@ -374,6 +401,9 @@ func (r *runner) recordStart(ctx context.Context) (cancelRequested bool, err err
 	var started *time.Time
 	if t, err := hostproc.StartTime(self.StartTicks); err == nil {
 		started = &t
+	}
+	if !r.opts.LaunchedAt.IsZero() {
+		started = &r.opts.LaunchedAt
 	}
 	rec := etlcontext.Runner{
 		Host: r.opts.Host, HostID: r.opts.HostID, PID: os.Getpid(), StartedAt: started,

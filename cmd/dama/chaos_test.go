@@ -21,6 +21,7 @@ import (
 
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/hostproc"
 	"github.com/dama-etl/dama/internal/testenv"
 	"github.com/dama-etl/dama/supervisor"
 )
@@ -136,7 +137,7 @@ func TestChaosNoOverlapWhateverIsKilledOrRestarted(t *testing.T) {
 		if t.Failed() {
 			for id := range suspects {
 				logTail, _ := os.ReadFile(filepath.Join(env.Dir, "logs", fmt.Sprintf("%d.log", id)))
-				t.Logf("context %d: starts %v; beats per attempt %v; its log:\n%s", id, w.starts(id), beatSpans(w.beats(id)), lastBytes(logTail, 8<<10))
+				t.Logf("context %d: starts %v; beats per attempt %v; events:\n%s\nits log:\n%s", id, w.starts(id), beatSpans(w.beats(id)), chaosEvents(pool, id), lastBytes(logTail, 8<<10))
 			}
 		}
 	})
@@ -183,6 +184,7 @@ func TestChaosNoOverlapWhateverIsKilledOrRestarted(t *testing.T) {
 	type runningTask struct {
 		chaosAttempt
 		pid      int
+		ticks    uint64
 		runID    string
 		locked   bool
 		failures int
@@ -190,14 +192,16 @@ func TestChaosNoOverlapWhateverIsKilledOrRestarted(t *testing.T) {
 	running := func() ([]runningTask, error) {
 		var out []runningTask
 		err := query(`
-			SELECT q.etl_context_id, q.attempt, coalesce(q.pid, 0), coalesce(q.run_id::text, ''), q.initial_event_locked,
+			SELECT q.etl_context_id, q.attempt, coalesce(q.pid, 0),
+			       coalesce((SELECT c.runner_start_ticks FROM data_manager.etl_contexts c WHERE c.etl_context_id = q.etl_context_id), 0),
+			       coalesce(q.run_id::text, ''), q.initial_event_locked,
 			       (SELECT count(*) FROM data_manager.event_store e
 			         WHERE e.etl_context_id = q.etl_context_id AND e.type = 'chaos:ERROR')
 			  FROM data_manager.dama_task_queue q
 			 WHERE q.etl_status = 'RUNNING'
 			 ORDER BY q.etl_context_id`, func(row interface{ Scan(...any) error }) error {
 			var r runningTask
-			if err := row.Scan(&r.id, &r.attempt, &r.pid, &r.runID, &r.locked, &r.failures); err != nil {
+			if err := row.Scan(&r.id, &r.attempt, &r.pid, &r.ticks, &r.runID, &r.locked, &r.failures); err != nil {
 				return err
 			}
 			out = append(out, r)
@@ -351,7 +355,7 @@ func TestChaosNoOverlapWhateverIsKilledOrRestarted(t *testing.T) {
 			}
 			var victims []runningTask
 			for _, task := range tasks {
-				if task.pid != 0 && task.failures < chaosMaxFailures && isTaskrunner(task.pid, task.id, task.runID) {
+				if task.pid != 0 && task.failures < chaosMaxFailures && isTaskrunner(task.pid, task.ticks) {
 					victims = append(victims, task)
 				}
 			}
@@ -573,12 +577,12 @@ func lastBytes(b []byte, n int) string {
 	return string(b)
 }
 
-// isTaskrunner reports whether pid is the task process of run runID of
-// context id (and not a process that reused the pid of a dead one).
-func isTaskrunner(pid int, id int64, runID string) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	return err == nil && strings.Contains(string(b),
-		fmt.Sprintf("\x00taskrunner\x00--context-id\x00%d\x00--run-id\x00%s\x00", id, runID))
+// isTaskrunner reports whether pid, started at ticks, is alive: the task
+// process recorded with them (and not a process that reused the pid of a
+// dead one). A spare's command line does not name its task.
+func isTaskrunner(pid int, ticks uint64) bool {
+	alive, err := hostproc.Alive(pid, ticks)
+	return err == nil && alive && ticks != 0
 }
 
 // attemptProcesses lists the live processes that carry the run id of an
@@ -613,6 +617,21 @@ func beatSizes(dir string, ids []int64) map[int64]int64 {
 		if fi, err := os.Stat(filepath.Join(dir, fmt.Sprintf("beats-%d", id))); err == nil {
 			out[id] = fi.Size()
 		}
+	}
+	return out
+}
+
+// chaosEvents lists the events of context id, one a line, for a failure's
+// report: what the database recorded, and when by its clock.
+func chaosEvents(pool *pgxpool.Pool, id int64) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var out string
+	err := pool.QueryRow(ctx, `
+		SELECT coalesce(string_agg(format('%s %s attempt %s run %s %s', to_char(created_at, 'HH24:MI:SS.MS'), type, attempt, run_id, coalesce(payload::text, '')), E'\n' ORDER BY event_id), '')
+		  FROM data_manager.event_store WHERE etl_context_id = $1`, id).Scan(&out)
+	if err != nil {
+		return fmt.Sprintf("(events not read: %v)", err)
 	}
 	return out
 }

@@ -513,7 +513,7 @@ func TestATaskProcessWritesOnlyItsOwnRun(t *testing.T) {
 		if _, err := etlcontext.Append(ctx, env.Pool, etlcontext.NewEvent{ContextID: id, Type: "k:INITIAL", Payload: map[string]int{}}); err != nil {
 			t.Fatal(err)
 		}
-		run, err := etlcontext.StartAttempt(ctx, env.Pool, id, 1, "test")
+		run, err := etlcontext.StartAttempt(ctx, env.Pool, id, 1, "test", "")
 		if err != nil {
 			t.Fatal(err)
 		}

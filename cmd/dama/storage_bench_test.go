@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dama-etl/dama/internal/scalebench"
 	"github.com/dama-etl/dama/internal/testenv"
 )
 
@@ -75,11 +76,31 @@ kinds:
 	for range tasks {
 		ids = append(ids, w.submitOf("chatty"))
 	}
+	var pids []int
 	for _, id := range ids {
-		w.waitRunning(id)
+		pids = append(pids, *w.waitRunning(id).PID)
 	}
-	// The window is what is measured, not a wait for a condition.
-	time.Sleep(window)
+	// The window is what is measured, not a wait for a condition. The
+	// task processes' resident sets are read at each fifth of it: one
+	// relaying a steady stream of lines must not grow.
+	var rss []string
+	for i := range 5 {
+		time.Sleep(window / 5)
+		var mb []float64
+		for _, pid := range pids {
+			if n, err := scalebench.RSS(pid); err == nil {
+				mb = append(mb, float64(n)/(1<<20))
+			}
+		}
+		med := scalebench.Median(mb)
+		rss = append(rss, fmt.Sprintf("%.1f", med))
+		if i == 0 {
+			b.ReportMetric(med, "MB-RSS-first")
+		}
+		if i == 4 {
+			b.ReportMetric(med, "MB-RSS-last")
+		}
+	}
 	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
 		b.Fatal(err)
 	}
@@ -103,5 +124,6 @@ kinds:
 	b.ReportMetric(perMin(lines), "lines/min")
 	b.ReportMetric(perMin(events), "events/min")
 	b.ReportMetric(float64(size()-before)/(1<<20)/ran.Minutes(), "MB/min")
-	b.Logf("progress_interval %s: %d tasks reported %d progress lines in %s; %d PROGRESS events stored", interval, tasks, lines, ran.Round(time.Second), events)
+	b.Logf("progress_interval %s: %d tasks reported %d progress lines in %s; %d PROGRESS events stored; their task processes' median RSS at each fifth of the window: %s MB",
+		interval, tasks, lines, ran.Round(time.Second), events, strings.Join(rss, ", "))
 }

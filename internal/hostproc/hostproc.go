@@ -264,3 +264,25 @@ func StartTime(ticks uint64) (time.Time, error) {
 	sinceBoot := time.Duration(ts.Nano())
 	return now.Add(-sinceBoot).Add(time.Duration(ticks) * time.Second / clockTicks).Round(0), nil
 }
+
+// Tracer returns the pid of the process tracing pid (ptrace), 0 when none
+// does: /proc/<pid>/status's TracerPid.
+func Tracer(pid int) (int, error) {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
+		return 0, fmt.Errorf("process %d: %w", pid, ErrGone)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read status of process %d: %w", pid, err)
+	}
+	for line := range strings.SplitSeq(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "TracerPid:"); ok {
+			tracer, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				return 0, fmt.Errorf("status of process %d: TracerPid %q", pid, v)
+			}
+			return tracer, nil
+		}
+	}
+	return 0, fmt.Errorf("status of process %d: no TracerPid", pid)
+}

@@ -11,27 +11,34 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// DropProgramPages gives back the page-table entries of the running
-// program's read-only mappings that hold nothing but the file's pages
-// (its code and constants), and returns how many bytes they spanned. The
-// pages stay in the page cache, shared by every process of the program,
-// and come back on a minor fault when touched: a process that has started
-// and then mostly waits stops counting, in its resident set, the pages of
-// the program it touched while starting (and those the kernel mapped
-// around them). A mapping with pages of the process's own is left alone:
-// a writable one, or a read-only one the loader relocated before
-// protecting it (RELRO, in a position-independent or externally linked
-// program), whose pages dropped would come back unrelocated. The
-// program's file cannot change under the mappings: the kernel refuses
-// writes to a running executable, and a replaced one is a new file.
-func DropProgramPages() (int, error) {
+// ProgramPages are the running program's read-only mappings that hold
+// nothing but the file's pages (its code and constants), whose page-table
+// entries Drop gives back. The pages stay in the page cache, shared by
+// every process of the program, and come back on a minor fault when
+// touched: a process that mostly waits stops counting, in its resident
+// set, the pages of the program it touched while starting, or for a
+// moment since (a collection of its heap), and those the kernel mapped
+// around them (fault-around maps up to 16 pages for one touched). A
+// mapping with pages of the process's own is left alone: a writable one,
+// or a read-only one the loader relocated before protecting it (RELRO, in
+// a position-independent or externally linked program), whose pages
+// dropped would come back unrelocated. The program's file cannot change
+// under the mappings: the kernel refuses writes to a running executable,
+// and a replaced one is a new file.
+type ProgramPages struct {
+	exe    string
+	ranges [][2]uint64
+}
+
+// FindProgramPages reads the program's mappings (ProgramPages).
+func FindProgramPages() (*ProgramPages, error) {
 	exe, err := os.Readlink("/proc/self/exe")
 	if err != nil {
-		return 0, fmt.Errorf("read the program's path: %w", err)
+		return nil, fmt.Errorf("read the program's path: %w", err)
 	}
 	smaps, err := os.ReadFile("/proc/self/smaps")
 	if err != nil {
-		return 0, fmt.Errorf("read the program's mappings: %w", err)
+		return nil, fmt.Errorf("read the program's mappings: %w", err)
 	}
 	var drop [][2]uint64
 	var cur *[2]uint64
@@ -67,12 +74,18 @@ func DropProgramPages() (int, error) {
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return 0, fmt.Errorf("read the program's mappings: %w", err)
+		return nil, fmt.Errorf("read the program's mappings: %w", err)
 	}
+	return &ProgramPages{exe: exe, ranges: drop}, nil
+}
+
+// Drop gives back the page-table entries of the mappings, and returns how
+// many bytes they span. It allocates nothing.
+func (p *ProgramPages) Drop() (int, error) {
 	dropped := 0
-	for _, m := range drop {
+	for _, m := range p.ranges {
 		if err := madvise(uintptr(m[0]), uintptr(m[1]-m[0]), unix.MADV_DONTNEED); err != nil {
-			return dropped, fmt.Errorf("give back the pages of %s at %x-%x: %w", exe, m[0], m[1], err)
+			return dropped, fmt.Errorf("give back the pages of %s at %x-%x: %w", p.exe, m[0], m[1], err)
 		}
 		dropped += int(m[1] - m[0])
 	}

@@ -31,7 +31,11 @@ func rssFile(t *testing.T) int {
 // runs on, faulting back what it touches.
 func TestDropProgramPagesShrinksTheResidentSet(t *testing.T) {
 	before := rssFile(t)
-	n, err := DropProgramPages()
+	pages, err := FindProgramPages()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := pages.Drop()
 	if err != nil {
 		t.Fatal(err)
 	}

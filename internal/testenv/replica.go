@@ -42,8 +42,12 @@ func NewReplica(t testing.TB, primary *Server) *Server {
 		t.Fatalf("pg_basebackup: %v\n%s", err, out)
 	}
 	// The copy holds the primary's settings: its own socket directory, and
-	// a name the primary's synchronous_standby_names can give.
-	if err := appendFile(r.confPath(), fmt.Sprintf("\nunix_socket_directories = '%s'\ncluster_name = 'replica'\n", r.dir)); err != nil {
+	// a name the primary's synchronous_standby_names can give. After the
+	// primary restarts, the replica streams again within 100ms rather than
+	// the default 5s, through which every commit on the primary waits for
+	// it: a restart keeps writes away for as long as it lasts, as a test
+	// timing a restart against reconnect_grace counts on.
+	if err := appendFile(r.confPath(), fmt.Sprintf("\nunix_socket_directories = '%s'\ncluster_name = 'replica'\nwal_retrieve_retry_interval = '100ms'\n", r.dir)); err != nil {
 		t.Fatalf("configure replica: %v", err)
 	}
 	r.startOnFreePort(t)

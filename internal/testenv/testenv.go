@@ -63,6 +63,11 @@ func runMain(m *testing.M) int {
 			args = append(args, "-race")
 		}
 		cmd := exec.Command("go", append(args, "./"+pkg)...)
+		if !raceEnabled {
+			// Static, as scripts/build.sh builds them: the tests measure
+			// what users run. (The race detector needs cgo.)
+			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		}
 		cmd.Dir = moduleRoot()
 		if out, err := cmd.CombinedOutput(); err != nil {
 			fmt.Fprintf(os.Stderr, "testenv: build %s: %v\n%s", pkg, err, out)

@@ -1,17 +1,20 @@
 package protocol
 
 import (
+	"cmp"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 )
 
 // Subcommand is the first argument of a runner's command line: a runner
-// shows as "dama taskrunner --context-id 42 ..." in a process listing.
+// shows as "dama taskrunner --context-id 42 ..." in a process listing, a
+// spare, and the runner it becomes, as "dama taskrunner --spare-fd 4 ...".
 const Subcommand = "taskrunner"
 
 // Launch is what a supervisor tells the runner it starts, on its command
@@ -34,6 +37,13 @@ type Launch struct {
 	// milliseconds, before it is non-dumpable, a process of the same user
 	// may read either: docs/security.md "Database roles".)
 	KeyFD int
+	// SpareFD, when above 0, makes the task process a spare, started ahead
+	// of its launch (see SpareFD): ContextID, RunID and the run's key are
+	// not on its command line or a pipe but come on this descriptor, with
+	// the lock mode and the task's log file, once its supervisor has a
+	// task for it (ReceiveKey, ReceiveLaunch). LockMode is then the mode
+	// it connects for beforehand.
+	SpareFD int
 }
 
 // MaxKey bounds what is read from KeyFD.
@@ -48,11 +58,15 @@ const (
 
 // Args returns the runner's command line after the program name.
 func (l Launch) Args() []string {
-	args := []string{Subcommand,
-		"--context-id", strconv.FormatInt(l.ContextID, 10),
-		"--run-id", l.RunID,
-		"--lock-mode", string(l.LockMode),
+	args := []string{Subcommand}
+	if l.SpareFD > 0 {
+		args = append(args, "--spare-fd", strconv.Itoa(l.SpareFD))
+	} else {
+		args = append(args,
+			"--context-id", strconv.FormatInt(l.ContextID, 10),
+			"--run-id", l.RunID)
 	}
+	args = append(args, "--lock-mode", string(l.LockMode))
 	if l.ReadyFD > 0 {
 		args = append(args, "--ready-fd", strconv.Itoa(l.ReadyFD))
 	}
@@ -74,26 +88,71 @@ func ParseLaunch(args []string) (Launch, error) {
 	fs.StringVar(&l.RunID, "run-id", "", "run id prepared by the supervisor")
 	fs.IntVar(&l.ReadyFD, "ready-fd", 0, "descriptor to write one byte to once the lock is held")
 	fs.IntVar(&l.KeyFD, "key-fd", 0, "descriptor to read the run's key from")
-	fs.StringVar(&lockMode, "lock-mode", string(LockModeRow), "how to hold the lock: row or advisory")
+	fs.IntVar(&l.SpareFD, "spare-fd", 0, "descriptor to wait on for the launch, as a spare")
+	fs.StringVar(&lockMode, "lock-mode", "", "how to hold the lock: row (the default), advisory or host")
 	if err := fs.Parse(args); err != nil {
 		return Launch{}, fmt.Errorf("%s arguments: %w", Subcommand, err)
 	}
-	l.LockMode = LockMode(lockMode)
-	switch {
-	case fs.NArg() > 0:
+	if fs.NArg() > 0 {
 		return Launch{}, fmt.Errorf("%s arguments: unexpected %q", Subcommand, fs.Arg(0))
-	case l.ContextID <= 0:
-		return Launch{}, errors.New("--context-id is required: a positive etl_context_id")
-	case l.RunID == "":
-		return Launch{}, errors.New("--run-id is required")
-	case !l.LockMode.Valid():
-		return Launch{}, fmt.Errorf("--lock-mode %q: want %q, %q or %q", lockMode, LockModeRow, LockModeAdvisory, LockModeHost)
-	case l.ReadyFD < 0 || (l.ReadyFD > 0 && l.ReadyFD < 3):
-		return Launch{}, fmt.Errorf("--ready-fd %d: want a descriptor above 2, or none", l.ReadyFD)
-	case l.KeyFD < 0 || (l.KeyFD > 0 && l.KeyFD < 3):
-		return Launch{}, fmt.Errorf("--key-fd %d: want a descriptor above 2, or none", l.KeyFD)
+	}
+	if err := checkFD("--ready-fd", l.ReadyFD); err != nil {
+		return Launch{}, err
+	}
+	if err := checkFD("--key-fd", l.KeyFD); err != nil {
+		return Launch{}, err
+	}
+	if err := checkFD("--spare-fd", l.SpareFD); err != nil {
+		return Launch{}, err
+	}
+	if l.SpareFD > 0 {
+		// The launch comes later, on the descriptor.
+		var given []string
+		fs.Visit(func(f *flag.Flag) {
+			switch f.Name {
+			case "context-id", "run-id", "key-fd":
+				given = append(given, "--"+f.Name)
+			}
+		})
+		if len(given) > 0 {
+			return Launch{}, fmt.Errorf("--spare-fd: a spare's launch comes on its descriptor, not %s", strings.Join(given, ", "))
+		}
+		if l.SpareFD == l.ReadyFD {
+			return Launch{}, errors.New("--spare-fd and --ready-fd name the same descriptor")
+		}
+	}
+	l.LockMode = LockMode(cmp.Or(lockMode, string(LockModeRow)))
+	if !l.LockMode.Valid() {
+		return Launch{}, fmt.Errorf("--lock-mode %q: want %q, %q or %q", l.LockMode, LockModeRow, LockModeAdvisory, LockModeHost)
+	}
+	if l.SpareFD > 0 {
+		return l, nil
+	}
+	if err := l.validate(); err != nil {
+		return Launch{}, err
 	}
 	return l, nil
+}
+
+// validate checks what a launch names: its context, run and lock mode.
+func (l Launch) validate() error {
+	switch {
+	case l.ContextID <= 0:
+		return errors.New("--context-id is required: a positive etl_context_id")
+	case l.RunID == "":
+		return errors.New("--run-id is required")
+	case !l.LockMode.Valid():
+		return fmt.Errorf("--lock-mode %q: want %q, %q or %q", l.LockMode, LockModeRow, LockModeAdvisory, LockModeHost)
+	}
+	return nil
+}
+
+// checkFD checks a descriptor flag: above 2 (not stdio), or 0 for none.
+func checkFD(flag string, fd int) error {
+	if fd < 0 || (fd > 0 && fd < 3) {
+		return fmt.Errorf("%s %d: want a descriptor above 2, or none", flag, fd)
+	}
+	return nil
 }
 
 // KeeperSubcommand is the first argument of a lock keeper's command line.

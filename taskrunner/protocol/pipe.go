@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"regexp"
 	"strings"
 	"unicode/utf8"
 
@@ -86,11 +85,24 @@ func EventSuffix(eventType string) string {
 	return suffix
 }
 
-var suffixRE = regexp.MustCompile(`^[A-Z][A-Z0-9_]{0,62}$`)
-
 // ValidSuffix reports whether suffix may be an event's suffix: an
 // upper-case letter, then upper-case letters, digits and '_', at most 63.
-func ValidSuffix(suffix string) bool { return suffixRE.MatchString(suffix) }
+// (A loop, not a regular expression: a runner checks every line its
+// command reports, and the regexp engine's code would stay in its
+// resident set.)
+func ValidSuffix(suffix string) bool {
+	if len(suffix) == 0 || len(suffix) > 63 || suffix[0] < 'A' || suffix[0] > 'Z' {
+		return false
+	}
+	for i := 1; i < len(suffix); i++ {
+		switch c := suffix[i]; {
+		case 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '_':
+		default:
+			return false
+		}
+	}
+	return true
+}
 
 // Reserved reports whether suffix is written by dama alone: a task cannot
 // declare itself done, forge its arguments or say who cancelled it.

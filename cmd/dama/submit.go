@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"time"
 
@@ -88,7 +89,7 @@ func dueAt(runAt string, delay time.Duration, now time.Time) (time.Time, error) 
 	case runAt != "" && delay > 0:
 		return time.Time{}, errors.New("--run-at and --delay exclude each other")
 	case runAt != "":
-		t, err := time.Parse(time.RFC3339, runAt)
+		t, err := parseRFC3339(runAt)
 		if err != nil {
 			return time.Time{}, fmt.Errorf("--run-at %q: want an RFC 3339 time such as 2026-11-22T18:00:00Z", runAt)
 		}
@@ -97,4 +98,18 @@ func dueAt(runAt string, delay time.Duration, now time.Time) (time.Time, error) 
 		return now.Add(delay), nil
 	}
 	return time.Time{}, nil
+}
+
+// rfc3339 is RFC 3339's date-time grammar. time.Parse alone is laxer:
+// it takes a one-digit hour, a comma before the fraction and offsets
+// such as +24:60, which name no zone RFC 3339 can write back.
+var rfc3339 = regexp.MustCompile(`^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$`)
+
+// parseRFC3339 reads s as an RFC 3339 date-time; time.Parse checks the
+// ranges of the date and the time of day.
+func parseRFC3339(s string) (time.Time, error) {
+	if !rfc3339.MatchString(s) {
+		return time.Time{}, errors.New("not an RFC 3339 date-time")
+	}
+	return time.Parse(time.RFC3339, s)
 }

@@ -9,7 +9,6 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
-	"encoding/gob"
 	"errors"
 	"fmt"
 	"io"
@@ -38,7 +37,7 @@ func Secret(material []byte) []byte {
 }
 
 // handshakeMagic opens a client's handshake.
-var handshakeMagic = []byte("DKP1")
+var handshakeMagic = []byte("DKP2")
 
 const nonceSize = 32
 
@@ -107,7 +106,7 @@ func serverHandshake(conn net.Conn, secret []byte, deadline time.Time) (*stream,
 }
 
 // stream carries sealed messages over a connection: each a frame of its
-// own (its length, then the sealed gob encoding of one value), whose
+// own (its length, then the sealed encoding of one message, codec.go), whose
 // length is checked before it is read, decoded alone.
 type stream struct {
 	conn  net.Conn
@@ -120,6 +119,7 @@ type stream struct {
 	seal   cipher.AEAD
 	outSeq uint64
 	bw     *bufio.Writer
+	buf    []byte
 }
 
 func newStream(conn net.Conn, secret, nc, ns []byte, client bool, limit int) (*stream, error) {
@@ -155,24 +155,30 @@ func seqNonce(seq uint64) []byte {
 	return nonce
 }
 
-func (s *stream) send(v any) error {
-	var body bytes.Buffer
-	if err := gob.NewEncoder(&body).Encode(v); err != nil {
-		return err
-	}
+// keptBuffer is the largest send buffer a stream keeps for its next
+// message: a statement's usual size, not its largest.
+const keptBuffer = 64 << 10
+
+func (s *stream) send(m message) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	e := encoder{b: s.buf[:0]}
+	m.encode(&e)
 	var head [4]byte
-	binary.BigEndian.PutUint32(head[:], uint32(body.Len()+s.seal.Overhead()))
-	sealed := s.seal.Seal(nil, seqNonce(s.outSeq), body.Bytes(), head[:])
+	binary.BigEndian.PutUint32(head[:], uint32(len(e.b)+s.seal.Overhead()))
+	sealed := s.seal.Seal(e.b[:0], seqNonce(s.outSeq), e.b, head[:])
+	if cap(sealed) <= keptBuffer {
+		s.buf = sealed
+	}
 	s.outSeq++
 	s.bw.Write(head[:])
 	s.bw.Write(sealed)
 	return s.bw.Flush()
 }
 
-// receive reads the next message into v; one goroutine at a time.
-func (s *stream) receive(v any) error {
+// receive reads the next message into m; one goroutine at a time. What m
+// holds of bytes is the message's own, never reused.
+func (s *stream) receive(m message) error {
 	var head [4]byte
 	if _, err := io.ReadFull(s.r, head[:]); err != nil {
 		return err
@@ -190,5 +196,7 @@ func (s *stream) receive(v any) error {
 		return fmt.Errorf("a message that was not sealed by the other side: %w", err)
 	}
 	s.inSeq++
-	return gob.NewDecoder(bytes.NewReader(body)).Decode(v)
+	d := decoder{b: body}
+	m.decode(&d)
+	return d.end()
 }

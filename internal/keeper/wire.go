@@ -15,7 +15,7 @@ import (
 // Version is the version of the keeper's wire protocol: it is part of the
 // socket's name, so that task processes of releases that speak different
 // versions each find a keeper of their own.
-const Version = 1
+const Version = 2
 
 // op is what a request asks of the keeper.
 type op uint8
@@ -56,8 +56,8 @@ type request struct {
 	// Statements.
 	SQL       string
 	ParamOIDs []uint32
-	// Params are the parameters' values, packed (packValues): gob would
-	// make an empty value NULL.
+	// Params are the parameters' values, packed (packValues), so that an
+	// empty value and NULL stay apart.
 	Params        []byte
 	ParamFormats  []int16
 	ResultFormats []int16

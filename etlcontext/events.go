@@ -134,6 +134,20 @@ func marshalNullable(v any) ([]byte, error) {
 	return json.Marshal(v)
 }
 
+// EventStored reports whether the event numbered seq of run runID is
+// stored for context id: whether a write whose reply was lost committed.
+func EventStored(ctx context.Context, db DB, id int64, runID string, seq int) (bool, error) {
+	var stored bool
+	err := db.QueryRow(ctx, `
+		SELECT EXISTS (SELECT FROM data_manager.event_store
+		                WHERE etl_context_id = $1 AND run_id = $2::uuid AND seq = $3)`,
+		id, runID, seq).Scan(&stored)
+	if err != nil {
+		return false, fmt.Errorf("look for event %d of run %s of etl context %d: %w", seq, runID, id, classify(err))
+	}
+	return stored, nil
+}
+
 // Events returns the events of context id in the order they were written.
 func Events(ctx context.Context, db DB, id int64) ([]Event, error) {
 	rows, err := db.Query(ctx, `

@@ -70,8 +70,9 @@ func (r *runner) finish(ctx context.Context, code int, suffix string, payload ma
 	if err := r.lock.release(ctx, 2*time.Second); err != nil {
 		r.logger.Warn("release lock", "error", err)
 	}
-	if flushErr != nil {
-		// The database is out of reach: nobody would hear the announcement.
+	if flushErr != nil || r.w.over() {
+		// The database is out of reach, or the run over: nobody would
+		// hear the announcement, or it cannot be sent.
 		return code, cause
 	}
 	nctx, ncancel := context.WithTimeout(ctx, 2*time.Second)

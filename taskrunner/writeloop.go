@@ -72,6 +72,16 @@ func (w *writer) supersede() {
 	w.supOnce.Do(func() { close(w.superseded) })
 }
 
+// over reports whether the writer was superseded.
+func (w *writer) over() bool {
+	select {
+	case <-w.superseded:
+		return true
+	default:
+		return false
+	}
+}
+
 // flush waits until everything queued so far is written, or ctx ends,
 // the sampled lines held back included. It reports the last event the
 // database refused for good since the previous flush.
@@ -140,6 +150,9 @@ func (w *writer) run(ctx context.Context, conn dbConn, channels ...string) {
 				w.hooks.lost(w.connErr)
 			}
 			if err := w.connect(ctx, channels, first); err != nil {
+				if w.over() {
+					continue
+				}
 				w.logger.Warn("connect write connection", "error", err, "retry_in", delay)
 				// A queued write cuts the wait short: the lock keeper waits on
 				// this connection to finish taking its lock again.
@@ -191,11 +204,15 @@ func (w *writer) connect(ctx context.Context, channels []string, first bool) err
 	}
 	if !first && w.hooks.resume != nil {
 		if err := w.hooks.resume(cctx, conn); err != nil {
-			conn.Close(ctx)
 			if permanent(err) {
-				w.logger.Warn("this run is no longer current: nothing more is written", "error", err)
+				if w.dropStored(cctx, conn) {
+					w.logger.Info("a write whose reply was lost was stored; the run is over", "reason", err)
+				} else {
+					w.logger.Warn("this run is no longer current: nothing more is written", "error", err)
+				}
 				w.supersede()
 			}
+			conn.Close(ctx)
 			return err
 		}
 	}
@@ -406,6 +423,55 @@ func (w *writer) serveEvents(ctx context.Context) bool {
 	}
 	w.markIdle()
 	w.mu.Unlock()
+	return true
+}
+
+// dropStored drops from the head of the queue the events an earlier write
+// stored although its reply was lost (its connection was cut as it
+// committed), as conn shows: the run may be over by that very write, its
+// outcome, which is then written, not lost.
+func (w *writer) dropStored(ctx context.Context, conn dbConn) bool {
+	w.mu.Lock()
+	var last *pendingEvent
+	for _, e := range w.events {
+		if e.gone {
+			continue
+		}
+		if !e.attempted || e.child != nil || e.ev.Seq == nil || e.ev.RunID == nil {
+			break
+		}
+		last = e
+	}
+	var ev etlcontext.NewEvent
+	if last != nil {
+		ev = last.ev
+	}
+	w.mu.Unlock()
+	if last == nil {
+		return false
+	}
+	// A write is one statement, and takes the queue's head: its last
+	// event stored, so is every event before it.
+	stored, err := etlcontext.EventStored(ctx, conn, ev.ContextID, *ev.RunID, *ev.Seq)
+	if err != nil {
+		w.logger.Warn("look whether an earlier write of the events committed", "error", err)
+	}
+	if !stored {
+		return false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for len(w.events) > 0 {
+		e := w.events[0]
+		if e.gone {
+			w.goneCount--
+		} else if e.order > last.order {
+			break
+		}
+		w.forget(e)
+		w.events = w.events[1:]
+	}
+	w.markIdle()
 	return true
 }
 

@@ -808,3 +808,50 @@ func TestFailoverToAStreamingReplicaKillsNoTask(t *testing.T) {
 		}
 	}
 }
+
+// A task's outcome that committed as its connection was cut (the commit
+// waited for a synchronous replica that was down, and its backend was
+// ended) has its reply lost: the write tried again finds the context
+// finished by the attempt's own outcome. The task process takes the
+// outcome for written, as it is: no error, not a run superseded.
+func TestAnOutcomeWhoseReplyWasLostIsTakenForWritten(t *testing.T) {
+	primary := testenv.NewServer(t)
+	replica := testenv.NewReplica(t, primary)
+	env := testenv.NewOn(t, primary)
+	goFile := filepath.Join(env.Dir, "go")
+	w := &world{Env: env, cfg: env.WriteConfig(sampleConfigFor(1) + waiterKind(goFile, 1))}
+	env.Start(w.cfg, "supervisor")
+	id := w.submitOf("waiter")
+	w.waitRunning(id)
+	taskLog := filepath.Join(env.Dir, "logs", fmt.Sprintf("%d.log", id))
+	testenv.Eventually(t, 20*time.Second, "the command to start", func() (bool, error) {
+		b, _ := os.ReadFile(taskLog)
+		return strings.Contains(string(b), "command started"), nil
+	})
+
+	// From now on a commit waits for the replica, which is down.
+	replica.Stop(t, "immediate")
+	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var ended int
+	testenv.Eventually(t, 30*time.Second, "the outcome's commit to wait for the replica, and its backend to be ended", func() (bool, error) {
+		err := env.Pool.QueryRow(context.Background(), `
+			SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+			 WHERE wait_event = 'SyncRep' AND query LIKE '%INSERT INTO data_manager.event_store%'`).Scan(&ended)
+		return ended > 0, err
+	})
+	replica.Start(t)
+
+	got := w.waitSettled(id, time.Minute)
+	if got.Status != etlcontext.StatusDone || got.Attempt != 1 {
+		t.Fatalf("task %d: %s after %d attempts, want DONE after 1", id, got.Status, got.Attempt)
+	}
+	b, err := os.ReadFile(taskLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if log := string(b); strings.Contains(log, "level=ERROR") || strings.Contains(log, `msg="this run is no longer current`) {
+		t.Errorf("the task process took its own outcome, written, for a write refused:\n%s", log)
+	}
+}

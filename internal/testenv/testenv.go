@@ -173,6 +173,9 @@ func newEnv(t testing.TB, admin string, srv *Server, migrate bool) *Env {
 	e := &Env{T: t, URL: dbURL, Dir: t.TempDir(), DamaBin: filepath.Join(binDir, "dama"), SampleETL: filepath.Join(binDir, "sample-etl"), SampleEmbedded: filepath.Join(binDir, "sample-embedded"), Server: srv}
 	t.Cleanup(func() {
 		e.killProcesses()
+		if t.Failed() {
+			e.logTaskLogs()
+		}
 		if e.Pool != nil {
 			e.Pool.Close()
 		}
@@ -199,6 +202,25 @@ func newEnv(t testing.TB, admin string, srv *Server, migrate bool) *Env {
 		}
 	}
 	return e
+}
+
+// logTaskLogs logs the end of every task process's and keeper's log under
+// the test's directory: what a failure's cause is most often written in.
+func (e *Env) logTaskLogs() {
+	const tail = 8 << 10
+	for _, pattern := range []string{"*.log", ".keeper/*.log"} {
+		paths, _ := filepath.Glob(filepath.Join(e.Dir, "logs", pattern))
+		for _, path := range paths {
+			b, err := os.ReadFile(path)
+			if err != nil {
+				continue
+			}
+			if len(b) > tail {
+				b = b[len(b)-tail:]
+			}
+			e.T.Logf("%s (its last %d bytes):\n%s", path, len(b), b)
+		}
+	}
 }
 
 func withDatabase(raw, name string) (string, error) {

@@ -77,6 +77,14 @@ const spareHelloTimeout = 10 * time.Second
 
 // spareLoop keeps a spare until ctx ends, then lets it go.
 func (s *Supervisor) spareLoop(ctx context.Context) {
+	defer func() {
+		// A step that outlives Run (River's stop timed out) gives its
+		// spare back to no loop: it is let go instead.
+		s.mu.Lock()
+		s.sparesOver = true
+		s.mu.Unlock()
+		s.releaseSpare()
+	}()
 	var failedBefore bool
 	delay := spareRestartDelay
 	for {
@@ -84,7 +92,6 @@ func (s *Supervisor) spareLoop(ctx context.Context) {
 		if err == nil {
 			select {
 			case <-ctx.Done():
-				s.releaseSpare()
 				return
 			case <-sp.done:
 			}
@@ -261,7 +268,7 @@ func (s *Supervisor) returnSpare(sp *spare) {
 		return
 	}
 	s.mu.Lock()
-	back := s.spare == nil
+	back := s.spare == nil && !s.sparesOver
 	if back {
 		select {
 		case <-sp.ch.exited:

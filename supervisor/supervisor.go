@@ -102,6 +102,9 @@ type Supervisor struct {
 	// spare is the task process started ahead of its launch, nil while
 	// none waits (spare.go).
 	spare *spare
+	// sparesOver: the spares' loop ended; a spare a step gives back is
+	// let go, no longer kept.
+	sparesOver bool
 	// spareMode is the lock mode a spare connects for: that of most kinds.
 	spareMode config.LockMode
 	// stopping holds the contexts whose dead attempt's orphans are being

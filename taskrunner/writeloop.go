@@ -104,7 +104,15 @@ func (w *writer) flush(ctx context.Context) error {
 		select {
 		case <-idle:
 		case <-w.superseded:
-			return etlcontext.ErrStaleRun
+			// What was queued may have been found written as the run
+			// ended (dropStored), which emptied the queue and closed idle
+			// as well.
+			w.mu.Lock()
+			written := w.endedByOwnWrite && len(w.calls) == 0 && len(w.events) == 0
+			w.mu.Unlock()
+			if !written {
+				return etlcontext.ErrStaleRun
+			}
 		case <-ctx.Done():
 			w.mu.Lock()
 			n := len(w.events)
@@ -471,6 +479,7 @@ func (w *writer) dropStored(ctx context.Context, conn dbConn) bool {
 		w.forget(e)
 		w.events = w.events[1:]
 	}
+	w.endedByOwnWrite = true
 	w.markIdle()
 	return true
 }

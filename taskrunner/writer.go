@@ -92,6 +92,10 @@ type writer struct {
 	notify     chan *pgconn.Notification
 	superseded chan struct{}
 	supOnce    sync.Once
+	// endedByOwnWrite: the run was found over by writes of its own whose
+	// replies were lost (dropStored), which emptied the queue; guarded by
+	// mu.
+	endedByOwnWrite bool
 	conn       dbConn
 	// dial, when set, makes the writer's connections (host lock mode);
 	// otherwise they are the writer's own, to url.

@@ -15,7 +15,8 @@ import (
 )
 
 // BenchmarkProgressStorage measures what chatty tasks store (docs/performance.md
-// "Storage"): 5 tasks each reporting progress 50 times a second for
+// "Storage"): 5 tasks each reporting progress 50 times a second (a line
+// every DAMA_BENCH_LINE_GAP seconds, 0.02, plus the shell's own time) for
 // DAMA_BENCH_WINDOW (60s), with progress_interval at its default (10s) and,
 // as the baseline, at 1ms (every line stored, as before sampling). It
 // reports the lines reported and the events stored per minute, and the
@@ -29,23 +30,30 @@ func BenchmarkProgressStorage(b *testing.B) {
 		}
 		window = d
 	}
+	gap := "0.02"
+	if v := os.Getenv("DAMA_BENCH_LINE_GAP"); v != "" {
+		if _, err := strconv.ParseFloat(v, 64); err != nil {
+			b.Fatalf("DAMA_BENCH_LINE_GAP: want seconds, such as 0.002: %v", err)
+		}
+		gap = v
+	}
 	for _, interval := range []string{"10s", "1ms"} {
 		b.Run("progress_interval="+interval, func(b *testing.B) {
 			for range b.N {
-				measureStorage(b, interval, window)
+				measureStorage(b, interval, window, gap)
 			}
 		})
 	}
 }
 
-func measureStorage(b *testing.B, interval string, window time.Duration) {
+func measureStorage(b *testing.B, interval string, window time.Duration, gap string) {
 	const tasks = 5
 	env := testenv.New(b)
 	goFile := filepath.Join(env.Dir, "go")
-	// 50 lines a second, each 20 ms apart, until goFile exists; then the
-	// count of lines written goes to lines-<id>.
+	// A line every gap seconds until goFile exists; then the count of
+	// lines written goes to lines-<id>.
 	script := `i=0; while [ ! -e ` + goFile + ` ]; do
-  i=$((i+1)); printf '{"type":"progress","payload":{"step":%d,"of":1000000}}\n' $i >&3; sleep 0.02
+  i=$((i+1)); printf '{"type":"progress","payload":{"step":%d,"of":1000000}}\n' $i >&3; sleep ` + gap + `
 done
 echo $i > "$0/lines-$DAMA_ETL_CONTEXT_ID"`
 	cfg := env.WriteConfig(`

@@ -100,16 +100,18 @@ func dueAt(runAt string, delay time.Duration, now time.Time) (time.Time, error) 
 	return time.Time{}, nil
 }
 
-// rfc3339 is RFC 3339's date-time grammar. time.Parse alone is laxer:
-// it takes a one-digit hour, a comma before the fraction and offsets
-// such as +24:60, which name no zone RFC 3339 can write back.
-var rfc3339 = regexp.MustCompile(`^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$`)
+// rfc3339 is RFC 3339's date-time grammar, whose T and Z may be written
+// in lower case (section 5.6). time.Parse alone is both laxer and
+// stricter: it takes a one-digit hour, a comma before the fraction and
+// offsets such as +24:60, which name no zone RFC 3339 can write back, and
+// refuses a lower-case t or z.
+var rfc3339 = regexp.MustCompile(`^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$`)
 
 // parseRFC3339 reads s as an RFC 3339 date-time; time.Parse checks the
-// ranges of the date and the time of day.
+// ranges of the date and the time of day (a leap second is refused).
 func parseRFC3339(s string) (time.Time, error) {
 	if !rfc3339.MatchString(s) {
 		return time.Time{}, errors.New("not an RFC 3339 date-time")
 	}
-	return time.Parse(time.RFC3339, s)
+	return time.Parse(time.RFC3339, strings.ToUpper(s))
 }

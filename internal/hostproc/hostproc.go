@@ -265,10 +265,33 @@ func StartTime(ticks uint64) (time.Time, error) {
 	return now.Add(-sinceBoot).Add(time.Duration(ticks) * time.Second / clockTicks).Round(0), nil
 }
 
-// Tracer returns the pid of the process tracing pid (ptrace), 0 when none
-// does: /proc/<pid>/status's TracerPid.
+// Tracer returns the pid of a process tracing one of pid's threads
+// (ptrace), 0 when none does: each thread's TracerPid, as a tracer may
+// attach to any thread, and the process's status shows only its first's.
 func Tracer(pid int) (int, error) {
-	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	dir := "/proc/" + strconv.Itoa(pid) + "/task"
+	threads, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
+		return 0, fmt.Errorf("process %d: %w", pid, ErrGone)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read threads of process %d: %w", pid, err)
+	}
+	for _, th := range threads {
+		tracer, err := threadTracer(pid, dir+"/"+th.Name()+"/status")
+		if errors.Is(err, ErrGone) {
+			// The thread ended since it was listed.
+			continue
+		}
+		if err != nil || tracer != 0 {
+			return tracer, err
+		}
+	}
+	return 0, nil
+}
+
+func threadTracer(pid int, status string) (int, error) {
+	data, err := os.ReadFile(status)
 	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
 		return 0, fmt.Errorf("process %d: %w", pid, ErrGone)
 	}

@@ -19,10 +19,10 @@ import (
 // set, the pages of the program it touched while starting, or for a
 // moment since (a collection of its heap), and those the kernel mapped
 // around them (fault-around maps up to 16 pages for one touched). A
-// mapping with pages of the process's own is left alone: a writable one,
-// or a read-only one the loader relocated before protecting it (RELRO, in
-// a position-independent or externally linked program), whose pages
-// dropped would come back unrelocated. The program's file cannot change
+// mapping with pages of the process's own, in memory or swapped out, is
+// left alone: a writable one, or a read-only one the loader relocated
+// before protecting it (RELRO, in a position-independent or externally
+// linked program), whose pages dropped would come back unrelocated. The program's file cannot change
 // under the mappings: the kernel refuses writes to a running executable,
 // and a replaced one is a new file.
 type ProgramPages struct {
@@ -40,15 +40,37 @@ func FindProgramPages() (*ProgramPages, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read the program's mappings: %w", err)
 	}
+	drop, err := fileOnlyMappings(smaps, exe)
+	if err != nil {
+		return nil, fmt.Errorf("read the program's mappings: %w", err)
+	}
+	return &ProgramPages{exe: exe, ranges: drop}, nil
+}
+
+// fileOnlyMappings returns the address ranges of the read-only private
+// mappings of exe in smaps (/proc/<pid>/smaps) that hold no page of their
+// own.
+func fileOnlyMappings(smaps []byte, exe string) ([][2]uint64, error) {
 	var drop [][2]uint64
 	var cur *[2]uint64
+	// A mapping's pages of its own are counted as Anonymous while in
+	// memory and as Swap once swapped out: either is a relocated page,
+	// which comes back from the file unrelocated once given back. The
+	// mapping is given back only when both were read, and are 0.
+	var anonymous, swap string
+	settle := func() {
+		if cur != nil && anonymous == "0" && swap == "0" {
+			drop = append(drop, *cur)
+		}
+		cur, anonymous, swap = nil, "", ""
+	}
 	sc := bufio.NewScanner(bytes.NewReader(smaps))
 	for sc.Scan() {
 		line := sc.Text()
 		fields := strings.Fields(line)
 		if len(fields) > 0 && strings.Contains(fields[0], "-") && !strings.HasSuffix(fields[0], ":") {
 			// A mapping's header: address perms offset dev inode pathname.
-			cur = nil
+			settle()
 			if len(fields) < 6 || strings.Join(fields[5:], " ") != exe {
 				continue
 			}
@@ -65,18 +87,17 @@ func FindProgramPages() (*ProgramPages, error) {
 			cur = &[2]uint64{start, end}
 			continue
 		}
-		if cur != nil && len(fields) >= 2 && fields[0] == "Anonymous:" {
-			// Pages of the process's own in a read-only mapping: relocated.
-			if fields[1] == "0" {
-				drop = append(drop, *cur)
+		if cur != nil && len(fields) >= 2 {
+			switch fields[0] {
+			case "Anonymous:":
+				anonymous = fields[1]
+			case "Swap:":
+				swap = fields[1]
 			}
-			cur = nil
 		}
 	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("read the program's mappings: %w", err)
-	}
-	return &ProgramPages{exe: exe, ranges: drop}, nil
+	settle()
+	return drop, sc.Err()
 }
 
 // Drop gives back the page-table entries of the mappings, and returns how

@@ -80,11 +80,12 @@ func (d *decoder) u32() uint32 { return uint32(d.uint(math.MaxUint32)) }
 func (d *decoder) i16() int16  { return int16(d.int(math.MinInt16, math.MaxInt16)) }
 func (d *decoder) i32() int32  { return int32(d.int(math.MinInt32, math.MaxInt32)) }
 
-// count reads a slice's length: each element takes a byte at the least,
-// so no length beyond what is left is believed.
-func (d *decoder) count() int {
+// count reads the length of a slice whose elements take at least size
+// bytes each: no length is believed beyond what is left of the message,
+// so that what is allocated for it stays within a few times its size.
+func (d *decoder) count(size int) int {
 	n := d.uint(math.MaxInt32)
-	if n > uint64(len(d.b)) {
+	if n > uint64(len(d.b)/size) {
 		d.fail()
 		return 0
 	}
@@ -92,7 +93,7 @@ func (d *decoder) count() int {
 }
 
 func (d *decoder) bytes() []byte {
-	n := d.count()
+	n := d.count(1)
 	if d.err != nil || n == 0 {
 		return nil
 	}
@@ -129,7 +130,7 @@ func (e *encoder) oids(v []uint32) {
 }
 
 func (d *decoder) oids() []uint32 {
-	n := d.count()
+	n := d.count(1)
 	if n == 0 {
 		return nil
 	}
@@ -148,7 +149,7 @@ func (e *encoder) formats(v []int16) {
 }
 
 func (d *decoder) formats() []int16 {
-	n := d.count()
+	n := d.count(1)
 	if n == 0 {
 		return nil
 	}
@@ -230,7 +231,9 @@ func (r *reply) decode(d *decoder) {
 		r.Err.decode(d)
 	}
 	r.ParamOIDs = d.oids()
-	if n := d.count(); n > 0 {
+	// A field takes 7 bytes at the least: its name's length and six
+	// integers.
+	if n := d.count(7); n > 0 {
 		r.Fields = make([]pgconn.FieldDescription, n)
 		for i := range r.Fields {
 			f := &r.Fields[i]
@@ -243,7 +246,7 @@ func (r *reply) decode(d *decoder) {
 			f.Format = d.i16()
 		}
 	}
-	if n := d.count(); n > 0 {
+	if n := d.count(1); n > 0 {
 		r.Rows = make([][]byte, n)
 		for i := range r.Rows {
 			r.Rows[i] = d.bytes()

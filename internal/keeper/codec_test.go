@@ -3,6 +3,7 @@ package keeper
 import (
 	"math"
 	"reflect"
+	"runtime"
 	"testing"
 	"time"
 
@@ -93,8 +94,9 @@ func TestAStreamCarriesMessages(t *testing.T) {
 }
 
 // FuzzDecodeMessage decodes arbitrary bytes as each message: nothing
-// panics or allocates beyond the message's size, and what decodes encodes
-// to bytes that decode to the same message.
+// panics, and what decodes encodes to bytes that decode to the same
+// message. (What a count may make decoding allocate is
+// TestAMessageClaimingMoreThanItHoldsAllocatesNothingForIt's.)
 func FuzzDecodeMessage(f *testing.F) {
 	for _, m := range sampleMessages() {
 		f.Add(encoded(m))
@@ -113,4 +115,42 @@ func FuzzDecodeMessage(f *testing.F) {
 			}
 		}
 	})
+}
+
+// A message that claims more elements than it can hold is refused before
+// anything is allocated for them: a field takes 7 bytes at the least, an
+// OID or a row 1.
+func TestAMessageClaimingMoreThanItHoldsAllocatesNothingForIt(t *testing.T) {
+	const size = 1 << 20
+	filler := make([]byte, size)
+	for i := range filler {
+		filler[i] = 1 // a valid one-byte varint, so decoding goes on
+	}
+	claim := func(prefix []byte, count uint64) []byte {
+		var e encoder
+		e.b = append(e.b, prefix...)
+		e.uint(count)
+		return append(e.b, filler...)
+	}
+	for _, c := range []struct {
+		name string
+		like message
+		msg  []byte
+	}{
+		// A reply: no error, then the parameters' OIDs, then the fields,
+		// then the rows.
+		{"param OIDs", &reply{}, claim([]byte{0}, size+1)},
+		{"fields", &reply{}, claim([]byte{0, 0}, size/2)},
+		{"rows", &reply{}, claim([]byte{0, 0, 0}, size+1)},
+		// A request: op, version, context, run key, SQL, then the OIDs.
+		{"request OIDs", &request{}, claim([]byte{byte(opExec), 2, 2, 0, 0}, size+1)},
+	} {
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		_, err := decodedLike(c.like, c.msg)
+		runtime.ReadMemStats(&after)
+		if got := after.TotalAlloc - before.TotalAlloc; err == nil || got > size/4 {
+			t.Errorf("%s: a message of %d bytes claiming more than it holds allocated %d bytes, %v", c.name, len(c.msg), got, err)
+		}
+	}
 }

@@ -164,7 +164,9 @@ func packValues(values [][]byte) []byte {
 
 // unpackValues reads what packValues packed, n values.
 func unpackValues(b []byte, n int) ([][]byte, error) {
-	values := make([][]byte, 0, n)
+	// A value takes 4 bytes at the least: n, told by the other side, is
+	// not believed beyond that.
+	values := make([][]byte, 0, min(n, len(b)/4))
 	for len(b) > 0 {
 		if len(b) < 4 {
 			return nil, errors.New("a value cut short")

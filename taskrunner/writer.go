@@ -96,7 +96,7 @@ type writer struct {
 	// replies were lost (dropStored), which emptied the queue; guarded by
 	// mu.
 	endedByOwnWrite bool
-	conn       dbConn
+	conn            dbConn
 	// dial, when set, makes the writer's connections (host lock mode);
 	// otherwise they are the writer's own, to url.
 	dial func(ctx context.Context) (dbConn, error)

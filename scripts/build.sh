@@ -20,4 +20,7 @@ fi
 : "${CGO_ENABLED:=0}"
 export CGO_ENABLED
 go build -ldflags "$ldflags" -o "$out/dama" ./cmd/dama
+# The task processes' program, beside dama, built the same way: a
+# supervisor runs it only when its build is dama's own.
+go build -ldflags "$ldflags" -o "$out/dama-taskrunner" ./cmd/dama-taskrunner
 go build -o "$out/sample-etl" ./cmd/sample-etl

@@ -8,53 +8,30 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
-	"github.com/dama-etl/dama/internal/jsonb"
 	"github.com/dama-etl/dama/internal/pglisten"
+	"github.com/dama-etl/dama/internal/submit"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 // TaskArgs are the arguments of the one River job that follows a context
 // through its whole life. The task's own arguments live in the context's
 // INITIAL event, not in the job.
-type TaskArgs struct {
-	ETLContextID int64 `json:"etl_context_id"`
-	// TaskKind is the task's kind, for the kind's retry policy (NextRetry);
-	// empty in the jobs of releases before it, which then back off as
-	// River does by default.
-	TaskKind string `json:"kind,omitempty"`
-}
-
-// Kind is the River job kind of every dama task.
-func (TaskArgs) Kind() string { return etlcontext.JobKind }
-
-// enqueueJob inserts, in tx, the River job that steps context id, of kind,
-// and records it as the context's job: a context has exactly one job.
-func enqueueJob(ctx context.Context, rc *river.Client[pgx.Tx], tx pgx.Tx, id int64, kind string, opts *river.InsertOpts) (int64, error) {
-	res, err := rc.InsertTx(ctx, tx, TaskArgs{ETLContextID: id, TaskKind: kind}, opts)
-	if err != nil {
-		return 0, fmt.Errorf("enqueue River job: %w", err)
-	}
-	if err := etlcontext.SetJob(ctx, tx, id, res.Job.ID); err != nil {
-		return 0, err
-	}
-	return res.Job.ID, nil
-}
+type TaskArgs = submit.TaskArgs
 
 // Client submits and cancels tasks. It does not run them: that is the
 // Supervisor's work.
 type Client struct {
-	pool  *pgxpool.Pool
-	cfg   *config.Config
-	river *river.Client[pgx.Tx]
+	pool   *pgxpool.Pool
+	cfg    *config.Config
+	river  *river.Client[pgx.Tx]
+	submit *submit.Submitter
 	// actor is who the client's actions are recorded as done by.
 	actor string
 }
@@ -69,14 +46,11 @@ func NewClient(pool *pgxpool.Pool, cfg *config.Config) (*Client, error) {
 			return nil, fmt.Errorf("configuration: %w", err)
 		}
 	}
-	// River sends at most one insert notification per queue per
-	// FetchCooldown from a client; its default (100ms) would leave tasks
-	// submitted in a burst waiting for the supervisors' next fetch poll.
-	rc, err := river.NewClient(riverpgxv5.New(pool), &river.Config{FetchCooldown: defaultFetchCooldown})
+	rc, err := submit.NewRiverClient(pool)
 	if err != nil {
-		return nil, fmt.Errorf("create River client: %w", err)
+		return nil, err
 	}
-	return &Client{pool: pool, cfg: cfg, river: rc, actor: defaultActor()}, nil
+	return &Client{pool: pool, cfg: cfg, river: rc, submit: submit.New(cfg, rc), actor: defaultActor()}, nil
 }
 
 // WithActor returns a copy of the client whose actions (cancel, retry,
@@ -116,7 +90,7 @@ type SubmitParams struct {
 
 // ErrUnknownKind is returned by Submit for a kind the configuration does not
 // name.
-var ErrUnknownKind = errors.New("unknown kind")
+var ErrUnknownKind = submit.ErrUnknownKind
 
 // ErrIdempotencyKeyOtherKind is returned by Submit for an idempotency key
 // that a task of another kind was submitted with. It is
@@ -159,79 +133,10 @@ func (c *Client) SubmitTx(ctx context.Context, tx pgx.Tx, p SubmitParams) (id in
 	return c.submitTx(ctx, tx, p)
 }
 
-// submitChild submits a child that a task's command asked for; its key,
-// made by the task process, is one of dama's own.
-func (c *Client) submitChild(ctx context.Context, tx pgx.Tx, child protocol.Child) (int64, bool, error) {
-	return c.submitTx(ctx, tx, SubmitParams{
-		Kind: child.Kind, Args: child.Args, IdempotencyKey: child.IdempotencyKey, ParentID: child.ParentID,
-	})
-}
-
 // submitTx is SubmitTx for dama's own submissions, whose keys start with
 // reservedKeyPrefix: it takes any key.
 func (c *Client) submitTx(ctx context.Context, tx pgx.Tx, p SubmitParams) (id int64, created bool, err error) {
-	if c.cfg == nil {
-		return 0, false, errors.New("submit needs a configuration naming the kinds")
-	}
-	kind, ok := c.cfg.Kind(p.Kind)
-	if !ok {
-		return 0, false, fmt.Errorf("%w %q: the configuration has %v", ErrUnknownKind, p.Kind, c.cfg.KindNames())
-	}
-	args := p.Args
-	if len(args) == 0 {
-		args = json.RawMessage("{}")
-	}
-	_, replaced, err := etlcontext.CleanJSON(args)
-	if err != nil {
-		return 0, false, errors.New("arguments are not valid JSON")
-	}
-	switch {
-	case replaced.Refused():
-		return 0, false, fmt.Errorf("arguments hold %s, which the database cannot store", replaced)
-	case replaced.Any():
-		// Stored as a string, it would not be what was submitted: the task
-		// gets what it was given, or nothing.
-		return 0, false, fmt.Errorf("arguments hold %d number(s) the database would give back far longer than written (1e100 as 101 digits): write them in full, or as strings", replaced.Huge)
-	}
-	// Measured as the database gives them back, which is what the task gets.
-	if n := jsonb.TextLen(args); n > protocol.MaxEnvPayload {
-		return 0, false, fmt.Errorf("arguments are %d bytes as stored; a task receives them in DAMA_ARGS, which holds at most %d", n, protocol.MaxEnvPayload)
-	}
-	if k := p.IdempotencyKey; strings.ContainsRune(k, 0) || !utf8.ValidString(k) {
-		return 0, false, errors.New("idempotency key: want UTF-8 text without NUL")
-	}
-	concurrencyKey, err := kind.ConcurrencyKeyOf(args)
-	if err != nil {
-		return 0, false, fmt.Errorf("submit %s task: %w", p.Kind, err)
-	}
-
-	err = pgx.BeginFunc(ctx, tx, func(tx pgx.Tx) error {
-		id, created, err = etlcontext.Create(ctx, tx, etlcontext.NewContext{
-			Kind: p.Kind, Queue: kind.Queue, MaxAttempts: kind.MaxAttempts, IdempotencyKey: p.IdempotencyKey,
-			ParentID: p.ParentID, ConcurrencyKey: concurrencyKey, DueAt: p.ScheduledAt,
-		})
-		if err != nil || !created {
-			// An existing context of the key stands as it is.
-			return err
-		}
-		if _, err := etlcontext.Append(ctx, tx, etlcontext.NewEvent{
-			ContextID: id,
-			Type:      protocol.EventType(p.Kind, protocol.EventInitial),
-			Payload:   args,
-		}); err != nil {
-			return err
-		}
-		_, err := enqueueJob(ctx, c.river, tx, id, p.Kind, &river.InsertOpts{
-			Queue:       kind.Queue,
-			MaxAttempts: kind.MaxAttempts,
-			ScheduledAt: p.ScheduledAt,
-		})
-		return err
-	})
-	if err != nil {
-		return 0, false, fmt.Errorf("submit %s task: %w", p.Kind, err)
-	}
-	return id, created, nil
+	return c.submit.Tx(ctx, tx, submit.Params(p))
 }
 
 // ErrAlreadyFinished is returned by Cancel for a context that finished

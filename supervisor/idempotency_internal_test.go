@@ -104,7 +104,7 @@ func TestIdempotencyKeyBelongsToOneKindAndDamasPrefixToDama(t *testing.T) {
 
 	// A task process submits its children with keys of dama's own, by the
 	// function runnerOptions gives the runner.
-	var submit taskrunner.SubmitFunc = client.submitChild
+	var submit taskrunner.SubmitFunc = client.submit.Child
 	child := protocol.Child{Kind: "other", IdempotencyKey: childKey, ParentID: id}
 	var childID int64
 	for i, wantCreated := range []bool{true, false} {

@@ -20,10 +20,12 @@ import (
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/hostproc"
+	"github.com/dama-etl/dama/internal/submit"
 	"github.com/dama-etl/dama/schema"
 	"github.com/dama-etl/dama/taskrunner"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 	"github.com/dama-etl/dama/version"
+	"golang.org/x/sys/unix"
 )
 
 // Options tune a Supervisor beyond its configuration file.
@@ -32,11 +34,14 @@ type Options struct {
 	// their environment: the supervisor's own, or one of a member of the
 	// role dama_task (least privilege). Required.
 	DatabaseURL string
-	// Executable is the dama binary that runs `dama taskrunner`; empty means
-	// the binary this process started from, even after the file at its path
-	// was replaced (a redeploy): task processes are of the supervisor's own
-	// release. A program that registers Funcs leaves it empty: its task
-	// processes are itself (see RunTaskProcess).
+	// Executable is the program task processes run: cmd/dama-taskrunner,
+	// the smallest, or a dama binary (`dama taskrunner`). Empty means the
+	// binary this process started from. Either way, the file is the one
+	// there when New ran, even after the file at its path was replaced (a
+	// redeploy): task processes are of the release the supervisor checked
+	// the schema for. New opens a named file, which stays open as long as
+	// the Supervisor is reachable. A program that registers Funcs leaves
+	// it empty: its task processes are itself (see RunTaskProcess).
 	Executable string
 	// Funcs are the functions of the configuration's function kinds (a
 	// kind's `function` setting names one); New refuses a configuration
@@ -71,10 +76,40 @@ type Options struct {
 // process, the binary the supervisor started from.
 const selfExe = "/proc/self/exe"
 
+// openProgram opens the program at path (Options.Executable) and returns
+// it with the path that names it, in the child a supervisor forks, for as
+// long as it stays open: the child executes the file opened, whatever is
+// at path by then. Its descriptor is at least minProgramFD, above those
+// the child is given (os/exec moves them to 0, 1, 2, 3... before it
+// executes the path, and would put one in its place); close-on-exec, it
+// is open in the child when the kernel resolves the path, not after.
+func openProgram(path string) (*os.File, string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, "", fmt.Errorf("open the task processes' program: %w", err)
+	}
+	defer f.Close()
+	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, minProgramFD)
+	if err != nil {
+		return nil, "", fmt.Errorf("open the task processes' program: %w", err)
+	}
+	program := os.NewFile(uintptr(fd), path)
+	byFD := fmt.Sprintf("/proc/self/fd/%d", fd)
+	if _, err := os.Stat(byFD); err != nil {
+		// No /proc: by its path, as it is then.
+		return program, path, nil
+	}
+	return program, byFD, nil
+}
+
+// minProgramFD is above the descriptors a task process is given (its
+// standard three and protocol's ReadyFD, KeyFD, SpareFD).
+const minProgramFD = 64
+
 // River's fetch settings: every task start and finish goes through a fetch,
 // so dama's defaults are tighter than River's own (100ms and 1s).
 const (
-	defaultFetchCooldown     = 10 * time.Millisecond
+	defaultFetchCooldown     = submit.FetchCooldown
 	defaultFetchPollInterval = 250 * time.Millisecond
 )
 
@@ -83,9 +118,10 @@ type Supervisor struct {
 	cfg  *config.Config
 	opts Options
 	// spawnPath is the file task processes are executed from: the
-	// supervisor's own binary (selfExe) unless Options.Executable names
-	// another.
+	// supervisor's own binary (selfExe), or program, Options.Executable
+	// opened, by its descriptor.
 	spawnPath string
+	program   *os.File
 	pool      *pgxpool.Pool
 	river     *river.Client[pgx.Tx]
 	// client submits the tasks of periodic kinds' ticks.
@@ -183,8 +219,16 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 		// processes would be unfit on every host, forever.
 		return nil, errors.New("with Options.Funcs, Options.Executable must be empty: the task processes of function kinds are this program")
 	}
-	var spawnPath string
-	if opts.Executable == "" {
+	var (
+		spawnPath string
+		program   *os.File
+	)
+	if opts.Executable != "" {
+		var err error
+		if program, spawnPath, err = openProgram(opts.Executable); err != nil {
+			return nil, err
+		}
+	} else {
 		exe, err := os.Executable()
 		if err != nil {
 			return nil, fmt.Errorf("find dama executable: %w", err)
@@ -223,6 +267,7 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 		cfg:            cfg,
 		opts:           opts,
 		spawnPath:      cmp.Or(spawnPath, opts.Executable),
+		program:        program,
 		pool:           pool,
 		logger:         opts.Logger,
 		host:           host,
@@ -286,7 +331,7 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 	if err != nil {
 		return nil, fmt.Errorf("create River client: %w", err)
 	}
-	s.client = &Client{pool: pool, cfg: cfg, river: s.river}
+	s.client = &Client{pool: pool, cfg: cfg, river: s.river, submit: submit.New(cfg, s.river)}
 	for _, name := range cfg.KindNames() {
 		if _, err := cfg.Kinds[name].ScheduleOf(); err != nil {
 			return nil, fmt.Errorf("kind %s: %w", name, err)

@@ -34,6 +34,10 @@ running.`,
 			if err != nil {
 				return err
 			}
+			program, err := taskProgram()
+			if err != nil {
+				return err
+			}
 			// Steps hold a connection for a few milliseconds each, River's
 			// producers and completer need their own: pgxpool's default
 			// (4 on two cores) would make steps queue for connections.
@@ -83,7 +87,10 @@ running.`,
 				}
 				taskURL = u
 			}
-			opts := supervisor.Options{DatabaseURL: taskURL, Logger: logger}
+			if program != "" {
+				logger.Info("task processes run "+taskProgramName, "path", program)
+			}
+			opts := supervisor.Options{DatabaseURL: taskURL, Logger: logger, Executable: program}
 			if reg != nil {
 				opts.Registerer = reg
 			}

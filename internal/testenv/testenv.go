@@ -54,7 +54,7 @@ func runMain(m *testing.M) int {
 		return 2
 	}
 	defer os.RemoveAll(dir)
-	for _, pkg := range []string{"cmd/dama", "cmd/sample-etl", "cmd/sample-embedded"} {
+	for _, pkg := range []string{"cmd/dama", "cmd/dama-taskrunner", "cmd/sample-etl", "cmd/sample-embedded"} {
 		args := []string{"build", "-o", filepath.Join(dir, filepath.Base(pkg))}
 		if commit := headCommit(); commit != "" {
 			args = append(args, "-ldflags", "-X github.com/dama-etl/dama/version.commit="+commit)
@@ -106,8 +106,10 @@ type Env struct {
 	Pool *pgxpool.Pool
 	// Dir is a temporary directory for configuration, logs and records.
 	Dir string
-	// DamaBin, SampleETL and SampleEmbedded are the built binaries.
-	DamaBin, SampleETL, SampleEmbedded string
+	// DamaBin, SampleETL and SampleEmbedded are the built binaries;
+	// TaskRunnerBin is cmd/dama-taskrunner, beside DamaBin, which DamaBin's
+	// supervisors run their task processes with.
+	DamaBin, TaskRunnerBin, SampleETL, SampleEmbedded string
 	// Server is the private server the database is on (NewOn), or nil for
 	// the shared server named by TEST_DATABASE_URL.
 	Server *Server
@@ -170,7 +172,7 @@ func newEnv(t testing.TB, admin string, srv *Server, migrate bool) *Env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &Env{T: t, URL: dbURL, Dir: t.TempDir(), DamaBin: filepath.Join(binDir, "dama"), SampleETL: filepath.Join(binDir, "sample-etl"), SampleEmbedded: filepath.Join(binDir, "sample-embedded"), Server: srv}
+	e := &Env{T: t, URL: dbURL, Dir: t.TempDir(), DamaBin: filepath.Join(binDir, "dama"), TaskRunnerBin: filepath.Join(binDir, "dama-taskrunner"), SampleETL: filepath.Join(binDir, "sample-etl"), SampleEmbedded: filepath.Join(binDir, "sample-embedded"), Server: srv}
 	t.Cleanup(func() {
 		e.killProcesses()
 		if t.Failed() {

@@ -1,0 +1,37 @@
+// Command dama-taskrunner is the program of dama's task processes: a
+// task's runner, which holds its lock and relays its command's events, and
+// the host's lock keeper. A supervisor runs it, when it is installed beside
+// the dama binary and of the same build, instead of dama itself: it holds
+// only what a task process needs, so that each of the host's runners
+// touches fewer of its program's pages (docs/performance.md). It is not
+// run by hand.
+//
+//	go install github.com/dama-etl/dama/cmd/dama github.com/dama-etl/dama/cmd/dama-taskrunner
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	// A kind's schedule names its time zone, which the configuration's
+	// check reads: the same rules as the supervisor's, whatever the host
+	// has.
+	_ "time/tzdata"
+
+	"github.com/dama-etl/dama/internal/taskprocess"
+	"github.com/dama-etl/dama/taskrunner/protocol"
+	"github.com/dama-etl/dama/version"
+)
+
+func main() {
+	if len(os.Args) == 2 && os.Args[1] == "--version" {
+		fmt.Printf("dama-taskrunner %s (%s)\n", version.Release, version.Commit())
+		return
+	}
+	if code, ok := taskprocess.Run(context.Background(), nil); ok {
+		os.Exit(code)
+	}
+	fmt.Fprintf(os.Stderr, "dama-taskrunner: runs a dama task process, started by a dama supervisor (%s is not set)\n", protocol.ProcessEnv)
+	os.Exit(2)
+}

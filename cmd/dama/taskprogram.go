@@ -1,0 +1,98 @@
+package main
+
+import (
+	"debug/buildinfo"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"slices"
+)
+
+// taskProgramName is the program of the task processes (cmd/dama-taskrunner)
+// that a supervisor looks for beside its own binary.
+const taskProgramName = "dama-taskrunner"
+
+// taskProgramPath is the package path dama-taskrunner is built from.
+const taskProgramPath = "github.com/dama-etl/dama/cmd/" + taskProgramName
+
+// taskProgram returns the program the supervisor's task processes run
+// (supervisor.Options.Executable): dama-taskrunner beside this binary, the
+// file it was started from, when there is one; "" (this binary) when not.
+// One of another build is refused, not passed over: the supervisor and
+// its runners speak one release's protocol, and a half-upgraded install
+// would otherwise cost every task its memory savings without a word.
+func taskProgram() (string, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return "", fmt.Errorf("find the dama binary: %w", err)
+	}
+	path := filepath.Join(filepath.Dir(exe), taskProgramName)
+	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+		return "", nil
+	}
+	ours, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "", fmt.Errorf("%s is beside dama, whose build cannot be read to compare: remove it to run task processes with dama itself", path)
+	}
+	theirs, err := buildinfo.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("%s: read its build: %w", path, err)
+	}
+	if err := sameBuild(ours, theirs); err != nil {
+		return "", fmt.Errorf("%s is not of this dama's build (%w): install both from one build, or remove it to run task processes with dama itself", path, err)
+	}
+	return path, nil
+}
+
+// sameBuild tells whether theirs is dama-taskrunner built as ours was:
+// from the same module at the same version and commit, with the same Go
+// and settings, and each dependency it has at the version ours has.
+func sameBuild(ours, theirs *debug.BuildInfo) error {
+	switch {
+	case theirs.Path != taskProgramPath:
+		return fmt.Errorf("it is %q, not %s", theirs.Path, taskProgramPath)
+	case theirs.GoVersion != ours.GoVersion:
+		return fmt.Errorf("built with %s, dama with %s", theirs.GoVersion, ours.GoVersion)
+	case theirs.Main != ours.Main:
+		return fmt.Errorf("module %s %s, dama's %s %s", theirs.Main.Path, theirs.Main.Version, ours.Main.Path, ours.Main.Version)
+	}
+	settings := func(info *debug.BuildInfo) map[string]string {
+		m := map[string]string{}
+		for _, s := range info.Settings {
+			m[s.Key] = s.Value
+		}
+		return m
+	}
+	o, t := settings(ours), settings(theirs)
+	keys := make([]string, 0, len(o)+len(t))
+	for k := range o {
+		keys = append(keys, k)
+	}
+	for k := range t {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range slices.Compact(keys) {
+		if o[k] != t[k] {
+			return fmt.Errorf("build setting %s is %q, dama's %q", k, t[k], o[k])
+		}
+	}
+	deps := map[string]debug.Module{}
+	for _, d := range ours.Deps {
+		deps[d.Path] = *d
+	}
+	for _, d := range theirs.Deps {
+		od, ok := deps[d.Path]
+		switch {
+		case !ok:
+			return fmt.Errorf("it has %s, which dama has not", d.Path)
+		case od.Version != d.Version || od.Sum != d.Sum || (od.Replace == nil) != (d.Replace == nil) ||
+			(od.Replace != nil && *od.Replace != *d.Replace):
+			return fmt.Errorf("it has %s %s, dama %s", d.Path, d.Version, od.Version)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,323 @@
+// Package taskprocess is the life of a task process: a task's runner, the
+// host's lock keeper, and the process that calls a function kind, each
+// this program or cmd/dama-taskrunner started again by a supervisor or a
+// runner, with a role in its environment (protocol.ProcessEnv). It imports
+// no more than a runner needs: cmd/dama-taskrunner is it and main, a
+// program whose pages a runner touches are fewer than the whole dama's.
+package taskprocess
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"runtime/debug"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/dama-etl/dama/config"
+	"github.com/dama-etl/dama/internal/hostproc"
+	"github.com/dama-etl/dama/internal/submit"
+	"github.com/dama-etl/dama/taskrunner"
+	"github.com/dama-etl/dama/taskrunner/protocol"
+	"golang.org/x/sys/unix"
+)
+
+// Run runs this process as the task process a supervisor or a
+// runner started it as, and returns its exit code and true; it returns
+// false at once when the process is not one. A program that embeds the
+// supervisor with function kinds calls it first thing in main, with the
+// Funcs it gives the supervisor, and exits with the code:
+//
+//	if code, ok := supervisor.RunTaskProcess(ctx, funcs); ok {
+//		os.Exit(code)
+//	}
+//
+// A supervisor runs each task in a process of its own: this program started
+// again, which holds the task's lock as the runner (see [RunTaskrunner]),
+// and which starts this program a third time to call the kind's function
+// (see [taskrunner.RunFunction]). Which of these the process is comes from
+// its environment (protocol.ProcessEnv), which only dama sets. The
+// functions must be those given to New in Options.Funcs: a runner whose
+// program lacks its kind's function leaves the task to another host, and
+// no host would have it.
+func Run(ctx context.Context, funcs taskrunner.Funcs) (code int, ok bool) {
+	switch role, set := os.LookupEnv(protocol.ProcessEnv); {
+	case !set:
+		return 0, false
+	case role == protocol.ProcessRunner:
+		args := os.Args[1:]
+		if len(args) > 0 && args[0] == protocol.Subcommand {
+			args = args[1:]
+		}
+		return RunTaskrunner(ctx, args, funcs), true
+	case role == protocol.ProcessFunction:
+		return taskrunner.RunFunction(ctx, funcs), true
+	case role == protocol.ProcessKeeper:
+		args := os.Args[1:]
+		if len(args) > 0 && args[0] == protocol.KeeperSubcommand {
+			args = args[1:]
+		}
+		return RunKeeper(ctx, args), true
+	default:
+		// Not this program's normal run either: that could start a
+		// whole supervisor where a task process was meant.
+		fmt.Fprintf(os.Stderr, "dama: %s=%q: want %q, %q or %q\n", protocol.ProcessEnv, role, protocol.ProcessRunner, protocol.ProcessFunction, protocol.ProcessKeeper)
+		return protocol.ExitSetup, true
+	}
+}
+
+// RunTaskrunner runs one attempt of a task as its runner, with the
+// arguments a supervisor gives after protocol.Subcommand, and returns the
+// process's exit code (taskrunner's Exit codes). The configuration and the
+// database come from the environment (protocol.ConfigEnv and
+// protocol.DatabaseURLEnv); the runner logs to stderr, the task's log
+// file. It is `dama taskrunner`.
+func RunTaskrunner(ctx context.Context, args []string, funcs taskrunner.Funcs) int {
+	// Before anything else: the environment holds the database URL, which
+	// the command's processes, of the same user, must not read (see
+	// taskrunner.Run).
+	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
+	if _, set := os.LookupEnv("GOGC"); !set {
+		debug.SetGCPercent(runnerGCPercent)
+	}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "taskrunner")
+	opts, err := runnerOptions(ctx, args, funcs)
+	if errors.Is(err, protocol.ErrNoLaunch) {
+		// A spare whose supervisor stopped: nothing to run.
+		return protocol.ExitDone
+	}
+	if err != nil {
+		logger.Error("taskrunner", "error", err, "exit_code", protocol.ExitSetup)
+		return protocol.ExitSetup
+	}
+	opts.Logger = logger
+	// The runner ends on its own terms: a signal to it stops its command,
+	// it does not abandon it.
+	return taskrunner.Run(context.WithoutCancel(ctx), opts)
+}
+
+// runnerGCPercent is the runner's GOGC unless its environment sets one. A
+// runner's live heap is small (its queue of events is bounded): at Go's
+// default of 100, whose smallest heap goal is 4 MB, a command that reports
+// many lines a second has its runner hold that much whatever its live
+// heap; at 25, 1 MB, for a collection every few seconds that takes well
+// under a millisecond.
+const runnerGCPercent = 25
+
+func runnerOptions(ctx context.Context, args []string, funcs taskrunner.Funcs) (taskrunner.Options, error) {
+	launch, err := protocol.ParseLaunch(args)
+	if err != nil {
+		return taskrunner.Options{}, err
+	}
+	// Kept from any process the runner starts (a lock keeper before the
+	// lock is held): the supervisor waits for the ready pipe's end.
+	for _, fd := range []int{launch.ReadyFD, launch.KeyFD, launch.SpareFD} {
+		if fd > 0 {
+			syscall.CloseOnExec(fd)
+		}
+	}
+	cfg, err := config.Load(os.Getenv(protocol.ConfigEnv))
+	if err != nil {
+		return taskrunner.Options{}, err
+	}
+	url := os.Getenv(protocol.DatabaseURLEnv)
+	if url == "" {
+		return taskrunner.Options{}, errors.New(protocol.DatabaseURLEnv + " is not set")
+	}
+	var runKey string
+	if launch.KeyFD > 0 {
+		f := os.NewFile(uintptr(launch.KeyFD), "key")
+		key, err := io.ReadAll(io.LimitReader(f, protocol.MaxKey))
+		f.Close()
+		if err != nil {
+			return taskrunner.Options{}, fmt.Errorf("read the run's key: %w", err)
+		}
+		runKey = string(key)
+	}
+	var (
+		launchedAt time.Time
+		pre        *taskrunner.Preconnected
+	)
+	if launch.SpareFD > 0 {
+		if cfg, pre, launchedAt, err = spareLaunch(ctx, &launch, url, cfg); err != nil {
+			return taskrunner.Options{}, err
+		}
+		runKey = pre.RunKey()
+	}
+	opts, err := runnerHost(cfg, funcs)
+	if err != nil {
+		pre.Close()
+		return taskrunner.Options{}, err
+	}
+	opts.LockMode = launch.LockMode
+	opts.DatabaseURL = url
+	opts.ContextID, opts.RunID, opts.RunKey = launch.ContextID, launch.RunID, runKey
+	opts.LaunchedAt, opts.Preconnected = launchedAt, pre
+	if launch.ReadyFD > 0 {
+		opts.Ready = os.NewFile(uintptr(launch.ReadyFD), "ready")
+	}
+	return opts, nil
+}
+
+// preconnectTimeout bounds a spare's connections ahead of its launch:
+// what is not made by then is made at the launch.
+const preconnectTimeout = 10 * time.Second
+
+// spareLaunch is a spare's life before its launch (protocol.SpareFD): it
+// greets its supervisor, receives its run's key, connects ahead with it
+// while it waits for its launch, and returns the connections made, which
+// hold the key, the configuration read again (the file may have changed
+// since the spare started), and when its launch came. It fills l's
+// context, run and lock mode. It returns protocol.ErrNoLaunch when the supervisor let it go,
+// and an error when it was told to stop (ctx ended) as its launch came:
+// the launch is then given back, as a runner's signalled before its
+// command started.
+func spareLaunch(ctx context.Context, l *protocol.Launch, url string, cfg *config.Config) (*config.Config, *taskrunner.Preconnected, time.Time, error) {
+	fd := l.SpareFD
+	defer syscall.Close(fd)
+	if err := protocol.SendHello(fd); err != nil {
+		return nil, nil, time.Time{}, err
+	}
+	key, err := protocol.ReceiveKey(fd)
+	if err != nil {
+		return nil, nil, time.Time{}, err
+	}
+	pctx, stopConnecting := context.WithTimeout(ctx, preconnectTimeout)
+	defer stopConnecting()
+	connected := make(chan *taskrunner.Preconnected, 1)
+	go func() { connected <- taskrunner.Preconnect(pctx, url, key, l.LockMode, cfg.HeartbeatInterval) }()
+	got, err := receiveLaunch(ctx, fd)
+	launchedAt := time.Now()
+	if err != nil {
+		// Let go, or stopped: what is being connected is not needed.
+		stopConnecting()
+		(<-connected).Close()
+		return nil, nil, time.Time{}, err
+	}
+	pre := <-connected
+	if ctx.Err() != nil {
+		pre.Close()
+		return nil, nil, time.Time{}, errors.New("signalled as its launch came: the launch is given back")
+	}
+	l.ContextID, l.RunID, l.LockMode = got.ContextID, got.RunID, got.LockMode
+	if cfg, err = config.Load(os.Getenv(protocol.ConfigEnv)); err != nil {
+		pre.Close()
+		return nil, nil, time.Time{}, err
+	}
+	return cfg, pre, launchedAt, nil
+}
+
+// runnerHost returns the options of a runner on this host under cfg.
+func runnerHost(cfg *config.Config, funcs taskrunner.Funcs) (taskrunner.Options, error) {
+	hostID, err := hostproc.ID()
+	if err != nil {
+		return taskrunner.Options{}, err
+	}
+	host, err := os.Hostname()
+	if err != nil {
+		return taskrunner.Options{}, fmt.Errorf("read host name: %w", err)
+	}
+	// Insert-only: children are submitted in the transaction of the
+	// parent's SUBMITTED event, on the task process's own connection.
+	rc, err := submit.NewRiverClient(nil)
+	if err != nil {
+		return taskrunner.Options{}, err
+	}
+	return taskrunner.Options{
+		Host:   host,
+		HostID: hostID,
+		Config: cfg,
+		Funcs:  funcs,
+		Submit: submit.New(cfg, rc).Child,
+	}, nil
+}
+
+// receiveLaunch waits, as a spare, for the launch on fd, and makes the
+// task's log file, which comes with it, the process's stdout and stderr,
+// as a runner started for the launch has them. A spare has no task to
+// stop: when ctx ends (SIGTERM), it stops waiting (protocol.ErrNoLaunch).
+func receiveLaunch(ctx context.Context, fd int) (protocol.Launch, error) {
+	received := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		select {
+		case <-ctx.Done():
+			// Ends the wait as the supervisor's end closing would.
+			_ = unix.Shutdown(fd, unix.SHUT_RDWR)
+		case <-received:
+		}
+	}()
+	l, logFile, err := protocol.ReceiveLaunch(fd)
+	close(received)
+	<-stopped
+	if err != nil {
+		return protocol.Launch{}, err
+	}
+	defer logFile.Close()
+	for _, std := range []int{1, 2} {
+		if err := unix.Dup3(int(logFile.Fd()), std, 0); err != nil {
+			return protocol.Launch{}, fmt.Errorf("make the task's log file descriptor %d: %w", std, err)
+		}
+	}
+	return l, nil
+}
+
+// RunKeeper runs the host's lock keeper of lock_mode host, with the
+// arguments a task process gives after protocol.KeeperSubcommand, and
+// returns the process's exit code. The database comes from the
+// environment (protocol.DatabaseURLEnv); the keeper logs to stderr, a file
+// beside its socket. It is `dama keeper`.
+func RunKeeper(ctx context.Context, args []string) int {
+	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
+	logger := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "keeper")
+	launch, err := protocol.ParseKeeperLaunch(args)
+	if err == nil && launch.EnvFD > 0 {
+		err = readKeeperEnv(launch.EnvFD)
+	}
+	if err == nil && os.Getenv(protocol.DatabaseURLEnv) == "" {
+		err = errors.New(protocol.DatabaseURLEnv + " is not set")
+	}
+	if err != nil {
+		logger.Error("keeper", "error", err, "exit_code", protocol.ExitSetup)
+		return protocol.ExitSetup
+	}
+	return taskrunner.RunKeeper(context.WithoutCancel(ctx), taskrunner.KeeperOptions{
+		DatabaseURL: os.Getenv(protocol.DatabaseURLEnv),
+		Launch:      launch,
+		Logger:      logger,
+	})
+}
+
+// readKeeperEnv sets the variables the task process that started the
+// keeper wrote on fd (protocol.KeeperLaunch.EnvFD), once the keeper is
+// non-dumpable.
+func readKeeperEnv(fd int) error {
+	syscall.CloseOnExec(fd)
+	f := os.NewFile(uintptr(fd), "env")
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, protocol.MaxKeeperEnv+1))
+	if err != nil {
+		return fmt.Errorf("read the keeper's environment: %w", err)
+	}
+	if len(data) > protocol.MaxKeeperEnv {
+		return fmt.Errorf("the keeper's environment is over %d bytes", protocol.MaxKeeperEnv)
+	}
+	for _, kv := range strings.Split(string(data), "\x00") {
+		if kv == "" {
+			continue
+		}
+		name, value, ok := strings.Cut(kv, "=")
+		if !ok || name == "" {
+			return fmt.Errorf("the keeper's environment: %q is not NAME=value", name)
+		}
+		if err := os.Setenv(name, value); err != nil {
+			return fmt.Errorf("the keeper's environment: %w", err)
+		}
+	}
+	return nil
+}

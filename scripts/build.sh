@@ -19,8 +19,9 @@ fi
 # README).
 : "${CGO_ENABLED:=0}"
 export CGO_ENABLED
-go build -ldflags "$ldflags" -o "$out/dama" ./cmd/dama
-# The task processes' program, beside dama, built the same way: a
-# supervisor runs it only when its build is dama's own.
-go build -ldflags "$ldflags" -o "$out/dama-taskrunner" ./cmd/dama-taskrunner
+# dama and the task processes' program beside it, in one build: a
+# supervisor runs dama-taskrunner only when its build is dama's own (the
+# same commit, settings and dependencies; a second go build would see the
+# first's output as a change to the tree when DIR is in it).
+go build -ldflags "$ldflags" -o "$out/" ./cmd/dama ./cmd/dama-taskrunner
 go build -o "$out/sample-etl" ./cmd/sample-etl

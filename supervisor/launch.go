@@ -170,6 +170,9 @@ func runnerEnv(databaseURL, configPath string) []string {
 // run's key on its key pipe, and returns it with the read end of its ready
 // pipe.
 func (s *Supervisor) spawn(id int64, l protocol.Launch, key string, logFile *os.File) (*child, *os.File, error) {
+	if err := s.program.check(); err != nil {
+		return nil, nil, err
+	}
 	// The run's key goes through a pipe, written whole before the runner
 	// starts (it is far shorter than a pipe's buffer).
 	keyR, keyW, err := os.Pipe()
@@ -190,7 +193,7 @@ func (s *Supervisor) spawn(id int64, l protocol.Launch, key string, logFile *os.
 	}
 	defer readyW.Close()
 	l.ReadyFD, l.KeyFD = protocol.ReadyFD, protocol.KeyFD
-	cmd := exec.Command(s.spawnPath, l.Args()...)
+	cmd := exec.Command(s.program.spawn, l.Args()...)
 	// Named by its path in a process listing, whichever file it runs from.
 	cmd.Args[0] = s.opts.Executable
 	cmd.Env = runnerEnv(s.opts.DatabaseURL, s.cfg.Path)

@@ -144,6 +144,9 @@ func (s *Supervisor) releaseSpare() {
 // task's log file), hands it its key once it is non-dumpable and
 // untraced, and makes it the supervisor's spare.
 func (s *Supervisor) startSpare() (*spare, error) {
+	if err := s.program.check(); err != nil {
+		return nil, err
+	}
 	key, err := etlcontext.NewRunKey()
 	if err != nil {
 		return nil, err
@@ -167,7 +170,7 @@ func (s *Supervisor) startSpare() (*spare, error) {
 	}
 	defer readyW.Close()
 	l := protocol.Launch{ReadyFD: protocol.ReadyFD, SpareFD: protocol.SpareFD, LockMode: s.spareMode}
-	cmd := exec.Command(s.spawnPath, l.Args()...)
+	cmd := exec.Command(s.program.spawn, l.Args()...)
 	cmd.Args[0] = s.opts.Executable
 	cmd.Env = runnerEnv(s.opts.DatabaseURL, s.cfg.Path)
 	// What a spare says before its launch brings the task's log file (why

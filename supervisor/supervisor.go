@@ -25,7 +25,6 @@ import (
 	"github.com/dama-etl/dama/taskrunner"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 	"github.com/dama-etl/dama/version"
-	"golang.org/x/sys/unix"
 )
 
 // Options tune a Supervisor beyond its configuration file.
@@ -36,13 +35,21 @@ type Options struct {
 	DatabaseURL string
 	// Executable is the program task processes run: cmd/dama-taskrunner,
 	// the smallest, or a dama binary (`dama taskrunner`). Empty means the
-	// binary this process started from. Either way, the file is the one
-	// there when New ran, even after the file at its path was replaced (a
-	// redeploy): task processes are of the release the supervisor checked
-	// the schema for. New opens a named file, which stays open as long as
-	// the Supervisor is reachable. A program that registers Funcs leaves
-	// it empty: its task processes are itself (see RunTaskProcess).
+	// binary this process started from, even after the file at its path
+	// was replaced (a redeploy): task processes are of the release the
+	// supervisor checked the schema for. A named program is opened by New
+	// (it must be readable), and the file opened is what task processes
+	// run, even after the file at the path was replaced by a rename; one
+	// written in place since is refused at each launch. A script (#!) is
+	// run from its path as it is at each launch. A program that registers
+	// Funcs leaves it empty: its task processes are itself (see
+	// RunTaskProcess).
 	Executable string
+	// CheckExecutable, when set, is called by New with the program it
+	// opened (Executable, when set), before it is used: an error refuses
+	// it, and New returns the error. `dama supervisor` checks there that
+	// dama-taskrunner is of its own build. nil means no check.
+	CheckExecutable func(program *os.File) error
 	// Funcs are the functions of the configuration's function kinds (a
 	// kind's `function` setting names one); New refuses a configuration
 	// naming a function missing here. nil means none: the dama binary
@@ -72,40 +79,6 @@ type Options struct {
 	Registerer prometheus.Registerer
 }
 
-// selfExe names, in the child a supervisor forks to launch a task
-// process, the binary the supervisor started from.
-const selfExe = "/proc/self/exe"
-
-// openProgram opens the program at path (Options.Executable) and returns
-// it with the path that names it, in the child a supervisor forks, for as
-// long as it stays open: the child executes the file opened, whatever is
-// at path by then. Its descriptor is at least minProgramFD, above those
-// the child is given (os/exec moves them to 0, 1, 2, 3... before it
-// executes the path, and would put one in its place); close-on-exec, it
-// is open in the child when the kernel resolves the path, not after.
-func openProgram(path string) (*os.File, string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, "", fmt.Errorf("open the task processes' program: %w", err)
-	}
-	defer f.Close()
-	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, minProgramFD)
-	if err != nil {
-		return nil, "", fmt.Errorf("open the task processes' program: %w", err)
-	}
-	program := os.NewFile(uintptr(fd), path)
-	byFD := fmt.Sprintf("/proc/self/fd/%d", fd)
-	if _, err := os.Stat(byFD); err != nil {
-		// No /proc: by its path, as it is then.
-		return program, path, nil
-	}
-	return program, byFD, nil
-}
-
-// minProgramFD is above the descriptors a task process is given (its
-// standard three and protocol's ReadyFD, KeyFD, SpareFD).
-const minProgramFD = 64
-
 // River's fetch settings: every task start and finish goes through a fetch,
 // so dama's defaults are tighter than River's own (100ms and 1s).
 const (
@@ -117,11 +90,8 @@ const (
 type Supervisor struct {
 	cfg  *config.Config
 	opts Options
-	// spawnPath is the file task processes are executed from: the
-	// supervisor's own binary (selfExe), or program, Options.Executable
-	// opened, by its descriptor.
-	spawnPath string
-	program   *os.File
+	// program is the file task processes are executed from.
+	program *program
 	pool      *pgxpool.Pool
 	river     *river.Client[pgx.Tx]
 	// client submits the tasks of periodic kinds' ticks.
@@ -220,27 +190,22 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 		return nil, errors.New("with Options.Funcs, Options.Executable must be empty: the task processes of function kinds are this program")
 	}
 	var (
-		spawnPath string
-		program   *os.File
+		prog *program
+		err  error
 	)
 	if opts.Executable != "" {
-		var err error
-		if program, spawnPath, err = openProgram(opts.Executable); err != nil {
-			return nil, err
-		}
+		prog, err = openProgram(opts.Executable)
 	} else {
-		exe, err := os.Executable()
-		if err != nil {
-			return nil, fmt.Errorf("find dama executable: %w", err)
-		}
-		opts.Executable = exe
-		// A redeploy replaces the file at exe while this supervisor runs
-		// on: the task processes it launches must still be of its own
-		// release, the one its checks of the schema were for. The forked
-		// child's /proc/self/exe is the file this process started from,
-		// even once it is replaced or deleted.
-		if _, err := os.Stat(selfExe); err == nil {
-			spawnPath = selfExe
+		prog, err = selfProgram()
+	}
+	if err != nil {
+		return nil, err
+	}
+	opts.Executable = prog.path
+	if opts.CheckExecutable != nil && prog.file != nil {
+		if err := opts.CheckExecutable(prog.file); err != nil {
+			prog.file.Close()
+			return nil, err
 		}
 	}
 	if opts.DatabaseURL == "" {
@@ -266,8 +231,7 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 	s := &Supervisor{
 		cfg:            cfg,
 		opts:           opts,
-		spawnPath:      cmp.Or(spawnPath, opts.Executable),
-		program:        program,
+		program:        prog,
 		pool:           pool,
 		logger:         opts.Logger,
 		host:           host,

@@ -13,6 +13,9 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/signal"
+	"syscall"
+	"unsafe"
 
 	// A kind's schedule names its time zone, which the configuration's
 	// check reads: the same rules as the supervisor's, whatever the host
@@ -22,14 +25,29 @@ import (
 	"github.com/dama-etl/dama/internal/taskprocess"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 	"github.com/dama-etl/dama/version"
+	"golang.org/x/sys/unix"
 )
 
 func main() {
+	// First thing, as every dama program: the environment holds the
+	// database URL, which the task's command, of the same user, must not
+	// read (see taskrunner.Run).
+	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
 	if len(os.Args) == 2 && os.Args[1] == "--version" {
 		fmt.Printf("dama-taskrunner %s (%s)\n", version.Release, version.Commit())
 		return
 	}
-	if code, ok := taskprocess.Run(context.Background(), nil); ok {
+	// Its name in ps and top: executed by its descriptor
+	// (/proc/self/fd/N), the kernel names it after N.
+	if name, err := unix.BytePtrFromString("dama-taskrunner"); err == nil {
+		_ = unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(name)), 0, 0, 0)
+	}
+	// As dama's own: a signal ends a spare's wait, and a runner's before
+	// its command starts (after, the runner stops its command itself).
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	code, ok := taskprocess.Run(ctx, nil)
+	stop()
+	if ok {
 		os.Exit(code)
 	}
 	fmt.Fprintf(os.Stderr, "dama-taskrunner: runs a dama task process, started by a dama supervisor (%s is not set)\n", protocol.ProcessEnv)

@@ -87,16 +87,19 @@ running.`,
 				}
 				taskURL = u
 			}
-			if program != "" {
-				logger.Info("task processes run "+taskProgramName, "path", program)
-			}
 			opts := supervisor.Options{DatabaseURL: taskURL, Logger: logger, Executable: program}
+			if program != "" {
+				opts.CheckExecutable = checkTaskProgram
+			}
 			if reg != nil {
 				opts.Registerer = reg
 			}
 			s, err := supervisor.New(pool, cfg, opts)
 			if err != nil {
 				return err
+			}
+			if program != "" {
+				logger.Info("task processes run "+taskProgramName, "path", program)
 			}
 			// A service manager (systemd's Type=notify, a test) hears
 			// when the supervisor works, and when it stops.

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"slices"
+	"strings"
 )
 
 // taskProgramName is the program of the task processes (cmd/dama-taskrunner)
@@ -21,30 +22,38 @@ const taskProgramPath = "github.com/dama-etl/dama/cmd/" + taskProgramName
 // taskProgram returns the program the supervisor's task processes run
 // (supervisor.Options.Executable): dama-taskrunner beside this binary, the
 // file it was started from, when there is one; "" (this binary) when not.
-// One of another build is refused, not passed over: the supervisor and
-// its runners speak one release's protocol, and a half-upgraded install
-// would otherwise cost every task its memory savings without a word.
+// The supervisor checks the file it opens with checkTaskProgram.
 func taskProgram() (string, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return "", fmt.Errorf("find the dama binary: %w", err)
 	}
 	path := filepath.Join(filepath.Dir(exe), taskProgramName)
-	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+	if _, err := os.Lstat(path); errors.Is(err, fs.ErrNotExist) {
 		return "", nil
 	}
+	return path, nil
+}
+
+// checkTaskProgram refuses a dama-taskrunner of another build than this
+// dama's (supervisor.Options.CheckExecutable), read from the file the
+// supervisor opened, which is the one it runs. It refuses, rather than
+// passes over, one of another build: the supervisor and its runners speak
+// one release's protocol, and a half-upgraded install would otherwise
+// cost every task its memory savings without a word.
+func checkTaskProgram(program *os.File) error {
 	ours, ok := debug.ReadBuildInfo()
 	if !ok {
-		return "", fmt.Errorf("%s is beside dama, whose build cannot be read to compare: remove it to run task processes with dama itself", path)
+		return fmt.Errorf("%s is beside dama, whose build cannot be read to compare: remove it to run task processes with dama itself", program.Name())
 	}
-	theirs, err := buildinfo.ReadFile(path)
+	theirs, err := buildinfo.Read(program)
 	if err != nil {
-		return "", fmt.Errorf("%s: read its build: %w", path, err)
+		return fmt.Errorf("%s: read its build: %w", program.Name(), err)
 	}
 	if err := sameBuild(ours, theirs); err != nil {
-		return "", fmt.Errorf("%s is not of this dama's build (%w): install both from one build, or remove it to run task processes with dama itself", path, err)
+		return fmt.Errorf("%s is not of this dama's build (%w): install both from one build, or remove it to run task processes with dama itself", program.Name(), err)
 	}
-	return path, nil
+	return nil
 }
 
 // sameBuild tells whether theirs is dama-taskrunner built as ours was:
@@ -80,6 +89,9 @@ func sameBuild(ours, theirs *debug.BuildInfo) error {
 			return fmt.Errorf("build setting %s is %q, dama's %q", k, t[k], o[k])
 		}
 	}
+	if !identified(ours) {
+		return errors.New("neither names its commit or version, so two builds cannot be told apart: build them in a git checkout, with -ldflags \"-X github.com/dama-etl/dama/version.commit=COMMIT\", or with go install at a version")
+	}
 	deps := map[string]debug.Module{}
 	for _, d := range ours.Deps {
 		deps[d.Path] = *d
@@ -95,4 +107,21 @@ func sameBuild(ours, theirs *debug.BuildInfo) error {
 		}
 	}
 	return nil
+}
+
+// identified tells whether a build names what it was built from: a
+// module version, a VCS revision, or the commit set by the linker.
+func identified(info *debug.BuildInfo) bool {
+	if v := info.Main.Version; v != "" && v != "(devel)" {
+		return true
+	}
+	for _, s := range info.Settings {
+		switch {
+		case s.Key == "vcs.revision" && s.Value != "":
+			return true
+		case s.Key == "-ldflags" && strings.Contains(s.Value, "version.commit="):
+			return true
+		}
+	}
+	return false
 }

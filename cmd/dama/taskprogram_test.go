@@ -42,6 +42,9 @@ func TestADamaTaskrunnerOfAnotherBuildIsRefused(t *testing.T) {
 	sup := alone.Start(w.cfg, "supervisor")
 	sup.WaitReady(t, 30*time.Second)
 	wantProgram(t, sparePID(t, sup, 0), dama)
+	if got := w.waitSettled(w.submit(1, 1), 60*time.Second); got.Status != etlcontext.StatusDone {
+		t.Errorf("with dama alone: %s, want DONE", got.Status)
+	}
 	sup.Kill(t, syscall.SIGTERM)
 	waitExit(t, sup)
 
@@ -80,6 +83,23 @@ func TestSameBuildTellsTheDifference(t *testing.T) {
 	}
 	if err := sameBuild(ours(), theirs()); err != nil {
 		t.Fatalf("the same build: %v", err)
+	}
+	// Builds that name neither a version nor a commit cannot be told apart.
+	anonymous := func(b *debug.BuildInfo) *debug.BuildInfo {
+		b.Main.Version = "(devel)"
+		b.Settings = b.Settings[:1]
+		return b
+	}
+	if err := sameBuild(anonymous(ours()), anonymous(theirs())); err == nil {
+		t.Error("two builds without a version or commit taken for the same")
+	}
+	withCommit := func(b *debug.BuildInfo) *debug.BuildInfo {
+		b = anonymous(b)
+		b.Settings = append(b.Settings, debug.BuildSetting{Key: "-ldflags", Value: "-X github.com/dama-etl/dama/version.commit=abc"})
+		return b
+	}
+	if err := sameBuild(withCommit(ours()), withCommit(theirs())); err != nil {
+		t.Errorf("two builds of one commit set by the linker: %v", err)
 	}
 	for name, change := range map[string]func(*debug.BuildInfo){
 		"another command": func(b *debug.BuildInfo) { b.Path = "github.com/dama-etl/dama/cmd/sample-etl" },

@@ -92,8 +92,8 @@ type Supervisor struct {
 	opts Options
 	// program is the file task processes are executed from.
 	program *program
-	pool      *pgxpool.Pool
-	river     *river.Client[pgx.Tx]
+	pool    *pgxpool.Pool
+	river   *river.Client[pgx.Tx]
 	// client submits the tasks of periodic kinds' ticks.
 	client *Client
 	logger *slog.Logger

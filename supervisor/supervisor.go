@@ -379,7 +379,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		return fmt.Errorf("start River client: %w", err)
 	}
 	s.logger.Info("supervisor started", "host", s.host, "client_id", s.river.ID(), "queues", s.cfg.QueueNames(), "kinds", s.cfg.KindNames(),
-		"release", version.Release, "commit", version.Commit(), "protocol", protocol.Version)
+		"release", version.Release, "commit", version.Commit(), "protocol", protocol.Version, "task_program", s.opts.Executable)
 	close(s.started)
 	s.reportBudget(ctx)
 	bg.Go(func() { s.rescueLoop(bgCtx) })

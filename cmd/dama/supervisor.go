@@ -98,9 +98,6 @@ running.`,
 			if err != nil {
 				return err
 			}
-			if program != "" {
-				logger.Info("task processes run "+taskProgramName, "path", program)
-			}
 			// A service manager (systemd's Type=notify, a test) hears
 			// when the supervisor works, and when it stops.
 			go func() {

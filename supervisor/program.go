@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -54,6 +56,13 @@ func selfProgram() (*program, error) {
 // script (#!) is executed by its path: its interpreter would be handed a
 // descriptor closed by then.
 func openProgram(path string) (p *program, err error) {
+	if !strings.Contains(path, "/") {
+		// A bare name is looked for in PATH, as exec does, never in the
+		// working directory.
+		if path, err = exec.LookPath(path); err != nil {
+			return nil, fmt.Errorf("find the task processes' program: %w", err)
+		}
+	}
 	// Not blocked by a FIFO put in its place: it is refused below.
 	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NONBLOCK, 0)
 	if err != nil {

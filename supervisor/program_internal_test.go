@@ -109,6 +109,24 @@ func TestTheOpenedProgramIsTheOneRun(t *testing.T) {
 	}
 }
 
+// A bare name is looked for in PATH, never in the working directory.
+func TestABareProgramNameIsLookedForInPath(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "dama-test-program"), []byte("\x7fELF"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(dir)
+	t.Setenv("PATH", "/nonexistent")
+	if p, err := openProgram("dama-test-program"); err == nil {
+		t.Errorf("a bare name found in the working directory: %s", p.path)
+	}
+	t.Setenv("PATH", dir)
+	p, err := openProgram("dama-test-program")
+	if err != nil || p.path != filepath.Join(dir, "dama-test-program") {
+		t.Errorf("a bare name in PATH: %v, %v", p, err)
+	}
+}
+
 // Its descriptor is above those a task process is given, which os/exec
 // moves to 0, 1, 2, 3... in the child before it executes the path.
 func TestTheProgramsDescriptorIsAboveTheChildsOwn(t *testing.T) {

@@ -2,8 +2,9 @@
 // host's lock keeper, and the process that calls a function kind, each
 // this program or cmd/dama-taskrunner started again by a supervisor or a
 // runner, with a role in its environment (protocol.ProcessEnv). It imports
-// no more than a runner needs: cmd/dama-taskrunner is it and main, a
-// program whose pages a runner touches are fewer than the whole dama's.
+// no more than a runner needs: cmd/dama-taskrunner is this package and a
+// main, so that a runner touches fewer pages of its program than of the
+// whole dama's.
 package taskprocess
 
 import (
@@ -75,7 +76,7 @@ func Run(ctx context.Context, funcs taskrunner.Funcs) (code int, ok bool) {
 // process's exit code (taskrunner's Exit codes). The configuration and the
 // database come from the environment (protocol.ConfigEnv and
 // protocol.DatabaseURLEnv); the runner logs to stderr, the task's log
-// file. It is `dama taskrunner`.
+// file. It is `dama-taskrunner taskrunner`, or `dama taskrunner`.
 func RunTaskrunner(ctx context.Context, args []string, funcs taskrunner.Funcs) int {
 	// Before anything else: the environment holds the database URL, which
 	// the command's processes, of the same user, must not read (see
@@ -271,7 +272,7 @@ func receiveLaunch(ctx context.Context, fd int) (protocol.Launch, error) {
 // arguments a task process gives after protocol.KeeperSubcommand, and
 // returns the process's exit code. The database comes from the
 // environment (protocol.DatabaseURLEnv); the keeper logs to stderr, a file
-// beside its socket. It is `dama keeper`.
+// beside its socket. It is `dama-taskrunner keeper`, or `dama keeper`.
 func RunKeeper(ctx context.Context, args []string) int {
 	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "keeper")

@@ -170,14 +170,18 @@ func TestASupervisorLaunchesTheTaskrunnerItStartedWith(t *testing.T) {
 	if err := syscall.Kill(spare, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	ids := []int64{w.submit(40, 25), w.submit(40, 25)}
+	// Long enough to be seen running, on any machine.
+	ids := []int64{w.submit(200, 25), w.submit(200, 25)}
 	for _, id := range ids {
 		task := w.waitFor(id, 60*time.Second, "to run", func(c etlcontext.Task) bool {
-			return c.PID != nil && (c.Status == etlcontext.StatusRunning || c.Status.Finished())
+			return c.PID != nil && c.Status == etlcontext.StatusRunning
 		})
-		if exe, err := os.Readlink(filepath.Join("/proc", strconv.Itoa(*task.PID), "exe")); err == nil && exe != runner+" (deleted)" {
-			t.Errorf("task %d's runner runs %s, want the replaced %s", id, exe, runner)
+		exe, err := os.Readlink(filepath.Join("/proc", strconv.Itoa(*task.PID), "exe"))
+		if err != nil || exe != runner+" (deleted)" {
+			t.Errorf("task %d's runner runs %q (%v), want the replaced %s", id, exe, err, runner)
 		}
+	}
+	for _, id := range ids {
 		if got := w.waitSettled(id, 60*time.Second); got.Status != etlcontext.StatusDone {
 			t.Errorf("task %d %s, want DONE", id, got.Status)
 		}

@@ -91,6 +91,17 @@ type Config struct {
 	// the view and the status page show, is updated at most once a second
 	// in between. Default 10s (0 means the default), at most 1h.
 	ProgressInterval time.Duration `yaml:"progress_interval"`
+	// LogTailBytes is how much of each attempt's output (its log file's
+	// lines since the attempt started) is also kept in the database, so
+	// that dama logs and the status page read it from any host: the last
+	// LogTailBytes, give or take one write's. Default 1 MiB (0 means the
+	// default); a negative value (-1) keeps none; at most 64 MiB.
+	LogTailBytes int64 `yaml:"log_tail_bytes"`
+	// LogTailInterval is how often a task process writes what its log
+	// gained to the database: at most one write per interval, none when
+	// nothing was written, and the last before the attempt's outcome.
+	// Default 5s (0 means the default), at least 100ms, at most 1h.
+	LogTailInterval time.Duration `yaml:"log_tail_interval"`
 	// Retention is how long a finished task is kept, with its events and
 	// attempts and its River job, after it finished: the supervisors then
 	// remove it (dama prune does it once). A task is removed only once it
@@ -288,13 +299,16 @@ var (
 // ValidName reports whether name may name a queue or a kind.
 func ValidName(name string) bool { return nameRE.MatchString(name) }
 
-// ConcurrencyKeyOf returns the concurrency key of a task of kind k with
-// the given arguments: nil when the kind has none, else the value of the
-// field ConcurrencyKey names, as text (a string as itself, anything else as
-// its JSON). It fails when the field is missing or null.
-func (k Kind) ConcurrencyKeyOf(args json.RawMessage) (*string, error) {
+// CheckConcurrencyKey reports whether arguments give a task of kind k a
+// concurrency key: nil when the kind has none, or when the field
+// ConcurrencyKey names holds a value (not null) of at most
+// MaxConcurrencyKey bytes. The key itself is the database's to say
+// (data_manager.concurrency_key_of: a string as itself, anything else as
+// jsonb prints it), whoever submits: this checks arguments before they
+// reach it, a schedule's when the configuration is read.
+func (k Kind) CheckConcurrencyKey(args json.RawMessage) error {
 	if k.ConcurrencyKey == "" {
-		return nil, nil
+		return nil
 	}
 	var v any
 	if len(args) > 0 {
@@ -302,35 +316,35 @@ func (k Kind) ConcurrencyKeyOf(args json.RawMessage) (*string, error) {
 		dec := json.NewDecoder(bytes.NewReader(args))
 		dec.UseNumber()
 		if err := dec.Decode(&v); err != nil {
-			return nil, fmt.Errorf("arguments are not valid JSON: %w", err)
+			return fmt.Errorf("arguments are not valid JSON: %w", err)
 		}
 	}
 	for _, field := range strings.Split(k.ConcurrencyKey, ".") {
 		obj, ok := v.(map[string]any)
 		if !ok {
-			return nil, fmt.Errorf("the arguments have no field %s, the kind's concurrency_key", k.ConcurrencyKey)
+			return fmt.Errorf("the arguments have no field %s, the kind's concurrency_key", k.ConcurrencyKey)
 		}
 		v = obj[field]
 	}
 	var key string
 	switch v := v.(type) {
 	case nil:
-		return nil, fmt.Errorf("the arguments have no field %s, the kind's concurrency_key", k.ConcurrencyKey)
+		return fmt.Errorf("the arguments have no field %s, the kind's concurrency_key", k.ConcurrencyKey)
 	case string:
 		key = v
 	default:
 		b, err := json.Marshal(v)
 		if err != nil {
-			return nil, fmt.Errorf("encode concurrency key: %w", err)
+			return fmt.Errorf("encode concurrency key: %w", err)
 		}
 		key = string(b)
 	}
 	// The key is indexed while the task runs: a longer one would be
 	// accepted now and refused at every launch.
 	if len(key) > MaxConcurrencyKey {
-		return nil, fmt.Errorf("the arguments' %s (the kind's concurrency_key) is %d bytes: at most %d", k.ConcurrencyKey, len(key), MaxConcurrencyKey)
+		return fmt.Errorf("the arguments' %s (the kind's concurrency_key) is %d bytes: at most %d", k.ConcurrencyKey, len(key), MaxConcurrencyKey)
 	}
-	return &key, nil
+	return nil
 }
 
 // MaxConcurrencyKey is the most bytes a task's concurrency key may hold.
@@ -373,4 +387,57 @@ func (c *Config) KindNames() []string {
 	}
 	sort.Strings(names)
 	return names
+}
+
+// Settings returns k as JSON, under the names of the configuration file,
+// durations as Go writes them ("1h30m0s"): what a supervisor publishes of
+// the kind in data_manager.kinds for readers. Every setting is there,
+// defaults included; pass_env names variables, never their values.
+func (k Kind) Settings() (json.RawMessage, error) {
+	duration := func(d *time.Duration) *string {
+		if d == nil {
+			return nil
+		}
+		s := d.String()
+		return &s
+	}
+	var retry any
+	if p := k.Retry; p != nil {
+		retry = struct {
+			MaxAttempts int     `json:"max_attempts"`
+			Backoff     Backoff `json:"backoff"`
+			Delay       string  `json:"delay"`
+			MaxDelay    string  `json:"max_delay"`
+		}{p.MaxAttempts, p.Backoff, p.Delay.String(), p.MaxDelay.String()}
+	}
+	b, err := json.Marshal(struct {
+		Queue            string          `json:"queue"`
+		Command          []string        `json:"command,omitempty"`
+		Function         string          `json:"function,omitempty"`
+		MaxAttempts      int             `json:"max_attempts"`
+		Retry            any             `json:"retry,omitempty"`
+		RetryOnExitCodes []int           `json:"retry_on_exit_codes,omitempty"`
+		FailOnExitCodes  []int           `json:"fail_on_exit_codes,omitempty"`
+		Timeout          *string         `json:"timeout,omitempty"`
+		OnTimeout        OnTimeout       `json:"on_timeout,omitempty"`
+		KillGrace        *string         `json:"kill_grace,omitempty"`
+		LockMode         LockMode        `json:"lock_mode,omitempty"`
+		MaxRunning       int             `json:"max_running,omitempty"`
+		ConcurrencyKey   string          `json:"concurrency_key,omitempty"`
+		MaxRunningPerKey int             `json:"max_running_per_key,omitempty"`
+		Schedule         string          `json:"schedule,omitempty"`
+		Timezone         string          `json:"timezone,omitempty"`
+		Overlap          Overlap         `json:"overlap,omitempty"`
+		ScheduleArgs     json.RawMessage `json:"schedule_args,omitempty"`
+		AwaitChildren    bool            `json:"await_children,omitempty"`
+		PassEnv          []string        `json:"pass_env,omitempty"`
+	}{
+		k.Queue, k.Command, k.Function, k.MaxAttempts, retry, k.RetryOnExitCodes, k.FailOnExitCodes,
+		duration(&k.Timeout), k.OnTimeout, duration(k.KillGrace), k.LockMode, k.MaxRunning, k.ConcurrencyKey,
+		k.MaxRunningPerKey, k.Schedule, k.Timezone, k.Overlap, json.RawMessage(k.ScheduleArgs), k.AwaitChildren, k.PassEnv,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("encode the settings of a kind: %w", err)
+	}
+	return b, nil
 }

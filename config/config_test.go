@@ -4,7 +4,6 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -148,61 +147,20 @@ func TestConcurrencyKey(t *testing.T) {
 	if a.MaxRunningPerKey != config.DefaultMaxRunningPerKey {
 		t.Errorf("max_running_per_key %d, want the default %d", a.MaxRunningPerKey, config.DefaultMaxRunningPerKey)
 	}
-	for args, want := range map[string]string{
-		`{"source": {"region": "eu-west"}}`:            "eu-west",
-		`{"source": {"region": 12345678901234567890}}`: "12345678901234567890",
-		`{"source": {"region": {"b": 1, "a": 2}}}`:     `{"a":2,"b":1}`,
-	} {
-		got, err := a.ConcurrencyKeyOf([]byte(args))
-		if err != nil || got == nil || *got != want {
-			t.Errorf("ConcurrencyKeyOf(%s) = %v, %v; want %q", args, got, err, want)
+	for _, args := range []string{`{"source": {"region": "eu-west"}}`, `{"source": {"region": 12345678901234567890}}`, `{"source": {"region": {"b": 1, "a": 2}}}`} {
+		if err := a.CheckConcurrencyKey([]byte(args)); err != nil {
+			t.Errorf("CheckConcurrencyKey(%s) = %v, want nil", args, err)
 		}
 	}
 	long := `{"source": {"region": "` + strings.Repeat("x", config.MaxConcurrencyKey+1) + `"}}`
 	for _, args := range []string{`{}`, `{"source": "eu"}`, `{"source": {"region": null}}`, ``, long} {
-		if got, err := a.ConcurrencyKeyOf([]byte(args)); err == nil {
-			t.Errorf("ConcurrencyKeyOf(%s) = %v, want an error naming the field", args, *got)
+		if err := a.CheckConcurrencyKey([]byte(args)); err == nil || !strings.Contains(err.Error(), "source.region") {
+			t.Errorf("CheckConcurrencyKey(%s) = %v, want an error naming the field", args, err)
 		}
 	}
 	b, _ := cfg.Kind("b")
-	if got, err := b.ConcurrencyKeyOf([]byte(`{"region": "eu"}`)); got != nil || err != nil {
-		t.Errorf("a kind without concurrency_key: %v, %v", got, err)
-	}
-}
-
-func TestRetryPolicy(t *testing.T) {
-	cfg, err := config.Parse([]byte(`
-log_dir: /l
-kill_grace: 7s
-kinds:
-  seed: {command: [x], retry: {max_attempts: 3, backoff: fixed, delay: 5m}, fail_on_exit_codes: [2]}
-  doubling: {command: [x], retry: {delay: 10s, max_delay: 1m}, retry_on_exit_codes: [75], kill_grace: 1s}
-  plain: {command: [x]}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	seed, _ := cfg.Kind("seed")
-	if seed.MaxAttempts != 3 || seed.RetryDelay(1) != 5*time.Minute || seed.RetryDelay(2) != 5*time.Minute {
-		t.Errorf("seed: max_attempts %d, delays %v %v; want 3 attempts 5 minutes apart", seed.MaxAttempts, seed.RetryDelay(1), seed.RetryDelay(2))
-	}
-	if seed.RetriesExit(2) || !seed.RetriesExit(1) || seed.OnTimeout != config.OnTimeoutRetry || *seed.KillGrace != 7*time.Second {
-		t.Errorf("seed: retries exit 2 %t, exit 1 %t, on_timeout %q, kill grace %v", seed.RetriesExit(2), seed.RetriesExit(1), seed.OnTimeout, *seed.KillGrace)
-	}
-	d, _ := cfg.Kind("doubling")
-	var delays []time.Duration
-	for attempt := 1; attempt <= 5; attempt++ {
-		delays = append(delays, d.RetryDelay(attempt))
-	}
-	if want := []time.Duration{10 * time.Second, 20 * time.Second, 40 * time.Second, time.Minute, time.Minute}; !slices.Equal(delays, want) {
-		t.Errorf("exponential delays %v, want %v", delays, want)
-	}
-	if !d.RetriesExit(75) || d.RetriesExit(1) || d.RetriesExit(-1) || *d.KillGrace != time.Second {
-		t.Errorf("doubling: retries 75 %t, 1 %t, a signal %t; kill grace %v", d.RetriesExit(75), d.RetriesExit(1), d.RetriesExit(-1), *d.KillGrace)
-	}
-	p, _ := cfg.Kind("plain")
-	if p.RetryDelay(1) != 0 || p.Timeout != 0 || !p.RetriesExit(2) {
-		t.Errorf("plain: delay %v (want River's), timeout %v, retries 2 %t", p.RetryDelay(1), p.Timeout, p.RetriesExit(2))
+	if err := b.CheckConcurrencyKey([]byte(`{"region": "eu"}`)); err != nil {
+		t.Errorf("a kind without concurrency_key: %v", err)
 	}
 }
 

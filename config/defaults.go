@@ -13,6 +13,8 @@ const (
 	DefaultKillGrace         = 10 * time.Second
 	DefaultReconnectGrace    = 2 * time.Minute
 	DefaultProgressInterval  = 10 * time.Second
+	DefaultLogTailBytes      = 1 << 20
+	DefaultLogTailInterval   = 5 * time.Second
 	DefaultRetention         = 30 * 24 * time.Hour
 	DefaultMaxAttempts       = 3
 	DefaultMaxRunning        = 10
@@ -50,6 +52,12 @@ func (c *Config) WithDefaults() *Config {
 	}
 	if out.ProgressInterval == 0 {
 		out.ProgressInterval = DefaultProgressInterval
+	}
+	if out.LogTailBytes == 0 {
+		out.LogTailBytes = DefaultLogTailBytes
+	}
+	if out.LogTailInterval == 0 {
+		out.LogTailInterval = DefaultLogTailInterval
 	}
 	if out.LockMode == "" {
 		out.LockMode = DefaultLockMode
@@ -152,6 +160,12 @@ const (
 	// MaxProgressInterval bounds progress_interval: a sample of progress
 	// at least every hour.
 	MaxProgressInterval = time.Hour
+	// MaxLogTailInterval bounds log_tail_interval: the database's tail
+	// at most an hour behind.
+	MaxLogTailInterval = time.Hour
+	// MaxLogTailBytes bounds log_tail_bytes: what each attempt may keep
+	// in the database, and what one write of it may carry.
+	MaxLogTailBytes = 64 << 20
 	// MaxDelay bounds a kind's timeout and its retry delays.
 	MaxDelay = 10 * 365 * 24 * time.Hour
 )

@@ -25,6 +25,8 @@ heartbeat_interval: 5s
 lock_mode: row
 kill_grace: 10s
 reconnect_grace: 2m
+log_tail_bytes: 1048576
+log_tail_interval: 5s
 queues:
   etl: { max_running: 4 }
 kinds:
@@ -252,7 +254,7 @@ func checkSchedule(t *testing.T, name string, k config.Kind) {
 	if !json.Valid(args) || len(args) == 0 || args[0] != '{' || len(args) > 96<<10 {
 		t.Fatalf("kind %s: schedule_args %q: want a JSON object of at most 96 KiB", name, args)
 	}
-	if _, err := k.ConcurrencyKeyOf(json.RawMessage(k.ScheduleArgs)); err != nil {
+	if err := k.CheckConcurrencyKey(json.RawMessage(k.ScheduleArgs)); err != nil {
 		t.Fatalf("kind %s: schedule_args accepted without the concurrency key: %v", name, err)
 	}
 }

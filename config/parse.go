@@ -60,7 +60,7 @@ func Parse(data []byte) (*Config, error) {
 // The settings that hold durations, by where they are: at the top, in a
 // kind, in a kind's retry policy.
 var (
-	topDurations   = []string{"poll_interval", "heartbeat_interval", "kill_grace", "reconnect_grace", "progress_interval", "retention"}
+	topDurations   = []string{"poll_interval", "heartbeat_interval", "kill_grace", "reconnect_grace", "progress_interval", "log_tail_interval", "retention"}
 	kindDurations  = []string{"kill_grace", "timeout"}
 	retryDurations = []string{"delay", "max_delay"}
 )

@@ -34,6 +34,12 @@ func (c *Config) Validate() error {
 	if c.ProgressInterval < 0 {
 		return errors.New("progress_interval must not be negative")
 	}
+	if c.LogTailInterval < 100*time.Millisecond {
+		return errors.New("log_tail_interval must be at least 100ms")
+	}
+	if c.LogTailBytes > MaxLogTailBytes {
+		return fmt.Errorf("log_tail_bytes %d: at most %d (64 MiB; a negative one keeps none)", c.LogTailBytes, MaxLogTailBytes)
+	}
 	if c.Retention > 0 && c.Retention < time.Second {
 		return fmt.Errorf("retention %s: at least 1s (a negative one keeps every task)", c.Retention)
 	}
@@ -46,6 +52,7 @@ func (c *Config) Validate() error {
 		{"reconnect_grace", *c.ReconnectGrace, MaxReconnectGrace},
 		{"kill_grace", c.KillGrace, MaxKillGrace},
 		{"progress_interval", c.ProgressInterval, MaxProgressInterval},
+		{"log_tail_interval", c.LogTailInterval, MaxLogTailInterval},
 		{"retention", c.Retention, MaxDelay},
 	} {
 		if d.value > d.max {
@@ -220,7 +227,7 @@ func (k *Kind) validateSchedule() error {
 	if n := jsonb.TextLen(k.ScheduleArgs); n > protocol.MaxEnvPayload {
 		return fmt.Errorf("schedule_args are %d bytes (as stored); a task receives them in "+protocol.ArgsEnv+", which holds at most %d", n, protocol.MaxEnvPayload)
 	}
-	if _, err := k.ConcurrencyKeyOf(json.RawMessage(k.ScheduleArgs)); err != nil {
+	if err := k.CheckConcurrencyKey(json.RawMessage(k.ScheduleArgs)); err != nil {
 		return fmt.Errorf("schedule_args: %w", err)
 	}
 	return nil

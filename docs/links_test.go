@@ -139,3 +139,45 @@ func TestSectionsNamedInTheCodeExist(t *testing.T) {
 		t.Fatal("no section reference found: the pattern misses them")
 	}
 }
+
+// TestExamplesAreInTheDocs checks that every file of docs/examples, which
+// the end-to-end tests run (cmd/dama), is shown whole in a code block of
+// docs/tasks.md: what a reader copies is what runs.
+func TestExamplesAreInTheDocs(t *testing.T) {
+	doc, err := os.ReadFile("tasks.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var blocks []string
+	var block []string
+	fence := false
+	for _, line := range strings.Split(string(doc), "\n") {
+		if isFence(line) {
+			if fence {
+				blocks = append(blocks, strings.Join(block, "\n")+"\n")
+			}
+			fence, block = !fence, nil
+			continue
+		}
+		if fence {
+			block = append(block, line)
+		}
+	}
+	examples, err := filepath.Glob(filepath.Join("examples", "*"))
+	if err != nil || len(examples) == 0 {
+		t.Fatalf("no examples (%v)", err)
+	}
+	for _, path := range examples {
+		body, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		shown := false
+		for _, b := range blocks {
+			shown = shown || b == string(body)
+		}
+		if !shown {
+			t.Errorf("%s is not shown whole in a code block of docs/tasks.md", path)
+		}
+	}
+}

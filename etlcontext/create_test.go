@@ -2,19 +2,23 @@ package etlcontext_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
+	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 func create(t *testing.T, db etlcontext.DB, kind, key string) (int64, bool, error) {
 	t.Helper()
-	return etlcontext.Create(context.Background(), db, etlcontext.NewContext{Kind: kind, Queue: "q", MaxAttempts: 1, IdempotencyKey: key})
+	return etlcontext.CreateTask(context.Background(), db, etlcontext.NewTask{Kind: kind, Queue: "q", MaxAttempts: 1, IdempotencyKey: key})
 }
 
 func countContexts(t *testing.T, env *testenv.Env) int {
@@ -83,7 +87,7 @@ func TestIdempotencyKeyOfAConcurrentSubmissionOfAnotherKind(t *testing.T) {
 				var r result
 				r.err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 					var err error
-					_, r.created, err = etlcontext.Create(ctx, tx, etlcontext.NewContext{Kind: "b", Queue: "q", MaxAttempts: 1, IdempotencyKey: key})
+					_, r.created, err = etlcontext.CreateTask(ctx, tx, etlcontext.NewTask{Kind: "b", Queue: "q", MaxAttempts: 1, IdempotencyKey: key})
 					return err
 				})
 				second <- r
@@ -122,5 +126,28 @@ func TestIdempotencyKeyOfAConcurrentSubmissionOfAnotherKind(t *testing.T) {
 				t.Errorf("contexts of the key have kinds %v, want [%s]", kinds, want)
 			}
 		})
+	}
+}
+
+// The database's limits of a submission are the Go side's: the arguments
+// a task receives in DAMA_ARGS (protocol.MaxEnvPayload) and the length of a
+// concurrency key (config.MaxConcurrencyKey).
+func TestCreateTaskHoldsTheLimitsOfGo(t *testing.T) {
+	env := testenv.New(t)
+	ctx := context.Background()
+	var maxArgs int
+	if err := env.Pool.QueryRow(ctx, `SELECT data_manager.max_args_bytes()`).Scan(&maxArgs); err != nil || maxArgs != protocol.MaxEnvPayload {
+		t.Errorf("data_manager.max_args_bytes() = %d (%v), want protocol.MaxEnvPayload, %d", maxArgs, err, protocol.MaxEnvPayload)
+	}
+	key := func(n int) error {
+		args, _ := json.Marshal(map[string]string{"region": strings.Repeat("r", n)})
+		_, _, err := etlcontext.CreateTask(ctx, env.Pool, etlcontext.NewTask{Kind: "k", Queue: "q", MaxAttempts: 1, Args: args, ConcurrencyField: "region"})
+		return err
+	}
+	if err := key(config.MaxConcurrencyKey); err != nil {
+		t.Errorf("a concurrency key of config.MaxConcurrencyKey bytes: %v", err)
+	}
+	if err := key(config.MaxConcurrencyKey + 1); !errors.Is(err, etlcontext.ErrRefused) {
+		t.Errorf("a concurrency key of config.MaxConcurrencyKey+1 bytes: %v, want ErrRefused", err)
 	}
 }

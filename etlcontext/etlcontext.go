@@ -12,8 +12,10 @@ package etlcontext
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -207,66 +209,78 @@ func Get(ctx context.Context, db DB, id int64) (*Context, error) {
 // not ask for.
 var ErrIdempotencyKeyOtherKind = errors.New("idempotency key belongs to a task of another kind")
 
-// NewContext is a context to create, QUEUED, as submission does.
-type NewContext struct {
-	Kind        string
+// ErrRefused is returned for a submission the database refuses as it is
+// (data_manager.create_task's checks, SQLSTATE DMARG): arguments too long,
+// without the kind's concurrency key, an unknown parent or queue.
+var ErrRefused = errors.New("submission refused")
+
+// ErrUnpublishedKind is returned by data_manager.submit for a kind no
+// supervisor has published in data_manager.kinds (SQLSTATE DMKND).
+var ErrUnpublishedKind = errors.New("kind not published")
+
+// NewTask is a task to make, as a submission does: CreateTask makes its
+// context (QUEUED), its INITIAL event holding Args, and its River job.
+type NewTask struct {
+	Kind string
+	// Args are the task's arguments, a JSON value as etlcontext.CleanJSON
+	// accepts it; empty means {}.
+	Args        json.RawMessage
 	Queue       string
 	MaxAttempts int
-	// IdempotencyKey, when not empty, makes Create return the context that
-	// holds it, if any, instead of creating one.
+	// IdempotencyKey, when not empty, makes CreateTask return the context
+	// that holds it, if any, instead of making a task.
 	IdempotencyKey string
-	// ParentID, when not 0, makes the context a child of that one.
-	ParentID       int64
-	ConcurrencyKey *string
-	// DueAt delays the first start until then; zero or past means now.
-	DueAt time.Time
+	// ParentID, when not 0, makes the task a child of that one.
+	ParentID int64
+	// ConcurrencyField is the kind's concurrency_key: the field of Args
+	// whose value is the task's concurrency key (data_manager.concurrency_key_of).
+	ConcurrencyField string
+	// RunAt delays the first start until then; zero or past means now.
+	RunAt time.Time
 }
 
-// Create inserts context c and returns its id; created is false when c's
-// idempotency key was taken already, and id is then the context holding it,
-// which must be of c's kind (ErrIdempotencyKeyOtherKind otherwise). The
-// caller writes the context's INITIAL event and River job in the same
-// transaction.
-func Create(ctx context.Context, db DB, c NewContext) (id int64, created bool, err error) {
-	var key, parent, dueAt any
-	if c.IdempotencyKey != "" {
-		key = c.IdempotencyKey
+// CreateTask makes task t with data_manager.create_task (migration 24),
+// which every submission goes through, dama's and SQL's alike, and returns
+// its context's id; created is false when t's idempotency key was taken
+// already, and id is then the context holding it, which must be of t's kind
+// (ErrIdempotencyKeyOtherKind otherwise). Arguments the database refuses
+// (too long, without the concurrency key, an unknown parent) are
+// ErrRefused.
+func CreateTask(ctx context.Context, db DB, t NewTask) (id int64, created bool, err error) {
+	args := t.Args
+	if len(args) == 0 {
+		args = json.RawMessage("{}")
 	}
-	if c.ParentID != 0 {
-		parent = c.ParentID
+	var key, field, runAt, parent any
+	if t.IdempotencyKey != "" {
+		key = t.IdempotencyKey
 	}
-	if !c.DueAt.IsZero() {
-		dueAt = c.DueAt
+	if t.ConcurrencyField != "" {
+		field = t.ConcurrencyField
 	}
-	err = db.QueryRow(ctx, `
-		INSERT INTO data_manager.etl_contexts (parent_context_id, kind, queue, max_attempts, idempotency_key,
-		                                       concurrency_key, due_at)
-		VALUES ($1, $2, $3, $4, $5, $6, greatest(now(), coalesce($7, now())))
-		ON CONFLICT (idempotency_key) DO NOTHING
-		RETURNING etl_context_id`, parent, c.Kind, c.Queue, c.MaxAttempts, key, c.ConcurrencyKey, dueAt).Scan(&id)
-	var pgErr *pgconn.PgError
-	switch {
-	case err == nil:
-		return id, true, nil
-	case errors.As(err, &pgErr) && pgErr.Code == "23503" && pgErr.ConstraintName == "etl_contexts_parent_context_id_fkey":
-		return 0, false, fmt.Errorf("parent etl context %d does not exist", c.ParentID)
-	case !errors.Is(err, pgx.ErrNoRows):
-		return 0, false, fmt.Errorf("insert etl context: %w", err)
+	if !t.RunAt.IsZero() {
+		runAt = t.RunAt
 	}
-	// The key's unique index made a concurrent insert of it wait for its
-	// holder to commit; this statement's snapshot, newer than that commit,
-	// sees the holder (under REPEATABLE READ the insert fails instead), so
-	// two submissions of one key with different kinds never both succeed.
-	var kind string
-	err = db.QueryRow(ctx, `SELECT etl_context_id, kind FROM data_manager.etl_contexts WHERE idempotency_key = $1`, key).Scan(&id, &kind)
+	if t.ParentID != 0 {
+		parent = t.ParentID
+	}
+	err = db.QueryRow(ctx, `SELECT etl_context_id, created FROM data_manager.create_task($1, $2, $3, $4, $5, $6, $7, $8)`,
+		t.Kind, string(args), key, t.Queue, t.MaxAttempts, field, runAt, parent).Scan(&id, &created)
 	if err != nil {
-		return 0, false, fmt.Errorf("read etl context of idempotency key %q: %w", c.IdempotencyKey, err)
+		return 0, false, classify(err)
 	}
-	if kind != c.Kind {
-		return 0, false, fmt.Errorf("%w: %q is the key of etl context %d, of kind %s", ErrIdempotencyKeyOtherKind, c.IdempotencyKey, id, kind)
-	}
-	return id, false, nil
+	return id, created, nil
 }
+
+// refusal is a submission the database refused, said as it says it: the
+// sentinel is for errors.Is only.
+type refusal struct {
+	msg string
+	is  error
+}
+
+func (r refusal) Error() string        { return r.msg }
+func (r refusal) Is(target error) bool { return target == r.is }
 
 // classify maps the SQLSTATEs of dama's guards and of NOWAIT to this
 // package's sentinel errors, keeping the database's message.
@@ -282,6 +296,12 @@ func classify(err error) error {
 		return fmt.Errorf("%w: %s", ErrFinished, pgErr.Message)
 	case "DMRUN":
 		return fmt.Errorf("%w: %s", ErrStaleRun, pgErr.Message)
+	case "DMKEY":
+		return fmt.Errorf("%w: %s", ErrIdempotencyKeyOtherKind, strings.TrimPrefix(pgErr.Message, ErrIdempotencyKeyOtherKind.Error()+": "))
+	case "DMKND":
+		return refusal{pgErr.Message, ErrUnpublishedKind}
+	case "DMARG":
+		return refusal{pgErr.Message, ErrRefused}
 	}
 	return err
 }

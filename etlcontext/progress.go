@@ -9,6 +9,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/dama-etl/dama/taskrunner/protocol"
 	"github.com/jackc/pgx/v5"
@@ -124,4 +125,63 @@ func SetProgress(ctx context.Context, db DB, id int64, runID string, payload jso
 		return fmt.Errorf("set progress of etl context %d: %w", id, classify(err))
 	}
 	return nil
+}
+
+// Pace is how a running task's current attempt has gone so far: when it
+// started, and its first progress of the attempt (nil before any), which
+// with its latest gives its pace (Remaining).
+type Pace struct {
+	StartedAt       time.Time
+	FirstProgress   json.RawMessage
+	FirstProgressAt *time.Time
+}
+
+// Paces returns the Pace of each of the contexts ids that is RUNNING, in
+// one statement.
+func Paces(ctx context.Context, db DB, ids []int64) (map[int64]Pace, error) {
+	rows, err := db.Query(ctx, `
+		SELECT c.etl_context_id, a.started_at, f.payload, f.created_at
+		  FROM data_manager.etl_contexts AS c
+		  JOIN data_manager.etl_attempts AS a ON a.etl_context_id = c.etl_context_id AND a.run_id = c.run_id
+		  LEFT JOIN LATERAL (
+		      SELECT e.payload, e.created_at FROM data_manager.event_store AS e
+		       WHERE e.etl_context_id = c.etl_context_id AND e.type = c.kind || ':PROGRESS' AND e.run_id = c.run_id
+		       ORDER BY e.event_id LIMIT 1) AS f ON true
+		 WHERE c.etl_context_id = ANY($1) AND c.etl_status = `+sqlRunning, ids)
+	if err != nil {
+		return nil, fmt.Errorf("read the pace of running tasks: %w", err)
+	}
+	paces := map[int64]Pace{}
+	var (
+		id int64
+		p  Pace
+	)
+	_, err = pgx.ForEachRow(rows, []any{&id, &p.StartedAt, &p.FirstProgress, &p.FirstProgressAt}, func() error {
+		paces[id] = p
+		p = Pace{}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read the pace of running tasks: %w", err)
+	}
+	return paces, nil
+}
+
+// Remaining estimates how long a running task has left at now, from the
+// pace between its first progress of the attempt and its latest, reported
+// at latestAt: ok is false when the two do not tell (one sample, no
+// advance, less than a second apart, or progress dama does not read).
+func (p Pace) Remaining(latest json.RawMessage, latestAt *time.Time, now time.Time) (time.Duration, bool) {
+	if p.FirstProgressAt == nil || latestAt == nil {
+		return 0, false
+	}
+	first, ok1 := ParseProgress(p.FirstProgress)
+	last, ok2 := ParseProgress(latest)
+	span := latestAt.Sub(*p.FirstProgressAt)
+	if !ok1 || !ok2 || span < time.Second || last.Fraction <= first.Fraction || last.Fraction >= 1 {
+		return 0, false
+	}
+	perFraction := float64(span) / (last.Fraction - first.Fraction)
+	left := time.Duration(perFraction*(1-last.Fraction)) - now.Sub(*latestAt)
+	return max(left, 0), true
 }

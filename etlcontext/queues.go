@@ -124,12 +124,23 @@ func MarkWaiting(ctx context.Context, db DB, id int64, w Wait) error {
 	return nil
 }
 
-// SetConcurrencyKey records the concurrency key of context id.
-func SetConcurrencyKey(ctx context.Context, db DB, id int64, key string) error {
-	if _, err := db.Exec(ctx, `UPDATE data_manager.etl_contexts SET concurrency_key = $2 WHERE etl_context_id = $1`, id, key); err != nil {
-		return fmt.Errorf("record concurrency key of etl context %d: %w", id, err)
+// DeriveConcurrencyKey records, and returns, the concurrency key of
+// context id under the field of its arguments that its kind now names: as
+// data_manager.concurrency_key_of says, whoever submitted it, or "" when the
+// arguments lack the field (counted with the other tasks that lack it).
+func DeriveConcurrencyKey(ctx context.Context, db DB, id int64, field string) (*string, error) {
+	var key string
+	err := db.QueryRow(ctx, `
+		UPDATE data_manager.etl_contexts AS c
+		   SET concurrency_key = coalesce((SELECT data_manager.concurrency_key_of(e.payload, $2, false)
+		                                     FROM data_manager.event_store AS e
+		                                    WHERE e.etl_context_id = c.etl_context_id AND e.type LIKE '%:INITIAL'), '')
+		 WHERE c.etl_context_id = $1
+		RETURNING c.concurrency_key`, id, field).Scan(&key)
+	if err != nil {
+		return nil, fmt.Errorf("record concurrency key of etl context %d: %w", id, err)
 	}
-	return nil
+	return &key, nil
 }
 
 // wakeWaiting is a query, usable as a CTE, of the River job ids of the
@@ -387,7 +398,8 @@ func KnownQueue(ctx context.Context, db DB, queue string) (bool, error) {
 func KnownKind(ctx context.Context, db DB, kind string) (bool, error) {
 	var known bool
 	err := db.QueryRow(ctx, `
-		SELECT EXISTS (SELECT 1 FROM data_manager.etl_contexts WHERE kind = $1)
+		SELECT EXISTS (SELECT 1 FROM data_manager.kinds WHERE kind = $1)
+		    OR EXISTS (SELECT 1 FROM data_manager.etl_contexts WHERE kind = $1)
 		    OR EXISTS (SELECT 1 FROM data_manager.kind_blocks WHERE kind = $1)`, kind).Scan(&known)
 	if err != nil {
 		return false, fmt.Errorf("look for kind %s: %w", kind, err)

@@ -15,33 +15,35 @@ import (
 // River job, its latest event and progress, and whether a live process holds
 // its lock.
 type Task struct {
-	ID                 int64           `json:"etl_context_id"`
-	ParentID           *int64          `json:"parent_context_id"`
-	Kind               string          `json:"kind"`
-	Queue              string          `json:"queue"`
-	Status             Status          `json:"etl_status"`
-	Attempt            int             `json:"attempt"`
-	MaxAttempts        int             `json:"max_attempts"`
-	JobState           *string         `json:"job_state"`
-	ScheduledAt        *time.Time      `json:"scheduled_at"`
-	Host               *string         `json:"host"`
-	PID                *int            `json:"pid"`
-	CreatedAt          time.Time       `json:"created_at"`
-	StartedAt          *time.Time      `json:"started_at"`
-	FinishedAt         *time.Time      `json:"finished_at"`
-	HeartbeatAt        *time.Time      `json:"heartbeat_at"`
-	LatestEventType    *string         `json:"latest_event_type"`
-	LatestEventAt      *time.Time      `json:"latest_event_at"`
-	Progress           json.RawMessage `json:"progress"`
-	InitialEventLocked bool            `json:"initial_event_locked"`
-	RiverJobID         *int64          `json:"river_job_id"`
-	RunID              *string         `json:"run_id"`
-	IdempotencyKey     *string         `json:"idempotency_key"`
-	CancelRequestedAt  *time.Time      `json:"cancel_requested_at"`
-	LogPath            *string         `json:"log_path"`
-	HostID             *string         `json:"host_id"`
-	CommandPGID        *int            `json:"command_pgid"`
-	LockLostAt         *time.Time      `json:"lock_lost_at"`
+	ID              int64           `json:"etl_context_id"`
+	ParentID        *int64          `json:"parent_context_id"`
+	Kind            string          `json:"kind"`
+	Queue           string          `json:"queue"`
+	Status          Status          `json:"etl_status"`
+	Attempt         int             `json:"attempt"`
+	MaxAttempts     int             `json:"max_attempts"`
+	JobState        *string         `json:"job_state"`
+	ScheduledAt     *time.Time      `json:"scheduled_at"`
+	Host            *string         `json:"host"`
+	PID             *int            `json:"pid"`
+	CreatedAt       time.Time       `json:"created_at"`
+	StartedAt       *time.Time      `json:"started_at"`
+	FinishedAt      *time.Time      `json:"finished_at"`
+	HeartbeatAt     *time.Time      `json:"heartbeat_at"`
+	LatestEventType *string         `json:"latest_event_type"`
+	LatestEventAt   *time.Time      `json:"latest_event_at"`
+	Progress        json.RawMessage `json:"progress"`
+	// ProgressAt is when the task last reported Progress.
+	ProgressAt         *time.Time `json:"progress_at"`
+	InitialEventLocked bool       `json:"initial_event_locked"`
+	RiverJobID         *int64     `json:"river_job_id"`
+	RunID              *string    `json:"run_id"`
+	IdempotencyKey     *string    `json:"idempotency_key"`
+	CancelRequestedAt  *time.Time `json:"cancel_requested_at"`
+	LogPath            *string    `json:"log_path"`
+	HostID             *string    `json:"host_id"`
+	CommandPGID        *int       `json:"command_pgid"`
+	LockLostAt         *time.Time `json:"lock_lost_at"`
 	// LockMode, RunnerRelease and RunnerProtocol describe the current
 	// attempt's task process; nil for one of an unreleased build.
 	LockMode       *string `json:"lock_mode"`
@@ -129,7 +131,7 @@ func Tasks(ctx context.Context, db DB, q TaskQuery) ([]Task, error) {
 		       latest_event_type, latest_event_at, ` + boundedJSON("progress", param(q.MaxPayload)+"::int") + `, initial_event_locked, river_job_id,
 		       run_id::text, idempotency_key, cancel_requested_at, log_path,
 		       host_id, command_pgid, lock_lost_at, lock_mode, runner_release, runner_protocol,
-		       due_at, waiting_for, waiting_since, concurrency_key, children
+		       due_at, waiting_for, waiting_since, concurrency_key, children, progress_at
 		  FROM data_manager.dama_task_queue`
 	if len(where) > 0 {
 		sql += "\n\t\t WHERE " + strings.Join(where, " AND ")
@@ -149,7 +151,7 @@ func Tasks(ctx context.Context, db DB, q TaskQuery) ([]Task, error) {
 			&t.LatestEventType, &t.LatestEventAt, &t.Progress, &t.InitialEventLocked, &t.RiverJobID,
 			&t.RunID, &t.IdempotencyKey, &t.CancelRequestedAt, &t.LogPath,
 			&t.HostID, &t.CommandPGID, &t.LockLostAt, &t.LockMode, &t.RunnerRelease, &t.RunnerProtocol,
-			&t.DueAt, &t.WaitingFor, &t.WaitingSince, &t.ConcurrencyKey, &t.Children)
+			&t.DueAt, &t.WaitingFor, &t.WaitingSince, &t.ConcurrencyKey, &t.Children, &t.ProgressAt)
 		return t, err
 	})
 	if err != nil {

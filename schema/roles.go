@@ -85,7 +85,7 @@ type right struct {
 }
 
 // insertColumns are the columns of etl_contexts a submission sets
-// (etlcontext.Create): an operator's or a task process's submission
+// (data_manager.create_task): an operator's or a task process's submission
 // starts like any other.
 var insertColumns = []string{"parent_context_id", "kind", "queue", "max_attempts", "idempotency_key", "concurrency_key", "due_at"}
 
@@ -101,11 +101,22 @@ var runnerColumns = []string{"host", "pid", "process_started_at", "heartbeat_at"
 	"fence_window", "lock_lost_at", "lock_mode", "runner_release", "runner_protocol", "command_pgid", "command_start_ticks", "river_job_id",
 	"progress", "progress_at"}
 
+// The functions that make tasks (migration 24) and keep their logs'
+// tails (migration 25), by their signatures.
+const (
+	createTaskFunction = "create_task(text,jsonb,text,text,integer,text,timestamptz,bigint)"
+	submitFunction     = "submit(text,jsonb,text,text,timestamptz,bigint)"
+	appendLogFunction  = "append_log(bigint,uuid,bigint,bytea,bigint)"
+)
+
 // heldFunctions are what migration 19's checks call with the rights of
 // whoever writes: every role needs them, even where PUBLIC may not execute
 // functions by default.
 var heldFunctions = []string{"held_to_its_run(name)", "holds_run_key(bytea)", "holds_key_of(bigint)",
-	"submitted_by_key_holder(bigint)", "refuse_to_held(text)"}
+	"submitted_by_key_holder(bigint)", "refuse_to_held(text)",
+	// And what create_task (migration 24), which runs with the rights of
+	// whoever submits, calls.
+	"max_args_bytes()", "concurrency_key_of(jsonb,text,boolean)"}
 
 // rights lists what each role may do; see docs/security.md "Database roles".
 // Revocations come first: a table-level REVOKE takes the columns' rights
@@ -159,6 +170,18 @@ func rights() []right {
 		{roles: []string{RoleSupervisor}, privileges: []string{"SELECT", "INSERT", "UPDATE", "DELETE"}, tables: riverTables(), river: true},
 		{roles: []string{"PUBLIC", RoleReader, RoleOperator, RoleTask}, privileges: []string{"EXECUTE"}, functions: []string{"remove_tasks(bigint[])"}, revoke: true},
 		{roles: []string{RoleSupervisor}, privileges: []string{"EXECUTE"}, functions: []string{"remove_tasks(bigint[])"}},
+		// Whoever may submit makes tasks with create_task (migration 24):
+		// an operator and a supervisor also by data_manager.submit, a task
+		// process its children. Both run with the caller's rights, which
+		// the triggers of migration 19 hold to the caller's own.
+		{roles: []string{"PUBLIC", RoleReader}, privileges: []string{"EXECUTE"}, functions: []string{createTaskFunction, submitFunction}, revoke: true},
+		{roles: []string{RoleTask}, privileges: []string{"EXECUTE"}, functions: []string{submitFunction}, revoke: true},
+		{roles: []string{RoleOperator, RoleSupervisor}, privileges: []string{"EXECUTE"}, functions: []string{createTaskFunction, submitFunction}},
+		{roles: []string{RoleTask}, privileges: []string{"EXECUTE"}, functions: []string{createTaskFunction}},
+		// A task process keeps its log's tail by append_log (migration 25)
+		// alone, which holds it to its own run.
+		{roles: []string{"PUBLIC", RoleReader, RoleOperator}, privileges: []string{"EXECUTE"}, functions: []string{appendLogFunction}, revoke: true},
+		{roles: []string{RoleTask, RoleSupervisor}, privileges: []string{"EXECUTE"}, functions: []string{appendLogFunction}},
 	}
 }
 

@@ -45,6 +45,111 @@ CREATE TYPE public.river_job_state AS ENUM (
 
 
 --
+-- Name: append_log(bigint, uuid, bigint, bytea, bigint); Type: FUNCTION; Schema: data_manager; Owner: -
+--
+
+CREATE FUNCTION data_manager.append_log(id bigint, run uuid, start_byte bigint, chunk bytea, keep bigint) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'data_manager', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    run_attempt integer;
+    hash        bytea;
+    status      text;
+    last_start  bigint;
+    last_length integer;
+    kept_from   bigint := append_log.start_byte + octet_length(chunk) - keep;
+BEGIN
+    SELECT c.attempt, c.runner_key_hash, c.etl_status INTO run_attempt, hash, status
+      FROM data_manager.etl_contexts AS c WHERE c.etl_context_id = id AND c.run_id = run;
+    IF NOT FOUND OR status <> 'RUNNING' THEN
+        RAISE EXCEPTION 'etl context %: run % is not the one running', id, run
+            USING ERRCODE = 'DMRUN';
+    END IF;
+    IF data_manager.held_to_its_run(session_user) AND NOT data_manager.holds_run_key(hash) THEN
+        PERFORM data_manager.refuse_to_held(format('append to the log of etl context %s', id));
+    END IF;
+    IF append_log.start_byte < 0 OR keep < 0 OR keep > 64 * 1024 * 1024 OR octet_length(chunk) > 256 * 1024 THEN
+        RAISE EXCEPTION 'append_log: want a start and keep not negative, keep at most 64 MiB, a chunk at most 256 KiB'
+            USING ERRCODE = 'DMARG';
+    END IF;
+    -- A launch taken back gives its attempt's number to the next one:
+    -- what its run kept is not this run's output.
+    DELETE FROM data_manager.log_chunks AS l
+     WHERE l.etl_context_id = id AND l.attempt = run_attempt AND l.run_id <> run;
+    SELECT l.start_byte, octet_length(l.data) INTO last_start, last_length
+      FROM data_manager.log_chunks AS l
+     WHERE l.etl_context_id = id AND l.attempt = run_attempt
+     ORDER BY l.start_byte DESC LIMIT 1;
+    IF append_log.start_byte < last_start THEN
+        RAISE EXCEPTION 'append_log: a chunk at % starts before the last one kept, at %', append_log.start_byte, last_start
+            USING ERRCODE = 'DMARG';
+    END IF;
+    IF append_log.start_byte = last_start + last_length AND last_length + octet_length(chunk) <= least(65536, keep) THEN
+        UPDATE data_manager.log_chunks AS l SET data = l.data || chunk, written_at = now()
+         WHERE l.etl_context_id = id AND l.attempt = run_attempt AND l.start_byte = last_start;
+    ELSE
+        INSERT INTO data_manager.log_chunks AS l (etl_context_id, attempt, run_id, start_byte, data)
+        VALUES (id, run_attempt, run, append_log.start_byte, chunk)
+        ON CONFLICT (etl_context_id, attempt, start_byte) DO UPDATE SET data = excluded.data, written_at = excluded.written_at
+            WHERE octet_length(excluded.data) > octet_length(l.data);
+    END IF;
+    -- A chunk that ends before kept_from starts before it too: the index
+    -- bounds the rows looked at.
+    DELETE FROM data_manager.log_chunks AS l
+     WHERE l.etl_context_id = id AND l.attempt = run_attempt
+       AND l.start_byte <= kept_from AND l.start_byte + octet_length(l.data) <= kept_from;
+END
+$$;
+
+
+--
+-- Name: concurrency_key_of(jsonb, text, boolean); Type: FUNCTION; Schema: data_manager; Owner: -
+--
+
+CREATE FUNCTION data_manager.concurrency_key_of(args jsonb, field text, strict boolean DEFAULT true) RETURNS text
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v   jsonb := args;
+    key text;
+    f   text;
+BEGIN
+    IF field IS NULL OR field = '' THEN
+        RETURN NULL;
+    END IF;
+    FOREACH f IN ARRAY string_to_array(field, '.') LOOP
+        IF v IS NULL OR jsonb_typeof(v) <> 'object' THEN
+            v := NULL;
+            EXIT;
+        END IF;
+        v := v -> f;
+    END LOOP;
+    IF v IS NULL OR jsonb_typeof(v) = 'null' THEN
+        IF NOT strict THEN
+            RETURN NULL;
+        END IF;
+        RAISE EXCEPTION 'the arguments have no field %, the kind''s concurrency_key', field
+            USING ERRCODE = 'DMARG';
+    END IF;
+    key := CASE WHEN jsonb_typeof(v) = 'string' THEN v #>> '{}' ELSE v::text END;
+    -- The key is indexed while the task runs: a longer one would be
+    -- accepted now and refused at every launch.
+    IF octet_length(key) > 512 THEN
+        IF NOT strict THEN
+            RETURN NULL;
+        END IF;
+        RAISE EXCEPTION 'the arguments'' % (the kind''s concurrency_key) is % bytes: at most 512', field, octet_length(key)
+            USING ERRCODE = 'DMARG';
+    END IF;
+    RETURN key;
+END
+$$;
+
+
+--
 -- Name: control_events_immutable(); Type: FUNCTION; Schema: data_manager; Owner: -
 --
 
@@ -71,6 +176,97 @@ BEGIN
     RETURN NEW;
 END
 $$;
+
+
+--
+-- Name: create_task(text, jsonb, text, text, integer, text, timestamp with time zone, bigint); Type: FUNCTION; Schema: data_manager; Owner: -
+--
+
+CREATE FUNCTION data_manager.create_task(kind text, args jsonb, idempotency_key text, queue text, max_attempts integer, concurrency_field text, run_at timestamp with time zone, parent bigint, OUT etl_context_id bigint, OUT created boolean) RETURNS record
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $_$
+#variable_conflict use_column
+DECLARE
+    task_kind   text := kind;
+    task_key    text := nullif(idempotency_key, '');
+    task_queue  text := queue;
+    other_kind  text;
+    job         bigint;
+    job_state   text;
+BEGIN
+    args := coalesce(args, '{}');
+    IF octet_length(args::text) > data_manager.max_args_bytes() THEN
+        RAISE EXCEPTION 'arguments are % bytes as stored; a task receives them in DAMA_ARGS, which holds at most %',
+            octet_length(args::text), data_manager.max_args_bytes()
+            USING ERRCODE = 'DMARG';
+    END IF;
+    -- River's rule for a queue's name (validateQueueName).
+    IF task_queue IS NULL OR length(task_queue) > 64 OR task_queue !~ '^[a-z0-9]+([_|-]?[a-z0-9]+)*$' THEN
+        RAISE EXCEPTION 'queue %: want at most 64 lowercase letters and digits, separated by single underscores or hyphens', coalesce(quote_literal(task_queue), 'NULL')
+            USING ERRCODE = 'DMARG';
+    END IF;
+    -- As protocol.MaxIdempotencyKey.
+    IF octet_length(task_key) > 512 THEN
+        RAISE EXCEPTION 'idempotency key of % bytes: at most 512', octet_length(task_key)
+            USING ERRCODE = 'DMARG';
+    END IF;
+    -- A time River and dama read back: not infinity.
+    IF run_at IS NOT NULL AND NOT isfinite(run_at) THEN
+        RAISE EXCEPTION 'run_at %: want a finite time', run_at
+            USING ERRCODE = 'DMARG';
+    END IF;
+    IF parent IS NOT NULL AND NOT EXISTS (SELECT 1 FROM data_manager.etl_contexts AS c WHERE c.etl_context_id = parent) THEN
+        RAISE EXCEPTION 'parent etl context % does not exist', parent
+            USING ERRCODE = 'DMARG';
+    END IF;
+
+    LOOP
+        INSERT INTO data_manager.etl_contexts AS c (parent_context_id, kind, queue, max_attempts, idempotency_key, concurrency_key, due_at)
+        VALUES (parent, task_kind, task_queue, max_attempts, task_key,
+                data_manager.concurrency_key_of(args, concurrency_field), greatest(now(), coalesce(run_at, now())))
+        ON CONFLICT ON CONSTRAINT etl_contexts_idempotency_key_key DO NOTHING
+        RETURNING c.etl_context_id INTO etl_context_id;
+        EXIT WHEN etl_context_id IS NOT NULL;
+        -- The key's unique index made a concurrent insert of it wait for
+        -- its holder to commit; this statement's snapshot, newer than that
+        -- commit, sees the holder (under REPEATABLE READ the insert fails
+        -- instead), so two submissions of one key with different kinds
+        -- never both succeed. A holder removed meanwhile (retention) frees
+        -- the key: the insert is made again.
+        SELECT c.etl_context_id, c.kind INTO etl_context_id, other_kind
+          FROM data_manager.etl_contexts AS c WHERE c.idempotency_key = task_key;
+        CONTINUE WHEN etl_context_id IS NULL;
+        IF other_kind IS DISTINCT FROM task_kind THEN
+            RAISE EXCEPTION 'idempotency key belongs to a task of another kind: % is the key of etl context %, of kind %',
+                to_json(task_key)::text, etl_context_id, other_kind
+                USING ERRCODE = 'DMKEY';
+        END IF;
+        created := false;
+        RETURN;
+    END LOOP;
+    created := true;
+
+    INSERT INTO data_manager.event_store (etl_context_id, type, payload)
+    VALUES (etl_context_id, task_kind || ':INITIAL', args);
+
+    -- As River's InsertTx inserts a dama_task job (supervisor.TaskArgs):
+    -- available now, or scheduled until run_at.
+    job_state := CASE WHEN run_at > now() THEN 'scheduled' ELSE 'available' END;
+    INSERT INTO public.river_job (args, kind, max_attempts, metadata, priority, queue, scheduled_at, state, tags)
+    VALUES (jsonb_build_object('etl_context_id', etl_context_id, 'kind', task_kind), 'dama_task', max_attempts,
+            '{}', 1, task_queue, greatest(now(), coalesce(run_at, now())), job_state::public.river_job_state, '{}')
+    RETURNING id INTO job;
+    UPDATE data_manager.etl_contexts AS c SET river_job_id = job WHERE c.etl_context_id = create_task.etl_context_id;
+
+    -- River's insert notification, which wakes the supervisors' producers
+    -- of the queue when the transaction commits, on the channel River's
+    -- listeners take: the schema of River's tables, then river_insert.
+    IF job_state = 'available' THEN
+        PERFORM pg_notify('public.river_insert', json_build_object('queue', task_queue)::text);
+    END IF;
+END
+$_$;
 
 
 --
@@ -682,6 +878,16 @@ $$;
 
 
 --
+-- Name: max_args_bytes(); Type: FUNCTION; Schema: data_manager; Owner: -
+--
+
+CREATE FUNCTION data_manager.max_args_bytes() RETURNS integer
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$ SELECT 98304 $$;
+
+
+--
 -- Name: refuse_to_held(text); Type: FUNCTION; Schema: data_manager; Owner: -
 --
 
@@ -787,6 +993,41 @@ BEGIN
     END IF;
     RAISE EXCEPTION 'a member of dama_operator may write River job % only as a submission or a retry inserts it', NEW.id
         USING ERRCODE = 'insufficient_privilege';
+END
+$$;
+
+
+--
+-- Name: submit(text, jsonb, text, text, timestamp with time zone, bigint); Type: FUNCTION; Schema: data_manager; Owner: -
+--
+
+CREATE FUNCTION data_manager.submit(kind text, args jsonb DEFAULT '{}'::jsonb, idempotency_key text DEFAULT NULL::text, queue text DEFAULT NULL::text, run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, parent bigint DEFAULT NULL::bigint) RETURNS bigint
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    k     data_manager.kinds;
+    known text;
+BEGIN
+    SELECT * INTO k FROM data_manager.kinds AS p WHERE p.kind = submit.kind;
+    IF NOT FOUND THEN
+        SELECT string_agg(p.kind, ', ' ORDER BY p.kind) INTO known FROM data_manager.kinds AS p;
+        RAISE EXCEPTION 'unknown kind %: no supervisor has published it (data_manager.kinds has %)',
+            coalesce(quote_literal(submit.kind), 'NULL'), coalesce(known, 'none')
+            USING ERRCODE = 'DMKND';
+    END IF;
+    IF starts_with(submit.idempotency_key, 'dama:') THEN
+        RAISE EXCEPTION 'idempotency keys starting with "dama:" are dama''s own'
+            USING ERRCODE = 'DMARG';
+    END IF;
+    IF submit.queue IS NOT NULL AND submit.queue <> k.queue AND submit.queue <> ALL(k.queues) THEN
+        RAISE EXCEPTION 'queue %: the supervisor that published kind % serves %', quote_literal(submit.queue), k.kind,
+            array_to_string(array_append(k.queues, k.queue), ', ')
+            USING ERRCODE = 'DMARG';
+    END IF;
+    RETURN (data_manager.create_task(k.kind, args, submit.idempotency_key, coalesce(submit.queue, k.queue),
+                                     k.max_attempts, k.concurrency_key, run_at, parent)).etl_context_id;
 END
 $$;
 
@@ -1217,6 +1458,40 @@ ALTER TABLE data_manager.event_store ALTER COLUMN event_id ADD GENERATED ALWAYS 
 
 
 --
+-- Name: kinds; Type: TABLE; Schema: data_manager; Owner: -
+--
+
+CREATE TABLE data_manager.kinds (
+    kind text NOT NULL,
+    queue text NOT NULL,
+    max_attempts integer NOT NULL,
+    concurrency_key text,
+    queues text[] DEFAULT '{}'::text[] NOT NULL,
+    settings jsonb DEFAULT '{}'::jsonb NOT NULL,
+    published_by text NOT NULL,
+    release text NOT NULL,
+    published_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT kinds_kind_check CHECK ((kind ~ '^[A-Za-z][A-Za-z0-9_.-]{0,62}$'::text)),
+    CONSTRAINT kinds_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 32767)))
+);
+
+
+--
+-- Name: log_chunks; Type: TABLE; Schema: data_manager; Owner: -
+--
+
+CREATE TABLE data_manager.log_chunks (
+    etl_context_id bigint NOT NULL,
+    attempt integer NOT NULL,
+    run_id uuid NOT NULL,
+    start_byte bigint NOT NULL,
+    data bytea NOT NULL,
+    written_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT log_chunks_start_byte_check CHECK ((start_byte >= 0))
+);
+
+
+--
 -- Name: schema_migrations; Type: TABLE; Schema: data_manager; Owner: -
 --
 
@@ -1401,6 +1676,22 @@ ALTER TABLE ONLY data_manager.event_store
 
 ALTER TABLE ONLY data_manager.kind_blocks
     ADD CONSTRAINT kind_blocks_pkey PRIMARY KEY (kind);
+
+
+--
+-- Name: kinds kinds_pkey; Type: CONSTRAINT; Schema: data_manager; Owner: -
+--
+
+ALTER TABLE ONLY data_manager.kinds
+    ADD CONSTRAINT kinds_pkey PRIMARY KEY (kind);
+
+
+--
+-- Name: log_chunks log_chunks_pkey; Type: CONSTRAINT; Schema: data_manager; Owner: -
+--
+
+ALTER TABLE ONLY data_manager.log_chunks
+    ADD CONSTRAINT log_chunks_pkey PRIMARY KEY (etl_context_id, attempt, start_byte);
 
 
 --
@@ -1793,6 +2084,14 @@ ALTER TABLE ONLY data_manager.event_store
 
 
 --
+-- Name: log_chunks log_chunks_etl_context_id_fkey; Type: FK CONSTRAINT; Schema: data_manager; Owner: -
+--
+
+ALTER TABLE ONLY data_manager.log_chunks
+    ADD CONSTRAINT log_chunks_etl_context_id_fkey FOREIGN KEY (etl_context_id) REFERENCES data_manager.etl_contexts(etl_context_id) ON DELETE CASCADE;
+
+
+--
 -- Name: schedules schedules_last_context_id_fkey; Type: FK CONSTRAINT; Schema: data_manager; Owner: -
 --
 
@@ -1808,6 +2107,35 @@ GRANT USAGE ON SCHEMA data_manager TO dama_reader;
 GRANT USAGE ON SCHEMA data_manager TO dama_operator;
 GRANT USAGE ON SCHEMA data_manager TO dama_task;
 GRANT USAGE ON SCHEMA data_manager TO dama_supervisor;
+
+
+--
+-- Name: FUNCTION append_log(id bigint, run uuid, start_byte bigint, chunk bytea, keep bigint); Type: ACL; Schema: data_manager; Owner: -
+--
+
+REVOKE ALL ON FUNCTION data_manager.append_log(id bigint, run uuid, start_byte bigint, chunk bytea, keep bigint) FROM PUBLIC;
+GRANT ALL ON FUNCTION data_manager.append_log(id bigint, run uuid, start_byte bigint, chunk bytea, keep bigint) TO dama_task;
+GRANT ALL ON FUNCTION data_manager.append_log(id bigint, run uuid, start_byte bigint, chunk bytea, keep bigint) TO dama_supervisor;
+
+
+--
+-- Name: FUNCTION concurrency_key_of(args jsonb, field text, strict boolean); Type: ACL; Schema: data_manager; Owner: -
+--
+
+GRANT ALL ON FUNCTION data_manager.concurrency_key_of(args jsonb, field text, strict boolean) TO dama_reader;
+GRANT ALL ON FUNCTION data_manager.concurrency_key_of(args jsonb, field text, strict boolean) TO dama_operator;
+GRANT ALL ON FUNCTION data_manager.concurrency_key_of(args jsonb, field text, strict boolean) TO dama_task;
+GRANT ALL ON FUNCTION data_manager.concurrency_key_of(args jsonb, field text, strict boolean) TO dama_supervisor;
+
+
+--
+-- Name: FUNCTION create_task(kind text, args jsonb, idempotency_key text, queue text, max_attempts integer, concurrency_field text, run_at timestamp with time zone, parent bigint, OUT etl_context_id bigint, OUT created boolean); Type: ACL; Schema: data_manager; Owner: -
+--
+
+REVOKE ALL ON FUNCTION data_manager.create_task(kind text, args jsonb, idempotency_key text, queue text, max_attempts integer, concurrency_field text, run_at timestamp with time zone, parent bigint, OUT etl_context_id bigint, OUT created boolean) FROM PUBLIC;
+GRANT ALL ON FUNCTION data_manager.create_task(kind text, args jsonb, idempotency_key text, queue text, max_attempts integer, concurrency_field text, run_at timestamp with time zone, parent bigint, OUT etl_context_id bigint, OUT created boolean) TO dama_operator;
+GRANT ALL ON FUNCTION data_manager.create_task(kind text, args jsonb, idempotency_key text, queue text, max_attempts integer, concurrency_field text, run_at timestamp with time zone, parent bigint, OUT etl_context_id bigint, OUT created boolean) TO dama_supervisor;
+GRANT ALL ON FUNCTION data_manager.create_task(kind text, args jsonb, idempotency_key text, queue text, max_attempts integer, concurrency_field text, run_at timestamp with time zone, parent bigint, OUT etl_context_id bigint, OUT created boolean) TO dama_task;
 
 
 --
@@ -1850,6 +2178,16 @@ GRANT ALL ON FUNCTION data_manager.lock_initial_event(id bigint) TO dama_supervi
 
 
 --
+-- Name: FUNCTION max_args_bytes(); Type: ACL; Schema: data_manager; Owner: -
+--
+
+GRANT ALL ON FUNCTION data_manager.max_args_bytes() TO dama_reader;
+GRANT ALL ON FUNCTION data_manager.max_args_bytes() TO dama_operator;
+GRANT ALL ON FUNCTION data_manager.max_args_bytes() TO dama_task;
+GRANT ALL ON FUNCTION data_manager.max_args_bytes() TO dama_supervisor;
+
+
+--
 -- Name: FUNCTION refuse_to_held(what text); Type: ACL; Schema: data_manager; Owner: -
 --
 
@@ -1865,6 +2203,15 @@ GRANT ALL ON FUNCTION data_manager.refuse_to_held(what text) TO dama_supervisor;
 
 REVOKE ALL ON FUNCTION data_manager.remove_tasks(ids bigint[], OUT tasks bigint, OUT events bigint, OUT attempts bigint) FROM PUBLIC;
 GRANT ALL ON FUNCTION data_manager.remove_tasks(ids bigint[], OUT tasks bigint, OUT events bigint, OUT attempts bigint) TO dama_supervisor;
+
+
+--
+-- Name: FUNCTION submit(kind text, args jsonb, idempotency_key text, queue text, run_at timestamp with time zone, parent bigint); Type: ACL; Schema: data_manager; Owner: -
+--
+
+REVOKE ALL ON FUNCTION data_manager.submit(kind text, args jsonb, idempotency_key text, queue text, run_at timestamp with time zone, parent bigint) FROM PUBLIC;
+GRANT ALL ON FUNCTION data_manager.submit(kind text, args jsonb, idempotency_key text, queue text, run_at timestamp with time zone, parent bigint) TO dama_operator;
+GRANT ALL ON FUNCTION data_manager.submit(kind text, args jsonb, idempotency_key text, queue text, run_at timestamp with time zone, parent bigint) TO dama_supervisor;
 
 
 --
@@ -2262,6 +2609,24 @@ GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE data_manager.dama_task_queue TO dama_
 GRANT SELECT ON TABLE data_manager.etl_attempts TO dama_reader;
 GRANT SELECT ON TABLE data_manager.etl_attempts TO dama_operator;
 GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE data_manager.etl_attempts TO dama_supervisor;
+
+
+--
+-- Name: TABLE kinds; Type: ACL; Schema: data_manager; Owner: -
+--
+
+GRANT SELECT ON TABLE data_manager.kinds TO dama_reader;
+GRANT SELECT ON TABLE data_manager.kinds TO dama_operator;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE data_manager.kinds TO dama_supervisor;
+
+
+--
+-- Name: TABLE log_chunks; Type: ACL; Schema: data_manager; Owner: -
+--
+
+GRANT SELECT ON TABLE data_manager.log_chunks TO dama_reader;
+GRANT SELECT ON TABLE data_manager.log_chunks TO dama_operator;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE data_manager.log_chunks TO dama_supervisor;
 
 
 --

@@ -23,6 +23,12 @@
 # and at 1ms (every line stored), as lines and events per minute and the
 # database's growth.
 #
+# scripts/bench.sh logs [go test flags]: what keeping each attempt's log
+# tail in the database costs (cmd/dama BenchmarkLogTail): 5 tasks writing
+# their log as fast as a shell loop does for DAMA_BENCH_WINDOW (60s), with
+# log_tail_bytes at its default and at -1 (none kept), as the output and
+# the database's growth per minute, chunks written, and what each keeps.
+#
 # scripts/bench.sh memory [go test flags]: the memory of a running task by
 # kind (cmd/sample-embedded): a function kind's, the sample ETL command's
 # and a bare /bin/sleep's, DAMA_BENCH_TASKS (20) of each side by side, as
@@ -57,6 +63,12 @@ if [ "${1:-}" = storage ]; then
 	shift
 	echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(free -g | awk '/Mem:/ {print $2}') GB; $(go version); $(psql "$TEST_DATABASE_URL" -AtqX -c 'SHOW server_version')"
 	exec go test -run '^$' -bench ProgressStorage -benchtime 1x -count=1 -timeout 30m "$@" ./cmd/dama
+fi
+
+if [ "${1:-}" = logs ]; then
+	shift
+	echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(free -g | awk '/Mem:/ {print $2}') GB; $(go version); $(psql "$TEST_DATABASE_URL" -AtqX -c 'SHOW server_version')"
+	exec go test -run '^$' -bench LogTail -benchtime 1x -count=1 -timeout 30m "$@" ./cmd/dama
 fi
 
 if [ "${1:-}" = memory ]; then

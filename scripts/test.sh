@@ -33,6 +33,24 @@ if ! command -v chromium >/dev/null; then
 fi
 export DAMA_TEST_BROWSER=required
 
+# Submitting from SQL is tested from Python, with Debian's psycopg2
+# (python3-psycopg2), and the task examples of docs/tasks.md run with
+# Python and jq: installed here when missing.
+missing=()
+/usr/bin/python3 -c 'import psycopg2' 2>/dev/null || missing+=(python3-psycopg2)
+command -v jq >/dev/null || missing+=(jq)
+if [ "${#missing[@]}" -gt 0 ]; then
+	if [ "$(id -u)" -eq 0 ]; then
+		echo "${missing[*]} not found: installing Debian's packages" >&2
+		apt-get update -qq >&2 &&
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >&2 ||
+			{ echo "installing ${missing[*]} failed" >&2; exit 1; }
+	else
+		echo "${missing[*]} not found, and not root to install them: the tests of SQL submission and of the examples will fail" >&2
+	fi
+fi
+export DAMA_TEST_PYTHON=required
+
 # The upgrade test builds the previous release from the commit CHANGELOG.md
 # records, which a shallow clone lacks.
 if [ "$(git rev-parse --is-shallow-repository 2>/dev/null)" = true ]; then
@@ -53,7 +71,7 @@ host_tests+='|TestChaosNoOverlapWhateverIsKilledOrRestarted|TestABurstOfEventsLo
 host_tests+='|TestPostgresRestartKillsNoTask|TestOutageLongerThanGraceStopsCommandsBeforeAnyRetry|TestSilentLockConnectionIsFencedBeforeARetryElsewhere'
 host_tests+='|TestCancelReachesATaskWhoseWriteConnectionWentSilent|TestFailoverToAStreamingReplicaKillsNoTask|TestNoConnectionForTheTaskProcessSpendsNoAttempt'
 host_tests+='|TestAwaitChildren|TestFailedChildFailsItsParent|TestRetiredRunnerProtocolIsRefused|TestAnAnnouncedCancellationStopsNothingUnlessRecorded'
-host_tests+='|TestATaskStartsInTheSupervisorsSpare'
+host_tests+='|TestATaskStartsInTheSupervisorsSpare|TestLogsFromAnyHost|TestSubmitFromSQL'
 DAMA_TEST_LOCK_MODE=host go test -race -count=1 -timeout 30m -run "$host_tests" "$@" ./cmd/dama
 
 # A short fuzz pass over the parsers of outside input, from the corpora in
@@ -77,6 +95,7 @@ fuzz_targets=(
 	"./cmd/dama FuzzParseID 50000"
 	"./cmd/dama FuzzListenAddr 20000"
 	"./cmd/dama FuzzParseOlderThan 20000"
+	"./cmd/dama/internal/web FuzzParseLogPos 50000"
 	"./internal/hostproc FuzzParseStat 100000"
 	# What a command writes on its events pipe, and what the database is
 	# given of it: against the test server, whose jsonb is the judge.

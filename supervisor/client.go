@@ -20,11 +20,6 @@ import (
 	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
-// TaskArgs are the arguments of the one River job that follows a context
-// through its whole life. The task's own arguments live in the context's
-// INITIAL event, not in the job.
-type TaskArgs = submit.TaskArgs
-
 // Client submits and cancels tasks. It does not run them: that is the
 // Supervisor's work.
 type Client struct {
@@ -46,11 +41,11 @@ func NewClient(pool *pgxpool.Pool, cfg *config.Config) (*Client, error) {
 			return nil, fmt.Errorf("configuration: %w", err)
 		}
 	}
-	rc, err := submit.NewRiverClient(pool)
+	rc, err := newRiverClient(pool)
 	if err != nil {
 		return nil, err
 	}
-	return &Client{pool: pool, cfg: cfg, river: rc, submit: submit.New(cfg, rc), actor: defaultActor()}, nil
+	return &Client{pool: pool, cfg: cfg, river: rc, submit: submit.New(cfg), actor: defaultActor()}, nil
 }
 
 // WithActor returns a copy of the client whose actions (cancel, retry,

@@ -118,19 +118,22 @@ func (c *Client) checkKind(ctx context.Context, kind string) error {
 		return fmt.Errorf("%w %q: want letters, digits, '_', '.', '-', starting with a letter", ErrUnknownKind, kind)
 	}
 	if c.cfg != nil {
-		if _, ok := c.cfg.Kind(kind); !ok {
-			return fmt.Errorf("%w %q: the configuration has %v", ErrUnknownKind, kind, c.cfg.KindNames())
+		// The configuration's, or one a supervisor published: a lookup by
+		// name, never a scan.
+		if _, ok := c.cfg.Kind(kind); ok {
+			return nil
 		}
-		return nil
+		published, err := etlcontext.Published(ctx, c.pool, kind)
+		if err != nil || published {
+			return err
+		}
+		return fmt.Errorf("%w %q: the configuration has %v, and no supervisor published it", ErrUnknownKind, kind, c.cfg.KindNames())
 	}
 	known, err := etlcontext.KnownKind(ctx, c.pool, kind)
-	if err != nil {
+	if err != nil || known {
 		return err
 	}
-	if !known {
-		return fmt.Errorf("%w %q: no task of it was ever submitted (give the configuration to name a kind before its first task)", ErrUnknownKind, kind)
-	}
-	return nil
+	return fmt.Errorf("%w %q: no supervisor published it, and no task of it was ever submitted (give the configuration to name a kind before its first task)", ErrUnknownKind, kind)
 }
 
 // defaultActor names who acts, for the record: user@host.

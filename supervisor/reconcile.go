@@ -8,7 +8,6 @@ import (
 	"github.com/riverqueue/river"
 
 	"github.com/dama-etl/dama/etlcontext"
-	"github.com/dama-etl/dama/internal/submit"
 )
 
 // reconcile repairs the disagreements a step cannot see, because no step
@@ -58,7 +57,7 @@ func (s *Supervisor) enqueueMissingJob(ctx context.Context, d etlcontext.Disagre
 		if err != nil || !jobless {
 			return err
 		}
-		inserted, err = submit.EnqueueJob(ctx, s.river, tx, d.ID, d.Kind, &river.InsertOpts{Queue: d.Queue, MaxAttempts: d.MaxAttempts})
+		inserted, err = enqueueJob(ctx, s.river, tx, d.ID, d.Kind, &river.InsertOpts{Queue: d.Queue, MaxAttempts: d.MaxAttempts})
 		return err
 	})
 	if err != nil {

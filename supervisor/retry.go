@@ -9,7 +9,6 @@ import (
 	"github.com/riverqueue/river"
 
 	"github.com/dama-etl/dama/etlcontext"
-	"github.com/dama-etl/dama/internal/submit"
 )
 
 // Retry runs a FAILED or CANCELLED task again: a new attempt, given the
@@ -46,7 +45,7 @@ func (c *Client) Retry(ctx context.Context, id int64) error {
 				return fmt.Errorf("cancel the previous River job %d: %w", *ec.RiverJobID, err)
 			}
 		}
-		job, err := submit.EnqueueJob(ctx, c.river, tx, id, ec.Kind, &river.InsertOpts{
+		job, err := enqueueJob(ctx, c.river, tx, id, ec.Kind, &river.InsertOpts{
 			Queue:       ec.Queue,
 			MaxAttempts: maxAttempts,
 		})

@@ -23,6 +23,15 @@ import (
 //     with dama's tables.
 //   - A running task's job is parked (snoozed for parkFor) while its task
 //     process holds the lock, and woken by one of those statements.
+//   - data_manager.create_task (migration 24), which makes every task,
+//     inserts its River job in SQL as River's InsertTx inserts a TaskArgs
+//     job: args {"etl_context_id", "kind"}, kind dama_task, priority 1,
+//     metadata and tags empty, state available (scheduled with a run-at
+//     ahead), the id from River's sequence (the column's default), and
+//     River's insert notification on "<River's schema>.river_insert" with
+//     {"queue": ...}, which River's producers listen to. So a program in
+//     any language submits without a River client; an upgrade of River
+//     must check these against its insert and its notifier.
 //
 // And in the schema, on River's table: migration 19 puts a trigger on
 // river_job (BEFORE INSERT OR UPDATE OF kind) that keeps a member of

@@ -355,19 +355,8 @@ func (s *Supervisor) admit(ctx context.Context, tx pgx.Tx, c *etlcontext.Context
 }
 
 // deriveKey records on c the concurrency key of kind k taken from its
-// arguments, or "" when they lack the field, and returns it.
+// arguments, by the database's one rule of a key, or "" when they lack the
+// field, and returns it.
 func (s *Supervisor) deriveKey(ctx context.Context, tx pgx.Tx, c *etlcontext.Context, k config.Kind) (*string, error) {
-	args, _, err := etlcontext.Payloads(ctx, tx, c.ID)
-	if err != nil {
-		return nil, err
-	}
-	key, err := k.ConcurrencyKeyOf(args)
-	if err != nil || key == nil {
-		empty := ""
-		key = &empty
-	}
-	if err := etlcontext.SetConcurrencyKey(ctx, tx, c.ID, *key); err != nil {
-		return nil, err
-	}
-	return key, nil
+	return etlcontext.DeriveConcurrencyKey(ctx, tx, c.ID, k.ConcurrencyKey)
 }

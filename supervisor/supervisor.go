@@ -82,7 +82,7 @@ type Options struct {
 // River's fetch settings: every task start and finish goes through a fetch,
 // so dama's defaults are tighter than River's own (100ms and 1s).
 const (
-	defaultFetchCooldown     = submit.FetchCooldown
+	defaultFetchCooldown     = fetchCooldown
 	defaultFetchPollInterval = 250 * time.Millisecond
 )
 
@@ -295,7 +295,7 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 	if err != nil {
 		return nil, fmt.Errorf("create River client: %w", err)
 	}
-	s.client = &Client{pool: pool, cfg: cfg, river: s.river, submit: submit.New(cfg, s.river)}
+	s.client = &Client{pool: pool, cfg: cfg, river: s.river, submit: submit.New(cfg)}
 	for _, name := range cfg.KindNames() {
 		if _, err := cfg.Kinds[name].ScheduleOf(); err != nil {
 			return nil, fmt.Errorf("kind %s: %w", name, err)
@@ -336,6 +336,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	if err := etlcontext.CheckRunnerProtocol(ctx, s.pool, protocol.Version); err != nil {
 		return err
 	}
+	published := s.publishKinds(ctx)
 	s.countAdoptions(ctx)
 	// The liveness lock comes first: every job River fetches from now on
 	// names this client, and others judge it by that lock. It lives on a
@@ -385,6 +386,9 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	bg.Go(func() { s.rescueLoop(bgCtx) })
 	bg.Go(func() { s.spareLoop(bgCtx) })
 	bg.Go(func() { s.pruneLoop(bgCtx) })
+	if published != nil {
+		bg.Go(func() { s.publishLoop(bgCtx, published) })
+	}
 	for _, name := range s.cfg.KindNames() {
 		k := s.cfg.Kinds[name]
 		if sched, _ := k.ScheduleOf(); sched != nil {

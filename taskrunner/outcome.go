@@ -50,6 +50,7 @@ import (
 // context RUNNING with a free lock, and a supervisor records the attempt's
 // death.
 func (r *runner) finish(ctx context.Context, code int, suffix string, payload map[string]any, cause error) (int, error) {
+	r.w.flushTail(context.WithoutCancel(ctx))
 	r.w.outcome(suffix, payload, plainOutcome(payload))
 	wait := *r.opts.Config.ReconnectGrace + stmtTimeout
 	if code == protocol.ExitLockLost {

@@ -386,6 +386,13 @@ func (r *runner) prepare() error {
 		return fmt.Errorf("open log file: %w", err)
 	}
 	r.logFile = f
+	// Without the tail in the database, the file still has the log: a
+	// host that cannot read what it writes runs the task all the same.
+	tail, err := openLogTail(r.logPath, cfg.LogTailBytes, cfg.LogTailInterval)
+	if err != nil {
+		r.logger.Warn("the database keeps no tail of this attempt's log", "error", err)
+	}
+	r.w.keepTail(tail)
 	return nil
 }
 

@@ -128,6 +128,9 @@ func (w *writer) flush(ctx context.Context) error {
 // makes it.
 func (w *writer) run(ctx context.Context, conn dbConn, channels ...string) {
 	defer func() {
+		if t := w.tailKept(); t != nil {
+			t.close()
+		}
 		if w.conn != nil {
 			closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 			w.conn.Close(closeCtx)
@@ -299,7 +302,7 @@ func (w *writer) serveOne(ctx context.Context) bool {
 		return w.serveEvents(ctx)
 	}
 	w.mu.Unlock()
-	return w.serveProgress(ctx)
+	return w.serveProgress(ctx) || w.serveTail(ctx)
 }
 
 // serveEvents writes the events at the head of the queue: a child alone,

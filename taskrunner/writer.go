@@ -71,7 +71,10 @@ type writer struct {
 	sampleEvery time.Duration
 	samples     map[string]*sample
 	progress    contextProgress
-	room        chan struct{} // closed and replaced when piped events leave
+	// tail is the attempt's log file, kept in the database (logtail.go);
+	// nil keeps none. Set under mu, then used by the writer's goroutine.
+	tail *logTail
+	room chan struct{} // closed and replaced when piped events leave
 	// batchLimit is how many events go in one statement: maxBatch (0),
 	// halved after a batch was cut short. singleThrough, when set, is the
 	// last sequence number of a refused batch: up to it, events are

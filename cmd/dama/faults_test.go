@@ -819,7 +819,9 @@ func TestAnOutcomeWhoseReplyWasLostIsTakenForWritten(t *testing.T) {
 	replica := testenv.NewReplica(t, primary)
 	env := testenv.NewOn(t, primary)
 	goFile := filepath.Join(env.Dir, "go")
-	w := &world{Env: env, cfg: env.WriteConfig(sampleConfigFor(1) + waiterKind(goFile, 1))}
+	// No log tail: the outcome is the task process's first write after
+	// its command's end, the one whose reply is lost.
+	w := &world{Env: env, cfg: env.WriteConfig("log_tail_bytes: -1\n" + sampleConfigFor(1) + waiterKind(goFile, 1))}
 	env.Start(w.cfg, "supervisor")
 	id := w.submitOf("waiter")
 	w.waitRunning(id)
@@ -853,5 +855,51 @@ func TestAnOutcomeWhoseReplyWasLostIsTakenForWritten(t *testing.T) {
 	}
 	if log := string(b); strings.Contains(log, "level=ERROR") || strings.Contains(log, `msg="this run is no longer current`) {
 		t.Errorf("the task process took its own outcome, written, for a write refused:\n%s", log)
+	}
+}
+
+// The last write of a task's log tail, whose reply was lost as in
+// TestAnOutcomeWhoseReplyWasLostIsTakenForWritten, is made again and kept
+// once: the task is DONE, and its tail holds each line once.
+func TestALogTailWhoseReplyWasLostIsKeptOnce(t *testing.T) {
+	primary := testenv.NewServer(t)
+	replica := testenv.NewReplica(t, primary)
+	env := testenv.NewOn(t, primary)
+	goFile := filepath.Join(env.Dir, "go")
+	// A tail written only before the outcome.
+	w := &world{Env: env, cfg: env.WriteConfig("log_tail_interval: 1h\n" + sampleConfigFor(1) + waiterKind(goFile, 1))}
+	env.Start(w.cfg, "supervisor")
+	id := w.submitOf("waiter")
+	w.waitRunning(id)
+	taskLog := filepath.Join(env.Dir, "logs", fmt.Sprintf("%d.log", id))
+	testenv.Eventually(t, 20*time.Second, "the command to start", func() (bool, error) {
+		b, _ := os.ReadFile(taskLog)
+		return strings.Contains(string(b), "command started"), nil
+	})
+	replica.Stop(t, "immediate")
+	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var ended int
+	testenv.Eventually(t, 30*time.Second, "the tail's commit to wait for the replica, and its backend to be ended", func() (bool, error) {
+		err := env.Pool.QueryRow(context.Background(), `
+			SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+			 WHERE wait_event = 'SyncRep' AND query LIKE '%data_manager.append_log%'`).Scan(&ended)
+		return ended > 0, err
+	})
+	replica.Start(t)
+	if got := w.waitSettled(id, time.Minute); got.Status != etlcontext.StatusDone || got.Attempt != 1 {
+		t.Fatalf("task %d: %s after %d attempts, want DONE after 1", id, got.Status, got.Attempt)
+	}
+	pieces, err := etlcontext.LogSince(context.Background(), env.Pool, id, etlcontext.LogPos{}, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kept strings.Builder
+	for _, p := range pieces {
+		kept.Write(p.Data)
+	}
+	if n := strings.Count(kept.String(), "command started"); n != 1 {
+		t.Errorf("the tail holds %d lines of the command's start, want 1:\n%s", n, kept.String())
 	}
 }

@@ -5,22 +5,30 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/hostproc"
+	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 func newLogsCommand() *cobra.Command {
-	var follow bool
+	var follow, raw bool
 	cmd := &cobra.Command{
 		Use:   "logs ID",
-		Short: "Print the log file of a task (on the host it ran on)",
-		Long: `Print the log file of a task: the task process's own lines and its command's
-output. The file is on the host the task ran on. With --follow, keep printing
-what is appended until the task is finished.`,
+		Short: "Print the log of a task, from any host",
+		Long: `Print the log of a task: the task process's own lines and its command's
+output. On the host the task ran on, the whole log file; on any other host,
+or once the file is gone, the tail of each attempt's output that the
+database keeps (log_tail_bytes of the configuration, 1 MiB by default),
+with a line on stderr where output was not kept. With --follow, keep
+printing what comes until the task is finished. On a terminal, control
+characters a command wrote (escape sequences) are shown as ^[ and the like
+rather than acted on, unless --raw.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			ctx := cmd.Context()
@@ -46,12 +54,19 @@ what is appended until the task is finished.`,
 			if c.LogPath == nil {
 				return fmt.Errorf("etl context %d has no log (it is %s and never started)", id, c.Status)
 			}
-			f, err := os.Open(*c.LogPath)
+			out := cmd.OutOrStdout()
+			if _, _, tty := terminalSize(out); tty && !raw {
+				out = &controlShown{w: out}
+			}
+			f, err := openLocalLog(c)
 			if err != nil {
-				return fmt.Errorf("open log of etl context %d (the task ran on %s): %w", id, orDash(c.Host), err)
+				printed, kerr := printKeptLog(ctx, pool, id, out, cmd.ErrOrStderr(), follow, err)
+				if kerr == nil && !printed {
+					kerr = fmt.Errorf("%s, and the database keeps none of its output", shownText(err.Error()))
+				}
+				return kerr
 			}
 			defer f.Close()
-			out := cmd.OutOrStdout()
 			if _, err := io.Copy(out, f); err != nil || !follow {
 				return err
 			}
@@ -59,7 +74,80 @@ what is appended until the task is finished.`,
 		},
 	}
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing until the task is finished")
+	cmd.Flags().BoolVar(&raw, "raw", false, "on a terminal too, print the log's bytes as they are, escape sequences included")
 	return cmd
+}
+
+// controlShown writes what is written to it with the control characters
+// a terminal would act on shown instead: C0 but tab, newline and carriage
+// return, and DEL, in caret notation (ESC as ^[); C1, as UTF-8 encodes it,
+// as U+FFFD. A log is anyone's command's output: on an operator's
+// terminal, an escape sequence could set its title, write its clipboard
+// or make it answer as if typed.
+type controlShown struct {
+	w io.Writer
+	// lead is a C1 sequence's first byte that ended the last write.
+	lead bool
+}
+
+func (c *controlShown) Write(p []byte) (int, error) {
+	out := make([]byte, 0, len(p)+8)
+	for _, b := range p {
+		switch {
+		case c.lead:
+			c.lead = false
+			if b >= 0x80 && b <= 0x9f {
+				out = append(out, "\uFFFD"...)
+				continue
+			}
+			out = append(out, 0xc2)
+			if b == 0xc2 {
+				c.lead = true
+				continue
+			}
+			out = append(out, b)
+		case b == 0xc2:
+			c.lead = true
+		case b < 0x20 && b != '\t' && b != '\n' && b != '\r':
+			out = append(out, '^', b+0x40)
+		case b == 0x7f:
+			out = append(out, '^', '?')
+		default:
+			out = append(out, b)
+		}
+	}
+	if _, err := c.w.Write(out); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// openLocalLog opens the log file of c when it is on this host: the host
+// that ran its latest attempt (by its identity, or by its name after a
+// reboot), whose file is still there.
+func openLocalLog(c *etlcontext.Context) (*os.File, error) {
+	host := "-"
+	if c.Host != nil {
+		host = *c.Host
+	}
+	id, _ := hostproc.ID()
+	name, _ := os.Hostname()
+	if (c.HostID == nil || *c.HostID != id) && (c.Host == nil || *c.Host != name) {
+		return nil, fmt.Errorf("the log of etl context %d is on host %s", c.ID, host)
+	}
+	return protocol.OpenLog(*c.LogPath, c.ID)
+}
+
+// shownText is s with its control characters shown (controlShown): what
+// a task recorded (its host, its log's path) said on dama's own lines.
+func shownText(s string) string {
+	var b strings.Builder
+	c := controlShown{w: &b}
+	_, _ = c.Write([]byte(strings.ReplaceAll(s, "\n", " ")))
+	if c.lead {
+		b.WriteByte(0xc2)
+	}
+	return b.String()
 }
 
 // followLog copies what is appended to f until the context is finished (and
@@ -84,6 +172,58 @@ func followLog(ctx context.Context, pool *pgxpool.Pool, id int64, f *os.File, ou
 		case <-ctx.Done():
 			return nil
 		case <-ticker.C:
+		}
+	}
+}
+
+// keptLogPoll is how often --follow reads the tail the database keeps,
+// which task processes write every log_tail_interval (5s by default).
+const keptLogPoll = time.Second
+
+// printKeptLog prints the output of context id that the database keeps,
+// attempt by attempt, says on errOut where output was not kept, and
+// reports whether it printed anything; why, it says first. With follow,
+// it goes on until the context is finished and its tail read.
+func printKeptLog(ctx context.Context, pool *pgxpool.Pool, id int64, out, errOut io.Writer, follow bool, why error) (printed bool, err error) {
+	var pos etlcontext.LogPos
+	for {
+		// Read before the pieces: a context finished before them has
+		// written its last.
+		c, err := etlcontext.Get(ctx, pool, id)
+		if err != nil {
+			return printed, err
+		}
+		for {
+			pieces, err := etlcontext.LogSince(ctx, pool, id, pos, 1<<20)
+			if err != nil {
+				return printed, err
+			}
+			if len(pieces) == 0 {
+				break
+			}
+			for _, p := range pieces {
+				if !printed {
+					fmt.Fprintf(errOut, "dama: %s: printing the output the database keeps\n", shownText(why.Error()))
+				}
+				switch {
+				case p.Attempt != pos.Attempt && p.Offset > 0:
+					fmt.Fprintf(errOut, "dama: attempt %d: its first %d bytes are not kept\n", p.Attempt, p.Offset)
+				case p.Attempt == pos.Attempt && p.Offset > pos.Offset:
+					fmt.Fprintf(errOut, "dama: attempt %d: %d bytes are not kept\n", p.Attempt, p.Offset-pos.Offset)
+				}
+				if _, err := out.Write(p.Data); err != nil {
+					return printed, err
+				}
+				pos, printed = p.End(), true
+			}
+		}
+		if !follow || c.Status.Finished() {
+			return printed, nil
+		}
+		select {
+		case <-ctx.Done():
+			return printed, nil
+		case <-time.After(keptLogPoll):
 		}
 	}
 }

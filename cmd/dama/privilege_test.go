@@ -506,11 +506,8 @@ func TestATaskProcessWritesOnlyItsOwnRun(t *testing.T) {
 	ctx := context.Background()
 	launch := func() (int64, etlcontext.Run) {
 		t.Helper()
-		id, _, err := etlcontext.Create(ctx, env.Pool, etlcontext.NewContext{Kind: "k", Queue: "q", MaxAttempts: 1})
+		id, _, err := etlcontext.CreateTask(ctx, env.Pool, etlcontext.NewTask{Kind: "k", Queue: "q", MaxAttempts: 1})
 		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := etlcontext.Append(ctx, env.Pool, etlcontext.NewEvent{ContextID: id, Type: "k:INITIAL", Payload: map[string]int{}}); err != nil {
 			t.Fatal(err)
 		}
 		run, err := etlcontext.StartAttempt(ctx, env.Pool, id, 1, "test", "")
@@ -565,23 +562,12 @@ func TestATaskProcessWritesOnlyItsOwnRun(t *testing.T) {
 		}
 		return nil
 	}
+	// As the task process submits a child: the context, its INITIAL
+	// event and its River job, in one statement.
 	child := func(conn *pgx.Conn, parent int64) error {
 		return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-			id, _, err := etlcontext.Create(ctx, tx, etlcontext.NewContext{Kind: "k", Queue: "q", MaxAttempts: 1, ParentID: parent})
-			if err != nil {
-				return err
-			}
-			if _, err := etlcontext.Append(ctx, tx, etlcontext.NewEvent{ContextID: id, Type: "k:INITIAL", Payload: map[string]int{}}); err != nil {
-				return err
-			}
-			// A job of the child's, drawn as River draws it.
-			var job int64
-			if err := tx.QueryRow(ctx, `
-				INSERT INTO river_job (args, kind, max_attempts, queue, state)
-				VALUES (jsonb_build_object('etl_context_id', $1::bigint), 'dama_task', 1, 'q', 'available') RETURNING id`, id).Scan(&job); err != nil {
-				return err
-			}
-			return etlcontext.SetJob(ctx, tx, id, job)
+			_, _, err := etlcontext.CreateTask(ctx, tx, etlcontext.NewTask{Kind: "k", Queue: "q", MaxAttempts: 1, ParentID: parent})
+			return err
 		})
 	}
 	progress := func(conn *pgx.Conn, id int64, run etlcontext.Run) error {

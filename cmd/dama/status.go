@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -79,7 +80,7 @@ or the newest --limit tasks, optionally only those in the given --status.`,
 				}
 				return enc.Encode(tasks)
 			}
-			return printTasks(out, tasks)
+			return printTasks(cmd.Context(), pool, out, tasks)
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
@@ -90,31 +91,86 @@ or the newest --limit tasks, optionally only those in the given --status.`,
 	return cmd
 }
 
-func printTasks(w io.Writer, tasks []etlcontext.Task) error {
-	return printTaskTable(w, tasks, func(p []byte) string { return string(p) })
-}
-
-// printTaskTable prints tasks as a table, their progress drawn by progress.
-func printTaskTable(w io.Writer, tasks []etlcontext.Task, progress func([]byte) string) error {
+// printTasks prints tasks as a table: progress as a bar with a
+// percentage and, for a running task, the time it has left at its pace;
+// durations as people write them (3h12m), times in the local zone.
+func printTasks(ctx context.Context, db etlcontext.DB, w io.Writer, tasks []etlcontext.Task) error {
+	var running []int64
+	for _, t := range tasks {
+		if t.Status == etlcontext.StatusRunning {
+			running = append(running, t.ID)
+		}
+	}
+	paces := map[int64]etlcontext.Pace{}
+	if len(running) > 0 {
+		var err error
+		if paces, err = etlcontext.Paces(ctx, db, running); err != nil {
+			return err
+		}
+	}
+	now := time.Now()
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tKIND\tQUEUE\tSTATUS\tATTEMPT\tJOB\tWAITING\tCHILDREN\tHOST\tPID\tLOCKED\tLATEST EVENT\tPROGRESS")
+	fmt.Fprintln(tw, "ID\tKIND\tQUEUE\tSTATUS\tATTEMPT\tJOB\tWAITING\tCHILDREN\tHOST\tPID\tLOCKED\tRUNTIME\tLATEST EVENT\tPROGRESS")
 	for _, t := range tasks {
 		latest := "-"
 		if t.LatestEventType != nil {
 			latest = *t.LatestEventType
 			if t.LatestEventAt != nil {
-				latest += " " + t.LatestEventAt.Local().Format("15:04:05")
+				latest += " " + localTime(*t.LatestEventAt, now)
 			}
 		}
+		pace, running := paces[t.ID]
 		shown := "-"
 		if len(t.Progress) > 0 {
-			shown = progress(t.Progress)
+			shown = bar(t.Progress, 20)
+			if left, ok := pace.Remaining(t.Progress, t.ProgressAt, now); ok && running {
+				shown += " ETA " + human(left)
+			}
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\t%s\t%s\t%t\t%s\t%s\n",
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\t%s\t%s\t%t\t%s\t%s\t%s\n",
 			t.ID, t.Kind, t.Queue, t.Status, t.Attempt, t.MaxAttempts,
-			orDash(t.JobState), waiting(t), children(t.Children), orDash(t.Host), intOrDash(t.PID), t.InitialEventLocked, latest, shown)
+			orDash(t.JobState), waiting(t), children(t.Children), orDash(t.Host), intOrDash(t.PID), t.InitialEventLocked,
+			ranFor(t, pace, running, now), latest, shown)
 	}
 	return tw.Flush()
+}
+
+// ranFor is how long a task has run: its current attempt so far, while
+// it runs; from its first start to its end, once finished.
+func ranFor(t etlcontext.Task, pace etlcontext.Pace, running bool, now time.Time) string {
+	switch {
+	case running:
+		return human(now.Sub(pace.StartedAt))
+	case t.Status.Finished() && t.StartedAt != nil && t.FinishedAt != nil:
+		return human(t.FinishedAt.Sub(*t.StartedAt))
+	}
+	return "-"
+}
+
+// human writes d as people do, to its two largest units: 45s, 12m5s,
+// 3h12m, 2d3h.
+func human(d time.Duration) string {
+	d = max(d, 0)
+	const day = 24 * time.Hour
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d/time.Second))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm%ds", int(d/time.Minute), int(d%time.Minute/time.Second))
+	case d < day:
+		return fmt.Sprintf("%dh%dm", int(d/time.Hour), int(d%time.Hour/time.Minute))
+	}
+	return fmt.Sprintf("%dd%dh", int(d/day), int(d%day/time.Hour))
+}
+
+// localTime writes t in the local zone: its time of day when it is of
+// now's day, else its date too.
+func localTime(t, now time.Time) string {
+	t, now = t.Local(), now.Local()
+	if y, m, d := t.Date(); y == now.Year() && m == now.Month() && d == now.Day() {
+		return t.Format(time.TimeOnly)
+	}
+	return t.Format(time.DateTime)
 }
 
 // children summarizes a task's children: how many are DONE of how many,

@@ -22,14 +22,7 @@ import (
 // reports the lines reported and the events stored per minute, and the
 // database's growth. Run it with scripts/bench.sh storage.
 func BenchmarkProgressStorage(b *testing.B) {
-	window := time.Minute
-	if v := os.Getenv("DAMA_BENCH_WINDOW"); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			b.Fatalf("DAMA_BENCH_WINDOW: %v", err)
-		}
-		window = d
-	}
+	window := benchWindow(b)
 	gap := "0.02"
 	if v := os.Getenv("DAMA_BENCH_LINE_GAP"); v != "" {
 		if _, err := strconv.ParseFloat(v, 64); err != nil {
@@ -69,16 +62,9 @@ kinds:
 	w := &world{Env: env, cfg: cfg}
 	w.Start(cfg, "supervisor")
 	ctx := context.Background()
-	size := func() int64 {
-		var n int64
-		if err := env.Pool.QueryRow(ctx, `SELECT pg_database_size(current_database())`).Scan(&n); err != nil {
-			b.Fatal(err)
-		}
-		return n
-	}
 	// From before the first submission: the lines and events counted are
 	// the tasks' whole lives'.
-	before, start := size(), time.Now()
+	before, start := dbSize(b, env), time.Now()
 	b.ResetTimer()
 	var ids []int64
 	for range tasks {
@@ -88,27 +74,7 @@ kinds:
 	for _, id := range ids {
 		pids = append(pids, *w.waitRunning(id).PID)
 	}
-	// The window is what is measured, not a wait for a condition. The
-	// task processes' resident sets are read at each fifth of it: one
-	// relaying a steady stream of lines must not grow.
-	var rss []string
-	for i := range 5 {
-		time.Sleep(window / 5)
-		var mb []float64
-		for _, pid := range pids {
-			if n, err := scalebench.RSS(pid); err == nil {
-				mb = append(mb, float64(n)/(1<<20))
-			}
-		}
-		med := scalebench.Median(mb)
-		rss = append(rss, fmt.Sprintf("%.1f", med))
-		if i == 0 {
-			b.ReportMetric(med, "MB-RSS-first")
-		}
-		if i == 4 {
-			b.ReportMetric(med, "MB-RSS-last")
-		}
-	}
+	rss := sampleRSS(b, window, pids)
 	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
 		b.Fatal(err)
 	}
@@ -131,7 +97,56 @@ kinds:
 	perMin := func(n int64) float64 { return float64(n) / ran.Minutes() }
 	b.ReportMetric(perMin(lines), "lines/min")
 	b.ReportMetric(perMin(events), "events/min")
-	b.ReportMetric(float64(size()-before)/(1<<20)/ran.Minutes(), "MB/min")
+	b.ReportMetric(float64(dbSize(b, env)-before)/(1<<20)/ran.Minutes(), "MB/min")
 	b.Logf("progress_interval %s: %d tasks reported %d progress lines in %s; %d PROGRESS events stored; their task processes' median RSS at each fifth of the window: %s MB",
 		interval, tasks, lines, ran.Round(time.Second), events, strings.Join(rss, ", "))
+}
+
+// benchWindow is how long a benchmark's tasks run: DAMA_BENCH_WINDOW, 60s
+// by default.
+func benchWindow(b *testing.B) time.Duration {
+	v := os.Getenv("DAMA_BENCH_WINDOW")
+	if v == "" {
+		return time.Minute
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		b.Fatalf("DAMA_BENCH_WINDOW: %v", err)
+	}
+	return d
+}
+
+// dbSize is the size of env's database.
+func dbSize(b *testing.B, env *testenv.Env) int64 {
+	var n int64
+	if err := env.Pool.QueryRow(context.Background(), `SELECT pg_database_size(current_database())`).Scan(&n); err != nil {
+		b.Fatal(err)
+	}
+	return n
+}
+
+// sampleRSS waits out window, the time measured (not a wait for a
+// condition), and reads the median resident set of the processes pids at
+// each fifth of it: a task process relaying a steady stream must not grow.
+// It reports the first and the last as metrics, and returns the five, in MB.
+func sampleRSS(b *testing.B, window time.Duration, pids []int) []string {
+	var rss []string
+	for i := range 5 {
+		time.Sleep(window / 5)
+		var mb []float64
+		for _, pid := range pids {
+			if n, err := scalebench.RSS(pid); err == nil {
+				mb = append(mb, float64(n)/(1<<20))
+			}
+		}
+		med := scalebench.Median(mb)
+		rss = append(rss, fmt.Sprintf("%.1f", med))
+		if i == 0 {
+			b.ReportMetric(med, "MB-RSS-first")
+		}
+		if i == 4 {
+			b.ReportMetric(med, "MB-RSS-last")
+		}
+	}
+	return rss
 }

@@ -233,26 +233,27 @@ func outcome(ctx context.Context, db etlcontext.DB, t etlcontext.Task) (int, err
 	return code, fmt.Errorf("task %d %s at attempt %d/%d: %s", t.ID, t.Status, t.Attempt, t.MaxAttempts, reason)
 }
 
-// watchTasks prints the tasks q selects every interval until ctx ends:
-// redrawn in place, with progress bars, on a terminal; a table after
-// another, each under a line with the time, otherwise.
+// watchTasks prints the tasks q selects every interval until ctx ends, as
+// printTasks does: redrawn in place on a terminal; a table after another,
+// each under a line with the time, otherwise.
 func watchTasks(ctx context.Context, db etlcontext.DB, q etlcontext.TaskQuery, w io.Writer, interval time.Duration) error {
 	for {
 		cols, rows, tty := terminalSize(w)
 		var buf bytes.Buffer
 		now := time.Now().Format(time.DateTime)
+		var table bytes.Buffer
 		tasks, err := etlcontext.Tasks(ctx, db, q)
+		if err == nil {
+			err = printTasks(ctx, db, &table, tasks)
+		}
 		switch {
 		case ctx.Err() != nil:
 			return nil
 		case err != nil && !pgerr.Transient(err):
 			return err
-		}
-		var table bytes.Buffer
-		if err != nil {
+		case err != nil:
+			table.Reset()
 			fmt.Fprintf(&table, "waiting for the database: %v\n", err)
-		} else if err := printTaskTable(&table, tasks, func(p []byte) string { return bar(p, 20) }); err != nil {
-			return err
 		}
 		if tty {
 			// A screen's worth, each line within its width: the header

@@ -1,9 +1,11 @@
-// Package submit records tasks: a context, its INITIAL event and the River
-// job that steps it, in one transaction. The supervisor's Client, its
-// schedules and a task process submitting its command's children all
-// submit through it, so that a task is made one way whoever makes it; it
-// needs River's insert and no more, which keeps the task process's own
-// program (cmd/dama-taskrunner) small.
+// Package submit submits the tasks of a configuration's kinds: it checks
+// them as the configuration says and makes them with
+// etlcontext.CreateTask, in the caller's transaction. The supervisor's
+// Client, its schedules and a task process submitting its command's
+// children all submit through it, and data_manager.submit makes its tasks
+// the same way, so that a task is made one way whoever makes it. It needs
+// no River client (the database inserts the job), which keeps the task
+// process's own program (cmd/dama-taskrunner) small.
 package submit
 
 import (
@@ -16,58 +18,11 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
-	"github.com/dama-etl/dama/internal/jsonb"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 )
-
-// TaskArgs are the arguments of the one River job that follows a context
-// through its whole life. The task's own arguments live in the context's
-// INITIAL event, not in the job.
-type TaskArgs struct {
-	ETLContextID int64 `json:"etl_context_id"`
-	// TaskKind is the task's kind, for the kind's retry policy (NextRetry);
-	// empty in the jobs of releases before it, which then back off as
-	// River does by default.
-	TaskKind string `json:"kind,omitempty"`
-}
-
-// Kind is the River job kind of every dama task.
-func (TaskArgs) Kind() string { return etlcontext.JobKind }
-
-// FetchCooldown is the River clients' FetchCooldown. River sends at most
-// one insert notification per queue per FetchCooldown from a client; its
-// default (100ms) would leave tasks submitted in a burst waiting for the
-// supervisors' next fetch poll.
-const FetchCooldown = 10 * time.Millisecond
-
-// NewRiverClient returns an insert-only River client on pool (nil: only
-// its transactions' inserts, *Tx).
-func NewRiverClient(pool *pgxpool.Pool) (*river.Client[pgx.Tx], error) {
-	rc, err := river.NewClient(riverpgxv5.New(pool), &river.Config{FetchCooldown: FetchCooldown})
-	if err != nil {
-		return nil, fmt.Errorf("create River client: %w", err)
-	}
-	return rc, nil
-}
-
-// EnqueueJob inserts, in tx, the River job that steps context id, of kind,
-// and records it as the context's job: a context has exactly one job.
-func EnqueueJob(ctx context.Context, rc *river.Client[pgx.Tx], tx pgx.Tx, id int64, kind string, opts *river.InsertOpts) (int64, error) {
-	res, err := rc.InsertTx(ctx, tx, TaskArgs{ETLContextID: id, TaskKind: kind}, opts)
-	if err != nil {
-		return 0, fmt.Errorf("enqueue River job: %w", err)
-	}
-	if err := etlcontext.SetJob(ctx, tx, id, res.Job.ID); err != nil {
-		return 0, err
-	}
-	return res.Job.ID, nil
-}
 
 // ErrUnknownKind is returned for a kind the configuration does not name.
 var ErrUnknownKind = errors.New("unknown kind")
@@ -83,14 +38,13 @@ type Params struct {
 
 // Submitter submits tasks of the kinds of a configuration.
 type Submitter struct {
-	cfg   *config.Config
-	river *river.Client[pgx.Tx]
+	cfg *config.Config
 }
 
 // New returns a Submitter of cfg's kinds (cfg with its defaults applied and
-// validated) that inserts jobs with rc.
-func New(cfg *config.Config, rc *river.Client[pgx.Tx]) *Submitter {
-	return &Submitter{cfg: cfg, river: rc}
+// validated).
+func New(cfg *config.Config) *Submitter {
+	return &Submitter{cfg: cfg}
 }
 
 // Tx submits p in tx, in a savepoint, so that a refused submission (an
@@ -122,38 +76,14 @@ func (s *Submitter) Tx(ctx context.Context, tx pgx.Tx, p Params) (id int64, crea
 		// gets what it was given, or nothing.
 		return 0, false, fmt.Errorf("arguments hold %d number(s) the database would give back far longer than written (1e100 as 101 digits): write them in full, or as strings", replaced.Huge)
 	}
-	// Measured as the database gives them back, which is what the task gets.
-	if n := jsonb.TextLen(args); n > protocol.MaxEnvPayload {
-		return 0, false, fmt.Errorf("arguments are %d bytes as stored; a task receives them in DAMA_ARGS, which holds at most %d", n, protocol.MaxEnvPayload)
-	}
 	if k := p.IdempotencyKey; strings.ContainsRune(k, 0) || !utf8.ValidString(k) {
 		return 0, false, errors.New("idempotency key: want UTF-8 text without NUL")
 	}
-	concurrencyKey, err := kind.ConcurrencyKeyOf(args)
-	if err != nil {
-		return 0, false, fmt.Errorf("submit %s task: %w", p.Kind, err)
-	}
-
+	// In a savepoint, so that a refused submission leaves tx usable.
 	err = pgx.BeginFunc(ctx, tx, func(tx pgx.Tx) error {
-		id, created, err = etlcontext.Create(ctx, tx, etlcontext.NewContext{
-			Kind: p.Kind, Queue: kind.Queue, MaxAttempts: kind.MaxAttempts, IdempotencyKey: p.IdempotencyKey,
-			ParentID: p.ParentID, ConcurrencyKey: concurrencyKey, DueAt: p.ScheduledAt,
-		})
-		if err != nil || !created {
-			// An existing context of the key stands as it is.
-			return err
-		}
-		if _, err := etlcontext.Append(ctx, tx, etlcontext.NewEvent{
-			ContextID: id,
-			Type:      protocol.EventType(p.Kind, protocol.EventInitial),
-			Payload:   args,
-		}); err != nil {
-			return err
-		}
-		_, err := EnqueueJob(ctx, s.river, tx, id, p.Kind, &river.InsertOpts{
-			Queue:       kind.Queue,
-			MaxAttempts: kind.MaxAttempts,
-			ScheduledAt: p.ScheduledAt,
+		id, created, err = etlcontext.CreateTask(ctx, tx, etlcontext.NewTask{
+			Kind: p.Kind, Args: args, Queue: kind.Queue, MaxAttempts: kind.MaxAttempts, IdempotencyKey: p.IdempotencyKey,
+			ParentID: p.ParentID, ConcurrencyField: kind.ConcurrencyKey, RunAt: p.ScheduledAt,
 		})
 		return err
 	})

@@ -222,18 +222,14 @@ func runnerHost(cfg *config.Config, funcs taskrunner.Funcs) (taskrunner.Options,
 	if err != nil {
 		return taskrunner.Options{}, fmt.Errorf("read host name: %w", err)
 	}
-	// Insert-only: children are submitted in the transaction of the
-	// parent's SUBMITTED event, on the task process's own connection.
-	rc, err := submit.NewRiverClient(nil)
-	if err != nil {
-		return taskrunner.Options{}, err
-	}
 	return taskrunner.Options{
 		Host:   host,
 		HostID: hostID,
 		Config: cfg,
 		Funcs:  funcs,
-		Submit: submit.New(cfg, rc).Child,
+		// Children are submitted in the transaction of the parent's
+		// SUBMITTED event, on the task process's own connection.
+		Submit: submit.New(cfg).Child,
 	}, nil
 }
 

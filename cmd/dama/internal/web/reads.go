@@ -16,24 +16,35 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
-// config tells the page what it may offer: the actions, and the queues and
-// kinds of the configuration.
-func (s *Server) config(w http.ResponseWriter, _ *http.Request) {
+// config tells the page what it may offer: the actions, the queues of the
+// configuration, and its kinds with those the supervisors published
+// (data_manager.kinds).
+func (s *Server) config(w http.ResponseWriter, r *http.Request) {
+	published, err := etlcontext.Kinds(r.Context(), s.pool)
+	if err != nil {
+		readError(w, err)
+		return
+	}
+	kinds := s.cfg.KindNames()
+	for _, k := range published {
+		if !slices.Contains(kinds, k.Kind) {
+			kinds = append(kinds, k.Kind)
+		}
+	}
+	slices.Sort(kinds)
 	writeJSON(w, map[string]any{
 		"read_only": s.opts.ReadOnly,
 		"host":      s.host,
 		"queues":    s.cfg.QueueNames(),
-		"kinds":     s.cfg.KindNames(),
+		"kinds":     kinds,
 	})
 }
 
@@ -214,48 +225,37 @@ func (s *Server) event(w http.ResponseWriter, r *http.Request) {
 }
 
 // logHere reports whether the task's log is on this host, where the page
-// can read it.
+// can read it: the host that ran its latest attempt, by its identity or,
+// after a reboot, by its name.
 func (s *Server) logHere(t etlcontext.Task) bool {
-	return t.HostID != nil && *t.HostID == s.hostID && t.LogPath != nil
+	return t.LogPath != nil && ((t.HostID != nil && *t.HostID == s.hostID) || (t.Host != nil && *t.Host == s.host))
 }
 
 // log returns up to maxLogChunk bytes of the task's log from ?offset=, or
 // its last maxLogChunk bytes without one; "next" is the offset to ask for
-// next. Only for a task that ran on this host.
+// next. The log file when the task ran on this host and the file is there
+// ("source": "file", offsets in bytes), the tail the database keeps
+// otherwise ("source": "database", offsets "<attempt>:<byte>").
 func (s *Server) log(w http.ResponseWriter, r *http.Request) {
 	t, err := s.oneTask(r)
 	if err != nil {
 		readError(w, err)
 		return
 	}
-	if !s.logHere(t) {
-		host := "-"
-		if t.Host != nil {
-			host = *t.Host
+	if s.logHere(t) {
+		if f, err := protocol.OpenLog(*t.LogPath, t.ID); err == nil {
+			defer f.Close()
+			s.fileLog(w, r, t, f)
+			return
 		}
-		writeError(w, http.StatusNotFound, fmt.Errorf("task %d's log is on host %s", t.ID, host))
-		return
 	}
-	// Anyone who reaches the page reads this, so only a regular file named
-	// as dama names logs, reached without following a link the task could
-	// have put in its place, and without blocking on a FIFO.
-	if filepath.Base(*t.LogPath) != protocol.LogName(t.ID) {
-		writeError(w, http.StatusNotFound, fmt.Errorf("task %d's log %s is not a dama log", t.ID, *t.LogPath))
-		return
-	}
-	f, err := os.OpenFile(*t.LogPath, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		writeError(w, http.StatusNotFound, fmt.Errorf("open the log of task %d: %w", t.ID, err))
-		return
-	}
-	defer f.Close()
+	s.keptLog(w, r, t)
+}
+
+func (s *Server) fileLog(w http.ResponseWriter, r *http.Request, t etlcontext.Task, f *os.File) {
 	info, err := f.Stat()
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, fmt.Errorf("read the log of task %d: %w", t.ID, err))
-		return
-	}
-	if !info.Mode().IsRegular() {
-		writeError(w, http.StatusNotFound, fmt.Errorf("task %d's log %s is not a regular file", t.ID, *t.LogPath))
 		return
 	}
 	offset, err := strconv.ParseInt(r.URL.Query().Get("offset"), 10, 64)
@@ -271,10 +271,76 @@ func (s *Server) log(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, map[string]any{
 		"data":     strings.ToValidUTF8(string(buf[:n]), "\uFFFD"),
-		"offset":   offset,
-		"next":     offset + int64(n),
+		"offset":   strconv.FormatInt(offset, 10),
+		"next":     strconv.FormatInt(offset+int64(n), 10),
 		"finished": t.Status.Finished(),
+		"source":   "file",
 	})
+}
+
+// keptLog is log from the tail the database keeps: without an offset, the
+// last maxLogChunk bytes of the latest attempt's; a gap (output not kept)
+// is said in the text.
+func (s *Server) keptLog(w http.ResponseWriter, r *http.Request, t etlcontext.Task) {
+	ctx := r.Context()
+	pos, ok := parseLogPos(r.URL.Query().Get("offset"))
+	if !ok {
+		end, err := etlcontext.LogEnd(ctx, s.pool, t.ID)
+		if err != nil {
+			readError(w, err)
+			return
+		}
+		pos = etlcontext.LogPos{Attempt: end.Attempt, Offset: max(end.Offset-maxLogChunk, 0)}
+	}
+	pieces, err := etlcontext.LogSince(ctx, s.pool, t.ID, pos, maxLogChunk)
+	if err != nil {
+		readError(w, err)
+		return
+	}
+	var text strings.Builder
+	next := pos
+	// Bounded by the bytes of output read, not by the text: a gap's line
+	// and invalid UTF-8 made U+FFFD add to it.
+	used := 0
+	for _, p := range pieces {
+		room := maxLogChunk - used
+		if room <= 0 {
+			break // the rest is for the next read
+		}
+		switch {
+		case p.Attempt != next.Attempt && p.Offset > 0:
+			fmt.Fprintf(&text, "[dama: attempt %d: its first %d bytes are not kept]\n", p.Attempt, p.Offset)
+		case p.Attempt == next.Attempt && p.Offset > next.Offset && ok:
+			fmt.Fprintf(&text, "[dama: %d bytes are not kept]\n", p.Offset-next.Offset)
+		}
+		data := p.Data[:min(len(p.Data), room)]
+		used += len(data)
+		text.WriteString(strings.ToValidUTF8(string(data), "\uFFFD"))
+		next = etlcontext.LogPos{Attempt: p.Attempt, Offset: p.Offset + int64(len(data))}
+	}
+	writeJSON(w, map[string]any{
+		"data":     text.String(),
+		"offset":   formatLogPos(pos),
+		"next":     formatLogPos(next),
+		"finished": t.Status.Finished(),
+		"source":   "database",
+	})
+}
+
+// parseLogPos reads "<attempt>:<byte>", as keptLog writes a place in the
+// tail the database keeps.
+func parseLogPos(s string) (etlcontext.LogPos, bool) {
+	a, o, found := strings.Cut(s, ":")
+	attempt, err1 := strconv.Atoi(a)
+	offset, err2 := strconv.ParseInt(o, 10, 64)
+	if !found || err1 != nil || err2 != nil || attempt < 0 || offset < 0 {
+		return etlcontext.LogPos{}, false
+	}
+	return etlcontext.LogPos{Attempt: attempt, Offset: offset}, true
+}
+
+func formatLogPos(p etlcontext.LogPos) string {
+	return strconv.Itoa(p.Attempt) + ":" + strconv.FormatInt(p.Offset, 10)
 }
 
 func (s *Server) queues(w http.ResponseWriter, r *http.Request) {

@@ -202,9 +202,7 @@ async function taskPage() {
   $("#events-note").textContent = d.events_cut ? `the newest ${d.events.length} events (the older ones would make the page too large)`
     : d.events.length >= d.events_limit ? `the newest ${d.events_limit} events` : "";
 
-  if (!d.log_here) {
-    $("#log-note").textContent = `The log is on host ${t.host || "-"}: run dama web there to follow it.`;
-  } else if (!logDone) {
+  if (!logDone) {
     const l = await get(`/api/tasks/${id}/log` + (logNext === null ? "" : "?offset=" + logNext));
     const log = $("#log");
     if (logNext === null || l.offset !== logNext) log.textContent = "";
@@ -216,7 +214,8 @@ async function taskPage() {
     }
     logNext = l.next;
     logDone = l.finished && !l.data;
-    $("#log-note").textContent = logDone ? "" : "followed live";
+    const where = l.source === "database" ? `the tail the database keeps (the log file is on host ${t.host || "-"})` : "the log file";
+    $("#log-note").textContent = where + (logDone ? "" : ", followed live");
   }
 }
 

@@ -1023,7 +1023,7 @@ BEGIN
     END IF;
     IF submit.queue IS NOT NULL AND submit.queue <> k.queue AND submit.queue <> ALL(k.queues) THEN
         RAISE EXCEPTION 'queue %: the supervisor that published kind % serves %', quote_literal(submit.queue), k.kind,
-            array_to_string(array_append(k.queues, k.queue), ', ')
+            coalesce(nullif(array_to_string(k.queues, ', '), ''), k.queue)
             USING ERRCODE = 'DMARG';
     END IF;
     RETURN (data_manager.create_task(k.kind, args, submit.idempotency_key, coalesce(submit.queue, k.queue),

@@ -815,36 +815,9 @@ func TestFailoverToAStreamingReplicaKillsNoTask(t *testing.T) {
 // finished by the attempt's own outcome. The task process takes the
 // outcome for written, as it is: no error, not a run superseded.
 func TestAnOutcomeWhoseReplyWasLostIsTakenForWritten(t *testing.T) {
-	primary := testenv.NewServer(t)
-	replica := testenv.NewReplica(t, primary)
-	env := testenv.NewOn(t, primary)
-	goFile := filepath.Join(env.Dir, "go")
 	// No log tail: the outcome is the task process's first write after
 	// its command's end, the one whose reply is lost.
-	w := &world{Env: env, cfg: env.WriteConfig("log_tail_bytes: -1\n" + sampleConfigFor(1) + waiterKind(goFile, 1))}
-	env.Start(w.cfg, "supervisor")
-	id := w.submitOf("waiter")
-	w.waitRunning(id)
-	taskLog := filepath.Join(env.Dir, "logs", fmt.Sprintf("%d.log", id))
-	testenv.Eventually(t, 20*time.Second, "the command to start", func() (bool, error) {
-		b, _ := os.ReadFile(taskLog)
-		return strings.Contains(string(b), "command started"), nil
-	})
-
-	// From now on a commit waits for the replica, which is down.
-	replica.Stop(t, "immediate")
-	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	var ended int
-	testenv.Eventually(t, 30*time.Second, "the outcome's commit to wait for the replica, and its backend to be ended", func() (bool, error) {
-		err := env.Pool.QueryRow(context.Background(), `
-			SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-			 WHERE wait_event = 'SyncRep' AND query LIKE '%INSERT INTO data_manager.event_store%'`).Scan(&ended)
-		return ended > 0, err
-	})
-	replica.Start(t)
-
+	w, id, taskLog := loseTheReplyOf(t, "log_tail_bytes: -1\n", "%INSERT INTO data_manager.event_store%")
 	got := w.waitSettled(id, time.Minute)
 	if got.Status != etlcontext.StatusDone || got.Attempt != 1 {
 		t.Fatalf("task %d: %s after %d attempts, want DONE after 1", id, got.Status, got.Attempt)
@@ -862,36 +835,12 @@ func TestAnOutcomeWhoseReplyWasLostIsTakenForWritten(t *testing.T) {
 // TestAnOutcomeWhoseReplyWasLostIsTakenForWritten, is made again and kept
 // once: the task is DONE, and its tail holds each line once.
 func TestALogTailWhoseReplyWasLostIsKeptOnce(t *testing.T) {
-	primary := testenv.NewServer(t)
-	replica := testenv.NewReplica(t, primary)
-	env := testenv.NewOn(t, primary)
-	goFile := filepath.Join(env.Dir, "go")
 	// A tail written only before the outcome.
-	w := &world{Env: env, cfg: env.WriteConfig("log_tail_interval: 1h\n" + sampleConfigFor(1) + waiterKind(goFile, 1))}
-	env.Start(w.cfg, "supervisor")
-	id := w.submitOf("waiter")
-	w.waitRunning(id)
-	taskLog := filepath.Join(env.Dir, "logs", fmt.Sprintf("%d.log", id))
-	testenv.Eventually(t, 20*time.Second, "the command to start", func() (bool, error) {
-		b, _ := os.ReadFile(taskLog)
-		return strings.Contains(string(b), "command started"), nil
-	})
-	replica.Stop(t, "immediate")
-	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	var ended int
-	testenv.Eventually(t, 30*time.Second, "the tail's commit to wait for the replica, and its backend to be ended", func() (bool, error) {
-		err := env.Pool.QueryRow(context.Background(), `
-			SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-			 WHERE wait_event = 'SyncRep' AND query LIKE '%data_manager.append_log%'`).Scan(&ended)
-		return ended > 0, err
-	})
-	replica.Start(t)
+	w, id, _ := loseTheReplyOf(t, "log_tail_interval: 1h\n", "%data_manager.append_log%")
 	if got := w.waitSettled(id, time.Minute); got.Status != etlcontext.StatusDone || got.Attempt != 1 {
 		t.Fatalf("task %d: %s after %d attempts, want DONE after 1", id, got.Status, got.Attempt)
 	}
-	pieces, err := etlcontext.LogSince(context.Background(), env.Pool, id, etlcontext.LogPos{}, 1<<20)
+	pieces, err := etlcontext.LogSince(context.Background(), w.Pool, id, etlcontext.LogPos{}, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -902,4 +851,41 @@ func TestALogTailWhoseReplyWasLostIsKeptOnce(t *testing.T) {
 	if n := strings.Count(kept.String(), "command started"); n != 1 {
 		t.Errorf("the tail holds %d lines of the command's start, want 1:\n%s", n, kept.String())
 	}
+}
+
+// loseTheReplyOf runs a waiter task, with configuration added at the top
+// of its world's, on a server whose commits wait for a synchronous replica;
+// stops the replica, lets the command end, and ends the backend of the
+// first write whose statement is like query as it waits for the replica
+// (its commit is made, its reply lost); then starts the replica again. It
+// returns the world, the task and its log file.
+func loseTheReplyOf(t *testing.T, configuration, query string) (*world, int64, string) {
+	t.Helper()
+	primary := testenv.NewServer(t)
+	replica := testenv.NewReplica(t, primary)
+	env := testenv.NewOn(t, primary)
+	goFile := filepath.Join(env.Dir, "go")
+	w := &world{Env: env, cfg: env.WriteConfig(configuration + sampleConfigFor(1) + waiterKind(goFile, 1))}
+	env.Start(w.cfg, "supervisor")
+	id := w.submitOf("waiter")
+	w.waitRunning(id)
+	taskLog := filepath.Join(env.Dir, "logs", fmt.Sprintf("%d.log", id))
+	testenv.Eventually(t, 20*time.Second, "the command to start", func() (bool, error) {
+		b, _ := os.ReadFile(taskLog)
+		return strings.Contains(string(b), "command started"), nil
+	})
+	// From now on a commit waits for the replica, which is down.
+	replica.Stop(t, "immediate")
+	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var ended int
+	testenv.Eventually(t, 30*time.Second, "the write's commit to wait for the replica, and its backend to be ended", func() (bool, error) {
+		err := env.Pool.QueryRow(context.Background(), `
+			SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+			 WHERE wait_event = 'SyncRep' AND query LIKE $1`, query).Scan(&ended)
+		return ended > 0, err
+	})
+	replica.Start(t)
+	return w, id, taskLog
 }

@@ -161,7 +161,7 @@ func TestSubmitFromSQL(t *testing.T) {
 	before := countTasks(t, env)
 	for sql, want := range map[string]string{
 		`SELECT data_manager.submit('nope')`:                                                    "unknown kind 'nope': no supervisor has published it (data_manager.kinds has regional, sample)",
-		`SELECT data_manager.submit('sample', queue => 'nowhere')`:                              "queue 'nowhere': no published kind is in it and no supervisor has served it",
+		`SELECT data_manager.submit('sample', queue => 'nowhere')`:                              "queue 'nowhere': the supervisor that published kind sample serves etl, other",
 		`SELECT data_manager.submit('sample', idempotency_key => 'dama:child:1:x')`:             `idempotency keys starting with "dama:" are dama's own`,
 		`SELECT data_manager.submit('regional', '{"source": {}}')`:                              "the arguments have no field source.region, the kind's concurrency_key",
 		`SELECT data_manager.submit('sample', parent => 999999)`:                                "parent etl context 999999 does not exist",

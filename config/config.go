@@ -62,6 +62,12 @@ type Config struct {
 	// LogDir holds one log file per task, <etl_context_id>.log. Required;
 	// Load makes a relative one relative to the file.
 	LogDir string `yaml:"log_dir"`
+	// LogGroup, when set (a group's name or number), is the group of
+	// LogDir and of the log files in it, which may read them: a
+	// supervisor gives the directory to it, set-group-ID. Empty keeps the
+	// directory's group. Either way the directory is closed to other
+	// users (0750), and the files to all but the group (0640).
+	LogGroup string `yaml:"log_group"`
 	// PollInterval is how often the supervisor looks, in one statement, at
 	// the locks of every running task (to find those whose task process
 	// died), rescues the steps of dead supervisors and reconciles contexts
@@ -214,7 +220,21 @@ type Kind struct {
 	// dama sets those a command gets. Empty, the default, passes none;
 	// every other variable of the supervisor's environment is passed.
 	PassEnv []string `yaml:"pass_env"`
+	// SessionFence, true by default (nil), names the command's libpq
+	// sessions by its run (PGAPPNAME, unless PassEnv passes one) and asks
+	// their server to end a statement whose client is gone within a
+	// second (client_connection_check_interval, appended to PGOPTIONS):
+	// an attempt that follows one which did not end on its own then waits
+	// until no session of that run is left on dama's server. false, for a
+	// command whose libpq server refuses that setting (PostgreSQL before
+	// 14, or another that speaks its protocol), sets neither, and nothing
+	// waits for its sessions.
+	SessionFence *bool `yaml:"session_fence"`
 }
+
+// FencesSessions reports whether k's command's sessions are named by its
+// run and waited for (SessionFence).
+func (k Kind) FencesSessions() bool { return k.SessionFence == nil || *k.SessionFence }
 
 // Withheld reports whether the environment variable name holds dama's own
 // credentials or settings, which a command gets only when its kind names
@@ -431,10 +451,12 @@ func (k Kind) Settings() (json.RawMessage, error) {
 		ScheduleArgs     json.RawMessage `json:"schedule_args,omitempty"`
 		AwaitChildren    bool            `json:"await_children,omitempty"`
 		PassEnv          []string        `json:"pass_env,omitempty"`
+		SessionFence     bool            `json:"session_fence"`
 	}{
 		k.Queue, k.Command, k.Function, k.MaxAttempts, retry, k.RetryOnExitCodes, k.FailOnExitCodes,
 		duration(&k.Timeout), k.OnTimeout, duration(k.KillGrace), k.LockMode, k.MaxRunning, k.ConcurrencyKey,
 		k.MaxRunningPerKey, k.Schedule, k.Timezone, k.Overlap, json.RawMessage(k.ScheduleArgs), k.AwaitChildren, k.PassEnv,
+		k.FencesSessions(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("encode the settings of a kind: %w", err)

@@ -124,6 +124,11 @@ func (c *Config) kindDefaults(k Kind) Kind {
 	} else {
 		k.KillGrace = ptr(*k.KillGrace)
 	}
+	if k.SessionFence == nil {
+		k.SessionFence = ptr(true)
+	} else {
+		k.SessionFence = ptr(*k.SessionFence)
+	}
 	if k.LockMode == "" {
 		k.LockMode = c.LockMode
 	}

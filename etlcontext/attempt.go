@@ -478,3 +478,17 @@ func WarmRunner(ctx context.Context, db DB) error {
 	}
 	return nil
 }
+
+// Sessions counts the client sessions of the server, in any of its
+// databases, whose application_name is name: those of a run's command
+// (protocol.SessionName). Any role reads another's application_name in
+// pg_stat_activity.
+func Sessions(ctx context.Context, db DB, name string) (int, error) {
+	var n int
+	if err := db.QueryRow(ctx, `
+		SELECT count(*) FROM pg_catalog.pg_stat_activity
+		 WHERE application_name = $1 AND backend_type = 'client backend'`, name).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count the sessions named %s: %w", name, err)
+	}
+	return n, nil
+}

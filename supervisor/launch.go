@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -12,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 )
@@ -48,7 +48,7 @@ type child struct {
 // launch spawns `dama taskrunner` for c, detached: in a session of its own
 // (so no signal for the supervisor's process group reaches it), stdio on
 // /dev/null and the task's log file, no inherited descriptor but the
-// readiness pipe, and the database URL in its environment rather than its
+// readiness pipe and its secrets pipe, and no secret in its environment or
 // arguments; or it hands the launch to the spare, started so beforehand
 // (spare.go). It waits, at most LaunchTimeout, for the runner to report that
 // it holds the lock, or to exit. A runner that reports later (the outcome
@@ -66,11 +66,11 @@ func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcont
 			}
 		}()
 	}
-	if err := os.MkdirAll(s.cfg.LogDir, 0o755); err != nil {
-		return 0, fmt.Errorf("create log directory: %w", err)
+	if err := protocol.PrepareLogDir(s.cfg.LogDir, s.cfg.LogGroup); err != nil {
+		return 0, err
 	}
 	logPath := protocol.LogPath(s.cfg.LogDir, c.ID)
-	logFile, err := os.OpenFile(logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	logFile, err := os.OpenFile(logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, protocol.LogFileMode)
 	if err != nil {
 		return 0, fmt.Errorf("open log file: %w", err)
 	}
@@ -145,62 +145,68 @@ func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcont
 	return launchExited, nil
 }
 
-// runnerEnv is the supervisor's environment with the database URL and the
-// configuration path set, for the runner to read, and the process it is
-// to be, for a program embedding the supervisor.
-func runnerEnv(databaseURL, configPath string) []string {
-	env := make([]string, 0, len(os.Environ())+3)
+// runnerEnv is the supervisor's environment less what dama withholds from
+// commands (config.Withheld: the database URL, libpq's PG* variables,
+// DAMA_*), which a process of the same user could read in a task
+// process's first milliseconds: the database settings go on its secrets
+// pipe instead (secrets). It adds the configuration's path, and the
+// process it is to be, for a program embedding the supervisor.
+func runnerEnv(configPath string) []string {
+	env := make([]string, 0, len(os.Environ())+2)
 	for _, kv := range os.Environ() {
-		switch name, _, _ := strings.Cut(kv, "="); name {
-		case protocol.DatabaseURLEnv, protocol.ConfigEnv, protocol.ProcessEnv, protocol.FunctionEnv,
-			// The supervisor's service manager's: a task that told it
-			// anything would speak for the supervisor.
-			"NOTIFY_SOCKET":
+		name, _, _ := strings.Cut(kv, "=")
+		// NOTIFY_SOCKET is the supervisor's service manager's: a task
+		// that told it anything would speak for the supervisor.
+		if config.Withheld(name) || name == "NOTIFY_SOCKET" {
 			continue
 		}
 		env = append(env, kv)
 	}
 	return append(env,
-		protocol.DatabaseURLEnv+"="+databaseURL,
 		protocol.ConfigEnv+"="+configPath,
 		protocol.ProcessEnv+"="+protocol.ProcessRunner)
 }
 
-// spawn starts `dama taskrunner` for launch l of context id, with the
-// run's key on its key pipe, and returns it with the read end of its ready
-// pipe.
+// secrets returns what a task process of run key is handed on its
+// secrets pipe or its spare's socket: the database URL it connects with,
+// the supervisor's PG* variables, and the keeper's secret.
+func (s *Supervisor) secrets(key string) protocol.Secrets {
+	env := []string{protocol.DatabaseURLEnv + "=" + s.opts.DatabaseURL}
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, "PG") {
+			env = append(env, kv)
+		}
+	}
+	return protocol.Secrets{Env: env, RunKey: key, Keeper: s.keeperSecret}
+}
+
+// spawn starts `dama taskrunner` for launch l of context id, with its
+// secrets (the run's key among them) on its secrets pipe, and returns it
+// with the read end of its ready pipe.
 func (s *Supervisor) spawn(id int64, l protocol.Launch, key string, logFile *os.File) (*child, *os.File, error) {
 	if err := s.program.check(); err != nil {
 		return nil, nil, err
 	}
-	// The run's key goes through a pipe, written whole before the runner
-	// starts (it is far shorter than a pipe's buffer).
-	keyR, keyW, err := os.Pipe()
+	secretsR, err := protocol.SecretsPipe(s.secrets(key))
 	if err != nil {
-		return nil, nil, fmt.Errorf("create key pipe: %w", err)
+		return nil, nil, err
 	}
-	defer keyR.Close() // the runner has its own
-	_, err = io.WriteString(keyW, key)
-	if cerr := keyW.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return nil, nil, fmt.Errorf("write the run's key: %w", err)
-	}
+	defer secretsR.Close() // the runner has its own
 	readyR, readyW, err := os.Pipe()
 	if err != nil {
 		return nil, nil, fmt.Errorf("create readiness pipe: %w", err)
 	}
 	defer readyW.Close()
-	l.ReadyFD, l.KeyFD = protocol.ReadyFD, protocol.KeyFD
+	l.ReadyFD, l.SecretsFD = protocol.ReadyFD, protocol.SecretsFD
 	cmd := exec.Command(s.program.spawn, l.Args()...)
 	// Named by its path in a process listing, whichever file it runs from.
 	cmd.Args[0] = s.opts.Executable
-	cmd.Env = runnerEnv(s.opts.DatabaseURL, s.cfg.Path)
+	cmd.Env = runnerEnv(s.cfg.Path)
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile
-	// ExtraFiles start at descriptor 3: protocol.ReadyFD, then protocol.KeyFD.
-	cmd.ExtraFiles = []*os.File{readyW, keyR}
+	// ExtraFiles start at descriptor 3: protocol.ReadyFD, then
+	// protocol.SecretsFD.
+	cmd.ExtraFiles = []*os.File{readyW, secretsR}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		readyR.Close()

@@ -141,7 +141,7 @@ func (s *Supervisor) releaseSpare() {
 
 // startSpare starts a spare as launch starts a task process (detached, in
 // a session of its own, stdio on /dev/null until its launch brings the
-// task's log file), hands it its key once it is non-dumpable and
+// task's log file), hands it its secrets once it is non-dumpable and
 // untraced, and makes it the supervisor's spare.
 func (s *Supervisor) startSpare() (*spare, error) {
 	if err := s.program.check(); err != nil {
@@ -172,7 +172,7 @@ func (s *Supervisor) startSpare() (*spare, error) {
 	l := protocol.Launch{ReadyFD: protocol.ReadyFD, SpareFD: protocol.SpareFD, LockMode: s.spareMode}
 	cmd := exec.Command(s.program.spawn, l.Args()...)
 	cmd.Args[0] = s.opts.Executable
-	cmd.Env = runnerEnv(s.opts.DatabaseURL, s.cfg.Path)
+	cmd.Env = runnerEnv(s.cfg.Path)
 	// What a spare says before its launch brings the task's log file (why
 	// it cannot start) goes to the supervisor's log.
 	cmd.Stderr = os.Stderr
@@ -187,7 +187,7 @@ func (s *Supervisor) startSpare() (*spare, error) {
 	}
 	sp := &spare{cmd: cmd, ch: &child{pid: cmd.Process.Pid, exited: make(chan struct{})}, conn: conn, readyR: readyR, key: key, done: make(chan struct{})}
 	go s.reapSpare(sp)
-	// The key goes on the socket, which no other process can open, once
+	// The secrets go on the socket, which no other process can open, once
 	// the spare is non-dumpable, and only if nothing traced it before
 	// that.
 	err = protocol.AwaitHello(conn, time.Now().Add(spareHelloTimeout))
@@ -198,7 +198,7 @@ func (s *Supervisor) startSpare() (*spare, error) {
 		}
 	}
 	if err == nil {
-		err = protocol.SendKey(conn, key)
+		err = protocol.SendSecrets(conn, s.secrets(key))
 	}
 	if err == nil {
 		s.mu.Lock()

@@ -54,6 +54,9 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 	}
 	switch c.Status {
 	case etlcontext.StatusDone, etlcontext.StatusCancelled, etlcontext.StatusFailed:
+		s.mu.Lock()
+		delete(s.sessionWaits, id)
+		s.mu.Unlock()
 		return s.settleFinished(ctx, logger, tx, job, c)
 	case etlcontext.StatusRunning:
 		return s.settleRunning(ctx, logger, tx, c)
@@ -230,6 +233,17 @@ func (s *Supervisor) startAttempt(ctx context.Context, logger *slog.Logger, tx p
 			return river.JobSnooze(time.Second)
 		}
 	}
+	if c.RunID != nil {
+		// Nor its command's statements, which its server may run on
+		// after the client died.
+		waiting, err := s.sessionsLeft(ctx, logger, tx, c)
+		if err != nil {
+			return s.transient(logger, err)
+		}
+		if waiting {
+			return river.JobSnooze(time.Second)
+		}
+	}
 	wait, err := s.admit(ctx, tx, c)
 	if err != nil {
 		return s.transient(logger, err)
@@ -359,4 +373,40 @@ func (s *Supervisor) admit(ctx context.Context, tx pgx.Tx, c *etlcontext.Context
 // field, and returns it.
 func (s *Supervisor) deriveKey(ctx context.Context, tx pgx.Tx, c *etlcontext.Context, k config.Kind) (*string, error) {
 	return etlcontext.DeriveConcurrencyKey(ctx, tx, c.ID, k.ConcurrencyKey)
+}
+
+// maxSessionWait bounds how long a supervisor waits for the sessions of
+// a task's previous run to end before it starts the next attempt anyway
+// (with a WARNING): a statement whose client is gone ends within a second
+// of the server's next look (protocol.SessionCheckOption), but a server
+// that refused the setting, or a pooler that keeps the name on a server
+// session, would hold the task back for good.
+const maxSessionWait = 10 * time.Minute
+
+// sessionsLeft reports whether a session of c's previous run (its
+// command's, named by it: protocol.SessionName) is left on this
+// supervisor's server, so that the next attempt must wait; not after
+// maxSessionWait of this supervisor's waiting.
+func (s *Supervisor) sessionsLeft(ctx context.Context, logger *slog.Logger, tx pgx.Tx, c *etlcontext.Context) (bool, error) {
+	n, err := etlcontext.Sessions(ctx, tx, protocol.SessionName(*c.RunID))
+	if err != nil {
+		return false, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	since, seen := s.sessionWaits[c.ID]
+	switch {
+	case n == 0:
+		delete(s.sessionWaits, c.ID)
+		return false, nil
+	case !seen:
+		s.sessionWaits[c.ID] = time.Now()
+		logger.Info("waiting for the previous attempt's database sessions to end", "sessions", n, "application_name", protocol.SessionName(*c.RunID))
+		return true, nil
+	case time.Since(since) < maxSessionWait:
+		return true, nil
+	}
+	delete(s.sessionWaits, c.ID)
+	logger.Warn("the previous attempt's database sessions are still there; starting the next attempt beside them", "sessions", n, "application_name", protocol.SessionName(*c.RunID), "waited", time.Since(since).Round(time.Second))
+	return false, nil
 }

@@ -3,6 +3,7 @@ package supervisor
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -99,6 +100,12 @@ type Supervisor struct {
 	logger *slog.Logger
 	host   string
 	hostID string
+	// keeperSecret is what its task processes and their host's lock
+	// keeper prove to each other (internal/keeper), made at random here:
+	// it reaches them on their secrets pipes, and names their keeper's
+	// socket, so that each supervisor's task processes have a keeper of
+	// their own.
+	keeperSecret []byte
 
 	// fence times the fencing windows of attempts on other hosts.
 	fence fenceClock
@@ -127,6 +134,9 @@ type Supervisor struct {
 	// spawnFailures holds why this supervisor could not spawn a context's
 	// task process, until the failure is reported.
 	spawnFailures map[int64]string
+	// sessionWaits holds, per context, since when this supervisor waits
+	// for its previous run's database sessions to end (sessionsLeft).
+	sessionWaits map[int64]time.Time
 	// waking holds the queues whose waiting tasks are being woken, and
 	// whether another wake-up was asked for meanwhile (wakeWaiting).
 	waking map[string]bool
@@ -229,6 +239,7 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 		return nil, err
 	}
 	s := &Supervisor{
+		keeperSecret:   []byte(rand.Text()),
 		cfg:            cfg,
 		opts:           opts,
 		program:        prog,
@@ -241,6 +252,7 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 		stopping:       map[int64]bool{},
 		launchFailures: map[int64]string{},
 		spawnFailures:  map[int64]string{},
+		sessionWaits:   map[int64]time.Time{},
 		waking:         map[string]bool{},
 		orphanSlots:    make(chan struct{}, maxOrphanStoppers),
 

@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -47,44 +46,31 @@ const KeeperConnections = KeeperPoolSize + 1
 // task processes that log in logDir.
 func keeperDir(logDir string) string { return filepath.Join(logDir, ".keeper") }
 
-// keeperMaterial is what a keeper and its task processes derive their
-// socket's name and their shared secret from: the database URL and libpq's
-// PG* variables, which the task processes have and their commands do not
-// (a password may be in PGPASSWORD, the URL then guessable), sorted.
-func keeperMaterial(url string, environ []string) []byte {
-	var pg []string
-	for _, kv := range environ {
-		if strings.HasPrefix(kv, "PG") {
-			pg = append(pg, kv)
-		}
-	}
-	slices.Sort(pg)
-	return []byte(strings.Join(append([]string{url}, pg...), "\x00"))
-}
-
 // KeeperSocket is the socket of the lock keeper that serves the task
-// processes logging in logDir that connect with url and the PG* variables
-// of environ: one per host, log directory, database settings and keeper
-// protocol version. Its name is a hash, which shows nothing of them.
-func KeeperSocket(logDir, url string, environ []string) string {
-	sum := sha256.Sum256(append([]byte("dama lock keeper socket\x00"), keeperMaterial(url, environ)...))
+// processes that log in logDir and were handed secret by their supervisor
+// (protocol.Secrets.Keeper): one per supervisor's start, host and log
+// directory, and keeper protocol version. Its name is a hash of the
+// secret, random, which shows nothing of it or of the database.
+func KeeperSocket(logDir string, secret []byte) string {
+	sum := sha256.Sum256(append([]byte("dama lock keeper socket\x00"), secret...))
 	return keeper.SocketPath(keeperDir(logDir), hex.EncodeToString(sum[:8])+"-v"+strconv.Itoa(keeper.Version))
 }
 
 // dialKeeper opens the runner's session with its host's lock keeper,
 // starting the keeper if none serves.
 func (r *runner) dialKeeper(ctx context.Context) (dbConn, error) {
-	if r.opts.RunKey == "" {
+	switch {
+	case r.opts.RunKey == "":
 		return nil, errors.New("lock_mode host needs the run's key, which the supervisor did not give")
+	case len(r.opts.KeeperSecret) == 0:
+		return nil, errors.New("lock_mode host needs the keeper's secret, which the supervisor did not give")
 	}
 	dir := keeperDir(r.opts.Config.LogDir)
 	if err := keeper.Dir(dir); err != nil {
 		return nil, err
 	}
-	environ := os.Environ()
-	socket := KeeperSocket(r.opts.Config.LogDir, r.opts.DatabaseURL, environ)
-	secret := keeper.Secret(keeperMaterial(r.opts.DatabaseURL, environ))
-	conn, err := keeper.Dial(ctx, socket, secret, r.opts.ContextID, r.opts.RunKey, func() error {
+	socket := KeeperSocket(r.opts.Config.LogDir, r.opts.KeeperSecret)
+	conn, err := keeper.Dial(ctx, socket, r.opts.KeeperSecret, r.opts.ContextID, r.opts.RunKey, func() error {
 		return r.startKeeper(socket)
 	})
 	if err != nil {
@@ -102,29 +88,22 @@ func (r *runner) startKeeper(socket string) error {
 		return fmt.Errorf("open the keeper's log: %w", err)
 	}
 	defer logFile.Close()
-	envR, envW, err := os.Pipe()
+	env, secrets := keeperEnv(r.opts.DatabaseURL, os.Environ())
+	secrets.Keeper = r.opts.KeeperSecret
+	secretsR, err := protocol.SecretsPipe(secrets)
 	if err != nil {
-		return fmt.Errorf("make the keeper's environment pipe: %w", err)
+		return fmt.Errorf("hand the keeper its secrets: %w", err)
 	}
-	defer envR.Close()
-	defer envW.Close()
-	launch := protocol.KeeperLaunch{Socket: socket, Heartbeat: r.opts.Config.HeartbeatInterval, EnvFD: protocol.KeeperEnvFD}
+	defer secretsR.Close()
+	launch := protocol.KeeperLaunch{Socket: socket, Heartbeat: r.opts.Config.HeartbeatInterval, SecretsFD: protocol.KeeperSecretsFD}
 	cmd := exec.Command(selfExe, launch.Args()...)
 	cmd.Args[0] = os.Args[0]
-	env, withheld := keeperEnv(r.opts.DatabaseURL, os.Environ())
 	cmd.Env = env
-	cmd.ExtraFiles = []*os.File{envR}
+	cmd.ExtraFiles = []*os.File{secretsR}
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := r.startKept(cmd); err != nil {
 		return err
-	}
-	// The keeper's end only: a keeper that died before reading makes the
-	// write fail rather than wait.
-	envR.Close()
-	envW.SetWriteDeadline(time.Now().Add(10 * time.Second))
-	if _, err := envW.Write(withheld); err != nil {
-		r.logger.Warn("hand the keeper its environment", "error", err)
 	}
 	r.logger.Info("started a lock keeper", "pid", cmd.Process.Pid, "socket", socket)
 	// Reaped with the runner's other children (reapOrphans, killTree).
@@ -155,31 +134,32 @@ func (r *runner) isKeeper(p process) bool {
 	return r.keepers[p]
 }
 
-// keeperEnv splits what a keeper gets of the runner's environment: what
-// dama withholds from commands (config.Withheld: the database URL,
-// libpq's PG* variables, DAMA_*) goes through a pipe
-// (KeeperLaunch.EnvFD), each NUL-terminated; the rest (HOME, for libpq's
-// password file) in its environment.
-func keeperEnv(url string, environ []string) (env []string, withheld []byte) {
+// keeperEnv splits what a keeper gets of the runner's environment: the
+// database URL and libpq's PG* variables go on its secrets pipe; the rest
+// but what dama withholds from commands (config.Withheld: DAMA_*) in its
+// environment (HOME, for libpq's password file).
+func keeperEnv(url string, environ []string) (env []string, secrets protocol.Secrets) {
 	env = []string{protocol.ProcessEnv + "=" + protocol.ProcessKeeper}
-	withheld = append([]byte(protocol.DatabaseURLEnv+"="+url), 0)
+	secrets.Env = []string{protocol.DatabaseURLEnv + "=" + url}
 	for _, kv := range environ {
-		name, _, _ := strings.Cut(kv, "=")
-		switch {
-		case name == protocol.ProcessEnv || name == protocol.DatabaseURLEnv:
-		case config.Withheld(name):
-			withheld = append(append(withheld, kv...), 0)
-		default:
+		switch name, _, _ := strings.Cut(kv, "="); {
+		case name == protocol.DatabaseURLEnv:
+		case strings.HasPrefix(name, "PG"):
+			secrets.Env = append(secrets.Env, kv)
+		case !config.Withheld(name):
 			env = append(env, kv)
 		}
 	}
-	return env, withheld
+	return env, secrets
 }
 
 // KeeperOptions configure a lock keeper process (RunKeeper).
 type KeeperOptions struct {
-	// DatabaseURL names the database; it comes from the environment.
+	// DatabaseURL names the database; it comes from the secrets pipe.
 	DatabaseURL string
+	// Secret is what the keeper and its task processes prove to each
+	// other (protocol.Secrets.Keeper).
+	Secret []byte
 	// Launch is what the task process that started the keeper said.
 	Launch protocol.KeeperLaunch
 	// IdleExit is how long the keeper runs on without a session; 0 means
@@ -216,7 +196,7 @@ func RunKeeper(ctx context.Context, opts KeeperOptions) int {
 	pool.AfterConnect = pgsession.KeepIdle
 	err = keeper.Serve(ctx, keeper.Config{
 		Socket: opts.Launch.Socket,
-		Secret: keeper.Secret(keeperMaterial(opts.DatabaseURL, os.Environ())),
+		Secret: opts.Secret,
 		ConnectLock: func(ctx context.Context) (*pgx.Conn, error) {
 			return connect(ctx, opts.DatabaseURL, "", KeeperLockName, heartbeat)
 		},

@@ -273,6 +273,31 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 	}
 }
 
+// fenceSessions sets in env, a command's, what names its libpq sessions by
+// run runID, unless it names them itself, and has their server end a
+// statement whose client died (protocol.SessionName, SessionCheckOption),
+// after the command's own options.
+func fenceSessions(env []string, runID string) []string {
+	named, options := false, protocol.SessionCheckOption
+	env = slices.DeleteFunc(env, func(kv string) bool {
+		name, value, _ := strings.Cut(kv, "=")
+		switch name {
+		case "PGAPPNAME":
+			named = true
+		case "PGOPTIONS":
+			if value != "" {
+				options = value + " " + options
+			}
+			return true
+		}
+		return false
+	})
+	if !named {
+		env = append(env, "PGAPPNAME="+protocol.SessionName(runID))
+	}
+	return append(env, "PGOPTIONS="+options)
+}
+
 func (r *runner) commandEnv(args, checkpoint json.RawMessage) []string {
 	env := make([]string, 0, len(os.Environ())+9)
 	for _, kv := range os.Environ() {
@@ -284,6 +309,9 @@ func (r *runner) commandEnv(args, checkpoint json.RawMessage) []string {
 	}
 	if len(args) == 0 {
 		args = json.RawMessage("null")
+	}
+	if r.kind.FencesSessions() {
+		env = fenceSessions(env, r.opts.RunID)
 	}
 	if r.kind.Function != "" {
 		env = append(env, protocol.ProcessEnv+"="+protocol.ProcessFunction, protocol.FunctionEnv+"="+r.kind.Function)

@@ -53,7 +53,8 @@ import (
 
 // Options configure one run.
 type Options struct {
-	// DatabaseURL names the database; it comes from the environment.
+	// DatabaseURL names the database; it comes from the secrets pipe
+	// (protocol.Secrets), or the environment of a runner started by hand.
 	DatabaseURL string
 	// Config is the configuration the command of the task's kind is taken
 	// from; Run gives it its defaults (config.Config.WithDefaults).
@@ -62,10 +63,14 @@ type Options struct {
 	ContextID int64
 	// RunID is the run id the supervisor prepared for this launch.
 	RunID string
-	// RunKey is the run's key the supervisor prepared (Launch.KeyFD): each of
-	// the runner's sessions holds it, which opens the run's rows to a
-	// member of dama_task. Empty sets none.
+	// RunKey is the run's key the supervisor prepared (protocol.Secrets):
+	// each of the runner's sessions holds it, which opens the run's rows
+	// to a member of dama_task. Empty sets none.
 	RunKey string
+	// KeeperSecret is what the task processes of the supervisor that
+	// started this one and their host's lock keeper prove to each other
+	// (protocol.Secrets.Keeper); lock_mode host needs it.
+	KeeperSecret []byte
 	// LockMode is how to hold the lock, chosen by the supervisor from the
 	// kind's configuration; empty means row.
 	LockMode config.LockMode
@@ -105,9 +110,9 @@ const stmtTimeout = 10 * time.Second
 
 // Run runs the task and returns the process exit code.
 func Run(ctx context.Context, opts Options) int {
-	// The database URL is in this process's environment: a process of the
-	// same user (the command, which runs as this user) must not read it
-	// from /proc/<pid>/environ, nor trace this one. The command itself is
+	// This process holds the database URL and the run's key: a process
+	// of the same user (the command, unless its kind names another user)
+	// must not read its memory or trace it. The command itself is
 	// dumpable again from its exec.
 	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
 	// A signal never kills the runner outright, before its command starts
@@ -377,11 +382,11 @@ func (r *runner) prepare() error {
 		}
 		r.path, r.argv = path, kind.Command
 	}
-	if err := os.MkdirAll(cfg.LogDir, 0o755); err != nil {
-		return fmt.Errorf("create log directory: %w", err)
+	if err := protocol.PrepareLogDir(cfg.LogDir, cfg.LogGroup); err != nil {
+		return err
 	}
 	r.logPath = protocol.LogPath(cfg.LogDir, r.ctx.ID)
-	f, err := os.OpenFile(r.logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	f, err := os.OpenFile(r.logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, protocol.LogFileMode)
 	if err != nil {
 		return fmt.Errorf("open log file: %w", err)
 	}

@@ -73,7 +73,9 @@ kinds:` + waiterKind(goFile, 1))
 
 // A command gets none of dama's credentials (DATABASE_URL, PG* variables)
 // unless its kind names them in pass_env; the rest of the supervisor's
-// environment, and what dama sets for it, it gets.
+// environment, and what dama sets for it, it gets: its libpq sessions
+// named by its run, and the server's check for a dead client after its
+// own options (unless its kind names its sessions, or says not to).
 func TestACommandGetsDamasCredentialsOnlyWhenItsKindAsks(t *testing.T) {
 	env := testenv.New(t)
 	cfg := env.WriteConfig(`
@@ -85,9 +87,15 @@ kinds:
   trusted:
     command: ["/bin/sh", "-c", "env > {{dir}}/env-$DAMA_ETL_CONTEXT_ID"]
     pass_env: [DATABASE_URL, PGPASSWORD]
+  named:
+    command: ["/bin/sh", "-c", "env > {{dir}}/env-$DAMA_ETL_CONTEXT_ID"]
+    pass_env: [PGAPPNAME, PGOPTIONS]
+  unfenced:
+    command: ["/bin/sh", "-c", "env > {{dir}}/env-$DAMA_ETL_CONTEXT_ID"]
+    session_fence: false
 `)
 	w := &world{Env: env, cfg: cfg}
-	env.StartWith(cfg, []string{"PGPASSWORD=not-for-commands", "PGAPPNAME=dama-test", "ETL_BUCKET=s3://bucket"}, nil, "supervisor")
+	env.StartWith(cfg, []string{"PGPASSWORD=not-for-commands", "PGAPPNAME=dama-test", "PGOPTIONS=-c work_mem=64MB", "ETL_BUCKET=s3://bucket"}, nil, "supervisor")
 	environ := func(kind string) map[string]string {
 		t.Helper()
 		res := w.Dama(cfg, "submit", kind)
@@ -111,7 +119,7 @@ kinds:
 		return vars
 	}
 	plain := environ("plain")
-	for _, name := range []string{"DATABASE_URL", "PGPASSWORD", "PGAPPNAME", "DAMA_CONFIG"} {
+	for _, name := range []string{"DATABASE_URL", "PGPASSWORD", "DAMA_CONFIG"} {
 		if v, ok := plain[name]; ok {
 			t.Errorf("a kind without pass_env got %s=%s", name, v)
 		}
@@ -125,8 +133,23 @@ kinds:
 	if trusted["DATABASE_URL"] == "" || trusted["PGPASSWORD"] != "not-for-commands" {
 		t.Errorf("a kind with pass_env [DATABASE_URL, PGPASSWORD] got DATABASE_URL=%q PGPASSWORD=%q", trusted["DATABASE_URL"], trusted["PGPASSWORD"])
 	}
-	if v, ok := trusted["PGAPPNAME"]; ok {
-		t.Errorf("a kind that did not name it got PGAPPNAME=%s", v)
+	for name, vars := range map[string]map[string]string{"plain": plain, "trusted": trusted} {
+		if got, want := vars["PGAPPNAME"], protocol.SessionName(vars["DAMA_RUN_ID"]); got != want {
+			t.Errorf("%s: PGAPPNAME=%q, want %q", name, got, want)
+		}
+		if got := vars["PGOPTIONS"]; got != protocol.SessionCheckOption {
+			t.Errorf("%s: PGOPTIONS=%q, want %q", name, got, protocol.SessionCheckOption)
+		}
+	}
+	named := environ("named")
+	if named["PGAPPNAME"] != "dama-test" || named["PGOPTIONS"] != "-c work_mem=64MB "+protocol.SessionCheckOption {
+		t.Errorf("a kind passing its own: PGAPPNAME=%q PGOPTIONS=%q", named["PGAPPNAME"], named["PGOPTIONS"])
+	}
+	unfenced := environ("unfenced")
+	for _, name := range []string{"PGAPPNAME", "PGOPTIONS"} {
+		if v, ok := unfenced[name]; ok {
+			t.Errorf("a kind with session_fence: false got %s=%s", name, v)
+		}
 	}
 }
 
@@ -254,7 +277,7 @@ kinds:
 	w := &world{Env: env, cfg: cfg}
 	sup := env.StartWith(cfg, withPassword, nil, "supervisor")
 	const token = "web-token-0123456789"
-	webProc, base := startWeb(t, env, cfg, append([]string{webTokenEnv + "=" + token}, withPassword...))
+	webProc, base := startWeb(t, env, cfg, append([]string{webTokenEnv + "=" + token}, withPassword...), "--public-reads")
 	var ids []int64
 	for _, kind := range []string{"sample", "failing"} {
 		res := env.DamaWith(cfg, withPassword, "submit", kind)

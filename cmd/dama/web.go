@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"net"
@@ -28,6 +29,7 @@ func newWebCommand(g *globals) *cobra.Command {
 	var (
 		listen       string
 		readOnly     bool
+		publicReads  bool
 		allowedHosts []string
 	)
 	cmd := &cobra.Command{
@@ -51,6 +53,12 @@ func newWebCommand(g *globals) *cobra.Command {
 			if !readOnly && len(token) < web.MinTokenLength {
 				return fmt.Errorf("%w in $%s, or serve the page --read-only", web.ErrNoToken, webTokenEnv)
 			}
+			// Reads need a token too, unless told otherwise: one made
+			// here, handed out in a login link.
+			readToken, made := os.Getenv(webReadTokenEnv), false
+			if readToken == "" && !publicReads {
+				readToken, made = rand.Text(), true
+			}
 			pool, _, err := connectMigrated(cmd.Context(), 0)
 			if err != nil {
 				return err
@@ -60,7 +68,7 @@ func newWebCommand(g *globals) *cobra.Command {
 			reg.MustRegister(supervisor.NewStatsCollector(pool), supervisor.NewPoolCollector(pool))
 			page, err := web.New(pool, cfg, web.Options{
 				Token:        token,
-				ReadToken:    os.Getenv(webReadTokenEnv),
+				ReadToken:    readToken,
 				ReadOnly:     readOnly,
 				AllowedHosts: hostsFor(addr, allowedHosts),
 				Metrics:      metricsHandler(reg, logger),
@@ -81,7 +89,11 @@ func newWebCommand(g *globals) *cobra.Command {
 				// is then rolled back, not left half done.
 				BaseContext: func(net.Listener) context.Context { return cmd.Context() },
 			}
-			logger.Info("serving the status page", "addr", "http://"+ln.Addr().String()+"/", "read_only", readOnly)
+			logger.Info("serving the status page", "addr", "http://"+ln.Addr().String()+"/", "read_only", readOnly, "public_reads", readToken == "")
+			if made {
+				// Once, on stderr, not in a log line a collector may keep.
+				fmt.Fprintf(cmd.ErrOrStderr(), "Open the status page with this link, which logs the browser in (the token is made anew at each start):\n    http://%s/?%s=%s\n", ln.Addr(), web.LoginParam, readToken)
+			}
 			stopped := make(chan struct{})
 			go func() {
 				defer close(stopped)
@@ -102,6 +114,7 @@ func newWebCommand(g *globals) *cobra.Command {
 	g.addLogFormat(cmd)
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:8080", "address to serve on (a bare :PORT is on localhost)")
 	cmd.Flags().BoolVar(&readOnly, "read-only", false, "serve without actions (else they need $"+webTokenEnv+")")
+	cmd.Flags().BoolVar(&publicReads, "public-reads", false, "serve reads to anyone who reaches the page (else they need $"+webReadTokenEnv+", or a token made at start and printed in a login link)")
 	cmd.Flags().StringArrayVar(&allowedHosts, "allowed-host", nil, "a host name the page answers to, besides the one it listens on (repeat; against DNS rebinding)")
 	return cmd
 }

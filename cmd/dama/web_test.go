@@ -20,6 +20,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/dama-etl/dama/cmd/dama/internal/web"
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
 	"github.com/dama-etl/dama/taskrunner/protocol"
@@ -50,6 +51,17 @@ kinds:
 const webToken = "test-token-0123456789"
 
 var webURLRE = regexp.MustCompile(`http://127\.0\.0\.1:[0-9]+/`)
+
+// loginLink returns the login link the page p printed at its start.
+func loginLink(t *testing.T, p *testenv.Proc) string {
+	t.Helper()
+	out := waitForLog(t, p, "/?token=")
+	link := regexp.MustCompile(`http://127\.0\.0\.1:[0-9]+/\?token=[A-Z2-7]+`).FindString(out)
+	if link == "" {
+		t.Fatalf("no login link in the page's output:\n%s", out)
+	}
+	return link
+}
 
 // startWeb starts `dama web` on a free port with args and returns it with
 // its URL.
@@ -208,6 +220,7 @@ func TestWebPageInABrowser(t *testing.T) {
 	victim := submit("sample", sampleArgs(t, 600, 100, map[string]any{"log_steps": true}), "")
 	bystander := submit("sample", sampleArgs(t, 600, 100, nil), "")
 	web, base := startWeb(t, env, cfg, []string{webTokenEnv + "=" + webToken})
+	login := loginLink(t, web)
 	for _, id := range []int64{failed, done} {
 		w.waitFor(id, 30*time.Second, "to finish", func(t etlcontext.Task) bool { return t.Status.Finished() })
 	}
@@ -219,7 +232,10 @@ func TestWebPageInABrowser(t *testing.T) {
 
 	// The list shows the mover's bar, and then the bar moves, without a
 	// reload.
-	b.do("open the task list", chromedp.Navigate(base))
+	// The login link printed at start logs the browser in (a cookie of
+	// the page's) and lands on the task list.
+	b.do("open the login link", chromedp.Navigate(login))
+	b.waitJS("the task list, at the page's address without the token", fmt.Sprintf(`location.href === %q && document.querySelector('#tasks')`, base), 10*time.Second)
 	bar := fmt.Sprintf(`document.querySelector('#tasks tr[data-id="%d"] progress')`, mover)
 	b.waitJS("the mover's bar", bar+" && "+bar+".value > 0", 30*time.Second)
 	first := eval[float64](b, bar+".value")
@@ -404,7 +420,7 @@ func TestWebAPI(t *testing.T) {
 	for _, id := range []int64{failed, done} {
 		w.waitFor(id, 30*time.Second, "to finish", func(t etlcontext.Task) bool { return t.Status.Finished() })
 	}
-	_, base := startWeb(t, env, cfg, []string{webTokenEnv + "=" + webToken})
+	_, base := startWeb(t, env, cfg, []string{webTokenEnv + "=" + webToken}, "--public-reads")
 	ids := func(v map[string]any) []int64 {
 		var out []int64
 		for _, x := range v["tasks"].([]any) {
@@ -577,7 +593,7 @@ func TestWebAPI(t *testing.T) {
 	}
 
 	// Read-only: the same request is refused, and the page offers none.
-	_, ro := startWeb(t, env, cfg, nil, "--read-only")
+	_, ro := startWeb(t, env, cfg, nil, "--read-only", "--public-reads")
 	if code, v := call(t, "POST", ro+"api/queues/held/pause", map[string]string{"X-Dama-Token": webToken}, ""); code != http.StatusForbidden {
 		t.Errorf("pause on a read-only page: %d %v, want 403", code, v)
 	}
@@ -701,5 +717,79 @@ func TestWebReadsAreBoundedInBytes(t *testing.T) {
 	var whole etlcontext.Event
 	if err := json.Unmarshal(body, &whole); code != http.StatusOK || err != nil || len(whole.Payload) < 900<<10 {
 		t.Errorf("GET the whole event: %d, %d bytes of payload, %v; want it whole", code, len(whole.Payload), err)
+	}
+}
+
+// `dama web` reads nothing to whoever reaches it: without a read token it
+// makes one, and prints a login link once on its stderr, which sets an
+// HttpOnly, SameSite=Lax cookie and sends the browser to the page without
+// the token; API clients give it as a bearer; the action token reads too.
+// --public-reads serves reads to anyone, as before.
+func TestThePageReadsNothingWithoutItsToken(t *testing.T) {
+	env := testenv.New(t)
+	cfg := env.WriteConfig(webConfig)
+	p, base := startWeb(t, env, cfg, []string{webTokenEnv + "=" + webToken})
+	link := loginLink(t, p)
+	token := link[strings.Index(link, "=")+1:]
+	if out, _ := os.ReadFile(p.Log); strings.Count(string(out), token) != 1 {
+		t.Errorf("the token shows %d times in the page's output, want once (the link)", strings.Count(string(out), token))
+	}
+	get := func(url string, header map[string]string) *http.Response {
+		t.Helper()
+		req, err := http.NewRequest("GET", url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range header {
+			req.Header.Set(k, v)
+		}
+		// The redirect is the test's to look at.
+		client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp
+	}
+	for _, path := range []string{"api/tasks", "api/queues", "api/config", "metrics"} {
+		if resp := get(base+path, nil); resp.StatusCode != http.StatusUnauthorized {
+			t.Errorf("GET /%s without a token: %s, want 401", path, resp.Status)
+		}
+	}
+	if resp := get(base+"?token=not-the-token-0123456789", nil); resp.StatusCode != http.StatusUnauthorized || len(resp.Cookies()) != 0 {
+		t.Errorf("a login link with another token: %s, cookies %v; want 401 and none", resp.Status, resp.Cookies())
+	}
+	resp := get(link, nil)
+	var cookie *http.Cookie
+	for _, c := range resp.Cookies() {
+		if c.Name == web.LoginCookie {
+			cookie = c
+		}
+	}
+	switch {
+	case resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/":
+		t.Errorf("the login link: %s to %q, want 303 to /", resp.Status, resp.Header.Get("Location"))
+	case cookie == nil || cookie.Value != token || !cookie.HttpOnly || cookie.SameSite != http.SameSiteLaxMode || cookie.Path != "/":
+		t.Errorf("the login link's cookie: %+v; want the token, HttpOnly, SameSite=Lax, on /", cookie)
+	}
+	for name, header := range map[string]map[string]string{
+		"the cookie":       {"Cookie": web.LoginCookie + "=" + token},
+		"a bearer":         {"Authorization": "Bearer " + token},
+		"the action token": {"X-Dama-Token": webToken},
+	} {
+		if resp := get(base+"api/tasks", header); resp.StatusCode != http.StatusOK {
+			t.Errorf("GET /api/tasks with %s: %s, want 200", name, resp.Status)
+		}
+	}
+	// The cookie is no action token.
+	if code, v := call(t, "POST", base+"api/queues/default/pause", map[string]string{"Cookie": web.LoginCookie + "=" + token}, ""); code != http.StatusForbidden && code != http.StatusUnauthorized {
+		t.Errorf("pause with the login cookie alone: %d %v, want refused", code, v)
+	}
+
+	_, public := startWeb(t, env, cfg, nil, "--read-only", "--public-reads")
+	if resp := get(public+"api/tasks", nil); resp.StatusCode != http.StatusOK {
+		t.Errorf("GET /api/tasks of a page with --public-reads: %s, want 200", resp.Status)
 	}
 }

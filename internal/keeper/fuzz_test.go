@@ -3,15 +3,42 @@ package keeper
 import (
 	"encoding/binary"
 	"net"
+	"os"
 	"reflect"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
+
+// unixPair returns the two ends of a Unix socket pair, whose peers the
+// kernel names (SO_PEERCRED) as the handshake needs.
+func unixPair(t testing.TB) (a, b net.Conn) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, fd := range fds {
+		f := os.NewFile(uintptr(fd), "pair")
+		c, err := net.FileConn(f)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			a = c
+		} else {
+			b = c
+		}
+	}
+	return a, b
+}
+
+var secret = []byte("a supervisor's random secret")
 
 // pipePair returns the two ends of a session whose handshake is done.
 func pipePair(t testing.TB) (client, server *stream) {
-	a, b := net.Pipe()
-	secret := Secret([]byte("postgres://test"))
+	a, b := unixPair(t)
 	done := make(chan error, 1)
 	go func() {
 		var err error
@@ -49,22 +76,22 @@ func TestAnOversizedHelloIsRefusedUnread(t *testing.T) {
 	}
 }
 
-// FuzzSession gives the keeper arbitrary bytes: as a handshake, as the
-// frames of a session (which must be sealed by the other side to be read
-// at all), and as packed values, which must unpack and pack to
-// themselves. Nothing panics, and nothing beyond a frame's bound is read.
+// FuzzSession gives the keeper arbitrary bytes: as a handshake, which
+// never passes without the secret, as the frames of a session's hello,
+// none read beyond the hello's bound, and as packed values, which must
+// unpack and pack to themselves. Nothing panics.
 func FuzzSession(f *testing.F) {
 	f.Add([]byte("DKP2"), []byte{0, 0, 0, 20, 1, 2, 3}, []byte{0, 0, 0, 1, 0xff, 0, 0, 0, 0, 'a'})
 	f.Add([]byte{}, []byte{0xff, 0xff, 0xff, 0xff}, []byte{})
 	f.Add(append([]byte("DKP2"), make([]byte, 64)...), []byte{0, 0, 0, 0}, []byte{0xff, 0xff, 0xff, 0xff})
 	f.Add([]byte("GET / HTTP/1.1\r\n\r\n"), []byte{0, 0, 0, 16, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}, []byte{0, 0, 0, 3, 'a'})
 	f.Fuzz(func(t *testing.T, handshake, frames, packed []byte) {
-		a, b := net.Pipe()
+		a, b := unixPair(t)
 		go func() {
 			a.Write(handshake)
 			a.Close()
 		}()
-		if _, err := serverHandshake(b, Secret([]byte("postgres://test")), time.Now().Add(time.Second)); err == nil {
+		if _, err := serverHandshake(b, secret, time.Now().Add(time.Second)); err == nil {
 			t.Fatalf("a handshake of %q passed without the secret", handshake)
 		}
 		b.Close()
@@ -79,7 +106,6 @@ func FuzzSession(f *testing.F) {
 			if err := server.receive(&req); err != nil {
 				break
 			}
-			t.Fatalf("frames %q not sealed by the task process were read", frames)
 		}
 		server.conn.Close()
 

@@ -1,11 +1,13 @@
 package keeper_test
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -21,7 +23,17 @@ import (
 	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+func TestMain(m *testing.M) {
+	if addrs := os.Getenv(relayEnv); addrs != "" {
+		relay(addrs)
+		return
+	}
+	testenv.Main(m)
+}
+
+// secret is the keepers' and task processes' of these tests, as a
+// supervisor would hand them.
+var secret = []byte("a supervisor's random secret")
 
 // serve runs a keeper for env's database until the test ends, and returns
 // its socket.
@@ -57,7 +69,7 @@ func start(t *testing.T, env *testenv.Env) (string, <-chan error, context.Cancel
 	go func() {
 		done <- keeper.Serve(ctx, keeper.Config{
 			Socket: socket,
-			Secret: keeper.Secret([]byte(env.URL)),
+			Secret: secret,
 			ConnectLock: func(ctx context.Context) (*pgx.Conn, error) {
 				return pgx.Connect(ctx, env.URL)
 			},
@@ -101,7 +113,7 @@ func dial(t *testing.T, env *testenv.Env, socket string, id int64, key string) (
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	c, err := keeper.Dial(ctx, socket, keeper.Secret([]byte(env.URL)), id, key, nil)
+	c, err := keeper.Dial(ctx, socket, secret, id, key, nil)
 	if err == nil {
 		t.Cleanup(func() { c.Close(context.Background()) })
 	}
@@ -174,7 +186,7 @@ func TestASessionHoldsItsLockAloneWithItsRunsKey(t *testing.T) {
 	}
 }
 
-// The keeper and a task process each prove they know the database's
+// The keeper and a task process each prove they know their supervisor's
 // secret before anything else is said: a process that poses as the keeper
 // learns no key, and one that does not know the secret gets no session.
 func TestOnlyWhoKnowsTheSecretTalksToTheKeeper(t *testing.T) {
@@ -183,7 +195,7 @@ func TestOnlyWhoKnowsTheSecretTalksToTheKeeper(t *testing.T) {
 	id, run := running(t, env)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if _, err := keeper.Dial(ctx, socket, keeper.Secret([]byte("postgres://someone@else/db")), id, run.Key, nil); !errors.Is(err, keeper.ErrHandshake) {
+	if _, err := keeper.Dial(ctx, socket, []byte("another supervisor's secret"), id, run.Key, nil); !errors.Is(err, keeper.ErrHandshake) {
 		t.Fatalf("a task process with another secret: %v, want refused", err)
 	}
 
@@ -207,11 +219,87 @@ func TestOnlyWhoKnowsTheSecretTalksToTheKeeper(t *testing.T) {
 		all, _ := io.ReadAll(conn)
 		heard <- all
 	}()
-	if _, err := keeper.Dial(ctx, fake, keeper.Secret([]byte(env.URL)), id, run.Key, nil); !errors.Is(err, keeper.ErrHandshake) {
+	if _, err := keeper.Dial(ctx, fake, secret, id, run.Key, nil); !errors.Is(err, keeper.ErrHandshake) {
 		t.Fatalf("a keeper that does not know the secret: %v, want ErrHandshake", err)
 	}
 	if got := <-heard; strings.Contains(string(got), run.Key) || len(got) != 4+32 {
 		t.Fatalf("the fake keeper heard %d bytes (%q): want only the handshake's opening", len(got), got)
+	}
+}
+
+// relayEnv makes this test program a relay: "LISTEN TARGET" (relay).
+const relayEnv = "DAMA_TEST_KEEPER_RELAY"
+
+// relay is a process of the user that put a socket of its own in the
+// keeper's place and passes every byte between the task process that
+// connects to it and the real keeper, both ways, printing what it saw of
+// the task process's to stdout at the end.
+func relay(addrs string) {
+	listen, target, _ := strings.Cut(addrs, " ")
+	ln, err := net.Listen("unix", listen)
+	if err != nil {
+		os.Exit(2)
+	}
+	os.Stdout.WriteString("listening\n")
+	in, err := ln.Accept()
+	if err != nil {
+		os.Exit(2)
+	}
+	out, err := net.Dial("unix", target)
+	if err != nil {
+		os.Exit(2)
+	}
+	go io.Copy(in, out)
+	var seen strings.Builder
+	io.Copy(io.MultiWriter(out, &seen), in)
+	os.Stdout.WriteString(strconv.Quote(seen.String()) + "\n")
+}
+
+// A process of the same user that relays a task process's bytes to the
+// real keeper and back, unchanged, gets nowhere: each side's proof names
+// the pids the kernel gives of the two ends, and each finds the relay's
+// where it expects the other's, so the task process says nothing more
+// than its handshake's opening.
+func TestARelayBetweenATaskProcessAndItsKeeperLearnsNothing(t *testing.T) {
+	env := testenv.New(t)
+	socket := serve(t, env)
+	id, run := running(t, env)
+	fake := filepath.Join(t.TempDir(), "relay.sock")
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), relayEnv+"="+fake+" "+socket)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	lines := bufio.NewScanner(stdout)
+	if !lines.Scan() || lines.Text() != "listening" {
+		t.Fatalf("the relay did not start: %q", lines.Text())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := keeper.Dial(ctx, fake, secret, id, run.Key, nil); !errors.Is(err, keeper.ErrHandshake) {
+		t.Fatalf("a session through a relay: %v, want ErrHandshake", err)
+	}
+	if !lines.Scan() {
+		t.Fatal("the relay said nothing of what it saw")
+	}
+	seen, err := strconv.Unquote(lines.Text())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(seen, run.Key) || len(seen) != 4+32 {
+		t.Fatalf("the relay saw %d bytes of the task process (%q): want only the handshake's opening", len(seen), seen)
+	}
+	// Without a relay, the same task process opens its session.
+	if _, err := dial(t, env, socket, id, run.Key); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -30,7 +30,8 @@ type Config struct {
 	// runs, one keeper per socket, and writes its pid in it.
 	Socket string
 	// Secret is what the keeper and its task processes prove to each other
-	// they know before anything else is said (see Secret); required.
+	// they know before anything else is said (stream.go): their
+	// supervisor's random protocol.Secrets.Keeper; required.
 	Secret []byte
 	// ConnectLock opens the lock session: a connection of the keeper's
 	// own, probed when silent, which holds the locks of all the sessions.
@@ -69,7 +70,15 @@ type server struct {
 	// the server, keeps a second session of the same context out.
 	holders map[int64]*session
 	idle    time.Time
+	// unproven holds a token for each connection that has not opened its
+	// session yet (its handshake and hello).
+	unproven chan struct{}
 }
+
+// maxUnproven bounds the connections that have not opened their session
+// yet: task processes open theirs within milliseconds, so a burst of
+// launches does not come near it.
+const maxUnproven = 64
 
 // Serve runs a keeper until ctx ends or it has had no session for
 // cfg.IdleExit.
@@ -131,6 +140,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		cfg: cfg, logger: logger, pool: pool,
 		sessions: make(map[*session]struct{}),
 		holders:  make(map[int64]*session),
+		unproven: make(chan struct{}, maxUnproven),
 		idle:     time.Now(),
 	}
 	ctx, cancel := context.WithCancel(ctx)
@@ -152,6 +162,7 @@ func Serve(ctx context.Context, cfg Config) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer s.closeSessions()
+	var refusing bool
 	for {
 		conn, err := ln.AcceptUnix()
 		if err != nil {
@@ -171,6 +182,20 @@ func Serve(ctx context.Context, cfg Config) error {
 			conn.Close()
 			continue
 		}
+		select {
+		case s.unproven <- struct{}{}:
+		default:
+			// A process of the user that opens connections and proves
+			// nothing holds no more than maxUnproven of them, each for
+			// at most the handshake's and the hello's deadlines.
+			conn.Close()
+			if !refusing {
+				logger.Warn("refused connections: too many have not opened their session yet", "at_most", maxUnproven)
+			}
+			refusing = true
+			continue
+		}
+		refusing = false
 		sess := s.open(conn)
 		wg.Add(1)
 		go func() {
@@ -183,21 +208,9 @@ func Serve(ctx context.Context, cfg Config) error {
 // checkPeer refuses a process of another user: the socket's directory
 // keeps them out already, unless an operator opened it.
 func checkPeer(conn *net.UnixConn) error {
-	raw, err := conn.SyscallConn()
+	cred, err := peerCred(conn)
 	if err != nil {
 		return err
-	}
-	var (
-		cred *unix.Ucred
-		cerr error
-	)
-	if err := raw.Control(func(fd uintptr) {
-		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return err
-	}
-	if cerr != nil {
-		return fmt.Errorf("read the peer's credentials: %w", cerr)
 	}
 	if int(cred.Uid) != os.Getuid() {
 		return fmt.Errorf("a process of uid %d: the keeper serves uid %d only", cred.Uid, os.Getuid())

@@ -60,6 +60,12 @@ type session struct {
 func (sess *session) serve(ctx context.Context) {
 	defer sess.s.closed(sess)
 	defer sess.conn.Close()
+	proven := false
+	defer func() {
+		if !proven {
+			<-sess.s.unproven
+		}
+	}()
 	// A connection that says nothing, or not the secret, is not kept.
 	st, err := serverHandshake(sess.conn, sess.s.cfg.Secret, time.Now().Add(10*time.Second))
 	if err != nil {
@@ -98,6 +104,8 @@ func (sess *session) serve(ctx context.Context) {
 			}
 			sess.conn.SetReadDeadline(time.Time{})
 			sess.st.setLimit(maxMessage)
+			proven = true
+			<-sess.s.unproven
 			continue
 		}
 		if err := sess.reply(sess.handle(ctx, &req)); err != nil {
@@ -188,7 +196,7 @@ func (sess *session) hello(ctx context.Context, req *request) error {
 		return fmt.Errorf("%w: protocol version %d, this keeper speaks %d", ErrRefused, req.Version, Version)
 	case req.ContextID <= 0:
 		return fmt.Errorf("%w: etl context %d", ErrRefused, req.ContextID)
-	case req.RunKey == "" || len(req.RunKey) > protocol.MaxKey:
+	case req.RunKey == "":
 		return fmt.Errorf("%w: a session needs its run's key", ErrRefused)
 	}
 	hctx, cancel := context.WithTimeout(ctx, 10*time.Second)

@@ -11,7 +11,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"runtime/debug"
@@ -73,14 +72,16 @@ func Run(ctx context.Context, funcs taskrunner.Funcs) (code int, ok bool) {
 
 // RunTaskrunner runs one attempt of a task as its runner, with the
 // arguments a supervisor gives after protocol.Subcommand, and returns the
-// process's exit code (taskrunner's Exit codes). The configuration and the
-// database come from the environment (protocol.ConfigEnv and
-// protocol.DatabaseURLEnv); the runner logs to stderr, the task's log
-// file. It is `dama-taskrunner taskrunner`, or `dama taskrunner`.
+// process's exit code (taskrunner's Exit codes). The configuration comes
+// from the environment (protocol.ConfigEnv), the database from the
+// secrets pipe or spare's socket, read once the process is non-dumpable
+// (protocol.Secrets; or the environment's protocol.DatabaseURLEnv, for a
+// runner started by hand); the runner logs to stderr, the task's log file.
+// It is `dama-taskrunner taskrunner`, or `dama taskrunner`.
 func RunTaskrunner(ctx context.Context, args []string, funcs taskrunner.Funcs) int {
-	// Before anything else: the environment holds the database URL, which
-	// the command's processes, of the same user, must not read (see
-	// taskrunner.Run).
+	// Before anything else, and before the secrets are read: the
+	// command's processes, of the same user, must not read this one's
+	// memory (see taskrunner.Run).
 	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
 	if _, set := os.LookupEnv("GOGC"); !set {
 		debug.SetGCPercent(runnerGCPercent)
@@ -116,7 +117,7 @@ func runnerOptions(ctx context.Context, args []string, funcs taskrunner.Funcs) (
 	}
 	// Kept from any process the runner starts (a lock keeper before the
 	// lock is held): the supervisor waits for the ready pipe's end.
-	for _, fd := range []int{launch.ReadyFD, launch.KeyFD, launch.SpareFD} {
+	for _, fd := range []int{launch.ReadyFD, launch.SecretsFD, launch.SpareFD} {
 		if fd > 0 {
 			syscall.CloseOnExec(fd)
 		}
@@ -125,29 +126,25 @@ func runnerOptions(ctx context.Context, args []string, funcs taskrunner.Funcs) (
 	if err != nil {
 		return taskrunner.Options{}, err
 	}
-	url := os.Getenv(protocol.DatabaseURLEnv)
-	if url == "" {
-		return taskrunner.Options{}, errors.New(protocol.DatabaseURLEnv + " is not set")
-	}
-	var runKey string
-	if launch.KeyFD > 0 {
-		f := os.NewFile(uintptr(launch.KeyFD), "key")
-		key, err := io.ReadAll(io.LimitReader(f, protocol.MaxKey))
-		f.Close()
-		if err != nil {
-			return taskrunner.Options{}, fmt.Errorf("read the run's key: %w", err)
+	var secrets protocol.Secrets
+	if launch.SecretsFD > 0 {
+		if secrets, err = readSecrets(launch.SecretsFD); err != nil {
+			return taskrunner.Options{}, err
 		}
-		runKey = string(key)
 	}
 	var (
 		launchedAt time.Time
 		pre        *taskrunner.Preconnected
 	)
 	if launch.SpareFD > 0 {
-		if cfg, pre, launchedAt, err = spareLaunch(ctx, &launch, url, cfg); err != nil {
+		if cfg, pre, secrets, launchedAt, err = spareLaunch(ctx, &launch, cfg); err != nil {
 			return taskrunner.Options{}, err
 		}
-		runKey = pre.RunKey()
+	}
+	url, err := setSecretEnv(secrets)
+	if err != nil {
+		pre.Close()
+		return taskrunner.Options{}, err
 	}
 	opts, err := runnerHost(cfg, funcs)
 	if err != nil {
@@ -156,7 +153,8 @@ func runnerOptions(ctx context.Context, args []string, funcs taskrunner.Funcs) (
 	}
 	opts.LockMode = launch.LockMode
 	opts.DatabaseURL = url
-	opts.ContextID, opts.RunID, opts.RunKey = launch.ContextID, launch.RunID, runKey
+	opts.ContextID, opts.RunID = launch.ContextID, launch.RunID
+	opts.RunKey, opts.KeeperSecret = secrets.RunKey, secrets.Keeper
 	opts.LaunchedAt, opts.Preconnected = launchedAt, pre
 	if launch.ReadyFD > 0 {
 		opts.Ready = os.NewFile(uintptr(launch.ReadyFD), "ready")
@@ -168,48 +166,89 @@ func runnerOptions(ctx context.Context, args []string, funcs taskrunner.Funcs) (
 // what is not made by then is made at the launch.
 const preconnectTimeout = 10 * time.Second
 
+// readSecrets reads the secrets on fd (protocol.ReadSecrets), once the
+// process is non-dumpable, unless a process traced it before: a tracer
+// stays attached, and would read them in its memory.
+func readSecrets(fd int) (protocol.Secrets, error) {
+	switch tracer, err := hostproc.Tracer(os.Getpid()); {
+	case err != nil:
+		return protocol.Secrets{}, err
+	case tracer != 0:
+		return protocol.Secrets{}, fmt.Errorf("process %d traces this one: its secrets are not read", tracer)
+	}
+	return protocol.ReadSecrets(fd)
+}
+
+// setSecretEnv sets the variables of secrets (the database URL and
+// libpq's PG*, which pgx reads from the environment) in this process's
+// environment, for its connections and a command whose kind passes them
+// (pass_env): not in what /proc shows of it, which is what the process
+// was started with. It returns the database URL: secrets', or for a runner
+// started by hand, its environment's.
+func setSecretEnv(secrets protocol.Secrets) (string, error) {
+	for _, kv := range secrets.Env {
+		name, value, _ := strings.Cut(kv, "=")
+		if err := os.Setenv(name, value); err != nil {
+			return "", fmt.Errorf("set %s: %w", name, err)
+		}
+	}
+	url := os.Getenv(protocol.DatabaseURLEnv)
+	if url == "" {
+		return "", errors.New("no database URL: neither the secrets pipe nor $" + protocol.DatabaseURLEnv + " gives one")
+	}
+	return url, nil
+}
+
 // spareLaunch is a spare's life before its launch (protocol.SpareFD): it
-// greets its supervisor, receives its run's key, connects ahead with it
-// while it waits for its launch, and returns the connections made, which
-// hold the key, the configuration read again (the file may have changed
-// since the spare started), and when its launch came. It fills l's
+// greets its supervisor, receives its secrets with its run's key,
+// connects ahead with them while it waits for its launch, and returns the
+// connections made, which hold the key, the configuration read again (the
+// file may have changed since the spare started), the secrets, and when
+// its launch came. It fills l's
 // context, run and lock mode. It returns protocol.ErrNoLaunch when the supervisor let it go,
 // and an error when it was told to stop (ctx ended) as its launch came:
 // the launch is then given back, as a runner's signalled before its
 // command started.
-func spareLaunch(ctx context.Context, l *protocol.Launch, url string, cfg *config.Config) (*config.Config, *taskrunner.Preconnected, time.Time, error) {
+func spareLaunch(ctx context.Context, l *protocol.Launch, cfg *config.Config) (*config.Config, *taskrunner.Preconnected, protocol.Secrets, time.Time, error) {
+	var none protocol.Secrets
 	fd := l.SpareFD
 	defer syscall.Close(fd)
 	if err := protocol.SendHello(fd); err != nil {
-		return nil, nil, time.Time{}, err
+		return nil, nil, none, time.Time{}, err
 	}
-	key, err := protocol.ReceiveKey(fd)
+	secrets, err := protocol.ReceiveSecrets(fd)
 	if err != nil {
-		return nil, nil, time.Time{}, err
+		return nil, nil, none, time.Time{}, err
+	}
+	url, err := setSecretEnv(secrets)
+	if err != nil {
+		return nil, nil, none, time.Time{}, err
 	}
 	pctx, stopConnecting := context.WithTimeout(ctx, preconnectTimeout)
 	defer stopConnecting()
 	connected := make(chan *taskrunner.Preconnected, 1)
-	go func() { connected <- taskrunner.Preconnect(pctx, url, key, l.LockMode, cfg.HeartbeatInterval) }()
+	go func() {
+		connected <- taskrunner.Preconnect(pctx, url, secrets.RunKey, l.LockMode, cfg.HeartbeatInterval)
+	}()
 	got, err := receiveLaunch(ctx, fd)
 	launchedAt := time.Now()
 	if err != nil {
 		// Let go, or stopped: what is being connected is not needed.
 		stopConnecting()
 		(<-connected).Close()
-		return nil, nil, time.Time{}, err
+		return nil, nil, none, time.Time{}, err
 	}
 	pre := <-connected
 	if ctx.Err() != nil {
 		pre.Close()
-		return nil, nil, time.Time{}, errors.New("signalled as its launch came: the launch is given back")
+		return nil, nil, none, time.Time{}, errors.New("signalled as its launch came: the launch is given back")
 	}
 	l.ContextID, l.RunID, l.LockMode = got.ContextID, got.RunID, got.LockMode
 	if cfg, err = config.Load(os.Getenv(protocol.ConfigEnv)); err != nil {
 		pre.Close()
-		return nil, nil, time.Time{}, err
+		return nil, nil, none, time.Time{}, err
 	}
-	return cfg, pre, launchedAt, nil
+	return cfg, pre, secrets, launchedAt, nil
 }
 
 // runnerHost returns the options of a runner on this host under cfg.
@@ -266,55 +305,36 @@ func receiveLaunch(ctx context.Context, fd int) (protocol.Launch, error) {
 
 // RunKeeper runs the host's lock keeper of lock_mode host, with the
 // arguments a task process gives after protocol.KeeperSubcommand, and
-// returns the process's exit code. The database comes from the
-// environment (protocol.DatabaseURLEnv); the keeper logs to stderr, a file
-// beside its socket. It is `dama-taskrunner keeper`, or `dama keeper`.
+// returns the process's exit code. The database and the keeper's secret
+// come from its secrets pipe (protocol.KeeperLaunch.SecretsFD), read once
+// it is non-dumpable; the keeper logs to stderr, a file beside its
+// socket. It is `dama-taskrunner keeper`, or `dama keeper`.
 func RunKeeper(ctx context.Context, args []string) int {
 	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "keeper")
 	launch, err := protocol.ParseKeeperLaunch(args)
-	if err == nil && launch.EnvFD > 0 {
-		err = readKeeperEnv(launch.EnvFD)
+	var (
+		secrets protocol.Secrets
+		url     string
+	)
+	if err == nil {
+		syscall.CloseOnExec(launch.SecretsFD)
+		secrets, err = readSecrets(launch.SecretsFD)
 	}
-	if err == nil && os.Getenv(protocol.DatabaseURLEnv) == "" {
-		err = errors.New(protocol.DatabaseURLEnv + " is not set")
+	if err == nil {
+		url, err = setSecretEnv(secrets)
+	}
+	if err == nil && len(secrets.Keeper) == 0 {
+		err = errors.New("the secrets hold no keeper's secret")
 	}
 	if err != nil {
 		logger.Error("keeper", "error", err, "exit_code", protocol.ExitSetup)
 		return protocol.ExitSetup
 	}
 	return taskrunner.RunKeeper(context.WithoutCancel(ctx), taskrunner.KeeperOptions{
-		DatabaseURL: os.Getenv(protocol.DatabaseURLEnv),
+		DatabaseURL: url,
+		Secret:      secrets.Keeper,
 		Launch:      launch,
 		Logger:      logger,
 	})
-}
-
-// readKeeperEnv sets the variables the task process that started the
-// keeper wrote on fd (protocol.KeeperLaunch.EnvFD), once the keeper is
-// non-dumpable.
-func readKeeperEnv(fd int) error {
-	syscall.CloseOnExec(fd)
-	f := os.NewFile(uintptr(fd), "env")
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, protocol.MaxKeeperEnv+1))
-	if err != nil {
-		return fmt.Errorf("read the keeper's environment: %w", err)
-	}
-	if len(data) > protocol.MaxKeeperEnv {
-		return fmt.Errorf("the keeper's environment is over %d bytes", protocol.MaxKeeperEnv)
-	}
-	for _, kv := range strings.Split(string(data), "\x00") {
-		if kv == "" {
-			continue
-		}
-		name, value, ok := strings.Cut(kv, "=")
-		if !ok || name == "" {
-			return fmt.Errorf("the keeper's environment: %q is not NAME=value", name)
-		}
-		if err := os.Setenv(name, value); err != nil {
-			return fmt.Errorf("the keeper's environment: %w", err)
-		}
-	}
-	return nil
 }

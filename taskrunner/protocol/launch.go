@@ -29,31 +29,28 @@ type Launch struct {
 	// ReadyFD, when above 0, is a descriptor to write one byte to once the
 	// lock is held.
 	ReadyFD int
-	// KeyFD, when above 0, is a descriptor to read the run's key from
-	// (etlcontext.Run), which the runner sets in each of its sessions: as
-	// a member of dama_task, it may write only its own run's rows. A pipe,
-	// not the environment: the runner closes it once read, so neither the
-	// command nor a function process inherits it. (In the runner's first
-	// milliseconds, before it is non-dumpable, a process of the same user
-	// may read either: docs/security.md "Database roles".)
-	KeyFD int
+	// SecretsFD, when above 0, is a pipe to read the runner's Secrets
+	// from, once it is non-dumpable: the database URL and libpq's PG*
+	// variables, the run's key, which the runner sets in each of its
+	// sessions (as a member of dama_task, it may write only its own run's
+	// rows), and the keeper's secret. The runner closes it once read, so
+	// neither the command nor a function process inherits it. Without
+	// one, a runner started by hand connects with its environment.
+	SecretsFD int
 	// SpareFD, when above 0, makes the task process a spare, started ahead
-	// of its launch (see SpareFD): ContextID, RunID and the run's key are
+	// of its launch (see SpareFD): ContextID, RunID and the secrets are
 	// not on its command line or a pipe but come on this descriptor, with
 	// the lock mode and the task's log file, once its supervisor has a
-	// task for it (ReceiveKey, ReceiveLaunch). LockMode is then the mode
+	// task for it (ReceiveSecrets, ReceiveLaunch). LockMode is then the mode
 	// it connects for beforehand.
 	SpareFD int
 }
 
-// MaxKey bounds what is read from KeyFD.
-const MaxKey = 1 << 10
-
 // The descriptors a supervisor hands the task process it launches, after
-// stdin, stdout and stderr: the ready pipe, then the key pipe.
+// stdin, stdout and stderr: the ready pipe, then the secrets pipe.
 const (
-	ReadyFD = 3
-	KeyFD   = 4
+	ReadyFD   = 3
+	SecretsFD = 4
 )
 
 // Args returns the runner's command line after the program name.
@@ -70,8 +67,8 @@ func (l Launch) Args() []string {
 	if l.ReadyFD > 0 {
 		args = append(args, "--ready-fd", strconv.Itoa(l.ReadyFD))
 	}
-	if l.KeyFD > 0 {
-		args = append(args, "--key-fd", strconv.Itoa(l.KeyFD))
+	if l.SecretsFD > 0 {
+		args = append(args, "--secrets-fd", strconv.Itoa(l.SecretsFD))
 	}
 	return args
 }
@@ -87,7 +84,7 @@ func ParseLaunch(args []string) (Launch, error) {
 	fs.Int64Var(&l.ContextID, "context-id", 0, "etl_context_id to run")
 	fs.StringVar(&l.RunID, "run-id", "", "run id prepared by the supervisor")
 	fs.IntVar(&l.ReadyFD, "ready-fd", 0, "descriptor to write one byte to once the lock is held")
-	fs.IntVar(&l.KeyFD, "key-fd", 0, "descriptor to read the run's key from")
+	fs.IntVar(&l.SecretsFD, "secrets-fd", 0, "descriptor to read the secrets from")
 	fs.IntVar(&l.SpareFD, "spare-fd", 0, "descriptor to wait on for the launch, as a spare")
 	fs.StringVar(&lockMode, "lock-mode", "", "how to hold the lock: row (the default), advisory or host")
 	if err := fs.Parse(args); err != nil {
@@ -99,7 +96,7 @@ func ParseLaunch(args []string) (Launch, error) {
 	if err := checkFD("--ready-fd", l.ReadyFD); err != nil {
 		return Launch{}, err
 	}
-	if err := checkFD("--key-fd", l.KeyFD); err != nil {
+	if err := checkFD("--secrets-fd", l.SecretsFD); err != nil {
 		return Launch{}, err
 	}
 	if err := checkFD("--spare-fd", l.SpareFD); err != nil {
@@ -110,7 +107,7 @@ func ParseLaunch(args []string) (Launch, error) {
 		var given []string
 		fs.Visit(func(f *flag.Flag) {
 			switch f.Name {
-			case "context-id", "run-id", "key-fd":
+			case "context-id", "run-id", "secrets-fd":
 				given = append(given, "--"+f.Name)
 			}
 		})
@@ -166,27 +163,23 @@ type KeeperLaunch struct {
 	// Heartbeat is the configuration's heartbeat_interval: how the keeper
 	// probes its connections.
 	Heartbeat time.Duration
-	// EnvFD, when above 0, is a descriptor to read the keeper's secret
-	// environment from: DatabaseURLEnv and libpq's PG* variables, each
-	// "NAME=value" and NUL-terminated, at most MaxKeeperEnv bytes. A pipe,
-	// not the environment: a process of the same user could read the
-	// keeper's environment before it is non-dumpable, and may kill it to
-	// have it started again.
-	EnvFD int
+	// SecretsFD is a pipe to read the keeper's Secrets from, once it is
+	// non-dumpable: the database URL and libpq's PG* variables, and the
+	// secret it proves to its task processes. A pipe, not the environment:
+	// a process of the same user could read the keeper's environment
+	// before it is non-dumpable, and may kill it to have it started again.
+	SecretsFD int
 }
 
-// MaxKeeperEnv bounds what is read from KeeperLaunch.EnvFD.
-const MaxKeeperEnv = 64 << 10
-
-// KeeperEnvFD is the descriptor a task process hands the keeper it starts,
-// after stdin, stdout and stderr.
-const KeeperEnvFD = 3
+// KeeperSecretsFD is the descriptor a task process hands the keeper it
+// starts, after stdin, stdout and stderr.
+const KeeperSecretsFD = 3
 
 // Args returns the keeper's command line after the program name.
 func (l KeeperLaunch) Args() []string {
 	args := []string{KeeperSubcommand, "--socket", l.Socket, "--heartbeat", l.Heartbeat.String()}
-	if l.EnvFD > 0 {
-		args = append(args, "--env-fd", strconv.Itoa(l.EnvFD))
+	if l.SecretsFD > 0 {
+		args = append(args, "--secrets-fd", strconv.Itoa(l.SecretsFD))
 	}
 	return args
 }
@@ -198,7 +191,7 @@ func ParseKeeperLaunch(args []string) (KeeperLaunch, error) {
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&l.Socket, "socket", "", "path of the keeper's socket")
 	fs.DurationVar(&l.Heartbeat, "heartbeat", 0, "heartbeat_interval")
-	fs.IntVar(&l.EnvFD, "env-fd", 0, "descriptor to read the secret environment from")
+	fs.IntVar(&l.SecretsFD, "secrets-fd", 0, "descriptor to read the secrets from")
 	if err := fs.Parse(args); err != nil {
 		return KeeperLaunch{}, fmt.Errorf("%s arguments: %w", KeeperSubcommand, err)
 	}
@@ -209,8 +202,8 @@ func ParseKeeperLaunch(args []string) (KeeperLaunch, error) {
 		return KeeperLaunch{}, errors.New("--socket is required: an absolute path")
 	case l.Heartbeat <= 0:
 		return KeeperLaunch{}, errors.New("--heartbeat is required: a positive duration")
-	case l.EnvFD < 0 || (l.EnvFD > 0 && l.EnvFD < 3):
-		return KeeperLaunch{}, fmt.Errorf("--env-fd %d: want a descriptor above 2, or none", l.EnvFD)
+	case l.SecretsFD < 3:
+		return KeeperLaunch{}, fmt.Errorf("--secrets-fd %d: want a descriptor above 2", l.SecretsFD)
 	}
 	return l, nil
 }

@@ -30,7 +30,7 @@ func FuzzParseLaunch(f *testing.F) {
 		{join(Launch{SpareFD: 4, ReadyFD: 3, LockMode: LockModeAdvisory}), Launch{}},
 		{"--spare-fd\x004\x00--context-id\x0042", Launch{}},
 		{"--spare-fd\x003\x00--ready-fd\x003", Launch{}},
-		{"--spare-fd\x004\x00--key-fd\x005", Launch{}},
+		{"--spare-fd\x004\x00--secrets-fd\x005", Launch{}},
 		{"--spare-fd\x004\x00--lock-mode\x00rows", Launch{}},
 		{"--spare-fd\x002", Launch{}},
 		{"-h", Launch{}},
@@ -51,14 +51,14 @@ func FuzzParseLaunch(f *testing.F) {
 			}
 		} else {
 			switch {
-			case l.SpareFD != 0 && (l.SpareFD < 3 || l.SpareFD == l.ReadyFD || l.KeyFD != 0 || l.ContextID != 0 || l.RunID != "" || !l.LockMode.Valid()):
+			case l.SpareFD != 0 && (l.SpareFD < 3 || l.SpareFD == l.ReadyFD || l.SecretsFD != 0 || l.ContextID != 0 || l.RunID != "" || !l.LockMode.Valid()):
 				t.Fatalf("ParseLaunch(%q) = %+v: a spare with a launch, or a descriptor it must not read", args, l)
 			case l.SpareFD != 0:
 			case l.ContextID <= 0 || l.RunID == "":
 				t.Fatalf("ParseLaunch(%q) = %+v: want a context and a run", args, l)
 			case !l.LockMode.Valid():
 				t.Fatalf("ParseLaunch(%q) = %+v: lock mode %q", args, l, l.LockMode)
-			case l.ReadyFD != 0 && l.ReadyFD < 3, l.KeyFD != 0 && l.KeyFD < 3:
+			case l.ReadyFD != 0 && l.ReadyFD < 3, l.SecretsFD != 0 && l.SecretsFD < 3:
 				t.Fatalf("ParseLaunch(%q) = %+v: a descriptor the runner must not read or close", args, l)
 			}
 			want := l
@@ -73,7 +73,7 @@ func FuzzParseLaunch(f *testing.F) {
 		if l.ContextID <= 0 || l.RunID == "" || strings.Contains(l.RunID, "\x00") ||
 			(l.LockMode != LockModeRow && l.LockMode != LockModeAdvisory) ||
 			(l.ReadyFD > 0 && l.ReadyFD < 3) {
-			// A supervisor hands descriptors above 2 (ReadyFD, KeyFD).
+			// A supervisor hands descriptors above 2 (ReadyFD, SecretsFD).
 			return
 		}
 		if l.Args()[0] != Subcommand {
@@ -109,8 +109,8 @@ func TestLaunchArgsRoundTrip(t *testing.T) {
 		{"--context-id", "1", "--run-id", "r", "--lock-mode", "table"},
 		{"--context-id", "1", "--run-id", "r", "extra"},
 		{"--context-id", "x", "--run-id", "r"},
-		{"--context-id", "1", "--run-id", "r", "--key-fd", "-1"},
-		{"--context-id", "1", "--run-id", "r", "--key-fd", "1"},
+		{"--context-id", "1", "--run-id", "r", "--secrets-fd", "-1"},
+		{"--context-id", "1", "--run-id", "r", "--secrets-fd", "1"},
 		{"--context-id", "1", "--run-id", "r", "--ready-fd", "2"},
 	} {
 		if _, err := ParseLaunch(bad); err == nil {
@@ -128,14 +128,14 @@ func FuzzParseKeeperLaunch(f *testing.F) {
 		socket    string
 		heartbeat int64
 	}{
-		{"--socket\x00/var/log/dama/.keeper/ab-v1.sock\x00--heartbeat\x005s", "/tmp/k.sock", int64(time.Second)},
-		{"--socket=/x\x00--heartbeat=200ms", "relative.sock", 1},
+		{"--socket\x00/var/log/dama/.keeper/ab-v3.sock\x00--heartbeat\x005s\x00--secrets-fd\x003", "/tmp/k.sock", int64(time.Second)},
+		{"--socket=/x\x00--heartbeat=200ms\x00--secrets-fd=3", "relative.sock", 1},
 		{"--socket\x00\x00--heartbeat\x001s", "", 0},
 		{"--socket\x00/x\x00--heartbeat\x00-1s", "/a b\nc", -5},
 		{"--socket\x00/x\x00--heartbeat\x0099999999999h", "/x", 1 << 62},
 		{"--socket\x00/x\x00--heartbeat\x001s\x00extra", "/x", 1},
-		{"--socket\x00/x\x00--heartbeat\x001s\x00--env-fd\x003", "/x", 1},
-		{"--socket\x00/x\x00--heartbeat\x001s\x00--env-fd\x001", "/x", 1},
+		{"--socket\x00/x\x00--heartbeat\x001s\x00--secrets-fd\x003", "/x", 1},
+		{"--socket\x00/x\x00--heartbeat\x001s\x00--secrets-fd\x001", "/x", 1},
 		{"-h", "", 0},
 		{"", "", 0},
 	} {
@@ -151,20 +151,20 @@ func FuzzParseKeeperLaunch(f *testing.F) {
 				t.Fatalf("ParseKeeperLaunch(%q) = %+v, %q: want nothing and a message", args, l, err)
 			}
 		} else {
-			if !strings.HasPrefix(l.Socket, "/") || l.Heartbeat <= 0 || (l.EnvFD != 0 && l.EnvFD < 3) {
+			if !strings.HasPrefix(l.Socket, "/") || l.Heartbeat <= 0 || l.SecretsFD < 3 {
 				t.Fatalf("ParseKeeperLaunch(%q) = %+v: want an absolute socket and a heartbeat", args, l)
 			}
 			if again, err := ParseKeeperLaunch(l.Args()[1:]); err != nil || again != l {
 				t.Fatalf("ParseKeeperLaunch(%q) = %+v, whose Args read back as %+v, %v", args, l, again, err)
 			}
 		}
-		l := KeeperLaunch{Socket: socket, Heartbeat: time.Duration(heartbeat)}
+		l := KeeperLaunch{Socket: socket, Heartbeat: time.Duration(heartbeat), SecretsFD: KeeperSecretsFD}
 		if strings.ContainsRune(socket, 0) {
 			return
 		}
 		got, err := ParseKeeperLaunch(l.Args()[1:])
 		valid := strings.HasPrefix(socket, "/") && heartbeat > 0
-		if valid && (err != nil || got.Socket != l.Socket || got.Heartbeat != l.Heartbeat) {
+		if valid && (err != nil || got != l) {
 			t.Fatalf("%+v reads back as %+v, %v", l, got, err)
 		}
 		if !valid && err == nil {
@@ -201,7 +201,7 @@ func FuzzParseSpareLaunch(f *testing.F) {
 		switch {
 		case l.ContextID <= 0 || l.RunID == "" || !l.LockMode.Valid():
 			t.Fatalf("ParseSpareLaunch(%q) = %+v: want a context, a run and a lock mode", msg, l)
-		case l.ReadyFD != 0 || l.KeyFD != 0 || l.SpareFD != 0:
+		case l.ReadyFD != 0 || l.SecretsFD != 0 || l.SpareFD != 0:
 			t.Fatalf("ParseSpareLaunch(%q) = %+v: descriptors from a message", msg, l)
 		}
 	})

@@ -23,23 +23,22 @@ import (
 //
 //  1. the spare, once it is non-dumpable, sends one byte (SendHello);
 //  2. the supervisor, once it saw no tracer attached to the spare, sends
-//     the key of the run the spare will be, made before the run
-//     (SendKey): neither /proc/<pid>/fd nor a tracer can read it there, as
-//     they could a pipe in the spare's first milliseconds;
+//     its Secrets, with the key of the run the spare will be, made before
+//     the run (SendSecrets): neither /proc/<pid>/fd nor a tracer can read
+//     them there, as they could a pipe in the spare's first milliseconds;
 //  3. the spare connects as a runner of lock mode M would, and the
 //     supervisor, when it has a task for it, sends the launch and the
 //     task's log file, which it opens as it opens a runner's (SendLaunch).
 //
-// The end of the socket before the key or the launch (the supervisor
+// The end of the socket before the secrets or the launch (the supervisor
 // stopped, or died) tells the spare to exit unused (ErrNoLaunch).
 
 // SpareFD is the descriptor a supervisor hands a spare, after the ready
 // pipe.
 const SpareFD = 4
 
-// ErrNoLaunch is returned by ReceiveKey and ReceiveLaunch when the
-// supervisor closed the socket without a key or a launch: the spare exits,
-// unused.
+// ErrNoLaunch is returned by ReceiveSecrets and ReceiveLaunch when the
+// supervisor closed the socket without them: the spare exits, unused.
 var ErrNoLaunch = errors.New("the supervisor closed the spare's socket without a launch")
 
 // SendHello tells the supervisor, on the spare's socket fd, that the spare
@@ -75,38 +74,50 @@ func AwaitHello(conn *os.File, deadline time.Time) error {
 	return nil
 }
 
-// SendKey sends the spare whose socket is conn the key of the run it will
-// be.
-func SendKey(conn *os.File, key string) error {
-	if _, err := ParseSpareKey([]byte(key)); err != nil {
+// SendSecrets sends the spare whose socket is conn its secrets, with
+// the key of the run it will be.
+func SendSecrets(conn *os.File, secrets Secrets) error {
+	if _, err := ParseSpareKey([]byte(secrets.RunKey)); err != nil {
 		return err
 	}
-	if err := sendmsg(conn, []byte(key), nil); err != nil {
-		return fmt.Errorf("hand a spare its key: %w", err)
+	msg, err := secrets.Encode()
+	if err != nil {
+		return err
+	}
+	if err := sendmsg(conn, msg, nil); err != nil {
+		return fmt.Errorf("hand a spare its secrets: %w", err)
 	}
 	return nil
 }
 
-// ReceiveKey waits on fd, a spare's socket, for the key of the run it
-// will be; ErrNoLaunch when the socket was closed with none.
-func ReceiveKey(fd int) (string, error) {
-	msg, files, err := recvmsg(fd, unix.CmsgSpace(4*4))
+// ReceiveSecrets waits on fd, a spare's socket, for its secrets, with the
+// key of the run it will be; ErrNoLaunch when the socket was closed with
+// none.
+func ReceiveSecrets(fd int) (Secrets, error) {
+	msg, files, err := recvmsg(fd, MaxSecrets, unix.CmsgSpace(4*4))
 	for _, f := range files {
 		f.Close()
 	}
 	switch {
 	case errors.Is(err, ErrNoLaunch):
-		return "", err
+		return Secrets{}, err
 	case err != nil:
-		return "", fmt.Errorf("receive the run's key: %w", err)
+		return Secrets{}, fmt.Errorf("receive the secrets: %w", err)
 	case len(files) > 0:
-		return "", errors.New("receive the run's key: a message with descriptors")
+		return Secrets{}, errors.New("receive the secrets: a message with descriptors")
 	}
-	return ParseSpareKey(msg)
+	secrets, err := ParseSecrets(msg)
+	if err != nil {
+		return Secrets{}, err
+	}
+	if _, err := ParseSpareKey([]byte(secrets.RunKey)); err != nil {
+		return Secrets{}, err
+	}
+	return secrets, nil
 }
 
-// ParseSpareKey reads a spare's key message: a run's key, 64 lower-case
-// hexadecimal digits (etlcontext.NewRunKey).
+// ParseSpareKey checks a spare's run key: 64 lower-case hexadecimal
+// digits (etlcontext.NewRunKey).
 func ParseSpareKey(msg []byte) (string, error) {
 	if len(msg) != 64 || strings.Trim(string(msg), "0123456789abcdef") != "" {
 		return "", fmt.Errorf("a spare's key: want 64 hexadecimal digits, got %d bytes", len(msg))
@@ -163,7 +174,7 @@ func sendmsg(conn *os.File, msg, oob []byte) error {
 // descriptors are left 0: the caller keeps its own. It returns ErrNoLaunch
 // when the socket was closed with none.
 func ReceiveLaunch(fd int) (Launch, *os.File, error) {
-	msg, files, err := recvmsg(fd, unix.CmsgSpace(4*4))
+	msg, files, err := recvmsg(fd, MaxSpareLaunch, unix.CmsgSpace(4*4))
 	closeAll := func() {
 		for _, f := range files {
 			f.Close()
@@ -187,11 +198,11 @@ func ReceiveLaunch(fd int) (Launch, *os.File, error) {
 	return l, files[0], nil
 }
 
-// recvmsg waits on fd for one message of at most MaxSpareLaunch bytes,
-// with room for oobSize bytes of control data, and returns it with the
-// descriptors it passed (close-on-exec); ErrNoLaunch at the socket's end.
-func recvmsg(fd, oobSize int) ([]byte, []*os.File, error) {
-	buf := make([]byte, MaxSpareLaunch+1)
+// recvmsg waits on fd for one message of at most max bytes, with room
+// for oobSize bytes of control data, and returns it with the descriptors
+// it passed (close-on-exec); ErrNoLaunch at the socket's end.
+func recvmsg(fd, max, oobSize int) ([]byte, []*os.File, error) {
+	buf := make([]byte, max+1)
 	oob := make([]byte, oobSize)
 	var (
 		n, oobn, flags int
@@ -212,8 +223,8 @@ func recvmsg(fd, oobSize int) ([]byte, []*os.File, error) {
 		return nil, files, ferr
 	case n == 0 && len(files) == 0:
 		return nil, nil, ErrNoLaunch
-	case flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || n > MaxSpareLaunch:
-		return nil, files, fmt.Errorf("a message over %d bytes, or with too many descriptors", MaxSpareLaunch)
+	case flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || n > max:
+		return nil, files, fmt.Errorf("a message over %d bytes, or with too many descriptors", max)
 	}
 	return buf[:n], files, nil
 }

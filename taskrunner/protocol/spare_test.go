@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -38,7 +39,7 @@ func TestASpareReceivesItsLaunchAndLogFile(t *testing.T) {
 	want := Launch{ContextID: 42, RunID: "7f3c9a12-0b1e-4c55-9d0e-2a6f1e8b4c01", LockMode: LockModeHost}
 	// Descriptors of the supervisor's are not the spare's: not sent.
 	sent := want
-	sent.ReadyFD, sent.KeyFD = 3, 4
+	sent.ReadyFD, sent.SecretsFD = 3, 4
 	if err := SendLaunch(sup, sent, log); err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +88,7 @@ func TestASpareRefusesALaunchWithoutItsLogFileAlone(t *testing.T) {
 	}
 }
 
-func TestASpareGetsItsKeyOnItsSocketAfterItsHello(t *testing.T) {
+func TestASpareGetsItsSecretsOnItsSocketAfterItsHello(t *testing.T) {
 	sup, spare := socketPair(t)
 	if err := SendHello(int(spare.Fd())); err != nil {
 		t.Fatal(err)
@@ -96,22 +97,82 @@ func TestASpareGetsItsKeyOnItsSocketAfterItsHello(t *testing.T) {
 		t.Fatal(err)
 	}
 	key := strings.Repeat("0123456789abcdef", 4)
-	if err := SendKey(sup, key); err != nil {
+	want := Secrets{Env: []string{"DATABASE_URL=postgres://u:p@h/db", "PGPASSWORD=a=b\xff"}, RunKey: key, Keeper: []byte("k\x00\xff")}
+	if err := SendSecrets(sup, want); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := ReceiveKey(int(spare.Fd())); err != nil || got != key {
-		t.Fatalf("ReceiveKey = %q, %v; want %q", got, err, key)
+	if got, err := ReceiveSecrets(int(spare.Fd())); err != nil || !reflect.DeepEqual(got, want) {
+		t.Fatalf("ReceiveSecrets = %+v, %v; want %+v", got, err, want)
+	}
+	if url, _ := want.Lookup("DATABASE_URL"); url != "postgres://u:p@h/db" {
+		t.Errorf("Lookup(DATABASE_URL) = %q", url)
 	}
 	for _, bad := range []string{"", key[:63], key + "0", strings.ToUpper(key), strings.Repeat("g", 64)} {
-		if err := SendKey(sup, bad); err == nil {
-			t.Errorf("SendKey(%q) sent a key that is not one", bad)
+		if err := SendSecrets(sup, Secrets{RunKey: bad}); err == nil {
+			t.Errorf("SendSecrets sent a key that is not one, %q", bad)
 		}
 		if _, err := ParseSpareKey([]byte(bad)); err == nil {
 			t.Errorf("ParseSpareKey(%q) accepted a key that is not one", bad)
 		}
 	}
 	sup.Close()
-	if _, err := ReceiveKey(int(spare.Fd())); !errors.Is(err, ErrNoLaunch) {
-		t.Fatalf("ReceiveKey after the supervisor closed its end: %v, want ErrNoLaunch", err)
+	if _, err := ReceiveSecrets(int(spare.Fd())); !errors.Is(err, ErrNoLaunch) {
+		t.Fatalf("ReceiveSecrets after the supervisor closed its end: %v, want ErrNoLaunch", err)
 	}
+}
+
+// The secrets pipe holds its secrets whole before its reader starts, and
+// the reader takes nothing that is not NAME=value.
+func TestTheSecretsPipe(t *testing.T) {
+	want := Secrets{Env: []string{"DATABASE_URL=postgres:///x", "PGSSLMODE=disable"}, RunKey: "r", Keeper: []byte{1, 2}}
+	r, err := SecretsPipe(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := ReadSecrets(int(r.Fd()))
+	if err != nil || !reflect.DeepEqual(got, want) {
+		t.Fatalf("ReadSecrets = %+v, %v; want %+v", got, err, want)
+	}
+	if _, err := SecretsPipe(Secrets{Env: []string{"PGX=" + strings.Repeat("x", MaxSecrets)}}); err == nil {
+		t.Error("secrets over MaxSecrets were written")
+	}
+}
+
+// FuzzParseSecrets reads arbitrary secrets: what it takes encodes and
+// reads back as itself, and holds nothing a process's environment cannot
+// (a password that is not UTF-8 is kept as it is).
+func FuzzParseSecrets(f *testing.F) {
+	for _, m := range []string{
+		"k\x00abcd\x00DATABASE_URL=postgres://u:p@h/db\x00PGPASSWORD=\xff\xfe=\x00",
+		"\x00\x00",
+		"k\x00zz\x00",
+		"k\x00\x00=x\x00",
+		"k\x00\x00NOEQUALS\x00",
+		"k\x00\x00A=b",
+		"\x00",
+		"",
+	} {
+		f.Add([]byte(m))
+	}
+	f.Fuzz(func(t *testing.T, msg []byte) {
+		s, err := ParseSecrets(msg)
+		if err != nil {
+			if s.Env != nil || s.RunKey != "" || s.Keeper != nil || err.Error() == "" {
+				t.Fatalf("ParseSecrets(%q) = %+v, %q: want nothing and a message", msg, s, err)
+			}
+			return
+		}
+		for _, kv := range s.Env {
+			if name, _, ok := strings.Cut(kv, "="); !ok || name == "" || strings.ContainsRune(kv, 0) {
+				t.Fatalf("ParseSecrets(%q) took %q", msg, kv)
+			}
+		}
+		b, err := s.Encode()
+		if err != nil {
+			t.Fatalf("ParseSecrets(%q) = %+v, which does not encode: %v", msg, s, err)
+		}
+		if again, err := ParseSecrets(b); err != nil || !reflect.DeepEqual(again, s) {
+			t.Fatalf("ParseSecrets(%q) = %+v, which reads back as %+v, %v", msg, s, again, err)
+		}
+	})
 }

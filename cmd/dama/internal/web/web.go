@@ -21,7 +21,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -91,6 +93,14 @@ const (
 // ReadTokenHeader carries the read token (Options.ReadToken).
 const ReadTokenHeader = "X-Dama-Read-Token"
 
+// LoginParam is the query parameter of a login link: GET /?token=…, with
+// the read token or the action token, sets LoginCookie to it and
+// redirects to the same page without it, as Jupyter's link does.
+const (
+	LoginParam  = "token"
+	LoginCookie = "dama_token"
+)
+
 // errInvalid marks a request the server cannot read: a 400.
 var errInvalid = errors.New("invalid request")
 
@@ -102,9 +112,10 @@ type Options struct {
 	// ReadOnly turns every action off; Token is then ignored.
 	ReadOnly bool
 	// ReadToken, when set, is needed for every read of the API and of
-	// /metrics too, in ReadTokenHeader (the action token also does), for
-	// a page served beyond this host. Empty, the default: reads need
-	// none. It must be at least MinTokenLength long.
+	// /metrics, in LoginCookie (which a login link sets), in ReadTokenHeader
+	// or as "Authorization: Bearer"; the action token also reads. Empty:
+	// reads need none (`dama web --public-reads`; `dama web` makes one at
+	// random when none is given). It must be at least MinTokenLength long.
 	ReadToken string
 	// AllowedHosts, when not empty, are the host names (or addresses) the
 	// page answers to: a request whose Host header names another is
@@ -209,6 +220,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusMisdirectedRequest, fmt.Errorf("host %q refused: this page answers to %s", r.Host, strings.Join(s.opts.AllowedHosts, ", ")))
 		return
 	}
+	if r.Method == http.MethodGet && r.URL.Query().Has(LoginParam) {
+		s.login(w, r)
+		return
+	}
 	// HEAD is served by the GET handlers: it is bounded and guarded alike.
 	if r.Method == http.MethodGet || r.Method == http.MethodHead {
 		ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
@@ -216,7 +231,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		r = r.WithContext(ctx)
 		if api := strings.HasPrefix(r.URL.Path, "/api/") || r.URL.Path == "/metrics"; api {
 			if !s.mayRead(r) {
-				writeError(w, http.StatusUnauthorized, errors.New("a valid read token is needed"))
+				writeError(w, http.StatusUnauthorized, errors.New("a valid read token is needed: open the login link dama web printed when it started"))
 				return
 			}
 			select {
@@ -253,20 +268,44 @@ func (s *Server) mayRead(r *http.Request) bool {
 	if s.opts.ReadToken == "" {
 		return true
 	}
-	token := r.Header.Get(ReadTokenHeader)
-	if bearer, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && token == "" {
-		token = bearer // as Prometheus sends it
+	candidates := []string{r.Header.Get(ReadTokenHeader), r.Header.Get(TokenHeader)}
+	if bearer, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+		candidates = append(candidates, bearer) // as Prometheus sends it
 	}
-	// The page sends its one token field as the read token: the action
-	// token reads too.
-	for _, t := range []string{token, r.Header.Get(TokenHeader)} {
-		sum := sha256.Sum256([]byte(t))
-		if subtle.ConstantTimeCompare(sum[:], s.readTokenSum[:]) == 1 ||
-			(!s.opts.ReadOnly && subtle.ConstantTimeCompare(sum[:], s.tokenSum[:]) == 1) {
-			return true
+	if c, err := r.Cookie(LoginCookie); err == nil {
+		candidates = append(candidates, c.Value)
+	}
+	return slices.ContainsFunc(candidates, s.tokenReads)
+}
+
+// tokenReads reports whether token is one that reads: the read token, or
+// the action token of a page with actions.
+func (s *Server) tokenReads(token string) bool {
+	if token == "" {
+		return false
+	}
+	sum := sha256.Sum256([]byte(token))
+	return subtle.ConstantTimeCompare(sum[:], s.readTokenSum[:]) == 1 ||
+		(!s.opts.ReadOnly && subtle.ConstantTimeCompare(sum[:], s.tokenSum[:]) == 1)
+}
+
+// login serves a login link: a token that reads is kept in an HttpOnly
+// cookie, which no script of the page (or another) reads, sent by the
+// browser with this site's requests only (SameSite=Lax: not with another
+// site's requests but its links), and the browser is sent to the same
+// page without the token in its address, history or Referer.
+func (s *Server) login(w http.ResponseWriter, r *http.Request) {
+	if token := r.URL.Query().Get(LoginParam); s.opts.ReadToken != "" {
+		if !s.tokenReads(token) {
+			writeError(w, http.StatusUnauthorized, errors.New("this login link's token is not the page's: open the link dama web printed when it started"))
+			return
 		}
+		http.SetCookie(w, &http.Cookie{Name: LoginCookie, Value: token, Path: "/", HttpOnly: true, SameSite: http.SameSiteLaxMode})
 	}
-	return false
+	q := r.URL.Query()
+	q.Del(LoginParam)
+	to := url.URL{Path: r.URL.Path, RawQuery: q.Encode()}
+	http.Redirect(w, r, to.String(), http.StatusSeeOther)
 }
 
 func (s *Server) hostAllowed(hostport string) bool {

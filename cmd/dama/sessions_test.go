@@ -1,0 +1,177 @@
+package main
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/testenv"
+)
+
+// sessionWatch records, as often as it can, the runs whose commands have
+// a session on the test's database (named by protocol.SessionName), and
+// every moment two runs had one at once.
+type sessionWatch struct {
+	mu       sync.Mutex
+	overlaps []string
+	// seen holds, per run's name, when its last session was last seen.
+	seen map[string]time.Time
+}
+
+func watchSessions(t *testing.T, env *testenv.Env) *sessionWatch {
+	t.Helper()
+	w := &sessionWatch{seen: map[string]time.Time{}}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			var names []string
+			err := env.Pool.QueryRow(ctx, `
+				SELECT coalesce(array_agg(DISTINCT application_name), '{}')
+				  FROM pg_stat_activity
+				 WHERE datname = current_database() AND application_name LIKE 'dama-run:%'`).Scan(&names)
+			if err != nil {
+				continue
+			}
+			w.mu.Lock()
+			now := time.Now()
+			for _, n := range names {
+				w.seen[n] = now
+			}
+			if len(names) > 1 {
+				w.overlaps = append(w.overlaps, strings.Join(names, " and "))
+			}
+			w.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		stop()
+		<-done
+	})
+	return w
+}
+
+// check fails t for every moment two runs had a session at once.
+func (w *sessionWatch) check(t *testing.T) {
+	t.Helper()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i, o := range w.overlaps {
+		if i == 5 {
+			t.Errorf("... and %d more", len(w.overlaps)-5)
+			break
+		}
+		t.Errorf("two attempts' sessions at once: %s", o)
+	}
+}
+
+// killMidStatement waits until the current run of task id has a session
+// running a statement that starts with prefix, SIGKILLs the task process,
+// and returns the run's session name and when it was killed.
+func killMidStatement(t *testing.T, w *world, id int64, prefix string) (string, time.Time) {
+	t.Helper()
+	var (
+		pid  int
+		name string
+	)
+	testenv.Eventually(t, time.Minute, "task "+strconv.FormatInt(id, 10)+"'s command to run "+prefix, func() (bool, error) {
+		tk := w.task(id)
+		if tk.PID == nil || tk.RunID == nil {
+			return false, nil
+		}
+		var n int
+		err := w.Pool.QueryRow(context.Background(), `
+			SELECT count(*) FROM pg_stat_activity
+			 WHERE application_name = $1 AND state = 'active' AND query ILIKE $2 || '%'`,
+			"dama-run:"+*tk.RunID, prefix).Scan(&n)
+		pid, name = *tk.PID, "dama-run:"+*tk.RunID
+		return n > 0, err
+	})
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	return name, time.Now()
+}
+
+// A retry never meets the attempt before it on the database, though a
+// statement of a dead client runs on until the server notices: an ETL
+// load (sh, then pgbench filling its tables in one statement on the
+// server) whose task process is SIGKILLed mid-load three times never has
+// two loads on the database at once, and ends with all its rows. Each
+// command's sessions are named by its run (PGAPPNAME), their server ends
+// a statement whose client died within a second
+// (client_connection_check_interval, in PGOPTIONS), and the next attempt
+// starts only once no session of the run before is left.
+func TestAKilledLoadIsNeverRetriedBesideItself(t *testing.T) {
+	pgbench, err := testenv.PGBin("pgbench")
+	if err != nil {
+		t.Skip(err)
+	}
+	env := testenv.New(t)
+	cfg := env.WriteConfig(`
+log_dir: {{dir}}/logs
+poll_interval: 300ms
+kinds:
+  load:
+    command: ["/bin/sh", "-c", "` + pgbench + ` -i -s 30 -I dtGvp -q \"$DATABASE_URL\"; echo loaded"]
+    pass_env: [DATABASE_URL]
+    max_attempts: 4
+`)
+	w := &world{Env: env, cfg: cfg}
+	watch := watchSessions(t, env)
+	w.Start(cfg, "supervisor")
+	id := w.submitOf("load")
+	for range 3 {
+		killMidStatement(t, w, id, "insert into pgbench_accounts")
+	}
+	got := w.waitSettled(id, 3*time.Minute)
+	if got.Status != etlcontext.StatusDone || got.Attempt != 4 {
+		t.Errorf("the load: %s at attempt %d, want DONE at 4", got.Status, got.Attempt)
+	}
+	var rows int
+	if err := env.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pgbench_accounts`).Scan(&rows); err != nil || rows != 3_000_000 {
+		t.Errorf("pgbench_accounts holds %d rows (%v), want 3,000,000", rows, err)
+	}
+	watch.check(t)
+}
+
+// The same with a statement that would run for a minute and a half
+// (pg_sleep, in psql): the server ends it within seconds of its client's
+// death, and only then does the next attempt start.
+func TestAStatementOfADeadAttemptEndsBeforeTheRetry(t *testing.T) {
+	env := testenv.New(t)
+	cfg := env.WriteConfig(`
+log_dir: {{dir}}/logs
+poll_interval: 300ms
+kinds:
+  sleeper:
+    # The first attempt's statement would run 90 s; the next ones' 1 s.
+    command: ["/bin/sh", "-c", "psql -X -v ON_ERROR_STOP=1 \"$DATABASE_URL\" -c \"select pg_sleep(case when $DAMA_ATTEMPT = 1 then 90 else 1 end)\""]
+    pass_env: [DATABASE_URL]
+    max_attempts: 3
+`)
+	w := &world{Env: env, cfg: cfg}
+	watch := watchSessions(t, env)
+	w.Start(cfg, "supervisor")
+	id := w.submitOf("sleeper")
+	first, killed := killMidStatement(t, w, id, "select pg_sleep")
+	got := w.waitSettled(id, 3*time.Minute)
+	if got.Status != etlcontext.StatusDone || got.Attempt != 2 {
+		t.Errorf("the task: %s at attempt %d, want DONE at 2", got.Status, got.Attempt)
+	}
+	watch.check(t)
+	watch.mu.Lock()
+	last := watch.seen[first]
+	watch.mu.Unlock()
+	// Well under the 90 s the statement would have run: the server ended
+	// it, whatever the machine's speed.
+	if lived := last.Sub(killed); lived > time.Minute {
+		t.Errorf("the dead attempt's session lived %s after its task process was killed: its server did not end its statement", lived.Round(time.Second))
+	}
+}

@@ -245,7 +245,7 @@ kinds:
 		t.Fatalf("the task: %s, want DONE", got.Status)
 	}
 	for path, want := range map[string]os.FileMode{
-		logDir: os.ModeDir | os.ModeSetgid | 0o750,
+		logDir:                       os.ModeDir | os.ModeSetgid | 0o750,
 		protocol.LogPath(logDir, id): 0o640,
 	} {
 		info, err := os.Stat(path)

@@ -224,11 +224,11 @@ type Kind struct {
 	// sessions by its run (PGAPPNAME, unless PassEnv passes one) and asks
 	// their server to end a statement whose client is gone within a
 	// second (client_connection_check_interval, appended to PGOPTIONS):
-	// an attempt that follows one which did not end on its own then waits
-	// until no session of that run is left on dama's server. false, for a
-	// command whose libpq server refuses that setting (PostgreSQL before
-	// 14, or another that speaks its protocol), sets neither, and nothing
-	// waits for its sessions.
+	// the task's next attempt waits until no session of that run is left
+	// on dama's server. false, for a command whose libpq server refuses
+	// that setting (PostgreSQL before 14, or another that speaks its
+	// protocol), sets neither: its sessions are not named, and a retry
+	// finds none to wait for.
 	SessionFence *bool `yaml:"session_fence"`
 }
 
@@ -240,7 +240,7 @@ func (k Kind) FencesSessions() bool { return k.SessionFence == nil || *k.Session
 // credentials or settings, which a command gets only when its kind names
 // it in PassEnv (DAMA_* never).
 func Withheld(name string) bool {
-	return name == "DATABASE_URL" || strings.HasPrefix(name, "PG") || strings.HasPrefix(name, "DAMA_")
+	return protocol.DatabaseVar(name) || strings.HasPrefix(name, "DAMA_")
 }
 
 // RetryPolicy says how long a failed attempt waits before the next.

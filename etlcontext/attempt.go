@@ -479,16 +479,19 @@ func WarmRunner(ctx context.Context, db DB) error {
 	return nil
 }
 
-// Sessions counts the client sessions of the server, in any of its
-// databases, whose application_name is name: those of a run's command
-// (protocol.SessionName). Any role reads another's application_name in
-// pg_stat_activity.
-func Sessions(ctx context.Context, db DB, name string) (int, error) {
-	var n int
+// RunSessions counts the sessions of the server, in any of its databases,
+// whose application_name is name, those of run runID's command of context
+// id (protocol.SessionName), and reports whether that run ended longer than
+// bound ago (or has no recorded end). Any role reads another's
+// application_name in pg_stat_activity (not its backend_type, nor when it
+// started).
+func RunSessions(ctx context.Context, db DB, id int64, runID, name string, bound time.Duration) (n int, overdue bool, err error) {
 	if err := db.QueryRow(ctx, `
-		SELECT count(*) FROM pg_catalog.pg_stat_activity
-		 WHERE application_name = $1 AND backend_type = 'client backend'`, name).Scan(&n); err != nil {
-		return 0, fmt.Errorf("count the sessions named %s: %w", name, err)
+		SELECT (SELECT count(*) FROM pg_catalog.pg_stat_activity WHERE application_name = $3),
+		       coalesce((SELECT a.ended_at < now() - $4::interval FROM data_manager.etl_attempts AS a
+		                  WHERE a.etl_context_id = $1 AND a.run_id = $2), true)`,
+		id, runID, name, bound).Scan(&n, &overdue); err != nil {
+		return 0, false, fmt.Errorf("count the sessions of run %s of etl context %d: %w", runID, id, err)
 	}
-	return n, nil
+	return n, overdue, nil
 }

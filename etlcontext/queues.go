@@ -33,6 +33,9 @@ const (
 	WaitQueueFull   Wait = "queue_full"
 	WaitKindFull    Wait = "kind_full"
 	WaitKeyFull     Wait = "key_full"
+	// WaitSessions: a database session of the task's previous run is
+	// left on the server (docs/operations.md "Retries and the database").
+	WaitSessions Wait = "sessions"
 )
 
 // holdsSlot is the condition on a context r that it takes a slot of its
@@ -112,16 +115,18 @@ func Admit(ctx context.Context, tx pgx.Tx, a Admission) (Wait, error) {
 }
 
 // MarkWaiting records why the due context id waits to start, unless that is
-// recorded already (a task woken to find no slot again writes nothing).
-func MarkWaiting(ctx context.Context, db DB, id int64, w Wait) error {
-	if _, err := db.Exec(ctx, `
+// recorded already (a task woken to find no slot again writes nothing),
+// and reports whether it wrote.
+func MarkWaiting(ctx context.Context, db DB, id int64, w Wait) (changed bool, err error) {
+	tag, err := db.Exec(ctx, `
 		UPDATE data_manager.etl_contexts
 		   SET waiting_for = $2, waiting_since = coalesce(waiting_since, now())
 		 WHERE etl_context_id = $1 AND waiting_for IS DISTINCT FROM $2
-		   AND etl_status IN `+sqlDue, id, string(w)); err != nil {
-		return fmt.Errorf("record why etl context %d waits: %w", id, err)
+		   AND etl_status IN `+sqlDue, id, string(w))
+	if err != nil {
+		return false, fmt.Errorf("record why etl context %d waits: %w", id, err)
 	}
-	return nil
+	return tag.RowsAffected() > 0, nil
 }
 
 // DeriveConcurrencyKey records, and returns, the concurrency key of
@@ -170,7 +175,8 @@ const wakeWaiting = `
 		SELECT w.etl_context_id, w.river_job_id, w.kind, w.concurrency_key,
 		       row_number() OVER (PARTITION BY w.kind, w.concurrency_key ORDER BY w.etl_context_id) - 1 AS key_rank
 		  FROM data_manager.etl_contexts AS w
-		 WHERE w.queue = $1 AND w.waiting_for IS NOT NULL AND w.etl_status IN ` + sqlDue + `
+		 WHERE w.queue = $1 AND w.waiting_for IS NOT NULL AND w.waiting_for <> '` + string(WaitSessions) + `'
+		   AND w.etl_status IN ` + sqlDue + `
 		   AND w.river_job_id IS NOT NULL
 		   AND w.kind IN (SELECT kind FROM limits)
 		   AND (SELECT n FROM free) > 0),

@@ -53,7 +53,7 @@ func TestTheDatabaseSpellsNamesAsGoDoes(t *testing.T) {
 		t.Errorf("etl_attempts.outcome takes %v, the finished statuses are %v", got, finished)
 	}
 	waits := []string{string(etlcontext.WaitQueuePaused), string(etlcontext.WaitKindBlocked),
-		string(etlcontext.WaitQueueFull), string(etlcontext.WaitKindFull), string(etlcontext.WaitKeyFull)}
+		string(etlcontext.WaitQueueFull), string(etlcontext.WaitKindFull), string(etlcontext.WaitKeyFull), string(etlcontext.WaitSessions)}
 	slices.Sort(waits)
 	if got := constraintValues("etl_contexts_waiting_for_check"); !slices.Equal(got, waits) {
 		t.Errorf("etl_contexts.waiting_for takes %v, etlcontext's Waits are %v", got, waits)

@@ -48,7 +48,7 @@ type child struct {
 // launch spawns `dama taskrunner` for c, detached: in a session of its own
 // (so no signal for the supervisor's process group reaches it), stdio on
 // /dev/null and the task's log file, no inherited descriptor but the
-// readiness pipe and its secrets pipe, and no secret in its environment or
+// readiness pipe and its secrets socket, and no secret in its environment or
 // arguments; or it hands the launch to the spare, started so beforehand
 // (spare.go). It waits, at most LaunchTimeout, for the runner to report that
 // it holds the lock, or to exit. A runner that reports later (the outcome
@@ -149,7 +149,7 @@ func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcont
 // commands (config.Withheld: the database URL, libpq's PG* variables,
 // DAMA_*), which a process of the same user could read in a task
 // process's first milliseconds: the database settings go on its secrets
-// pipe instead (secrets). It adds the configuration's path, and the
+// socket instead (secrets). It adds the configuration's path, and the
 // process it is to be, for a program embedding the supervisor.
 func runnerEnv(configPath string) []string {
 	env := make([]string, 0, len(os.Environ())+2)
@@ -168,12 +168,13 @@ func runnerEnv(configPath string) []string {
 }
 
 // secrets returns what a task process of run key is handed on its
-// secrets pipe or its spare's socket: the database URL it connects with,
+// secrets socket or its spare's socket: the database URL it connects with,
 // the supervisor's PG* variables, and the keeper's secret.
 func (s *Supervisor) secrets(key string) protocol.Secrets {
 	env := []string{protocol.DatabaseURLEnv + "=" + s.opts.DatabaseURL}
 	for _, kv := range os.Environ() {
-		if strings.HasPrefix(kv, "PG") {
+		// The supervisor's own URL is not theirs: they have theirs.
+		if name, _, _ := strings.Cut(kv, "="); protocol.DatabaseVar(name) && name != protocol.DatabaseURLEnv {
 			env = append(env, kv)
 		}
 	}
@@ -181,13 +182,13 @@ func (s *Supervisor) secrets(key string) protocol.Secrets {
 }
 
 // spawn starts `dama taskrunner` for launch l of context id, with its
-// secrets (the run's key among them) on its secrets pipe, and returns it
+// secrets (the run's key among them) on its secrets socket, and returns it
 // with the read end of its ready pipe.
 func (s *Supervisor) spawn(id int64, l protocol.Launch, key string, logFile *os.File) (*child, *os.File, error) {
 	if err := s.program.check(); err != nil {
 		return nil, nil, err
 	}
-	secretsR, err := protocol.SecretsPipe(s.secrets(key))
+	secretsR, err := protocol.SecretsSocket(s.secrets(key))
 	if err != nil {
 		return nil, nil, err
 	}

@@ -54,9 +54,6 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 	}
 	switch c.Status {
 	case etlcontext.StatusDone, etlcontext.StatusCancelled, etlcontext.StatusFailed:
-		s.mu.Lock()
-		delete(s.sessionWaits, id)
-		s.mu.Unlock()
 		return s.settleFinished(ctx, logger, tx, job, c)
 	case etlcontext.StatusRunning:
 		return s.settleRunning(ctx, logger, tx, c)
@@ -241,6 +238,9 @@ func (s *Supervisor) startAttempt(ctx context.Context, logger *slog.Logger, tx p
 			return s.transient(logger, err)
 		}
 		if waiting {
+			if err := tx.Commit(ctx); err != nil {
+				return s.transient(logger, fmt.Errorf("commit wait of etl context %d: %w", id, err))
+			}
 			return river.JobSnooze(time.Second)
 		}
 	}
@@ -252,7 +252,7 @@ func (s *Supervisor) startAttempt(ctx context.Context, logger *slog.Logger, tx p
 		// Parked until a slot frees (a task of the queue or kind ends, the
 		// queue is resumed, the kind unblocked): see wakeWaiting. Parking
 		// costs nothing while it waits, however many tasks wait.
-		if err := etlcontext.MarkWaiting(ctx, tx, id, wait); err != nil {
+		if _, err := etlcontext.MarkWaiting(ctx, tx, id, wait); err != nil {
 			return s.transient(logger, err)
 		}
 		if err := tx.Commit(ctx); err != nil {
@@ -375,38 +375,32 @@ func (s *Supervisor) deriveKey(ctx context.Context, tx pgx.Tx, c *etlcontext.Con
 	return etlcontext.DeriveConcurrencyKey(ctx, tx, c.ID, k.ConcurrencyKey)
 }
 
-// maxSessionWait bounds how long a supervisor waits for the sessions of
-// a task's previous run to end before it starts the next attempt anyway
-// (with a WARNING): a statement whose client is gone ends within a second
-// of the server's next look (protocol.SessionCheckOption), but a server
-// that refused the setting, or a pooler that keeps the name on a server
-// session, would hold the task back for good.
+// maxSessionWait bounds how long after a run ended a supervisor waits for
+// its sessions to end before it starts the next attempt anyway, with a
+// WARNING: a statement whose client is gone ends within a second of its
+// server's next look (protocol.SessionCheckOption), but a pooler keeps a
+// server session under the name its client gave, a command may keep
+// one open in a process that left its tree, and any role that can connect
+// may name a session so: none of them holds the task back for longer.
 const maxSessionWait = 10 * time.Minute
 
 // sessionsLeft reports whether a session of c's previous run (its
 // command's, named by it: protocol.SessionName) is left on this
-// supervisor's server, so that the next attempt must wait; not after
-// maxSessionWait of this supervisor's waiting.
+// supervisor's server, so that the next attempt must wait, and records
+// that the task waits for it; not once the run ended maxSessionWait ago.
 func (s *Supervisor) sessionsLeft(ctx context.Context, logger *slog.Logger, tx pgx.Tx, c *etlcontext.Context) (bool, error) {
-	n, err := etlcontext.Sessions(ctx, tx, protocol.SessionName(*c.RunID))
-	if err != nil {
-		return false, err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	since, seen := s.sessionWaits[c.ID]
+	name := protocol.SessionName(*c.RunID)
+	n, overdue, err := etlcontext.RunSessions(ctx, tx, c.ID, *c.RunID, name, maxSessionWait)
 	switch {
-	case n == 0:
-		delete(s.sessionWaits, c.ID)
+	case err != nil || n == 0:
+		return false, err
+	case overdue:
+		logger.Warn("the previous attempt's database sessions are still there; starting the next attempt beside them", "sessions", n, "application_name", name, "waited_at_most", maxSessionWait)
 		return false, nil
-	case !seen:
-		s.sessionWaits[c.ID] = time.Now()
-		logger.Info("waiting for the previous attempt's database sessions to end", "sessions", n, "application_name", protocol.SessionName(*c.RunID))
-		return true, nil
-	case time.Since(since) < maxSessionWait:
-		return true, nil
 	}
-	delete(s.sessionWaits, c.ID)
-	logger.Warn("the previous attempt's database sessions are still there; starting the next attempt beside them", "sessions", n, "application_name", protocol.SessionName(*c.RunID), "waited", time.Since(since).Round(time.Second))
-	return false, nil
+	changed, err := etlcontext.MarkWaiting(ctx, tx, c.ID, etlcontext.WaitSessions)
+	if changed {
+		logger.Info("waiting for the previous attempt's database sessions to end", "sessions", n, "application_name", name)
+	}
+	return err == nil, err
 }

@@ -102,7 +102,7 @@ type Supervisor struct {
 	hostID string
 	// keeperSecret is what its task processes and their host's lock
 	// keeper prove to each other (internal/keeper), made at random here:
-	// it reaches them on their secrets pipes, and names their keeper's
+	// it reaches them on their secrets sockets, and names their keeper's
 	// socket, so that each supervisor's task processes have a keeper of
 	// their own.
 	keeperSecret []byte
@@ -134,9 +134,7 @@ type Supervisor struct {
 	// spawnFailures holds why this supervisor could not spawn a context's
 	// task process, until the failure is reported.
 	spawnFailures map[int64]string
-	// sessionWaits holds, per context, since when this supervisor waits
-	// for its previous run's database sessions to end (sessionsLeft).
-	sessionWaits map[int64]time.Time
+
 	// waking holds the queues whose waiting tasks are being woken, and
 	// whether another wake-up was asked for meanwhile (wakeWaiting).
 	waking map[string]bool
@@ -224,6 +222,11 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 	if cfg.Path == "" {
 		return nil, errors.New("the configuration names no file (config.Load sets its Path): task processes read it from there")
 	}
+	// Each launch makes it so again (it may be removed meanwhile), but a
+	// log directory that cannot be is refused at the start, in one line.
+	if err := protocol.PrepareLogDir(cfg.LogDir, cfg.LogGroup); err != nil {
+		return nil, err
+	}
 	for _, name := range cfg.Functions() {
 		if opts.Funcs[name] == nil {
 			return nil, fmt.Errorf("%w: the configuration's function kinds name %s, which this program does not register (Options.Funcs); run them under the program that does", ErrUnregisteredFunction, name)
@@ -252,7 +255,6 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 		stopping:       map[int64]bool{},
 		launchFailures: map[int64]string{},
 		spawnFailures:  map[int64]string{},
-		sessionWaits:   map[int64]time.Time{},
 		waking:         map[string]bool{},
 		orphanSlots:    make(chan struct{}, maxOrphanStoppers),
 

@@ -90,7 +90,7 @@ func (r *runner) startKeeper(socket string) error {
 	defer logFile.Close()
 	env, secrets := keeperEnv(r.opts.DatabaseURL, os.Environ())
 	secrets.Keeper = r.opts.KeeperSecret
-	secretsR, err := protocol.SecretsPipe(secrets)
+	secretsR, err := protocol.SecretsSocket(secrets)
 	if err != nil {
 		return fmt.Errorf("hand the keeper its secrets: %w", err)
 	}
@@ -135,7 +135,7 @@ func (r *runner) isKeeper(p process) bool {
 }
 
 // keeperEnv splits what a keeper gets of the runner's environment: the
-// database URL and libpq's PG* variables go on its secrets pipe; the rest
+// database URL and libpq's PG* variables go on its secrets socket; the rest
 // but what dama withholds from commands (config.Withheld: DAMA_*) in its
 // environment (HOME, for libpq's password file).
 func keeperEnv(url string, environ []string) (env []string, secrets protocol.Secrets) {
@@ -144,7 +144,7 @@ func keeperEnv(url string, environ []string) (env []string, secrets protocol.Sec
 	for _, kv := range environ {
 		switch name, _, _ := strings.Cut(kv, "="); {
 		case name == protocol.DatabaseURLEnv:
-		case strings.HasPrefix(name, "PG"):
+		case protocol.DatabaseVar(name):
 			secrets.Env = append(secrets.Env, kv)
 		case !config.Withheld(name):
 			env = append(env, kv)
@@ -155,7 +155,7 @@ func keeperEnv(url string, environ []string) (env []string, secrets protocol.Sec
 
 // KeeperOptions configure a lock keeper process (RunKeeper).
 type KeeperOptions struct {
-	// DatabaseURL names the database; it comes from the secrets pipe.
+	// DatabaseURL names the database; it comes from the secrets socket.
 	DatabaseURL string
 	// Secret is what the keeper and its task processes prove to each
 	// other (protocol.Secrets.Keeper).
@@ -173,7 +173,7 @@ type KeeperOptions struct {
 // or SIGTERM, and returns the process exit code: 0, also when another
 // keeper serves the socket already.
 func RunKeeper(ctx context.Context, opts KeeperOptions) int {
-	// The environment holds the database URL: see Run.
+	// It holds the database URL and its task processes' run keys: see Run.
 	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

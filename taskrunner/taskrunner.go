@@ -53,7 +53,7 @@ import (
 
 // Options configure one run.
 type Options struct {
-	// DatabaseURL names the database; it comes from the secrets pipe
+	// DatabaseURL names the database; it comes from the secrets socket
 	// (protocol.Secrets), or the environment of a runner started by hand.
 	DatabaseURL string
 	// Config is the configuration the command of the task's kind is taken

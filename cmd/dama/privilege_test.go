@@ -694,10 +694,10 @@ func TestDamasProcessesHideTheirEnvironment(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if err := os.Mkdir(filepath.Join(env.Dir, "logs"), 0o777); err != nil {
+		if err := os.Mkdir(filepath.Join(env.Dir, "logs"), 0o750); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.Chmod(filepath.Join(env.Dir, "logs"), 0o777); err != nil {
+		if err := os.Chown(filepath.Join(env.Dir, "logs"), int(testenv.Atoi(t, nobody.Uid)), int(testenv.Atoi(t, nobody.Gid))); err != nil {
 			t.Fatal(err)
 		}
 	}

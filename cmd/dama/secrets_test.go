@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
 	"github.com/dama-etl/dama/taskrunner/protocol"
@@ -60,17 +62,23 @@ func (s *spy) run(ctx context.Context, exclude map[int]bool) {
 		if err != nil {
 			return
 		}
-		// And the descriptors a task process is handed its secrets on,
-		// opened through /proc as a pipe could be.
+		// And the descriptor a task process is handed its secrets on,
+		// opened through /proc as a pipe could be (not those of other
+		// pipes, whose bytes the spy would take from dama).
 		files := map[string][]byte{"environ": data, "cmdline": cmdline}
-		for _, fd := range []int{3, 4} {
-			f, err := os.OpenFile(fmt.Sprintf("/proc/%d/fd/%d", pid, fd), os.O_RDONLY|syscall.O_NONBLOCK, 0)
+		fds := []int{4} // a runner's (protocol.SecretsFD)
+		if bytes.Contains(cmdline, []byte("\x00keeper\x00")) {
+			fds = []int{3} // protocol.KeeperSecretsFD; a runner's 3 is its ready pipe
+		}
+		for _, fd := range fds {
+			// Raw, not an os.File, whose read would wait for data.
+			f, err := unix.Open(fmt.Sprintf("/proc/%d/fd/%d", pid, fd), unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 			if err != nil {
 				continue
 			}
 			b := make([]byte, 64<<10)
-			n, _ := f.Read(b)
-			f.Close()
+			n, _ := unix.Read(f, b)
+			unix.Close(f)
 			files[fmt.Sprintf("fd %d", fd)] = b[:max(n, 0)]
 		}
 		s.mu.Lock()

@@ -9,8 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
+	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 // sessionWatch records, as often as it can, the runs whose commands have
@@ -30,7 +33,15 @@ func watchSessions(t *testing.T, env *testenv.Env) *sessionWatch {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		for ctx.Err() == nil {
+		// Every 10 ms: an overlap lasts as long as a statement runs on.
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
 			var names []string
 			err := env.Pool.QueryRow(ctx, `
 				SELECT coalesce(array_agg(DISTINCT application_name), '{}')
@@ -71,26 +82,25 @@ func (w *sessionWatch) check(t *testing.T) {
 	}
 }
 
-// killMidStatement waits until the current run of task id has a session
-// running a statement that starts with prefix, SIGKILLs the task process,
-// and returns the run's session name and when it was killed.
-func killMidStatement(t *testing.T, w *world, id int64, prefix string) (string, time.Time) {
+// killMidStatement waits until a run of task id other than before has a
+// session running a statement that starts with prefix, SIGKILLs its task
+// process, and returns the run's session name and when it was killed.
+func killMidStatement(t *testing.T, w *world, id int64, before, prefix string) (string, time.Time) {
 	t.Helper()
 	var (
 		pid  int
 		name string
 	)
-	testenv.Eventually(t, time.Minute, "task "+strconv.FormatInt(id, 10)+"'s command to run "+prefix, func() (bool, error) {
+	testenv.Eventually(t, time.Minute, "task "+strconv.FormatInt(id, 10)+"'s next attempt to run "+prefix, func() (bool, error) {
 		tk := w.task(id)
-		if tk.PID == nil || tk.RunID == nil {
+		if tk.PID == nil || tk.RunID == nil || protocol.SessionName(*tk.RunID) == before {
 			return false, nil
 		}
+		pid, name = *tk.PID, protocol.SessionName(*tk.RunID)
 		var n int
 		err := w.Pool.QueryRow(context.Background(), `
 			SELECT count(*) FROM pg_stat_activity
-			 WHERE application_name = $1 AND state = 'active' AND query ILIKE $2 || '%'`,
-			"dama-run:"+*tk.RunID, prefix).Scan(&n)
-		pid, name = *tk.PID, "dama-run:"+*tk.RunID
+			 WHERE application_name = $1 AND state = 'active' AND query ILIKE $2 || '%'`, name, prefix).Scan(&n)
 		return n > 0, err
 	})
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
@@ -122,13 +132,15 @@ kinds:
     command: ["/bin/sh", "-c", "` + pgbench + ` -i -s 30 -I dtGvp -q \"$DATABASE_URL\"; echo loaded"]
     pass_env: [DATABASE_URL]
     max_attempts: 4
+    retry: { backoff: fixed, delay: 1s }
 `)
 	w := &world{Env: env, cfg: cfg}
 	watch := watchSessions(t, env)
 	w.Start(cfg, "supervisor")
 	id := w.submitOf("load")
+	var run string
 	for range 3 {
-		killMidStatement(t, w, id, "insert into pgbench_accounts")
+		run, _ = killMidStatement(t, w, id, run, "insert into pgbench_accounts")
 	}
 	got := w.waitSettled(id, 3*time.Minute)
 	if got.Status != etlcontext.StatusDone || got.Attempt != 4 {
@@ -160,7 +172,7 @@ kinds:
 	watch := watchSessions(t, env)
 	w.Start(cfg, "supervisor")
 	id := w.submitOf("sleeper")
-	first, killed := killMidStatement(t, w, id, "select pg_sleep")
+	first, killed := killMidStatement(t, w, id, "", "select pg_sleep")
 	got := w.waitSettled(id, 3*time.Minute)
 	if got.Status != etlcontext.StatusDone || got.Attempt != 2 {
 		t.Errorf("the task: %s at attempt %d, want DONE at 2", got.Status, got.Attempt)
@@ -173,5 +185,48 @@ kinds:
 	// it, whatever the machine's speed.
 	if lived := last.Sub(killed); lived > time.Minute {
 		t.Errorf("the dead attempt's session lived %s after its task process was killed: its server did not end its statement", lived.Round(time.Second))
+	}
+}
+
+// The next attempt waits for every session of the run before, however
+// long it lasts: here one the test holds under the run's name, as a
+// statement the server runs on would be. The task shows why it waits
+// (waiting_for sessions), and starts once the session is gone.
+func TestARetryWaitsForTheSessionsOfTheRunBefore(t *testing.T) {
+	env := testenv.New(t)
+	cfg := env.WriteConfig(`
+log_dir: {{dir}}/logs
+poll_interval: 300ms
+kinds:
+  once:
+    command: ["/bin/sh", "-c", "[ $DAMA_ATTEMPT -gt 1 ] || exec sleep 600"]
+    max_attempts: 2
+`)
+	w := &world{Env: env, cfg: cfg}
+	w.Start(cfg, "supervisor")
+	id := w.submitOf("once")
+	running := w.waitRunning(id)
+	conf, err := pgx.ParseConfig(env.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf.RuntimeParams["application_name"] = protocol.SessionName(*running.RunID)
+	held, err := pgx.ConnectConfig(context.Background(), conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close(context.Background())
+	if err := syscall.Kill(*running.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	w.waitFor(id, time.Minute, "to wait for the sessions of its run before", func(tk etlcontext.Task) bool {
+		return tk.Status == etlcontext.StatusRetrying && tk.WaitingFor != nil && *tk.WaitingFor == string(etlcontext.WaitSessions)
+	})
+	if tk := w.task(id); *tk.RunID != *running.RunID || tk.Attempt != 1 {
+		t.Fatalf("run %s, attempt %d, while a session of run %s is left: want no new attempt", *tk.RunID, tk.Attempt, *running.RunID)
+	}
+	held.Close(context.Background())
+	if got := w.waitSettled(id, time.Minute); got.Status != etlcontext.StatusDone || got.Attempt != 2 {
+		t.Errorf("once the session is gone: %s at attempt %d, want DONE at 2", got.Status, got.Attempt)
 	}
 }

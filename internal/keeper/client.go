@@ -53,22 +53,8 @@ func Dial(ctx context.Context, socket string, secret []byte, id int64, runKey st
 	var started time.Time
 	delay := 5 * time.Millisecond
 	for {
-		var nc net.Conn
-		err := viaDir(socket, func(addr string) (err error) {
-			var d net.Dialer
-			nc, err = d.DialContext(ctx, "unix", addr)
-			return err
-		})
+		st, err := handshake(ctx, socket, secret)
 		if err == nil {
-			deadline := time.Now().Add(handshakeTimeout)
-			if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-				deadline = d
-			}
-			st, err := clientHandshake(nc, secret, deadline)
-			if err != nil {
-				nc.Close()
-				return nil, fmt.Errorf("connect to the lock keeper: %w", err)
-			}
 			c := newConn(st)
 			if err := c.hello(ctx, id, runKey); err != nil {
 				c.Close(context.WithoutCancel(ctx))
@@ -96,11 +82,40 @@ func Dial(ctx context.Context, socket string, secret []byte, id int64, runKey st
 	}
 }
 
+// handshake connects to the keeper of socket and proves the secret. A
+// keeper that closes the connection before its own proof is taken for
+// one not there yet (ECONNREFUSED): it has as many connections that have
+// proved nothing as it takes, or it is exiting.
+func handshake(ctx context.Context, socket string, secret []byte) (*stream, error) {
+	var nc net.Conn
+	if err := viaDir(socket, func(addr string) (err error) {
+		var d net.Dialer
+		nc, err = d.DialContext(ctx, "unix", addr)
+		return err
+	}); err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(handshakeTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	st, err := clientHandshake(nc, secret, deadline)
+	if err != nil {
+		nc.Close()
+		if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) {
+			return nil, fmt.Errorf("the keeper closed the connection unproven: %w", errors.Join(syscall.ECONNREFUSED, err))
+		}
+		return nil, err
+	}
+	return st, nil
+}
+
 // restartEvery spaces the keepers Dial starts.
 const restartEvery = time.Second
 
-// handshakeTimeout bounds a handshake with no other deadline.
-const handshakeTimeout = 10 * time.Second
+// handshakeTimeout bounds a handshake, either side's: each says its part
+// at once.
+const handshakeTimeout = 5 * time.Second
 
 func newConn(st *stream) *Conn {
 	c := &Conn{

@@ -358,3 +358,38 @@ func TestAKeeperWhoseSocketWasRemovedExits(t *testing.T) {
 		t.Fatal("the keeper still runs 20s after its socket was removed")
 	}
 }
+
+// A process of the user that opens connections and proves nothing holds
+// at most 64 of them, each for a few seconds: the keeper closes the next
+// one at once, and a task process that meets a full keeper dials again
+// until it gets its session.
+func TestConnectionsThatProveNothingAreCapped(t *testing.T) {
+	env := testenv.New(t)
+	socket := serve(t, env)
+	id, run := running(t, env)
+	var silent []net.Conn
+	defer func() {
+		for _, c := range silent {
+			c.Close()
+		}
+	}()
+	for range 64 {
+		c, err := net.Dial("unix", socket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		silent = append(silent, c)
+	}
+	extra, err := net.Dial("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer extra.Close()
+	extra.SetReadDeadline(time.Now().Add(3 * time.Second))
+	if _, err := extra.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+		t.Fatalf("the 65th connection that proves nothing: %v, want it closed by the keeper", err)
+	}
+	if _, err := dial(t, env, socket, id, run.Key); err != nil {
+		t.Fatalf("a task process beside 64 connections that prove nothing: %v", err)
+	}
+}

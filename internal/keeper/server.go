@@ -70,14 +70,16 @@ type server struct {
 	// the server, keeps a second session of the same context out.
 	holders map[int64]*session
 	idle    time.Time
-	// unproven holds a token for each connection that has not opened its
-	// session yet (its handshake and hello).
+	// unproven holds a token for each connection that has not proved the
+	// secret yet.
 	unproven chan struct{}
 }
 
-// maxUnproven bounds the connections that have not opened their session
-// yet: task processes open theirs within milliseconds, so a burst of
-// launches does not come near it.
+// maxUnproven bounds the connections that have not proved the secret
+// yet, each for at most handshakeTimeout: a task process proves it in
+// its first round trip, so even all of a host's task processes dialling
+// again at once, after a keeper's restart, pass through them in turn (a
+// connection refused for it is dialled again: Dial).
 const maxUnproven = 64
 
 // Serve runs a keeper until ctx ends or it has had no session for
@@ -103,6 +105,16 @@ func Serve(ctx context.Context, cfg Config) error {
 			return ErrRunning
 		}
 		return fmt.Errorf("lock the keeper's lock file: %w", err)
+	}
+	// A keeper that exits idle removes its lock file, holding it: one that
+	// opened the file before and locked it after holds a file no longer
+	// at the path, and leaves the socket to the keeper of the new one.
+	var held unix.Stat_t
+	if err := unix.Fstat(int(lockFile.Fd()), &held); err != nil {
+		return fmt.Errorf("read the keeper's lock file: %w", err)
+	}
+	if id := fileID(cfg.Socket + ".lock"); id == nil || *id != [2]uint64{held.Dev, held.Ino} {
+		return ErrRunning
 	}
 	// The pid, for an operator (and a test) to find the keeper by.
 	if err := lockFile.Truncate(0); err == nil {
@@ -158,7 +170,19 @@ func Serve(ctx context.Context, cfg Config) error {
 		close(cfg.Ready)
 	}
 	logger.Info("lock keeper serves", "socket", cfg.Socket, "pid", os.Getpid())
-	go s.watch(ctx, ln, bound, lockID)
+	idle := make(chan struct{})
+	defer func() {
+		select {
+		case <-idle:
+			// Nobody needs this keeper's name again: a supervisor's
+			// start names a keeper of its own. Removed while held.
+			if id := fileID(cfg.Socket + ".lock"); id != nil && lockID != nil && *id == *lockID {
+				os.Remove(cfg.Socket + ".lock")
+			}
+		default:
+		}
+	}()
+	go s.watch(ctx, ln, bound, lockID, idle)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer s.closeSessions()
@@ -187,7 +211,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		default:
 			// A process of the user that opens connections and proves
 			// nothing holds no more than maxUnproven of them, each for
-			// at most the handshake's and the hello's deadlines.
+			// at most handshakeTimeout.
 			conn.Close()
 			if !refusing {
 				logger.Warn("refused connections: too many have not opened their session yet", "at_most", maxUnproven)
@@ -234,7 +258,7 @@ func fileID(path string) *[2]uint64 {
 // processes would not find it, and a second keeper might serve beside it.
 // Its sessions then end, and their task processes take their locks again
 // through the keeper they find.
-func (s *server) watch(ctx context.Context, ln *net.UnixListener, socket, lock *[2]uint64) {
+func (s *server) watch(ctx context.Context, ln *net.UnixListener, socket, lock *[2]uint64, idleExit chan<- struct{}) {
 	t := time.NewTicker(min(s.cfg.IdleExit/4, time.Second))
 	defer t.Stop()
 	for {
@@ -259,6 +283,7 @@ func (s *server) watch(ctx context.Context, ln *net.UnixListener, socket, lock *
 		if idle {
 			// No session opens from here on: one that connects now finds the
 			// socket closed and starts another keeper.
+			close(idleExit)
 			ln.Close()
 		}
 		s.mu.Unlock()

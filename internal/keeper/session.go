@@ -60,14 +60,12 @@ type session struct {
 func (sess *session) serve(ctx context.Context) {
 	defer sess.s.closed(sess)
 	defer sess.conn.Close()
-	proven := false
-	defer func() {
-		if !proven {
-			<-sess.s.unproven
-		}
-	}()
-	// A connection that says nothing, or not the secret, is not kept.
-	st, err := serverHandshake(sess.conn, sess.s.cfg.Secret, time.Now().Add(10*time.Second))
+	// A connection that says nothing, or not the secret, is not kept: a
+	// task process says its part at once.
+	st, err := serverHandshake(sess.conn, sess.s.cfg.Secret, time.Now().Add(handshakeTimeout))
+	// Its place among the unproven is free once it proved the secret,
+	// or failed to.
+	<-sess.s.unproven
 	if err != nil {
 		sess.s.logger.Debug("refused a connection", "error", err)
 		return
@@ -104,8 +102,6 @@ func (sess *session) serve(ctx context.Context) {
 			}
 			sess.conn.SetReadDeadline(time.Time{})
 			sess.st.setLimit(maxMessage)
-			proven = true
-			<-sess.s.unproven
 			continue
 		}
 		if err := sess.reply(sess.handle(ctx, &req)); err != nil {

@@ -26,7 +26,7 @@ import (
 // task processes' own user may still open the socket, or put one of its
 // own in the keeper's place. So before anything else is said each side
 // proves to the other that it knows a random secret, which their
-// supervisor made and handed them on a pipe read once they were
+// supervisor made and handed them on a socket read once they were
 // non-dumpable (protocol.Secrets.Keeper), and which no command gets: an
 // HMAC-SHA256 of both sides' nonces and of the two processes' pids as
 // the kernel reports them (SO_PEERCRED). A proof is thus good for one

@@ -74,7 +74,7 @@ func Run(ctx context.Context, funcs taskrunner.Funcs) (code int, ok bool) {
 // arguments a supervisor gives after protocol.Subcommand, and returns the
 // process's exit code (taskrunner's Exit codes). The configuration comes
 // from the environment (protocol.ConfigEnv), the database from the
-// secrets pipe or spare's socket, read once the process is non-dumpable
+// secrets socket or spare's socket, read once the process is non-dumpable
 // (protocol.Secrets; or the environment's protocol.DatabaseURLEnv, for a
 // runner started by hand); the runner logs to stderr, the task's log file.
 // It is `dama-taskrunner taskrunner`, or `dama taskrunner`.
@@ -194,7 +194,7 @@ func setSecretEnv(secrets protocol.Secrets) (string, error) {
 	}
 	url := os.Getenv(protocol.DatabaseURLEnv)
 	if url == "" {
-		return "", errors.New("no database URL: neither the secrets pipe nor $" + protocol.DatabaseURLEnv + " gives one")
+		return "", errors.New("no database URL: neither the secrets socket nor $" + protocol.DatabaseURLEnv + " gives one")
 	}
 	return url, nil
 }
@@ -306,7 +306,7 @@ func receiveLaunch(ctx context.Context, fd int) (protocol.Launch, error) {
 // RunKeeper runs the host's lock keeper of lock_mode host, with the
 // arguments a task process gives after protocol.KeeperSubcommand, and
 // returns the process's exit code. The database and the keeper's secret
-// come from its secrets pipe (protocol.KeeperLaunch.SecretsFD), read once
+// come from its secrets socket (protocol.KeeperLaunch.SecretsFD), read once
 // it is non-dumpable; the keeper logs to stderr, a file beside its
 // socket. It is `dama-taskrunner keeper`, or `dama keeper`.
 func RunKeeper(ctx context.Context, args []string) int {

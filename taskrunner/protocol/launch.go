@@ -29,7 +29,7 @@ type Launch struct {
 	// ReadyFD, when above 0, is a descriptor to write one byte to once the
 	// lock is held.
 	ReadyFD int
-	// SecretsFD, when above 0, is a pipe to read the runner's Secrets
+	// SecretsFD, when above 0, is a socket to read the runner's Secrets
 	// from, once it is non-dumpable: the database URL and libpq's PG*
 	// variables, the run's key, which the runner sets in each of its
 	// sessions (as a member of dama_task, it may write only its own run's
@@ -39,7 +39,7 @@ type Launch struct {
 	SecretsFD int
 	// SpareFD, when above 0, makes the task process a spare, started ahead
 	// of its launch (see SpareFD): ContextID, RunID and the secrets are
-	// not on its command line or a pipe but come on this descriptor, with
+	// not on its command line or a socket but come on this descriptor, with
 	// the lock mode and the task's log file, once its supervisor has a
 	// task for it (ReceiveSecrets, ReceiveLaunch). LockMode is then the mode
 	// it connects for beforehand.
@@ -47,7 +47,7 @@ type Launch struct {
 }
 
 // The descriptors a supervisor hands the task process it launches, after
-// stdin, stdout and stderr: the ready pipe, then the secrets pipe.
+// stdin, stdout and stderr: the ready pipe, then the secrets socket.
 const (
 	ReadyFD   = 3
 	SecretsFD = 4
@@ -163,9 +163,9 @@ type KeeperLaunch struct {
 	// Heartbeat is the configuration's heartbeat_interval: how the keeper
 	// probes its connections.
 	Heartbeat time.Duration
-	// SecretsFD is a pipe to read the keeper's Secrets from, once it is
+	// SecretsFD is a socket to read the keeper's Secrets from, once it is
 	// non-dumpable: the database URL and libpq's PG* variables, and the
-	// secret it proves to its task processes. A pipe, not the environment:
+	// secret it proves to its task processes. A socket, not the environment:
 	// a process of the same user could read the keeper's environment
 	// before it is non-dumpable, and may kill it to have it started again.
 	SecretsFD int

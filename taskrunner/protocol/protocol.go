@@ -17,6 +17,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 )
 
@@ -84,6 +85,14 @@ const (
 	// FunctionEnv names the function a function process calls.
 	FunctionEnv = "DAMA_FUNCTION"
 )
+
+// DatabaseVar reports whether the environment variable name says how to
+// connect to the database: the URL, or one of libpq's PG* variables
+// (PGPASSWORD among them). A task process gets them among its Secrets,
+// and a command only those its kind passes.
+func DatabaseVar(name string) bool {
+	return name == DatabaseURLEnv || strings.HasPrefix(name, "PG")
+}
 
 // The environment a command (or a function process) gets from its task
 // process, beside the supervisor's own less dama's credentials.

@@ -14,7 +14,7 @@ import (
 // Secrets is what a task process is handed that no other process of its
 // user may read: never in its environment or its arguments, which such a
 // process can read in /proc in the task process's first milliseconds,
-// before it has made itself non-dumpable, but on a pipe it reads after
+// before it has made itself non-dumpable, but on a socket it reads after
 // (Launch.SecretsFD, KeeperLaunch.SecretsFD), or on a spare's socket
 // (SendSecrets). A supervisor hands them to its runners and spares, a
 // runner to the lock keeper it starts.
@@ -94,7 +94,7 @@ func ParseSecrets(b []byte) (Secrets, error) {
 }
 
 // ReadSecrets reads the secrets on fd, a socket whose other end wrote
-// them whole and closed (SecretsPipe), and closes it. Call it once the
+// them whole and closed (SecretsSocket), and closes it. Call it once the
 // process is non-dumpable and untraced.
 func ReadSecrets(fd int) (Secrets, error) {
 	f := os.NewFile(uintptr(fd), "secrets")
@@ -106,14 +106,14 @@ func ReadSecrets(fd int) (Secrets, error) {
 	return ParseSecrets(b)
 }
 
-// SecretsPipe returns one end of a socket pair that holds s, for a process
+// SecretsSocket returns one end of a socket pair that holds s, for a process
 // to be started with it (Launch.SecretsFD, KeeperLaunch.SecretsFD), which
 // reads it once non-dumpable (ReadSecrets): s is written whole, and the
 // other end closed, before it starts. A socket, not a pipe: another
 // process of the user may open a pipe through /proc/<pid>/fd in the
 // reader's first milliseconds, and read the secrets first, but not a
 // socket.
-func SecretsPipe(s Secrets) (*os.File, error) {
+func SecretsSocket(s Secrets) (*os.File, error) {
 	b, err := s.Encode()
 	if err != nil {
 		return nil, err

@@ -77,7 +77,7 @@ func AwaitHello(conn *os.File, deadline time.Time) error {
 // SendSecrets sends the spare whose socket is conn its secrets, with
 // the key of the run it will be.
 func SendSecrets(conn *os.File, secrets Secrets) error {
-	if _, err := ParseSpareKey([]byte(secrets.RunKey)); err != nil {
+	if err := checkRunKey(secrets.RunKey); err != nil {
 		return err
 	}
 	msg, err := secrets.Encode()
@@ -110,19 +110,19 @@ func ReceiveSecrets(fd int) (Secrets, error) {
 	if err != nil {
 		return Secrets{}, err
 	}
-	if _, err := ParseSpareKey([]byte(secrets.RunKey)); err != nil {
+	if err := checkRunKey(secrets.RunKey); err != nil {
 		return Secrets{}, err
 	}
 	return secrets, nil
 }
 
-// ParseSpareKey checks a spare's run key: 64 lower-case hexadecimal
-// digits (etlcontext.NewRunKey).
-func ParseSpareKey(msg []byte) (string, error) {
-	if len(msg) != 64 || strings.Trim(string(msg), "0123456789abcdef") != "" {
-		return "", fmt.Errorf("a spare's key: want 64 hexadecimal digits, got %d bytes", len(msg))
+// checkRunKey checks a spare's run key: 64 lower-case hexadecimal digits
+// (etlcontext.NewRunKey).
+func checkRunKey(key string) error {
+	if len(key) != 64 || strings.Trim(key, "0123456789abcdef") != "" {
+		return fmt.Errorf("a spare's key: want 64 hexadecimal digits, got %d bytes", len(key))
 	}
-	return string(msg), nil
+	return nil
 }
 
 // MaxSpareLaunch bounds a spare's launch message.

@@ -111,8 +111,8 @@ func TestASpareGetsItsSecretsOnItsSocketAfterItsHello(t *testing.T) {
 		if err := SendSecrets(sup, Secrets{RunKey: bad}); err == nil {
 			t.Errorf("SendSecrets sent a key that is not one, %q", bad)
 		}
-		if _, err := ParseSpareKey([]byte(bad)); err == nil {
-			t.Errorf("ParseSpareKey(%q) accepted a key that is not one", bad)
+		if err := checkRunKey(bad); err == nil {
+			t.Errorf("checkRunKey(%q) accepted a key that is not one", bad)
 		}
 	}
 	sup.Close()
@@ -121,11 +121,11 @@ func TestASpareGetsItsSecretsOnItsSocketAfterItsHello(t *testing.T) {
 	}
 }
 
-// The secrets pipe holds its secrets whole before its reader starts, and
+// The secrets socket holds its secrets whole before its reader starts, and
 // the reader takes nothing that is not NAME=value.
-func TestTheSecretsPipe(t *testing.T) {
+func TestTheSecretsSocket(t *testing.T) {
 	want := Secrets{Env: []string{"DATABASE_URL=postgres:///x", "PGSSLMODE=disable"}, RunKey: "r", Keeper: []byte{1, 2}}
-	r, err := SecretsPipe(want)
+	r, err := SecretsSocket(want)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +133,7 @@ func TestTheSecretsPipe(t *testing.T) {
 	if err != nil || !reflect.DeepEqual(got, want) {
 		t.Fatalf("ReadSecrets = %+v, %v; want %+v", got, err, want)
 	}
-	if _, err := SecretsPipe(Secrets{Env: []string{"PGX=" + strings.Repeat("x", MaxSecrets)}}); err == nil {
+	if _, err := SecretsSocket(Secrets{Env: []string{"PGX=" + strings.Repeat("x", MaxSecrets)}}); err == nil {
 		t.Error("secrets over MaxSecrets were written")
 	}
 }

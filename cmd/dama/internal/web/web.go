@@ -15,6 +15,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"embed"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -272,8 +273,12 @@ func (s *Server) mayRead(r *http.Request) bool {
 	if bearer, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
 		candidates = append(candidates, bearer) // as Prometheus sends it
 	}
-	if c, err := r.Cookie(LoginCookie); err == nil {
-		candidates = append(candidates, c.Value)
+	// Every cookie of the name: another site of the host (a page on
+	// another port) may have set one too.
+	for _, c := range r.CookiesNamed(LoginCookie) {
+		if token, err := base64.RawURLEncoding.DecodeString(c.Value); err == nil {
+			candidates = append(candidates, string(token))
+		}
 	}
 	return slices.ContainsFunc(candidates, s.tokenReads)
 }
@@ -289,22 +294,28 @@ func (s *Server) tokenReads(token string) bool {
 		(!s.opts.ReadOnly && subtle.ConstantTimeCompare(sum[:], s.tokenSum[:]) == 1)
 }
 
-// login serves a login link: a token that reads is kept in an HttpOnly
+// login serves a login link: its read token is kept in an HttpOnly
 // cookie, which no script of the page (or another) reads, sent by the
-// browser with this site's requests only (SameSite=Lax: not with another
+// browser with this site's requests (SameSite=Lax: not with another
 // site's requests but its links), and the browser is sent to the same
-// page without the token in its address, history or Referer.
+// page without the token in its address, history or Referer. Browsers
+// send a cookie to every port of the host, so a page of another server
+// of the host that the browser opens receives it too: the action token,
+// which writes, is never put in it.
 func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 	if token := r.URL.Query().Get(LoginParam); s.opts.ReadToken != "" {
-		if !s.tokenReads(token) {
-			writeError(w, http.StatusUnauthorized, errors.New("this login link's token is not the page's: open the link dama web printed when it started"))
+		sum := sha256.Sum256([]byte(token))
+		if subtle.ConstantTimeCompare(sum[:], s.readTokenSum[:]) != 1 {
+			writeError(w, http.StatusUnauthorized, errors.New("this login link's token is not the page's read token: open the link dama web printed when it started"))
 			return
 		}
-		http.SetCookie(w, &http.Cookie{Name: LoginCookie, Value: token, Path: "/", HttpOnly: true, SameSite: http.SameSiteLaxMode})
+		// Encoded: a cookie's value holds only some bytes.
+		http.SetCookie(w, &http.Cookie{Name: LoginCookie, Value: base64.RawURLEncoding.EncodeToString([]byte(token)), Path: "/", HttpOnly: true, SameSite: http.SameSiteLaxMode})
 	}
 	q := r.URL.Query()
 	q.Del(LoginParam)
-	to := url.URL{Path: r.URL.Path, RawQuery: q.Encode()}
+	// One leading slash: "//host" would send the browser to another site.
+	to := url.URL{Path: "/" + strings.TrimLeft(r.URL.Path, "/"), RawQuery: q.Encode()}
 	http.Redirect(w, r, to.String(), http.StatusSeeOther)
 }
 

@@ -120,6 +120,10 @@ type Config struct {
 	// days, host many tasks on one host (no connection of their own).
 	// Empty means the default, row.
 	LockMode LockMode `yaml:"lock_mode"`
+	// User and Group are the OS user (and group) the kinds' commands run
+	// as; a kind may override them. See Kind.User.
+	User  string `yaml:"user"`
+	Group string `yaml:"group"`
 	// Queues maps a queue name to its limits. A kind with no queue is in
 	// the queue "default", which is added when it is missing.
 	Queues map[string]Queue `yaml:"queues"`
@@ -176,6 +180,16 @@ type Kind struct {
 	// LockMode overrides the configuration's lock_mode for this kind; empty
 	// means the configuration's.
 	LockMode LockMode `yaml:"lock_mode"`
+	// User is the OS user (a name or a number) the command runs as, with
+	// that user's uid, gid and groups only, its HOME, USER and LOGNAME,
+	// and no capability, so that the kernel keeps it from dama's
+	// processes, logs and lock keeper. Group, when set, is its group
+	// instead of the user's own. Empty means the configuration's user, and
+	// when that is empty too, dama's own user: a supervisor running as
+	// root then refuses the kind (user: root says so on purpose). Switching
+	// users needs root, or CAP_SETUID, CAP_SETGID and CAP_KILL.
+	User  string `yaml:"user"`
+	Group string `yaml:"group"`
 	// MaxRunning bounds the tasks of this kind running at once, across
 	// every supervisor sharing the database and every queue; 1 means the
 	// kind's tasks never run concurrently. 0, the default, means no bound
@@ -314,6 +328,10 @@ var (
 	nameRE    = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_.-]{0,62}$`)
 	keyPathRE = regexp.MustCompile(`^[^.]+(\.[^.]+)*$`)
 	envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	// userNameRE is what a user's or group's name may be: useradd's
+	// portable names (and numbers), and a directory service's (a domain's
+	// '@' or '\\', a machine account's '$').
+	userNameRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.@\\-]{0,255}\$?$`)
 )
 
 // ValidName reports whether name may name a queue or a kind.
@@ -452,11 +470,13 @@ func (k Kind) Settings() (json.RawMessage, error) {
 		AwaitChildren    bool            `json:"await_children,omitempty"`
 		PassEnv          []string        `json:"pass_env,omitempty"`
 		SessionFence     bool            `json:"session_fence"`
+		User             string          `json:"user,omitempty"`
+		Group            string          `json:"group,omitempty"`
 	}{
 		k.Queue, k.Command, k.Function, k.MaxAttempts, retry, k.RetryOnExitCodes, k.FailOnExitCodes,
 		duration(&k.Timeout), k.OnTimeout, duration(k.KillGrace), k.LockMode, k.MaxRunning, k.ConcurrencyKey,
 		k.MaxRunningPerKey, k.Schedule, k.Timezone, k.Overlap, json.RawMessage(k.ScheduleArgs), k.AwaitChildren, k.PassEnv,
-		k.FencesSessions(),
+		k.FencesSessions(), k.User, k.Group,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("encode the settings of a kind: %w", err)

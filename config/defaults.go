@@ -1,6 +1,7 @@
 package config
 
 import (
+	"cmp"
 	"maps"
 	"slices"
 	"time"
@@ -131,6 +132,9 @@ func (c *Config) kindDefaults(k Kind) Kind {
 	}
 	if k.LockMode == "" {
 		k.LockMode = c.LockMode
+	}
+	if k.User == "" {
+		k.User, k.Group = c.User, cmp.Or(k.Group, c.Group)
 	}
 	if k.ConcurrencyKey != "" && k.MaxRunningPerKey == 0 {
 		k.MaxRunningPerKey = DefaultMaxRunningPerKey

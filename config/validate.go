@@ -137,6 +137,14 @@ func (k *Kind) validate() error {
 			return fmt.Errorf("pass_env %s: a command gets it anyway; pass_env names DATABASE_URL or PG* variables", v)
 		}
 	}
+	for name, v := range map[string]string{"user": k.User, "group": k.Group} {
+		if v != "" && !userNameRE.MatchString(v) {
+			return fmt.Errorf("%s %q: want a name or a number of this host's", name, v)
+		}
+	}
+	if k.Group != "" && k.User == "" {
+		return fmt.Errorf("group %s needs a user", k.Group)
+	}
 	if err := k.validateSchedule(); err != nil {
 		return err
 	}

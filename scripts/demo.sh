@@ -71,7 +71,16 @@ if [ -n "$upgrade" ]; then
 	echo "   previous: $("$first" version | head -1), current: $("$dama" version | head -1)"
 fi
 
+# Run as root, the supervisor runs its commands as another user, never as
+# root by accident: nobody, who may run the sample from here. (The
+# previous release knows no user: setting, added before the redeploy.)
+user=
+if [ "$(id -u)" -eq 0 ]; then
+	user="user: nobody"
+	chmod 755 "$work" "$work/bin"
+fi
 cat >"$work/dama.yaml" <<YAML
+${upgrade:+#}$user
 log_dir: $work/logs
 poll_interval: 1s
 heartbeat_interval: 2s
@@ -127,6 +136,7 @@ ps -o pid,ppid,etime,args -p "$(echo "$before" | awk '{print $4}' | paste -sd, -
 if [ -n "$upgrade" ]; then
 	echo "== the redeploy: this code's dama migrate, while $prev_version's tasks run"
 	"$dama" migrate 2>"$work/migrate.log" || { cat "$work/migrate.log" >&2; exit 1; }
+	sed -i "s/^#$user\$/$user/" "$work/dama.yaml"
 fi
 echo "== starting a new supervisor: it adopts the running tasks"
 start_supervisor "$dama"

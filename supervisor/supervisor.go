@@ -21,6 +21,7 @@ import (
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/hostproc"
+	"github.com/dama-etl/dama/internal/runas"
 	"github.com/dama-etl/dama/internal/submit"
 	"github.com/dama-etl/dama/schema"
 	"github.com/dama-etl/dama/taskrunner"
@@ -225,6 +226,9 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 	// Each launch makes it so again (it may be removed meanwhile), but a
 	// log directory that cannot be is refused at the start, in one line.
 	if err := protocol.PrepareLogDir(cfg.LogDir, cfg.LogGroup); err != nil {
+		return nil, err
+	}
+	if err := checkUsers(cfg); err != nil {
 		return nil, err
 	}
 	for _, name := range cfg.Functions() {
@@ -521,4 +525,30 @@ func (w *taskWorker) NextRetry(job *river.Job[TaskArgs]) time.Time {
 
 func (w *taskWorker) Timeout(*river.Job[TaskArgs]) time.Duration {
 	return stepTimeout(w.s.opts.LaunchTimeout)
+}
+
+// checkUsers refuses, in one line, a kind whose command would run as root
+// without the configuration saying so (this supervisor runs as root, and
+// the kind names no user), or as a user this supervisor cannot become.
+func checkUsers(cfg *config.Config) error {
+	for _, name := range cfg.KindNames() {
+		k, _ := cfg.Kind(name)
+		if k.User == "" {
+			if os.Geteuid() == 0 {
+				return fmt.Errorf("kind %s: this supervisor runs as root, and runs no command as root unless told: give the kind (or the configuration) a user, such as user: etl (user: root to mean it)", name)
+			}
+			continue
+		}
+		id, err := runas.Lookup(k.User, k.Group)
+		if err != nil {
+			return fmt.Errorf("kind %s: %w", name, err)
+		}
+		if id.Self() {
+			continue
+		}
+		if err := runas.CanSwitch(); err != nil {
+			return fmt.Errorf("kind %s runs as user %s, which this supervisor cannot switch to (%v): run it as root, or grant it CAP_SETUID, CAP_SETGID and CAP_KILL (docs/security.md)", name, k.User, err)
+		}
+	}
+	return nil
 }

@@ -48,6 +48,7 @@ import (
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/hostproc"
+	"github.com/dama-etl/dama/internal/runas"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
@@ -72,6 +73,10 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 			Setpgid:   true,
 			Pdeathsig: syscall.SIGKILL,
 		},
+	}
+	if r.runAs != nil {
+		cmd.SysProcAttr.Credential = r.runAs.Credential()
+		cmd.Env = r.runAs.Env(cmd.Env)
 	}
 	// The lock is watched only from the command's start: make sure it is
 	// still held right before, so the fencing window holds from the start.
@@ -329,12 +334,21 @@ func (r *runner) commandEnv(args, checkpoint json.RawMessage) []string {
 
 // startLocked starts cmd from a goroutine locked to its OS thread, which then
 // waits for it: Pdeathsig fires when the thread that forked the child exits,
-// so that thread must live exactly as long as the command.
+// so that thread must live exactly as long as the command. The thread
+// clears its ambient capabilities first (they are a thread's, and the
+// child is forked with the forking thread's): the command gets none of
+// those a service manager may have granted dama to switch users, which
+// the exec would hand it. The thread ends with the goroutine, never
+// serving another.
 func startLocked(cmd *exec.Cmd) (<-chan error, error) {
 	started := make(chan error, 1)
 	exited := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
+		if err := runas.DropAmbient(); err != nil {
+			started <- err
+			return
+		}
 		if err := cmd.Start(); err != nil {
 			started <- err
 			return

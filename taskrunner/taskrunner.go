@@ -47,6 +47,7 @@ import (
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/hostproc"
+	"github.com/dama-etl/dama/internal/runas"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 	"github.com/dama-etl/dama/version"
 )
@@ -153,6 +154,9 @@ type runner struct {
 	// kind this program again.
 	path string
 	argv []string
+	// runAs is the user the command runs as (the kind's user), nil for
+	// this process's own.
+	runAs *runas.Identity
 	// failure is what the command said, last, of why it fails; set by the
 	// events reader, guarded by failureMu.
 	failure   *protocol.Failure
@@ -381,6 +385,15 @@ func (r *runner) prepare() error {
 			return fmt.Errorf("find command of kind %s: %w", r.ctx.Kind, err)
 		}
 		r.path, r.argv = path, kind.Command
+	}
+	if kind.User != "" {
+		id, err := runas.Lookup(kind.User, kind.Group)
+		if err != nil {
+			return fmt.Errorf("the user of kind %s: %w", r.ctx.Kind, err)
+		}
+		if !id.Self() {
+			r.runAs = id
+		}
 	}
 	if err := protocol.PrepareLogDir(cfg.LogDir, cfg.LogGroup); err != nil {
 		return err

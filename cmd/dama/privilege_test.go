@@ -701,10 +701,15 @@ func TestDamasProcessesHideTheirEnvironment(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	cfg := env.WriteConfig(`
+	body := `
 log_dir: {{dir}}/logs
 poll_interval: 300ms
-kinds:` + waiterKind(goFile, 1))
+kinds:` + waiterKind(goFile, 1)
+	if wrapper != nil {
+		// Its commands run as the supervisor does.
+		body = "user: nobody\n" + body
+	}
+	cfg := env.WriteConfig(body)
 	sup := env.StartWith(cfg, nil, wrapper, "supervisor")
 	webProc := env.StartWith(cfg, nil, wrapper, "web", "--read-only", "--listen", "127.0.0.1:0")
 	waitForLog(t, webProc, "serving the status page")

@@ -55,7 +55,7 @@ func TestUpgradeFromThePreviousRelease(t *testing.T) {
 	t.Run("the previous release refuses the current schema", func(t *testing.T) {
 		env := testenv.New(t)
 		old := env.With(oldBin)
-		cfg := env.WriteConfig(upgradeConfig)
+		cfg := env.WriteOldConfig(upgradeConfig)
 		for _, args := range [][]string{{"supervisor"}, {"submit", "sample"}, {"migrate"}} {
 			res := old.Dama(cfg, args...)
 			lines := strings.Split(strings.TrimRight(res.Stderr, "\n"), "\n")
@@ -104,7 +104,15 @@ func TestUpgradeFromThePreviousRelease(t *testing.T) {
 func testUpgrade(t *testing.T, prev testenv.Release, oldBin string) {
 	env := testenv.NewUnmigrated(t)
 	old := env.With(oldBin)
-	cfg := env.WriteConfig(upgradeConfig)
+	// The previous release's processes read a configuration it knows; the
+	// current one's may name the user a root supervisor's commands run as.
+	oldCfg, cfg := env.WriteOldConfig(upgradeConfig), env.WriteConfig(upgradeConfig)
+	configOf := func(e *testenv.Env) string {
+		if e == old {
+			return oldCfg
+		}
+		return cfg
+	}
 	startsDir := filepath.Join(env.Dir, "starts")
 	if err := os.MkdirAll(startsDir, 0o755); err != nil {
 		t.Fatal(err)
@@ -114,7 +122,7 @@ func testUpgrade(t *testing.T, prev testenv.Release, oldBin string) {
 	submit := func(e *testenv.Env, kind string, steps int) int64 {
 		t.Helper()
 		args, _ := json.Marshal(map[string]any{"steps": steps, "step_ms": 100, "starts_dir": startsDir})
-		res := e.Dama(cfg, "submit", kind, "--args", string(args))
+		res := e.Dama(configOf(e), "submit", kind, "--args", string(args))
 		if res.Code != 0 {
 			t.Fatalf("submit with %s: exit %d: %s", e.DamaBin, res.Code, res.Stderr)
 		}
@@ -139,7 +147,7 @@ func testUpgrade(t *testing.T, prev testenv.Release, oldBin string) {
 	if res := old.Dama("", "migrate"); res.Code != 0 {
 		t.Fatalf("%s migrate: exit %d: %s", prev.Version, res.Code, res.Stderr)
 	}
-	oldSup := old.Start(cfg, "supervisor")
+	oldSup := old.Start(oldCfg, "supervisor")
 	var long []upgradeTask
 	for _, kind := range []string{"sample", "sample", "sample_advisory", "sample_advisory"} {
 		long = append(long, upgradeTask{id: submit(old, kind, 400)})

@@ -293,8 +293,20 @@ const LockModeEnv = "DAMA_TEST_LOCK_MODE"
 
 // WriteConfig writes a configuration file into Dir and returns its path.
 // {{sample}} in body is replaced by the sample-etl binary's path, and
-// {{dir}} by Dir.
+// {{dir}} by Dir. Run as root, a body that names no user at its top
+// level gets "user: root": a supervisor running as root runs no command
+// as root unless told (the tests run them as the test does).
 func (e *Env) WriteConfig(body string) string {
+	e.T.Helper()
+	if os.Geteuid() == 0 && !strings.HasPrefix(body, "user:") && !strings.Contains(body, "\nuser:") {
+		body = "user: root\n" + body
+	}
+	return e.WriteOldConfig(body)
+}
+
+// WriteOldConfig is WriteConfig for a release before user: (the
+// previous one, in an upgrade test), which refuses the key: it adds none.
+func (e *Env) WriteOldConfig(body string) string {
 	e.T.Helper()
 	if mode := os.Getenv(LockModeEnv); mode != "" && !strings.Contains(body, "lock_mode:") {
 		body = "lock_mode: " + mode + "\n" + body

@@ -1,0 +1,152 @@
+// Package runas is the OS user a kind's command runs as (its `user:` and
+// `group:`): who that is on this host, whether this process may become
+// it, and what the command's process is given of it. The kernel then
+// keeps the command from dama: another uid cannot signal, trace or read
+// the memory of dama's processes, nor open what their modes keep from it.
+package runas
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/user"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// Identity is a user to run a command as, with its group and its
+// supplementary groups.
+type Identity struct {
+	Name     string
+	UID, GID uint32
+	Groups   []uint32
+	Home     string
+}
+
+// Lookup finds userName (a name or a number) and, when group is not
+// empty, that group (else the user's own) on this host. The supplementary
+// groups are the user's own, and nothing of this process's.
+func Lookup(userName, group string) (*Identity, error) {
+	u, err := user.Lookup(userName)
+	if err != nil {
+		var unknown user.UnknownUserError
+		if !errors.As(err, &unknown) {
+			return nil, fmt.Errorf("user %s: %w", userName, err)
+		}
+		if u, err = user.LookupId(userName); err != nil {
+			return nil, fmt.Errorf("user %s: no such user on this host", userName)
+		}
+	}
+	id := &Identity{Name: u.Username, Home: u.HomeDir}
+	uid, err := strconv.ParseUint(u.Uid, 10, 32)
+	if err != nil {
+		return nil, fmt.Errorf("user %s: uid %q", userName, u.Uid)
+	}
+	id.UID = uint32(uid)
+	gid := u.Gid
+	if group != "" {
+		g, err := user.LookupGroup(group)
+		if err != nil {
+			if g, err = user.LookupGroupId(group); err != nil {
+				return nil, fmt.Errorf("group %s: no such group on this host", group)
+			}
+		}
+		gid = g.Gid
+	}
+	g, err := strconv.ParseUint(gid, 10, 32)
+	if err != nil {
+		return nil, fmt.Errorf("group %s: gid %q", group, gid)
+	}
+	id.GID = uint32(g)
+	groups, err := u.GroupIds()
+	if err != nil {
+		return nil, fmt.Errorf("the groups of user %s: %w", userName, err)
+	}
+	for _, s := range groups {
+		if n, err := strconv.ParseUint(s, 10, 32); err == nil && !slices.Contains(id.Groups, uint32(n)) {
+			id.Groups = append(id.Groups, uint32(n))
+		}
+	}
+	return id, nil
+}
+
+// Self reports whether id is this process's own user and group: a command
+// runs as it without a switch, or any privilege.
+func (id *Identity) Self() bool {
+	return int(id.UID) == os.Getuid() && int(id.UID) == os.Geteuid() &&
+		int(id.GID) == os.Getgid() && int(id.GID) == os.Getegid()
+}
+
+// Credential is what a command's process becomes between its fork and
+// its exec: id's uid, gid and groups, and nothing of dama's. A uid switch
+// from root drops every capability; from a user holding ambient ones, the
+// forking thread clears them first (DropAmbient), so that nothing is
+// passed on at the exec.
+func (id *Identity) Credential() *syscall.Credential {
+	return &syscall.Credential{Uid: id.UID, Gid: id.GID, Groups: slices.Clone(id.Groups)}
+}
+
+// Env returns env with HOME, USER and LOGNAME set for id.
+func (id *Identity) Env(env []string) []string {
+	env = slices.DeleteFunc(env, func(kv string) bool {
+		name, _, _ := strings.Cut(kv, "=")
+		return name == "HOME" || name == "USER" || name == "LOGNAME"
+	})
+	return append(env, "HOME="+id.Home, "USER="+id.Name, "LOGNAME="+id.Name)
+}
+
+// The capabilities a process needs to run commands as other users: to
+// become them, and to stop them (a process of another uid is signalled
+// only with CAP_KILL).
+var switchCaps = []struct {
+	bit  uint
+	name string
+}{{unix.CAP_SETUID, "CAP_SETUID"}, {unix.CAP_SETGID, "CAP_SETGID"}, {unix.CAP_KILL, "CAP_KILL"}}
+
+// CanSwitch says why this process may not run commands as another user,
+// or nil when it may: it is root, or holds CAP_SETUID, CAP_SETGID and
+// CAP_KILL (a service's AmbientCapabilities).
+func CanSwitch() error {
+	if os.Geteuid() == 0 {
+		return nil
+	}
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return fmt.Errorf("read this process's capabilities: %w", err)
+	}
+	var eff uint64
+	for line := range strings.SplitSeq(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			if eff, err = strconv.ParseUint(strings.TrimSpace(v), 16, 64); err != nil {
+				return fmt.Errorf("read this process's capabilities: %q", line)
+			}
+		}
+	}
+	var missing []string
+	for _, c := range switchCaps {
+		if eff&(1<<c.bit) == 0 {
+			missing = append(missing, c.name)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("uid %d lacks %s", os.Geteuid(), strings.Join(missing, ", "))
+	}
+	return nil
+}
+
+// DropAmbient clears the calling thread's ambient capabilities, which
+// every program it executes would be given (a capability set is a
+// thread's: lock the goroutine to its thread first): a command started
+// from it, whatever user it runs as, gets none of the capabilities a
+// service manager granted dama. The thread keeps its own.
+func DropAmbient() error {
+	err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+	if err != nil && !errors.Is(err, unix.EINVAL) {
+		return fmt.Errorf("clear the ambient capabilities: %w", err)
+	}
+	return nil
+}

@@ -335,17 +335,17 @@ func (r *runner) commandEnv(args, checkpoint json.RawMessage) []string {
 // startLocked starts cmd from a goroutine locked to its OS thread, which then
 // waits for it: Pdeathsig fires when the thread that forked the child exits,
 // so that thread must live exactly as long as the command. The thread
-// clears its ambient capabilities first (they are a thread's, and the
-// child is forked with the forking thread's): the command gets none of
-// those a service manager may have granted dama to switch users, which
-// the exec would hand it. The thread ends with the goroutine, never
-// serving another.
+// clears its inheritable and ambient capabilities first (they are a
+// thread's, and the child is forked with the forking thread's): the
+// command gets none of those a service manager may have granted dama to
+// switch users. The thread ends with the goroutine, never serving
+// another.
 func startLocked(cmd *exec.Cmd) (<-chan error, error) {
 	started := make(chan error, 1)
 	exited := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
-		if err := runas.DropAmbient(); err != nil {
+		if err := runas.DropInherited(); err != nil {
 			started <- err
 			return
 		}

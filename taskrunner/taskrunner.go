@@ -386,15 +386,12 @@ func (r *runner) prepare() error {
 		}
 		r.path, r.argv = path, kind.Command
 	}
-	if kind.User != "" {
-		id, err := runas.Lookup(kind.User, kind.Group)
-		if err != nil {
-			return fmt.Errorf("the user of kind %s: %w", r.ctx.Kind, err)
-		}
-		if !id.Self() {
-			r.runAs = id
-		}
+	// The configuration may have changed since the supervisor checked it.
+	id, err := runas.Resolve(kind.User, kind.Group)
+	if err != nil {
+		return fmt.Errorf("kind %s: %w", r.ctx.Kind, err)
 	}
+	r.runAs = id
 	if err := protocol.PrepareLogDir(cfg.LogDir, cfg.LogGroup); err != nil {
 		return err
 	}

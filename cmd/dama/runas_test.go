@@ -57,7 +57,7 @@ const probe = `
         echo "probe uid=$(id -u)"
         echo "probe gid=$(id -g)"
         echo "probe groups=$(id -G | tr ' ' ,)"
-        for c in CapEff CapPrm CapAmb; do echo "probe $(grep "^$c:" /proc/self/status | tr -d ' \t' | tr : =)"; done
+        for c in CapEff CapPrm CapAmb CapInh; do echo "probe $(grep "^$c:" /proc/self/status | tr -d ' \t' | tr : =)"; done
         echo "probe home=$HOME"
         echo "probe user=$USER"
         echo "probe logname=$LOGNAME"
@@ -110,7 +110,7 @@ func checkProbe(t *testing.T, u *user.User, found map[string]string) {
 	}
 	want := map[string]string{
 		"uid": u.Uid, "gid": u.Gid, "groups": strings.Join(groups, ","),
-		"CapEff": "0000000000000000", "CapPrm": "0000000000000000", "CapAmb": "0000000000000000",
+		"CapEff": "0000000000000000", "CapPrm": "0000000000000000", "CapAmb": "0000000000000000", "CapInh": "0000000000000000",
 		"home": u.HomeDir, "user": u.Username, "logname": u.Username,
 		"list_logs": "no", "read_other_log": "no", "see_keeper": "no",
 		"runner_environ": "no", "signal_runner": "no", "signal_supervisor": "no",

@@ -190,8 +190,9 @@ func (a Attempt) Processes() ([]int, error) {
 			}
 			marked, err := hasEnv(pid, a.Marker)
 			if err != nil {
-				// Another user's process: its environment is unreadable, and
-				// it cannot be a descendant of a task of this user.
+				// Another user's process: its environment is unreadable. A
+				// command of a kind's user that left its group is not found
+				// once its task process is gone (docs/security.md).
 				continue
 			}
 			if marked {

@@ -27,6 +27,34 @@ type Identity struct {
 	Home     string
 }
 
+// ErrRootByDefault refuses a kind that names no user to a process running
+// as root: a command never runs as root by accident.
+var ErrRootByDefault = errors.New("this supervisor runs as root, and runs no command as root unless told: give the kind (or the configuration) a user, such as user: etl (user: root to mean it)")
+
+// Resolve is who a kind's command runs as on this host, its user and
+// group (config.Kind.User and Group): nil for this process's own user,
+// which needs no switch. It refuses no user to a process running as root
+// (ErrRootByDefault), and root's uid or gid to one that is not: dama that
+// may switch users never makes a command root that it is not.
+func Resolve(userName, group string) (*Identity, error) {
+	if userName == "" {
+		if os.Geteuid() == 0 {
+			return nil, ErrRootByDefault
+		}
+		return nil, nil
+	}
+	id, err := Lookup(userName, group)
+	switch {
+	case err != nil:
+		return nil, err
+	case id.Self():
+		return nil, nil
+	case os.Geteuid() != 0 && (id.UID == 0 || id.GID == 0 || slices.Contains(id.Groups, 0)):
+		return nil, fmt.Errorf("user %s would run as root (uid, gid or a group 0), which a supervisor that is not root never makes a command", userName)
+	}
+	return id, nil
+}
+
 // Lookup finds userName (a name or a number) and, when group is not
 // empty, that group (else the user's own) on this host. The supplementary
 // groups are the user's own, and nothing of this process's.
@@ -66,7 +94,13 @@ func Lookup(userName, group string) (*Identity, error) {
 	if err != nil {
 		return nil, fmt.Errorf("the groups of user %s: %w", userName, err)
 	}
+	// As initgroups does: the groups that list the user, and the group it
+	// runs as, which replaces its own.
+	id.Groups = []uint32{id.GID}
 	for _, s := range groups {
+		if s == u.Gid && gid != u.Gid {
+			continue
+		}
 		if n, err := strconv.ParseUint(s, 10, 32); err == nil && !slices.Contains(id.Groups, uint32(n)) {
 			id.Groups = append(id.Groups, uint32(n))
 		}
@@ -84,8 +118,7 @@ func (id *Identity) Self() bool {
 // Credential is what a command's process becomes between its fork and
 // its exec: id's uid, gid and groups, and nothing of dama's. A uid switch
 // from root drops every capability; from a user holding ambient ones, the
-// forking thread clears them first (DropAmbient), so that nothing is
-// passed on at the exec.
+// forking thread clears what an exec would hand on first (DropInherited).
 func (id *Identity) Credential() *syscall.Credential {
 	return &syscall.Credential{Uid: id.UID, Gid: id.GID, Groups: slices.Clone(id.Groups)}
 }
@@ -108,12 +141,10 @@ var switchCaps = []struct {
 }{{unix.CAP_SETUID, "CAP_SETUID"}, {unix.CAP_SETGID, "CAP_SETGID"}, {unix.CAP_KILL, "CAP_KILL"}}
 
 // CanSwitch says why this process may not run commands as another user,
-// or nil when it may: it is root, or holds CAP_SETUID, CAP_SETGID and
-// CAP_KILL (a service's AmbientCapabilities).
+// or nil when it may: it holds CAP_SETUID, CAP_SETGID and CAP_KILL (root
+// does, unless its bounding set was cut; dama's user, as a service's
+// AmbientCapabilities).
 func CanSwitch() error {
-	if os.Geteuid() == 0 {
-		return nil
-	}
 	data, err := os.ReadFile("/proc/self/status")
 	if err != nil {
 		return fmt.Errorf("read this process's capabilities: %w", err)
@@ -138,12 +169,26 @@ func CanSwitch() error {
 	return nil
 }
 
-// DropAmbient clears the calling thread's ambient capabilities, which
-// every program it executes would be given (a capability set is a
-// thread's: lock the goroutine to its thread first): a command started
-// from it, whatever user it runs as, gets none of the capabilities a
-// service manager granted dama. The thread keeps its own.
-func DropAmbient() error {
+// DropInherited clears the calling thread's inheritable and ambient
+// capabilities (a capability set is a thread's: lock the goroutine to its
+// thread first), so that a program it executes gets none of those a
+// service manager granted dama: not at the exec (ambient), nor later from
+// a file that has inheritable capabilities of its own (inheritable). The
+// thread keeps its permitted and effective ones, to switch users.
+func DropInherited() error {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("read the capabilities: %w", err)
+	}
+	if data[0].Inheritable != 0 || data[1].Inheritable != 0 {
+		data[0].Inheritable, data[1].Inheritable = 0, 0
+		if err := unix.Capset(&hdr, &data[0]); err != nil {
+			return fmt.Errorf("clear the inheritable capabilities: %w", err)
+		}
+	}
+	// Ambient ones need to be inheritable: none are left. Cleared all the
+	// same, as a kernel without them refuses the call.
 	err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
 	if err != nil && !errors.Is(err, unix.EINVAL) {
 		return fmt.Errorf("clear the ambient capabilities: %w", err)

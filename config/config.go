@@ -329,9 +329,9 @@ var (
 	keyPathRE = regexp.MustCompile(`^[^.]+(\.[^.]+)*$`)
 	envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 	// userNameRE is what a user's or group's name may be: useradd's
-	// portable names (and numbers), and a directory service's (a domain's
-	// '@' or '\\', a machine account's '$').
-	userNameRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.@\\-]{0,255}\$?$`)
+	// portable names, and numbers (dama reads /etc/passwd and /etc/group,
+	// no directory service).
+	userNameRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}\$?$`)
 )
 
 // ValidName reports whether name may name a queue or a kind.

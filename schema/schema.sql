@@ -1162,7 +1162,8 @@ CREATE TABLE data_manager.etl_contexts (
     progress_at timestamp with time zone,
     CONSTRAINT etl_contexts_etl_status_check CHECK ((etl_status = ANY (ARRAY['QUEUED'::text, 'RUNNING'::text, 'RETRYING'::text, 'DONE'::text, 'FAILED'::text, 'CANCELLED'::text]))),
     CONSTRAINT etl_contexts_kind_check CHECK ((kind ~ '^[A-Za-z][A-Za-z0-9_.-]{0,62}$'::text)),
-    CONSTRAINT etl_contexts_max_attempts_check CHECK ((max_attempts >= 1))
+    CONSTRAINT etl_contexts_max_attempts_check CHECK ((max_attempts >= 1)),
+    CONSTRAINT etl_contexts_waiting_for_check CHECK ((waiting_for = ANY (ARRAY['queue_paused'::text, 'kind_blocked'::text, 'queue_full'::text, 'kind_full'::text, 'key_full'::text, 'sessions'::text])))
 );
 
 
@@ -1659,14 +1660,6 @@ ALTER TABLE ONLY data_manager.etl_contexts
 
 ALTER TABLE ONLY data_manager.etl_contexts
     ADD CONSTRAINT etl_contexts_pkey PRIMARY KEY (etl_context_id);
-
-
---
--- Name: etl_contexts etl_contexts_waiting_for_check; Type: CHECK CONSTRAINT; Schema: data_manager; Owner: -
---
-
-ALTER TABLE data_manager.etl_contexts
-    ADD CONSTRAINT etl_contexts_waiting_for_check CHECK ((waiting_for = ANY (ARRAY['queue_paused'::text, 'kind_blocked'::text, 'queue_full'::text, 'kind_full'::text, 'key_full'::text, 'sessions'::text]))) NOT VALID;
 
 
 --

@@ -8,10 +8,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"slices"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -532,26 +530,16 @@ func (w *taskWorker) Timeout(*river.Job[TaskArgs]) time.Duration {
 // checkUsers refuses, in one line, a kind whose command would run as root
 // without the configuration saying so (runas.Resolve), as a user this
 // supervisor cannot become, or as one of a group that may read every
-// task's log.
+// task's log (runas.Identity.Check). Its task processes check again.
 func checkUsers(cfg *config.Config) error {
-	logDir, err := os.Stat(cfg.LogDir)
-	if err != nil {
-		return fmt.Errorf("read the log directory: %w", err)
-	}
-	logGroup := logDir.Sys().(*syscall.Stat_t).Gid
 	for _, name := range cfg.KindNames() {
 		k, _ := cfg.Kind(name)
 		id, err := runas.Resolve(k.User, k.Group)
-		switch {
-		case err != nil:
-			return fmt.Errorf("kind %s: %w", name, err)
-		case id == nil:
-			continue
-		case slices.Contains(id.Groups, logGroup):
-			return fmt.Errorf("kind %s runs as user %s, of group %d, which may read every task's log (log_dir %s): give log_dir another group (log_group), or the kind another user", name, k.User, logGroup, cfg.LogDir)
+		if err == nil && id != nil {
+			err = id.Check(cfg.LogDir)
 		}
-		if err := runas.CanSwitch(); err != nil {
-			return fmt.Errorf("kind %s runs as user %s, which this supervisor cannot switch to (%v): run it as root, or grant it CAP_SETUID, CAP_SETGID and CAP_KILL (docs/security.md)", name, k.User, err)
+		if err != nil {
+			return fmt.Errorf("kind %s: %w", name, err)
 		}
 	}
 	return nil

@@ -388,6 +388,16 @@ func (r *runner) prepare() error {
 	}
 	// The configuration may have changed since the supervisor checked it.
 	id, err := runas.Resolve(kind.User, kind.Group)
+	if errors.Is(err, runas.ErrRootByDefault) && r.opts.RunKey == "" {
+		// Launched by a supervisor of a release before user: (it gives no
+		// run key), whose configuration cannot name one: as it ran the
+		// command.
+		r.logger.Warn("running the command as root, as the supervisor that launched this task process did: give the kind a user once every supervisor is of this release", "kind", r.ctx.Kind)
+		err = nil
+	}
+	if err == nil && id != nil {
+		err = id.Check(cfg.LogDir)
+	}
 	if err != nil {
 		return fmt.Errorf("kind %s: %w", r.ctx.Kind, err)
 	}

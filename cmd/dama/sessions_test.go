@@ -188,11 +188,12 @@ kinds:
 	}
 }
 
-// The next attempt waits for every session of the run before, however
-// long it lasts: here one the test holds under the run's name, as a
-// statement the server runs on would be. The task shows why it waits
-// (waiting_for sessions), and starts once the session is gone.
-func TestARetryWaitsForTheSessionsOfTheRunBefore(t *testing.T) {
+// waitingForASession runs a task whose first attempt is SIGKILLed while
+// the test holds a session named by its run, as a statement its server
+// runs on would be, and returns once the task waits for it (waiting_for
+// sessions) without a new attempt, with the held session.
+func waitingForASession(t *testing.T) (*world, int64, etlcontext.Task, *pgx.Conn) {
+	t.Helper()
 	env := testenv.New(t)
 	cfg := env.WriteConfig(`
 log_dir: {{dir}}/logs
@@ -215,18 +216,42 @@ kinds:
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer held.Close(context.Background())
+	t.Cleanup(func() { held.Close(context.Background()) })
 	if err := syscall.Kill(*running.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	w.waitFor(id, time.Minute, "to wait for the sessions of its run before", func(tk etlcontext.Task) bool {
-		return tk.Status == etlcontext.StatusRetrying && tk.WaitingFor != nil && *tk.WaitingFor == string(etlcontext.WaitSessions)
+		return tk.WaitingFor != nil && *tk.WaitingFor == string(etlcontext.WaitSessions) || tk.Attempt > 1
 	})
-	if tk := w.task(id); *tk.RunID != *running.RunID || tk.Attempt != 1 {
-		t.Fatalf("run %s, attempt %d, while a session of run %s is left: want no new attempt", *tk.RunID, tk.Attempt, *running.RunID)
+	if tk := w.task(id); tk.Status != etlcontext.StatusRetrying || *tk.RunID != *running.RunID || tk.Attempt != 1 {
+		t.Fatalf("%s, run %s, attempt %d, while a session of run %s is left: want RETRYING with no new attempt", tk.Status, *tk.RunID, tk.Attempt, *running.RunID)
 	}
+	return w, id, running, held
+}
+
+// The next attempt waits for every session of the run before, however
+// long it lasts: here one the test holds under the run's name. The task
+// shows why it waits (waiting_for sessions), and starts once the session
+// is gone.
+func TestARetryWaitsForTheSessionsOfTheRunBefore(t *testing.T) {
+	w, id, _, held := waitingForASession(t)
 	held.Close(context.Background())
 	if got := w.waitSettled(id, time.Minute); got.Status != etlcontext.StatusDone || got.Attempt != 2 {
 		t.Errorf("once the session is gone: %s at attempt %d, want DONE at 2", got.Status, got.Attempt)
+	}
+}
+
+// Not for ever, though: 10 minutes after the run ended (by the database's
+// clock, here moved back), the next attempt starts beside the session
+// left, which a pooler or any role may hold under the run's name.
+func TestARetryWaitsForTheSessionsOfTheRunBeforeTenMinutesAtMost(t *testing.T) {
+	w, id, running, _ := waitingForASession(t)
+	if _, err := w.Pool.Exec(context.Background(), `
+		UPDATE data_manager.etl_attempts SET ended_at = ended_at - interval '11 minutes'
+		 WHERE etl_context_id = $1 AND run_id = $2`, id, *running.RunID); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.waitSettled(id, time.Minute); got.Status != etlcontext.StatusDone || got.Attempt != 2 {
+		t.Errorf("with the session still held, 11 minutes after the run ended: %s at attempt %d, want DONE at 2", got.Status, got.Attempt)
 	}
 }

@@ -55,7 +55,7 @@ func TestUpgradeFromThePreviousRelease(t *testing.T) {
 	t.Run("the previous release refuses the current schema", func(t *testing.T) {
 		env := testenv.New(t)
 		old := env.With(oldBin)
-		cfg := env.WriteOldConfig(upgradeConfig)
+		cfg := env.WriteConfigAsIs(upgradeConfig)
 		for _, args := range [][]string{{"supervisor"}, {"submit", "sample"}, {"migrate"}} {
 			res := old.Dama(cfg, args...)
 			lines := strings.Split(strings.TrimRight(res.Stderr, "\n"), "\n")
@@ -106,7 +106,7 @@ func testUpgrade(t *testing.T, prev testenv.Release, oldBin string) {
 	old := env.With(oldBin)
 	// The previous release's processes read a configuration it knows; the
 	// current one's may name the user a root supervisor's commands run as.
-	oldCfg, cfg := env.WriteOldConfig(upgradeConfig), env.WriteConfig(upgradeConfig)
+	oldCfg, cfg := env.WriteConfigAsIs(upgradeConfig), env.WriteConfig(upgradeConfig)
 	configOf := func(e *testenv.Env) string {
 		if e == old {
 			return oldCfg

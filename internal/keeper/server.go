@@ -113,7 +113,8 @@ func Serve(ctx context.Context, cfg Config) error {
 	if err := unix.Fstat(int(lockFile.Fd()), &held); err != nil {
 		return fmt.Errorf("read the keeper's lock file: %w", err)
 	}
-	if id := fileID(cfg.Socket + ".lock"); id == nil || *id != [2]uint64{held.Dev, held.Ino} {
+	lockID := &[2]uint64{held.Dev, held.Ino}
+	if id := fileID(cfg.Socket + ".lock"); id == nil || *id != *lockID {
 		return ErrRunning
 	}
 	// The pid, for an operator (and a test) to find the keeper by.
@@ -133,7 +134,6 @@ func Serve(ctx context.Context, cfg Config) error {
 	}
 	ln.SetUnlinkOnClose(false)
 	bound := fileID(cfg.Socket)
-	lockID := fileID(cfg.Socket + ".lock")
 	defer func() {
 		// Removed before the lock file is let go, if it is still this
 		// keeper's: the next keeper finds no socket of this one.
@@ -176,7 +176,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		case <-idle:
 			// Nobody needs this keeper's name again: a supervisor's
 			// start names a keeper of its own. Removed while held.
-			if id := fileID(cfg.Socket + ".lock"); id != nil && lockID != nil && *id == *lockID {
+			if id := fileID(cfg.Socket + ".lock"); id != nil && *id == *lockID {
 				os.Remove(cfg.Socket + ".lock")
 			}
 		default:

@@ -55,6 +55,23 @@ func Resolve(userName, group string) (*Identity, error) {
 	return id, nil
 }
 
+// Check says why this process may not run a command as id: it cannot
+// switch users (CanSwitch), or id is of logDir's group, so that the
+// command would read every task's log.
+func (id *Identity) Check(logDir string) error {
+	info, err := os.Stat(logDir)
+	if err != nil {
+		return fmt.Errorf("read the log directory: %w", err)
+	}
+	if gid := info.Sys().(*syscall.Stat_t).Gid; slices.Contains(id.Groups, gid) {
+		return fmt.Errorf("user %s is of group %d, which may read every task's log (log_dir %s): give log_dir another group (log_group), or the kind another user", id.Name, gid, logDir)
+	}
+	if err := CanSwitch(); err != nil {
+		return fmt.Errorf("this process cannot switch to user %s (%v): run it as root, or grant it CAP_SETUID, CAP_SETGID and CAP_KILL (docs/security.md)", id.Name, err)
+	}
+	return nil
+}
+
 // Lookup finds userName (a name or a number) and, when group is not
 // empty, that group (else the user's own) on this host. The supplementary
 // groups are the user's own, and nothing of this process's.

@@ -301,12 +301,13 @@ func (e *Env) WriteConfig(body string) string {
 	if os.Geteuid() == 0 && !strings.HasPrefix(body, "user:") && !strings.Contains(body, "\nuser:") {
 		body = "user: root\n" + body
 	}
-	return e.WriteOldConfig(body)
+	return e.WriteConfigAsIs(body)
 }
 
-// WriteOldConfig is WriteConfig for a release before user: (the
-// previous one, in an upgrade test), which refuses the key: it adds none.
-func (e *Env) WriteOldConfig(body string) string {
+// WriteConfigAsIs is WriteConfig without the user it adds: for a release
+// before user: (the previous one, in an upgrade test), which refuses the
+// key, or a test of what a root supervisor makes of a kind with none.
+func (e *Env) WriteConfigAsIs(body string) string {
 	e.T.Helper()
 	if mode := os.Getenv(LockModeEnv); mode != "" && !strings.Contains(body, "lock_mode:") {
 		body = "lock_mode: " + mode + "\n" + body

@@ -223,11 +223,6 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 	if cfg.Path == "" {
 		return nil, errors.New("the configuration names no file (config.Load sets its Path): task processes read it from there")
 	}
-	// Each launch makes it so again (it may be removed meanwhile), but a
-	// log directory that cannot be is refused at the start, in one line.
-	if err := protocol.PrepareLogDir(cfg.LogDir, cfg.LogGroup); err != nil {
-		return nil, err
-	}
 	if err := checkUsers(cfg); err != nil {
 		return nil, err
 	}

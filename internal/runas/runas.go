@@ -59,12 +59,16 @@ func Resolve(userName, group string) (*Identity, error) {
 // switch users (CanSwitch), or id is of logDir's group, so that the
 // command would read every task's log.
 func (id *Identity) Check(logDir string) error {
+	// A log directory not made yet is looked at again when it is: each
+	// launch makes it, and its task process checks.
 	info, err := os.Stat(logDir)
-	if err != nil {
+	if err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR) {
 		return fmt.Errorf("read the log directory: %w", err)
 	}
-	if gid := info.Sys().(*syscall.Stat_t).Gid; slices.Contains(id.Groups, gid) {
-		return fmt.Errorf("user %s is of group %d, which may read every task's log (log_dir %s): give log_dir another group (log_group), or the kind another user", id.Name, gid, logDir)
+	if err == nil {
+		if gid := info.Sys().(*syscall.Stat_t).Gid; slices.Contains(id.Groups, gid) {
+			return fmt.Errorf("user %s is of group %d, which may read every task's log (log_dir %s): give log_dir another group (log_group), or the kind another user", id.Name, gid, logDir)
+		}
 	}
 	if err := CanSwitch(); err != nil {
 		return fmt.Errorf("this process cannot switch to user %s (%v): run it as root, or grant it CAP_SETUID, CAP_SETGID and CAP_KILL (docs/security.md)", id.Name, err)

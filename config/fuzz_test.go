@@ -78,6 +78,9 @@ kinds:
 		"log_dir: /l\nkinds: {'a b': {command: [x]}}",
 		"log_dir: /l\nkinds: {a: {command: ['']}}",
 		"log_dir: /l\nkinds: {a: ~}",
+		"log_dir: /l\nuser: etl\nlog_group: adm\nlog_tail_bytes: -1\nretention: -1s\nprogress_interval: 1ms\nkinds: {a: {command: [x], user: e, group: g, session_fence: false, pass_env: [PGAPPNAME]}, b: {function: f}}",
+		"log_dir: /l\ngroup: g\nkinds: {a: {command: [x]}}",
+		"log_dir: /l\nkinds: {a: {command: [x], user: 'a b'}}",
 		"kinds: 5",
 		"log_dir: [",
 		"",
@@ -274,6 +277,9 @@ func normalized(cfg *config.Config) config.Config {
 		if len(k.FailOnExitCodes) == 0 {
 			k.FailOnExitCodes = nil
 		}
+		if len(k.PassEnv) == 0 {
+			k.PassEnv = nil
+		}
 		c.Kinds[name] = k
 	}
 	return c
@@ -289,6 +295,13 @@ type (
 		KillGrace         string               `yaml:"kill_grace"`
 		ReconnectGrace    string               `yaml:"reconnect_grace"`
 		LockMode          string               `yaml:"lock_mode"`
+		LogGroup          string               `yaml:"log_group,omitempty"`
+		User              string               `yaml:"user,omitempty"`
+		Group             string               `yaml:"group,omitempty"`
+		ProgressInterval  string               `yaml:"progress_interval"`
+		LogTailBytes      int64                `yaml:"log_tail_bytes"`
+		LogTailInterval   string               `yaml:"log_tail_interval"`
+		Retention         string               `yaml:"retention"`
 		Queues            map[string]fullQueue `yaml:"queues"`
 		Kinds             map[string]fullKind  `yaml:"kinds"`
 	}
@@ -315,6 +328,10 @@ type (
 		Overlap          string     `yaml:"overlap,omitempty"`
 		ScheduleArgs     *yaml.Node `yaml:"schedule_args,omitempty"`
 		AwaitChildren    bool       `yaml:"await_children"`
+		PassEnv          []string   `yaml:"pass_env,omitempty"`
+		SessionFence     bool       `yaml:"session_fence"`
+		User             string     `yaml:"user,omitempty"`
+		Group            string     `yaml:"group,omitempty"`
 	}
 	fullRetry struct {
 		MaxAttempts int    `yaml:"max_attempts"`
@@ -335,6 +352,13 @@ func render(t *testing.T, cfg *config.Config) []byte {
 		KillGrace:         dur(cfg.KillGrace),
 		ReconnectGrace:    dur(*cfg.ReconnectGrace),
 		LockMode:          string(cfg.LockMode),
+		LogGroup:          cfg.LogGroup,
+		User:              cfg.User,
+		Group:             cfg.Group,
+		ProgressInterval:  dur(cfg.ProgressInterval),
+		LogTailBytes:      int64(cfg.LogTailBytes),
+		LogTailInterval:   dur(cfg.LogTailInterval),
+		Retention:         dur(cfg.Retention),
 		Queues:            map[string]fullQueue{},
 		Kinds:             map[string]fullKind{},
 	}
@@ -348,6 +372,7 @@ func render(t *testing.T, cfg *config.Config) []byte {
 			Timeout: dur(k.Timeout), OnTimeout: string(k.OnTimeout), LockMode: string(k.LockMode),
 			MaxRunning: k.MaxRunning, ConcurrencyKey: k.ConcurrencyKey, MaxRunningPerKey: k.MaxRunningPerKey,
 			Schedule: k.Schedule, Timezone: k.Timezone, Overlap: string(k.Overlap), AwaitChildren: k.AwaitChildren,
+			PassEnv: k.PassEnv, SessionFence: k.FencesSessions(), User: k.User, Group: k.Group,
 		}
 		if p := k.Retry; p != nil {
 			fk.Retry = &fullRetry{MaxAttempts: p.MaxAttempts, Backoff: string(p.Backoff), Delay: dur(p.Delay), MaxDelay: dur(p.MaxDelay)}

@@ -18,7 +18,6 @@ import (
 // more to read its first statements' catalogs, which a launch then does
 // not wait for.
 type Preconnected struct {
-	runKey    string
 	heartbeat time.Duration
 	mu        sync.Mutex // the lock's and the writer's goroutines take theirs
 	// lock and write are the connections made: in row mode both, in
@@ -49,7 +48,7 @@ const takeTimeout = time.Second
 // Host mode makes none: a keeper session names its context as it opens.
 // What cannot be made now is made at the launch.
 func Preconnect(ctx context.Context, url, runKey string, mode config.LockMode, heartbeat time.Duration) *Preconnected {
-	p := &Preconnected{runKey: runKey, heartbeat: heartbeat}
+	p := &Preconnected{heartbeat: heartbeat}
 	if mode == config.LockModeHost {
 		return p
 	}
@@ -71,9 +70,6 @@ func Preconnect(ctx context.Context, url, runKey string, mode config.LockMode, h
 	}
 	return p
 }
-
-// RunKey is the key the connections hold.
-func (p *Preconnected) RunKey() string { return p.runKey }
 
 // Close closes the connections not taken.
 func (p *Preconnected) Close() {

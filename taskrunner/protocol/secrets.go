@@ -36,16 +36,6 @@ type Secrets struct {
 // buffer, so that they are written whole before their reader starts.
 const MaxSecrets = 16 << 10
 
-// Lookup returns the value of variable name in s.Env.
-func (s Secrets) Lookup(name string) (string, bool) {
-	for _, kv := range s.Env {
-		if n, v, _ := strings.Cut(kv, "="); n == name {
-			return v, true
-		}
-	}
-	return "", false
-}
-
 // Encode returns s as the bytes ParseSecrets reads: NUL-terminated
 // fields, which hold any bytes a process's environment can (JSON would
 // mangle a password that is not UTF-8): the run key, the keeper's secret

@@ -72,23 +72,23 @@ type Config struct {
 	// the locks of every running task (to find those whose task process
 	// died), rescues the steps of dead supervisors and reconciles contexts
 	// with their jobs. Default 5s.
-	PollInterval time.Duration `yaml:"poll_interval"`
+	PollInterval Duration `yaml:"poll_interval"`
 	// HeartbeatInterval is how long a task process's lock connection may be
 	// silent before the kernel probes it (TCP keepalive); a loss is noticed
 	// within it plus three probes. Nothing is written: the lock is the proof
 	// of life. Default 5s.
-	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
+	HeartbeatInterval Duration `yaml:"heartbeat_interval"`
 	// KillGrace is how long a task's command has between SIGTERM and SIGKILL
 	// when it is cancelled or loses its lock. Default 10s (0 means the
 	// default).
-	KillGrace time.Duration `yaml:"kill_grace"`
+	KillGrace Duration `yaml:"kill_grace"`
 	// ReconnectGrace is how long a task process keeps its command running
 	// after losing its lock connection (a database restart, a failover, a
 	// network cut) while it tries to take its lock again under the same run.
 	// Past it, the command is stopped and the task retried. nil means the
 	// default, 2m; 0 ("0s") stops the command as soon as the lock
 	// connection fails.
-	ReconnectGrace *time.Duration `yaml:"reconnect_grace"`
+	ReconnectGrace *Duration `yaml:"reconnect_grace"`
 	// ProgressInterval is how often a task's progress and checkpoint are
 	// stored as events: a PROGRESS or CHECKPOINT line that comes sooner
 	// than this after the last one stored waits, replaced by any newer one,
@@ -96,7 +96,7 @@ type Config struct {
 	// before the attempt's outcome. The context's latest progress, which
 	// the view and the status page show, is updated at most once a second
 	// in between. Default 10s (0 means the default), at most 1h.
-	ProgressInterval time.Duration `yaml:"progress_interval"`
+	ProgressInterval Duration `yaml:"progress_interval"`
 	// LogTailBytes is how much of each attempt's output (its log file's
 	// lines since the attempt started) is also kept in the database, so
 	// that dama logs and the status page read it from any host: the last
@@ -107,13 +107,13 @@ type Config struct {
 	// gained to the database: at most one write per interval, none when
 	// nothing was written, and the last before the attempt's outcome.
 	// Default 5s (0 means the default), at least 100ms, at most 1h.
-	LogTailInterval time.Duration `yaml:"log_tail_interval"`
+	LogTailInterval Duration `yaml:"log_tail_interval"`
 	// Retention is how long a finished task is kept, with its events and
 	// attempts and its River job, after it finished: the supervisors then
 	// remove it (dama prune does it once). A task is removed only once it
 	// has no child left. Default 720h, 30 days (0 means the default); a
 	// negative value (-1s) keeps every task; at least 1s.
-	Retention time.Duration `yaml:"retention"`
+	Retention Duration `yaml:"retention"`
 	// LockMode is how task processes hold their lock, "row", "advisory"
 	// or "host"; a kind may override it. See LockModeRow,
 	// LockModeAdvisory and LockModeHost: advisory suits tasks that run for
@@ -172,11 +172,11 @@ type Kind struct {
 	// SIGKILL after KillGrace), a TIMEOUT event is recorded, and the
 	// attempt fails; OnTimeout says whether the task is then retried
 	// ("retry", the default) or FAILED ("fail").
-	Timeout   time.Duration `yaml:"timeout"`
-	OnTimeout OnTimeout     `yaml:"on_timeout"`
+	Timeout   Duration  `yaml:"timeout"`
+	OnTimeout OnTimeout `yaml:"on_timeout"`
 	// KillGrace overrides the configuration's kill_grace for this kind;
 	// nil means the configuration's, and 0 ("0s") SIGKILL at once.
-	KillGrace *time.Duration `yaml:"kill_grace"`
+	KillGrace *Duration `yaml:"kill_grace"`
 	// LockMode overrides the configuration's lock_mode for this kind; empty
 	// means the configuration's.
 	LockMode LockMode `yaml:"lock_mode"`
@@ -268,10 +268,10 @@ type RetryPolicy struct {
 	Backoff Backoff `yaml:"backoff"`
 	// Delay is the wait after the first failure; default 1m (0 means the
 	// default).
-	Delay time.Duration `yaml:"delay"`
+	Delay Duration `yaml:"delay"`
 	// MaxDelay caps an exponential backoff's wait; default 1h, or Delay
 	// when that is longer (0 means the default).
-	MaxDelay time.Duration `yaml:"max_delay"`
+	MaxDelay Duration `yaml:"max_delay"`
 }
 
 // Backoff is how a retry's wait grows.
@@ -300,7 +300,7 @@ func (k Kind) RetryDelay(attempt int) time.Duration {
 	if p == nil {
 		return 0
 	}
-	delay, maxDelay := p.Delay, p.MaxDelay
+	delay, maxDelay := time.Duration(p.Delay), time.Duration(p.MaxDelay)
 	if p.Backoff == BackoffFixed {
 		return delay
 	}
@@ -432,7 +432,7 @@ func (c *Config) KindNames() []string {
 // the kind in data_manager.kinds for readers. Every setting is there,
 // defaults included; pass_env names variables, never their values.
 func (k Kind) Settings() (json.RawMessage, error) {
-	duration := func(d *time.Duration) *string {
+	duration := func(d *Duration) *string {
 		if d == nil {
 			return nil
 		}

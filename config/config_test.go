@@ -96,7 +96,7 @@ func TestLoadResolvesPaths(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Path != path || cfg.LogDir != filepath.Join(dir, "logs") || cfg.PollInterval != 2*time.Second {
+	if cfg.Path != path || cfg.LogDir != filepath.Join(dir, "logs") || time.Duration(cfg.PollInterval) != 2*time.Second {
 		t.Errorf("path %q, log_dir %q, poll %v", cfg.Path, cfg.LogDir, cfg.PollInterval)
 	}
 	if _, err := config.Load(""); err == nil || !strings.Contains(err.Error(), "DAMA_CONFIG") {

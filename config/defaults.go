@@ -9,21 +9,21 @@ import (
 
 // Defaults applied to the fields left unset (see each field's comment).
 const (
-	DefaultPollInterval      = 5 * time.Second
-	DefaultHeartbeatInterval = 5 * time.Second
-	DefaultKillGrace         = 10 * time.Second
-	DefaultReconnectGrace    = 2 * time.Minute
-	DefaultProgressInterval  = 10 * time.Second
+	DefaultPollInterval      = Duration(5 * time.Second)
+	DefaultHeartbeatInterval = Duration(5 * time.Second)
+	DefaultKillGrace         = Duration(10 * time.Second)
+	DefaultReconnectGrace    = Duration(2 * time.Minute)
+	DefaultProgressInterval  = Duration(10 * time.Second)
 	DefaultLogTailBytes      = 1 << 20
-	DefaultLogTailInterval   = 5 * time.Second
-	DefaultRetention         = 30 * 24 * time.Hour
+	DefaultLogTailInterval   = Duration(5 * time.Second)
+	DefaultRetention         = Duration(30 * 24 * time.Hour)
 	DefaultMaxAttempts       = 3
 	DefaultMaxRunning        = 10
 	DefaultMaxRunningPerKey  = 1
 	DefaultQueue             = "default"
 	DefaultLockMode          = LockModeRow
-	DefaultRetryDelay        = time.Minute
-	DefaultRetryMaxDelay     = time.Hour
+	DefaultRetryDelay        = Duration(time.Minute)
+	DefaultRetryMaxDelay     = Duration(time.Hour)
 )
 
 // WithDefaults returns a copy of c with every field left unset given its
@@ -162,19 +162,19 @@ func ptr[T any](v T) *T { return &v }
 // its fencing window, and the kernel takes the heartbeat in whole seconds
 // and milliseconds of 32 bits, so that none of these overflows.
 const (
-	MaxPollInterval      = time.Hour
-	MaxHeartbeatInterval = time.Hour
-	MaxReconnectGrace    = 7 * 24 * time.Hour
-	MaxKillGrace         = 24 * time.Hour
+	MaxPollInterval      = Duration(time.Hour)
+	MaxHeartbeatInterval = Duration(time.Hour)
+	MaxReconnectGrace    = Duration(7 * 24 * time.Hour)
+	MaxKillGrace         = Duration(24 * time.Hour)
 	// MaxProgressInterval bounds progress_interval: a sample of progress
 	// at least every hour.
-	MaxProgressInterval = time.Hour
+	MaxProgressInterval = Duration(time.Hour)
 	// MaxLogTailInterval bounds log_tail_interval: the database's tail
 	// at most an hour behind.
-	MaxLogTailInterval = time.Hour
+	MaxLogTailInterval = Duration(time.Hour)
 	// MaxLogTailBytes bounds log_tail_bytes: what each attempt may keep
 	// in the database, and what one write of it may carry.
 	MaxLogTailBytes = 64 << 20
 	// MaxDelay bounds a kind's timeout and its retry delays.
-	MaxDelay = 10 * 365 * 24 * time.Hour
+	MaxDelay = Duration(10 * 365 * 24 * time.Hour)
 )

@@ -124,7 +124,7 @@ func checkConfig(t *testing.T, cfg *config.Config) {
 	switch {
 	case cfg.LogDir == "":
 		t.Fatal("accepted without log_dir")
-	case cfg.PollInterval < 100*time.Millisecond || cfg.HeartbeatInterval < 100*time.Millisecond:
+	case time.Duration(cfg.PollInterval) < 100*time.Millisecond || time.Duration(cfg.HeartbeatInterval) < 100*time.Millisecond:
 		t.Fatalf("intervals %v, %v: want at least 100ms", cfg.PollInterval, cfg.HeartbeatInterval)
 	case cfg.KillGrace < 0 || cfg.ReconnectGrace == nil || *cfg.ReconnectGrace < 0:
 		t.Fatalf("graces %v, %v: want set and not negative", cfg.KillGrace, cfg.ReconnectGrace)
@@ -217,11 +217,11 @@ func checkRetry(t *testing.T, name string, k config.Kind) {
 	for attempt := 1; attempt <= 70; attempt++ {
 		d := k.RetryDelay(attempt)
 		switch {
-		case d < p.Delay || d > p.MaxDelay:
+		case d < time.Duration(p.Delay) || d > time.Duration(p.MaxDelay):
 			t.Fatalf("kind %s: RetryDelay(%d) = %v: want from %v to %v", name, attempt, d, p.Delay, p.MaxDelay)
 		case d < prev:
 			t.Fatalf("kind %s: RetryDelay(%d) = %v, shorter than the wait before, %v", name, attempt, d, prev)
-		case p.Backoff == config.BackoffFixed && d != p.Delay:
+		case p.Backoff == config.BackoffFixed && d != time.Duration(p.Delay):
 			t.Fatalf("kind %s: fixed backoff: RetryDelay(%d) = %v, want %v", name, attempt, d, p.Delay)
 		}
 		prev = d
@@ -347,18 +347,18 @@ func render(t *testing.T, cfg *config.Config) []byte {
 	dur := func(d time.Duration) string { return d.String() }
 	out := fullConfig{
 		LogDir:            cfg.LogDir,
-		PollInterval:      dur(cfg.PollInterval),
-		HeartbeatInterval: dur(cfg.HeartbeatInterval),
-		KillGrace:         dur(cfg.KillGrace),
-		ReconnectGrace:    dur(*cfg.ReconnectGrace),
+		PollInterval:      dur(time.Duration(cfg.PollInterval)),
+		HeartbeatInterval: dur(time.Duration(cfg.HeartbeatInterval)),
+		KillGrace:         dur(time.Duration(cfg.KillGrace)),
+		ReconnectGrace:    dur(time.Duration(*cfg.ReconnectGrace)),
 		LockMode:          string(cfg.LockMode),
 		LogGroup:          cfg.LogGroup,
 		User:              cfg.User,
 		Group:             cfg.Group,
-		ProgressInterval:  dur(cfg.ProgressInterval),
+		ProgressInterval:  dur(time.Duration(cfg.ProgressInterval)),
 		LogTailBytes:      int64(cfg.LogTailBytes),
-		LogTailInterval:   dur(cfg.LogTailInterval),
-		Retention:         dur(cfg.Retention),
+		LogTailInterval:   dur(time.Duration(cfg.LogTailInterval)),
+		Retention:         dur(time.Duration(cfg.Retention)),
 		Queues:            map[string]fullQueue{},
 		Kinds:             map[string]fullKind{},
 	}
@@ -369,16 +369,16 @@ func render(t *testing.T, cfg *config.Config) []byte {
 		fk := fullKind{
 			Queue: k.Queue, Command: k.Command, Function: k.Function, MaxAttempts: k.MaxAttempts,
 			RetryOnExitCodes: k.RetryOnExitCodes, FailOnExitCodes: k.FailOnExitCodes,
-			Timeout: dur(k.Timeout), OnTimeout: string(k.OnTimeout), LockMode: string(k.LockMode),
+			Timeout: dur(time.Duration(k.Timeout)), OnTimeout: string(k.OnTimeout), LockMode: string(k.LockMode),
 			MaxRunning: k.MaxRunning, ConcurrencyKey: k.ConcurrencyKey, MaxRunningPerKey: k.MaxRunningPerKey,
 			Schedule: k.Schedule, Timezone: k.Timezone, Overlap: string(k.Overlap), AwaitChildren: k.AwaitChildren,
 			PassEnv: k.PassEnv, SessionFence: k.FencesSessions(), User: k.User, Group: k.Group,
 		}
 		if p := k.Retry; p != nil {
-			fk.Retry = &fullRetry{MaxAttempts: p.MaxAttempts, Backoff: string(p.Backoff), Delay: dur(p.Delay), MaxDelay: dur(p.MaxDelay)}
+			fk.Retry = &fullRetry{MaxAttempts: p.MaxAttempts, Backoff: string(p.Backoff), Delay: dur(time.Duration(p.Delay)), MaxDelay: dur(time.Duration(p.MaxDelay))}
 		}
 		if k.KillGrace != nil {
-			s := dur(*k.KillGrace)
+			s := dur(time.Duration(*k.KillGrace))
 			fk.KillGrace = &s
 		}
 		if k.ScheduleArgs != nil {

@@ -19,10 +19,10 @@ func (c *Config) Validate() error {
 	if c.LogDir == "" {
 		return errors.New("log_dir is required")
 	}
-	if c.PollInterval < 100*time.Millisecond {
+	if c.PollInterval < Duration(100*time.Millisecond) {
 		return errors.New("poll_interval must be at least 100ms")
 	}
-	if c.HeartbeatInterval < 100*time.Millisecond {
+	if c.HeartbeatInterval < Duration(100*time.Millisecond) {
 		return errors.New("heartbeat_interval must be at least 100ms")
 	}
 	if c.ReconnectGrace == nil || *c.ReconnectGrace < 0 {
@@ -34,18 +34,18 @@ func (c *Config) Validate() error {
 	if c.ProgressInterval < 0 {
 		return errors.New("progress_interval must not be negative")
 	}
-	if c.LogTailInterval < 100*time.Millisecond {
+	if c.LogTailInterval < Duration(100*time.Millisecond) {
 		return errors.New("log_tail_interval must be at least 100ms")
 	}
 	if c.LogTailBytes > MaxLogTailBytes {
 		return fmt.Errorf("log_tail_bytes %d: at most %d (64 MiB; a negative one keeps none)", c.LogTailBytes, MaxLogTailBytes)
 	}
-	if c.Retention > 0 && c.Retention < time.Second {
+	if c.Retention > 0 && c.Retention < Duration(time.Second) {
 		return fmt.Errorf("retention %s: at least 1s (a negative one keeps every task)", c.Retention)
 	}
 	for _, d := range []struct {
 		name       string
-		value, max time.Duration
+		value, max Duration
 	}{
 		{"poll_interval", c.PollInterval, MaxPollInterval},
 		{"heartbeat_interval", c.HeartbeatInterval, MaxHeartbeatInterval},

@@ -80,7 +80,7 @@ func (s *Supervisor) attemptAlive(ctx context.Context, logger *slog.Logger, tx p
 		return 0, err
 	}
 	freeFor := s.fence.freeFor(c.ID, mark)
-	window := taskrunner.FenceWindow(s.cfg.HeartbeatInterval, *s.cfg.ReconnectGrace, s.cfg.KillGrace, s.cfg.PollInterval)
+	window := taskrunner.FenceWindow(time.Duration(s.cfg.HeartbeatInterval), time.Duration(*s.cfg.ReconnectGrace), time.Duration(s.cfg.KillGrace), time.Duration(s.cfg.PollInterval))
 	if c.FenceWindow != nil {
 		window = *c.FenceWindow
 	}

@@ -19,7 +19,7 @@ func (s *Supervisor) publishLoop(ctx context.Context, err error) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(s.cfg.PollInterval):
+		case <-time.After(time.Duration(s.cfg.PollInterval)):
 		}
 		err = s.publishKinds(ctx)
 	}

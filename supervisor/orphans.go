@@ -114,7 +114,7 @@ func (s *Supervisor) stopOrphansLocked(ctx context.Context, id int64) error {
 	// The lock is held until they are gone, however long that takes (a
 	// process in uninterruptible sleep dies late): while it is held, no
 	// supervisor on any host starts another attempt.
-	deadline := time.Now().Add(s.cfg.KillGrace)
+	deadline := time.Now().Add(time.Duration(s.cfg.KillGrace))
 	nextReport := time.Now().Add(30 * time.Second)
 	for {
 		select {

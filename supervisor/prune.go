@@ -25,7 +25,7 @@ func (s *Supervisor) pruneLoop(ctx context.Context) {
 	if s.cfg.Retention < 0 {
 		return
 	}
-	ticker := time.NewTicker(pruneEvery(s.cfg.Retention, s.cfg.PollInterval))
+	ticker := time.NewTicker(pruneEvery(time.Duration(s.cfg.Retention), time.Duration(s.cfg.PollInterval)))
 	defer ticker.Stop()
 	for {
 		if p, err := s.prune(ctx); err != nil && ctx.Err() == nil {
@@ -45,7 +45,7 @@ func (s *Supervisor) pruneLoop(ctx context.Context) {
 // prune removes the finished tasks older than retention, and returns what
 // it removed.
 func (s *Supervisor) prune(ctx context.Context) (etlcontext.Pruned, error) {
-	p, err := etlcontext.Prune(ctx, s.pool, s.cfg.Retention, etlcontext.PruneLimits{})
+	p, err := etlcontext.Prune(ctx, s.pool, time.Duration(s.cfg.Retention), etlcontext.PruneLimits{})
 	for what, n := range map[string]int64{"tasks": p.Tasks, "events": p.Events, "attempts": p.Attempts, "jobs": p.Jobs} {
 		s.metrics.pruned.WithLabelValues(what).Add(float64(n))
 	}
@@ -63,5 +63,5 @@ func jobRetention(cfg *config.Config, riverDefault time.Duration) time.Duration 
 	if cfg.Retention < 0 {
 		return riverDefault
 	}
-	return max(riverDefault, cfg.Retention+pruneEvery(cfg.Retention, cfg.PollInterval))
+	return max(riverDefault, time.Duration(cfg.Retention)+pruneEvery(time.Duration(cfg.Retention), time.Duration(cfg.PollInterval)))
 }

@@ -36,7 +36,7 @@ func (s *Supervisor) scheduleLoop(ctx context.Context, name string, k config.Kin
 				return
 			}
 			s.logger.Warn("take a tick of the schedule", "kind", name, "error", err)
-			wait = s.cfg.PollInterval
+			wait = time.Duration(s.cfg.PollInterval)
 		}
 		t := time.NewTimer(min(max(wait, minTickWait), maxTickWait))
 		select {

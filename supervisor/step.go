@@ -23,7 +23,7 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 	if depth == 0 && s.retired.Load() {
 		// Stopping because the database refused this release's task
 		// processes: leave the task to a newer supervisor.
-		return river.JobSnooze(s.cfg.PollInterval)
+		return river.JobSnooze(time.Duration(s.cfg.PollInterval))
 	}
 
 	tx, err := s.pool.Begin(ctx)
@@ -130,7 +130,7 @@ func (s *Supervisor) settleRunning(ctx context.Context, logger *slog.Logger, tx 
 		}
 		s.reportLaunchFailure(ctx, logger, c)
 		s.wakeWaiting(ctx, c.Queue)
-		return river.JobSnooze(s.cfg.PollInterval)
+		return river.JobSnooze(time.Duration(s.cfg.PollInterval))
 	}
 	// RUNNING recorded but the lock is free: the attempt's process is
 	// gone without reporting a result, or it lost its lock and is taking
@@ -215,7 +215,7 @@ func (s *Supervisor) startAttempt(ctx context.Context, logger *slog.Logger, tx p
 		// Only configured kinds run here. Another supervisor serving this
 		// queue may run the kind: leave the task to it, spending nothing.
 		logger.Warn("kind not in this supervisor's configuration; leaving the task to another supervisor", "kind", c.Kind)
-		return river.JobSnooze(s.cfg.PollInterval)
+		return river.JobSnooze(time.Duration(s.cfg.PollInterval))
 	}
 	if c.HostID != nil && *c.HostID == s.hostID && c.RunID != nil {
 		// The previous attempt ran here: none of its processes may meet the
@@ -316,14 +316,14 @@ func (s *Supervisor) startAttempt(ctx context.Context, logger *slog.Logger, tx p
 		if depth < 2 {
 			return s.step(ctx, job, depth+1)
 		}
-		return river.JobSnooze(s.cfg.PollInterval)
+		return river.JobSnooze(time.Duration(s.cfg.PollInterval))
 	default:
 		// The runner exited before holding its lock; what it recorded (or
 		// failed to) decides, so look again.
 		if depth < 2 {
 			return s.step(ctx, job, depth+1)
 		}
-		return river.JobSnooze(s.cfg.PollInterval)
+		return river.JobSnooze(time.Duration(s.cfg.PollInterval))
 	}
 }
 
@@ -340,7 +340,7 @@ func deref(s *string) string {
 func (s *Supervisor) transient(logger *slog.Logger, err error) error {
 	s.metrics.stepErrors.Inc()
 	logger.Warn("step failed; trying again", "error", err)
-	return river.JobSnooze(s.cfg.PollInterval)
+	return river.JobSnooze(time.Duration(s.cfg.PollInterval))
 }
 
 // admit decides, under the locks of c's queue, kind and key held for the

@@ -259,7 +259,7 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 
 		metrics: newMetrics(),
 
-		rescueGrace: rescueGraceFor(cfg.PollInterval),
+		rescueGrace: rescueGraceFor(time.Duration(cfg.PollInterval)),
 		suspects:    map[suspect]time.Time{},
 		stop:        make(chan error, 1),
 		started:     make(chan struct{}),
@@ -471,7 +471,7 @@ func (s *Supervisor) countAdoptions(ctx context.Context) {
 // their jobs and watches the running tasks (see watch), every poll
 // interval: a constant number of statements, however many tasks run.
 func (s *Supervisor) rescueLoop(ctx context.Context) {
-	ticker := time.NewTicker(s.cfg.PollInterval)
+	ticker := time.NewTicker(time.Duration(s.cfg.PollInterval))
 	defer ticker.Stop()
 	for {
 		select {

@@ -24,7 +24,7 @@ const awaitRecount = time.Minute
 // one is FAILED or CANCELLED. A cancellation ends the wait.
 func (r *runner) awaitChildren(ctx context.Context, signals <-chan os.Signal) (int, error) {
 	// The children submitted last must be written before they are counted.
-	fctx, cancel := context.WithTimeout(ctx, *r.opts.Config.ReconnectGrace+stmtTimeout)
+	fctx, cancel := context.WithTimeout(ctx, time.Duration(*r.opts.Config.ReconnectGrace)+stmtTimeout)
 	err := r.w.flush(fctx)
 	cancel()
 	if err == nil {

@@ -95,7 +95,7 @@ func (r *runner) startKeeper(socket string) error {
 		return fmt.Errorf("hand the keeper its secrets: %w", err)
 	}
 	defer secretsR.Close()
-	launch := protocol.KeeperLaunch{Socket: socket, Heartbeat: r.opts.Config.HeartbeatInterval, SecretsFD: protocol.KeeperSecretsFD}
+	launch := protocol.KeeperLaunch{Socket: socket, Heartbeat: time.Duration(r.opts.Config.HeartbeatInterval), SecretsFD: protocol.KeeperSecretsFD}
 	cmd := exec.Command(selfExe, launch.Args()...)
 	cmd.Args[0] = os.Args[0]
 	cmd.Env = env

@@ -52,7 +52,7 @@ import (
 func (r *runner) finish(ctx context.Context, code int, suffix string, payload map[string]any, cause error) (int, error) {
 	r.w.flushTail(context.WithoutCancel(ctx))
 	r.w.outcome(suffix, payload, plainOutcome(payload))
-	wait := *r.opts.Config.ReconnectGrace + stmtTimeout
+	wait := time.Duration(*r.opts.Config.ReconnectGrace) + stmtTimeout
 	if code == protocol.ExitLockLost {
 		// Best effort: without its lock this attempt no longer decides, and
 		// the supervisor records its death anyway.

@@ -82,7 +82,7 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 	// still held right before, so the fencing window holds from the start.
 	// A database restart since the lock was taken is ridden out here too:
 	// nothing runs yet, so the runner may simply wait to take it again.
-	seenLosses, err := r.lock.check(ctx, *cfg.ReconnectGrace)
+	seenLosses, err := r.lock.check(ctx, time.Duration(*cfg.ReconnectGrace))
 	if err != nil {
 		eventsW.Close()
 		return r.finish(ctx, protocol.ExitLockLost, protocol.EventError, map[string]any{"reason": "the lock was lost before the command started and not taken again within reconnect_grace"}, fmt.Errorf("take the lock again before starting the command: %w", err))
@@ -142,12 +142,8 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 		timedOut   bool
 	)
 	if d := r.kind.Timeout; d > 0 {
-		timeout = time.After(d)
+		timeout = time.After(time.Duration(d))
 	}
-	// Once started, the runner mostly waits: the program's pages it
-	// touched while starting need not count in its resident set.
-	settled := time.After(settleAfter)
-
 	var (
 		waitErr      error
 		stopReason   string
@@ -161,7 +157,7 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 		}
 		stopReason, stopCode = reason, code
 		r.logger.Info("stopping command", "reason", reason)
-		go killGroup(pgid, *r.kind.KillGrace, ended)
+		go killGroup(pgid, time.Duration(*r.kind.KillGrace), ended)
 	}
 	for !commandEnded {
 		select {
@@ -187,7 +183,7 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 				if grace == 0 {
 					stop("lock connection failed", protocol.ExitLockLost)
 				} else {
-					graceTimer = time.After(grace)
+					graceTimer = time.After(time.Duration(grace))
 				}
 			}
 			seenLosses = losses
@@ -209,21 +205,6 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 			stop(fmt.Sprintf("the lock was not taken again within reconnect_grace (%s)", *cfg.ReconnectGrace), protocol.ExitLockLost)
 		case sig := <-signals:
 			stop("runner received "+sig.String(), protocol.ExitFailed)
-		case <-settled:
-			if n, err := dropProgramPages(); err != nil {
-				r.logger.Warn("give back the program's pages touched while starting", "error", err)
-			} else {
-				r.logger.Debug("gave back the program's pages touched while starting", "bytes", n)
-				// For the rest of the process's life: it may wait for
-				// its children, or for the database, for hours.
-				afterCollections(nil, collectionSettle, collectionDropGap, func() bool {
-					if _, err := dropProgramPages(); err != nil {
-						r.logger.Warn("give back the program's pages after a collection; no longer tried", "error", err)
-						return false
-					}
-					return true
-				})
-			}
 		}
 	}
 	// Stragglers the command left behind end with it, in its group or not:
@@ -233,7 +214,7 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 	// reuses its id.
 	close(ended)
 	r.stopDescendants(hostproc.Attempt{PGID: pgid, LeaderStartTicks: leaderTicks, Marker: protocol.RunIDEnv + "=" + r.opts.RunID})
-	events.drain(ctx, *r.opts.Config.ReconnectGrace+stmtTimeout)
+	events.drain(ctx, time.Duration(*r.opts.Config.ReconnectGrace)+stmtTimeout)
 	stopWatch()
 	<-watchDone
 
@@ -374,7 +355,3 @@ func killGroup(pgid int, grace time.Duration, ended <-chan struct{}) {
 	case <-ended:
 	}
 }
-
-// settleAfter is how long after its command started the runner gives back
-// the program's pages it touched while starting (dropProgramPages).
-const settleAfter = 2 * time.Second

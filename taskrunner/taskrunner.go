@@ -199,7 +199,7 @@ func (r *runner) run(ctx context.Context) (int, error) {
 	}
 	pre := r.opts.Preconnected
 	defer pre.Close()
-	if err := pre.keep(cfg.HeartbeatInterval, mode); err != nil {
+	if err := pre.keep(time.Duration(cfg.HeartbeatInterval), mode); err != nil {
 		r.logger.Info("a connection made ahead of the launch failed; connecting now", "error", err)
 	}
 	takeFirst := func(ctx context.Context, write bool, name string) *pgx.Conn {
@@ -209,7 +209,7 @@ func (r *runner) run(ctx context.Context) (int, error) {
 		}
 		return conn
 	}
-	r.lock = newLockKeeper(r.opts.DatabaseURL, r.opts.ContextID, r.opts.RunID, mode, cfg.HeartbeatInterval, r.logger)
+	r.lock = newLockKeeper(r.opts.DatabaseURL, r.opts.ContextID, r.opts.RunID, mode, time.Duration(cfg.HeartbeatInterval), r.logger)
 	r.lock.runKey = r.opts.RunKey
 	hooks := writerHooks{resume: r.checkCancel}
 	name := fmt.Sprintf("dama-task:%d", r.opts.ContextID)
@@ -234,7 +234,7 @@ func (r *runner) run(ctx context.Context) (int, error) {
 		}
 		name = r.lock.appName()
 		r.lock.dial = func(ctx context.Context) (dbConn, error) {
-			conn, err := connect(ctx, r.opts.DatabaseURL, r.opts.RunKey, name, cfg.HeartbeatInterval)
+			conn, err := connect(ctx, r.opts.DatabaseURL, r.opts.RunKey, name, time.Duration(cfg.HeartbeatInterval))
 			if err != nil {
 				return nil, err
 			}
@@ -250,8 +250,8 @@ func (r *runner) run(ctx context.Context) (int, error) {
 	r.w.submit = r.opts.Submit
 	// Probed like the lock connection, in both modes: the write connection
 	// also hears cancellations, which a silently dead connection would lose.
-	r.w.heartbeat = cfg.HeartbeatInterval
-	r.w.sampleEvery = cfg.ProgressInterval
+	r.w.heartbeat = time.Duration(cfg.HeartbeatInterval)
+	r.w.sampleEvery = time.Duration(cfg.ProgressInterval)
 	r.lock.w = r.w
 	wctx, stopWriter := context.WithCancel(context.WithoutCancel(ctx))
 	writerDone := make(chan struct{})
@@ -413,7 +413,7 @@ func (r *runner) prepare() error {
 	r.logFile = f
 	// Without the tail in the database, the file still has the log: a
 	// host that cannot read what it writes runs the task all the same.
-	tail, err := openLogTail(r.logPath, cfg.LogTailBytes, cfg.LogTailInterval)
+	tail, err := openLogTail(r.logPath, cfg.LogTailBytes, time.Duration(cfg.LogTailInterval))
 	if err != nil {
 		r.logger.Warn("the database keeps no tail of this attempt's log", "error", err)
 	}
@@ -440,7 +440,7 @@ func (r *runner) recordStart(ctx context.Context) (cancelRequested bool, err err
 	rec := etlcontext.Runner{
 		Host: r.opts.Host, HostID: r.opts.HostID, PID: os.Getpid(), StartedAt: started,
 		StartTicks: self.StartTicks, LogPath: r.logPath,
-		FenceWindow: FenceWindow(cfg.HeartbeatInterval, *cfg.ReconnectGrace, *r.kind.KillGrace, cfg.PollInterval),
+		FenceWindow: FenceWindow(time.Duration(cfg.HeartbeatInterval), time.Duration(*cfg.ReconnectGrace), time.Duration(*r.kind.KillGrace), time.Duration(cfg.PollInterval)),
 		LockMode:    string(r.lock.mode),
 		Release:     version.Release,
 		Protocol:    protocol.Version,

@@ -1,17 +1,15 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
-	"slices"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/scalebench"
 	"github.com/dama-etl/dama/internal/testenv"
 )
 
@@ -37,8 +35,8 @@ kinds:
 `
 
 // BenchmarkTaskMemory measures the memory a running task costs by kind
-// (DAMA_BENCH_TASKS of each, default 20): the median RSS of its runner and
-// of its command's process, which for a function kind is the program again.
+// (DAMA_BENCH_TASKS of each, default 20): the median RSS and PSS of its
+// runner and of its command's process, which for a function kind is the program again.
 // It is run by scripts/bench.sh memory.
 func BenchmarkTaskMemory(b *testing.B) {
 	n := 20
@@ -84,42 +82,29 @@ func BenchmarkTaskMemory(b *testing.B) {
 	time.Sleep(5 * time.Second)
 	b.ResetTimer()
 	for _, kind := range []string{"function", "command", "sleep"} {
-		var runners, commands []float64
+		var runners, runnersPSS, commands, commandsPSS []float64
 		for _, id := range ids[kind] {
 			tasks, err := etlcontext.Tasks(ctx, env.Pool, etlcontext.TaskQuery{ID: id})
 			if err != nil || len(tasks) != 1 || tasks[0].PID == nil || tasks[0].CommandPGID == nil {
 				b.Fatalf("task %d: %v", id, err)
 			}
-			runners = append(runners, rssMB(b, *tasks[0].PID))
-			commands = append(commands, rssMB(b, *tasks[0].CommandPGID))
+			runners = append(runners, memMB(b, scalebench.RSS, *tasks[0].PID))
+			runnersPSS = append(runnersPSS, memMB(b, scalebench.PSS, *tasks[0].PID))
+			commands = append(commands, memMB(b, scalebench.RSS, *tasks[0].CommandPGID))
+			commandsPSS = append(commandsPSS, memMB(b, scalebench.PSS, *tasks[0].CommandPGID))
 		}
-		b.ReportMetric(median(runners), kind+"-runner-MB")
-		b.ReportMetric(median(commands), kind+"-command-MB")
+		b.ReportMetric(scalebench.Median(runners), kind+"-runner-MB")
+		b.ReportMetric(scalebench.Median(runnersPSS), kind+"-runner-PSS-MB")
+		b.ReportMetric(scalebench.Median(commands), kind+"-command-MB")
+		b.ReportMetric(scalebench.Median(commandsPSS), kind+"-command-PSS-MB")
 	}
 }
 
-func median(v []float64) float64 {
-	slices.Sort(v)
-	return v[len(v)/2]
-}
-
-// rssMB reads a process's resident set size in MB.
-func rssMB(b *testing.B, pid int) float64 {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+// memMB reads a process's memory in MB by read (scalebench.RSS or PSS).
+func memMB(b *testing.B, read func(int) (int64, error), pid int) float64 {
+	n, err := read(pid)
 	if err != nil {
-		b.Fatal(err)
+		b.Fatalf("memory of pid %d: %v", pid, err)
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
-			kb, err := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(rest), " kB"))
-			if err != nil {
-				b.Fatalf("VmRSS of %d: %q", pid, rest)
-			}
-			return float64(kb) / 1000
-		}
-	}
-	b.Fatalf("no VmRSS for pid %d", pid)
-	return 0
+	return float64(n) / 1e6
 }

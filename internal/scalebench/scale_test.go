@@ -86,7 +86,7 @@ type params struct {
 }
 
 func loadParams() (params, error) {
-	poll := config.DefaultPollInterval
+	poll := time.Duration(config.DefaultPollInterval)
 	p := params{
 		window: 60 * time.Second, settle: 15 * time.Second,
 		probes: 40, floorSamples: 100,
@@ -1051,9 +1051,11 @@ func targets(p params, results []*result) []string {
 				}
 				out = append(out, fmt.Sprintf("%-8s server connections at %d (%.0f; supervisor %.0f, per task %.3f) <= %.0f: %s",
 					mode, n, c, r.get("conns_sup"), r.get("conns_task"), limit, verdict(c <= limit, c)))
-				m := r.get("runner_rss_med")
-				out = append(out, fmt.Sprintf("%-8s task process RSS median at %d (%.1f MB; PSS %.1f MB) <= 10 MB: %s",
-					mode, n, m, r.get("runner_pss_med"), verdict(m <= 10, m)))
+				// PSS, not RSS: RSS counts in full the program's pages
+				// that every task process of the host shares.
+				m := r.get("runner_pss_med")
+				out = append(out, fmt.Sprintf("%-8s task process PSS median at %d (%.1f MB; RSS %.1f MB) <= 10 MB: %s",
+					mode, n, m, r.get("runner_rss_med"), verdict(m <= 10, m)))
 			}
 			if mode == config.LockModeAdvisory {
 				dr, dc := r.get("dead_river"), r.get("dead_churn")

@@ -228,7 +228,7 @@ func spareLaunch(ctx context.Context, l *protocol.Launch, cfg *config.Config) (*
 	defer stopConnecting()
 	connected := make(chan *taskrunner.Preconnected, 1)
 	go func() {
-		connected <- taskrunner.Preconnect(pctx, url, secrets.RunKey, l.LockMode, cfg.HeartbeatInterval)
+		connected <- taskrunner.Preconnect(pctx, url, secrets.RunKey, l.LockMode, time.Duration(cfg.HeartbeatInterval))
 	}()
 	got, err := receiveLaunch(ctx, fd)
 	launchedAt := time.Now()

@@ -48,12 +48,35 @@ func runMain(m *testing.M) int {
 	if slices.Contains(os.Args[1:], "-test.fuzzworker") {
 		return m.Run()
 	}
-	dir, err := os.MkdirTemp("", "dama-test-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "testenv:", err)
-		return 2
+	if os.Getenv(binDirEnv) == "" {
+		dir, err := os.MkdirTemp("", "dama-test-bin-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "testenv:", err)
+			return 2
+		}
+		defer os.RemoveAll(dir)
+		if err := Build(dir); err != nil {
+			fmt.Fprintln(os.Stderr, "testenv:", err)
+			return 2
+		}
+		os.Setenv(binDirEnv, dir)
 	}
-	defer os.RemoveAll(dir)
+	if admin := os.Getenv("TEST_DATABASE_URL"); admin != "" {
+		name, err := createTemplate(admin)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "testenv:", err)
+			return 2
+		}
+		defer dropDatabase(admin, name)
+		os.Setenv(templateEnv, name)
+	}
+	return m.Run()
+}
+
+// Build builds the binaries the tests run into dir, with the race detector
+// when the tests have it: scripts/test.sh builds them once for every
+// package's tests (DAMA_TEST_BIN_DIR), rather than each package's TestMain.
+func Build(dir string) error {
 	for _, pkg := range []string{"cmd/dama", "cmd/dama-taskrunner", "cmd/sample-etl", "cmd/sample-embedded"} {
 		args := []string{"build", "-o", filepath.Join(dir, filepath.Base(pkg))}
 		if commit := headCommit(); commit != "" {
@@ -70,12 +93,58 @@ func runMain(m *testing.M) int {
 		}
 		cmd.Dir = moduleRoot()
 		if out, err := cmd.CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "testenv: build %s: %v\n%s", pkg, err, out)
-			return 2
+			return fmt.Errorf("build %s: %v\n%s", pkg, err, out)
 		}
 	}
-	os.Setenv(binDirEnv, dir)
-	return m.Run()
+	return nil
+}
+
+// templateEnv carries the name of the migrated template database from Main
+// to New: a test's database is a copy of it, made in a fraction of the time
+// the migrations take.
+const templateEnv = "DAMA_TEST_TEMPLATE"
+
+// createTemplate creates a database on the server admin names, migrates it
+// and returns its name.
+func createTemplate(admin string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	name := "dama_template_" + randomHex(6)
+	if err := execAdmin(ctx, admin, "CREATE DATABASE "+name); err != nil {
+		return "", fmt.Errorf("create the template database: %w", err)
+	}
+	dbURL, err := withDatabase(admin, name)
+	if err != nil {
+		return "", err
+	}
+	pool, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		return "", fmt.Errorf("connect to the template database: %w", err)
+	}
+	// A database is copied only while nobody is connected to it.
+	defer pool.Close()
+	if err := schema.Migrate(ctx, pool, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+		return "", fmt.Errorf("migrate the template database: %w", err)
+	}
+	return name, nil
+}
+
+func dropDatabase(admin, name string) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := execAdmin(ctx, admin, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+		fmt.Fprintln(os.Stderr, "testenv: drop the template database:", err)
+	}
+}
+
+func execAdmin(ctx context.Context, admin, sql string) error {
+	conn, err := pgx.Connect(ctx, admin)
+	if err != nil {
+		return fmt.Errorf("connect to the test server: %w", err)
+	}
+	defer conn.Close(context.Background())
+	_, err = conn.Exec(ctx, sql)
+	return err
 }
 
 // headCommit is the commit the module's checkout is at, "" when unknown.
@@ -165,7 +234,15 @@ func newEnv(t testing.TB, admin string, srv *Server, migrate bool) *Env {
 		t.Fatalf("connect to the test server: %v", err)
 	}
 	defer adminConn.Close(ctx)
-	if _, err := adminConn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+	create := "CREATE DATABASE " + name
+	// A copy of the migrated template on the shared server, when Main made
+	// one: a private server has its own, unmigrated.
+	template := os.Getenv(templateEnv)
+	if migrate && srv == nil && template != "" {
+		create += " TEMPLATE " + template
+		migrate = false
+	}
+	if _, err := adminConn.Exec(ctx, create); err != nil {
 		t.Fatalf("create database %s: %v", name, err)
 	}
 	dbURL, err := withDatabase(admin, name)

@@ -90,6 +90,10 @@ type chaosAttempt struct {
 }
 
 func TestChaosNoOverlapWhateverIsKilledOrRestarted(t *testing.T) {
+	testenv.LockModes(t, testChaosNoOverlapWhateverIsKilledOrRestarted)
+}
+
+func testChaosNoOverlapWhateverIsKilledOrRestarted(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	if s := os.Getenv("DAMA_CHAOS_SEED"); s != "" {
 		var err error

@@ -23,6 +23,7 @@ import (
 // loading one twice; and a missing file fails the task for good, with its
 // reason, whatever attempts remain.
 func TestTheTaskExamplesRun(t *testing.T) {
+	t.Parallel()
 	env := testenv.New(t)
 	examples, err := filepath.Abs(filepath.Join("..", "..", "docs", "examples"))
 	if err != nil {

@@ -136,8 +136,8 @@ func (w *world) starts(id int64) [][]string {
 
 // lockConnName is the application name of the session that holds context
 // id's lock: in host lock mode, the keeper's, which holds every task's.
-func lockConnName(id int64) string {
-	if os.Getenv(testenv.LockModeEnv) == string(config.LockModeHost) {
+func (w *world) lockConnName(id int64) string {
+	if w.LockMode == config.LockModeHost {
 		return taskrunner.KeeperLockName
 	}
 	return fmt.Sprintf("dama-task-lock:%d", id)
@@ -150,7 +150,7 @@ func (w *world) terminateLock(id int64) {
 	if _, err := w.Pool.Exec(context.Background(), `
 		SELECT pg_terminate_backend(pid) FROM pg_stat_activity
 		 WHERE application_name = $1 AND datname = current_database()`,
-		lockConnName(id)); err != nil {
+		w.lockConnName(id)); err != nil {
 		w.T.Fatal(err)
 	}
 }
@@ -190,6 +190,10 @@ func deref[T any](p *T) any {
 }
 
 func TestTasksSurviveSupervisorKillAndAreAdopted(t *testing.T) {
+	testenv.LockModes(t, testTasksSurviveSupervisorKillAndAreAdopted)
+}
+
+func testTasksSurviveSupervisorKillAndAreAdopted(t *testing.T) {
 	w := newWorld(t, 10)
 	first := w.Start(w.cfg, "supervisor")
 	ids := []int64{w.submit(30, 100), w.submit(30, 100), w.submit(30, 100)}
@@ -234,6 +238,10 @@ func TestTasksSurviveSupervisorKillAndAreAdopted(t *testing.T) {
 }
 
 func TestKilledTaskIsRetriedFromItsCheckpoint(t *testing.T) {
+	testenv.LockModes(t, testKilledTaskIsRetriedFromItsCheckpoint)
+}
+
+func testKilledTaskIsRetriedFromItsCheckpoint(t *testing.T) {
 	w := newWorld(t, 10)
 	w.Start(w.cfg, "supervisor")
 	id := w.submit(40, 50)
@@ -285,6 +293,10 @@ func TestKilledTaskIsRetriedFromItsCheckpoint(t *testing.T) {
 }
 
 func TestSecondTaskrunnerExitsWithoutWriting(t *testing.T) {
+	testenv.LockModes(t, testSecondTaskrunnerExitsWithoutWriting)
+}
+
+func testSecondTaskrunnerExitsWithoutWriting(t *testing.T) {
 	w := newWorld(t, 10)
 	w.Start(w.cfg, "supervisor")
 	id := w.submit(20, 100)
@@ -319,6 +331,7 @@ func TestSecondTaskrunnerExitsWithoutWriting(t *testing.T) {
 }
 
 func TestTwoSupervisorsShareTheQueueWithinMaxRunning(t *testing.T) {
+	t.Parallel()
 	const maxRunning = 3
 	w := newWorld(t, maxRunning)
 	var ids []int64
@@ -374,7 +387,9 @@ func TestTwoSupervisorsShareTheQueueWithinMaxRunning(t *testing.T) {
 	}
 }
 
-func TestCancel(t *testing.T) {
+func TestCancel(t *testing.T) { testenv.LockModes(t, testCancel) }
+
+func testCancel(t *testing.T) {
 	w := newWorld(t, 10)
 
 	queued := w.submit(5, 10)
@@ -407,6 +422,7 @@ func TestCancel(t *testing.T) {
 }
 
 func TestFailingCommandIsRetriedThenFailed(t *testing.T) {
+	t.Parallel()
 	env := testenv.New(t)
 	cfg := env.WriteConfig(`
 log_dir: {{dir}}/logs
@@ -459,6 +475,7 @@ kinds:
 }
 
 func TestEventsPipeSurvivesBadLines(t *testing.T) {
+	t.Parallel()
 	env := testenv.New(t)
 	script := `echo 'not json' >&3
 head -c 1100000 /dev/zero | tr '\0' a >&3; echo >&3
@@ -506,7 +523,7 @@ func (w *world) terminateLockConn(id int64) {
 	var terminated int
 	if err := w.Pool.QueryRow(context.Background(), `
 		SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-		 WHERE application_name = $1 AND datname = current_database()`, lockConnName(id)).Scan(&terminated); err != nil {
+		 WHERE application_name = $1 AND datname = current_database()`, w.lockConnName(id)).Scan(&terminated); err != nil {
 		w.T.Fatal(err)
 	}
 	if terminated != 1 {
@@ -515,6 +532,10 @@ func (w *world) terminateLockConn(id int64) {
 }
 
 func TestLockConnectionLossIsRiddenOut(t *testing.T) {
+	testenv.LockModes(t, testLockConnectionLossIsRiddenOut)
+}
+
+func testLockConnectionLossIsRiddenOut(t *testing.T) {
 	w := newWorld(t, 10)
 	// As a member of dama_task, which writes only with its run's key: the
 	// connections made again hold it too.
@@ -528,7 +549,7 @@ func TestLockConnectionLossIsRiddenOut(t *testing.T) {
 	testenv.Eventually(t, 15*time.Second, "the lock to be held again", func() (bool, error) {
 		var n int
 		err := w.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
-			 WHERE application_name = $1 AND datname = current_database()`, lockConnName(id)).Scan(&n)
+			 WHERE application_name = $1 AND datname = current_database()`, w.lockConnName(id)).Scan(&n)
 		return n == 1 && w.task(id).InitialEventLocked, err
 	})
 	// The re-taken lock holds no snapshot while idle: a long-lived one
@@ -539,7 +560,7 @@ func TestLockConnectionLossIsRiddenOut(t *testing.T) {
 	testenv.Eventually(t, 15*time.Second, "the re-taken lock's session to hold no snapshot while idle", func() (bool, error) {
 		var free bool
 		err := w.Pool.QueryRow(context.Background(), `SELECT backend_xmin IS NULL FROM pg_stat_activity
-			 WHERE application_name = $1 AND datname = current_database() AND state <> 'active'`, lockConnName(id)).Scan(&free)
+			 WHERE application_name = $1 AND datname = current_database() AND state <> 'active'`, w.lockConnName(id)).Scan(&free)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return false, nil
 		}
@@ -552,6 +573,10 @@ func TestLockConnectionLossIsRiddenOut(t *testing.T) {
 }
 
 func TestLockConnectionLossWithoutGraceStopsTheCommand(t *testing.T) {
+	testenv.LockModes(t, testLockConnectionLossWithoutGraceStopsTheCommand)
+}
+
+func testLockConnectionLossWithoutGraceStopsTheCommand(t *testing.T) {
 	env := testenv.New(t)
 	w := &world{Env: env, cfg: env.WriteConfig(strings.Replace(sampleConfigFor(10), "kill_grace: 1s", "kill_grace: 1s\nreconnect_grace: 0s", 1)),
 		startsDir: filepath.Join(env.Dir, "starts")}
@@ -574,6 +599,7 @@ func TestLockConnectionLossWithoutGraceStopsTheCommand(t *testing.T) {
 }
 
 func TestIdempotencyKey(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, 10)
 	a := w.Dama(w.cfg, "submit", "sample", "--idempotency-key", "nightly-2026-11-21")
 	b := w.Dama(w.cfg, "submit", "sample", "--idempotency-key", "nightly-2026-11-21", "--args", `{"steps": 99}`)
@@ -612,6 +638,7 @@ func TestIdempotencyKey(t *testing.T) {
 // error, not the other kind's task, and keys starting with dama: are dama's
 // own (schedule ticks, children).
 func TestIdempotencyKeyOfAnotherKindOrDamasOwnIsRefused(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, 10)
 	cfg := w.WriteConfig(sampleConfigFor(10) + `
   other:
@@ -656,6 +683,7 @@ func TestIdempotencyKeyOfAnotherKindOrDamasOwnIsRefused(t *testing.T) {
 }
 
 func TestBadInputIsOneLineAndWritesNothing(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, 10)
 	unreachable := *w.Env
 	unreachable.URL = "postgres://nobody@127.0.0.1:1/none?connect_timeout=2"
@@ -699,6 +727,7 @@ func TestBadInputIsOneLineAndWritesNothing(t *testing.T) {
 }
 
 func TestJobFinalizedBehindDamasBackIsReconciled(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, 10)
 	w.Start(w.cfg, "supervisor")
 	id := w.submit(30, 100)
@@ -719,6 +748,7 @@ func TestJobFinalizedBehindDamasBackIsReconciled(t *testing.T) {
 }
 
 func TestFreedSlotIsTakenWithoutWaitingForThePoll(t *testing.T) {
+	t.Parallel()
 	env := testenv.New(t)
 	cfg := env.WriteConfig(`
 log_dir: {{dir}}/logs
@@ -748,6 +778,7 @@ kinds:
 }
 
 func TestSupervisorStopsOnSIGTERMWithoutTouchingTasks(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, 10)
 	sup := w.Start(w.cfg, "supervisor")
 	id := w.submit(100, 100)
@@ -774,6 +805,7 @@ func TestSupervisorStopsOnSIGTERMWithoutTouchingTasks(t *testing.T) {
 }
 
 func TestDelayedSubmission(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, 10)
 	w.Start(w.cfg, "supervisor")
 	res := w.Dama(w.cfg, "submit", "sample", "--delay", "3s", "--args", `{"steps": 1, "step_ms": 1}`)
@@ -798,6 +830,10 @@ func TestDelayedSubmission(t *testing.T) {
 }
 
 func TestNoSecondCopyWhileALockLessCommandIsStopping(t *testing.T) {
+	testenv.LockModes(t, testNoSecondCopyWhileALockLessCommandIsStopping)
+}
+
+func testNoSecondCopyWhileALockLessCommandIsStopping(t *testing.T) {
 	env := testenv.New(t)
 	// The command ignores SIGTERM (and its sleep inherits that), so after its
 	// runner loses the lock it lingers for the whole kill grace.
@@ -844,12 +880,16 @@ func onOtherHost(t *testing.T, name string) []string {
 }
 
 func TestAdoptionAndRetryAcrossHosts(t *testing.T) {
+	testenv.LockModes(t, testAdoptionAndRetryAcrossHosts)
+}
+
+func testAdoptionAndRetryAcrossHosts(t *testing.T) {
 	env := testenv.New(t)
 	// In host lock mode one session holds the locks of all the host's
 	// tasks: the adopted task holds its own, so that only the orphaned
 	// task's lock is lost.
 	mode, adoptedMode := "", ""
-	if os.Getenv(testenv.LockModeEnv) == string(config.LockModeHost) {
+	if env.LockMode == config.LockModeHost {
 		mode, adoptedMode = "lock_mode: host", "lock_mode: advisory"
 	}
 	cfg := env.WriteConfig(mode + `
@@ -911,6 +951,7 @@ kinds:
 }
 
 func TestMigrateTwiceAtOnce(t *testing.T) {
+	t.Parallel()
 	env := testenv.NewUnmigrated(t)
 	cfg := env.WriteConfig(sampleConfigFor(10))
 	if res := env.Dama(cfg, "submit", "sample"); res.Code == 0 || !strings.Contains(res.Stderr, "not migrated: run dama migrate") {
@@ -934,6 +975,10 @@ func TestMigrateTwiceAtOnce(t *testing.T) {
 }
 
 func TestNothingIsLostWhateverIsKilled(t *testing.T) {
+	testenv.LockModes(t, testNothingIsLostWhateverIsKilled)
+}
+
+func testNothingIsLostWhateverIsKilled(t *testing.T) {
 	w := newWorld(t, 6)
 	var ids []int64
 	for range 30 {
@@ -1012,6 +1057,7 @@ func TestNothingIsLostWhateverIsKilled(t *testing.T) {
 }
 
 func TestLogsFollowUntilTheTaskEnds(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, 10)
 	w.Start(w.cfg, "supervisor")
 	id := w.submit(20, 100)
@@ -1033,6 +1079,7 @@ func TestLogsFollowUntilTheTaskEnds(t *testing.T) {
 }
 
 func TestSupervisorLeavesKindsItDoesNotRunToOthers(t *testing.T) {
+	t.Parallel()
 	env := testenv.New(t)
 	narrow := env.WriteConfig(`
 log_dir: {{dir}}/logs

@@ -87,6 +87,10 @@ kinds:
 // A command that writes far more, far faster, than the database takes is
 // made to wait on its pipe: no event is dropped and the task is DONE once.
 func TestABurstOfEventsLosesNothing(t *testing.T) {
+	testenv.LockModes(t, testABurstOfEventsLosesNothing)
+}
+
+func testABurstOfEventsLosesNothing(t *testing.T) {
 	const n = 50000 // and as many progress lines: 100,000 in all
 	w, id, goFile := startFlood(t, testenv.New(t), n, "")
 	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
@@ -98,6 +102,10 @@ func TestABurstOfEventsLosesNothing(t *testing.T) {
 // The same flood while the database is down for 20 s, within
 // reconnect_grace: the command waits on its pipe through the outage.
 func TestAFloodDuringAnOutageLosesNothing(t *testing.T) {
+	testenv.LockModes(t, testAFloodDuringAnOutageLosesNothing)
+}
+
+func testAFloodDuringAnOutageLosesNothing(t *testing.T) {
 	srv := testenv.NewServer(t)
 	const n = 20000
 	w, id, goFile := startFlood(t, testenv.NewOn(t, srv), n, "heartbeat_interval: 200ms\nreconnect_grace: 2m")
@@ -116,6 +124,7 @@ func TestAFloodDuringAnOutageLosesNothing(t *testing.T) {
 // the one its exit code and its kind's policy give, and its events are
 // stored with the bytes the database refuses replaced.
 func TestOddBytesChangeNoOutcome(t *testing.T) {
+	t.Parallel()
 	env := testenv.New(t)
 	cfg := env.WriteConfig(`
 log_dir: {{dir}}/logs
@@ -198,6 +207,7 @@ kinds:
 // loses none of a flood's events: the writes are kept and tried again, and
 // the task is DONE once.
 func TestAReadOnlySpellLosesNothing(t *testing.T) {
+	t.Parallel()
 	srv := testenv.NewServer(t)
 	env := testenv.NewOn(t, srv)
 	const n = 3000
@@ -238,6 +248,7 @@ func TestAReadOnlySpellLosesNothing(t *testing.T) {
 // subreaper. The writer here is the test itself, which opens the command's
 // pipe through /proc.)
 func TestAnEscapedWriterDoesNotHoldTheTaskOpen(t *testing.T) {
+	t.Parallel()
 	env := testenv.New(t)
 	cfg := env.WriteConfig(`
 log_dir: {{dir}}/logs
@@ -311,6 +322,7 @@ kinds:
 // hour: the first, and the newest before its outcome), while the view
 // follows its newest progress within a second.
 func TestProgressIsSampled(t *testing.T) {
+	t.Parallel()
 	env := testenv.New(t)
 	goFile := filepath.Join(env.Dir, "go")
 	// 300 lines of each, 10 ms apart, then the command waits for goFile.

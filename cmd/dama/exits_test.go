@@ -21,6 +21,7 @@ import (
 // the task process, its subreaper, kills it before it records the outcome,
 // so no process of the attempt outlives the task.
 func TestADaemonOfTheCommandEndsWithTheTask(t *testing.T) {
+	t.Parallel()
 	env := testenv.New(t)
 	// The daemon writes its pid, then sleeps; the command exits once the
 	// test, which has read the daemon meanwhile, creates the file go.
@@ -69,6 +70,7 @@ kinds:
 // Daemons of the command that exit while it runs are reaped by the task
 // process, their subreaper: a command that starts many leaves no zombies.
 func TestExitedDaemonsOfARunningCommandAreReaped(t *testing.T) {
+	t.Parallel()
 	env := testenv.New(t)
 	goFile := filepath.Join(env.Dir, "go")
 	// Twenty daemons of two seconds each, orphaned at once (their parent

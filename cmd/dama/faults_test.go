@@ -138,6 +138,10 @@ func (w *beatWorld) assertNoOverlap(t *testing.T, id int64) {
 }
 
 func TestForkingCommandNeverOverlapsItsRetry(t *testing.T) {
+	testenv.LockModes(t, testForkingCommandNeverOverlapsItsRetry)
+}
+
+func testForkingCommandNeverOverlapsItsRetry(t *testing.T) {
 	env := testenv.New(t)
 	w := newBeatWorld(t, env, "")
 	w.Start(w.cfg, "supervisor")
@@ -189,6 +193,10 @@ func socketEnv(t *testing.T, env *testenv.Env) (*testenv.Env, string) {
 }
 
 func TestPostgresRestartKillsNoTask(t *testing.T) {
+	testenv.LockModes(t, testPostgresRestartKillsNoTask)
+}
+
+func testPostgresRestartKillsNoTask(t *testing.T) {
 	srv := testenv.NewServer(t)
 	env := testenv.NewOn(t, srv)
 	// Every progress line is stored (progress_interval 1ms): none may be
@@ -270,6 +278,10 @@ func TestPostgresRestartKillsNoTask(t *testing.T) {
 }
 
 func TestOutageLongerThanGraceStopsCommandsBeforeAnyRetry(t *testing.T) {
+	testenv.LockModes(t, testOutageLongerThanGraceStopsCommandsBeforeAnyRetry)
+}
+
+func testOutageLongerThanGraceStopsCommandsBeforeAnyRetry(t *testing.T) {
 	srv := testenv.NewServer(t)
 	env := testenv.NewOn(t, srv)
 	w := newBeatWorld(t, env, "reconnect_grace: 2s")
@@ -345,6 +357,10 @@ func newTwoHosts(t *testing.T, extra string) *twoHosts {
 }
 
 func TestSilentLockConnectionIsFencedBeforeARetryElsewhere(t *testing.T) {
+	testenv.LockModes(t, testSilentLockConnectionIsFencedBeforeARetryElsewhere)
+}
+
+func testSilentLockConnectionIsFencedBeforeARetryElsewhere(t *testing.T) {
 	h := newTwoHosts(t, "reconnect_grace: 3s")
 	w, env, id, first := h.beatWorld, h.Env, h.id, h.first
 	// Every TCP packet to or from the server is dropped: no reset, no FIN.
@@ -370,6 +386,7 @@ func startNS(start []string) int64 {
 }
 
 func TestAHostThatCannotLaunchSpendsNoAttempt(t *testing.T) {
+	t.Parallel()
 	env := testenv.New(t)
 	// log_dir lies under a file: no process of this host can create it.
 	blocker := filepath.Join(env.Dir, "blocker")
@@ -470,6 +487,10 @@ kinds:
 }
 
 func TestOrphansOfAKilledTaskProcessAreStoppedBeforeARetryElsewhere(t *testing.T) {
+	testenv.LockModes(t, testOrphansOfAKilledTaskProcessAreStoppedBeforeARetryElsewhere)
+}
+
+func testOrphansOfAKilledTaskProcessAreStoppedBeforeARetryElsewhere(t *testing.T) {
 	anotherHost(t)
 	env := testenv.New(t)
 	w := newBeatWorld(t, env, "reconnect_grace: 0s")
@@ -511,6 +532,10 @@ kinds:
 }
 
 func TestNoConnectionForTheTaskProcessSpendsNoAttempt(t *testing.T) {
+	testenv.LockModes(t, testNoConnectionForTheTaskProcessSpendsNoAttempt)
+}
+
+func testNoConnectionForTheTaskProcessSpendsNoAttempt(t *testing.T) {
 	srv := testenv.NewServer(t)
 	env := testenv.NewOn(t, srv)
 	ctx := context.Background()
@@ -599,6 +624,7 @@ kinds:
 // idle flow dropped by a load balancer), the task process notices (the
 // kernel probes it), reconnects, and reads the cancellation it missed.
 func TestCancelReachesATaskWhoseWriteConnectionWentSilent(t *testing.T) {
+	t.Parallel()
 	srv := testenv.NewServer(t)
 	env := testenv.NewOn(t, srv)
 	cfg := env.WriteConfig(fmt.Sprintf(quietConfig, "row", 120))
@@ -622,6 +648,7 @@ func TestCancelReachesATaskWhoseWriteConnectionWentSilent(t *testing.T) {
 // supervisor's listeners), and turn it off for themselves, so a quiet task
 // never loses its lock to it.
 func TestIdleSessionTimeoutTakesNoLock(t *testing.T) {
+	t.Parallel()
 	env := testenv.New(t)
 	ctx := context.Background()
 	var name string
@@ -658,6 +685,10 @@ func TestIdleSessionTimeoutTakesNoLock(t *testing.T) {
 // elsewhere once its lock is free, then retried: the retry on another host
 // does not start until the first attempt's command has surely stopped.
 func TestCancelThenRetryWaitsOutTheFenceElsewhere(t *testing.T) {
+	testenv.LockModes(t, testCancelThenRetryWaitsOutTheFenceElsewhere)
+}
+
+func testCancelThenRetryWaitsOutTheFenceElsewhere(t *testing.T) {
 	// The command outlives the silence by reconnect_grace: long enough
 	// for the server to free the lock (25 s of keepalives) well before it
 	// stops.
@@ -697,6 +728,10 @@ func TestCancelThenRetryWaitsOutTheFenceElsewhere(t *testing.T) {
 // process was SIGKILLed, leaving its command's worker behind, is recorded
 // CANCELLED only once that worker is gone.
 func TestCancelledAttemptsOrphansAreStopped(t *testing.T) {
+	testenv.LockModes(t, testCancelledAttemptsOrphansAreStopped)
+}
+
+func testCancelledAttemptsOrphansAreStopped(t *testing.T) {
 	env := testenv.New(t)
 	w := newBeatWorld(t, env, "")
 	w.Start(w.cfg, "supervisor")
@@ -737,6 +772,10 @@ func TestCancelledAttemptsOrphansAreStopped(t *testing.T) {
 // original process, and ends DONE at attempt 1 with no event lost or
 // stored twice.
 func TestFailoverToAStreamingReplicaKillsNoTask(t *testing.T) {
+	testenv.LockModes(t, testFailoverToAStreamingReplicaKillsNoTask)
+}
+
+func testFailoverToAStreamingReplicaKillsNoTask(t *testing.T) {
 	primary := testenv.NewServer(t)
 	replica := testenv.NewReplica(t, primary)
 	env := testenv.NewOn(t, primary)
@@ -815,6 +854,10 @@ func TestFailoverToAStreamingReplicaKillsNoTask(t *testing.T) {
 // finished by the attempt's own outcome. The task process takes the
 // outcome for written, as it is: no error, not a run superseded.
 func TestAnOutcomeWhoseReplyWasLostIsTakenForWritten(t *testing.T) {
+	testenv.LockModes(t, testAnOutcomeWhoseReplyWasLostIsTakenForWritten)
+}
+
+func testAnOutcomeWhoseReplyWasLostIsTakenForWritten(t *testing.T) {
 	// No log tail: the outcome is the task process's first write after
 	// its command's end, the one whose reply is lost.
 	w, id, taskLog := loseTheReplyOf(t, "log_tail_bytes: -1\n", "%INSERT INTO data_manager.event_store%")
@@ -835,6 +878,7 @@ func TestAnOutcomeWhoseReplyWasLostIsTakenForWritten(t *testing.T) {
 // TestAnOutcomeWhoseReplyWasLostIsTakenForWritten, is made again and kept
 // once: the task is DONE, and its tail holds each line once.
 func TestALogTailWhoseReplyWasLostIsKeptOnce(t *testing.T) {
+	t.Parallel()
 	// A tail written only before the outcome.
 	w, id, _ := loseTheReplyOf(t, "log_tail_interval: 1h\n", "%data_manager.append_log%")
 	if got := w.waitSettled(id, time.Minute); got.Status != etlcontext.StatusDone || got.Attempt != 1 {

@@ -61,6 +61,7 @@ func (w *world) serverConns(prefix string) int {
 // of their own: one keeper holds their locks on one session and runs their
 // writes on a pool of at most taskrunner.KeeperPoolSize.
 func TestHostModeConnectionsDoNotGrowWithTasks(t *testing.T) {
+	t.Parallel()
 	const tasks = 12
 	env := testenv.New(t)
 	goFile := filepath.Join(env.Dir, "go")
@@ -113,6 +114,7 @@ kinds:
 // their locks again through it under the same runs, and their commands
 // never notice.
 func TestAKilledKeeperIsRiddenOut(t *testing.T) {
+	t.Parallel()
 	w := newHostWorld(t, 4)
 	w.Start(w.cfg, "supervisor")
 	ids := []int64{w.submit(40, 100), w.submit(40, 100)}

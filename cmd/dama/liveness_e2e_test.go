@@ -177,6 +177,7 @@ func (w *world) allowConnections(allow bool) {
 // the others wait out the grace, by which time it has its lock back: they
 // never "rescue" its step in flight.
 func TestLiveSupervisorKeepsItsStepsWhenItsConnectionsFail(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, 10)
 	id := w.submit(5, 100)
 	release := w.holdQueue()
@@ -269,6 +270,7 @@ func TestLiveSupervisorKeepsItsStepsWhenItsConnectionsFail(t *testing.T) {
 // liveness lock for good: another supervisor rescues the step once the grace
 // has passed, without spending an attempt, and the task runs once.
 func TestDeadSupervisorsStepIsRescued(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, 10)
 	id := w.submit(5, 100)
 	release := w.holdQueue()

@@ -43,7 +43,9 @@ func keptBytes(t *testing.T, env *testenv.Env, id int64) int {
 // dama logs prints the whole file on the task's host, and the tail (with
 // what was not kept said on stderr) once the file is gone with its host,
 // or while the task runs, to its end with --follow.
-func TestLogsFromAnyHost(t *testing.T) {
+func TestLogsFromAnyHost(t *testing.T) { testenv.LockModes(t, testLogsFromAnyHost) }
+
+func testLogsFromAnyHost(t *testing.T) {
 	env := testenv.New(t)
 	cfg := env.WriteConfig(logsConfig)
 	w := &world{Env: env, cfg: cfg}
@@ -120,6 +122,7 @@ func TestLogsFromAnyHost(t *testing.T) {
 }
 
 func TestControlCharactersAreShown(t *testing.T) {
+	t.Parallel()
 	in := "a\x1b]52;c;aGk=\x07b\tc\r\n\xc2\x9b31m\xc2\xa9\x7f"
 	want := "a^[]52;c;aGk=^Gb\tc\r\n\uFFFD31m©^?"
 	for split := range len(in) + 1 {
@@ -140,6 +143,7 @@ func TestControlCharactersAreShown(t *testing.T) {
 // On a terminal, dama logs shows the escape sequences a command wrote
 // rather than let the terminal act on them; --raw prints them as they are.
 func TestLogsOnATerminalShowEscapeSequences(t *testing.T) {
+	t.Parallel()
 	env := testenv.New(t)
 	cfg := env.WriteConfig(`
 log_dir: {{dir}}/logs

@@ -119,6 +119,7 @@ func (s scrape) value(name, labels string) float64 {
 // reads the database's statistics; the next supervisor counts what it
 // adopts and the lock it finds lost.
 func TestMetrics(t *testing.T) {
+	t.Parallel()
 	env := testenv.New(t)
 	cfg := env.WriteConfig(metricsConfig)
 	w := &world{Env: env}
@@ -252,6 +253,7 @@ func TestMetrics(t *testing.T) {
 // TestMetricsListenRefusesABadAddress: a bad --metrics-listen is an error
 // before the supervisor starts anything.
 func TestMetricsListenRefusesABadAddress(t *testing.T) {
+	t.Parallel()
 	env := testenv.New(t)
 	cfg := env.WriteConfig(metricsConfig)
 	res := env.Dama(cfg, "supervisor", "--metrics-listen", "9464")

@@ -30,6 +30,10 @@ import (
 // A notification is a hint, never an order: a role with no grants at all
 // that announces the cancellation of a running task does not stop it.
 func TestAnAnnouncedCancellationStopsNothingUnlessRecorded(t *testing.T) {
+	testenv.LockModes(t, testAnAnnouncedCancellationStopsNothingUnlessRecorded)
+}
+
+func testAnAnnouncedCancellationStopsNothingUnlessRecorded(t *testing.T) {
 	env := testenv.New(t)
 	goFile := filepath.Join(env.Dir, "go")
 	cfg := env.WriteConfig(`
@@ -77,6 +81,7 @@ kinds:` + waiterKind(goFile, 1))
 // named by its run, and the server's check for a dead client after its
 // own options (unless its kind names its sessions, or says not to).
 func TestACommandGetsDamasCredentialsOnlyWhenItsKindAsks(t *testing.T) {
+	t.Parallel()
 	env := testenv.New(t)
 	cfg := env.WriteConfig(`
 log_dir: {{dir}}/logs
@@ -156,6 +161,7 @@ kinds:
 // A member of dama_reader reads everything dama shows, with dama's
 // commands and with SQL, and can change nothing.
 func TestAReaderReadsAndChangesNothing(t *testing.T) {
+	t.Parallel()
 	env := testenv.New(t)
 	cfg := env.WriteConfig(`
 log_dir: {{dir}}/logs
@@ -213,6 +219,7 @@ kinds:
 // owner, not an administrator) migrates, and prints the SQL that an
 // administrator is to run; once that is run, it prints nothing.
 func TestMigrateByAnOwnerPrintsTheRolesForAnAdministrator(t *testing.T) {
+	t.Parallel()
 	srv := testenv.NewServer(t) // of its own: no test created the roles there
 	env := testenv.NewUnmigratedOn(t, srv)
 	ctx := context.Background()
@@ -249,6 +256,7 @@ func TestMigrateByAnOwnerPrintsTheRolesForAnAdministrator(t *testing.T) {
 // the supervisor's, the page's or a task's log, in events, on the page, or
 // in an error about the URL.
 func TestThePasswordNeverShows(t *testing.T) {
+	t.Parallel()
 	srv := testenv.NewServer(t)
 	env := testenv.NewOn(t, srv)
 	ctx := context.Background()
@@ -339,6 +347,7 @@ kinds:
 // operator as a member of dama_operator run, cancel, retry, pause and
 // block tasks, children included; what else each tries is refused.
 func TestEachRoleDoesItsWorkAndNoMore(t *testing.T) {
+	t.Parallel()
 	env := testenv.New(t)
 	goFile := filepath.Join(env.Dir, "go")
 	cfg := env.WriteConfig(`
@@ -491,6 +500,7 @@ kinds:
 // An announcement of a task's exit, which any role may send, does not
 // start a task that is not due yet.
 func TestAnAnnouncedExitStartsNoTaskBeforeItsTime(t *testing.T) {
+	t.Parallel()
 	env := testenv.New(t)
 	cfg := env.WriteConfig(`
 log_dir: {{dir}}/logs
@@ -525,6 +535,10 @@ kinds:
 // events and its children, and can neither change nor lock another run's
 // rows, nor River's jobs; without a key, it writes nothing.
 func TestATaskProcessWritesOnlyItsOwnRun(t *testing.T) {
+	testenv.LockModes(t, testATaskProcessWritesOnlyItsOwnRun)
+}
+
+func testATaskProcessWritesOnlyItsOwnRun(t *testing.T) {
 	env := testenv.New(t)
 	ctx := context.Background()
 	launch := func() (int64, etlcontext.Run) {
@@ -675,6 +689,7 @@ func TestATaskProcessWritesOnlyItsOwnRun(t *testing.T) {
 // the kernel keeps those of a non-dumpable process); run as anyone else,
 // it finds their environment unreadable.
 func TestDamasProcessesHideTheirEnvironment(t *testing.T) {
+	t.Parallel()
 	env := testenv.New(t)
 	goFile := filepath.Join(env.Dir, "go")
 	var wrapper []string
@@ -744,6 +759,7 @@ kinds:` + waiterKind(goFile, 1)
 // them alone, still inserts its jobs: the check on River's table asks who
 // writes of pg_catalog alone.
 func TestAnotherProgramsRiverClientStillInserts(t *testing.T) {
+	t.Parallel()
 	env := testenv.New(t)
 	ctx := context.Background()
 	login := env.NewLogin()

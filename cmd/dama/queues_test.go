@@ -142,6 +142,7 @@ kinds:
 // another queue runs as usual; dama queues counts what waits; resuming
 // starts the waiting tasks at once, each once.
 func TestPausedQueueStartsNothingUntilResumed(t *testing.T) {
+	t.Parallel()
 	w, client := queueWorld(t, pauseConfig)
 	w.Start(w.cfg, "supervisor")
 	running := w.submitKind(client, "sample", 15, 100, nil)
@@ -229,6 +230,7 @@ func lineWith(out string, parts ...string) string {
 // supervisors start tasks, never starts a task twice nor exceeds the
 // queue's bound, and every task ends DONE.
 func TestPauseResumeStormStartsEachTaskOnce(t *testing.T) {
+	t.Parallel()
 	seed := time.Now().UnixNano()
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(uint64(seed), 0))
@@ -297,6 +299,7 @@ kinds:
 // block and its reason, and starts them once unblocked; other kinds of the
 // queue run meanwhile.
 func TestBlockedKindKeepsItsTasks(t *testing.T) {
+	t.Parallel()
 	w, client := queueWorld(t, `
 log_dir: {{dir}}/logs
 poll_interval: 300ms
@@ -360,6 +363,7 @@ kinds:
 // A kind's max_running and its per-key bound hold across two supervisors,
 // while different keys run side by side.
 func TestKindAndKeyLimitsHoldAcrossSupervisors(t *testing.T) {
+	t.Parallel()
 	w, client := queueWorld(t, `
 log_dir: {{dir}}/logs
 poll_interval: 300ms
@@ -417,6 +421,7 @@ kinds:
 // steps that park the thousand tasks and the tasks themselves are all
 // slower, and the counts hold all the same.
 func TestBusyKindDoesNotStarveAnother(t *testing.T) {
+	t.Parallel()
 	w, client := queueWorld(t, `
 log_dir: {{dir}}/logs
 poll_interval: 300ms
@@ -550,6 +555,7 @@ kinds:
 // --run-at holds a task QUEUED until its time, shown as due in the view and
 // dama status; bad times are refused in one line.
 func TestRunAt(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, 10)
 	for _, args := range [][]string{
 		{"submit", "sample", "--run-at", "tomorrow"},

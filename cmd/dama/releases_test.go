@@ -18,6 +18,7 @@ import (
 )
 
 func TestVersion(t *testing.T) {
+	t.Parallel()
 	env := testenv.New(t)
 	latest, err := schema.Latest()
 	if err != nil {
@@ -73,6 +74,7 @@ func countRows(t *testing.T, env *testenv.Env) (contexts, jobs int) {
 }
 
 func TestOlderReleaseRefusesANewerSchema(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, 10)
 	newerSchema(t, w.Env)
 	for _, args := range [][]string{{"supervisor"}, {"submit", "sample"}, {"migrate"}, {"status"}, {"cancel", "1"}} {
@@ -89,6 +91,10 @@ func TestOlderReleaseRefusesANewerSchema(t *testing.T) {
 }
 
 func TestRetiredRunnerProtocolIsRefused(t *testing.T) {
+	testenv.LockModes(t, testRetiredRunnerProtocolIsRefused)
+}
+
+func testRetiredRunnerProtocolIsRefused(t *testing.T) {
 	w := newWorld(t, 10)
 
 	// A supervisor whose task processes the database no longer accepts
@@ -148,6 +154,7 @@ func TestRetiredRunnerProtocolIsRefused(t *testing.T) {
 // this one run, in either lock mode (docs/operations.md "Releases and upgrades"): a
 // row-mode task's lock transaction holds no lock on etl_contexts.
 func TestContextsCanGainAColumnWhileTasksRun(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, 10)
 	w.Start(w.cfg, "supervisor")
 	id := w.submit(60, 100)

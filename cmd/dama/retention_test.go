@@ -35,6 +35,7 @@ const nothingLeft = "0 context, 0 events, 0 attempts, 0 jobs"
 // Past retention, the supervisor removes a finished task with everything of
 // its own, and keeps a task that runs however old it is.
 func TestRetentionRemovesFinishedTasksOnly(t *testing.T) {
+	t.Parallel()
 	env := testenv.New(t)
 	goFile := filepath.Join(env.Dir, "go")
 	cfg := env.WriteConfig(`
@@ -87,6 +88,7 @@ kinds:
 // says what it removed; it refuses what it cannot read and a role that may
 // not delete, in one line, removing nothing.
 func TestPruneCommand(t *testing.T) {
+	t.Parallel()
 	env := testenv.New(t)
 	cfg := env.WriteConfig(`
 log_dir: {{dir}}/logs

@@ -59,6 +59,7 @@ func (w *world) attemptGaps(id int64) []time.Duration {
 // every failure, exponential doubles it; the seed's "5 minutes later, at
 // most twice" is retry: {max_attempts: 3, backoff: fixed, delay: 5m}.
 func TestRetryPolicySpacesAttempts(t *testing.T) {
+	t.Parallel()
 	w, client := queueWorld(t, `
 log_dir: {{dir}}/logs
 poll_interval: 300ms
@@ -97,6 +98,7 @@ kinds:
 // An exit code the kind says not to retry fails the task at once, whatever
 // attempts remain; dama retry then runs it again from its checkpoint.
 func TestExitCodesThatAreNotRetriedAndDamaRetry(t *testing.T) {
+	t.Parallel()
 	w, client := queueWorld(t, `
 log_dir: {{dir}}/logs
 poll_interval: 300ms
@@ -178,6 +180,7 @@ kinds:
 // (SIGKILL after the kind's kill_grace, here, since it ignores SIGTERM),
 // with a TIMEOUT event; on_timeout says whether the task is retried.
 func TestTimeoutStopsTheCommand(t *testing.T) {
+	t.Parallel()
 	w, client := queueWorld(t, `
 log_dir: {{dir}}/logs
 poll_interval: 300ms
@@ -239,6 +242,7 @@ kinds:
 // parked, waiting for a step to settle it) cancels that job: one job, not
 // two, steps the task from then on.
 func TestRetryBeforeAnySupervisorSettledTheTaskLeavesOneJob(t *testing.T) {
+	t.Parallel()
 	env := testenv.New(t)
 	goFile := filepath.Join(env.Dir, "go")
 	cfg := env.WriteConfig(`

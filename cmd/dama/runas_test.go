@@ -133,6 +133,7 @@ func checkProbe(t *testing.T, u *user.User, found map[string]string) {
 // environment, or signal its runner or the supervisor; its events, its
 // log and its lock work as for any command.
 func TestACommandRunsAsItsKindsUser(t *testing.T) {
+	t.Parallel()
 	u := ensureUser(t, commandUser)
 	env := testenv.New(t)
 	cfg := env.WriteConfig(`
@@ -152,6 +153,7 @@ kinds:
 // service's AmbientCapabilities): a plain uid switch would pass them on
 // to the command; it gets none.
 func TestACommandGetsNoCapabilityOfItsSupervisors(t *testing.T) {
+	t.Parallel()
 	u := ensureUser(t, commandUser)
 	nobody, err := user.Lookup("nobody")
 	if err != nil {
@@ -203,6 +205,7 @@ kinds:
 // A supervisor running as root refuses a kind that names no user, in one
 // line: a command never runs as root by accident.
 func TestARootSupervisorRefusesAKindWithoutAUser(t *testing.T) {
+	t.Parallel()
 	if os.Geteuid() != 0 {
 		t.Skip("not root")
 	}

@@ -81,6 +81,7 @@ func (w *world) dbNow() time.Time {
 // them is killed with SIGKILL and started again meanwhile. Every tick from
 // the first to the last gives exactly one task, started once.
 func TestScheduleOneTaskPerTickAcrossSupervisors(t *testing.T) {
+	t.Parallel()
 	w, _ := queueWorld(t, `
 log_dir: {{dir}}/logs
 poll_interval: 300ms
@@ -123,6 +124,7 @@ kinds:
 // Ticks missed while no supervisor ran give one task, for the last of
 // them, at the next start; a new schedule starts with its next tick.
 func TestMissedTicksGiveOneTask(t *testing.T) {
+	t.Parallel()
 	w, _ := queueWorld(t, `
 log_dir: {{dir}}/logs
 poll_interval: 300ms
@@ -175,6 +177,7 @@ kinds:
 // overlap: skip lets ticks pass while a task of the kind is unfinished;
 // queue submits them to run one after another; allow lets them run at once.
 func TestOverlap(t *testing.T) {
+	t.Parallel()
 	w, _ := queueWorld(t, `
 log_dir: {{dir}}/logs
 poll_interval: 300ms

@@ -226,6 +226,7 @@ kinds:
 // log_group the directory is that group's, set-group-ID, so that its
 // members (operators) read every log and nobody else reads any.
 func TestLogsAreClosedToOtherUsers(t *testing.T) {
+	t.Parallel()
 	group, err := user.LookupGroup("adm")
 	if err != nil {
 		t.Skipf("no group adm to give the logs to: %v", err)

@@ -119,6 +119,7 @@ func killMidStatement(t *testing.T, w *world, id int64, before, prefix string) (
 // (client_connection_check_interval, in PGOPTIONS), and the next attempt
 // starts only once no session of the run before is left.
 func TestAKilledLoadIsNeverRetriedBesideItself(t *testing.T) {
+	t.Parallel()
 	pgbench, err := testenv.PGBin("pgbench")
 	if err != nil {
 		t.Skip(err)
@@ -157,6 +158,7 @@ kinds:
 // (pg_sleep, in psql): the server ends it within seconds of its client's
 // death, and only then does the next attempt start.
 func TestAStatementOfADeadAttemptEndsBeforeTheRetry(t *testing.T) {
+	t.Parallel()
 	env := testenv.New(t)
 	cfg := env.WriteConfig(`
 log_dir: {{dir}}/logs
@@ -234,6 +236,7 @@ kinds:
 // shows why it waits (waiting_for sessions), and starts once the session
 // is gone.
 func TestARetryWaitsForTheSessionsOfTheRunBefore(t *testing.T) {
+	t.Parallel()
 	w, id, _, held := waitingForASession(t)
 	held.Close(context.Background())
 	if got := w.waitSettled(id, time.Minute); got.Status != etlcontext.StatusDone || got.Attempt != 2 {
@@ -245,6 +248,7 @@ func TestARetryWaitsForTheSessionsOfTheRunBefore(t *testing.T) {
 // clock, here moved back), the next attempt starts beside the session
 // left, which a pooler or any role may hold under the run's name.
 func TestARetryWaitsForTheSessionsOfTheRunBeforeTenMinutesAtMost(t *testing.T) {
+	t.Parallel()
 	w, id, running, _ := waitingForASession(t)
 	if _, err := w.Pool.Exec(context.Background(), `
 		UPDATE data_manager.etl_attempts SET ended_at = ended_at - interval '11 minutes'

@@ -76,6 +76,10 @@ func (w *world) spareConnCount() int {
 // connections of a runner, named for what they are; it exits unused when
 // its supervisor dies, and when it is told to stop.
 func TestATaskStartsInTheSupervisorsSpare(t *testing.T) {
+	testenv.LockModes(t, testATaskStartsInTheSupervisorsSpare)
+}
+
+func testATaskStartsInTheSupervisorsSpare(t *testing.T) {
 	w := newWorld(t, 4)
 	sup := w.Start(w.cfg, "supervisor")
 	spare := sparePID(t, sup, 0)
@@ -123,6 +127,10 @@ func TestATaskStartsInTheSupervisorsSpare(t *testing.T) {
 // dropped without a reset): its launch finds out in at most a second,
 // connects afresh, and the task runs in it all the same.
 func TestASpareWhoseConnectionsDiedRunsItsTask(t *testing.T) {
+	testenv.LockModes(t, testASpareWhoseConnectionsDiedRunsItsTask)
+}
+
+func testASpareWhoseConnectionsDiedRunsItsTask(t *testing.T) {
 	for _, fault := range []string{"terminated", "silenced"} {
 		t.Run(fault, func(t *testing.T) {
 			srv := testenv.NewServer(t)
@@ -166,6 +174,7 @@ func TestASpareWhoseConnectionsDiedRunsItsTask(t *testing.T) {
 // mode runs in it all the same, on connections of its own mode. A
 // supervisor that stops lets its spare go.
 func TestASpareRunsATaskOfAnotherLockMode(t *testing.T) {
+	t.Parallel()
 	env := testenv.New(t)
 	cfg := env.WriteConfig(`
 lock_mode: advisory

@@ -82,7 +82,9 @@ func pythonWithPsycopg2(t *testing.T) string {
 // Its options (idempotency key, queue, run-at, parent) do what dama
 // submit's do; a kind no supervisor published, a queue none serves, a key
 // of dama's and a reader are refused.
-func TestSubmitFromSQL(t *testing.T) {
+func TestSubmitFromSQL(t *testing.T) { testenv.LockModes(t, testSubmitFromSQL) }
+
+func testSubmitFromSQL(t *testing.T) {
 	env := testenv.New(t)
 	cfg := env.WriteConfig(sqlSubmitConfig)
 	w := &world{Env: env, cfg: cfg}
@@ -275,6 +277,7 @@ func countTasks(t *testing.T, env *testenv.Env) int {
 // transaction, submit.sh submits an import once however often it runs, and
 // the tasks are DONE.
 func TestTheSubmitExamplesRun(t *testing.T) {
+	t.Parallel()
 	env := testenv.New(t)
 	cfg := env.WriteConfig(`
 log_dir: {{dir}}/logs

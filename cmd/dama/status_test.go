@@ -11,6 +11,7 @@ import (
 )
 
 func TestHumanDurations(t *testing.T) {
+	t.Parallel()
 	for d, want := range map[time.Duration]string{
 		-time.Second:                     "0s",
 		0:                                "0s",
@@ -27,6 +28,7 @@ func TestHumanDurations(t *testing.T) {
 }
 
 func TestLocalTimes(t *testing.T) {
+	t.Parallel()
 	now := time.Date(2026, 11, 25, 15, 4, 5, 0, time.Local)
 	if got := localTime(now.Add(-time.Hour).UTC(), now); got != "14:04:05" {
 		t.Errorf("an hour ago: %q, want the local time of day", got)
@@ -43,6 +45,7 @@ var etaRE = regexp.MustCompile(`\d+% \d+/\d+ ETA (?:(\d+)m)?(\d+)s`)
 // while it runs, the time it has left at its pace, and how long it has
 // run; once it is DONE, the whole bar and how long it took.
 func TestStatusDrawsProgressAndTimeLeft(t *testing.T) {
+	t.Parallel()
 	env := testenv.New(t)
 	cfg := env.WriteConfig(terminalConfig)
 	env.Start(cfg, "supervisor")

@@ -16,6 +16,7 @@ import (
 // A supervisor whose binary has dama-taskrunner beside it runs its task
 // processes with that program: its spare, and a task's runner.
 func TestTaskProcessesRunTheTaskrunnerProgram(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, 4)
 	sup := w.Start(w.cfg, "supervisor")
 	sup.WaitReady(t, 30*time.Second)
@@ -34,6 +35,7 @@ func TestTaskProcessesRunTheTaskrunnerProgram(t *testing.T) {
 // with its own binary; with another program under that name, it refuses
 // to start, with one line.
 func TestADamaTaskrunnerOfAnotherBuildIsRefused(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, 4)
 	dir := t.TempDir()
 	dama := filepath.Join(dir, "dama")
@@ -64,6 +66,7 @@ func TestADamaTaskrunnerOfAnotherBuildIsRefused(t *testing.T) {
 
 // The check of dama-taskrunner's build tells each difference.
 func TestSameBuildTellsTheDifference(t *testing.T) {
+	t.Parallel()
 	mod := func(path, version string) *debug.Module {
 		return &debug.Module{Path: path, Version: version, Sum: "h1:" + version}
 	}
@@ -153,6 +156,7 @@ func copyProgram(t *testing.T, from, to string) {
 // supervisor goes on launching its task processes from the file it
 // started with, of its own build.
 func TestASupervisorLaunchesTheTaskrunnerItStartedWith(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, 4)
 	dir := t.TempDir()
 	dama, runner := filepath.Join(dir, "dama"), filepath.Join(dir, taskProgramName)

@@ -51,6 +51,7 @@ func sampleArgs(t *testing.T, steps, stepMS int, extra map[string]any) string {
 // CANCELLED exit 2 and 3 with the last error on stderr; an interrupted wait
 // leaves the task running.
 func TestSubmitWaitExitsWithTheTaskOutcome(t *testing.T) {
+	t.Parallel()
 	env := testenv.New(t)
 	cfg := env.WriteConfig(terminalConfig)
 	env.Start(cfg, "supervisor")
@@ -127,6 +128,7 @@ func TestSubmitWaitExitsWithTheTaskOutcome(t *testing.T) {
 // a task: the wait goes on, and exits 0 once the task is DONE, at attempt
 // 1, its process having run through the outage.
 func TestSubmitWaitRidesOutADatabaseRestart(t *testing.T) {
+	t.Parallel()
 	srv := testenv.NewServer(t)
 	env := testenv.NewOn(t, srv)
 	cfg := env.WriteConfig(terminalConfig)
@@ -206,6 +208,7 @@ func onTerminal(t *testing.T, env *testenv.Env, cfg string, size string, timeout
 // TestProgressBarsOnATerminal: on a terminal, `submit --wait` redraws one
 // line with a bar, and `status --watch` redraws the screen with bars.
 func TestProgressBarsOnATerminal(t *testing.T) {
+	t.Parallel()
 	env := testenv.New(t)
 	cfg := env.WriteConfig(terminalConfig)
 	env.Start(cfg, "supervisor")
@@ -252,6 +255,7 @@ func TestProgressBarsOnATerminal(t *testing.T) {
 // TestStatusWatchWithoutATerminal prints plain tables until interrupted,
 // then exits 0.
 func TestStatusWatchWithoutATerminal(t *testing.T) {
+	t.Parallel()
 	env := testenv.New(t)
 	cfg := env.WriteConfig(terminalConfig)
 	env.Dama(cfg, "submit", "sample")
@@ -272,6 +276,7 @@ func TestStatusWatchWithoutATerminal(t *testing.T) {
 // TestJSONLogsAndCompletion: --log-format json makes the supervisor log one
 // JSON object per line; the CLI completes kinds and queues.
 func TestJSONLogsAndCompletion(t *testing.T) {
+	t.Parallel()
 	env := testenv.New(t)
 	cfg := env.WriteConfig(terminalConfig)
 	sup := env.Start(cfg, "supervisor", "--log-format", "json")

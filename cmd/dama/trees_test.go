@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/testenv"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
@@ -87,7 +88,9 @@ func (w *world) children(parent int64) []etlcontext.Task {
 // A task's command submits three children on its events pipe; its kind
 // awaits them: the task stays RUNNING, its lock held, until the last child
 // is DONE, and is DONE then.
-func TestAwaitChildren(t *testing.T) {
+func TestAwaitChildren(t *testing.T) { testenv.LockModes(t, testAwaitChildren) }
+
+func testAwaitChildren(t *testing.T) {
 	w, _ := queueWorld(t, treeConfig)
 	w.Start(w.cfg, "supervisor")
 	res := w.Dama(w.cfg, "submit", "mapper")
@@ -132,7 +135,9 @@ func TestAwaitChildren(t *testing.T) {
 // A child that fails for good fails its awaiting parent for good at once,
 // whatever attempts the parent has left; a child of an unknown kind is
 // refused, recorded as a WARNING, and fails its awaiting parent too.
-func TestFailedChildFailsItsParent(t *testing.T) {
+func TestFailedChildFailsItsParent(t *testing.T) { testenv.LockModes(t, testFailedChildFailsItsParent) }
+
+func testFailedChildFailsItsParent(t *testing.T) {
 	w, _ := queueWorld(t, treeConfig)
 	w.Start(w.cfg, "supervisor")
 	res := w.Dama(w.cfg, "submit", "failing_mapper")

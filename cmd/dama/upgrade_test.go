@@ -48,6 +48,7 @@ type upgradeTask struct {
 // CHANGELOG.md (built from this clone's own history) to this code, with
 // tasks of the previous release running throughout.
 func TestUpgradeFromThePreviousRelease(t *testing.T) {
+	t.Parallel()
 	prev := testenv.PreviousRelease(t)
 	oldBin := testenv.BuildRelease(t, prev)
 	t.Logf("previous release %s (commit %s)", prev.Version, prev.Commit)

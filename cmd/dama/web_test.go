@@ -198,6 +198,7 @@ func (b *browser) screenshot(name string) {
 // from another site, cancels a task, retries it, and pauses and resumes a
 // queue, each recorded with who did it.
 func TestWebPageInABrowser(t *testing.T) {
+	t.Parallel()
 	env := testenv.New(t)
 	cfg := env.WriteConfig(webConfig)
 	w := &world{Env: env}
@@ -399,6 +400,7 @@ func call(t *testing.T, method, url string, header map[string]string, body strin
 // the token, the requesting site, the Host (against DNS rebinding), and
 // --read-only; a token too short is refused at start.
 func TestWebAPI(t *testing.T) {
+	t.Parallel()
 	env := testenv.New(t)
 	cfg := env.WriteConfig(webConfig)
 	w := &world{Env: env}
@@ -627,6 +629,7 @@ func (w *world) queuePaused(queue string) bool {
 
 // TestHostsFor: the Host names a page answers to follow its address.
 func TestHostsFor(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		addr  string
 		extra []string
@@ -649,6 +652,7 @@ func TestHostsFor(t *testing.T) {
 // its size, the whole of one fetched on its own. With a read token set,
 // reads need it.
 func TestWebReadsAreBoundedInBytes(t *testing.T) {
+	t.Parallel()
 	env := testenv.New(t)
 	cfg := env.WriteConfig(webConfig)
 	res := env.Dama(cfg, "submit", "parked")
@@ -726,6 +730,7 @@ func TestWebReadsAreBoundedInBytes(t *testing.T) {
 // the token; API clients give it as a bearer; the action token reads too.
 // --public-reads serves reads to anyone, as before.
 func TestThePageReadsNothingWithoutItsToken(t *testing.T) {
+	t.Parallel()
 	env := testenv.New(t)
 	cfg := env.WriteConfig(webConfig)
 	p, base := startWeb(t, env, cfg, []string{webTokenEnv + "=" + webToken})

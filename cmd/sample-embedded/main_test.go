@@ -280,8 +280,8 @@ func TestAFunctionTaskIsAdoptedAfterItsSupervisorIsKilled(t *testing.T) {
 func (w *world) runner(id int64, runID string) (int, string) {
 	w.T.Helper()
 	launch := protocol.Launch{ContextID: id, RunID: runID, LockMode: config.LockModeRow}
-	if mode := os.Getenv(testenv.LockModeEnv); mode != "" {
-		launch.LockMode = config.LockMode(mode)
+	if w.LockMode != "" {
+		launch.LockMode = w.LockMode
 	}
 	p := w.StartProgramWith(w.SampleEmbedded, w.cfg, []string{protocol.ProcessEnv + "=" + protocol.ProcessRunner}, launch.Args()...)
 	select {

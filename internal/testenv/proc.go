@@ -1,9 +1,3 @@
-// Package testenv gives dama's tests what they run against: a fresh
-// PostgreSQL database per test on the server named by TEST_DATABASE_URL (or
-// on a private server a test may restart), the dama and sample-etl binaries
-// built once per test process, the guarantee that every process a test
-// started, directly or through a supervisor, is killed when the test ends,
-// and network faults (connections that go silent) on the loopback interface.
 package testenv
 
 import (

@@ -1,9 +1,3 @@
-// Package testenv gives dama's tests what they run against: a fresh
-// PostgreSQL database per test on the server named by TEST_DATABASE_URL (or
-// on a private server a test may restart), the dama and sample-etl binaries
-// built once per test process, the guarantee that every process a test
-// started, directly or through a supervisor, is killed when the test ends,
-// and network faults (connections that go silent) on the loopback interface.
 package testenv
 
 import (
@@ -28,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/shirou/gopsutil/v3/process"
 
+	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/schema"
 )
@@ -182,6 +177,10 @@ type Env struct {
 	// Server is the private server the database is on (NewOn), or nil for
 	// the shared server named by TEST_DATABASE_URL.
 	Server *Server
+	// LockMode is written into every configuration that names none
+	// (WriteConfig): the mode of the LockModes subtest the Env was made
+	// in, else DAMA_TEST_LOCK_MODE's; "" leaves dama's default.
+	LockMode config.LockMode
 }
 
 // New creates a database for t, applies the migrations and registers the
@@ -249,7 +248,7 @@ func newEnv(t testing.TB, admin string, srv *Server, migrate bool) *Env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &Env{T: t, URL: dbURL, Dir: t.TempDir(), DamaBin: filepath.Join(binDir, "dama"), TaskRunnerBin: filepath.Join(binDir, "dama-taskrunner"), SampleETL: filepath.Join(binDir, "sample-etl"), SampleEmbedded: filepath.Join(binDir, "sample-embedded"), Server: srv}
+	e := &Env{T: t, URL: dbURL, Dir: t.TempDir(), DamaBin: filepath.Join(binDir, "dama"), TaskRunnerBin: filepath.Join(binDir, "dama-taskrunner"), SampleETL: filepath.Join(binDir, "sample-etl"), SampleEmbedded: filepath.Join(binDir, "sample-embedded"), Server: srv, LockMode: lockModeOf(t)}
 	t.Cleanup(func() {
 		e.killProcesses()
 		if t.Failed() {
@@ -362,11 +361,44 @@ func (e *Env) With(bin string) *Env {
 	return &c
 }
 
-// LockModeEnv names the environment variable that runs a test suite in
-// another lock mode: WriteConfig gives every configuration that sets none
-// "lock_mode: <value>" (scripts/test.sh runs the end-to-end suite once per
-// mode).
+// LockModeEnv names the environment variable that runs the tests in one
+// lock mode: every configuration that names none gets "lock_mode:
+// <value>", and LockModes runs that mode alone.
 const LockModeEnv = "DAMA_TEST_LOCK_MODE"
+
+// lockModes are the modes LockModes runs, each a subtest of that name.
+var lockModes = []config.LockMode{config.LockModeRow, config.LockModeAdvisory, config.LockModeHost}
+
+// LockModes runs f once per lock mode (row, advisory, host), each in a
+// parallel subtest named for it: the matrix, for the tests whose
+// behaviour depends on how a task process holds its lock. An Env made in
+// such a subtest writes its mode into every configuration. With
+// DAMA_TEST_LOCK_MODE set, only that mode runs.
+func LockModes(t *testing.T, f func(t *testing.T)) {
+	t.Helper()
+	t.Parallel()
+	for _, mode := range lockModes {
+		if only := os.Getenv(LockModeEnv); only != "" && only != string(mode) {
+			continue
+		}
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			f(t)
+		})
+	}
+}
+
+// lockModeOf is the mode of the innermost LockModes subtest t is in, else
+// DAMA_TEST_LOCK_MODE's.
+func lockModeOf(t testing.TB) config.LockMode {
+	parts := strings.Split(t.Name(), "/")
+	for i := len(parts) - 1; i > 0; i-- {
+		if mode := config.LockMode(parts[i]); slices.Contains(lockModes, mode) {
+			return mode
+		}
+	}
+	return config.LockMode(os.Getenv(LockModeEnv))
+}
 
 // WriteConfig writes a configuration file into Dir and returns its path.
 // {{sample}} in body is replaced by the sample-etl binary's path, and
@@ -386,8 +418,8 @@ func (e *Env) WriteConfig(body string) string {
 // key, or a test of what a root supervisor makes of a kind with none.
 func (e *Env) WriteConfigAsIs(body string) string {
 	e.T.Helper()
-	if mode := os.Getenv(LockModeEnv); mode != "" && !strings.Contains(body, "lock_mode:") {
-		body = "lock_mode: " + mode + "\n" + body
+	if e.LockMode != "" && !strings.Contains(body, "lock_mode:") {
+		body = "lock_mode: " + string(e.LockMode) + "\n" + body
 	}
 	body = strings.ReplaceAll(body, "{{sample}}", e.SampleETL)
 	body = strings.ReplaceAll(body, "{{dir}}", e.Dir)

@@ -59,20 +59,20 @@ if [ "$(git rev-parse --is-shallow-repository 2>/dev/null)" = true ]; then
 fi
 
 go vet ./...
-go test -race -count=1 -timeout 30m "$@" ./...
-# The end-to-end suite again with every task in advisory lock mode (the
-# steady-state and upgrade tests run both modes themselves).
-DAMA_TEST_LOCK_MODE=advisory go test -race -count=1 -timeout 30m -skip 'TestSteadyState|TestUpgradeFromThePreviousRelease|TestHostMode|TestAKilledKeeper' "$@" ./cmd/dama
-# The faults and the guarantees again in host lock mode, through a lock
-# keeper (the keeper's own tests run in every pass: they set the mode).
-host_tests='TestTasksSurviveSupervisorKillAndAreAdopted|TestKilledTaskIsRetriedFromItsCheckpoint|TestSecondTaskrunnerExitsWithoutWriting'
-host_tests+='|TestCancel$|TestLockConnectionLoss|TestAdoptionAndRetryAcrossHosts|TestNothingIsLostWhateverIsKilled'
-host_tests+='|TestChaosNoOverlapWhateverIsKilledOrRestarted|TestABurstOfEventsLosesNothing|TestAFloodDuringAnOutageLosesNothing'
-host_tests+='|TestPostgresRestartKillsNoTask|TestOutageLongerThanGraceStopsCommandsBeforeAnyRetry|TestSilentLockConnectionIsFencedBeforeARetryElsewhere'
-host_tests+='|TestCancelReachesATaskWhoseWriteConnectionWentSilent|TestFailoverToAStreamingReplicaKillsNoTask|TestNoConnectionForTheTaskProcessSpendsNoAttempt'
-host_tests+='|TestAwaitChildren|TestFailedChildFailsItsParent|TestRetiredRunnerProtocolIsRefused|TestAnAnnouncedCancellationStopsNothingUnlessRecorded'
-host_tests+='|TestATaskStartsInTheSupervisorsSpare|TestLogsFromAnyHost|TestSubmitFromSQL'
-DAMA_TEST_LOCK_MODE=host go test -race -count=1 -timeout 30m -run "$host_tests" "$@" ./cmd/dama
+
+# The binaries the tests run (dama, dama-taskrunner and the samples), built
+# once with the race detector for every package's tests.
+DAMA_TEST_BIN_DIR=$(mktemp -d /tmp/dama-test-bin.XXXXXX)
+export DAMA_TEST_BIN_DIR
+trap 'rm -rf "$DAMA_TEST_BIN_DIR"; dama_pg_stop' EXIT
+go build -race -ldflags "-X github.com/dama-etl/dama/version.commit=$(git rev-parse HEAD 2>/dev/null || true)" \
+	-o "$DAMA_TEST_BIN_DIR/" ./cmd/dama ./cmd/dama-taskrunner ./cmd/sample-etl ./cmd/sample-embedded
+
+# Every test once, under the race detector; a test whose behaviour depends
+# on the lock mode runs once per mode (row, advisory, host), in parallel
+# subtests (testenv.LockModes). Most tests wait on processes and the
+# database, not the CPU: DAMA_TEST_PARALLEL of them run at once.
+go test -race -count=1 -timeout 30m -parallel "${DAMA_TEST_PARALLEL:-8}" "$@" ./...
 
 # A short fuzz pass over the parsers of outside input, from the corpora in
 # each package's testdata/fuzz and the inputs this host's Go cache kept from

@@ -46,6 +46,7 @@ kinds:
 func TestSteadyStateCostsNothingPerTask(t *testing.T) {
 	for _, mode := range []string{"row", "advisory"} {
 		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
 			srv := testenv.NewServerWith(t, "shared_preload_libraries = 'pg_stat_statements'")
 			env := testenv.NewOn(t, srv)
 			ctx := context.Background()

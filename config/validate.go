@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/dama-etl/dama/internal/jsonb"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
@@ -232,7 +231,7 @@ func (k *Kind) validateSchedule() error {
 	}
 	// Measured as the database gives them back, which is what the task
 	// gets.
-	if n := jsonb.TextLen(k.ScheduleArgs); n > protocol.MaxEnvPayload {
+	if n := protocol.JSONBTextLen(k.ScheduleArgs); n > protocol.MaxEnvPayload {
 		return fmt.Errorf("schedule_args are %d bytes (as stored); a task receives them in "+protocol.ArgsEnv+", which holds at most %d", n, protocol.MaxEnvPayload)
 	}
 	if err := k.CheckConcurrencyKey(json.RawMessage(k.ScheduleArgs)); err != nil {

@@ -4,11 +4,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/dama-etl/dama/taskrunner/protocol"
 	"strconv"
 	"strings"
 	"unicode/utf8"
-
-	"github.com/dama-etl/dama/internal/jsonb"
 )
 
 // Replaced counts what CleanJSON or CleanText replaced so that PostgreSQL
@@ -105,8 +104,8 @@ func CleanJSON(data []byte) ([]byte, Replaced, error) {
 		case c == '"':
 			i = cleanString(data, i+1, &r, replace)
 		case c == '-' || ('0' <= c && c <= '9'):
-			end := jsonb.NumberEnd(data, i)
-			if printed, ok := jsonb.NumericText(data[i:end]); !ok || printed > end-i+maxNumberGrowth {
+			end := protocol.JSONNumberEnd(data, i)
+			if printed, ok := protocol.JSONBNumericText(data[i:end]); !ok || printed > end-i+maxNumberGrowth {
 				if ok {
 					r.Huge++
 				} else {

@@ -3,12 +3,12 @@ package etlcontext_test
 import (
 	"bytes"
 	"context"
+	"github.com/dama-etl/dama/taskrunner/protocol"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dama-etl/dama/etlcontext"
-	"github.com/dama-etl/dama/internal/jsonb"
 	"github.com/dama-etl/dama/internal/testenv"
 )
 
@@ -85,7 +85,7 @@ func FuzzCleanJSON(f *testing.F) {
 		if err := env.Pool.QueryRow(context.Background(), `SELECT octet_length($1::text::jsonb::text)`, string(out)).Scan(&printed); err != nil {
 			t.Fatal(err)
 		}
-		if est := jsonb.TextLen(out); printed > est {
+		if est := protocol.JSONBTextLen(out); printed > est {
 			t.Fatalf("jsonb prints %q in %d bytes; JSONBTextLen says %d", out, printed, est)
 		}
 		if printed > 2*len(out)+64 {

@@ -367,7 +367,9 @@ func (e *Env) With(bin string) *Env {
 const LockModeEnv = "DAMA_TEST_LOCK_MODE"
 
 // lockModes are the modes LockModes runs, each a subtest of that name.
-var lockModes = []config.LockMode{config.LockModeRow, config.LockModeAdvisory, config.LockModeHost}
+func lockModes() []config.LockMode {
+	return []config.LockMode{config.LockModeRow, config.LockModeAdvisory, config.LockModeHost}
+}
 
 // LockModes runs f once per lock mode (row, advisory, host), each in a
 // parallel subtest named for it: the matrix, for the tests whose
@@ -377,7 +379,7 @@ var lockModes = []config.LockMode{config.LockModeRow, config.LockModeAdvisory, c
 func LockModes(t *testing.T, f func(t *testing.T)) {
 	t.Helper()
 	t.Parallel()
-	for _, mode := range lockModes {
+	for _, mode := range lockModes() {
 		if only := os.Getenv(LockModeEnv); only != "" && only != string(mode) {
 			continue
 		}
@@ -391,9 +393,15 @@ func LockModes(t *testing.T, f func(t *testing.T)) {
 // lockModeOf is the mode of the innermost LockModes subtest t is in, else
 // DAMA_TEST_LOCK_MODE's.
 func lockModeOf(t testing.TB) config.LockMode {
-	parts := strings.Split(t.Name(), "/")
+	tt, ok := t.(*testing.T)
+	if !ok {
+		// A benchmark, or an example's stand-in (ForExample), which
+		// has no name.
+		return config.LockMode(os.Getenv(LockModeEnv))
+	}
+	parts := strings.Split(tt.Name(), "/")
 	for i := len(parts) - 1; i > 0; i-- {
-		if mode := config.LockMode(parts[i]); slices.Contains(lockModes, mode) {
+		if mode := config.LockMode(parts[i]); slices.Contains(lockModes(), mode) {
 			return mode
 		}
 	}

@@ -7,7 +7,6 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/dama-etl/dama/internal/jsonb"
 )
 
 // A command reports on its events pipe (EventsFD), one JSON object per
@@ -181,7 +180,7 @@ func TruncateUTF8(s string, n int) string {
 // keeps the previous checkpoint instead (and records a WARNING); package
 // task refuses to write it.
 func CheckCheckpoint(payload json.RawMessage) error {
-	if n := jsonb.TextLen(payload); n > MaxEnvPayload {
+	if n := JSONBTextLen(payload); n > MaxEnvPayload {
 		return fmt.Errorf("checkpoint of %d bytes (as stored) exceeds the %d bytes a retry receives in %s", n, MaxEnvPayload, CheckpointEnv)
 	}
 	return nil
@@ -196,8 +195,8 @@ func (c Child) Check() error {
 	switch k := c.IdempotencyKey; {
 	case c.Kind == "":
 		return errors.New("kind is required")
-	case jsonb.TextLen(c.Args) > MaxEnvPayload:
-		return fmt.Errorf("arguments of %d bytes (as stored) exceed the %d bytes a task receives in %s", jsonb.TextLen(c.Args), MaxEnvPayload, ArgsEnv)
+	case JSONBTextLen(c.Args) > MaxEnvPayload:
+		return fmt.Errorf("arguments of %d bytes (as stored) exceed the %d bytes a task receives in %s", JSONBTextLen(c.Args), MaxEnvPayload, ArgsEnv)
 	case len(k) > MaxIdempotencyKey:
 		return fmt.Errorf("idempotency key of %d bytes; at most %d", len(k), MaxIdempotencyKey)
 	case strings.HasPrefix(k, AutoKeyPrefix):

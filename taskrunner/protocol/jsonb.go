@@ -1,9 +1,10 @@
-// Package jsonb measures JSON as PostgreSQL's jsonb gives it back: what a
-// task reads back of what it reported (a checkpoint in DAMA_CHECKPOINT, its
+package protocol
+
+// JSON is measured here as PostgreSQL's jsonb gives it back: what a task
+// reads back of what it reported (a checkpoint in DAMA_CHECKPOINT, its
 // arguments in DAMA_ARGS) is jsonb's text, not the JSON it wrote. Both
 // sides of the events pipe measure with it, so that what a task's program
 // accepts the task process stores.
-package jsonb
 
 import (
 	"math"
@@ -19,8 +20,8 @@ const (
 	numericMaxFracDigits = 16383
 )
 
-// NumberEnd returns the index after the number starting at data[i].
-func NumberEnd(data []byte, i int) int {
+// JSONNumberEnd returns the index after the number starting at data[i].
+func JSONNumberEnd(data []byte, i int) int {
 	for i < len(data) {
 		switch c := data[i]; {
 		case '0' <= c && c <= '9', c == '-', c == '+', c == '.', c == 'e', c == 'E':
@@ -32,9 +33,9 @@ func NumberEnd(data []byte, i int) int {
 	return i
 }
 
-// NumericText reports whether PostgreSQL's numeric can hold the JSON
+// JSONBNumericText reports whether PostgreSQL's numeric can hold the JSON
 // number num, and how long jsonb prints it.
-func NumericText(num []byte) (printed int, ok bool) {
+func JSONBNumericText(num []byte) (printed int, ok bool) {
 	s := string(num)
 	sign := 0
 	if strings.HasPrefix(s, "-") {
@@ -73,11 +74,11 @@ func NumericText(num []byte) (printed int, ok bool) {
 	return printed, true
 }
 
-// TextLen returns how long jsonb prints data, a JSON value (as
+// JSONBTextLen returns how long jsonb prints data, a JSON value (as
 // etlcontext.CleanJSON returns it): what a task reads back of what it reported (a checkpoint, in
 // DAMA_CHECKPOINT). jsonb adds a space after every ':' and ',' and prints
 // numbers in full; its strings are never longer than their JSON.
-func TextLen(data []byte) int {
+func JSONBTextLen(data []byte) int {
 	n := 0
 	for i := 0; i < len(data); {
 		switch c := data[i]; {
@@ -97,8 +98,8 @@ func TextLen(data []byte) int {
 		case c == ' ' || c == '\t' || c == '\n' || c == '\r':
 			i++
 		case c == '-' || ('0' <= c && c <= '9'):
-			end := NumberEnd(data, i)
-			printed, ok := NumericText(data[i:end])
+			end := JSONNumberEnd(data, i)
+			printed, ok := JSONBNumericText(data[i:end])
 			if !ok {
 				printed = end - i
 			}

@@ -289,15 +289,15 @@ func normalized(cfg *config.Config) config.Config {
 // render.
 type (
 	fullConfig struct {
-		LogDir            string               `yaml:"log_dir"`
+		LogDir            quoted               `yaml:"log_dir"`
 		PollInterval      string               `yaml:"poll_interval"`
 		HeartbeatInterval string               `yaml:"heartbeat_interval"`
 		KillGrace         string               `yaml:"kill_grace"`
 		ReconnectGrace    string               `yaml:"reconnect_grace"`
 		LockMode          string               `yaml:"lock_mode"`
-		LogGroup          string               `yaml:"log_group,omitempty"`
-		User              string               `yaml:"user,omitempty"`
-		Group             string               `yaml:"group,omitempty"`
+		LogGroup          quoted               `yaml:"log_group,omitempty"`
+		User              quoted               `yaml:"user,omitempty"`
+		Group             quoted               `yaml:"group,omitempty"`
 		ProgressInterval  string               `yaml:"progress_interval"`
 		LogTailBytes      int64                `yaml:"log_tail_bytes"`
 		LogTailInterval   string               `yaml:"log_tail_interval"`
@@ -310,8 +310,8 @@ type (
 	}
 	fullKind struct {
 		Queue            string     `yaml:"queue"`
-		Command          []string   `yaml:"command,omitempty"`
-		Function         string     `yaml:"function,omitempty"`
+		Command          []quoted   `yaml:"command,omitempty"`
+		Function         quoted     `yaml:"function,omitempty"`
 		MaxAttempts      int        `yaml:"max_attempts"`
 		Retry            *fullRetry `yaml:"retry,omitempty"`
 		RetryOnExitCodes []int      `yaml:"retry_on_exit_codes,omitempty"`
@@ -321,17 +321,17 @@ type (
 		KillGrace        *string    `yaml:"kill_grace,omitempty"`
 		LockMode         string     `yaml:"lock_mode"`
 		MaxRunning       int        `yaml:"max_running"`
-		ConcurrencyKey   string     `yaml:"concurrency_key,omitempty"`
+		ConcurrencyKey   quoted     `yaml:"concurrency_key,omitempty"`
 		MaxRunningPerKey int        `yaml:"max_running_per_key"`
-		Schedule         string     `yaml:"schedule,omitempty"`
+		Schedule         quoted     `yaml:"schedule,omitempty"`
 		Timezone         string     `yaml:"timezone,omitempty"`
 		Overlap          string     `yaml:"overlap,omitempty"`
 		ScheduleArgs     *yaml.Node `yaml:"schedule_args,omitempty"`
 		AwaitChildren    bool       `yaml:"await_children"`
 		PassEnv          []string   `yaml:"pass_env,omitempty"`
 		SessionFence     bool       `yaml:"session_fence"`
-		User             string     `yaml:"user,omitempty"`
-		Group            string     `yaml:"group,omitempty"`
+		User             quoted     `yaml:"user,omitempty"`
+		Group            quoted     `yaml:"group,omitempty"`
 	}
 	fullRetry struct {
 		MaxAttempts int    `yaml:"max_attempts"`
@@ -341,20 +341,40 @@ type (
 	}
 )
 
+// quoted is a string written double-quoted: the YAML encoder writes some
+// strings of several lines (a blank first line, then an indented one) as
+// a block scalar its own decoder misreads, a bug of the library's and not
+// of what dama reads.
+type quoted string
+
+func (q quoted) MarshalYAML() (any, error) {
+	return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Style: yaml.DoubleQuotedStyle, Value: string(q)}, nil
+}
+
+func (q quoted) IsZero() bool { return q == "" }
+
+func quoteAll(s []string) []quoted {
+	out := make([]quoted, len(s))
+	for i, v := range s {
+		out[i] = quoted(v)
+	}
+	return out
+}
+
 // render writes cfg as a configuration file with every setting explicit.
 func render(t *testing.T, cfg *config.Config) []byte {
 	t.Helper()
 	dur := func(d time.Duration) string { return d.String() }
 	out := fullConfig{
-		LogDir:            cfg.LogDir,
+		LogDir:            quoted(cfg.LogDir),
 		PollInterval:      dur(time.Duration(cfg.PollInterval)),
 		HeartbeatInterval: dur(time.Duration(cfg.HeartbeatInterval)),
 		KillGrace:         dur(time.Duration(cfg.KillGrace)),
 		ReconnectGrace:    dur(time.Duration(*cfg.ReconnectGrace)),
 		LockMode:          string(cfg.LockMode),
-		LogGroup:          cfg.LogGroup,
-		User:              cfg.User,
-		Group:             cfg.Group,
+		LogGroup:          quoted(cfg.LogGroup),
+		User:              quoted(cfg.User),
+		Group:             quoted(cfg.Group),
 		ProgressInterval:  dur(time.Duration(cfg.ProgressInterval)),
 		LogTailBytes:      int64(cfg.LogTailBytes),
 		LogTailInterval:   dur(time.Duration(cfg.LogTailInterval)),
@@ -367,12 +387,12 @@ func render(t *testing.T, cfg *config.Config) []byte {
 	}
 	for name, k := range cfg.Kinds {
 		fk := fullKind{
-			Queue: k.Queue, Command: k.Command, Function: k.Function, MaxAttempts: k.MaxAttempts,
+			Queue: k.Queue, Command: quoteAll(k.Command), Function: quoted(k.Function), MaxAttempts: k.MaxAttempts,
 			RetryOnExitCodes: k.RetryOnExitCodes, FailOnExitCodes: k.FailOnExitCodes,
 			Timeout: dur(time.Duration(k.Timeout)), OnTimeout: string(k.OnTimeout), LockMode: string(k.LockMode),
-			MaxRunning: k.MaxRunning, ConcurrencyKey: k.ConcurrencyKey, MaxRunningPerKey: k.MaxRunningPerKey,
-			Schedule: k.Schedule, Timezone: k.Timezone, Overlap: string(k.Overlap), AwaitChildren: k.AwaitChildren,
-			PassEnv: k.PassEnv, SessionFence: k.FencesSessions(), User: k.User, Group: k.Group,
+			MaxRunning: k.MaxRunning, ConcurrencyKey: quoted(k.ConcurrencyKey), MaxRunningPerKey: k.MaxRunningPerKey,
+			Schedule: quoted(k.Schedule), Timezone: k.Timezone, Overlap: string(k.Overlap), AwaitChildren: k.AwaitChildren,
+			PassEnv: k.PassEnv, SessionFence: k.FencesSessions(), User: quoted(k.User), Group: quoted(k.Group),
 		}
 		if p := k.Retry; p != nil {
 			fk.Retry = &fullRetry{MaxAttempts: p.MaxAttempts, Backoff: string(p.Backoff), Delay: dur(time.Duration(p.Delay)), MaxDelay: dur(time.Duration(p.MaxDelay))}

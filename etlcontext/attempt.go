@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/dama-etl/dama/sql"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 	"github.com/jackc/pgx/v5"
 )
@@ -467,7 +468,7 @@ func WithRole(ctx context.Context, db DB, by string) (string, error) {
 // made ahead of its launch (a spare's) then has them prepared, and the
 // catalogs they read in its server session's caches.
 func WarmRunner(ctx context.Context, db DB) error {
-	if _, err := ReadCompatibility(ctx, db); err != nil {
+	if _, err := sql.ReadCompatibility(ctx, db); err != nil {
 		return err
 	}
 	if _, err := Get(ctx, db, 0); err != nil && !errors.Is(err, ErrNotFound) {

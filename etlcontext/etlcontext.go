@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dama-etl/dama/taskrunner/protocol"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -66,27 +67,24 @@ func (s Status) Finished() bool {
 const ErrorFinal = "retry"
 
 // dama's advisory locks, all two-int keys (namespace, key), one namespace
-// per kind of lock so that no two ever collide.
+// per kind of lock so that no two ever collide; a task process's is
+// protocol.LockNamespace.
 const (
-	// LockNamespace is the first key of the lock a task process holds
-	// (the second is the context id); it spells 'dama'. Key 0, which no
-	// context id takes, serializes `dama migrate`.
-	LockNamespace = 1684106593
 	// queueLockNamespace, kindLockNamespace and keyLockNamespace make a
 	// start race-free across supervisors: whoever starts a task, pauses a
 	// queue or blocks a kind takes, for the rest of its transaction, the
 	// lock (namespace, hashtext(name)) of the queue, then of the kind,
 	// then of the kind's concurrency key; always in that order, so that no
 	// two transactions wait for each other.
-	queueLockNamespace = LockNamespace + 1
+	queueLockNamespace = protocol.LockNamespace + 1
 	// ClientLockNamespace keys the session lock each supervisor holds for
 	// its life, by its River client id's hash (supervisor/liveness.go).
-	ClientLockNamespace = LockNamespace + 2
-	kindLockNamespace   = LockNamespace + 4
-	keyLockNamespace    = LockNamespace + 5
+	ClientLockNamespace = protocol.LockNamespace + 2
+	kindLockNamespace   = protocol.LockNamespace + 4
+	keyLockNamespace    = protocol.LockNamespace + 5
 	// scheduleLockNamespace, by hashtext(kind), serializes the taking of
 	// a periodic kind's ticks (LockSchedule).
-	scheduleLockNamespace = LockNamespace + 6
+	scheduleLockNamespace = protocol.LockNamespace + 6
 )
 
 // FinishedChannel is the channel on which the database announces, in the

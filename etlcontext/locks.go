@@ -5,10 +5,11 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/dama-etl/dama/taskrunner/protocol"
 	"github.com/jackc/pgx/v5"
 )
 
-// The lock of a context is the advisory lock (LockNamespace, id): every task
+// The lock of a context is the advisory lock (protocol.LockNamespace, id): every task
 // process holds it for as long as it lives, whatever its lock mode (row mode
 // also locks the INITIAL event row FOR UPDATE, in the same transaction), and
 // whoever judges or changes a context that may be running (a supervisor's
@@ -124,7 +125,7 @@ func LockSession(ctx context.Context, conn DB, id int64) (*Context, error) {
 // holds the locks of many task processes on one session (host lock mode).
 func TryLockSession(ctx context.Context, conn DB, id int64) error {
 	var ok bool
-	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, $2::int)`, LockNamespace, id).Scan(&ok); err != nil {
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, $2::int)`, protocol.LockNamespace, id).Scan(&ok); err != nil {
 		return fmt.Errorf("take session lock of etl context %d: %w", id, err)
 	}
 	if !ok {
@@ -135,7 +136,7 @@ func TryLockSession(ctx context.Context, conn DB, id int64) error {
 
 // UnlockSession releases the session lock LockSession took on conn.
 func UnlockSession(ctx context.Context, conn DB, id int64) error {
-	if _, err := conn.Exec(ctx, `SELECT pg_advisory_unlock($1, $2::int)`, LockNamespace, id); err != nil {
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_unlock($1, $2::int)`, protocol.LockNamespace, id); err != nil {
 		return fmt.Errorf("release session lock of etl context %d: %w", id, err)
 	}
 	return nil
@@ -155,7 +156,7 @@ func HoldsKeyOf(ctx context.Context, db DB, id int64) (bool, error) {
 
 func tryXactLock(ctx context.Context, tx pgx.Tx, id int64) (bool, error) {
 	var ok bool
-	if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1, $2::int)`, LockNamespace, id).Scan(&ok); err != nil {
+	if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1, $2::int)`, protocol.LockNamespace, id).Scan(&ok); err != nil {
 		return false, fmt.Errorf("take lock of etl context %d: %w", id, err)
 	}
 	return ok, nil

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/dama-etl/dama/taskrunner/protocol"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -69,7 +70,7 @@ func heldLocks() string {
 	  FROM pg_catalog.pg_locks AS l
 	 WHERE l.locktype = 'advisory'
 	   AND l.granted
-	   AND l.classid = ` + strconv.Itoa(LockNamespace) + `::oid
+	   AND l.classid = ` + strconv.Itoa(protocol.LockNamespace) + `::oid
 	   AND l.objsubid = 2
 	   AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d WHERE d.datname = current_database())`
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
+	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 // A task that is not running is cancelled by RequestCancel (the status
@@ -25,7 +26,7 @@ func TestRequestCancelOfAWaitingTaskOutwaitsAMomentaryLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer holder.Release()
-	if _, err := holder.Exec(ctx, `SELECT pg_advisory_lock($1, $2::int)`, etlcontext.LockNamespace, id); err != nil {
+	if _, err := holder.Exec(ctx, `SELECT pg_advisory_lock($1, $2::int)`, protocol.LockNamespace, id); err != nil {
 		t.Fatal(err)
 	}
 	type result struct {
@@ -44,7 +45,7 @@ func TestRequestCancelOfAWaitingTaskOutwaitsAMomentaryLock(t *testing.T) {
 		err := env.Pool.QueryRow(ctx, `SELECT count(*) FROM data_manager.event_store WHERE etl_context_id = $1 AND type LIKE '%:CANCEL_REQUESTED'`, id).Scan(&n)
 		return n == 1, err
 	})
-	if _, err := holder.Exec(ctx, `SELECT pg_advisory_unlock($1, $2::int)`, etlcontext.LockNamespace, id); err != nil {
+	if _, err := holder.Exec(ctx, `SELECT pg_advisory_unlock($1, $2::int)`, protocol.LockNamespace, id); err != nil {
 		t.Fatal(err)
 	}
 	var got result

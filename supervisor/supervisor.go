@@ -23,7 +23,7 @@ import (
 	"github.com/dama-etl/dama/internal/hostproc"
 	"github.com/dama-etl/dama/internal/runas"
 	"github.com/dama-etl/dama/internal/submit"
-	"github.com/dama-etl/dama/schema"
+	"github.com/dama-etl/dama/sql"
 	"github.com/dama-etl/dama/taskrunner"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 	"github.com/dama-etl/dama/version"
@@ -343,10 +343,10 @@ func stepTimeout(launch time.Duration) time.Duration { return launch + 20*time.S
 func (s *Supervisor) Run(ctx context.Context) error {
 	// An older release than the schema, or one whose task processes the
 	// database no longer accepts, touches no task.
-	if err := schema.CheckMigrated(ctx, s.pool); err != nil {
+	if err := sql.CheckMigrated(ctx, s.pool); err != nil {
 		return err
 	}
-	if err := etlcontext.CheckRunnerProtocol(ctx, s.pool, protocol.Version); err != nil {
+	if err := sql.CheckRunnerProtocol(ctx, s.pool, protocol.Version); err != nil {
 		return err
 	}
 	published := s.publishKinds(ctx)
@@ -435,10 +435,10 @@ func (s *Supervisor) retire(ctx context.Context) {
 	if s.retired.Swap(true) {
 		return
 	}
-	err := etlcontext.CheckRunnerProtocol(ctx, s.pool, protocol.Version)
-	if !errors.Is(err, etlcontext.ErrProtocolRefused) {
+	err := sql.CheckRunnerProtocol(ctx, s.pool, protocol.Version)
+	if !errors.Is(err, sql.ErrProtocolRefused) {
 		// The database could not say more (or changed its mind since).
-		err = errors.Join(fmt.Errorf("a task process exited with code %d: %w", protocol.ExitRefused, etlcontext.ErrProtocolRefused), err)
+		err = errors.Join(fmt.Errorf("a task process exited with code %d: %w", protocol.ExitRefused, sql.ErrProtocolRefused), err)
 	}
 	s.stop <- err
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/pgsession"
+	"github.com/dama-etl/dama/sql"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
@@ -109,7 +110,7 @@ func (k *lockKeeper) lock(ctx context.Context) (*etlcontext.Context, dbConn, err
 		}
 		// Before the lock: a runner the database no longer accepts
 		// touches nothing.
-		if err := etlcontext.CheckRunnerProtocol(cctx, conn, protocol.Version); err != nil {
+		if err := sql.CheckRunnerProtocol(cctx, conn, protocol.Version); err != nil {
 			conn.Close(context.WithoutCancel(ctx))
 			return nil, nil, err
 		}
@@ -128,7 +129,7 @@ func (k *lockKeeper) lock(ctx context.Context) (*etlcontext.Context, dbConn, err
 			return nil, nil, err
 		}
 	}
-	if err := etlcontext.CheckRunnerProtocol(cctx, conn, protocol.Version); err != nil {
+	if err := sql.CheckRunnerProtocol(cctx, conn, protocol.Version); err != nil {
 		conn.Close(context.WithoutCancel(ctx))
 		return nil, nil, err
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/hostproc"
 	"github.com/dama-etl/dama/internal/runas"
+	"github.com/dama-etl/dama/sql"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 	"github.com/dama-etl/dama/version"
 )
@@ -257,7 +258,7 @@ func (r *runner) run(ctx context.Context) (int, error) {
 		// The lock keeper does not take the run's key.
 		r.logger.Info("this run is not the context's current one", "error", err)
 		return protocol.ExitLocked, nil
-	case errors.Is(err, etlcontext.ErrProtocolRefused):
+	case errors.Is(err, sql.ErrProtocolRefused):
 		return protocol.ExitRefused, err
 	case err != nil:
 		return protocol.ExitSetup, err

@@ -12,7 +12,7 @@ import (
 
 	"github.com/dama-etl/dama/internal/pgerr"
 	"github.com/dama-etl/dama/internal/pgsession"
-	"github.com/dama-etl/dama/schema"
+	"github.com/dama-etl/dama/sql"
 )
 
 // connect opens a pool on DATABASE_URL and checks that the database answers
@@ -56,7 +56,7 @@ func connectMigrated(ctx context.Context, minConns int32) (*pgxpool.Pool, string
 	if err != nil {
 		return nil, "", err
 	}
-	if err := schema.CheckMigrated(ctx, pool); err != nil {
+	if err := sql.CheckMigrated(ctx, pool); err != nil {
 		pool.Close()
 		return nil, "", err
 	}

@@ -18,7 +18,7 @@ import (
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
-	"github.com/dama-etl/dama/schema"
+	"github.com/dama-etl/dama/sql"
 	"github.com/dama-etl/dama/taskrunner"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 	"github.com/jackc/pgx/v5"
@@ -539,7 +539,7 @@ func testLockConnectionLossIsRiddenOut(t *testing.T) {
 	w := newWorld(t, 10)
 	// As a member of dama_task, which writes only with its run's key: the
 	// connections made again hold it too.
-	w.StartWith(w.cfg, []string{"DAMA_TASK_DATABASE_URL=" + w.NewLogin(schema.RoleTask)}, nil, "supervisor")
+	w.StartWith(w.cfg, []string{"DAMA_TASK_DATABASE_URL=" + w.NewLogin(sql.RoleTask)}, nil, "supervisor")
 	id := w.submit(40, 100)
 	w.waitRunning(id)
 	w.waitFor(id, 20*time.Second, "to start its command", func(etlcontext.Task) bool { return len(w.starts(id)) == 1 })

@@ -15,15 +15,16 @@ import (
 
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
+	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 // livenessLockNamespace is the first key of a supervisor's liveness lock
 // (supervisor's clientLockNamespace); the second is hashtext(client id).
-const livenessLockNamespace = etlcontext.LockNamespace + 2
+const livenessLockNamespace = protocol.LockNamespace + 2
 
 // queueLockNamespace is the first key of a queue's max_running lock
 // (supervisor's queueLockNamespace); the second is hashtext(queue).
-const queueLockNamespace = etlcontext.LockNamespace + 1
+const queueLockNamespace = protocol.LockNamespace + 1
 
 // rescueGrace is what a supervisor with sampleConfig's 500ms poll interval
 // waits before rescuing a step whose supervisor's liveness lock is missing:

@@ -6,7 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/dama-etl/dama/schema"
+	"github.com/dama-etl/dama/sql"
 )
 
 func newMigrateCommand(g *globals) *cobra.Command {
@@ -24,12 +24,12 @@ func newMigrateCommand(g *globals) *cobra.Command {
 				return err
 			}
 			defer pool.Close()
-			if err := schema.Migrate(cmd.Context(), pool, logger); err != nil {
+			if err := sql.Migrate(cmd.Context(), pool, logger); err != nil {
 				return err
 			}
-			if err := schema.CheckRoles(cmd.Context(), pool); errors.Is(err, schema.ErrRolesIncomplete) {
+			if err := sql.CheckRoles(cmd.Context(), pool); errors.Is(err, sql.ErrRolesIncomplete) {
 				// What this role may not do, an administrator may.
-				fmt.Fprintf(cmd.OutOrStdout(), "-- %s\n-- Run this as an administrator, in this database:\n%s", oneLine(err.Error()), schema.RolesSQL())
+				fmt.Fprintf(cmd.OutOrStdout(), "-- %s\n-- Run this as an administrator, in this database:\n%s", oneLine(err.Error()), sql.RolesSQL())
 			} else if err != nil {
 				return err
 			}
@@ -50,7 +50,7 @@ migrate does the same when its role may; run this as an administrator
 otherwise, after each dama migrate. Needs no database.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			fmt.Fprint(cmd.OutOrStdout(), schema.RolesSQL())
+			fmt.Fprint(cmd.OutOrStdout(), sql.RolesSQL())
 			return nil
 		},
 	}

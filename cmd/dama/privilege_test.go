@@ -23,7 +23,7 @@ import (
 
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
-	"github.com/dama-etl/dama/schema"
+	"github.com/dama-etl/dama/sql"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
@@ -175,7 +175,7 @@ kinds:
 		t.Fatalf("submit: %s", res.Stderr)
 	}
 	id := strings.TrimSpace(res.Stdout)
-	asReader := []string{"DATABASE_URL=" + env.NewLogin(schema.RoleReader)}
+	asReader := []string{"DATABASE_URL=" + env.NewLogin(sql.RoleReader)}
 	for _, args := range [][]string{{"status"}, {"status", id}, {"status", "--json"}, {"events", id}, {"queues"}, {"schedules"}} {
 		if res := env.DamaWith(cfg, asReader, args...); res.Code != 0 {
 			t.Errorf("dama %v as a reader: exit %d, %s", args, res.Code, res.Stderr)
@@ -237,7 +237,7 @@ func TestMigrateByAnOwnerPrintsTheRolesForAnAdministrator(t *testing.T) {
 	}
 	asOwner := []string{"DATABASE_URL=" + owner}
 	res := env.DamaWith("", asOwner, "migrate")
-	if res.Code != 0 || !strings.Contains(res.Stdout, "Run this as an administrator") || !strings.Contains(res.Stdout, "CREATE ROLE "+schema.RoleReader) {
+	if res.Code != 0 || !strings.Contains(res.Stdout, "Run this as an administrator") || !strings.Contains(res.Stdout, "CREATE ROLE "+sql.RoleReader) {
 		t.Fatalf("dama migrate as the owner: exit %d, stdout %q, stderr %q; want the roles' SQL printed", res.Code, res.Stdout, res.Stderr)
 	}
 	roles := env.Dama("", "roles")
@@ -367,7 +367,7 @@ kinds:
 			}
 		}
 	})
-	supURL, taskURL, opURL := env.NewLogin(schema.RoleSupervisor), env.NewLogin(schema.RoleTask), env.NewLogin(schema.RoleOperator)
+	supURL, taskURL, opURL := env.NewLogin(sql.RoleSupervisor), env.NewLogin(sql.RoleTask), env.NewLogin(sql.RoleOperator)
 	asOperator := []string{"DATABASE_URL=" + opURL}
 	env.StartWith(cfg, []string{"DATABASE_URL=" + supURL, "DAMA_TASK_DATABASE_URL=" + taskURL}, nil, "supervisor")
 	w := &world{Env: env, cfg: cfg}
@@ -418,7 +418,7 @@ kinds:
 		t.Errorf("the cancelled and retried task: %s at attempt %d, want DONE at attempt 2", got.Status, got.Attempt)
 	}
 	var opRole string
-	if err := env.Pool.QueryRow(context.Background(), `SELECT rolname FROM pg_roles WHERE pg_has_role(rolname, $1, 'MEMBER') AND rolname LIKE 'dama_login_%'`, schema.RoleOperator).Scan(&opRole); err != nil {
+	if err := env.Pool.QueryRow(context.Background(), `SELECT rolname FROM pg_roles WHERE pg_has_role(rolname, $1, 'MEMBER') AND rolname LIKE 'dama_login_%'`, sql.RoleOperator).Scan(&opRole); err != nil {
 		t.Fatal(err)
 	}
 	if by, err := etlcontext.LatestPayload(context.Background(), env.Pool, waiter, protocol.EventCancelRequested); err != nil || !strings.Contains(string(by), "(database role "+opRole+")") {
@@ -556,7 +556,7 @@ func testATaskProcessWritesOnlyItsOwnRun(t *testing.T) {
 	own, ownRun := launch()
 	other, otherRun := launch()
 	ownID, otherID := strconv.FormatInt(own, 10), strconv.FormatInt(other, 10)
-	taskURL := env.NewLogin(schema.RoleTask)
+	taskURL := env.NewLogin(sql.RoleTask)
 	connectWith := func(key string) *pgx.Conn {
 		t.Helper()
 		cfg, err := pgx.ParseConfig(taskURL)
@@ -628,7 +628,7 @@ func testATaskProcessWritesOnlyItsOwnRun(t *testing.T) {
 	// A member of dama_operator too may do what an operator does, and no
 	// more of another run's rows.
 	operating := func() *pgx.Conn {
-		conn, err := pgx.Connect(ctx, env.NewLogin(schema.RoleTask, schema.RoleOperator))
+		conn, err := pgx.Connect(ctx, env.NewLogin(sql.RoleTask, sql.RoleOperator))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -12,7 +12,7 @@ import (
 
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
-	"github.com/dama-etl/dama/schema"
+	"github.com/dama-etl/dama/sql"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 	"github.com/dama-etl/dama/version"
 )
@@ -20,7 +20,7 @@ import (
 func TestVersion(t *testing.T) {
 	t.Parallel()
 	env := testenv.New(t)
-	latest, err := schema.Latest()
+	latest, err := sql.Latest()
 	if err != nil {
 		t.Fatal(err)
 	}

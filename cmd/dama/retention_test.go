@@ -12,7 +12,7 @@ import (
 
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
-	"github.com/dama-etl/dama/schema"
+	"github.com/dama-etl/dama/sql"
 )
 
 // left counts what is left of task id: its context, events, attempts and
@@ -116,7 +116,7 @@ kinds:
 			t.Errorf("dama %s: exit %d, stdout %q, stderr %q; want one line on stderr and a failure", strings.Join(args, " "), res.Code, res.Stdout, res.Stderr)
 		}
 	}
-	asOperator := []string{"DATABASE_URL=" + env.NewLogin(schema.RoleOperator)}
+	asOperator := []string{"DATABASE_URL=" + env.NewLogin(sql.RoleOperator)}
 	if res := env.DamaWith(cfg, asOperator, "prune", "--older-than", "0s"); res.Code == 0 || strings.Count(strings.TrimSpace(res.Stderr), "\n") != 0 {
 		t.Errorf("dama prune as an operator: exit %d, stderr %q; want a one-line refusal", res.Code, res.Stderr)
 	}
@@ -131,7 +131,7 @@ kinds:
 	}
 	// A supervisor's role may remove them, and may delete no event itself,
 	// whatever it says in dama.pruning.
-	supURL := env.NewLogin(schema.RoleSupervisor)
+	supURL := env.NewLogin(sql.RoleSupervisor)
 	asSupervisor := []string{"DATABASE_URL=" + supURL}
 	sup, err := pgx.Connect(context.Background(), supURL)
 	if err != nil {

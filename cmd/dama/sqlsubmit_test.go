@@ -13,7 +13,7 @@ import (
 
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
-	"github.com/dama-etl/dama/schema"
+	"github.com/dama-etl/dama/sql"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -88,7 +88,7 @@ func testSubmitFromSQL(t *testing.T) {
 	env := testenv.New(t)
 	cfg := env.WriteConfig(sqlSubmitConfig)
 	w := &world{Env: env, cfg: cfg}
-	env.StartWith(cfg, []string{"DATABASE_URL=" + env.NewLogin(schema.RoleSupervisor)}, nil, "supervisor")
+	env.StartWith(cfg, []string{"DATABASE_URL=" + env.NewLogin(sql.RoleSupervisor)}, nil, "supervisor")
 	ctx := context.Background()
 	testenv.Eventually(t, 30*time.Second, "the supervisor to publish its kinds", func() (bool, error) {
 		var n int
@@ -103,7 +103,7 @@ func testSubmitFromSQL(t *testing.T) {
 		t.Errorf("published kind sample: queue %q, max_attempts %d, command %q (%v); want etl, 2, [%s]", queue, attempts, command, err, env.SampleETL)
 	}
 
-	op := env.NewLogin(schema.RoleOperator)
+	op := env.NewLogin(sql.RoleOperator)
 	exists := func(id string) bool {
 		t.Helper()
 		var n int
@@ -161,7 +161,7 @@ func testSubmitFromSQL(t *testing.T) {
 
 	// Refused, each with one line that says why, and nothing made.
 	before := countTasks(t, env)
-	for sql, want := range map[string]string{
+	for stmt, want := range map[string]string{
 		`SELECT data_manager.submit('nope')`:                                                    "unknown kind 'nope': no supervisor has published it (data_manager.kinds has regional, sample)",
 		`SELECT data_manager.submit('sample', queue => 'nowhere')`:                              "queue 'nowhere': the supervisor that published kind sample serves etl, other",
 		`SELECT data_manager.submit('sample', idempotency_key => 'dama:child:1:x')`:             `idempotency keys starting with "dama:" are dama's own`,
@@ -170,12 +170,12 @@ func testSubmitFromSQL(t *testing.T) {
 		`SELECT data_manager.submit('regional', '{"source": {"region": "eu"}}', 'psql-1')`:      "idempotency key belongs to a task of another kind: \"psql-1\" is the key of etl context " + first + ", of kind sample",
 		`SELECT data_manager.submit('sample', jsonb_build_object('blob', repeat('x', 100000)))`: "arguments are 100012 bytes as stored; a task receives them in DAMA_ARGS, which holds at most 98304",
 	} {
-		if out, stderr, code := psql(t, op, sql); code == 0 || !strings.Contains(stderr, "ERROR:  "+want+"\n") {
-			t.Errorf("%s: %q, exit %d, stderr %q; want refused with %q", sql, out, code, stderr, want)
+		if out, stderr, code := psql(t, op, stmt); code == 0 || !strings.Contains(stderr, "ERROR:  "+want+"\n") {
+			t.Errorf("%s: %q, exit %d, stderr %q; want refused with %q", stmt, out, code, stderr, want)
 		}
 	}
 	// Only those who may submit: a reader may not, nor a task process's role.
-	for role, url := range map[string]string{schema.RoleReader: env.NewLogin(schema.RoleReader), schema.RoleTask: env.NewLogin(schema.RoleTask)} {
+	for role, url := range map[string]string{sql.RoleReader: env.NewLogin(sql.RoleReader), sql.RoleTask: env.NewLogin(sql.RoleTask)} {
 		if out, stderr, code := psql(t, url, `SELECT data_manager.submit('sample')`); code == 0 || !strings.Contains(stderr, "permission denied for function submit") {
 			t.Errorf("submit as a member of %s: %q, exit %d, %s; want permission denied", role, out, code, stderr)
 		}
@@ -288,7 +288,7 @@ kinds:
 	w := &world{Env: env, cfg: cfg}
 	env.Start(cfg, "supervisor")
 	ctx := context.Background()
-	op := env.NewLogin(schema.RoleOperator)
+	op := env.NewLogin(sql.RoleOperator)
 	login, err := pgconn.ParseConfig(op)
 	if err != nil {
 		t.Fatal(err)

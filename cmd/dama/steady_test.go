@@ -190,11 +190,11 @@ func churn(t *testing.T, env *testenv.Env) int {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	for _, sql := range []string{
+	for _, stmt := range []string{
 		`CREATE TABLE churn (id int PRIMARY KEY, n int NOT NULL)`,
 		`INSERT INTO churn SELECT i, 0 FROM generate_series(1, 100) AS i`,
 	} {
-		if _, err := conn.Exec(ctx, sql); err != nil {
+		if _, err := conn.Exec(ctx, stmt); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -7,7 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/dama-etl/dama/schema"
+	"github.com/dama-etl/dama/sql"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 	"github.com/dama-etl/dama/version"
 )
@@ -31,7 +31,7 @@ func versionText() string {
 	fmt.Fprintf(&b, "dama %s\n", version.Release)
 	fmt.Fprintf(&b, "commit %s\n", version.Commit())
 	fmt.Fprintf(&b, "protocol %d\n", protocol.Version)
-	if latest, err := schema.Latest(); err == nil {
+	if latest, err := sql.Latest(); err == nil {
 		fmt.Fprintf(&b, "schema %d\n", latest)
 	}
 	fmt.Fprintf(&b, "go %s\n", runtime.Version())

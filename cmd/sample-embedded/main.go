@@ -43,7 +43,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dama-etl/dama/config"
-	"github.com/dama-etl/dama/schema"
+	"github.com/dama-etl/dama/sql"
 	"github.com/dama-etl/dama/supervisor"
 	"github.com/dama-etl/dama/taskrunner"
 )
@@ -90,7 +90,7 @@ func run(ctx context.Context, configPath string, funcs taskrunner.Funcs) error {
 	}
 	defer pool.Close()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if err := schema.Migrate(ctx, pool, logger); err != nil {
+	if err := sql.Migrate(ctx, pool, logger); err != nil {
 		return err
 	}
 	s, err := supervisor.New(pool, cfg, supervisor.Options{

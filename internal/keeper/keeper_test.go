@@ -127,7 +127,7 @@ func locked(t *testing.T, env *testenv.Env, id int64) bool {
 	if err := env.Pool.QueryRow(context.Background(), `
 		SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted
 		                  AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 2)`,
-		etlcontext.LockNamespace, id).Scan(&held); err != nil {
+		protocol.LockNamespace, id).Scan(&held); err != nil {
 		t.Fatal(err)
 	}
 	return held

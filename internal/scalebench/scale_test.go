@@ -26,10 +26,10 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/dama-etl/dama/config"
-	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/scalebench"
 	"github.com/dama-etl/dama/internal/testenv"
 	"github.com/dama-etl/dama/supervisor"
+	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 // TestMain builds dama only when a benchmark runs: `go test ./...` runs
@@ -553,7 +553,7 @@ func restartAndSettle(b *testing.B, p params, r *result, env *testenv.Env, sup *
 	clientID := waitStarted(b, sup2)
 	time.Sleep(p.adoptWait)
 	var locked, finished, retried int
-	if err := mon.QueryRow(ctx, lockQuery, quietKind, etlcontext.LockNamespace).Scan(&locked, &finished, &retried); err != nil {
+	if err := mon.QueryRow(ctx, lockQuery, quietKind, protocol.LockNamespace).Scan(&locked, &finished, &retried); err != nil {
 		b.Fatal(err)
 	}
 	if locked != r.n {
@@ -660,7 +660,7 @@ func waitLocked(b *testing.B, r *result, mon *pgx.Conn, since time.Time, timeout
 	lastReport := time.Now()
 	for {
 		var locked, finished, retried int
-		if err := mon.QueryRow(ctx, lockQuery, quietKind, etlcontext.LockNamespace).Scan(&locked, &finished, &retried); err != nil {
+		if err := mon.QueryRow(ctx, lockQuery, quietKind, protocol.LockNamespace).Scan(&locked, &finished, &retried); err != nil {
 			b.Fatal(err)
 		}
 		if finished > 0 || retried > 0 {
@@ -755,7 +755,7 @@ func probe(b *testing.B, client *supervisor.Client, conn *pgx.Conn, n int) (st p
 		if err := conn.QueryRow(ctx, `
 			SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND granted
 			   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-			   AND classid::bigint = $2 AND objsubid = 2 AND objid::bigint = $1)`, id, etlcontext.LockNamespace).Scan(&held); err != nil {
+			   AND classid::bigint = $2 AND objsubid = 2 AND objid::bigint = $1)`, id, protocol.LockNamespace).Scan(&held); err != nil {
 			b.Fatal(err)
 		}
 		if !held {

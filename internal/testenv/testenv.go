@@ -24,7 +24,7 @@ import (
 
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
-	"github.com/dama-etl/dama/schema"
+	"github.com/dama-etl/dama/sql"
 )
 
 // binDirEnv carries the directory of the built binaries from Main to New.
@@ -118,7 +118,7 @@ func createTemplate(admin string) (string, error) {
 	}
 	// A database is copied only while nobody is connected to it.
 	defer pool.Close()
-	if err := schema.Migrate(ctx, pool, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+	if err := sql.Migrate(ctx, pool, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
 		return "", fmt.Errorf("migrate the template database: %w", err)
 	}
 	return name, nil
@@ -275,7 +275,7 @@ func newEnv(t testing.TB, admin string, srv *Server, migrate bool) *Env {
 		t.Fatalf("connect to test database: %v", err)
 	}
 	if migrate {
-		if err := schema.Migrate(ctx, e.Pool, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+		if err := sql.Migrate(ctx, e.Pool, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
 			t.Fatalf("migrate test database: %v", err)
 		}
 	}

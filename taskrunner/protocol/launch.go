@@ -207,3 +207,8 @@ func ParseKeeperLaunch(args []string) (KeeperLaunch, error) {
 	}
 	return l, nil
 }
+
+// LockNamespace is the first key of the advisory lock a task process holds
+// (the second is its context's id); it spells 'dama'. Key 0, which no
+// context id takes, serializes `dama migrate`.
+const LockNamespace = 1684106593

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strings"
 	"unicode/utf8"
-
 )
 
 // A command reports on its events pipe (EventsFD), one JSON object per

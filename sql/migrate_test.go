@@ -1,4 +1,4 @@
-package schema_test
+package sql_test
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 	"github.com/pressly/goose/v3"
 
 	"github.com/dama-etl/dama/internal/testenv"
-	"github.com/dama-etl/dama/schema"
+	"github.com/dama-etl/dama/sql"
 	"github.com/dama-etl/dama/version"
 )
 
@@ -27,7 +27,7 @@ func TestMigrateConcurrentlyAndIdempotently(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make([]error, 3)
 	for i := range errs {
-		wg.Go(func() { errs[i] = schema.Migrate(ctx, env.Pool, logger) })
+		wg.Go(func() { errs[i] = sql.Migrate(ctx, env.Pool, logger) })
 	}
 	wg.Wait()
 	for i, err := range errs {
@@ -35,7 +35,7 @@ func TestMigrateConcurrentlyAndIdempotently(t *testing.T) {
 			t.Fatalf("concurrent migration %d: %v", i, err)
 		}
 	}
-	if err := schema.Migrate(ctx, env.Pool, logger); err != nil {
+	if err := sql.Migrate(ctx, env.Pool, logger); err != nil {
 		t.Fatalf("migrating an up-to-date database: %v", err)
 	}
 
@@ -43,7 +43,7 @@ func TestMigrateConcurrentlyAndIdempotently(t *testing.T) {
 	if err := env.Pool.QueryRow(ctx, `SELECT count(*) FROM data_manager.schema_migrations WHERE version_id > 0`).Scan(&applied); err != nil {
 		t.Fatal(err)
 	}
-	latest, err := schema.Latest()
+	latest, err := sql.Latest()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,10 +87,10 @@ func TestNewerSchemaIsRefused(t *testing.T) {
 	}
 	before := state()
 	for name, err := range map[string]error{
-		"CheckMigrated": schema.CheckMigrated(ctx, env.Pool),
-		"Migrate":       schema.Migrate(ctx, env.Pool, logger),
+		"CheckMigrated": sql.CheckMigrated(ctx, env.Pool),
+		"Migrate":       sql.Migrate(ctx, env.Pool, logger),
 	} {
-		if !errors.Is(err, schema.ErrSchemaNewer) || !strings.Contains(err.Error(), "version 999, migrated by dama v9.9.9") ||
+		if !errors.Is(err, sql.ErrSchemaNewer) || !strings.Contains(err.Error(), "version 999, migrated by dama v9.9.9") ||
 			!strings.Contains(err.Error(), "run dama v9.9.9 or later") {
 			t.Errorf("%s: %v; want ErrSchemaNewer naming version 999 and dama v9.9.9", name, err)
 		}
@@ -112,7 +112,7 @@ func TestMigrationWaitsForATableLockOnlySoLong(t *testing.T) {
 	db := stdlib.OpenDBFromPool(env.Pool)
 	defer db.Close()
 	provider, err := goose.NewProvider(goose.DialectPostgres, db, os.DirFS("migrations"),
-		goose.WithTableName(schema.Name+".schema_migrations"), goose.WithDisableGlobalRegistry(true))
+		goose.WithTableName(sql.Name+".schema_migrations"), goose.WithDisableGlobalRegistry(true))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +131,7 @@ func TestMigrationWaitsForATableLockOnlySoLong(t *testing.T) {
 	}
 
 	start := time.Now()
-	err = schema.Migrate(ctx, env.Pool, logger)
+	err = sql.Migrate(ctx, env.Pool, logger)
 	if err == nil || !strings.Contains(err.Error(), "00006_releases.sql") || !strings.Contains(err.Error(), "stayed locked through 5 tries of 2s") || !strings.Contains(err.Error(), "nothing of it was applied") {
 		t.Fatalf("Migrate with etl_contexts locked: %v; want migration 6 refused after the lock timeout", err)
 	}
@@ -149,10 +149,10 @@ func TestMigrationWaitsForATableLockOnlySoLong(t *testing.T) {
 	if err := holder.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := schema.Migrate(ctx, env.Pool, logger); err != nil {
+	if err := sql.Migrate(ctx, env.Pool, logger); err != nil {
 		t.Fatalf("Migrate once the lock is gone: %v", err)
 	}
-	if err := schema.CheckMigrated(ctx, env.Pool); err != nil {
+	if err := sql.CheckMigrated(ctx, env.Pool); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -162,7 +162,7 @@ func TestMigrationWaitsForATableLockOnlySoLong(t *testing.T) {
 func TestCheckRolesSaysWhatIsAmiss(t *testing.T) {
 	env := testenv.New(t)
 	ctx := context.Background()
-	if err := schema.CheckRoles(ctx, env.Pool); err != nil {
+	if err := sql.CheckRoles(ctx, env.Pool); err != nil {
 		t.Fatalf("after migrating: %v", err)
 	}
 	for _, stmt := range []string{
@@ -179,7 +179,7 @@ func TestCheckRolesSaysWhatIsAmiss(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	err := schema.CheckRoles(ctx, env.Pool)
+	err := sql.CheckRoles(ctx, env.Pool)
 	for _, want := range []string{
 		"dama_task lacks INSERT (type) on data_manager.event_store",
 		"dama_task lacks UPDATE (pid) on data_manager.etl_contexts",
@@ -190,14 +190,14 @@ func TestCheckRolesSaysWhatIsAmiss(t *testing.T) {
 		"dama_supervisor lacks DELETE on river_job",
 		"dama_operator lacks UPDATE (state) on river_job",
 	} {
-		if !errors.Is(err, schema.ErrRolesIncomplete) || !strings.Contains(err.Error(), want) {
+		if !errors.Is(err, sql.ErrRolesIncomplete) || !strings.Contains(err.Error(), want) {
 			t.Errorf("CheckRoles: %v; want it to say %q", err, want)
 		}
 	}
-	if err := schema.Migrate(ctx, env.Pool, slog.New(slog.DiscardHandler)); err != nil {
+	if err := sql.Migrate(ctx, env.Pool, slog.New(slog.DiscardHandler)); err != nil {
 		t.Fatal(err)
 	}
-	if err := schema.CheckRoles(ctx, env.Pool); err != nil {
+	if err := sql.CheckRoles(ctx, env.Pool); err != nil {
 		t.Errorf("after migrating again: %v", err)
 	}
 }

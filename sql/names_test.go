@@ -1,4 +1,4 @@
-package schema_test
+package sql_test
 
 import (
 	"context"
@@ -69,8 +69,8 @@ func TestTheDatabaseSpellsNamesAsGoDoes(t *testing.T) {
 		t.Fatalf("the view reads no advisory lock:\n%s", view)
 	}
 	for _, m := range namespaces {
-		if m[1] != strconv.Itoa(etlcontext.LockNamespace) {
-			t.Errorf("the view reads locks of namespace %s, etlcontext.LockNamespace is %d", m[1], etlcontext.LockNamespace)
+		if m[1] != strconv.Itoa(protocol.LockNamespace) {
+			t.Errorf("the view reads locks of namespace %s, protocol.LockNamespace is %d", m[1], protocol.LockNamespace)
 		}
 	}
 

@@ -1,4 +1,4 @@
-package schema_test
+package sql_test
 
 import (
 	"context"
@@ -7,7 +7,7 @@ import (
 	"log/slog"
 
 	"github.com/dama-etl/dama/internal/testenv"
-	"github.com/dama-etl/dama/schema"
+	"github.com/dama-etl/dama/sql"
 )
 
 // Migrate applies River's migrations and dama's, and may run again (or
@@ -19,10 +19,10 @@ func ExampleMigrate() {
 	ctx := context.Background()
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 
-	if err := schema.Migrate(ctx, env.Pool, logger); err != nil { // already migrated: nothing to do
+	if err := sql.Migrate(ctx, env.Pool, logger); err != nil { // already migrated: nothing to do
 		panic(err)
 	}
-	fmt.Println(schema.CheckMigrated(ctx, env.Pool))
+	fmt.Println(sql.CheckMigrated(ctx, env.Pool))
 
 	var columns int
 	if err := env.Pool.QueryRow(ctx, `

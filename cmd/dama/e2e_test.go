@@ -475,7 +475,10 @@ kinds:
 }
 
 func TestEventsPipeSurvivesBadLines(t *testing.T) {
-	t.Parallel()
+	testenv.LockModes(t, testEventsPipeSurvivesBadLines)
+}
+
+func testEventsPipeSurvivesBadLines(t *testing.T) {
 	env := testenv.New(t)
 	script := `echo 'not json' >&3
 head -c 1100000 /dev/zero | tr '\0' a >&3; echo >&3

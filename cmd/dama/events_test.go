@@ -123,8 +123,9 @@ func testAFloodDuringAnOutageLosesNothing(t *testing.T) {
 // Whatever bytes a command writes, to its log or its pipe, its outcome is
 // the one its exit code and its kind's policy give, and its events are
 // stored with the bytes the database refuses replaced.
-func TestOddBytesChangeNoOutcome(t *testing.T) {
-	t.Parallel()
+func TestOddBytesChangeNoOutcome(t *testing.T) { testenv.LockModes(t, testOddBytesChangeNoOutcome) }
+
+func testOddBytesChangeNoOutcome(t *testing.T) {
 	env := testenv.New(t)
 	cfg := env.WriteConfig(`
 log_dir: {{dir}}/logs
@@ -321,8 +322,9 @@ kinds:
 // stores a sample of them, one of each per progress_interval (here an
 // hour: the first, and the newest before its outcome), while the view
 // follows its newest progress within a second.
-func TestProgressIsSampled(t *testing.T) {
-	t.Parallel()
+func TestProgressIsSampled(t *testing.T) { testenv.LockModes(t, testProgressIsSampled) }
+
+func testProgressIsSampled(t *testing.T) {
 	env := testenv.New(t)
 	goFile := filepath.Join(env.Dir, "go")
 	// 300 lines of each, 10 ms apart, then the command waits for goFile.

@@ -878,7 +878,10 @@ func testAnOutcomeWhoseReplyWasLostIsTakenForWritten(t *testing.T) {
 // TestAnOutcomeWhoseReplyWasLostIsTakenForWritten, is made again and kept
 // once: the task is DONE, and its tail holds each line once.
 func TestALogTailWhoseReplyWasLostIsKeptOnce(t *testing.T) {
-	t.Parallel()
+	testenv.LockModes(t, testALogTailWhoseReplyWasLostIsKeptOnce)
+}
+
+func testALogTailWhoseReplyWasLostIsKeptOnce(t *testing.T) {
 	// A tail written only before the outcome.
 	w, id, _ := loseTheReplyOf(t, "log_tail_interval: 1h\n", "%data_manager.append_log%")
 	if got := w.waitSettled(id, time.Minute); got.Status != etlcontext.StatusDone || got.Attempt != 1 {

@@ -136,7 +136,10 @@ func (w *signalWorld) assertGivenBack(t *testing.T, id int64, signalled int) {
 // A task process told to stop before its command starts gives the launch
 // back: its command never starts and no attempt is spent.
 func TestSIGTERMBeforeTheCommandStartsGivesTheLaunchBack(t *testing.T) {
-	t.Parallel()
+	testenv.LockModes(t, testSIGTERMBeforeTheCommandStartsGivesTheLaunchBack)
+}
+
+func testSIGTERMBeforeTheCommandStartsGivesTheLaunchBack(t *testing.T) {
 	w := newSignalWorld(t)
 	// The task process blocks on its first read, of the schema's
 	// compatibility, before it records anything.
@@ -166,7 +169,10 @@ func TestSIGTERMBeforeTheCommandStartsGivesTheLaunchBack(t *testing.T) {
 // but its command not started, withdraws its record: the launch is given
 // back, and the attempt is none.
 func TestSIGTERMWhileTheTaskProcessRecordsItselfGivesTheLaunchBack(t *testing.T) {
-	t.Parallel()
+	testenv.LockModes(t, testSIGTERMWhileTheTaskProcessRecordsItselfGivesTheLaunchBack)
+}
+
+func testSIGTERMWhileTheTaskProcessRecordsItselfGivesTheLaunchBack(t *testing.T) {
 	w := newSignalWorld(t)
 	ctx := context.Background()
 	compat, err := w.Pool.Begin(ctx)

@@ -60,12 +60,6 @@ func (s Status) Finished() bool {
 	return s == StatusDone || s == StatusFailed || s == StatusCancelled
 }
 
-// ErrorFinal is the field of an ERROR event's payload that, set to false,
-// makes the context FAILED whatever attempts remain: the kind's policy
-// says not to retry this failure (an exit code in fail_on_exit_codes, a
-// timeout with on_timeout: fail).
-const ErrorFinal = "retry"
-
 // dama's advisory locks, all two-int keys (namespace, key), one namespace
 // per kind of lock so that no two ever collide; a task process's is
 // protocol.LockNamespace.

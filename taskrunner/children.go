@@ -33,14 +33,13 @@ func (r *runner) awaitChildren(ctx context.Context, signals <-chan os.Signal) (i
 		cancel()
 	}
 	if err != nil {
-		return r.finish(ctx, protocol.ExitFailed, protocol.EventError, map[string]any{"reason": "could not wait for the children: " + err.Error()}, err)
+		return r.finish(ctx, protocol.ExitFailed, protocol.EventError, protocol.Outcome{Reason: "could not wait for the children: " + err.Error()}, err)
 	}
 	if n := r.w.refused(); n > 0 {
 		// The command meant them to exist: the tree is incomplete for good.
-		return r.finish(ctx, protocol.ExitFailed, protocol.EventError, map[string]any{
-			"reason":              fmt.Sprintf("%d children could not be submitted (see the WARNING events)", n),
-			etlcontext.ErrorFinal: false,
-		}, nil)
+		return r.finish(ctx, protocol.ExitFailed, protocol.EventError, protocol.Outcome{
+			Reason: fmt.Sprintf("%d children could not be submitted (see the WARNING events)", n),
+		}.Final(), nil)
 	}
 
 	watchCtx, stopWatch := context.WithCancel(ctx)
@@ -81,15 +80,14 @@ func (r *runner) awaitChildren(ctx context.Context, signals <-chan os.Signal) (i
 		case err != nil:
 			r.logger.Warn("count the children", "error", err)
 		case cancelled:
-			return r.finish(ctx, protocol.ExitCancelled, protocol.EventCancelled, map[string]any{"reason": "cancel requested while awaiting the children"}, nil)
+			return r.finish(ctx, protocol.ExitCancelled, protocol.EventCancelled, protocol.Outcome{Reason: "cancel requested while awaiting the children"}, nil)
 		case counts.Failed() > 0:
-			return r.finish(ctx, protocol.ExitFailed, protocol.EventError, map[string]any{
-				"reason":              fmt.Sprintf("%d children did not finish DONE", counts.Failed()),
-				"children":            counts,
-				etlcontext.ErrorFinal: false,
-			}, nil)
+			return r.finish(ctx, protocol.ExitFailed, protocol.EventError, protocol.Outcome{
+				Reason:   fmt.Sprintf("%d children did not finish DONE", counts.Failed()),
+				Children: childCounts(counts),
+			}.Final(), nil)
 		case counts.Pending() == 0:
-			return r.finish(ctx, protocol.ExitDone, protocol.EventFinal, map[string]any{"exit_code": 0, "children": counts}, nil)
+			return r.finish(ctx, protocol.ExitDone, protocol.EventFinal, protocol.Outcome{ExitCode: new(0), Children: childCounts(counts)}, nil)
 		case !announced:
 			announced = true
 			r.w.event(protocol.EventAwaiting, map[string]any{"children": counts}, nil, false)
@@ -102,7 +100,7 @@ func (r *runner) awaitChildren(ctx context.Context, signals <-chan os.Signal) (i
 				switch n.Channel {
 				case protocol.CancelChannel:
 					if n.Payload == strconv.FormatInt(self, 10) {
-						return r.finish(ctx, protocol.ExitCancelled, protocol.EventCancelled, map[string]any{"reason": "cancel requested while awaiting the children"}, nil)
+						return r.finish(ctx, protocol.ExitCancelled, protocol.EventCancelled, protocol.Outcome{Reason: "cancel requested while awaiting the children"}, nil)
 					}
 				case etlcontext.FinishedChannel:
 					var f etlcontext.Finished
@@ -116,13 +114,22 @@ func (r *runner) awaitChildren(ctx context.Context, signals <-chan os.Signal) (i
 				return protocol.ExitLockLost, errors.New("the database refused a write of this run: it is no longer current")
 			case <-r.lock.changed:
 				if state, _, err := r.lock.get(); state == lockSuperseded {
-					return r.finish(ctx, protocol.ExitLockLost, protocol.EventError, map[string]any{"reason": "the lock could not be taken again: " + err.Error()}, err)
+					return r.finish(ctx, protocol.ExitLockLost, protocol.EventError, protocol.Outcome{Reason: "the lock could not be taken again: " + err.Error()}, err)
 				}
 			case <-recount.C:
 				break wait
 			case sig := <-signals:
-				return r.finish(ctx, protocol.ExitFailed, protocol.EventError, map[string]any{"reason": "runner received " + sig.String() + " while awaiting the children"}, nil)
+				return r.finish(ctx, protocol.ExitFailed, protocol.EventError, protocol.Outcome{Reason: "runner received " + sig.String() + " while awaiting the children"}, nil)
 			}
 		}
 	}
+}
+
+// childCounts is counts as an outcome carries them.
+func childCounts(counts etlcontext.Children) map[string]int {
+	out := make(map[string]int, len(counts))
+	for status, n := range counts {
+		out[string(status)] = n
+	}
+	return out
 }

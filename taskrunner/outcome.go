@@ -22,7 +22,7 @@ import (
 // ran for days is worth the wait. A runner that cannot record it leaves the
 // context RUNNING with a free lock, and a supervisor records the attempt's
 // death.
-func (r *runner) finish(ctx context.Context, code int, suffix string, payload map[string]any, cause error) (int, error) {
+func (r *runner) finish(ctx context.Context, code int, suffix string, payload protocol.Outcome, cause error) (int, error) {
 	r.w.flushTail(context.WithoutCancel(ctx))
 	r.w.outcome(suffix, payload, plainOutcome(payload))
 	wait := time.Duration(*r.opts.Config.ReconnectGrace) + stmtTimeout
@@ -63,22 +63,12 @@ func (r *runner) finish(ctx context.Context, code int, suffix string, payload ma
 // plainOutcome is payload without what may make the database refuse it
 // (a log tail, long text): the exit code, the retry decision and a short
 // reason are what the outcome's policy reads.
-func plainOutcome(payload map[string]any) map[string]any {
-	plain := make(map[string]any, len(payload)+1)
-	for k, v := range payload {
-		switch v := v.(type) {
-		case string:
-			if k == "log_tail" {
-				continue
-			}
-			s, _ := etlcontext.CleanText(protocol.TruncateUTF8(v, 512))
-			plain[k] = s
-		case bool, int:
-			plain[k] = v
-		}
+func plainOutcome(o protocol.Outcome) protocol.Outcome {
+	clean := func(s string) string {
+		s, _ = etlcontext.CleanText(protocol.TruncateUTF8(s, 512))
+		return s
 	}
-	plain["details_lost"] = true
-	return plain
+	return protocol.Outcome{Reason: clean(o.Reason), ExitCode: o.ExitCode, Exit: clean(o.Exit), TimedOut: o.TimedOut, Retry: o.Retry, DetailsLost: true}
 }
 
 func (r *runner) setFailure(f *protocol.Failure) {

@@ -29,9 +29,74 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 	cfg := r.opts.Config
 	eventsR, eventsW, err := os.Pipe()
 	if err != nil {
-		return r.finish(ctx, protocol.ExitFailed, protocol.EventError, map[string]any{"reason": "create events pipe: " + err.Error()}, err)
+		return r.finish(ctx, protocol.ExitFailed, protocol.EventError, protocol.Outcome{Reason: "create events pipe: " + err.Error()}, err)
 	}
 	defer eventsR.Close()
+	cmd := r.command(eventsW)
+	// The lock is watched only from the command's start: make sure it is
+	// still held right before, so the fencing window holds from the start.
+	// A database restart since the lock was taken is ridden out here too:
+	// nothing runs yet, so the runner may simply wait to take it again.
+	seenLosses, err := r.lock.check(ctx, time.Duration(*cfg.ReconnectGrace))
+	if err != nil {
+		eventsW.Close()
+		return r.finish(ctx, protocol.ExitLockLost, protocol.EventError, protocol.Outcome{Reason: "the lock was lost before the command started and not taken again within reconnect_grace"}, fmt.Errorf("take the lock again before starting the command: %w", err))
+	}
+	select {
+	case sig := <-r.signals:
+		// Signalled while the lock was checked, which may wait out a
+		// database restart: the command has not started yet.
+		eventsW.Close()
+		return r.giveBack(ctx, sig)
+	default:
+	}
+	exited, err := startLocked(cmd)
+	eventsW.Close()
+	if err != nil {
+		err = fmt.Errorf("start command of kind %s: %w", r.ctx.Kind, err)
+		return r.finish(ctx, protocol.ExitFailed, protocol.EventError, protocol.Outcome{Reason: err.Error()}, err)
+	}
+	pgid := cmd.Process.Pid
+	var leaderTicks uint64
+	if st, err := hostproc.ReadStat(pgid); err == nil {
+		leaderTicks = st.StartTicks
+	}
+	r.w.call(func(ctx context.Context, conn dbConn) error {
+		return etlcontext.RecordCommand(ctx, conn, r.ctx.ID, r.opts.RunID, pgid, leaderTicks)
+	})
+	r.logger.Info("command started", "pid", pgid, "command", r.argv, "attempt", r.ctx.Attempt)
+
+	events := r.readEvents(ctx, eventsR)
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		r.lock.watch(watchCtx)
+	}()
+	defer func() {
+		stopWatch()
+		<-watchDone
+	}()
+
+	w := &commandWatch{r: r, pgid: pgid, seenLosses: seenLosses, ended: make(chan struct{})}
+	waitErr := w.wait(exited)
+	// Stragglers the command left behind end with it, in its group or not:
+	// the next attempt must not meet them.
+	_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	// The group is empty now: a pending SIGKILL must not reach whoever
+	// reuses its id.
+	close(w.ended)
+	r.stopDescendants(hostproc.Attempt{PGID: pgid, LeaderStartTicks: leaderTicks, Marker: protocol.RunIDEnv + "=" + r.opts.RunID})
+	events.drain(ctx, time.Duration(*r.opts.Config.ReconnectGrace)+stmtTimeout)
+	stopWatch()
+	<-watchDone
+	return r.commandEnded(ctx, w, waitErr)
+}
+
+// command is the kind's command, its output to the task's log and its
+// events to eventsW, in a process group of its own that dies with the
+// runner, as the kind's user when it names one.
+func (r *runner) command(eventsW *os.File) *exec.Cmd {
 	cmd := &exec.Cmd{
 		Path:       r.path,
 		Args:       r.argv,
@@ -48,43 +113,36 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 		cmd.SysProcAttr.Credential = r.runAs.Credential()
 		cmd.Env = r.runAs.Env(cmd.Env)
 	}
-	// The lock is watched only from the command's start: make sure it is
-	// still held right before, so the fencing window holds from the start.
-	// A database restart since the lock was taken is ridden out here too:
-	// nothing runs yet, so the runner may simply wait to take it again.
-	seenLosses, err := r.lock.check(ctx, time.Duration(*cfg.ReconnectGrace))
-	if err != nil {
-		eventsW.Close()
-		return r.finish(ctx, protocol.ExitLockLost, protocol.EventError, map[string]any{"reason": "the lock was lost before the command started and not taken again within reconnect_grace"}, fmt.Errorf("take the lock again before starting the command: %w", err))
-	}
-	select {
-	case sig := <-r.signals:
-		// Signalled while the lock was checked, which may wait out a
-		// database restart: the command has not started yet.
-		eventsW.Close()
-		return r.giveBack(ctx, sig)
-	default:
-	}
-	exited, err := startLocked(cmd)
-	eventsW.Close()
-	if err != nil {
-		err = fmt.Errorf("start command of kind %s: %w", r.ctx.Kind, err)
-		return r.finish(ctx, protocol.ExitFailed, protocol.EventError, map[string]any{"reason": err.Error()}, err)
-	}
-	pgid := cmd.Process.Pid
-	var leaderTicks uint64
-	if st, err := hostproc.ReadStat(pgid); err == nil {
-		leaderTicks = st.StartTicks
-	}
-	r.w.call(func(ctx context.Context, conn dbConn) error {
-		return etlcontext.RecordCommand(ctx, conn, r.ctx.ID, r.opts.RunID, pgid, leaderTicks)
-	})
-	r.logger.Info("command started", "pid", pgid, "command", r.argv, "attempt", r.ctx.Attempt)
+	return cmd
+}
 
-	events := r.readEvents(ctx, eventsR)
+// commandWatch is what a running command is watched for, each concern in
+// a method of its own: a cancellation, the lock, the kind's timeout,
+// signals to the runner, orphans to reap. The first reason to stop the
+// command wins (stop).
+type commandWatch struct {
+	r    *runner
+	pgid int
+	// ended is closed once the command's group is gone, which ends its
+	// kill_grace's wait (killGroup).
+	ended chan struct{}
 
-	signals := r.signals
-	superseded := r.w.superseded
+	// The lock: the losses seen so far, whether it is lost now and
+	// since when, and the end of reconnect_grace while it is.
+	seenLosses int
+	lockIsLost bool
+	lostSince  time.Time
+	graceTimer <-chan time.Time
+
+	timedOut   bool
+	stopReason string
+	stopCode   int
+}
+
+// wait watches the command until it exits, and returns its exit error.
+func (w *commandWatch) wait(exited <-chan error) error {
+	r := w.r
+	signals, superseded := r.signals, r.w.superseded
 	// Orphans of the command that exit are the runner's to reap.
 	var orphaned chan os.Signal
 	if r.subreaper {
@@ -92,141 +150,127 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 		signal.Notify(orphaned, syscall.SIGCHLD)
 		defer signal.Stop(orphaned)
 	}
-
-	watchCtx, stopWatch := context.WithCancel(ctx)
-	watchDone := make(chan struct{})
-	go func() {
-		defer close(watchDone)
-		r.lock.watch(watchCtx)
-	}()
-	defer func() {
-		stopWatch()
-		<-watchDone
-	}()
-
-	var (
-		graceTimer <-chan time.Time
-		lostSince  time.Time
-		lockIsLost bool
-		timeout    <-chan time.Time
-		timedOut   bool
-	)
+	var timeout <-chan time.Time
 	if d := r.kind.Timeout; d > 0 {
 		timeout = time.After(time.Duration(d))
 	}
-	var (
-		waitErr      error
-		stopReason   string
-		stopCode     int
-		commandEnded bool
-		ended        = make(chan struct{})
-	)
-	stop := func(reason string, code int) {
-		if stopReason != "" {
-			return
-		}
-		stopReason, stopCode = reason, code
-		r.logger.Info("stopping command", "reason", reason)
-		go killGroup(pgid, time.Duration(*r.kind.KillGrace), ended)
-	}
-	for !commandEnded {
+	for {
 		select {
-		case waitErr = <-exited:
-			commandEnded = true
+		case err := <-exited:
+			return err
 		case <-orphaned:
-			r.reapOrphans(pgid)
+			r.reapOrphans(w.pgid)
 		case n := <-r.w.notify:
 			if n.Channel == protocol.CancelChannel && n.Payload == strconv.FormatInt(r.ctx.ID, 10) {
-				stop("cancel requested", protocol.ExitCancelled)
+				w.stop("cancel requested", protocol.ExitCancelled)
 			}
 		case <-superseded:
 			// Closed for good: heard once.
 			superseded = nil
-			stop("the database refused a write of this run: it is no longer current", protocol.ExitLockLost)
+			w.stop("the database refused a write of this run: it is no longer current", protocol.ExitLockLost)
 		case <-r.lock.changed:
-			state, losses, err := r.lock.get()
-			if losses > seenLosses && !lockIsLost {
-				// Lost, and perhaps held again already: the loss counts.
-				lockIsLost, lostSince = true, time.Now()
-				grace := *cfg.ReconnectGrace
-				r.logger.Error("lock connection failed; keeping the command running while taking the lock again", "error", err, "reconnect_grace", grace)
-				if grace == 0 {
-					stop("lock connection failed", protocol.ExitLockLost)
-				} else {
-					graceTimer = time.After(time.Duration(grace))
-				}
-			}
-			seenLosses = losses
-			switch {
-			case state == lockHeld && lockIsLost:
-				lockIsLost, graceTimer = false, nil
-				r.logger.Info("lock held again", "unlocked_for", time.Since(lostSince).Round(time.Millisecond))
-			case state == lockSuperseded:
-				stop("the lock could not be taken again: "+err.Error(), protocol.ExitLockLost)
-			}
+			w.lockChanged()
 		case <-timeout:
-			timeout, timedOut = nil, true
-			r.w.event(protocol.EventTimeout, map[string]any{
-				"timeout": r.kind.Timeout.String(), "on_timeout": string(r.kind.OnTimeout), "kill_grace": (*r.kind.KillGrace).String(),
-			}, nil, false)
-			stop(fmt.Sprintf("timed out after %s", r.kind.Timeout), protocol.ExitFailed)
-		case <-graceTimer:
-			graceTimer = nil
-			stop(fmt.Sprintf("the lock was not taken again within reconnect_grace (%s)", *cfg.ReconnectGrace), protocol.ExitLockLost)
+			timeout = nil
+			w.timeout()
+		case <-w.graceTimer:
+			w.graceTimer = nil
+			w.stop(fmt.Sprintf("the lock was not taken again within reconnect_grace (%s)", *r.opts.Config.ReconnectGrace), protocol.ExitLockLost)
 		case sig := <-signals:
-			stop("runner received "+sig.String(), protocol.ExitFailed)
+			w.stop("runner received "+sig.String(), protocol.ExitFailed)
 		}
 	}
-	// Stragglers the command left behind end with it, in its group or not:
-	// the next attempt must not meet them.
-	_ = syscall.Kill(-pgid, syscall.SIGKILL)
-	// The group is empty now: a pending SIGKILL must not reach whoever
-	// reuses its id.
-	close(ended)
-	r.stopDescendants(hostproc.Attempt{PGID: pgid, LeaderStartTicks: leaderTicks, Marker: protocol.RunIDEnv + "=" + r.opts.RunID})
-	events.drain(ctx, time.Duration(*r.opts.Config.ReconnectGrace)+stmtTimeout)
-	stopWatch()
-	<-watchDone
+}
 
+// stop stops the command (SIGTERM, then SIGKILL after the kind's
+// kill_grace) for reason, the first one given.
+func (w *commandWatch) stop(reason string, code int) {
+	if w.stopReason != "" {
+		return
+	}
+	w.stopReason, w.stopCode = reason, code
+	w.r.logger.Info("stopping command", "reason", reason)
+	go killGroup(w.pgid, time.Duration(*w.r.kind.KillGrace), w.ended)
+}
+
+// lockChanged follows the lock: a loss starts reconnect_grace (or stops
+// the command at once without one), the lock held again ends it, and a
+// lock taken by another run stops the command.
+func (w *commandWatch) lockChanged() {
+	r := w.r
+	state, losses, err := r.lock.get()
+	if losses > w.seenLosses && !w.lockIsLost {
+		// Lost, and perhaps held again already: the loss counts.
+		w.lockIsLost, w.lostSince = true, time.Now()
+		grace := *r.opts.Config.ReconnectGrace
+		r.logger.Error("lock connection failed; keeping the command running while taking the lock again", "error", err, "reconnect_grace", grace)
+		if grace == 0 {
+			w.stop("lock connection failed", protocol.ExitLockLost)
+		} else {
+			w.graceTimer = time.After(time.Duration(grace))
+		}
+	}
+	w.seenLosses = losses
+	switch {
+	case state == lockHeld && w.lockIsLost:
+		w.lockIsLost, w.graceTimer = false, nil
+		r.logger.Info("lock held again", "unlocked_for", time.Since(w.lostSince).Round(time.Millisecond))
+	case state == lockSuperseded:
+		w.stop("the lock could not be taken again: "+err.Error(), protocol.ExitLockLost)
+	}
+}
+
+// timeout records the kind's timeout and stops the command.
+func (w *commandWatch) timeout() {
+	k := w.r.kind
+	w.timedOut = true
+	w.r.w.event(protocol.EventTimeout, map[string]any{
+		"timeout": k.Timeout.String(), "on_timeout": string(k.OnTimeout), "kill_grace": (*k.KillGrace).String(),
+	}, nil, false)
+	w.stop(fmt.Sprintf("timed out after %s", k.Timeout), protocol.ExitFailed)
+}
+
+// commandEnded records the attempt's outcome once the command ended with
+// waitErr, having been stopped or not (w).
+func (r *runner) commandEnded(ctx context.Context, w *commandWatch, waitErr error) (int, error) {
 	exitCode := exitCodeOf(waitErr)
 	switch {
-	case stopCode == protocol.ExitLockLost:
+	case w.stopCode == protocol.ExitLockLost:
 		// Without the lock this process must not decide the outcome; the
 		// database refuses the write anyway when another attempt started.
-		return r.finish(ctx, protocol.ExitLockLost, protocol.EventError, map[string]any{"reason": stopReason, "exit_code": exitCode}, errors.New(stopReason))
-	case stopCode == protocol.ExitCancelled:
-		return r.finish(ctx, protocol.ExitCancelled, protocol.EventCancelled, map[string]any{"reason": stopReason, "exit_code": exitCode}, nil)
-	case waitErr == nil && stopReason == "" && r.kind.AwaitChildren:
-		return r.awaitChildren(ctx, signals)
-	case waitErr == nil && stopReason == "":
-		return r.finish(ctx, protocol.ExitDone, protocol.EventFinal, map[string]any{"exit_code": 0}, nil)
-	default:
-		reason := stopReason
-		if reason == "" {
-			reason = describeExit(waitErr)
-		}
-		logTail, replaced := tail(r.logPath, 4096)
-		if replaced.Any() {
-			r.w.replacedIn(protocol.EventError+" log tail", replaced)
-		}
-		payload := map[string]any{"reason": reason, "exit_code": exitCode, "log_tail": logTail}
-		failure := r.lastFailure()
-		if f := failure; stopReason == "" && f != nil {
-			payload["reason"], payload["exit"] = f.Error, reason
-		}
-		switch {
-		case timedOut:
-			payload["timed_out"] = true
-			if r.kind.OnTimeout == config.OnTimeoutFail {
-				payload[etlcontext.ErrorFinal] = false
-			}
-		case stopReason == "" && failure != nil && failure.Retry != nil && !*failure.Retry,
-			stopReason == "" && !r.kind.RetriesExit(exitCode):
-			// The command said not to retry this failure.
-			payload[etlcontext.ErrorFinal] = false
-		}
-		return r.finish(ctx, protocol.ExitFailed, protocol.EventError, payload, nil)
+		return r.finish(ctx, protocol.ExitLockLost, protocol.EventError, protocol.Outcome{Reason: w.stopReason, ExitCode: new(exitCode)}, errors.New(w.stopReason))
+	case w.stopCode == protocol.ExitCancelled:
+		return r.finish(ctx, protocol.ExitCancelled, protocol.EventCancelled, protocol.Outcome{Reason: w.stopReason, ExitCode: new(exitCode)}, nil)
+	case waitErr == nil && w.stopReason == "" && r.kind.AwaitChildren:
+		return r.awaitChildren(ctx, r.signals)
+	case waitErr == nil && w.stopReason == "":
+		return r.finish(ctx, protocol.ExitDone, protocol.EventFinal, protocol.Outcome{ExitCode: new(0)}, nil)
 	}
+	reason := w.stopReason
+	if reason == "" {
+		reason = describeExit(waitErr)
+	}
+	logTail, replaced := tail(r.logPath, 4096)
+	if replaced.Any() {
+		r.w.replacedIn(protocol.EventError+" log tail", replaced)
+	}
+	payload := protocol.Outcome{Reason: reason, ExitCode: new(exitCode), LogTail: logTail}
+	failure := r.lastFailure()
+	if f := failure; w.stopReason == "" && f != nil {
+		payload.Reason, payload.Exit = f.Error, reason
+	}
+	switch {
+	case w.timedOut:
+		payload.TimedOut = true
+		if r.kind.OnTimeout == config.OnTimeoutFail {
+			payload = payload.Final()
+		}
+	case w.stopReason == "" && failure != nil && failure.Retry != nil && !*failure.Retry,
+		w.stopReason == "" && !r.kind.RetriesExit(exitCode):
+		// The command said not to retry this failure.
+		payload = payload.Final()
+	}
+	return r.finish(ctx, protocol.ExitFailed, protocol.EventError, payload, nil)
 }
 
 // fenceSessions sets in env, a command's, what names its libpq sessions by

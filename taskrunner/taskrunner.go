@@ -334,7 +334,7 @@ func (r *runner) run(ctx context.Context) (int, error) {
 	}
 	if cancelRequested {
 		// Cancelled between the launch and now: the command never starts.
-		return r.finish(ctx, protocol.ExitCancelled, protocol.EventCancelled, map[string]any{"reason": "cancelled before the command started"}, nil)
+		return r.finish(ctx, protocol.ExitCancelled, protocol.EventCancelled, protocol.Outcome{Reason: "cancelled before the command started"}, nil)
 	}
 	return r.supervise(ctx)
 }
@@ -454,6 +454,6 @@ func (r *runner) giveBack(ctx context.Context, sig os.Signal) (int, error) {
 		return protocol.ExitLocked, nil
 	}
 	return r.finish(ctx, protocol.ExitFailed, protocol.EventError,
-		map[string]any{"reason": "the task process received " + sig.String() + " before its command started"},
+		protocol.Outcome{Reason: "the task process received " + sig.String() + " before its command started"},
 		fmt.Errorf("give the launch back: %w", err))
 }

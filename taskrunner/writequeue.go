@@ -21,7 +21,7 @@ func (w *writer) event(suffix string, payload, meta any, isError bool) {
 
 // outcome queues the event that records the attempt's outcome, with the
 // payload to store instead should the database refuse this one.
-func (w *writer) outcome(suffix string, payload map[string]any, fallback map[string]any) {
+func (w *writer) outcome(suffix string, payload, fallback protocol.Outcome) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	// The newest checkpoint is stored before the outcome.

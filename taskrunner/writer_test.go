@@ -48,7 +48,7 @@ func TestPendingEventsAreBoundedByWaitingNotDropping(t *testing.T) {
 		}
 	}
 	// The runner's own events are never refused.
-	w.outcome(protocol.EventFinal, map[string]any{"exit_code": 0}, nil)
+	w.outcome(protocol.EventFinal, protocol.Outcome{ExitCode: new(0)}, protocol.Outcome{})
 
 	var live []*pendingEvent
 	for _, e := range w.events {
@@ -171,7 +171,7 @@ func TestProgressAndCheckpointsAreSampled(t *testing.T) {
 		if newest != "99" {
 			t.Errorf("progress for the context %q, want the newest, 99", newest)
 		}
-		w.outcome(protocol.EventFinal, map[string]any{"exit_code": 0}, nil)
+		w.outcome(protocol.EventFinal, protocol.Outcome{ExitCode: new(0)}, protocol.Outcome{})
 		got := strings.Join(queued(w), ", ")
 		want := `k:PROGRESS 0, k:CHECKPOINT 0, k:ROWS 0, k:CHECKPOINT 50, k:ROWS 50, k:PROGRESS 99, k:CHECKPOINT 99, k:FINAL {"exit_code":0}`
 		if got != want {

@@ -179,7 +179,7 @@ func testFailedChildFailsItsParent(t *testing.T) {
 			case strings.HasSuffix(e.Type, ":ERROR"):
 				var p map[string]any
 				_ = json.Unmarshal(e.Payload, &p)
-				finalError = p[etlcontext.ErrorFinal] == false
+				finalError = p["retry"] == false
 			}
 		}
 		if !finalError || (id == sloppy) != warned {

@@ -166,70 +166,20 @@ func (r *runner) checkCancel(ctx context.Context, conn dbConn) error {
 }
 
 func (r *runner) run(ctx context.Context) (int, error) {
-	cfg := r.opts.Config
 	mode := r.opts.LockMode
 	if mode == "" {
 		mode = config.LockModeRow
 	}
 	pre := r.opts.Preconnected
 	defer pre.Close()
-	if err := pre.keep(time.Duration(cfg.HeartbeatInterval), mode); err != nil {
+	if err := pre.keep(time.Duration(r.opts.Config.HeartbeatInterval), mode); err != nil {
 		r.logger.Info("a connection made ahead of the launch failed; connecting now", "error", err)
 	}
-	takeFirst := func(ctx context.Context, write bool, name string) *pgx.Conn {
-		conn, err := pre.take(ctx, write, name)
-		if err != nil {
-			r.logger.Info("a connection made ahead of the launch no longer works; connecting now", "error", err)
-		}
-		return conn
-	}
-	r.lock = newLockKeeper(r.opts.DatabaseURL, r.opts.ContextID, r.opts.RunID, mode, time.Duration(cfg.HeartbeatInterval), r.logger)
-	r.lock.runKey = r.opts.RunKey
-	hooks := writerHooks{resume: r.checkCancel}
-	name := fmt.Sprintf("dama-task:%d", r.opts.ContextID)
-	if mode != config.LockModeHost {
-		// A host-mode runner's lock is the keeper's: a session of its own
-		// would hold it outside the keeper (keep closed them anyway).
-		r.lock.takeFirst = func(ctx context.Context) *pgx.Conn { return takeFirst(ctx, false, r.lock.appName()) }
-	}
-	if mode != config.LockModeRow {
-		// One connection for everything: it holds the lock, so every new
-		// one takes the lock again before anything else is sent on it. In
-		// host mode it is a session with the keeper, which holds the lock
-		// for as long as the session lasts.
-		hooks = writerHooks{
-			resume: func(ctx context.Context, conn dbConn) error {
-				if err := r.lock.resume(ctx, conn); err != nil {
-					return err
-				}
-				return r.checkCancel(ctx, conn)
-			},
-			lost: r.lock.lost,
-		}
-		name = r.lock.appName()
-		r.lock.dial = func(ctx context.Context) (dbConn, error) {
-			conn, err := connect(ctx, r.opts.DatabaseURL, r.opts.RunKey, name, time.Duration(cfg.HeartbeatInterval))
-			if err != nil {
-				return nil, err
-			}
-			return pgxConn{conn}, nil
-		}
-		if mode == config.LockModeHost {
-			r.lock.dial = r.dialKeeper
-		}
-	}
-	r.w = newWriter(r.opts.DatabaseURL, name, r.logger, stmtTimeout, hooks)
-	r.w.dial = r.lock.dial
-	r.w.runKey = r.opts.RunKey
-	r.w.submit = r.opts.Submit
-	// Probed like the lock connection, in both modes: the write connection
-	// also hears cancellations, which a silently dead connection would lose.
-	r.w.heartbeat = time.Duration(cfg.HeartbeatInterval)
-	r.w.sampleEvery = time.Duration(cfg.ProgressInterval)
-	r.lock.w = r.w
+	name := r.connections(mode, pre)
 	wctx, stopWriter := context.WithCancel(context.WithoutCancel(ctx))
 	writerDone := make(chan struct{})
 	startWriter := func(conn dbConn) {
+		r.writerStarted = true
 		go func() {
 			defer close(writerDone)
 			r.w.run(wctx, conn, protocol.CancelChannel)
@@ -242,10 +192,9 @@ func (r *runner) run(ctx context.Context) (int, error) {
 		}
 	}()
 	if mode == config.LockModeRow {
-		r.w.takeFirst = func(ctx context.Context) *pgx.Conn { return takeFirst(ctx, true, name) }
+		r.w.takeFirst = func(ctx context.Context) *pgx.Conn { return r.takeFirst(ctx, pre, true, name) }
 		// The write connection is made while the lock is taken: it is
 		// needed right after.
-		r.writerStarted = true
 		startWriter(nil)
 	}
 
@@ -264,7 +213,6 @@ func (r *runner) run(ctx context.Context) (int, error) {
 		return protocol.ExitSetup, err
 	}
 	if conn != nil {
-		r.writerStarted = true
 		startWriter(conn)
 	}
 	defer r.lock.release(ctx, stmtTimeout)
@@ -283,29 +231,101 @@ func (r *runner) run(ctx context.Context) (int, error) {
 	// records itself: a launch that fails here is taken back by the
 	// supervisor without spending an attempt.
 	if err := r.prepare(); err != nil {
-		fctx, cancel := context.WithTimeout(ctx, stmtTimeout)
-		defer cancel()
-		// Every launch on this host meets the same condition until it is
-		// repaired: one WARNING per attempt says so. Cleaned first, so that
-		// the stored reason compares equal.
-		reason, _ := etlcontext.CleanText("this host cannot run the task: " + err.Error())
-		var seen bool
-		if serr := r.w.do(fctx, func(ctx context.Context, conn dbConn) (err error) {
-			seen, err = etlcontext.WarnedThisAttempt(ctx, conn, c.ID, reason)
-			return err
-		}); serr != nil {
-			r.logger.Warn("read earlier warnings", "error", serr)
-		}
-		if !seen {
-			r.w.event(protocol.EventWarning, map[string]any{"reason": reason, "host": r.opts.Host}, map[string]any{etlcontext.UnfitHostMeta: reason}, false)
-			if ferr := r.w.flush(fctx); ferr != nil {
-				err = errors.Join(err, ferr)
-			}
-		}
-		return protocol.ExitUnfit, err
+		return r.unfit(ctx, err)
 	}
 	defer r.logFile.Close()
+	return r.start(ctx)
+}
 
+// takeFirst takes the connection pre made ahead of the launch, if it
+// still works, for writes or the lock; nil to connect now.
+func (r *runner) takeFirst(ctx context.Context, pre *Preconnected, write bool, name string) *pgx.Conn {
+	conn, err := pre.take(ctx, write, name)
+	if err != nil {
+		r.logger.Info("a connection made ahead of the launch no longer works; connecting now", "error", err)
+	}
+	return conn
+}
+
+// connections sets up the lock (r.lock) and the writes (r.w) for mode,
+// and returns the name of the writes' session. In row mode they are two
+// connections; otherwise one, which holds the lock, so that every new one
+// takes the lock again before anything else is sent on it. In host mode
+// it is a session with the keeper, which holds the lock for as long as
+// the session lasts.
+func (r *runner) connections(mode config.LockMode, pre *Preconnected) string {
+	heartbeat := time.Duration(r.opts.Config.HeartbeatInterval)
+	r.lock = newLockKeeper(r.opts.DatabaseURL, r.opts.ContextID, r.opts.RunID, mode, heartbeat, r.logger)
+	r.lock.runKey = r.opts.RunKey
+	hooks := writerHooks{resume: r.checkCancel}
+	name := fmt.Sprintf("dama-task:%d", r.opts.ContextID)
+	if mode != config.LockModeHost {
+		// A host-mode runner's lock is the keeper's: a session of its own
+		// would hold it outside the keeper (keep closed them anyway).
+		r.lock.takeFirst = func(ctx context.Context) *pgx.Conn { return r.takeFirst(ctx, pre, false, r.lock.appName()) }
+	}
+	if mode != config.LockModeRow {
+		hooks = writerHooks{
+			resume: func(ctx context.Context, conn dbConn) error {
+				if err := r.lock.resume(ctx, conn); err != nil {
+					return err
+				}
+				return r.checkCancel(ctx, conn)
+			},
+			lost: r.lock.lost,
+		}
+		name = r.lock.appName()
+		r.lock.dial = func(ctx context.Context) (dbConn, error) {
+			conn, err := connect(ctx, r.opts.DatabaseURL, r.opts.RunKey, name, heartbeat)
+			if err != nil {
+				return nil, err
+			}
+			return pgxConn{conn}, nil
+		}
+		if mode == config.LockModeHost {
+			r.lock.dial = r.dialKeeper
+		}
+	}
+	r.w = newWriter(r.opts.DatabaseURL, name, r.logger, stmtTimeout, hooks)
+	r.w.dial = r.lock.dial
+	r.w.runKey = r.opts.RunKey
+	r.w.submit = r.opts.Submit
+	// Probed like the lock connection, in both modes: the write connection
+	// also hears cancellations, which a silently dead connection would lose.
+	r.w.heartbeat = heartbeat
+	r.w.sampleEvery = time.Duration(r.opts.Config.ProgressInterval)
+	r.lock.w = r.w
+	return name
+}
+
+// unfit ends a launch this host cannot run (err, from prepare): the
+// supervisor takes it back without spending an attempt. Every launch on
+// this host meets the same condition until it is repaired: one WARNING
+// per attempt says so.
+func (r *runner) unfit(ctx context.Context, err error) (int, error) {
+	fctx, cancel := context.WithTimeout(ctx, stmtTimeout)
+	defer cancel()
+	// Cleaned first, so that the stored reason compares equal.
+	reason, _ := etlcontext.CleanText("this host cannot run the task: " + err.Error())
+	var seen bool
+	if serr := r.w.do(fctx, func(ctx context.Context, conn dbConn) (err error) {
+		seen, err = etlcontext.WarnedThisAttempt(ctx, conn, r.ctx.ID, reason)
+		return err
+	}); serr != nil {
+		r.logger.Warn("read earlier warnings", "error", serr)
+	}
+	if !seen {
+		r.w.event(protocol.EventWarning, map[string]any{"reason": reason, "host": r.opts.Host}, map[string]any{etlcontext.UnfitHostMeta: reason}, false)
+		if ferr := r.w.flush(fctx); ferr != nil {
+			err = errors.Join(err, ferr)
+		}
+	}
+	return protocol.ExitUnfit, err
+}
+
+// start records the attempt's start and tells the supervisor, then runs
+// the command, unless a signal or a cancellation came first.
+func (r *runner) start(ctx context.Context) (int, error) {
 	select {
 	case sig := <-r.signals:
 		// Nothing is recorded yet: the supervisor takes the launch back,

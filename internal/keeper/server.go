@@ -95,45 +95,15 @@ func Serve(ctx context.Context, cfg Config) error {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	lockFile, err := os.OpenFile(cfg.Socket+".lock", os.O_RDWR|os.O_CREATE, 0o600)
+	lockFile, lockID, err := lockSocket(cfg.Socket)
 	if err != nil {
-		return fmt.Errorf("open the keeper's lock file: %w", err)
+		return err
 	}
 	defer lockFile.Close()
-	if err := unix.Flock(int(lockFile.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return ErrRunning
-		}
-		return fmt.Errorf("lock the keeper's lock file: %w", err)
-	}
-	// A keeper that exits idle removes its lock file, holding it: one that
-	// opened the file before and locked it after holds a file no longer
-	// at the path, and leaves the socket to the keeper of the new one.
-	var held unix.Stat_t
-	if err := unix.Fstat(int(lockFile.Fd()), &held); err != nil {
-		return fmt.Errorf("read the keeper's lock file: %w", err)
-	}
-	lockID := &[2]uint64{held.Dev, held.Ino}
-	if id := fileID(cfg.Socket + ".lock"); id == nil || *id != *lockID {
-		return ErrRunning
-	}
-	// The pid, for an operator (and a test) to find the keeper by.
-	if err := lockFile.Truncate(0); err == nil {
-		lockFile.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
-	}
-	// Under the lock, a socket left behind is a dead keeper's.
-	if err := os.Remove(cfg.Socket); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove the socket of a keeper that ended: %w", err)
-	}
-	var ln *net.UnixListener
-	if err := viaDir(cfg.Socket, func(addr string) (err error) {
-		ln, err = net.ListenUnix("unix", &net.UnixAddr{Name: addr, Net: "unix"})
+	ln, bound, err := listenSocket(cfg.Socket)
+	if err != nil {
 		return err
-	}); err != nil {
-		return fmt.Errorf("listen on the keeper's socket: %w", err)
 	}
-	ln.SetUnlinkOnClose(false)
-	bound := fileID(cfg.Socket)
 	defer func() {
 		// Removed before the lock file is let go, if it is still this
 		// keeper's: the next keeper finds no socket of this one.
@@ -183,6 +153,68 @@ func Serve(ctx context.Context, cfg Config) error {
 		}
 	}()
 	go s.watch(ctx, ln, bound, lockID, idle)
+	s.accept(ctx, ln)
+	return nil
+}
+
+// lockSocket takes socket's lock file, one keeper per socket, and writes
+// the keeper's pid in it; it fails with ErrRunning when another keeper
+// holds it. It returns the file, held, and its identity.
+func lockSocket(socket string) (*os.File, *[2]uint64, error) {
+	lockFile, err := os.OpenFile(socket+".lock", os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open the keeper's lock file: %w", err)
+	}
+	fail := func(err error) (*os.File, *[2]uint64, error) {
+		lockFile.Close()
+		return nil, nil, err
+	}
+	if err := unix.Flock(int(lockFile.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return fail(ErrRunning)
+		}
+		return fail(fmt.Errorf("lock the keeper's lock file: %w", err))
+	}
+	// A keeper that exits idle removes its lock file, holding it: one that
+	// opened the file before and locked it after holds a file no longer
+	// at the path, and leaves the socket to the keeper of the new one.
+	var held unix.Stat_t
+	if err := unix.Fstat(int(lockFile.Fd()), &held); err != nil {
+		return fail(fmt.Errorf("read the keeper's lock file: %w", err))
+	}
+	lockID := &[2]uint64{held.Dev, held.Ino}
+	if id := fileID(socket + ".lock"); id == nil || *id != *lockID {
+		return fail(ErrRunning)
+	}
+	// The pid, for an operator (and a test) to find the keeper by.
+	if err := lockFile.Truncate(0); err == nil {
+		lockFile.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	}
+	return lockFile, lockID, nil
+}
+
+// listenSocket listens on socket, under its lock (lockSocket), and
+// returns the listener and the identity of the socket's file.
+func listenSocket(socket string) (*net.UnixListener, *[2]uint64, error) {
+	// Under the lock, a socket left behind is a dead keeper's.
+	if err := os.Remove(socket); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, nil, fmt.Errorf("remove the socket of a keeper that ended: %w", err)
+	}
+	var ln *net.UnixListener
+	if err := viaDir(socket, func(addr string) (err error) {
+		ln, err = net.ListenUnix("unix", &net.UnixAddr{Name: addr, Net: "unix"})
+		return err
+	}); err != nil {
+		return nil, nil, fmt.Errorf("listen on the keeper's socket: %w", err)
+	}
+	ln.SetUnlinkOnClose(false)
+	return ln, fileID(socket), nil
+}
+
+// accept serves each connection of the keeper's user in a session of
+// its own until ctx ends or ln is closed, then ends every session and
+// waits for them.
+func (s *server) accept(ctx context.Context, ln *net.UnixListener) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer s.closeSessions()
@@ -191,18 +223,18 @@ func Serve(ctx context.Context, cfg Config) error {
 		conn, err := ln.AcceptUnix()
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
-				return nil
+				return
 			}
-			logger.Warn("accept", "error", err)
+			s.logger.Warn("accept", "error", err)
 			select {
 			case <-time.After(100 * time.Millisecond):
 			case <-ctx.Done():
-				return nil
+				return
 			}
 			continue
 		}
 		if err := checkPeer(conn); err != nil {
-			logger.Warn("refused a connection", "error", err)
+			s.logger.Warn("refused a connection", "error", err)
 			conn.Close()
 			continue
 		}
@@ -214,7 +246,7 @@ func Serve(ctx context.Context, cfg Config) error {
 			// at most handshakeTimeout.
 			conn.Close()
 			if !refusing {
-				logger.Warn("refused connections: too many have not opened their session yet", "at_most", maxUnproven)
+				s.logger.Warn("refused connections: too many have not opened their session yet", "at_most", maxUnproven)
 			}
 			refusing = true
 			continue

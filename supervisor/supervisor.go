@@ -190,47 +190,14 @@ func (o Options) withDefaults() Options {
 // as it is); Run starts it.
 func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, error) {
 	cfg = cfg.WithDefaults()
-	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("configuration: %w", err)
+	if err := check(cfg, opts); err != nil {
+		return nil, err
 	}
-	if opts.Executable != "" && len(opts.Funcs) > 0 {
-		// Another program would find none of the functions: its task
-		// processes would be unfit on every host, forever.
-		return nil, errors.New("with Options.Funcs, Options.Executable must be empty: the task processes of function kinds are this program")
-	}
-	var (
-		prog *program
-		err  error
-	)
-	if opts.Executable != "" {
-		prog, err = openProgram(opts.Executable)
-	} else {
-		prog, err = selfProgram()
-	}
+	prog, err := taskProgram(opts)
 	if err != nil {
 		return nil, err
 	}
 	opts.Executable = prog.path
-	if opts.CheckExecutable != nil && prog.file != nil {
-		if err := opts.CheckExecutable(prog.file); err != nil {
-			prog.file.Close()
-			return nil, err
-		}
-	}
-	if opts.DatabaseURL == "" {
-		return nil, errors.New("supervisor needs the database URL to hand to task processes")
-	}
-	if cfg.Path == "" {
-		return nil, errors.New("the configuration names no file (config.Load sets its Path): task processes read it from there")
-	}
-	if err := checkUsers(cfg); err != nil {
-		return nil, err
-	}
-	for _, name := range cfg.Functions() {
-		if opts.Funcs[name] == nil {
-			return nil, fmt.Errorf("%w: the configuration's function kinds name %s, which this program does not register (Options.Funcs); run them under the program that does", ErrUnregisteredFunction, name)
-		}
-	}
 	opts = opts.withDefaults()
 	host, err := os.Hostname()
 	if err != nil {
@@ -266,55 +233,125 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 		hearings:    newHearings(),
 	}
 	s.metrics.zero(cfg)
-	if opts.Registerer != nil {
-		var registered []prometheus.Collector
-		for _, c := range append(s.metrics.collectors(), NewPoolCollector(pool), NewStatsCollector(pool)) {
-			if err := opts.Registerer.Register(c); err != nil {
-				for _, r := range registered {
-					opts.Registerer.Unregister(r)
-				}
-				return nil, fmt.Errorf("register metrics: %w", err)
-			}
-			registered = append(registered, c)
+	if err := s.registerMetrics(); err != nil {
+		return nil, err
+	}
+	if s.river, err = s.newRiverClient(); err != nil {
+		return nil, err
+	}
+	s.client = &Client{pool: pool, cfg: cfg, river: s.river, submit: submit.New(cfg)}
+	return s, nil
+}
+
+// check refuses, in one line, what a supervisor cannot run: a wrong
+// configuration, or options that do not fit it.
+func check(cfg *config.Config, opts Options) error {
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("configuration: %w", err)
+	}
+	if opts.Executable != "" && len(opts.Funcs) > 0 {
+		// Another program would find none of the functions: its task
+		// processes would be unfit on every host, forever.
+		return errors.New("with Options.Funcs, Options.Executable must be empty: the task processes of function kinds are this program")
+	}
+	if opts.DatabaseURL == "" {
+		return errors.New("supervisor needs the database URL to hand to task processes")
+	}
+	if cfg.Path == "" {
+		return errors.New("the configuration names no file (config.Load sets its Path): task processes read it from there")
+	}
+	if err := checkUsers(cfg); err != nil {
+		return err
+	}
+	for _, name := range cfg.Functions() {
+		if opts.Funcs[name] == nil {
+			return fmt.Errorf("%w: the configuration's function kinds name %s, which this program does not register (Options.Funcs); run them under the program that does", ErrUnregisteredFunction, name)
 		}
 	}
+	for _, name := range cfg.KindNames() {
+		if _, err := cfg.Kinds[name].ScheduleOf(); err != nil {
+			return fmt.Errorf("kind %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// taskProgram opens the program the task processes run
+// (Options.Executable, or this one) and checks it.
+func taskProgram(opts Options) (*program, error) {
+	var (
+		prog *program
+		err  error
+	)
+	if opts.Executable != "" {
+		prog, err = openProgram(opts.Executable)
+	} else {
+		prog, err = selfProgram()
+	}
+	if err != nil {
+		return nil, err
+	}
+	if opts.CheckExecutable != nil && prog.file != nil {
+		if err := opts.CheckExecutable(prog.file); err != nil {
+			prog.file.Close()
+			return nil, err
+		}
+	}
+	return prog, nil
+}
+
+// registerMetrics registers the supervisor's metrics with
+// Options.Registerer, all or none.
+func (s *Supervisor) registerMetrics() error {
+	if s.opts.Registerer == nil {
+		return nil
+	}
+	var registered []prometheus.Collector
+	for _, c := range append(s.metrics.collectors(), NewPoolCollector(s.pool), NewStatsCollector(s.pool)) {
+		if err := s.opts.Registerer.Register(c); err != nil {
+			for _, r := range registered {
+				s.opts.Registerer.Unregister(r)
+			}
+			return fmt.Errorf("register metrics: %w", err)
+		}
+		registered = append(registered, c)
+	}
+	return nil
+}
+
+// newRiverClient makes the River client whose worker steps the tasks.
+func (s *Supervisor) newRiverClient() (*river.Client[pgx.Tx], error) {
 	workers := river.NewWorkers()
 	if err := river.AddWorkerSafely(workers, &taskWorker{s: s}); err != nil {
 		return nil, fmt.Errorf("register task worker: %w", err)
 	}
 	queues := map[string]river.QueueConfig{}
-	for _, name := range cfg.QueueNames() {
-		queues[name] = river.QueueConfig{MaxWorkers: opts.MaxWorkers}
+	for _, name := range s.cfg.QueueNames() {
+		queues[name] = river.QueueConfig{MaxWorkers: s.opts.MaxWorkers}
 	}
-	s.river, err = river.NewClient(riverpgxv5.New(pool), &river.Config{
+	client, err := river.NewClient(riverpgxv5.New(s.pool), &river.Config{
 		Queues:  queues,
 		Workers: workers,
 		// River reports every retry and snooze at info level; dama logs
 		// what matters about a task itself.
-		Logger:            slog.New(levelFloor{Handler: opts.Logger.Handler(), min: slog.LevelWarn}),
-		FetchCooldown:     opts.FetchCooldown,
-		FetchPollInterval: opts.FetchPollInterval,
-		JobTimeout:        stepTimeout(opts.LaunchTimeout),
+		Logger:            slog.New(levelFloor{Handler: s.opts.Logger.Handler(), min: slog.LevelWarn}),
+		FetchCooldown:     s.opts.FetchCooldown,
+		FetchPollInterval: s.opts.FetchPollInterval,
+		JobTimeout:        stepTimeout(s.opts.LaunchTimeout),
 		// dama rescues the steps of dead supervisors itself, within a poll
 		// interval and without spending an attempt (rescueOrphanedSteps);
 		// River's rescuer is only the last resort.
 		RescueStuckJobsAfter: time.Hour,
 		// A finished task's job is kept as long as the task, and goes
 		// with it (pruneLoop).
-		CompletedJobRetentionPeriod: jobRetention(cfg, 24*time.Hour),
-		CancelledJobRetentionPeriod: jobRetention(cfg, 24*time.Hour),
-		DiscardedJobRetentionPeriod: jobRetention(cfg, 7*24*time.Hour),
+		CompletedJobRetentionPeriod: jobRetention(s.cfg, 24*time.Hour),
+		CancelledJobRetentionPeriod: jobRetention(s.cfg, 24*time.Hour),
+		DiscardedJobRetentionPeriod: jobRetention(s.cfg, 7*24*time.Hour),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create River client: %w", err)
 	}
-	s.client = &Client{pool: pool, cfg: cfg, river: s.river, submit: submit.New(cfg)}
-	for _, name := range cfg.KindNames() {
-		if _, err := cfg.Kinds[name].ScheduleOf(); err != nil {
-			return nil, fmt.Errorf("kind %s: %w", name, err)
-		}
-	}
-	return s, nil
+	return client, nil
 }
 
 // levelFloor drops records below min.

@@ -1,0 +1,155 @@
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/dama-etl/dama/sql"
+)
+
+// binDirEnv carries the directory of the built binaries from Main to New.
+const binDirEnv = "DAMA_TEST_BIN_DIR"
+
+// Main builds the binaries (unless DAMA_TEST_BIN_DIR names them) and the
+// migrated template database, runs the package's tests, and removes
+// both. Call it from TestMain.
+func Main(m *testing.M) {
+	os.Exit(runMain(m))
+}
+
+func runMain(m *testing.M) int {
+	// A fuzz worker only tries a fuzz target's inputs, none of which starts
+	// a process; building the binaries again in each worker would spend a
+	// short -fuzztime before the first input.
+	if slices.Contains(os.Args[1:], "-test.fuzzworker") {
+		return m.Run()
+	}
+	if os.Getenv(binDirEnv) == "" {
+		dir, err := os.MkdirTemp("", "dama-test-bin-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "testenv:", err)
+			return 2
+		}
+		defer os.RemoveAll(dir)
+		if err := Build(dir); err != nil {
+			fmt.Fprintln(os.Stderr, "testenv:", err)
+			return 2
+		}
+		os.Setenv(binDirEnv, dir)
+	}
+	if admin := os.Getenv("TEST_DATABASE_URL"); admin != "" {
+		name, err := createTemplate(admin)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "testenv:", err)
+			return 2
+		}
+		defer dropDatabase(admin, name)
+		os.Setenv(templateEnv, name)
+	}
+	return m.Run()
+}
+
+// Build builds the binaries the tests run into dir, with the race detector
+// when the tests have it: scripts/test.sh builds them once for every
+// package's tests (DAMA_TEST_BIN_DIR), rather than each package's TestMain.
+func Build(dir string) error {
+	for _, pkg := range []string{"cmd/dama", "cmd/dama-taskrunner", "cmd/sample-etl", "cmd/sample-embedded"} {
+		args := []string{"build", "-o", filepath.Join(dir, filepath.Base(pkg))}
+		if commit := headCommit(); commit != "" {
+			args = append(args, "-ldflags", "-X github.com/dama-etl/dama/version.commit="+commit)
+		}
+		if raceEnabled {
+			args = append(args, "-race")
+		}
+		cmd := exec.Command("go", append(args, "./"+pkg)...)
+		if !raceEnabled {
+			// Static, as scripts/build.sh builds them: the tests measure
+			// what users run. (The race detector needs cgo.)
+			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		}
+		cmd.Dir = moduleRoot()
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("build %s: %v\n%s", pkg, err, out)
+		}
+	}
+	return nil
+}
+
+// templateEnv carries the name of the migrated template database from Main
+// to New: a test's database is a copy of it, made in a fraction of the time
+// the migrations take.
+const templateEnv = "DAMA_TEST_TEMPLATE"
+
+// createTemplate creates a database on the server admin names, migrates it
+// and returns its name.
+func createTemplate(admin string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	name := "dama_template_" + randomHex(6)
+	if err := execAdmin(ctx, admin, "CREATE DATABASE "+name); err != nil {
+		return "", fmt.Errorf("create the template database: %w", err)
+	}
+	dbURL, err := withDatabase(admin, name)
+	if err != nil {
+		return "", err
+	}
+	pool, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		return "", fmt.Errorf("connect to the template database: %w", err)
+	}
+	// A database is copied only while nobody is connected to it.
+	defer pool.Close()
+	if err := sql.Migrate(ctx, pool, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+		return "", fmt.Errorf("migrate the template database: %w", err)
+	}
+	return name, nil
+}
+
+func dropDatabase(admin, name string) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := execAdmin(ctx, admin, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+		fmt.Fprintln(os.Stderr, "testenv: drop the template database:", err)
+	}
+}
+
+func execAdmin(ctx context.Context, admin, sql string) error {
+	conn, err := pgx.Connect(ctx, admin)
+	if err != nil {
+		return fmt.Errorf("connect to the test server: %w", err)
+	}
+	defer conn.Close(context.Background())
+	_, err = conn.Exec(ctx, sql)
+	return err
+}
+
+// headCommit is the commit the module's checkout is at, "" when unknown.
+func headCommit() string {
+	cmd := exec.Command("git", "rev-parse", "HEAD")
+	cmd.Dir = moduleRoot()
+	out, err := cmd.Output()
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func moduleRoot() string {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		panic(fmt.Sprintf("testenv: go env GOMOD: %v", err))
+	}
+	return filepath.Dir(strings.TrimSpace(string(out)))
+}

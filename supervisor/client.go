@@ -14,7 +14,7 @@ import (
 	"github.com/riverqueue/river"
 
 	"github.com/dama-etl/dama/config"
-	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/etlcontext"
 	"github.com/dama-etl/dama/internal/pglisten"
 	"github.com/dama-etl/dama/internal/submit"
 	"github.com/dama-etl/dama/taskrunner/protocol"
@@ -88,8 +88,7 @@ type SubmitParams struct {
 var ErrUnknownKind = submit.ErrUnknownKind
 
 // ErrIdempotencyKeyOtherKind is returned by Submit for an idempotency key
-// that a task of another kind was submitted with. It is
-// etlcontext.ErrIdempotencyKeyOtherKind, so that either name matches.
+// that a task of another kind was submitted with.
 var ErrIdempotencyKeyOtherKind = etlcontext.ErrIdempotencyKeyOtherKind
 
 // reservedKeyPrefix starts the idempotency keys dama makes for its own
@@ -152,7 +151,7 @@ var ErrCancelPending = errors.New("cancellation requested, not yet recorded")
 // SIGKILL after the kill grace) and records the cancellation. Cancel waits
 // as Wait does, on the database's announcement of the context's end, and
 // rides out a database restart within ctx.
-func (c *Client) Cancel(ctx context.Context, id int64) (etlcontext.Status, error) {
+func (c *Client) Cancel(ctx context.Context, id int64) (Status, error) {
 	var (
 		requested   bool
 		status      etlcontext.Status
@@ -207,7 +206,7 @@ func (c *Client) Cancel(ctx context.Context, id int64) (etlcontext.Status, error
 // ctx ends: otherwise a task waiting out a retry's backoff would be
 // cancelled only at its next step, maybe hours later. When ctx ends first,
 // the request stands and RequestCancel returns the status with no error.
-func (c *Client) RequestCancel(ctx context.Context, id int64) (etlcontext.Status, error) {
+func (c *Client) RequestCancel(ctx context.Context, id int64) (Status, error) {
 	requested := false
 	for {
 		status, done, err := c.tryCancel(ctx, id, &requested)

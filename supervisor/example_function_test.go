@@ -9,8 +9,9 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/dama-etl/dama/config"
-	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
 	"github.com/dama-etl/dama/supervisor"
 	"github.com/dama-etl/dama/taskrunner"
@@ -109,23 +110,33 @@ func runExample(yaml, kind, args string) {
 		panic(err)
 	}
 	fmt.Println(c.Status, "at attempt", c.Attempt)
-	events, err := etlcontext.Events(ctx, env.Pool, id)
+	events, err := env.Pool.Query(ctx, `
+		SELECT attempt, type, payload FROM data_manager.event_store
+		 WHERE etl_context_id = $1 ORDER BY event_id`, id)
 	if err != nil {
 		panic(err)
 	}
-	for _, e := range events {
-		payload := string(e.Payload)
-		if e.Type == kind+":ERROR" {
+	var (
+		attempt int
+		typ     string
+		payload []byte
+	)
+	if _, err := pgx.ForEachRow(events, []any{&attempt, &typ, &payload}, func() error {
+		shown := string(payload)
+		if typ == kind+":ERROR" {
 			// Its payload also holds the log's tail, with pids and times.
 			var failed struct {
 				Reason string `json:"reason"`
 			}
-			if err := json.Unmarshal(e.Payload, &failed); err != nil {
-				panic(err)
+			if err := json.Unmarshal(payload, &failed); err != nil {
+				return err
 			}
-			payload = "reason: " + failed.Reason
+			shown = "reason: " + failed.Reason
 		}
-		fmt.Println(e.Attempt, e.Type, payload)
+		fmt.Println(attempt, typ, shown)
+		return nil
+	}); err != nil {
+		panic(err)
 	}
 	cancel()
 	if err := <-stopped; err != nil {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 
 	"github.com/dama-etl/dama/config"
-	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
 	"github.com/dama-etl/dama/supervisor"
 )
@@ -55,15 +54,16 @@ kinds:
 			panic(err)
 		}
 	}
-	tasks, err := etlcontext.Tasks(ctx, env.Pool, etlcontext.TaskQuery{})
-	if err != nil {
+	var (
+		n            int
+		name, status string
+	)
+	if err := env.Pool.QueryRow(ctx, `
+		SELECT count(*) OVER (), u.name, t.etl_status
+		  FROM data_manager.dama_task_queue AS t JOIN uploads AS u USING (etl_context_id)`).Scan(&n, &name, &status); err != nil {
 		panic(err)
 	}
-	var name string
-	if err := env.Pool.QueryRow(ctx, `SELECT name FROM uploads WHERE etl_context_id = $1`, tasks[0].ID).Scan(&name); err != nil {
-		panic(err)
-	}
-	fmt.Println(len(tasks), "task, for", name, tasks[0].Status)
+	fmt.Println(n, "task, for", name, status)
 	// Output:
 	// 1 task, for upload-true.csv QUEUED
 }

@@ -9,8 +9,9 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/dama-etl/dama/config"
-	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
 	"github.com/dama-etl/dama/supervisor"
 )
@@ -51,11 +52,14 @@ kinds:
 	}
 	fmt.Println("same id:", id == again, "created:", created, createdAgain)
 
-	tasks, err := etlcontext.Tasks(ctx, env.Pool, etlcontext.TaskQuery{ID: id})
-	if err != nil {
+	// Any program reads a task from the view, with plain SQL.
+	var kind, status, job string
+	if err := env.Pool.QueryRow(ctx, `
+		SELECT kind, etl_status, job_state FROM data_manager.dama_task_queue
+		 WHERE etl_context_id = $1`, id).Scan(&kind, &status, &job); err != nil {
 		panic(err)
 	}
-	fmt.Println(tasks[0].Kind, tasks[0].Status, *tasks[0].JobState)
+	fmt.Println(kind, status, job)
 
 	_, _, err = client.Submit(ctx, supervisor.SubmitParams{Kind: "rm-rf"})
 	fmt.Println(err)
@@ -106,17 +110,31 @@ kinds:
 	if _, err := client.Wait(waitCtx, id); err != nil {
 		panic(err)
 	}
-	tasks, err := etlcontext.Tasks(ctx, env.Pool, etlcontext.TaskQuery{ID: id})
+	var (
+		status   string
+		progress []byte
+	)
+	if err := env.Pool.QueryRow(ctx, `
+		SELECT etl_status, progress FROM data_manager.dama_task_queue
+		 WHERE etl_context_id = $1`, id).Scan(&status, &progress); err != nil {
+		panic(err)
+	}
+	fmt.Println(status, string(progress))
+	events, err := env.Pool.Query(ctx, `
+		SELECT attempt, type FROM data_manager.event_store
+		 WHERE etl_context_id = $1 ORDER BY event_id`, id)
 	if err != nil {
 		panic(err)
 	}
-	fmt.Println(tasks[0].Status, string(tasks[0].Progress))
-	events, err := etlcontext.Events(ctx, env.Pool, id)
-	if err != nil {
+	var (
+		attempt int
+		typ     string
+	)
+	if _, err := pgx.ForEachRow(events, []any{&attempt, &typ}, func() error {
+		fmt.Println(attempt, typ)
+		return nil
+	}); err != nil {
 		panic(err)
-	}
-	for _, e := range events {
-		fmt.Println(e.Attempt, e.Type)
 	}
 
 	cancel() // stops River; a task still running would go on
@@ -156,7 +174,7 @@ kinds:
 	if err != nil {
 		panic(err)
 	}
-	ended := make(chan *etlcontext.Context)
+	ended := make(chan *supervisor.Context)
 	go func() {
 		c, err := client.Wait(ctx, id)
 		if err != nil {
@@ -171,7 +189,7 @@ kinds:
 	fmt.Println(c.ID == id, c.Status)
 
 	_, err = client.Wait(ctx, id+1000)
-	fmt.Println(errors.Is(err, etlcontext.ErrNotFound))
+	fmt.Println(errors.Is(err, supervisor.ErrNotFound))
 	// Output:
 	// true CANCELLED
 	// true

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/etlcontext"
 	"github.com/dama-etl/dama/internal/pgerr"
 	"github.com/dama-etl/dama/internal/pglisten"
 )
@@ -27,9 +27,9 @@ const finishedRecheck = 10 * time.Second
 // announcement was missed. It rides out a database that goes away (a
 // restart, a failover) until ctx ends.
 //
-// It returns an error wrapping etlcontext.ErrNotFound for a context that
+// It returns an error wrapping ErrNotFound for a context that
 // does not exist, and one wrapping ctx's error when ctx ends first.
-func (c *Client) Wait(ctx context.Context, id int64) (*etlcontext.Context, error) {
+func (c *Client) Wait(ctx context.Context, id int64) (*Context, error) {
 	var (
 		finished    *etlcontext.Context
 		unreachable error

@@ -7,7 +7,7 @@ import (
 
 	"github.com/riverqueue/river/rivertype"
 
-	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/etlcontext"
 )
 
 // wake makes the snoozed job of context id available now, so that a step

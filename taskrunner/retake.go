@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/dama-etl/dama/config"
-	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/etlcontext"
 )
 
 // watch waits on the row-mode lock connection until it fails or ctx ends;

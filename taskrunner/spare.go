@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/dama-etl/dama/config"
-	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/etlcontext"
 )
 
 // Preconnected holds the connections a spare task process made before its

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/etlcontext"
 	"github.com/dama-etl/dama/internal/pgerr"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 )

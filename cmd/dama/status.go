@@ -14,7 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/etlcontext"
 )
 
 func newStatusCommand() *cobra.Command {

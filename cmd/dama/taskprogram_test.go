@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/etlcontext"
 )
 
 // A supervisor whose binary has dama-taskrunner beside it runs its task

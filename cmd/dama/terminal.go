@@ -11,7 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/etlcontext"
 	"github.com/dama-etl/dama/internal/pgerr"
 	"github.com/dama-etl/dama/supervisor"
 	"github.com/dama-etl/dama/taskrunner/protocol"

@@ -12,7 +12,7 @@ import (
 	"testing"
 
 	"github.com/dama-etl/dama/cmd/dama/internal/web"
-	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
 )
 

@@ -22,7 +22,7 @@ import (
 	"github.com/shirou/gopsutil/v3/process"
 
 	"github.com/dama-etl/dama/config"
-	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/etlcontext"
 	"github.com/dama-etl/dama/sql"
 )
 

@@ -4,7 +4,7 @@ import (
 	"encoding/json"
 	"testing"
 
-	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/etlcontext"
 )
 
 func TestParseProgress(t *testing.T) {

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/dama-etl/dama/config"
-	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 )

@@ -3,7 +3,6 @@ package supervisor
 import (
 	"context"
 
-	"github.com/dama-etl/dama/internal/taskprocess"
 	"github.com/dama-etl/dama/taskrunner"
 )
 
@@ -26,7 +25,7 @@ import (
 // program lacks its kind's function leaves the task to another host, and
 // no host would have it.
 func RunTaskProcess(ctx context.Context, funcs taskrunner.Funcs) (code int, ok bool) {
-	return taskprocess.Run(ctx, funcs)
+	return taskrunner.RunProcess(ctx, funcs)
 }
 
 // RunTaskrunner runs one attempt of a task as its runner, with the
@@ -36,7 +35,7 @@ func RunTaskProcess(ctx context.Context, funcs taskrunner.Funcs) (code int, ok b
 // protocol.DatabaseURLEnv); the runner logs to stderr, the task's log
 // file. It is `dama taskrunner`.
 func RunTaskrunner(ctx context.Context, args []string, funcs taskrunner.Funcs) int {
-	return taskprocess.RunTaskrunner(ctx, args, funcs)
+	return taskrunner.RunFromArgs(ctx, args, funcs)
 }
 
 // RunKeeper runs the host's lock keeper of lock_mode host, with the
@@ -45,5 +44,5 @@ func RunTaskrunner(ctx context.Context, args []string, funcs taskrunner.Funcs) i
 // environment (protocol.DatabaseURLEnv); the keeper logs to stderr, a file
 // beside its socket. It is `dama keeper`.
 func RunKeeper(ctx context.Context, args []string) int {
-	return taskprocess.RunKeeper(ctx, args)
+	return taskrunner.RunKeeperFromArgs(ctx, args)
 }

@@ -22,7 +22,7 @@ import (
 	// has.
 	_ "time/tzdata"
 
-	"github.com/dama-etl/dama/internal/taskprocess"
+	"github.com/dama-etl/dama/taskrunner"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 	"github.com/dama-etl/dama/version"
 	"golang.org/x/sys/unix"
@@ -45,7 +45,7 @@ func main() {
 	// As dama's own: a signal ends a spare's wait, and a runner's before
 	// its command starts (after, the runner stops its command itself).
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	code, ok := taskprocess.Run(ctx, nil)
+	code, ok := taskrunner.RunProcess(ctx, nil)
 	stop()
 	if ok {
 		os.Exit(code)

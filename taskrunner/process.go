@@ -1,11 +1,11 @@
-// Package taskprocess is the life of a task process: a task's runner, the
-// host's lock keeper, and the process that calls a function kind, each
-// this program or cmd/dama-taskrunner started again by a supervisor or a
-// runner, with a role in its environment (protocol.ProcessEnv). It imports
-// no more than a runner needs: cmd/dama-taskrunner is this package and a
-// main, so that a runner touches fewer pages of its program than of the
-// whole dama's.
-package taskprocess
+package taskrunner
+
+// The life of a task process: a task's runner, the host's lock keeper,
+// and the process that calls a function kind, each this program or
+// cmd/dama-taskrunner started again by a supervisor or a runner, with a
+// role in its environment (protocol.ProcessEnv). cmd/dama-taskrunner is
+// this package and a main, so that a runner touches fewer pages of its
+// program than of the whole dama's.
 
 import (
 	"context"
@@ -21,12 +21,11 @@ import (
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/internal/hostproc"
 	"github.com/dama-etl/dama/internal/submit"
-	"github.com/dama-etl/dama/taskrunner"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 	"golang.org/x/sys/unix"
 )
 
-// Run runs this process as the task process a supervisor or a
+// RunProcess runs this process as the task process a supervisor or a
 // runner started it as, and returns its exit code and true; it returns
 // false at once when the process is not one. A program that embeds the
 // supervisor with function kinds calls it first thing in main, with the
@@ -37,14 +36,14 @@ import (
 //	}
 //
 // A supervisor runs each task in a process of its own: this program started
-// again, which holds the task's lock as the runner (see [RunTaskrunner]),
+// again, which holds the task's lock as the runner (see [RunFromArgs]),
 // and which starts this program a third time to call the kind's function
-// (see [taskrunner.RunFunction]). Which of these the process is comes from
+// (see [RunFunction]). Which of these the process is comes from
 // its environment (protocol.ProcessEnv), which only dama sets. The
 // functions must be those given to New in Options.Funcs: a runner whose
 // program lacks its kind's function leaves the task to another host, and
 // no host would have it.
-func Run(ctx context.Context, funcs taskrunner.Funcs) (code int, ok bool) {
+func RunProcess(ctx context.Context, funcs Funcs) (code int, ok bool) {
 	switch role, set := os.LookupEnv(protocol.ProcessEnv); {
 	case !set:
 		return 0, false
@@ -53,15 +52,15 @@ func Run(ctx context.Context, funcs taskrunner.Funcs) (code int, ok bool) {
 		if len(args) > 0 && args[0] == protocol.Subcommand {
 			args = args[1:]
 		}
-		return RunTaskrunner(ctx, args, funcs), true
+		return RunFromArgs(ctx, args, funcs), true
 	case role == protocol.ProcessFunction:
-		return taskrunner.RunFunction(ctx, funcs), true
+		return RunFunction(ctx, funcs), true
 	case role == protocol.ProcessKeeper:
 		args := os.Args[1:]
 		if len(args) > 0 && args[0] == protocol.KeeperSubcommand {
 			args = args[1:]
 		}
-		return RunKeeper(ctx, args), true
+		return RunKeeperFromArgs(ctx, args), true
 	default:
 		// Not this program's normal run either: that could start a
 		// whole supervisor where a task process was meant.
@@ -70,7 +69,7 @@ func Run(ctx context.Context, funcs taskrunner.Funcs) (code int, ok bool) {
 	}
 }
 
-// RunTaskrunner runs one attempt of a task as its runner, with the
+// RunFromArgs runs one attempt of a task as its runner, with the
 // arguments a supervisor gives after protocol.Subcommand, and returns the
 // process's exit code (taskrunner's Exit codes). The configuration comes
 // from the environment (protocol.ConfigEnv), the database from the
@@ -78,10 +77,10 @@ func Run(ctx context.Context, funcs taskrunner.Funcs) (code int, ok bool) {
 // (protocol.Secrets; or the environment's protocol.DatabaseURLEnv, for a
 // runner started by hand); the runner logs to stderr, the task's log file.
 // It is `dama-taskrunner taskrunner`, or `dama taskrunner`.
-func RunTaskrunner(ctx context.Context, args []string, funcs taskrunner.Funcs) int {
+func RunFromArgs(ctx context.Context, args []string, funcs Funcs) int {
 	// Before anything else, and before the secrets are read: the
 	// command's processes, of the same user, must not read this one's
-	// memory (see taskrunner.Run).
+	// memory (see Run).
 	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
 	if _, set := os.LookupEnv("GOGC"); !set {
 		debug.SetGCPercent(runnerGCPercent)
@@ -99,7 +98,7 @@ func RunTaskrunner(ctx context.Context, args []string, funcs taskrunner.Funcs) i
 	opts.Logger = logger
 	// The runner ends on its own terms: a signal to it stops its command,
 	// it does not abandon it.
-	return taskrunner.Run(context.WithoutCancel(ctx), opts)
+	return Run(context.WithoutCancel(ctx), opts)
 }
 
 // runnerGCPercent is the runner's GOGC unless its environment sets one. A
@@ -110,10 +109,10 @@ func RunTaskrunner(ctx context.Context, args []string, funcs taskrunner.Funcs) i
 // under a millisecond.
 const runnerGCPercent = 25
 
-func runnerOptions(ctx context.Context, args []string, funcs taskrunner.Funcs) (taskrunner.Options, error) {
+func runnerOptions(ctx context.Context, args []string, funcs Funcs) (Options, error) {
 	launch, err := protocol.ParseLaunch(args)
 	if err != nil {
-		return taskrunner.Options{}, err
+		return Options{}, err
 	}
 	// Kept from any process the runner starts (a lock keeper before the
 	// lock is held): the supervisor waits for the ready pipe's end.
@@ -124,32 +123,32 @@ func runnerOptions(ctx context.Context, args []string, funcs taskrunner.Funcs) (
 	}
 	cfg, err := config.Load(os.Getenv(protocol.ConfigEnv))
 	if err != nil {
-		return taskrunner.Options{}, err
+		return Options{}, err
 	}
 	var secrets protocol.Secrets
 	if launch.SecretsFD > 0 {
 		if secrets, err = readSecrets(launch.SecretsFD); err != nil {
-			return taskrunner.Options{}, err
+			return Options{}, err
 		}
 	}
 	var (
 		launchedAt time.Time
-		pre        *taskrunner.Preconnected
+		pre        *Preconnected
 	)
 	if launch.SpareFD > 0 {
 		if cfg, pre, secrets, launchedAt, err = spareLaunch(ctx, &launch, cfg); err != nil {
-			return taskrunner.Options{}, err
+			return Options{}, err
 		}
 	}
 	url, err := setSecretEnv(secrets)
 	if err != nil {
 		pre.Close()
-		return taskrunner.Options{}, err
+		return Options{}, err
 	}
 	opts, err := runnerHost(cfg, funcs)
 	if err != nil {
 		pre.Close()
-		return taskrunner.Options{}, err
+		return Options{}, err
 	}
 	opts.LockMode = launch.LockMode
 	opts.DatabaseURL = url
@@ -209,7 +208,7 @@ func setSecretEnv(secrets protocol.Secrets) (string, error) {
 // and an error when it was told to stop (ctx ended) as its launch came:
 // the launch is then given back, as a runner's signalled before its
 // command started.
-func spareLaunch(ctx context.Context, l *protocol.Launch, cfg *config.Config) (*config.Config, *taskrunner.Preconnected, protocol.Secrets, time.Time, error) {
+func spareLaunch(ctx context.Context, l *protocol.Launch, cfg *config.Config) (*config.Config, *Preconnected, protocol.Secrets, time.Time, error) {
 	var none protocol.Secrets
 	fd := l.SpareFD
 	defer syscall.Close(fd)
@@ -226,9 +225,9 @@ func spareLaunch(ctx context.Context, l *protocol.Launch, cfg *config.Config) (*
 	}
 	pctx, stopConnecting := context.WithTimeout(ctx, preconnectTimeout)
 	defer stopConnecting()
-	connected := make(chan *taskrunner.Preconnected, 1)
+	connected := make(chan *Preconnected, 1)
 	go func() {
-		connected <- taskrunner.Preconnect(pctx, url, secrets.RunKey, l.LockMode, time.Duration(cfg.HeartbeatInterval))
+		connected <- Preconnect(pctx, url, secrets.RunKey, l.LockMode, time.Duration(cfg.HeartbeatInterval))
 	}()
 	got, err := receiveLaunch(ctx, fd)
 	launchedAt := time.Now()
@@ -252,16 +251,16 @@ func spareLaunch(ctx context.Context, l *protocol.Launch, cfg *config.Config) (*
 }
 
 // runnerHost returns the options of a runner on this host under cfg.
-func runnerHost(cfg *config.Config, funcs taskrunner.Funcs) (taskrunner.Options, error) {
+func runnerHost(cfg *config.Config, funcs Funcs) (Options, error) {
 	hostID, err := hostproc.ID()
 	if err != nil {
-		return taskrunner.Options{}, err
+		return Options{}, err
 	}
 	host, err := os.Hostname()
 	if err != nil {
-		return taskrunner.Options{}, fmt.Errorf("read host name: %w", err)
+		return Options{}, fmt.Errorf("read host name: %w", err)
 	}
-	return taskrunner.Options{
+	return Options{
 		Host:   host,
 		HostID: hostID,
 		Config: cfg,
@@ -303,13 +302,13 @@ func receiveLaunch(ctx context.Context, fd int) (protocol.Launch, error) {
 	return l, nil
 }
 
-// RunKeeper runs the host's lock keeper of lock_mode host, with the
+// RunKeeperFromArgs runs the host's lock keeper of lock_mode host, with the
 // arguments a task process gives after protocol.KeeperSubcommand, and
 // returns the process's exit code. The database and the keeper's secret
 // come from its secrets socket (protocol.KeeperLaunch.SecretsFD), read once
 // it is non-dumpable; the keeper logs to stderr, a file beside its
 // socket. It is `dama-taskrunner keeper`, or `dama keeper`.
-func RunKeeper(ctx context.Context, args []string) int {
+func RunKeeperFromArgs(ctx context.Context, args []string) int {
 	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "keeper")
 	launch, err := protocol.ParseKeeperLaunch(args)
@@ -331,7 +330,7 @@ func RunKeeper(ctx context.Context, args []string) int {
 		logger.Error("keeper", "error", err, "exit_code", protocol.ExitSetup)
 		return protocol.ExitSetup
 	}
-	return taskrunner.RunKeeper(context.WithoutCancel(ctx), taskrunner.KeeperOptions{
+	return RunKeeper(context.WithoutCancel(ctx), KeeperOptions{
 		DatabaseURL: url,
 		Secret:      secrets.Keeper,
 		Launch:      launch,

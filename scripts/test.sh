@@ -102,7 +102,7 @@ fuzz_targets=(
 	# given of it: against the test server, whose jsonb is the judge.
 	"./taskrunner FuzzDecodeLine 20000"
 	"./taskrunner FuzzPlainLineIsTheDecoders 20000"
-	"./etlcontext FuzzCleanJSON 20000"
+	"./internal/etlcontext FuzzCleanJSON 20000"
 )
 for t in "${fuzz_targets[@]}"; do
 	read -r pkg target count <<<"$t"

@@ -200,16 +200,13 @@ func TestLiveSupervisorKeepsItsStepsWhenItsConnectionsFail(t *testing.T) {
 	if n := w.appConns("dama-supervisor-listen:"+client, true); n != 1 {
 		t.Fatalf("terminated %d listening connections of A, want 1", n)
 	}
-	deadline := time.Now().Add(15 * time.Second)
-	for since := time.Now(); time.Since(since) < 2*time.Second || w.appConns("dama-supervisor-listen:"+client, false) != 1; {
+	since := time.Now()
+	testenv.Eventually(t, 15*time.Second, "A's listening connection to come back, its liveness lock held all along", func() (bool, error) {
 		if !w.livenessHeld(client) {
 			t.Fatalf("A's liveness lock went missing %s after its listening connection failed", time.Since(since))
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("A's listening connection did not come back in 15s")
-		}
-		time.Sleep(10 * time.Millisecond) // deliberately: watches the lock all along
-	}
+		return time.Since(since) >= 2*time.Second && w.appConns("dama-supervisor-listen:"+client, false) == 1, nil
+	})
 	unchanged("after the listener failed")
 
 	// The liveness connection fails, and the database refuses new
@@ -223,12 +220,11 @@ func TestLiveSupervisorKeepsItsStepsWhenItsConnectionsFail(t *testing.T) {
 	testenv.Eventually(t, 5*time.Second, "A's liveness lock to go", func() (bool, error) {
 		return !w.livenessHeld(client), nil
 	})
-	for time.Since(lost) < 3*time.Second { // deliberately: nothing may happen
-		if w.livenessHeld(client) {
-			t.Fatal("A took its liveness lock back while the database refused connections")
-		}
+	if !testenv.Holds(3*time.Second-time.Since(lost), func() bool {
 		unchanged("while A's liveness lock was missing")
-		time.Sleep(50 * time.Millisecond)
+		return !w.livenessHeld(client)
+	}) {
+		t.Fatal("A took its liveness lock back while the database refused connections")
 	}
 	w.allowConnections(true)
 	testenv.Eventually(t, 5*time.Second, "A to take its liveness lock back", func() (bool, error) {
@@ -236,10 +232,10 @@ func TestLiveSupervisorKeepsItsStepsWhenItsConnectionsFail(t *testing.T) {
 	})
 	t.Logf("A took its liveness lock back %s after losing it", time.Since(lost))
 	// B keeps its hands off past the grace it gave A.
-	for time.Since(lost) < rescueGrace+time.Second { // deliberately: nothing may happen
+	testenv.Holds(rescueGrace+time.Second-time.Since(lost), func() bool {
 		unchanged("after A took its liveness lock back")
-		time.Sleep(50 * time.Millisecond)
-	}
+		return true
+	})
 	unchanged("at the end of the window")
 	// The step's timeout must not have cut the window short. River times
 	// it from the step's start, just after it fetched the job and set

@@ -45,16 +45,12 @@ func (w *world) terminateLock(id int64) {
 func noSecondStartWhileAlive(t *testing.T, pid int, starts func() []string) {
 	t.Helper()
 	before := strings.Join(starts(), " ")
-	deadline := time.Now().Add(30 * time.Second)
-	for testenv.Alive(pid) {
+	testenv.Eventually(t, 30*time.Second, fmt.Sprintf("the lock-less command %d to end, and nothing to start meanwhile", pid), func() (bool, error) {
 		if now := strings.Join(starts(), " "); now != before {
 			t.Fatalf("a second copy started while the first (pid %d) still ran: starts %s", pid, now)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the lock-less command %d still runs after 30s", pid)
-		}
-		time.Sleep(10 * time.Millisecond) // deliberately: watches that nothing starts while pid lives
-	}
+		return !testenv.Alive(pid), nil
+	})
 }
 
 // terminateLockConn ends the task's lock connection on the server and

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dama-etl/dama/internal/etlcontext"
+	"github.com/dama-etl/dama/internal/testenv"
 )
 
 const pauseConfig = `
@@ -54,15 +55,14 @@ func TestPausedQueueStartsNothingUntilResumed(t *testing.T) {
 	}
 	// Its slot is free now: a poll interval or two later, still nothing of
 	// the paused queue has started.
-	settle := time.Now().Add(5 * 300 * time.Millisecond)
-	for time.Now().Before(settle) {
+	testenv.Holds(5*300*time.Millisecond, func() bool {
 		for _, id := range waiting {
 			if got := w.task(id); got.Status != etlcontext.StatusQueued || got.Attempt != 0 {
 				t.Fatalf("context %d of the paused queue: %s, attempt %d", id, got.Status, got.Attempt)
 			}
 		}
-		time.Sleep(50 * time.Millisecond) // deliberately: nothing may start in this window
-	}
+		return true
+	})
 	res = w.Dama(w.cfg, "queues")
 	if res.Code != 0 {
 		t.Fatalf("queues: %s", res.Stderr)
@@ -136,20 +136,23 @@ kinds:
 		if _, err := client.PauseQueue(ctx, "etl", "storm"); err != nil {
 			t.Fatal(err)
 		}
+		// Paused for a random while, in which nothing may start.
 		before := startedSoFar()
-		time.Sleep(time.Duration(rng.IntN(40)) * time.Millisecond) // deliberately: the operator's random rhythm
-		if after := startedSoFar(); after != before {
-			t.Fatalf("%d tasks started while the queue was paused", after-before)
+		if !testenv.Holds(time.Duration(rng.IntN(40))*time.Millisecond, func() bool { return startedSoFar() == before }) {
+			t.Fatalf("%d tasks started while the queue was paused", startedSoFar()-before)
 		}
 		if _, err := client.ResumeQueue(ctx, "etl"); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(time.Duration(rng.IntN(40)) * time.Millisecond) // deliberately: the operator's random rhythm
+		// Resumed until a task starts, or none is left to.
 		var unfinished int
-		if err := w.Pool.QueryRow(ctx, `SELECT count(*) FROM data_manager.etl_contexts WHERE etl_status NOT IN ('DONE', 'FAILED', 'CANCELLED')`).Scan(&unfinished); err != nil {
-			t.Fatal(err)
-		}
-		done = unfinished == 0
+		testenv.Eventually(t, time.Minute, "a task to start once the queue is resumed", func() (bool, error) {
+			if err := w.Pool.QueryRow(ctx, `SELECT count(*) FROM data_manager.etl_contexts WHERE etl_status NOT IN ('DONE', 'FAILED', 'CANCELLED')`).Scan(&unfinished); err != nil {
+				return false, err
+			}
+			done = unfinished == 0
+			return done || startedSoFar() > before, nil
+		})
 		if toggles > 3000 {
 			t.Fatalf("%d tasks unfinished after %d pauses and resumes", unfinished, toggles)
 		}

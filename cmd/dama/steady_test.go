@@ -71,8 +71,13 @@ func TestSteadyStateCostsNothingPerTask(t *testing.T) {
 						 WHERE etl_status = 'RUNNING' AND pid IS NOT NULL AND initial_event_locked`).Scan(&locked)
 					return locked == n, err
 				})
-				// The launch steps park their jobs; let that land.
-				time.Sleep(2 * time.Second) // deliberately: a settle before a measured window
+				// The launch steps park their jobs: the window starts once
+				// every job is.
+				testenv.Eventually(t, 30*time.Second, "every running task's job to be parked", func() (bool, error) {
+					var busy int
+					err := env.Pool.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE state IN ('available', 'running')`).Scan(&busy)
+					return busy == 0, err
+				})
 			}
 			statements := func() int64 {
 				var n int64
@@ -203,8 +208,10 @@ func churn(t *testing.T, env *testenv.Env) int {
 			t.Fatal(err)
 		}
 	}
+	// A transaction passing by may hold the rows a moment: they count
+	// once they stayed for a while.
 	dead := 0
-	for try := range 5 {
+	testenv.Holds(800*time.Millisecond, func() bool {
 		notices = nil
 		if _, err := conn.Exec(ctx, `VACUUM (VERBOSE) churn`); err != nil {
 			t.Fatal(err)
@@ -215,12 +222,7 @@ func churn(t *testing.T, env *testenv.Env) int {
 			t.Fatalf("VACUUM VERBOSE did not report dead rows:\n%s", text)
 		}
 		dead, _ = strconv.Atoi(m[1])
-		if dead == 0 {
-			return 0
-		}
-		if try < 4 {
-			time.Sleep(200 * time.Millisecond) // deliberately: let a passing transaction end
-		}
-	}
+		return dead != 0
+	})
 	return dead
 }

@@ -78,8 +78,8 @@ func BenchmarkTaskMemory(b *testing.B) {
 		}
 		return running == 3*n, fmt.Errorf("%d of %d running", running, 3*n)
 	})
-	// Let the function processes reach their steady state (a few steps).
-	time.Sleep(5 * time.Second)
+	// Let the function processes reach their steady state.
+	time.Sleep(5 * time.Second) // deliberately: a few of their steps, a second each
 	b.ResetTimer()
 	for _, kind := range []string{"function", "command", "sleep"} {
 		var runners, runnersPSS, commands, commandsPSS []float64

@@ -18,7 +18,8 @@ func TestHelperProcessSleeps(t *testing.T) {
 	if os.Getenv("DAMA_HOSTPROC_HELPER") != "sleep" {
 		t.Skip("the process TestTracerSeesATracerOfAnyThread traces")
 	}
-	time.Sleep(time.Minute)
+	// Until the test kills it.
+	select {}
 }
 
 // A tracer attached to a thread other than a process's first shows only

@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/dama-etl/dama/internal/testenv"
 )
 
 // Descendants walks a process's tree: its children and theirs, in a
@@ -34,26 +36,18 @@ func TestDescendantsWalksTheTree(t *testing.T) {
 		}
 		_ = cmd.Wait()
 	})
-	var got []int
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testenv.Eventually(t, 10*time.Second, fmt.Sprintf("%d (sh, then sleep) and %d (its setsid child) among the test's descendants", shPID, leaderPID), func() (bool, error) {
 		tree, err := Descendants(os.Getpid())
 		if err != nil {
 			t.Fatal(err)
 		}
-		got = got[:0]
+		var got []int
 		for _, st := range tree {
 			got = append(got, st.PID)
 		}
 		// sh has exec'd sleep by now once its pid runs sleep.
-		if slices.Contains(got, shPID) && slices.Contains(got, leaderPID) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("descendants of the test %v, want %d (sh, then sleep) and %d (its setsid child) among them", got, shPID, leaderPID)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return slices.Contains(got, shPID) && slices.Contains(got, leaderPID), fmt.Errorf("descendants %v", got)
+	})
 	// The setsid child is below sh, not below the test.
 	kids, err := Children(os.Getpid())
 	if err != nil {

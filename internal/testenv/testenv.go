@@ -347,6 +347,24 @@ func Eventually(t testing.TB, timeout time.Duration, msg string, cond func() (bo
 	}
 }
 
+// Holds checks cond every 20ms for d, and reports whether it held all
+// along: false as soon as it does not. It is how a test watches a window
+// in which something must not happen (a second start, a beat, a write).
+func Holds(d time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(d)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if !cond() {
+			return false
+		}
+		if !time.Now().Before(deadline) {
+			return true
+		}
+		<-tick.C
+	}
+}
+
 // Atoi parses a trimmed integer or fails the test.
 func Atoi(t testing.TB, s string) int64 {
 	t.Helper()

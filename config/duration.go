@@ -2,7 +2,6 @@ package config
 
 import (
 	"fmt"
-	"strconv"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -20,7 +19,7 @@ func (d Duration) String() string { return time.Duration(d).String() }
 // reads as an integer and so would not decode as a time.Duration does.
 func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	if n.Kind == yaml.ScalarNode && n.Tag == "!!int" {
-		if v, err := strconv.ParseInt(n.Value, 0, 64); err == nil && v == 0 {
+		if n.Value == "0" || n.Value == "+0" || n.Value == "-0" {
 			*d = 0
 			return nil
 		}

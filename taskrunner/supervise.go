@@ -254,7 +254,7 @@ func (r *runner) commandEnded(ctx context.Context, w *commandWatch, waitErr erro
 	if replaced.Any() {
 		r.w.replacedIn(protocol.EventError+" log tail", replaced)
 	}
-	payload := protocol.Outcome{Reason: reason, ExitCode: new(exitCode), LogTail: logTail}
+	payload := protocol.Outcome{Reason: reason, ExitCode: new(exitCode), LogTail: new(logTail)}
 	failure := r.lastFailure()
 	if f := failure; w.stopReason == "" && f != nil {
 		payload.Reason, payload.Exit = f.Error, reason

@@ -124,25 +124,34 @@ func (w *writer) batchRefused(batch []*pendingEvent, err error) bool {
 		w.supersede()
 		return false
 	}
+	// Logged once w.mu is let go: a stalled stderr must not block the
+	// queue.
+	var say func()
+	defer func() { say() }()
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	switch e := batch[0]; {
 	case len(batch) > 1:
 		// One of them is refused: find which, one at a time, up to the
 		// batch's last.
+		say = func() {}
 		w.singleThrough = *batch[len(batch)-1].ev.Seq
 	case e.fallback != nil:
 		// The outcome must be recorded: the plainest one is.
-		w.logger.Warn("the database refused the outcome; recording it without its details", "type", typ, "error", err)
+		say = func() {
+			w.logger.Warn("the database refused the outcome; recording it without its details", "type", typ, "error", err)
+		}
 		e.ev.Payload, e.fallback = e.fallback, nil
 	case !e.outcome && !e.stoodIn:
 		// A WARNING saying so takes its place, under its sequence number.
-		w.logger.Warn("the database refused an event; a WARNING stands in for it", "type", typ, "error", err)
+		say = func() {
+			w.logger.Warn("the database refused an event; a WARNING stands in for it", "type", typ, "error", err)
+		}
 		e.ev.Meta = map[string]any{"problem": "the database refused this event: " + err.Error(), "type": e.ev.Type}
 		e.ev.Type, e.ev.Payload, e.ev.Error = protocol.EventType(w.kind, protocol.EventWarning), nil, false
 		e.stoodIn = true
 	default:
-		w.logger.Error("the database refused an event for good", "type", typ, "error", err)
+		say = func() { w.logger.Error("the database refused an event for good", "type", typ, "error", err) }
 		if e.outcome {
 			w.eventErr = fmt.Errorf("store %s: %w", typ, err)
 		}

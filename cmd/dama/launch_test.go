@@ -17,7 +17,10 @@ import (
 )
 
 func TestAHostThatCannotLaunchSpendsNoAttempt(t *testing.T) {
-	t.Parallel()
+	testenv.LockModes(t, testAHostThatCannotLaunchSpendsNoAttempt)
+}
+
+func testAHostThatCannotLaunchSpendsNoAttempt(t *testing.T) {
 	env := testenv.New(t)
 	// log_dir lies under a file: no process of this host can create it.
 	blocker := filepath.Join(env.Dir, "blocker")

@@ -83,7 +83,10 @@ kinds:
 // operator as a member of dama_operator run, cancel, retry, pause and
 // block tasks, children included; what else each tries is refused.
 func TestEachRoleDoesItsWorkAndNoMore(t *testing.T) {
-	t.Parallel()
+	testenv.LockModes(t, testEachRoleDoesItsWorkAndNoMore)
+}
+
+func testEachRoleDoesItsWorkAndNoMore(t *testing.T) {
 	env := testenv.New(t)
 	goFile := filepath.Join(env.Dir, "go")
 	cfg := env.WriteConfig(`

@@ -154,7 +154,10 @@ func testRetiredRunnerProtocolIsRefused(t *testing.T) {
 // this one run, in either lock mode (docs/operations.md "Releases and upgrades"): a
 // row-mode task's lock transaction holds no lock on etl_contexts.
 func TestContextsCanGainAColumnWhileTasksRun(t *testing.T) {
-	t.Parallel()
+	testenv.LockModes(t, testContextsCanGainAColumnWhileTasksRun)
+}
+
+func testContextsCanGainAColumnWhileTasksRun(t *testing.T) {
 	w := newWorld(t, 10)
 	w.Start(w.cfg, "supervisor")
 	id := w.submit(60, 100)

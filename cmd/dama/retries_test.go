@@ -179,8 +179,9 @@ kinds:
 // A command that outruns its kind's timeout has its process group stopped
 // (SIGKILL after the kind's kill_grace, here, since it ignores SIGTERM),
 // with a TIMEOUT event; on_timeout says whether the task is retried.
-func TestTimeoutStopsTheCommand(t *testing.T) {
-	t.Parallel()
+func TestTimeoutStopsTheCommand(t *testing.T) { testenv.LockModes(t, testTimeoutStopsTheCommand) }
+
+func testTimeoutStopsTheCommand(t *testing.T) {
 	w, client := queueWorld(t, `
 log_dir: {{dir}}/logs
 poll_interval: 300ms

@@ -119,7 +119,10 @@ func killMidStatement(t *testing.T, w *world, id int64, before, prefix string) (
 // (client_connection_check_interval, in PGOPTIONS), and the next attempt
 // starts only once no session of the run before is left.
 func TestAKilledLoadIsNeverRetriedBesideItself(t *testing.T) {
-	t.Parallel()
+	testenv.LockModes(t, testAKilledLoadIsNeverRetriedBesideItself)
+}
+
+func testAKilledLoadIsNeverRetriedBesideItself(t *testing.T) {
 	pgbench, err := testenv.PGBin("pgbench")
 	if err != nil {
 		t.Skip(err)
@@ -158,7 +161,10 @@ kinds:
 // (pg_sleep, in psql): the server ends it within seconds of its client's
 // death, and only then does the next attempt start.
 func TestAStatementOfADeadAttemptEndsBeforeTheRetry(t *testing.T) {
-	t.Parallel()
+	testenv.LockModes(t, testAStatementOfADeadAttemptEndsBeforeTheRetry)
+}
+
+func testAStatementOfADeadAttemptEndsBeforeTheRetry(t *testing.T) {
 	env := testenv.New(t)
 	cfg := env.WriteConfig(`
 log_dir: {{dir}}/logs
@@ -236,7 +242,10 @@ kinds:
 // shows why it waits (waiting_for sessions), and starts once the session
 // is gone.
 func TestARetryWaitsForTheSessionsOfTheRunBefore(t *testing.T) {
-	t.Parallel()
+	testenv.LockModes(t, testARetryWaitsForTheSessionsOfTheRunBefore)
+}
+
+func testARetryWaitsForTheSessionsOfTheRunBefore(t *testing.T) {
 	w, id, _, held := waitingForASession(t)
 	held.Close(context.Background())
 	if got := w.waitSettled(id, time.Minute); got.Status != etlcontext.StatusDone || got.Attempt != 2 {

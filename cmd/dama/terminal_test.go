@@ -128,7 +128,10 @@ func TestSubmitWaitExitsWithTheTaskOutcome(t *testing.T) {
 // a task: the wait goes on, and exits 0 once the task is DONE, at attempt
 // 1, its process having run through the outage.
 func TestSubmitWaitRidesOutADatabaseRestart(t *testing.T) {
-	t.Parallel()
+	testenv.LockModes(t, testSubmitWaitRidesOutADatabaseRestart)
+}
+
+func testSubmitWaitRidesOutADatabaseRestart(t *testing.T) {
 	srv := testenv.NewServer(t)
 	env := testenv.NewOn(t, srv)
 	cfg := env.WriteConfig(terminalConfig)

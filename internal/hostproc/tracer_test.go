@@ -3,6 +3,7 @@ package hostproc
 import (
 	"os"
 	"os/exec"
+	"os/signal"
 	"runtime"
 	"strconv"
 	"syscall"
@@ -18,8 +19,10 @@ func TestHelperProcessSleeps(t *testing.T) {
 	if os.Getenv("DAMA_HOSTPROC_HELPER") != "sleep" {
 		t.Skip("the process TestTracerSeesATracerOfAnyThread traces")
 	}
-	// Until the test kills it.
-	select {}
+	// Until the test kills it (SIGKILL): nothing sends SIGTERM.
+	term := make(chan os.Signal, 1)
+	signal.Notify(term, syscall.SIGTERM)
+	<-term
 }
 
 // A tracer attached to a thread other than a process's first shows only

@@ -13,7 +13,7 @@ type Outcome struct {
 	// command itself reported.
 	Exit string `json:"exit,omitempty"`
 	// LogTail is the end of the command's log, for a failed command.
-	LogTail string `json:"log_tail,omitempty"`
+	LogTail *string `json:"log_tail,omitempty"`
 	// TimedOut says the command ran past its kind's timeout.
 	TimedOut bool `json:"timed_out,omitempty"`
 	// Retry, false, makes the task FAILED whatever attempts remain: the
@@ -24,7 +24,7 @@ type Outcome struct {
 	Retry *bool `json:"retry,omitempty"`
 	// Children counts a parent's children by status, once it awaited
 	// them.
-	Children map[string]int `json:"children,omitempty"`
+	Children map[string]int `json:"children,omitzero"`
 	// DetailsLost says the database refused the outcome as written, and
 	// this is its plain part.
 	DetailsLost bool `json:"details_lost,omitempty"`

@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -82,9 +81,6 @@ func RunFromArgs(ctx context.Context, args []string, funcs Funcs) int {
 	// command's processes, of the same user, must not read this one's
 	// memory (see Run).
 	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
-	if _, set := os.LookupEnv("GOGC"); !set {
-		debug.SetGCPercent(runnerGCPercent)
-	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "taskrunner")
 	opts, err := runnerOptions(ctx, args, funcs)
 	if errors.Is(err, protocol.ErrNoLaunch) {
@@ -100,14 +96,6 @@ func RunFromArgs(ctx context.Context, args []string, funcs Funcs) int {
 	// it does not abandon it.
 	return Run(context.WithoutCancel(ctx), opts)
 }
-
-// runnerGCPercent is the runner's GOGC unless its environment sets one. A
-// runner's live heap is small (its queue of events is bounded): at Go's
-// default of 100, whose smallest heap goal is 4 MB, a command that reports
-// many lines a second has its runner hold that much whatever its live
-// heap; at 25, 1 MB, for a collection every few seconds that takes well
-// under a millisecond.
-const runnerGCPercent = 25
 
 func runnerOptions(ctx context.Context, args []string, funcs Funcs) (Options, error) {
 	launch, err := protocol.ParseLaunch(args)

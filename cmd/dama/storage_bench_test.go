@@ -126,26 +126,33 @@ func dbSize(b *testing.B, env *testenv.Env) int64 {
 }
 
 // sampleRSS waits out window, the time measured (not a wait for a
-// condition), and reads the median resident set of the processes pids at
-// each fifth of it: a task process relaying a steady stream must not grow.
-// It reports the first and the last as metrics, and returns the five, in MB.
+// condition), and reads the median resident set (RSS) and proportional set
+// (PSS: what the host spends on them) of the processes pids at each fifth
+// of it: a task process relaying a steady stream must not grow. It
+// reports the first and the last as metrics, and returns the five RSS, in
+// MB.
 func sampleRSS(b *testing.B, window time.Duration, pids []int) []string {
 	var rss []string
-	for i := range 5 {
-		time.Sleep(window / 5)
+	median := func(read func(int) (int64, error)) float64 {
 		var mb []float64
 		for _, pid := range pids {
-			if n, err := scalebench.RSS(pid); err == nil {
+			if n, err := read(pid); err == nil {
 				mb = append(mb, float64(n)/(1<<20))
 			}
 		}
-		med := scalebench.Median(mb)
+		return scalebench.Median(mb)
+	}
+	for i := range 5 {
+		time.Sleep(window / 5)
+		med, pss := median(scalebench.RSS), median(scalebench.PSS)
 		rss = append(rss, fmt.Sprintf("%.1f", med))
 		if i == 0 {
 			b.ReportMetric(med, "MB-RSS-first")
+			b.ReportMetric(pss, "MB-PSS-first")
 		}
 		if i == 4 {
 			b.ReportMetric(med, "MB-RSS-last")
+			b.ReportMetric(pss, "MB-PSS-last")
 		}
 	}
 	return rss

@@ -48,10 +48,17 @@ func (r *runner) awaitChildren(ctx context.Context, signals <-chan os.Signal) (i
 		defer close(watchDone)
 		r.lock.watch(watchCtx)
 	}()
-	defer func() {
+	stop := func() {
 		stopWatch()
 		<-watchDone
-	}()
+	}
+	defer stop()
+	// The outcome releases the lock: the watch of its connection ends
+	// first, as the command's does.
+	finish := func(code int, suffix string, o protocol.Outcome, cause error) (int, error) {
+		stop()
+		return r.finish(ctx, code, suffix, o, cause)
+	}
 
 	recount := time.NewTicker(awaitRecount)
 	defer recount.Stop()
@@ -80,14 +87,14 @@ func (r *runner) awaitChildren(ctx context.Context, signals <-chan os.Signal) (i
 		case err != nil:
 			r.logger.Warn("count the children", "error", err)
 		case cancelled:
-			return r.finish(ctx, protocol.ExitCancelled, protocol.EventCancelled, protocol.Outcome{Reason: "cancel requested while awaiting the children"}, nil)
+			return finish(protocol.ExitCancelled, protocol.EventCancelled, protocol.Outcome{Reason: "cancel requested while awaiting the children"}, nil)
 		case counts.Failed() > 0:
-			return r.finish(ctx, protocol.ExitFailed, protocol.EventError, protocol.Outcome{
+			return finish(protocol.ExitFailed, protocol.EventError, protocol.Outcome{
 				Reason:   fmt.Sprintf("%d children did not finish DONE", counts.Failed()),
 				Children: childCounts(counts),
 			}.Final(), nil)
 		case counts.Pending() == 0:
-			return r.finish(ctx, protocol.ExitDone, protocol.EventFinal, protocol.Outcome{ExitCode: new(0), Children: childCounts(counts)}, nil)
+			return finish(protocol.ExitDone, protocol.EventFinal, protocol.Outcome{ExitCode: new(0), Children: childCounts(counts)}, nil)
 		case !announced:
 			announced = true
 			r.w.event(protocol.EventAwaiting, map[string]any{"children": counts}, nil, false)
@@ -100,7 +107,7 @@ func (r *runner) awaitChildren(ctx context.Context, signals <-chan os.Signal) (i
 				switch n.Channel {
 				case protocol.CancelChannel:
 					if n.Payload == strconv.FormatInt(self, 10) {
-						return r.finish(ctx, protocol.ExitCancelled, protocol.EventCancelled, protocol.Outcome{Reason: "cancel requested while awaiting the children"}, nil)
+						return finish(protocol.ExitCancelled, protocol.EventCancelled, protocol.Outcome{Reason: "cancel requested while awaiting the children"}, nil)
 					}
 				case etlcontext.FinishedChannel:
 					var f etlcontext.Finished
@@ -114,12 +121,12 @@ func (r *runner) awaitChildren(ctx context.Context, signals <-chan os.Signal) (i
 				return protocol.ExitLockLost, errors.New("the database refused a write of this run: it is no longer current")
 			case <-r.lock.changed:
 				if state, _, err := r.lock.get(); state == lockSuperseded {
-					return r.finish(ctx, protocol.ExitLockLost, protocol.EventError, protocol.Outcome{Reason: "the lock could not be taken again: " + err.Error()}, err)
+					return finish(protocol.ExitLockLost, protocol.EventError, protocol.Outcome{Reason: "the lock could not be taken again: " + err.Error()}, err)
 				}
 			case <-recount.C:
 				break wait
 			case sig := <-signals:
-				return r.finish(ctx, protocol.ExitFailed, protocol.EventError, protocol.Outcome{Reason: "runner received " + sig.String() + " while awaiting the children"}, nil)
+				return finish(protocol.ExitFailed, protocol.EventError, protocol.Outcome{Reason: "runner received " + sig.String() + " while awaiting the children"}, nil)
 			}
 		}
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/shirou/gopsutil/v3/process"
 
+	"bytes"
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/internal/etlcontext"
 	"github.com/dama-etl/dama/sql"
@@ -116,6 +117,7 @@ func newEnv(t testing.TB, admin string, srv *Server, migrate bool) *Env {
 	e := &Env{T: t, URL: dbURL, Dir: t.TempDir(), DamaBin: filepath.Join(binDir, "dama"), TaskRunnerBin: filepath.Join(binDir, "dama-taskrunner"), SampleETL: filepath.Join(binDir, "sample-etl"), SampleEmbedded: filepath.Join(binDir, "sample-embedded"), Server: srv, LockMode: lockModeOf(t)}
 	t.Cleanup(func() {
 		e.killProcesses()
+		e.checkRaces()
 		if t.Failed() {
 			e.logTaskLogs()
 		}
@@ -145,6 +147,24 @@ func newEnv(t testing.TB, admin string, srv *Server, migrate bool) *Env {
 		}
 	}
 	return e
+}
+
+// checkRaces fails the test when a process it started (a supervisor, a
+// task process, a keeper, built with the race detector) reported a data
+// race in its log: the race detector only prints, and the process goes on.
+func (e *Env) checkRaces() {
+	_ = filepath.WalkDir(e.Dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".log") {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err == nil {
+			if i := bytes.Index(b, []byte("WARNING: DATA RACE")); i >= 0 {
+				e.T.Errorf("%s reports a data race:\n%s", path, b[i:min(len(b), i+4096)])
+			}
+		}
+		return nil
+	})
 }
 
 // logTaskLogs logs the end of every task process's and keeper's log under

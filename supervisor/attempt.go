@@ -16,7 +16,7 @@ import (
 
 // lockedElsewhere decides a step that found the lock of context id held.
 // A RUNNING context's task process holds it, whoever started it: the job is
-// parked (this is adoption, from any host) until the task ends or the watch
+// held (this is adoption, from any host) until the task ends or the watch
 // finds the lock free. Otherwise someone looks at the context for a moment
 // (`dama cancel`, another supervisor stopping orphans): look again soon.
 func (s *Supervisor) lockedElsewhere(ctx context.Context, logger *slog.Logger, tx pgx.Tx, id int64) error {
@@ -33,7 +33,7 @@ func (s *Supervisor) lockedElsewhere(ctx context.Context, logger *slog.Logger, t
 		if c.LockLostAt == nil {
 			s.fence.forget(id)
 		}
-		return river.JobSnooze(parkFor)
+		return errHold
 	}
 	return river.JobSnooze(time.Second)
 }

@@ -238,9 +238,9 @@ func wait(cmd *exec.Cmd, ch *child) {
 	close(ch.exited)
 }
 
-// reaped follows the exit of context id's runner ch: it wakes the
-// context's job so the outcome is settled at once rather than a poll
-// interval later.
+// reaped follows the exit of context id's runner ch: it pokes the Work
+// holding the context's job, so the outcome is settled at once rather than
+// a poll interval later.
 func (s *Supervisor) reaped(id int64, ch *child) {
 	s.mu.Lock()
 	if s.children[id] == ch {
@@ -255,6 +255,6 @@ func (s *Supervisor) reaped(id int64, ch *child) {
 		cancel()
 	}
 	if ch.exitCode != protocol.ExitLocked {
-		s.wake(context.Background(), id)
+		s.poke(id)
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
-	"sync"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -41,64 +40,34 @@ func (s *Supervisor) newListener() *pglisten.Listener {
 	}
 }
 
-// Bounds of what the listener hears, which anyone who can connect may
-// send: a flood costs at most maxHeard pending contexts and hearWorkers
-// goroutines. A hint dropped at the bound is made good by the watch, every
-// poll interval.
-const (
-	maxHeard    = 10000
-	hearWorkers = 4
-)
-
-// hearings holds what the listener heard and the workers have not acted
-// on yet: the contexts whose task process announced its exit, and whether
-// a queue was resumed or a kind unblocked. Repeats coalesce.
-type hearings struct {
-	mu      sync.Mutex
-	exited  map[int64]struct{}
-	control bool
-	// ready has a token while anything is pending.
-	ready chan struct{}
-}
-
-func newHearings() *hearings {
-	return &hearings{exited: map[int64]struct{}{}, ready: make(chan struct{}, 1)}
-}
-
-func (h *hearings) signal() {
-	select {
-	case h.ready <- struct{}{}:
-	default:
-	}
-}
-
 // What became of a notification (dama_notifications_total).
 const (
 	heardQueued  = "queued"
-	heardDropped = "dropped"
 	heardIgnored = "ignored"
 )
 
-// heard notes a notification of the listener, for the workers (actOnHeard)
-// to act on.
+// heard acts on a notification of the listener, which anyone who can
+// connect may send, so that a flood costs a map lookup each: an announced
+// exit pokes the Work holding that context's job here, if one does (it
+// steps the context, which decides from the database); a resumed queue or
+// an unblocked kind is passed to controlLoop, many coalescing into one.
 func (s *Supervisor) heard(_ context.Context, n *pgconn.Notification) error {
 	outcome := s.note(n)
 	s.metrics.heard.WithLabelValues(n.Channel, outcome).Inc()
 	return nil
 }
 
-// note queues what notification n asks for and says what became of it.
+// note acts on notification n and says what became of it.
 func (s *Supervisor) note(n *pgconn.Notification) string {
-	h := s.hearings
 	if n.Channel == etlcontext.ControlChannel {
 		var c etlcontext.Control
 		if json.Unmarshal([]byte(n.Payload), &c) != nil {
 			return heardIgnored
 		}
-		h.mu.Lock()
-		h.control = true
-		h.mu.Unlock()
-		h.signal()
+		select {
+		case s.controls <- struct{}{}:
+		default:
+		}
 		return heardQueued
 	}
 	id, err := strconv.ParseInt(n.Payload, 10, 64)
@@ -107,64 +76,30 @@ func (s *Supervisor) note(n *pgconn.Notification) string {
 	}
 	s.mu.Lock()
 	_, mine := s.children[id]
+	ch, held := s.holds[id]
 	s.mu.Unlock()
-	if mine {
-		// Its reaping wakes it.
+	if mine || !held {
+		// Its reaping pokes it, or no Work holds it here.
 		return heardIgnored
 	}
-	h.mu.Lock()
-	queued := len(h.exited) < maxHeard
-	if queued {
-		h.exited[id] = struct{}{}
-	}
-	h.mu.Unlock()
-	h.signal()
-	if !queued {
-		return heardDropped
+	select {
+	case ch <- struct{}{}:
+	default:
 	}
 	return heardQueued
 }
 
-// actOnHeard is one of the hearWorkers goroutines that act on what the
-// listener heard, until ctx ends: they wake the job of each context whose
-// exit was announced, and, for a resumed queue or an unblocked kind, the
-// tasks waiting for a slot in every queue of the supervisor.
-func (s *Supervisor) actOnHeard(ctx context.Context) {
-	h := s.hearings
+// controlLoop wakes, until ctx ends, the tasks waiting for a slot in every
+// queue of the supervisor once a queue was resumed or a kind unblocked.
+func (s *Supervisor) controlLoop(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-h.ready:
+		case <-s.controls:
 		}
-		for ctx.Err() == nil {
-			h.mu.Lock()
-			var (
-				id      int64
-				found   bool
-				control = h.control
-			)
-			h.control = false
-			for id = range h.exited {
-				delete(h.exited, id)
-				found = true
-				break
-			}
-			more := found && len(h.exited) > 0
-			h.mu.Unlock()
-			if more {
-				// Another worker may take the rest meanwhile.
-				h.signal()
-			}
-			if control {
-				for _, q := range s.cfg.QueueNames() {
-					s.wakeWaiting(ctx, q)
-				}
-			}
-			if !found {
-				break
-			}
-			s.wake(ctx, id)
+		for _, q := range s.cfg.QueueNames() {
+			s.wakeWaiting(ctx, q)
 		}
 	}
 }

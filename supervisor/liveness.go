@@ -144,7 +144,7 @@ type suspect struct {
 // River's own rescuer would wait an hour and then count the step as a failed
 // attempt, or discard the job of a task that is still running.
 //
-// A step older than twice the step timeout is surely dead and rescued on
+// A Work older than its timeout and a step's is surely dead and rescued on
 // sight. Otherwise one look at pg_locks proves nothing (the supervisor may be
 // taking its lock again after its liveness connection failed), so a job is
 // rescued only once this supervisor has seen its client's lock missing at
@@ -162,11 +162,11 @@ func (s *Supervisor) rescueOrphanedSteps(ctx context.Context) error {
 		}
 	}
 
-	stale, err := etlcontext.RescueStaleSteps(ctx, s.pool, 2*stepTimeout(s.opts.LaunchTimeout))
+	stale, err := etlcontext.RescueStaleSteps(ctx, s.pool, workTimeout(s.opts.LaunchTimeout)+stepTimeout(s.opts.LaunchTimeout))
 	if err != nil {
 		return err
 	}
-	rescued(stale, "older than twice the step timeout")
+	rescued(stale, "older than its timeout")
 
 	seen, err := etlcontext.StepsWithoutClientLock(ctx, s.pool)
 	if err != nil {

@@ -155,8 +155,8 @@ func TestRescueWaitsOutTheGraceAndForgets(t *testing.T) {
 	s.rescueGrace = 1500 * time.Millisecond
 
 	// The step of supervisor "ghost" (which holds no lock) on the first
-	// context; a step of "ancient", whose lock is held, far older than two
-	// step timeouts on the second.
+	// context; a step of "ancient", whose lock is held, far older than a
+	// Work's timeout on the second.
 	fake := func(id int64, client string, age time.Duration) int64 {
 		var job int64
 		if err := env.Pool.QueryRow(ctx, `
@@ -170,7 +170,7 @@ func TestRescueWaitsOutTheGraceAndForgets(t *testing.T) {
 		return job
 	}
 	ghostJob := fake(ids[0], "ghost", 2*time.Second)
-	ancientJob := fake(ids[1], "ancient", 2*stepTimeout(s.opts.LaunchTimeout)+time.Minute)
+	ancientJob := fake(ids[1], "ancient", workTimeout(s.opts.LaunchTimeout)+stepTimeout(s.opts.LaunchTimeout)+time.Minute)
 	holdLock := func(client string) *pgx.Conn {
 		conn, err := pgx.Connect(ctx, env.URL)
 		if err != nil {

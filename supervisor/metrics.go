@@ -120,7 +120,7 @@ func (m *metrics) zero(cfg *config.Config) {
 		m.reconnects.WithLabelValues(conn)
 	}
 	for _, ch := range []string{protocol.ExitedChannel, etlcontext.ControlChannel} {
-		for _, outcome := range []string{heardQueued, heardDropped, heardIgnored} {
+		for _, outcome := range []string{heardQueued, heardIgnored} {
 			m.heard.WithLabelValues(ch, outcome)
 		}
 	}

@@ -50,7 +50,9 @@ type Options struct {
 	FetchCooldown     time.Duration
 	FetchPollInterval time.Duration
 	// MaxWorkers bounds concurrent steps per queue on this supervisor; zero
-	// means 32.
+	// means 32. A running task's job takes no step: River runs up to the
+	// queue's max_running plus MaxWorkers jobs of a queue here (at most
+	// 10,000).
 	MaxWorkers int
 	// Registerer, when set, receives the supervisor's Prometheus metrics
 	// (dama_attempts_*, dama_tasks_finished_total, dama_task_run_seconds,

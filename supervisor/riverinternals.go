@@ -21,8 +21,9 @@ import (
 //     dead supervisor's steps without spending an attempt, aligning a
 //     retried task's new job's attempt, and the reads that join river_job
 //     with dama's tables.
-//   - A running task's job is parked (snoozed for parkFor) while its task
-//     process holds the lock, and woken by one of those statements.
+//   - A task waiting for a slot has its job parked (snoozed for
+//     parkWaiting), and woken by one of those statements when a slot
+//     frees. A running task's job is not parked: a Work holds it (work).
 //   - data_manager.create_task (migration 24), which makes every task,
 //     inserts its River job in SQL as River's InsertTx inserts a TaskArgs
 //     job: args {"etl_context_id", "kind"}, kind dama_task, priority 1,
@@ -61,9 +62,8 @@ func (s *Supervisor) notifyQueue(ctx context.Context, queue string) {
 	}
 }
 
-// parkFor is how long a running task's job is snoozed once its task process
-// holds the lock. Nothing needs the job meanwhile: the task's exit wakes it
-// (the runner's NOTIFY, or the watch's look at the locks every poll
-// interval). The snooze's end is only a backstop, so it costs each running
-// task one step an hour.
-const parkFor = time.Hour
+// parkWaiting is how long the job of a task waiting for a slot is snoozed.
+// Nothing needs the job meanwhile: a freed slot wakes it (wakeWaiting, also
+// every poll interval), so the snooze's end is only a backstop, costing
+// each waiting task one step an hour.
+const parkWaiting = time.Hour

@@ -17,15 +17,9 @@ import (
 )
 
 // step is one short, idempotent step of a context's state machine.
-func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth int) error {
+func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs]) error {
 	id := job.Args.ETLContextID
 	logger := s.logger.With("etl_context_id", id, "job_id", job.ID, "job_attempt", job.Attempt)
-	if depth == 0 && s.retired.Load() {
-		// Stopping because the database refused this release's task
-		// processes: leave the task to a newer supervisor.
-		return river.JobSnooze(time.Duration(s.cfg.PollInterval))
-	}
-
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return s.transient(logger, fmt.Errorf("begin step of etl context %d: %w", id, err))
@@ -68,7 +62,7 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], depth i
 		}
 	}
 
-	return s.startAttempt(ctx, logger, tx, job, c, depth)
+	return s.startAttempt(ctx, logger, tx, job, c)
 }
 
 // settleFinished settles the job of c, a finished context, to agree with
@@ -195,7 +189,7 @@ func (s *Supervisor) settleRunning(ctx context.Context, logger *slog.Logger, tx 
 // attempt, unless it is to be cancelled, its kind is not configured here,
 // the previous attempt's processes live on here, or it must wait for a
 // slot.
-func (s *Supervisor) startAttempt(ctx context.Context, logger *slog.Logger, tx pgx.Tx, job *river.Job[TaskArgs], c *etlcontext.Context, depth int) error {
+func (s *Supervisor) startAttempt(ctx context.Context, logger *slog.Logger, tx pgx.Tx, job *river.Job[TaskArgs], c *etlcontext.Context) error {
 	id := c.ID
 	if c.CancelRequestedAt != nil {
 		if _, err := etlcontext.Append(ctx, tx, etlcontext.NewEvent{
@@ -251,14 +245,15 @@ func (s *Supervisor) startAttempt(ctx context.Context, logger *slog.Logger, tx p
 	if wait != etlcontext.WaitNone {
 		// Parked until a slot frees (a task of the queue or kind ends, the
 		// queue is resumed, the kind unblocked): see wakeWaiting. Parking
-		// costs nothing while it waits, however many tasks wait.
+		// costs nothing while it waits, however many tasks wait, and holds
+		// none of River's workers.
 		if _, err := etlcontext.MarkWaiting(ctx, tx, id, wait); err != nil {
 			return s.transient(logger, err)
 		}
 		if err := tx.Commit(ctx); err != nil {
 			return s.transient(logger, fmt.Errorf("commit wait of etl context %d: %w", id, err))
 		}
-		return river.JobSnooze(parkFor)
+		return river.JobSnooze(parkWaiting)
 	}
 	// The spare, if one waits, is this launch's task process: the run
 	// takes the key it connected with. Until launch owns it, it is let go
@@ -299,31 +294,25 @@ func (s *Supervisor) startAttempt(ctx context.Context, logger *slog.Logger, tx p
 		s.noteLaunchFailure(c.ID, err.Error())
 		outcome = launchExited
 	}
-	// The job is parked while the attempt runs: its exit, or the watch
-	// finding its lock free (a runner that never took it, or died), wakes
+	// The job is held while the attempt runs: its exit, or the watch
+	// finding its lock free (a runner that never took it, or died), pokes
 	// it.
 	switch outcome {
 	case launchReady:
 		started()
-		return river.JobSnooze(parkFor)
+		return errHold
 	case launchPending, launchLocked:
-		return river.JobSnooze(parkFor)
+		return errHold
 	case launchRefused:
 		s.retire(ctx)
 		// The runner wrote nothing: the next look takes the launch back
 		// without spending an attempt, and leaves the task to a newer
 		// supervisor.
-		if depth < 2 {
-			return s.step(ctx, job, depth+1)
-		}
-		return river.JobSnooze(time.Duration(s.cfg.PollInterval))
+		return errStepAgain
 	default:
 		// The runner exited before holding its lock; what it recorded (or
 		// failed to) decides, so look again.
-		if depth < 2 {
-			return s.step(ctx, job, depth+1)
-		}
-		return river.JobSnooze(time.Duration(s.cfg.PollInterval))
+		return errStepAgain
 	}
 }
 

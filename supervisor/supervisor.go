@@ -85,6 +85,13 @@ type Supervisor struct {
 	// waking holds the queues whose waiting tasks are being woken, and
 	// whether another wake-up was asked for meanwhile (wakeWaiting).
 	waking map[string]bool
+	// holds holds, per context whose job a Work runs here, the channel
+	// that pokes it (work).
+	holds map[int64]chan struct{}
+	// stepSlots bound, per queue, the steps under way (stepInSlot).
+	stepSlots map[string]chan struct{}
+	// draining is closed when Run stops: every hold gives its job back.
+	draining chan struct{}
 
 	// rescueGrace is how long a running job's client lock must be seen
 	// missing before the job's step is rescued (see rescueGraceFor).
@@ -103,8 +110,9 @@ type Supervisor struct {
 	retired atomic.Bool
 	stop    chan error
 
-	// hearings holds what the listener heard, for actOnHeard.
-	hearings *hearings
+	// controls has a token once the listener heard a queue resumed or a
+	// kind unblocked (controlLoop).
+	controls chan struct{}
 
 	// started is closed once Run works (Started).
 	started chan struct{}
@@ -155,6 +163,9 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 		launchFailures: map[int64]string{},
 		spawnFailures:  map[int64]string{},
 		waking:         map[string]bool{},
+		holds:          map[int64]chan struct{}{},
+		stepSlots:      map[string]chan struct{}{},
+		draining:       make(chan struct{}),
 		orphanSlots:    make(chan struct{}, maxOrphanStoppers),
 
 		metrics: newMetrics(),
@@ -163,7 +174,7 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 		suspects:    map[suspect]time.Time{},
 		stop:        make(chan error, 1),
 		started:     make(chan struct{}),
-		hearings:    newHearings(),
+		controls:    make(chan struct{}, 1),
 	}
 	s.metrics.zero(cfg)
 	if err := s.registerMetrics(); err != nil {
@@ -260,7 +271,11 @@ func (s *Supervisor) newRiverClient() (*river.Client[pgx.Tx], error) {
 	}
 	queues := map[string]river.QueueConfig{}
 	for _, name := range s.cfg.QueueNames() {
-		queues[name] = river.QueueConfig{MaxWorkers: s.opts.MaxWorkers}
+		// A Work holds the job of each running task (work), on top of the
+		// steps: the queue's running tasks, however many of them this
+		// supervisor holds, leave room for its steps.
+		queues[name] = river.QueueConfig{MaxWorkers: min(s.cfg.Queues[name].MaxRunning+s.opts.MaxWorkers, river.QueueNumWorkersMax)}
+		s.stepSlots[name] = make(chan struct{}, s.opts.MaxWorkers)
 	}
 	client, err := river.NewClient(riverpgxv5.New(s.pool), &river.Config{
 		Queues:  queues,
@@ -339,9 +354,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	var bg sync.WaitGroup
 	bg.Go(func() { _ = live.Serve(bgCtx) })
 	bg.Go(func() { _ = l.Serve(bgCtx) })
-	for range hearWorkers {
-		bg.Go(func() { s.actOnHeard(bgCtx) })
-	}
+	bg.Go(func() { s.controlLoop(bgCtx) })
 	defer func() {
 		// Under s.mu: stopOrphans adds to s.orphans only before this.
 		s.mu.Lock()
@@ -382,6 +395,8 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		s.logger.Error("supervisor stopping", "error", stopErr)
 	}
 
+	// Holds give their jobs back at once; steps under way finish.
+	close(s.draining)
 	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stepTimeout(s.opts.LaunchTimeout))
 	defer cancel()
 	if err := s.river.Stop(stopCtx); err != nil {

@@ -5,48 +5,8 @@ import (
 	"errors"
 	"time"
 
-	"github.com/riverqueue/river/rivertype"
-
 	"github.com/dama-etl/dama/internal/etlcontext"
 )
-
-// wake makes the snoozed job of context id available now, so that a step
-// settles the context without waiting out the job's snooze. Steps are
-// idempotent, so an extra one is harmless; a job in the middle of a step is
-// left alone and looked at again shortly.
-func (s *Supervisor) wake(ctx context.Context, id int64) {
-	stopping := ctx
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	for {
-		w, ok, err := etlcontext.WakeJobOf(ctx, s.pool, id)
-		if !ok {
-			if err != nil && stopping.Err() == nil {
-				s.logger.Warn("wake job", "etl_context_id", id, "error", err)
-			}
-			return
-		}
-		switch {
-		case w.Woken:
-			s.notifyQueue(ctx, w.Queue)
-			s.wakeWaiting(context.WithoutCancel(ctx), w.Queue)
-			return
-		case w.State == string(rivertype.JobStateRunning):
-			// A step is under way; it may snooze the job without having seen
-			// the exit, so look again shortly.
-		default:
-			// Already due, in backoff, or finished: nothing to wake but the
-			// tasks waiting for the slot this one freed.
-			s.wakeWaiting(context.WithoutCancel(ctx), w.Queue)
-			return
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-}
 
 // wakeTimeout bounds a wake-up of waiting tasks.
 const wakeTimeout = 10 * time.Second

@@ -8,31 +8,26 @@ import (
 )
 
 // watch is the supervisor's look at every task, once per poll interval, in
-// one statement whose cost does not depend on how many tasks run: a
-// running task's job is parked (snoozed for parkFor) and never fetched
-// while its task process holds the lock, so a quiet task costs nothing.
-// From pg_locks it finds the RUNNING contexts whose lock is free:
+// one statement that writes nothing: a running task's job is held by a
+// Work that waits on no connection, so a quiet task costs nothing. From
+// pg_locks it finds the contexts whose lock is free while they are
+// RUNNING, or while their job still runs:
 //
-//   - in this supervisor's queues, their parked job is woken, so that a step
-//     looks at the attempt (it died, lost its lock, or never started);
+//   - in this supervisor's queues, their Work, if it runs here, is poked,
+//     so that a step looks at the attempt (it died, lost its lock, never
+//     started, or ended unheard);
 //   - on this host, whoever steps them, the processes their dead task
 //     process left behind are stopped (see stopOrphans).
-//
-// It also wakes, in this supervisor's queues, the parked jobs whose context
-// ended without the supervisors hearing of it (the runner's announcement
-// was lost): a finished context, or a failed attempt.
 //
 // A task's exit is otherwise pushed, not polled: the supervisor reaps the
 // runners it spawned and hears the others' NOTIFY (see listen).
 func (s *Supervisor) watch(ctx context.Context) error {
-	// Twice the park: River times a snooze on the supervisor's clock, the
-	// watch on the database's.
-	w, err := etlcontext.Watch(ctx, s.pool, s.cfg.QueueNames(), s.hostID, 2*parkFor)
+	w, err := etlcontext.Watch(ctx, s.pool, s.cfg.QueueNames(), s.hostID)
 	if err != nil {
 		return err
 	}
-	for _, q := range w.WokenQueues {
-		s.notifyQueue(ctx, q)
+	for _, id := range w.Look {
+		s.poke(id)
 	}
 	var errs []error
 	for _, id := range w.FreeHere {

@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/riverqueue/river"
@@ -10,14 +11,37 @@ import (
 // stepTimeout bounds a step: its launch wait plus a margin for its queries.
 func stepTimeout(launch time.Duration) time.Duration { return launch + 20*time.Second }
 
-// taskWorker is River's view of the step.
+// holdFor bounds how long one Work holds the job of a running task before
+// it gives the job back (a snooze of zero: available at once, its attempt
+// given back) to be fetched again, by this supervisor or another. It is
+// under an hour, River's default RescueStuckJobsAfter, so that no River
+// client's rescuer (another release's, or one left at River's defaults)
+// takes a held job for a stuck one. A held job costs nothing while it
+// waits: one step per task per holdFor.
+const holdFor = 30 * time.Minute
+
+// workTimeout is River's timeout of a Work: a hold and the steps around it.
+func workTimeout(launch time.Duration) time.Duration { return holdFor + 3*stepTimeout(launch) }
+
+// Sentinels a step returns to its Work (never to River).
+var (
+	// errHold: the task's process holds its lock; hold the job until the
+	// task ends.
+	errHold = errors.New("task running: hold its job")
+	// errStepAgain: the launch ended without a running task; what the
+	// runner recorded, or failed to, decides, so step again at once.
+	errStepAgain = errors.New("step again")
+)
+
+// taskWorker is River's view of a task: one Work steps it and, while it
+// runs, holds its job (see work).
 type taskWorker struct {
 	river.WorkerDefaults[TaskArgs]
 	s *Supervisor
 }
 
 func (w *taskWorker) Work(ctx context.Context, job *river.Job[TaskArgs]) error {
-	return w.s.step(ctx, job, 0)
+	return w.s.work(ctx, job)
 }
 
 // NextRetry applies the kind's retry policy after a failed attempt (the
@@ -35,5 +59,98 @@ func (w *taskWorker) NextRetry(job *river.Job[TaskArgs]) time.Time {
 }
 
 func (w *taskWorker) Timeout(*river.Job[TaskArgs]) time.Duration {
-	return stepTimeout(w.s.opts.LaunchTimeout)
+	return workTimeout(w.s.opts.LaunchTimeout)
+}
+
+// work steps the task of job and, while its task process holds the lock,
+// holds the job: River shows it running for as long as the task runs, and
+// it completes, fails or is cancelled the moment the task ends, in the
+// step that sees it end. The hold waits on no connection: the task's end
+// pokes it (the supervisor reaping its runner, a runner's NOTIFY, the
+// watch finding the lock free each poll interval). A stopping supervisor,
+// or one holding for holdFor, gives the job back.
+func (s *Supervisor) work(ctx context.Context, job *river.Job[TaskArgs]) error {
+	if s.retired.Load() {
+		// Stopping because the database refused this release's task
+		// processes: leave the task to a newer supervisor.
+		return river.JobSnooze(time.Duration(s.cfg.PollInterval))
+	}
+	id := job.Args.ETLContextID
+	poked := s.holding(id)
+	defer s.released(id, poked)
+	giveBack := time.NewTimer(holdFor)
+	defer giveBack.Stop()
+	again, held := 0, false
+	for {
+		err := s.stepInSlot(ctx, job)
+		switch {
+		case errors.Is(err, errStepAgain) && again < 2:
+			again++
+			continue
+		case errors.Is(err, errStepAgain):
+			return river.JobSnooze(time.Duration(s.cfg.PollInterval))
+		case !errors.Is(err, errHold):
+			if held {
+				// The task ended: its slot is free.
+				s.wakeWaiting(context.WithoutCancel(ctx), job.Queue)
+			}
+			return err
+		}
+		again, held = 0, true
+		select {
+		case <-poked:
+		case <-giveBack.C:
+			return river.JobSnooze(0)
+		case <-s.draining:
+			return river.JobSnooze(0)
+		case <-ctx.Done():
+			return river.JobSnooze(0)
+		}
+	}
+}
+
+// stepInSlot is a step taken in one of the queue's step slots
+// (Options.MaxWorkers), which bound the steps under way at once however
+// many jobs River hands out: a hold takes none.
+func (s *Supervisor) stepInSlot(ctx context.Context, job *river.Job[TaskArgs]) error {
+	slots := s.stepSlots[job.Queue]
+	select {
+	case slots <- struct{}{}:
+	case <-ctx.Done():
+		return river.JobSnooze(0)
+	}
+	defer func() { <-slots }()
+	return s.step(ctx, job)
+}
+
+// holding registers a Work of context id and returns the channel that
+// pokes it; released unregisters it.
+func (s *Supervisor) holding(id int64) chan struct{} {
+	ch := make(chan struct{}, 1)
+	s.mu.Lock()
+	s.holds[id] = ch
+	s.mu.Unlock()
+	return ch
+}
+
+func (s *Supervisor) released(id int64, ch chan struct{}) {
+	s.mu.Lock()
+	if s.holds[id] == ch {
+		delete(s.holds, id)
+	}
+	s.mu.Unlock()
+}
+
+// poke tells the Work of context id, if this supervisor runs one, to look
+// at the task again: a hint, for a step decides from the database.
+func (s *Supervisor) poke(id int64) {
+	s.mu.Lock()
+	ch := s.holds[id]
+	s.mu.Unlock()
+	if ch != nil {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
 }

@@ -71,12 +71,14 @@ func TestSteadyStateCostsNothingPerTask(t *testing.T) {
 						 WHERE etl_status = 'RUNNING' AND pid IS NOT NULL AND initial_event_locked`).Scan(&locked)
 					return locked == n, err
 				})
-				// The launch steps park their jobs: the window starts once
-				// every job is.
-				testenv.Eventually(t, 30*time.Second, "every running task's job to be parked", func() (bool, error) {
-					var busy int
-					err := env.Pool.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE state IN ('available', 'running')`).Scan(&busy)
-					return busy == 0, err
+				// Each running task's job is held by a Work, which waits on
+				// no connection: the window starts once every job is.
+				testenv.Eventually(t, 30*time.Second, "every running task's job to be held", func() (bool, error) {
+					var running, other int
+					err := env.Pool.QueryRow(ctx, `
+						SELECT count(*) FILTER (WHERE state = 'running'), count(*) FILTER (WHERE state <> 'running')
+						  FROM river_job`).Scan(&running, &other)
+					return running == n && other == 0, err
 				})
 			}
 			statements := func() int64 {

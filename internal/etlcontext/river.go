@@ -2,7 +2,6 @@ package etlcontext
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -18,14 +17,15 @@ import (
 // it): an upgrade of River must check them again, and the list of River
 // internals in supervisor/riverinternals.go.
 //
-//   - wakeJobs makes a parked job ('scheduled': River's snooze leaves a job
-//     snoozed beyond its scheduler interval, 5s, so) available now, in the
-//     same statement that finds it, which Client.JobRetry cannot do for a
-//     batch and would do even to a job that finished meanwhile. It is what
-//     River's scheduler does when a job's time comes. A job 'available'
-//     with a future scheduled_at is left alone: River leaves so both a
-//     short snooze and a short retry backoff, and a retry must wait out
-//     its kind's backoff. Watch, WakeJobOf and WakeWaitingJobs use it.
+//   - wakeJobs makes a job parked waiting for a slot ('scheduled': River's
+//     snooze leaves a job snoozed beyond its scheduler interval, 5s, so)
+//     available now, in the same statement that finds it, which
+//     Client.JobRetry cannot do for a batch and would do even to a job
+//     that finished meanwhile. It is what River's scheduler does when a
+//     job's time comes. A job 'available' with a future scheduled_at is
+//     left alone: River leaves so both a short snooze and a short retry
+//     backoff, and a retry must wait out its kind's backoff.
+//     WakeWaitingJobs uses it.
 //   - rescueJob makes a job that a dead supervisor left 'running' available
 //     again with its attempt given back (state 'available', attempt - 1):
 //     what River's own snooze does, without River's rescuer spending an
@@ -77,67 +77,58 @@ func heldLocks() string {
 
 // Watched is what Watch found.
 type Watched struct {
-	// WokenQueues are the queues of the jobs it woke.
-	WokenQueues []string
+	// Look are the contexts, in the queues, whose job is held or should
+	// be: a RUNNING context whose lock is free, and a context that ended
+	// (or whose attempt failed) while its job still runs.
+	Look []int64
 	// FreeHere are the RUNNING contexts on the host whose lock is free.
 	FreeHere []int64
 }
 
 // Watch is a supervisor's look at every task, in one statement whose cost
-// does not depend on how many tasks run (a running task's job is parked
-// and never fetched while its task process holds the lock). From pg_locks
-// it finds the RUNNING contexts whose lock is free: in queues, their parked
-// job is woken, so that a step looks at the attempt; on hostID, whoever
-// steps them, they are returned. It also wakes, in queues, the jobs parked
-// within park of now whose context ended without the supervisors hearing
-// of it: a finished context, or a failed attempt.
-func Watch(ctx context.Context, db DB, queues []string, hostID string, park time.Duration) (Watched, error) {
+// does not depend on how many tasks run quietly: it reads pg_locks and
+// writes nothing. In queues, it finds the contexts a step must look at
+// (Watched.Look): those whose lock is free while they are RUNNING (their
+// process died, lost its lock or never took it), or while their job runs
+// (they ended without the supervisors hearing of it). On hostID, whoever
+// steps them, it finds the RUNNING contexts whose lock is free.
+func Watch(ctx context.Context, db DB, queues []string, hostID string) (Watched, error) {
 	rows, err := db.Query(ctx, `
 		WITH held AS (`+heldLocks()+`),
 		free AS (
-			SELECT c.etl_context_id, c.river_job_id, c.queue, c.host_id
+			SELECT c.etl_context_id, c.queue, c.host_id
 			  FROM data_manager.etl_contexts AS c
 			 WHERE c.etl_status = `+sqlRunning+`
 			   AND (c.queue = ANY($1) OR c.host_id = $2)
 			   AND c.etl_context_id NOT IN (SELECT etl_context_id FROM held)),
 		ended AS (
-			SELECT j.id
+			SELECT c.etl_context_id
 			  FROM river_job AS j
 			  JOIN data_manager.etl_contexts AS c ON c.river_job_id = j.id
-			 WHERE j.state IN (`+jobScheduled+`, `+jobAvailable+`)
+			 WHERE j.state = `+jobRunning+`
 			   AND j.queue = ANY($1)
 			   AND j.kind = $3
-			   AND j.scheduled_at > now()
-			   AND j.scheduled_at <= now() + $4::interval
-			   AND (c.etl_status IN `+sqlFinished+`
-			        -- River's attempt counter lags one behind while the job
-			        -- waits: the attempt it launched has failed.
-			        OR (c.etl_status = `+sqlRetrying+` AND c.attempt > j.attempt))),
-		due AS (
-			SELECT river_job_id AS id FROM free WHERE queue = ANY($1) AND river_job_id IS NOT NULL
-			UNION
-			SELECT id FROM ended),
-		woken AS (`+wakeJobs+`)
-		SELECT 'woken', id, queue FROM woken
+			   AND c.etl_status <> `+sqlRunning+`
+			   AND c.etl_context_id NOT IN (SELECT etl_context_id FROM held))
+		SELECT true, etl_context_id FROM free WHERE queue = ANY($1)
 		UNION ALL
-		SELECT 'here', etl_context_id, queue FROM free WHERE host_id = $2`,
-		queues, hostID, JobKind, park)
+		SELECT true, etl_context_id FROM ended
+		UNION ALL
+		SELECT false, etl_context_id FROM free WHERE host_id = $2`,
+		queues, hostID, JobKind)
 	if err != nil {
 		return Watched{}, fmt.Errorf("look for tasks whose lock is free: %w", err)
 	}
 	var (
-		w           Watched
-		what, queue string
-		id          int64
-		seen        = map[string]bool{}
+		w    Watched
+		look bool
+		id   int64
 	)
-	_, err = pgx.ForEachRow(rows, []any{&what, &id, &queue}, func() error {
-		switch {
-		case what == "here":
+	_, err = pgx.ForEachRow(rows, []any{&look, &id}, func() error {
+		if look {
+			w.Look = append(w.Look, id)
+		} else {
 			w.FreeHere = append(w.FreeHere, id)
-		case !seen[queue]:
-			seen[queue] = true
-			w.WokenQueues = append(w.WokenQueues, queue)
 		}
 		return nil
 	})
@@ -145,38 +136,6 @@ func Watch(ctx context.Context, db DB, queues []string, hostID string, park time
 		return Watched{}, fmt.Errorf("look for tasks whose lock is free: %w", err)
 	}
 	return w, nil
-}
-
-// JobWake is what WakeJobOf found of a context's job.
-type JobWake struct {
-	// State is the job's state before the wake (a River JobState).
-	State string
-	Queue string
-	// Woken: the job waited for a future time and is available now.
-	Woken bool
-}
-
-// WakeJobOf makes the parked job of context id available now, if the
-// context is due (an announcement is a hint that anyone may send: a task
-// that is not due yet, --delay or --run-at, is not woken, for its step
-// would only park it again). ok is false when the context or its job is
-// gone.
-func WakeJobOf(ctx context.Context, db DB, id int64) (w JobWake, ok bool, err error) {
-	// The outer select sees the job as it was before the wake.
-	err = db.QueryRow(ctx, `
-		WITH due AS (
-			SELECT river_job_id AS id FROM data_manager.etl_contexts
-			 WHERE etl_context_id = $1 AND coalesce(due_at, created_at) <= now()),
-		woken AS (`+wakeJobs+`)
-		SELECT j.state, j.queue, EXISTS (SELECT 1 FROM woken)
-		  FROM river_job AS j JOIN due ON j.id = due.id`, id).Scan(&w.State, &w.Queue, &w.Woken)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return JobWake{}, false, nil
-	}
-	if err != nil {
-		return JobWake{}, false, fmt.Errorf("wake the job of etl context %d: %w", id, err)
-	}
-	return w, true, nil
 }
 
 // QueueRoom is what WakeWaitingJobs needs of a queue's configuration.

@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -19,12 +20,18 @@ import (
 // held (this is adoption, from any host) until the task ends or the watch
 // finds the lock free. Otherwise someone looks at the context for a moment
 // (`dama cancel`, another supervisor stopping orphans): look again soon.
-func (s *Supervisor) lockedElsewhere(ctx context.Context, logger *slog.Logger, tx pgx.Tx, id int64) error {
+func (s *Supervisor) lockedElsewhere(ctx context.Context, logger *slog.Logger, tx pgx.Tx, job *river.Job[TaskArgs]) error {
+	id := job.Args.ETLContextID
 	// On the step's own connection: a step that waited for a second one
 	// while holding the first could exhaust the pool.
 	c, err := etlcontext.Get(ctx, tx, id)
 	if err != nil {
 		return s.transient(logger, err)
+	}
+	if c.RiverJobID != nil && *c.RiverJobID != job.ID {
+		// Left for another job (dama retry) while a dead supervisor held
+		// it: hold nothing.
+		return river.JobCancel(fmt.Errorf("etl context %d is stepped by job %d now", id, *c.RiverJobID))
 	}
 	if c.Status == etlcontext.StatusRunning {
 		// Held again by its task process, which cleared the loss's mark: a

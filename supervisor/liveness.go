@@ -168,7 +168,7 @@ func (s *Supervisor) rescueOrphanedSteps(ctx context.Context) error {
 	}
 	rescued(stale, "older than its timeout")
 
-	seen, err := etlcontext.StepsWithoutClientLock(ctx, s.pool)
+	seen, err := etlcontext.AbandonedSteps(ctx, s.pool)
 	if err != nil {
 		return err
 	}
@@ -196,7 +196,7 @@ func (s *Supervisor) rescueOrphanedSteps(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		rescued(jobs, fmt.Sprintf("supervisor's liveness lock missing for %s", s.rescueGrace))
+		rescued(jobs, fmt.Sprintf("nobody looked after it for %s", s.rescueGrace))
 	}
 	for q := range queues {
 		s.notifyQueue(ctx, q)

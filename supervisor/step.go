@@ -29,7 +29,7 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs]) error {
 	c, err := etlcontext.Lock(ctx, tx, id)
 	switch {
 	case errors.Is(err, etlcontext.ErrLocked):
-		return s.lockedElsewhere(ctx, logger, tx, id)
+		return s.lockedElsewhere(ctx, logger, tx, job)
 	case errors.Is(err, etlcontext.ErrNotFound):
 		return river.JobCancel(err)
 	case err != nil:

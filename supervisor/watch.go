@@ -29,6 +29,11 @@ func (s *Supervisor) watch(ctx context.Context) error {
 	for _, id := range w.Look {
 		s.poke(id)
 	}
+	if w.Woken > 0 {
+		for _, q := range s.cfg.QueueNames() {
+			s.notifyQueue(ctx, q)
+		}
+	}
 	var errs []error
 	for _, id := range w.FreeHere {
 		c, err := etlcontext.Get(ctx, s.pool, id)

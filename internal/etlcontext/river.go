@@ -25,7 +25,8 @@ import (
 //     job's time comes. A job 'available' with a future scheduled_at is
 //     left alone: River leaves so both a short snooze and a short retry
 //     backoff, and a retry must wait out its kind's backoff.
-//     WakeWaitingJobs uses it.
+//     WakeWaitingJobs uses it, and Watch for the jobs an older release
+//     parked while their task ran.
 //   - rescueJob makes a job that a dead supervisor left 'running' available
 //     again with its attempt given back (state 'available', attempt - 1):
 //     what River's own snooze does, without River's rescuer spending an
@@ -81,17 +82,21 @@ type Watched struct {
 	// be: a RUNNING context whose lock is free, and a context that ended
 	// (or whose attempt failed) while its job still runs.
 	Look []int64
+	// Woken counts the parked jobs it woke.
+	Woken int
 	// FreeHere are the RUNNING contexts on the host whose lock is free.
 	FreeHere []int64
 }
 
 // Watch is a supervisor's look at every task, in one statement whose cost
-// does not depend on how many tasks run quietly: it reads pg_locks and
-// writes nothing. In queues, it finds the contexts a step must look at
-// (Watched.Look): those whose lock is free while they are RUNNING (their
-// process died, lost its lock or never took it), or while their job runs
-// (they ended without the supervisors hearing of it). On hostID, whoever
-// steps them, it finds the RUNNING contexts whose lock is free.
+// does not depend on how many tasks run quietly, from pg_locks. In queues,
+// it finds the contexts a step must look at (Watched.Look): those whose
+// lock is free while they are RUNNING (their process died, lost its lock or
+// never took it), or while their job still runs (they ended without the
+// supervisors hearing of it). Such a context's job, parked by a release
+// before v0.2.0 (which snoozed a running task's job for an hour), is woken
+// in the same statement. On hostID, whoever steps them, it finds the
+// RUNNING contexts whose lock is free.
 func Watch(ctx context.Context, db DB, queues []string, hostID string) (Watched, error) {
 	rows, err := db.Query(ctx, `
 		WITH held AS (`+heldLocks()+`),
@@ -109,12 +114,29 @@ func Watch(ctx context.Context, db DB, queues []string, hostID string) (Watched,
 			   AND j.queue = ANY($1)
 			   AND j.kind = $3
 			   AND c.etl_status <> `+sqlRunning+`
-			   AND c.etl_context_id NOT IN (SELECT etl_context_id FROM held))
+			   AND c.etl_context_id NOT IN (SELECT etl_context_id FROM held)),
+		parked AS (
+			SELECT j.id
+			  FROM river_job AS j
+			  JOIN data_manager.etl_contexts AS c ON c.river_job_id = j.id
+			 WHERE j.state = `+jobScheduled+`
+			   AND j.queue = ANY($1)
+			   AND j.kind = $3
+			   AND j.scheduled_at > now()
+			   AND c.etl_context_id NOT IN (SELECT etl_context_id FROM held)
+			   AND (c.etl_status = `+sqlRunning+` OR c.etl_status IN `+sqlFinished+`
+			        -- River's attempt counter lags one behind while the job
+			        -- waits: the attempt it launched has failed.
+			        OR (c.etl_status = `+sqlRetrying+` AND c.attempt > j.attempt))),
+		due AS (SELECT id FROM parked),
+		woken AS (`+wakeJobs+`)
 		SELECT true, etl_context_id FROM free WHERE queue = ANY($1)
 		UNION ALL
 		SELECT true, etl_context_id FROM ended
 		UNION ALL
-		SELECT false, etl_context_id FROM free WHERE host_id = $2`,
+		SELECT false, etl_context_id FROM free WHERE host_id = $2
+		UNION ALL
+		SELECT true, 0 FROM woken`,
 		queues, hostID, JobKind)
 	if err != nil {
 		return Watched{}, fmt.Errorf("look for tasks whose lock is free: %w", err)
@@ -125,6 +147,10 @@ func Watch(ctx context.Context, db DB, queues []string, hostID string) (Watched,
 		id   int64
 	)
 	_, err = pgx.ForEachRow(rows, []any{&look, &id}, func() error {
+		if id == 0 {
+			w.Woken++
+			return nil
+		}
 		if look {
 			w.Look = append(w.Look, id)
 		} else {
@@ -295,19 +321,36 @@ type Step struct {
 	AttemptedAt time.Time
 }
 
-// StepsWithoutClientLock finds the running steps, begun over a second ago
-// (which leaves alone a client taking its lock at startup), whose client
-// holds no liveness lock.
-func StepsWithoutClientLock(ctx context.Context, db DB) ([]Step, error) {
+// abandoned is true for a running river_job row j that nobody looks after:
+// its last client holds no liveness lock (ClientLockNamespace) in this
+// database, or it holds the job of a task whose lock is free while the
+// task is RUNNING with a process recorded, or ended. A live client pokes
+// such a job within a poll interval (its watch), so a job seen so for the
+// rescue grace is held by a client cut off from the database, whose
+// liveness session the server may keep for as long as TCP keepalives
+// allow.
+func abandoned() string {
+	return `(` + clientLockMissing() + ` OR EXISTS (
+	SELECT 1 FROM data_manager.etl_contexts AS c
+	 WHERE c.river_job_id = j.id
+	   AND ((c.etl_status = ` + sqlRunning + ` AND c.pid IS NOT NULL) OR c.etl_status <> ` + sqlRunning + `)
+	   AND c.etl_status <> ` + sqlQueued + `
+	   AND c.etl_context_id NOT IN (` + heldLocks() + `)))`
+}
+
+// AbandonedSteps finds the running steps and holds, begun over a second
+// ago (which leaves alone a client taking its lock at startup), that
+// nobody looks after (abandoned).
+func AbandonedSteps(ctx context.Context, db DB) ([]Step, error) {
 	rows, err := db.Query(ctx, `
 		SELECT j.id, coalesce(j.attempted_by[array_length(j.attempted_by, 1)], ''), j.attempted_at
 		  FROM river_job AS j
 		 WHERE j.kind = $1
 		   AND j.state = `+jobRunning+`
 		   AND j.attempted_at < now() - interval '1 second'
-		   AND `+clientLockMissing(), JobKind)
+		   AND `+abandoned(), JobKind)
 	if err != nil {
-		return nil, fmt.Errorf("find running steps whose supervisor holds no liveness lock: %w", err)
+		return nil, fmt.Errorf("find running steps nobody looks after: %w", err)
 	}
 	steps, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Step, error) {
 		var s Step
@@ -315,14 +358,14 @@ func StepsWithoutClientLock(ctx context.Context, db DB) ([]Step, error) {
 		return s, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("find running steps whose supervisor holds no liveness lock: %w", err)
+		return nil, fmt.Errorf("find running steps nobody looks after: %w", err)
 	}
 	return steps, nil
 }
 
 // RescueSteps rescues those of steps that still run, under the same
-// attempt, with their client's lock still missing: the lock is looked at
-// once more, in the statement that rescues.
+// attempt, still abandoned: that is looked at once more, in the statement
+// that rescues.
 func RescueSteps(ctx context.Context, db DB, steps []Step) ([]Rescued, error) {
 	ids := make([]int64, len(steps))
 	ats := make([]time.Time, len(steps))
@@ -337,7 +380,7 @@ func RescueSteps(ctx context.Context, db DB, steps []Step) ([]Rescued, error) {
 		   AND j.attempted_at = due.attempted_at
 		   AND j.kind = $1
 		   AND j.state = `+jobRunning+`
-		   AND `+clientLockMissing()+`
+		   AND `+abandoned()+`
 		RETURNING j.id, j.queue`, JobKind, ids, ats)
 	if err != nil {
 		return nil, fmt.Errorf("rescue steps of dead supervisors: %w", err)

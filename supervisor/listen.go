@@ -18,8 +18,8 @@ import (
 // their exit, and operators resume queues and unblock kinds. It holds no
 // lock: the liveness lock has a connection of its own (newLiveness), so
 // that the listener can fail and reconnect without anyone taking the
-// supervisor for dead. What it hears is a hint: a woken job's step looks at
-// the context itself, and the watch looks at every task each poll
+// supervisor for dead. What it hears is a hint: a poked hold's step looks
+// at the context itself, and the watch looks at every task each poll
 // interval, so nothing heard while it reconnects is lost.
 func (s *Supervisor) newListener() *pglisten.Listener {
 	return &pglisten.Listener{

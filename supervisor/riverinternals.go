@@ -10,8 +10,10 @@ import (
 
 // This file lists every use dama makes of River's internals: what River
 // does not offer through its API, done the way River does it itself. They
-// were checked against River v0.51.1 (go.mod pins it); an upgrade of River
-// must check them again.
+// were checked against riverChecked (go.mod pins it); an upgrade of River
+// must check them again (TestRiverIsTheVersionChecked fails until it
+// does), and TestCreateTaskInsertsTheJobRiverWould compares
+// data_manager.create_task's job with River's own.
 //
 //   - notifyQueue sends River's insert notification (topic "river_insert"),
 //     because Client.JobRetry sends none and a woken job would otherwise wait
@@ -50,6 +52,10 @@ import (
 // currval. The trigger asks who writes of pg_catalog alone, so another
 // program's River client with no right on data_manager still inserts; a
 // COPY into river_job (InsertManyFast) then inserts row by row.
+
+// riverChecked is the River release the internals below were checked
+// against.
+const riverChecked = "v0.51.1"
 
 // notifyQueue tells every supervisor's River producer of the queue that a job
 // is available, as River itself does after an insert.

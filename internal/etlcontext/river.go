@@ -27,15 +27,16 @@ import (
 //     backoff, and a retry must wait out its kind's backoff.
 //     WakeWaitingJobs uses it, and Watch for the jobs an older release
 //     parked while their task ran.
-//   - rescueJob makes a job that a dead supervisor left 'running' available
-//     again with its attempt given back (state 'available', attempt - 1):
-//     what River's own snooze does, without River's rescuer spending an
-//     attempt or discarding the job an hour later (RescueStaleSteps,
+//   - rescueJob makes a job that a dead or cut-off supervisor left
+//     'running' (mid-step, or held while its task ran) available again
+//     with its attempt given back (state 'available', attempt - 1): what
+//     River's own snooze does, without River's rescuer waiting an hour,
+//     spending an attempt or discarding the job (RescueStaleSteps,
 //     RescueSteps).
 //   - AlignJobAttempt gives a retried task's new job the task's attempt
 //     count, which InsertOpts cannot set.
-//   - Watch, Disagreements, LockJobless and StepsWithoutClientLock read
-//     river_job: a job's state, queue, attempt, last client and times.
+//   - Watch, Disagreements, LockJobless and AbandonedSteps read river_job:
+//     a job's state, queue, attempt, last client and times.
 
 // JobKind is the River kind of every dama job: one job per task, whose
 // work is a step of the task (supervisor.TaskArgs).

@@ -180,12 +180,8 @@ func pruneOnce(ctx context.Context, db Beginner, olderThan time.Duration, limits
 			}
 			return fmt.Errorf("remove %d finished tasks: %w", len(remove), classify(err))
 		}
-		tag, err := tx.Exec(ctx, `DELETE FROM river_job WHERE id = ANY($1) AND state IN `+jobFinalized, jobs)
-		if err != nil {
-			return fmt.Errorf("remove the River jobs of %d finished tasks: %w", len(remove), err)
-		}
-		p.Jobs = tag.RowsAffected()
-		return nil
+		p.Jobs, err = deleteFinishedJobs(ctx, tx, jobs)
+		return err
 	})
 	switch {
 	case errors.Is(err, errPruneRace):

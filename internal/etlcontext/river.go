@@ -35,8 +35,10 @@ import (
 //     RescueSteps).
 //   - AlignJobAttempt gives a retried task's new job the task's attempt
 //     count, which InsertOpts cannot set.
-//   - Watch, Disagreements, LockJobless and AbandonedSteps read river_job:
-//     a job's state, queue, attempt, last client and times.
+//   - deleteFinishedJobs deletes the finished jobs of the tasks Prune
+//     removes, as River's JobDeleteMany would, in Prune's transaction.
+//   - Watch, Disagreements, LockJobless, AbandonedSteps and Prune read
+//     river_job: a job's state, queue, attempt, last client and times.
 
 // JobKind is the River kind of every dama job: one job per task, whose
 // work is a step of the task (supervisor.TaskArgs).
@@ -399,4 +401,14 @@ func collectRescued(rows pgx.Rows) ([]Rescued, error) {
 		return nil, fmt.Errorf("rescue steps: %w", err)
 	}
 	return rescued, nil
+}
+
+// deleteFinishedJobs deletes, in tx, those of jobs that are finished, and
+// returns how many it deleted.
+func deleteFinishedJobs(ctx context.Context, tx pgx.Tx, jobs []int64) (int64, error) {
+	tag, err := tx.Exec(ctx, `DELETE FROM river_job WHERE id = ANY($1) AND state IN `+jobFinalized, jobs)
+	if err != nil {
+		return 0, fmt.Errorf("remove the River jobs of %d finished tasks: %w", len(jobs), err)
+	}
+	return tag.RowsAffected(), nil
 }

@@ -101,10 +101,11 @@ var runnerColumns = []string{"host", "pid", "process_started_at", "heartbeat_at"
 	"fence_window", "lock_lost_at", "lock_mode", "runner_release", "runner_protocol", "command_pgid", "command_start_ticks", "river_job_id",
 	"progress", "progress_at"}
 
-// The functions that make tasks (migration 24) and keep their logs'
-// tails (migration 25), by their signatures.
+// The functions that make tasks (migration 24) and their jobs (migration
+// 27), and keep their logs' tails (migration 25), by their signatures.
 const (
 	createTaskFunction = "create_task(text,jsonb,text,text,integer,text,timestamptz,bigint)"
+	enqueueJobFunction = "enqueue_job(bigint)"
 	submitFunction     = "submit(text,jsonb,text,text,timestamptz,bigint)"
 	appendLogFunction  = "append_log(bigint,uuid,bigint,bytea,bigint)"
 )
@@ -174,10 +175,12 @@ func rights() []right {
 		// an operator and a supervisor also by data_manager.submit, a task
 		// process its children. Both run with the caller's rights, which
 		// the triggers of migration 19 hold to the caller's own.
-		{roles: []string{"PUBLIC", RoleReader}, privileges: []string{"EXECUTE"}, functions: []string{createTaskFunction, submitFunction}, revoke: true},
+		// create_task gives a task its job with enqueue_job (migration 27),
+		// as `dama retry` and a supervisor's reconcile do.
+		{roles: []string{"PUBLIC", RoleReader}, privileges: []string{"EXECUTE"}, functions: []string{createTaskFunction, enqueueJobFunction, submitFunction}, revoke: true},
 		{roles: []string{RoleTask}, privileges: []string{"EXECUTE"}, functions: []string{submitFunction}, revoke: true},
-		{roles: []string{RoleOperator, RoleSupervisor}, privileges: []string{"EXECUTE"}, functions: []string{createTaskFunction, submitFunction}},
-		{roles: []string{RoleTask}, privileges: []string{"EXECUTE"}, functions: []string{createTaskFunction}},
+		{roles: []string{RoleOperator, RoleSupervisor}, privileges: []string{"EXECUTE"}, functions: []string{createTaskFunction, enqueueJobFunction, submitFunction}},
+		{roles: []string{RoleTask}, privileges: []string{"EXECUTE"}, functions: []string{createTaskFunction, enqueueJobFunction}},
 		// A task process keeps its log's tail by append_log (migration 25)
 		// alone, which holds it to its own run.
 		{roles: []string{"PUBLIC", RoleReader, RoleOperator}, privileges: []string{"EXECUTE"}, functions: []string{appendLogFunction}, revoke: true},

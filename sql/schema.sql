@@ -192,8 +192,6 @@ DECLARE
     task_key    text := nullif(idempotency_key, '');
     task_queue  text := queue;
     other_kind  text;
-    job         bigint;
-    job_state   text;
 BEGIN
     args := coalesce(args, '{}');
     IF octet_length(args::text) > data_manager.max_args_bytes() THEN
@@ -250,23 +248,42 @@ BEGIN
     INSERT INTO data_manager.event_store (etl_context_id, type, payload)
     VALUES (etl_context_id, task_kind || ':INITIAL', args);
 
-    -- As River's InsertTx inserts a dama_task job (supervisor.TaskArgs):
-    -- available now, or scheduled until run_at.
-    job_state := CASE WHEN run_at > now() THEN 'scheduled' ELSE 'available' END;
-    INSERT INTO public.river_job (args, kind, max_attempts, metadata, priority, queue, scheduled_at, state, tags)
-    VALUES (jsonb_build_object('etl_context_id', etl_context_id, 'kind', task_kind), 'dama_task', max_attempts,
-            '{}', 1, task_queue, greatest(now(), coalesce(run_at, now())), job_state::public.river_job_state, '{}')
-    RETURNING id INTO job;
-    UPDATE data_manager.etl_contexts AS c SET river_job_id = job WHERE c.etl_context_id = create_task.etl_context_id;
+    PERFORM data_manager.enqueue_job(etl_context_id);
+END
+$_$;
 
+
+--
+-- Name: enqueue_job(bigint); Type: FUNCTION; Schema: data_manager; Owner: -
+--
+
+CREATE FUNCTION data_manager.enqueue_job(etl_context_id bigint) RETURNS bigint
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    c         record;
+    job       bigint;
+    job_state text;
+BEGIN
+    SELECT x.etl_context_id, x.kind, x.queue, x.max_attempts, x.due_at, x.attempt INTO STRICT c
+      FROM data_manager.etl_contexts AS x WHERE x.etl_context_id = enqueue_job.etl_context_id;
+    job_state := CASE WHEN c.due_at > now() THEN 'scheduled' ELSE 'available' END;
+    INSERT INTO public.river_job (args, kind, max_attempts, metadata, priority, queue, scheduled_at, state, tags, attempt)
+    VALUES (jsonb_build_object('etl_context_id', c.etl_context_id, 'kind', c.kind), 'dama_task', c.max_attempts,
+            '{}', 1, c.queue, greatest(now(), coalesce(c.due_at, now())), job_state::public.river_job_state, '{}', c.attempt)
+    RETURNING id INTO job;
+    UPDATE data_manager.etl_contexts AS x SET river_job_id = job WHERE x.etl_context_id = c.etl_context_id;
     -- River's insert notification, which wakes the supervisors' producers
     -- of the queue when the transaction commits, on the channel River's
     -- listeners take: the schema of River's tables, then river_insert.
     IF job_state = 'available' THEN
-        PERFORM pg_notify('public.river_insert', json_build_object('queue', task_queue)::text);
+        PERFORM pg_notify('public.river_insert', json_build_object('queue', c.queue)::text);
     END IF;
+    RETURN job;
 END
-$_$;
+$$;
 
 
 --
@@ -2136,6 +2153,16 @@ REVOKE ALL ON FUNCTION data_manager.create_task(kind text, args jsonb, idempoten
 GRANT ALL ON FUNCTION data_manager.create_task(kind text, args jsonb, idempotency_key text, queue text, max_attempts integer, concurrency_field text, run_at timestamp with time zone, parent bigint, OUT etl_context_id bigint, OUT created boolean) TO dama_operator;
 GRANT ALL ON FUNCTION data_manager.create_task(kind text, args jsonb, idempotency_key text, queue text, max_attempts integer, concurrency_field text, run_at timestamp with time zone, parent bigint, OUT etl_context_id bigint, OUT created boolean) TO dama_supervisor;
 GRANT ALL ON FUNCTION data_manager.create_task(kind text, args jsonb, idempotency_key text, queue text, max_attempts integer, concurrency_field text, run_at timestamp with time zone, parent bigint, OUT etl_context_id bigint, OUT created boolean) TO dama_task;
+
+
+--
+-- Name: FUNCTION enqueue_job(etl_context_id bigint); Type: ACL; Schema: data_manager; Owner: -
+--
+
+REVOKE ALL ON FUNCTION data_manager.enqueue_job(etl_context_id bigint) FROM PUBLIC;
+GRANT ALL ON FUNCTION data_manager.enqueue_job(etl_context_id bigint) TO dama_operator;
+GRANT ALL ON FUNCTION data_manager.enqueue_job(etl_context_id bigint) TO dama_supervisor;
+GRANT ALL ON FUNCTION data_manager.enqueue_job(etl_context_id bigint) TO dama_task;
 
 
 --

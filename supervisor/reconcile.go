@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/riverqueue/river"
 
 	"github.com/dama-etl/dama/internal/etlcontext"
 )
@@ -57,7 +56,7 @@ func (s *Supervisor) enqueueMissingJob(ctx context.Context, d etlcontext.Disagre
 		if err != nil || !jobless {
 			return err
 		}
-		inserted, err = enqueueJob(ctx, s.river, tx, d.ID, d.Kind, &river.InsertOpts{Queue: d.Queue, MaxAttempts: d.MaxAttempts})
+		inserted, err = etlcontext.EnqueueJob(ctx, tx, d.ID)
 		return err
 	})
 	if err != nil {

@@ -45,14 +45,8 @@ func (c *Client) Retry(ctx context.Context, id int64) error {
 				return fmt.Errorf("cancel the previous River job %d: %w", *ec.RiverJobID, err)
 			}
 		}
-		job, err := enqueueJob(ctx, c.river, tx, id, ec.Kind, &river.InsertOpts{
-			Queue:       ec.Queue,
-			MaxAttempts: maxAttempts,
-		})
-		if err != nil {
-			return err
-		}
-		return etlcontext.AlignJobAttempt(ctx, tx, job, ec.Attempt)
+		_, err = etlcontext.EnqueueJob(ctx, tx, id)
+		return err
 	})
 	if err != nil {
 		return fmt.Errorf("retry etl context %d: %w", id, err)

@@ -314,17 +314,6 @@ func Reopen(ctx context.Context, db DB, c *Context, maxAttempts int, by string) 
 	return err
 }
 
-// SetJob records job as the River job of context id.
-func SetJob(ctx context.Context, db DB, id, job int64) error {
-	tag, err := db.Exec(ctx, `UPDATE data_manager.etl_contexts SET river_job_id = $2 WHERE etl_context_id = $1`, id, job)
-	if err != nil {
-		return fmt.Errorf("record River job %d of etl context %d: %w", job, id, err)
-	}
-	if tag.RowsAffected() != 1 {
-		return fmt.Errorf("record River job %d of etl context %d: %w", job, id, ErrNotFound)
-	}
-	return nil
-}
 
 // Attempt is a row of data_manager.etl_attempts, with how it ended.
 type Attempt struct {

@@ -33,8 +33,10 @@ import (
 //     River's own snooze does, without River's rescuer waiting an hour,
 //     spending an attempt or discarding the job (RescueStaleSteps,
 //     RescueSteps).
-//   - AlignJobAttempt gives a retried task's new job the task's attempt
-//     count, which InsertOpts cannot set.
+//   - EnqueueJob inserts a context's job by data_manager.enqueue_job
+//     (migration 27), as River's InsertTx would, but at the context's
+//     attempt, which InsertOpts cannot set: the one INSERT, which
+//     create_task makes every task's job with.
 //   - deleteFinishedJobs deletes the finished jobs of the tasks Prune
 //     removes, as River's JobDeleteMany would, in Prune's transaction.
 //   - Watch, Disagreements, LockJobless, AbandonedSteps and Prune read
@@ -247,7 +249,7 @@ func Disagreements(ctx context.Context, db DB, queues []string) ([]Disagreement,
 
 // LockJobless locks context id's row, in tx until it ends, and reports
 // whether the context still has no job. Concurrent callers take turns on
-// the row lock, held until the job is recorded (SetJob) and committed, so
+// the row lock, held until the job is recorded (EnqueueJob) and committed, so
 // whoever comes second sees the job the first committed. That check must
 // be a statement of its own, run once the lock is granted: under READ
 // COMMITTED a statement sees only what was committed before it began, so a
@@ -270,17 +272,16 @@ func LockJobless(ctx context.Context, tx pgx.Tx, id int64) (bool, error) {
 	return !exists, nil
 }
 
-// AlignJobAttempt sets the attempt count of job, inserted in tx and not
-// yet fetched, to attempt: a step compares River's attempt with the
-// context's to tell a failure River has counted from one it has not, and
-// a retried task's new job (dama retry) must start where the task is.
-func AlignJobAttempt(ctx context.Context, tx pgx.Tx, job int64, attempt int) error {
-	if _, err := tx.Exec(ctx, `
-		UPDATE river_job SET attempt = $2
-		 WHERE id = $1 AND state = `+jobAvailable+` AND attempted_at IS NULL`, job, attempt); err != nil {
-		return fmt.Errorf("align attempt of job %d: %w", job, err)
+// EnqueueJob gives context id a new River job, in tx, and returns it: by
+// data_manager.enqueue_job (migration 27), the one INSERT into river_job,
+// which create_task makes every task's job with. The job starts at the
+// context's attempt and max_attempts, and is due when the context is.
+func EnqueueJob(ctx context.Context, tx pgx.Tx, id int64) (int64, error) {
+	var job int64
+	if err := tx.QueryRow(ctx, `SELECT data_manager.enqueue_job($1)`, id).Scan(&job); err != nil {
+		return 0, fmt.Errorf("enqueue a River job for etl context %d: %w", id, classify(err))
 	}
-	return nil
+	return job, nil
 }
 
 // Rescued is a job a rescue made available again.

@@ -270,10 +270,15 @@ BEGIN
     SELECT x.etl_context_id, x.kind, x.queue, x.max_attempts, x.due_at, x.attempt INTO STRICT c
       FROM data_manager.etl_contexts AS x WHERE x.etl_context_id = enqueue_job.etl_context_id;
     job_state := CASE WHEN c.due_at > now() THEN 'scheduled' ELSE 'available' END;
-    INSERT INTO public.river_job (args, kind, max_attempts, metadata, priority, queue, scheduled_at, state, tags, attempt)
+    INSERT INTO public.river_job (args, kind, max_attempts, metadata, priority, queue, scheduled_at, state, tags)
     VALUES (jsonb_build_object('etl_context_id', c.etl_context_id, 'kind', c.kind), 'dama_task', c.max_attempts,
-            '{}', 1, c.queue, greatest(now(), coalesce(c.due_at, now())), job_state::public.river_job_state, '{}', c.attempt)
+            '{}', 1, c.queue, greatest(now(), coalesce(c.due_at, now())), job_state::public.river_job_state, '{}')
     RETURNING id INTO job;
+    -- Inserted as River inserts, which is what migration 19's trigger lets
+    -- an operator insert; a retried task's job then starts at its attempt.
+    IF c.attempt > 0 THEN
+        UPDATE public.river_job AS j SET attempt = c.attempt WHERE j.id = job;
+    END IF;
     UPDATE data_manager.etl_contexts AS x SET river_job_id = job WHERE x.etl_context_id = c.etl_context_id;
     -- River's insert notification, which wakes the supervisors' producers
     -- of the queue when the transaction commits, on the channel River's

@@ -12,29 +12,33 @@ import (
 // does not offer through its API, done the way River does it itself. They
 // were checked against riverChecked (go.mod pins it); an upgrade of River
 // must check them again (TestRiverIsTheVersionChecked fails until it
-// does), and TestCreateTaskInsertsTheJobRiverWould compares
-// data_manager.create_task's job with River's own.
+// does), and TestCreateTaskInsertsTheJobRiverWould compares the job
+// data_manager.create_task inserts, and its notification, with River's own.
 //
 //   - notifyQueue sends River's insert notification (topic "river_insert"),
 //     because Client.JobRetry sends none and a woken job would otherwise wait
 //     for the next fetch poll.
 //   - Every statement dama runs on River's table river_job is in
-//     etlcontext/river.go, each with why: waking parked jobs, rescuing a
-//     dead supervisor's steps without spending an attempt, aligning a
-//     retried task's new job's attempt, and the reads that join river_job
-//     with dama's tables.
+//     etlcontext/river.go, each with why: waking parked jobs, rescuing the
+//     steps and holds of dead or cut-off supervisors without spending an
+//     attempt, deleting pruned tasks' jobs, and the reads that join
+//     river_job with dama's tables.
 //   - A task waiting for a slot has its job parked (snoozed for
 //     parkWaiting), and woken by one of those statements when a slot
-//     frees. A running task's job is not parked: a Work holds it (work).
-//   - data_manager.create_task (migration 24), which makes every task,
-//     inserts its River job in SQL as River's InsertTx inserts a TaskArgs
-//     job: args {"etl_context_id", "kind"}, kind dama_task, priority 1,
-//     metadata and tags empty, state available (scheduled with a run-at
-//     ahead), the id from River's sequence (the column's default), and
-//     River's insert notification on "<River's schema>.river_insert" with
-//     {"queue": ...}, which River's producers listen to. So a program in
-//     any language submits without a River client; an upgrade of River
-//     must check these against its insert and its notifier.
+//     frees. A running task's job is not parked: a Work holds it (work),
+//     relying on River's snooze giving the attempt back (a zero snooze
+//     makes the job available at once), on a Work's timeout keeping
+//     River's rescuer away, and on River's Stop waiting for Work to return.
+//   - data_manager.enqueue_job (migration 27), which create_task (migration
+//     24) calls for every task, and dama retry and reconcile for a task's
+//     new job, is the one INSERT into river_job. It inserts as River's
+//     InsertTx inserts a TaskArgs job: args {"etl_context_id", "kind"},
+//     kind dama_task, priority 1, metadata and tags empty, state available
+//     (scheduled until the task is due), the id from River's sequence (the
+//     column's default), and River's insert notification on "<River's
+//     schema>.river_insert" with {"queue": ...}, which River's producers
+//     listen to; but at the context's attempt, which InsertOpts cannot
+//     set. So a program in any language submits without a River client.
 //
 // And in the schema, on River's table: migration 19 puts a trigger on
 // river_job (BEFORE INSERT OR UPDATE OF kind) that keeps a member of

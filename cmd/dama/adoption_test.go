@@ -69,7 +69,9 @@ func TestSecondTaskrunnerExitsWithoutWriting(t *testing.T) {
 func testSecondTaskrunnerExitsWithoutWriting(t *testing.T) {
 	w := newWorld(t, 10)
 	w.Start(w.cfg, "supervisor")
-	id := w.submit(20, 100)
+	// Long enough that the task does not end (and write its outcome)
+	// while the second taskrunner starts, however slow the machine.
+	id := w.submit(100, 100)
 	running := w.waitRunning(id)
 	count := func() int {
 		var n int

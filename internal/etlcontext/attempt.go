@@ -314,7 +314,6 @@ func Reopen(ctx context.Context, db DB, c *Context, maxAttempts int, by string) 
 	return err
 }
 
-
 // Attempt is a row of data_manager.etl_attempts, with how it ended.
 type Attempt struct {
 	Attempt   int        `json:"attempt"`

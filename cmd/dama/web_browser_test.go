@@ -113,9 +113,18 @@ func (b *browser) waitJS(what, expr string, timeout time.Duration) {
 	b.t.Helper()
 	ctx, cancel := context.WithTimeout(b.ctx, timeout+5*time.Second)
 	defer cancel()
-	_, err := chromedp.Run(ctx, chromedp.Poll[chromedp.Void](expr,
-		chromedp.WithPollingInterval(100*time.Millisecond), chromedp.WithPollingTimeout(timeout)))
-	if err != nil {
+	deadline := time.Now().Add(timeout)
+	for {
+		_, err := chromedp.Run(ctx, chromedp.Poll[chromedp.Void](expr,
+			chromedp.WithPollingInterval(100*time.Millisecond), chromedp.WithPollingTimeout(time.Until(deadline))))
+		if err == nil {
+			return
+		}
+		// A navigation (the login link's redirect) destroys the document
+		// the poll ran in: poll the new one.
+		if strings.Contains(err.Error(), "Cannot find context with specified id") && time.Now().Before(deadline) {
+			continue
+		}
 		page := eval[string](b, "document.body.innerText")
 		b.t.Fatalf("wait for %s (%s): %v\npage:\n%s", what, expr, err, page)
 	}

@@ -81,6 +81,7 @@ func (s *Supervisor) work(ctx context.Context, job *river.Job[TaskArgs]) error {
 	giveBack := time.NewTimer(holdFor)
 	defer giveBack.Stop()
 	again, held := 0, false
+	var lastPoke time.Time
 	for {
 		err := s.stepInSlot(ctx, job)
 		switch {
@@ -99,6 +100,16 @@ func (s *Supervisor) work(ctx context.Context, job *river.Job[TaskArgs]) error {
 		again, held = 0, true
 		select {
 		case <-poked:
+			// Anyone may announce an exit: a flood of them steps a hold
+			// at most once a second.
+			if wait := time.Second - time.Since(lastPoke); wait > 0 {
+				select {
+				case <-time.After(wait):
+				case <-s.draining:
+					return river.JobSnooze(0)
+				}
+			}
+			lastPoke = time.Now()
 		case <-giveBack.C:
 			return river.JobSnooze(0)
 		case <-s.draining:
@@ -116,6 +127,9 @@ func (s *Supervisor) stepInSlot(ctx context.Context, job *river.Job[TaskArgs]) e
 	slots := s.stepSlots[job.Queue]
 	select {
 	case slots <- struct{}{}:
+	case <-s.draining:
+		// Stopping: launch nothing more; the next supervisor steps it.
+		return river.JobSnooze(0)
 	case <-ctx.Done():
 		return river.JobSnooze(0)
 	}

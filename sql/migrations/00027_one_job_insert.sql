@@ -30,7 +30,10 @@ DECLARE
     job       bigint;
     job_state text;
 BEGIN
-    SELECT x.etl_context_id, x.kind, x.queue, x.max_attempts, x.due_at, x.attempt INTO STRICT c
+    SELECT x.etl_context_id, x.kind, x.queue, x.max_attempts, x.due_at,
+           -- A RUNNING context's attempt is under way: River counts it
+           -- when it fetches the job.
+           x.attempt - CASE WHEN x.etl_status = 'RUNNING' THEN 1 ELSE 0 END AS attempt INTO STRICT c
       FROM data_manager.etl_contexts AS x WHERE x.etl_context_id = enqueue_job.etl_context_id;
     job_state := CASE WHEN c.due_at > now() THEN 'scheduled' ELSE 'available' END;
     INSERT INTO %1$I.river_job (args, kind, max_attempts, metadata, priority, queue, scheduled_at, state, tags)

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/riverqueue/river"
+
+	"github.com/dama-etl/dama/internal/etlcontext"
 )
 
 // stepTimeout bounds a step: its launch wait plus a margin for its queries.
@@ -98,26 +100,69 @@ func (s *Supervisor) work(ctx context.Context, job *river.Job[TaskArgs]) error {
 			return err
 		}
 		again, held = 0, true
-		select {
-		case <-poked:
-			// Anyone may announce an exit: a flood of them steps a hold
-			// at most once a second.
-			if wait := time.Second - time.Since(lastPoke); wait > 0 {
-				select {
-				case <-time.After(wait):
-				case <-s.draining:
-					return river.JobSnooze(0)
-				}
-			}
-			lastPoke = time.Now()
-		case <-giveBack.C:
-			return river.JobSnooze(0)
-		case <-s.draining:
-			return river.JobSnooze(0)
-		case <-ctx.Done():
-			return river.JobSnooze(0)
+		if err := s.hold(ctx, job, poked, giveBack.C, &lastPoke); err != nil {
+			return err
 		}
 	}
+}
+
+// hold waits for a poke (at most one a second), giveBack or the
+// supervisor's stop; it returns nil to step again, or what the Work
+// returns. A hold that another Work has taken over returns only once that
+// one is done with the job (outlive).
+func (s *Supervisor) hold(ctx context.Context, job *river.Job[TaskArgs], poked chan struct{}, giveBack <-chan time.Time, lastPoke *time.Time) error {
+	err := s.awaitPoke(ctx, poked, giveBack, lastPoke)
+	if s.takenOver(ctx, job) {
+		return s.outlive(ctx, job)
+	}
+	return err
+}
+
+func (s *Supervisor) awaitPoke(ctx context.Context, poked chan struct{}, giveBack <-chan time.Time, lastPoke *time.Time) error {
+	select {
+	case <-poked:
+		// Anyone may announce an exit: a flood of them steps a hold at
+		// most once a second.
+		if wait := time.Second - time.Since(*lastPoke); wait > 0 {
+			select {
+			case <-time.After(wait):
+			case <-s.draining:
+				return river.JobSnooze(0)
+			}
+		}
+		*lastPoke = time.Now()
+		return nil
+	case <-giveBack:
+	case <-s.draining:
+	case <-ctx.Done():
+	}
+	return river.JobSnooze(0)
+}
+
+// takenOver reports whether job, held by this Work, was fetched again since
+// this Work began: its hold was rescued while this supervisor was cut off
+// from the database or too slow to step it, and another Work holds it now.
+// Whatever this Work returned, River would write over that one's job (its
+// completion checks the job's state alone).
+func (s *Supervisor) takenOver(ctx context.Context, job *river.Job[TaskArgs]) bool {
+	running, at, err := etlcontext.JobRun(context.WithoutCancel(ctx), s.pool, job.ID)
+	return err == nil && running && job.AttemptedAt != nil && !at.Equal(*job.AttemptedAt)
+}
+
+// outlive waits, writing nothing, until the Work that took job over is done
+// with it, so that what this one then returns finds the job no longer
+// running and changes nothing; it looks once per poll interval.
+func (s *Supervisor) outlive(ctx context.Context, job *river.Job[TaskArgs]) error {
+	s.logger.Warn("another supervisor took over this task's job; waiting for it to be done with the job", "etl_context_id", job.Args.ETLContextID, "job_id", job.ID)
+	tick := time.NewTicker(time.Duration(s.cfg.PollInterval))
+	defer tick.Stop()
+	for range tick.C {
+		running, _, err := etlcontext.JobRun(context.WithoutCancel(ctx), s.pool, job.ID)
+		if err == nil && !running {
+			break
+		}
+	}
+	return river.JobSnooze(0)
 }
 
 // stepInSlot is a step taken in one of the queue's step slots

@@ -2,6 +2,7 @@ package etlcontext
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -39,8 +40,8 @@ import (
 //     create_task makes every task's job with.
 //   - deleteFinishedJobs deletes the finished jobs of the tasks Prune
 //     removes, as River's JobDeleteMany would, in Prune's transaction.
-//   - Watch, Disagreements, LockJobless, AbandonedSteps and Prune read
-//     river_job: a job's state, queue, attempt, last client and times.
+//   - Watch, Disagreements, LockJobless, AbandonedSteps, JobRun and Prune
+//     read river_job: a job's state, queue, attempt, last client and times.
 
 // JobKind is the River kind of every dama job: one job per task, whose
 // work is a step of the task (supervisor.TaskArgs).
@@ -282,6 +283,23 @@ func EnqueueJob(ctx context.Context, tx pgx.Tx, id int64) (int64, error) {
 		return 0, fmt.Errorf("enqueue a River job for etl context %d: %w", id, classify(err))
 	}
 	return job, nil
+}
+
+// JobRun reports whether job is running, and since when (its last fetch):
+// a Work whose job was fetched again since it began was taken over.
+func JobRun(ctx context.Context, db DB, job int64) (running bool, attemptedAt time.Time, err error) {
+	var at *time.Time
+	err = db.QueryRow(ctx, `SELECT j.state = `+jobRunning+`, j.attempted_at FROM river_job AS j WHERE j.id = $1`, job).Scan(&running, &at)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, time.Time{}, nil
+	}
+	if err != nil {
+		return false, time.Time{}, fmt.Errorf("read job %d: %w", job, err)
+	}
+	if at != nil {
+		attemptedAt = *at
+	}
+	return running, attemptedAt, nil
 }
 
 // Rescued is a job a rescue made available again.

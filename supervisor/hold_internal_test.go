@@ -79,9 +79,9 @@ kinds:
 	if !testenv.Holds(3*time.Second, func() bool { return state() == "running" }) {
 		t.Fatalf("the taken-over hold wrote over the other Work's job: %s", state())
 	}
-	// The other Work is done with the job: the first one returns, and its
-	// snooze changes nothing.
-	if _, err := env.Pool.Exec(ctx, `UPDATE river_job SET state = 'completed', finalized_at = now() WHERE id = $1`, job); err != nil {
+	// The other Work gives the job back (its own hold's end): the first
+	// one returns, and its snooze changes nothing, attempt included.
+	if _, err := env.Pool.Exec(ctx, `UPDATE river_job SET state = 'available' WHERE id = $1`, job); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -92,7 +92,14 @@ kinds:
 	case <-ctx.Done():
 		t.Fatal("the supervisor did not stop once the other Work was done with the job")
 	}
-	if st := state(); st != "completed" {
-		t.Errorf("job %s after the taken-over hold returned, want completed", st)
+	var (
+		st      string
+		attempt int
+	)
+	if err := env.Pool.QueryRow(ctx, `SELECT state::text, attempt FROM river_job WHERE id = $1`, job).Scan(&st, &attempt); err != nil {
+		t.Fatal(err)
+	}
+	if st != "available" || attempt != 1 {
+		t.Errorf("job %s at attempt %d after the taken-over hold returned, want available at attempt 1 as the other Work left it", st, attempt)
 	}
 }

@@ -13,7 +13,7 @@
 #   DAMA_BENCH_SETTLE (15s)        the wait, once all N hold their lock, before it
 #   DAMA_BENCH_PROBES (40)         submit->lock samples, at 0 and at N running
 #   DAMA_BENCH_FLOOR_SAMPLES (100) samples of each floor (plain River, fork/exec)
-#   DAMA_BENCH_ADOPT_WAIT (25s)    the new supervisor's time to adopt after a SIGKILL
+#   DAMA_BENCH_ADOPT_WAIT (25s)    how long the new supervisor may take to adopt after a SIGKILL
 #   DAMA_BENCH_START_DEADLINE (10m) how long all N may take to hold their lock
 # A quick run: DAMA_BENCH_WINDOW=10s DAMA_BENCH_SETTLE=11s scripts/bench.sh scale 10,50 row
 #

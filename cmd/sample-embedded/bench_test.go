@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"strconv"
@@ -78,8 +79,25 @@ func BenchmarkTaskMemory(b *testing.B) {
 		}
 		return running == 3*n, fmt.Errorf("%d of %d running", running, 3*n)
 	})
-	// Let the function processes reach their steady state.
-	time.Sleep(5 * time.Second) // deliberately: a few of their steps, a second each
+	// The function processes reach their steady state within a few of
+	// their steps, a second each: the measure waits until every task that
+	// steps (all but the sleeps) reported its fifth, which its context
+	// shows within a second.
+	const steadyStep = 5
+	testenv.Eventually(b, time.Minute, fmt.Sprintf("every stepping task to report step %d", steadyStep), func() (bool, error) {
+		tasks, err := etlcontext.Tasks(ctx, env.Pool, etlcontext.TaskQuery{Limit: 3 * n})
+		if err != nil {
+			return false, err
+		}
+		reached := 0
+		for _, t := range tasks {
+			var p struct{ Step int }
+			if t.Kind != "sleep" && json.Unmarshal(t.Progress, &p) == nil && p.Step >= steadyStep {
+				reached++
+			}
+		}
+		return reached == 2*n, fmt.Errorf("%d of %d at step %d", reached, 2*n, steadyStep)
+	})
 	b.ResetTimer()
 	for _, kind := range []string{"function", "command", "sleep"} {
 		var runners, runnersPSS, commands, commandsPSS []float64

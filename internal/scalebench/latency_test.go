@@ -62,23 +62,16 @@ func probe(b *testing.B, client *supervisor.Client, conn *pgx.Conn, n int) (st p
 			b.Fatal(err)
 		}
 		submitted := time.Now()
-		deadline := submitted.Add(30 * time.Second)
-		for {
+		testenv.EventuallyEvery(b, time.Millisecond, 30*time.Second, fmt.Sprintf("probe task %d to start", id), func() (bool, error) {
 			var started bool
 			if err := conn.QueryRow(ctx, `SELECT pid IS NOT NULL FROM data_manager.etl_contexts WHERE etl_context_id = $1`, id).Scan(&started); err != nil {
 				b.Fatal(err)
 			}
-			if started {
-				if i >= warmup {
-					st.ds = append(st.ds, time.Since(submitted))
-				}
-				break
+			if started && i >= warmup {
+				st.ds = append(st.ds, time.Since(submitted))
 			}
-			if time.Now().After(deadline) {
-				b.Fatalf("probe task %d did not start in 30s", id)
-			}
-			time.Sleep(time.Millisecond)
-		}
+			return started, nil
+		})
 		var held bool
 		if err := conn.QueryRow(ctx, `
 			SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND granted

@@ -68,6 +68,7 @@ var rows = []row{
 	{"  p50 0 running / (River + fork)", "ratio_floor0", "%.2f"},
 	{"  p50 N running / 0 running", "ratio_lock", "%.2f"},
 	{"  p50 N running / (River + fork)", "ratio_floor", "%.2f"},
+	{"SIGKILL: all adopted (s)", "adopt_s", "%.1f"},
 	{"SIGKILL, adopt, exit: all settled (s)", "settle_s", "%.2f"},
 	{"  a task's p50 (s)", "settle_p50_s", "%.2f"},
 }

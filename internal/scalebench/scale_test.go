@@ -75,7 +75,7 @@ func BenchmarkScale(b *testing.B) {
 		b.Fatal(err)
 	}
 	bins := buildHelpers(b)
-	fmt.Printf("scale benchmark: sizes %v, modes %v, window %s after a %s settle, %d probes, %d floor samples, adopt wait %s\n",
+	fmt.Printf("scale benchmark: sizes %v, modes %v, window %s after a %s settle, %d probes, %d floor samples, adoption within %s\n",
 		p.sizes, p.modes, p.window, p.settle, p.probes, p.floorSamples, p.adoptWait)
 	var results []*result
 	for _, mode := range p.modes {

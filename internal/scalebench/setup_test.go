@@ -27,7 +27,7 @@ type params struct {
 	// running (DAMA_BENCH_PROBES, 40); floorSamples, of each floor
 	// (DAMA_BENCH_FLOOR_SAMPLES, 100).
 	probes, floorSamples int
-	// adoptWait is how long the new supervisor is given to adopt the tasks
+	// adoptWait bounds the wait for the new supervisor to adopt the tasks
 	// after the old one was SIGKILLed (DAMA_BENCH_ADOPT_WAIT): by default the
 	// rescue grace of a dead supervisor's steps, max(2 x poll_interval, 10s),
 	// plus two poll intervals (docs/architecture.md: a dead supervisor's step is rescued

@@ -348,11 +348,21 @@ func (e *Env) Environ(configPath string) []string {
 	return env
 }
 
-// Eventually polls cond until it returns true or timeout passes, then fails
-// the test with msg and cond's last error.
+// Eventually polls cond every 20ms until it returns true or timeout
+// passes, then fails the test with msg and cond's last error.
 func Eventually(t testing.TB, timeout time.Duration, msg string, cond func() (bool, error)) {
 	t.Helper()
+	EventuallyEvery(t, 20*time.Millisecond, timeout, msg, cond)
+}
+
+// EventuallyEvery is Eventually polling every interval: a benchmark polls
+// every millisecond where the poll's period is the resolution of what it
+// times, and less often where polling would load the server it measures.
+func EventuallyEvery(t testing.TB, every, timeout time.Duration, msg string, cond func() (bool, error)) {
+	t.Helper()
 	deadline := time.Now().Add(timeout)
+	tick := time.NewTicker(every)
+	defer tick.Stop()
 	var lastErr error
 	for {
 		ok, err := cond()
@@ -363,7 +373,7 @@ func Eventually(t testing.TB, timeout time.Duration, msg string, cond func() (bo
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out after %s waiting for %s (last error: %v)", timeout, msg, lastErr)
 		}
-		time.Sleep(20 * time.Millisecond)
+		<-tick.C
 	}
 }
 

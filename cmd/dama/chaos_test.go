@@ -182,9 +182,12 @@ func testChaosNoOverlapWhateverIsKilledOrRestarted(t *testing.T) {
 		skipped[what]++
 		note("%s skipped: %s", what, why)
 	}
+	// lift ends the pause or block an operator began in the last round,
+	// once the gap before the next one passed; nil when none holds.
+	var lift func()
 	// operate is an operator's action at a random moment: cancel a task
 	// (without waiting for it to stop), retry a cancelled one, or pause the
-	// queue or block the kind for a moment.
+	// queue or block the kind until the next round.
 	operate := func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		defer cancel()
@@ -193,17 +196,17 @@ func testChaosNoOverlapWhateverIsKilledOrRestarted(t *testing.T) {
 				skip(what, err.Error())
 				return
 			}
-			d := 500*time.Millisecond + time.Duration(rng.Int64N(int64(2500*time.Millisecond)))
-			// How long it holds is the action itself.
-			time.Sleep(d)
-			// Lifted for sure, if not now then at the end of the chaos.
-			offCtx, offCancel := context.WithTimeout(context.Background(), 3*time.Second)
-			defer offCancel()
-			if err := off(offCtx); err != nil {
-				note("%s: lifting failed (%v); lifted at the end", what, err)
+			since := time.Now()
+			lift = func() {
+				// Lifted for sure, if not now then at the end of the chaos.
+				offCtx, offCancel := context.WithTimeout(context.Background(), 3*time.Second)
+				defer offCancel()
+				if err := off(offCtx); err != nil {
+					note("%s: lifting failed (%v); lifted at the end", what, err)
+				}
+				counts[what]++
+				note("%s for %s", what, time.Since(since).Round(time.Millisecond))
 			}
-			counts[what]++
-			note("%s for %s", what, d.Round(time.Millisecond))
 		}
 		switch r := rng.IntN(100); {
 		case r < 40:
@@ -252,8 +255,17 @@ func testChaosNoOverlapWhateverIsKilledOrRestarted(t *testing.T) {
 			})
 		}
 	}
-	for ; rounds < chaosRounds; rounds++ {
-		time.Sleep(chaosRoundGap) // deliberately: the rhythm of the faults
+	// After the last round, one more gap when an operator's pause or block
+	// holds: it lasts a gap, as in any other round.
+	for ; rounds < chaosRounds || lift != nil; rounds++ {
+		time.Sleep(chaosRoundGap) // deliberately: the rhythm of the faults, which an operator's pause or block lasts
+		if lift != nil {
+			lift()
+			lift = nil
+		}
+		if rounds == chaosRounds {
+			break
+		}
 		if open, err := unsettled(); err == nil && open == "" {
 			break
 		}

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/dama-etl/dama/internal/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
 )
@@ -99,8 +101,8 @@ func testABurstOfEventsLosesNothing(t *testing.T) {
 	checkFloodStored(t, w, id, n, 5*time.Minute)
 }
 
-// The same flood while the database is down for 20 s, within
-// reconnect_grace: the command waits on its pipe through the outage.
+// The same flood while the database is down, within reconnect_grace: the
+// command waits on its pipe through the outage.
 func TestAFloodDuringAnOutageLosesNothing(t *testing.T) {
 	testenv.LockModes(t, testAFloodDuringAnOutageLosesNothing)
 }
@@ -109,15 +111,47 @@ func testAFloodDuringAnOutageLosesNothing(t *testing.T) {
 	srv := testenv.NewServer(t)
 	const n = 20000
 	w, id, goFile := startFlood(t, testenv.NewOn(t, srv), n, "heartbeat_interval: 200ms\nreconnect_grace: 2m")
-	w.waitRunning(id)
+	pgid := *w.waitFor(id, 30*time.Second, "to start its command", func(t etlcontext.Task) bool {
+		return t.Status == etlcontext.StatusRunning && t.InitialEventLocked && t.CommandPGID != nil
+	}).CommandPGID
 	srv.Stop(t, "fast")
 	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	// The outage's length is the fault itself, not a wait for a condition.
-	time.Sleep(20 * time.Second)
+	// The outage lasts until it holds the flood back: the task process
+	// found the database gone, stopped reading at its bounds, and the
+	// command waits to write.
+	taskLog := filepath.Join(w.Dir, "logs", fmt.Sprintf("%d.log", id))
+	testenv.Eventually(t, time.Minute, "the task process to fail to reconnect", func() (bool, error) {
+		log, err := os.ReadFile(taskLog)
+		return strings.Contains(string(log), `msg="connect write connection"`), err
+	})
+	testenv.Eventually(t, time.Minute, "the events pipe to fill up", func() (bool, error) {
+		return pipeFull(pgid, 3) // the command's shell, whose fd 3 is the pipe
+	})
 	srv.Start(t)
 	checkFloodStored(t, w, id, n, 5*time.Minute)
+}
+
+// pipeFull reports whether the pipe that is file descriptor fd of process
+// pid has no room for another atomic write (PIPE_BUF, 4096 bytes on
+// Linux): a writer of it waits until it is read.
+func pipeFull(pid, fd int) (bool, error) {
+	// A descriptor of our own on the pipe, which writes nothing.
+	p, err := unix.Open(fmt.Sprintf("/proc/%d/fd/%d", pid, fd), unix.O_WRONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false, err
+	}
+	defer unix.Close(p)
+	unread, err := unix.IoctlGetInt(p, unix.TIOCINQ) // FIONREAD
+	if err != nil {
+		return false, fmt.Errorf("bytes unread in the pipe: %w", err)
+	}
+	capacity, err := unix.FcntlInt(uintptr(p), unix.F_GETPIPE_SZ, 0)
+	if err != nil {
+		return false, fmt.Errorf("the pipe's capacity: %w", err)
+	}
+	return capacity-unread < 4096, fmt.Errorf("%d of %d bytes unread", unread, capacity)
 }
 
 // Whatever bytes a command writes, to its log or its pipe, its outcome is

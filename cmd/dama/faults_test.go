@@ -56,7 +56,7 @@ func testPostgresRestartKillsNoTask(t *testing.T) {
 	cancel := w.Start(w.cfg, "cancel", strconv.FormatInt(doomed, 10), "--wait", "60s")
 	// The length of the outage: 70% of reconnect_grace, so that time lost
 	// between reconnection attempts shows.
-	time.Sleep(7 * time.Second)
+	time.Sleep(7 * time.Second) // deliberately: the outage's length is the fault
 	srv.Start(t)
 	if err := cancel.Wait(); err != nil {
 		log, _ := os.ReadFile(cancel.Log)

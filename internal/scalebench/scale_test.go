@@ -192,7 +192,10 @@ kinds:
 	if _, err := churn.Exec(ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
 		b.Fatal(err)
 	}
-	time.Sleep(p.settle)
+	// An idle backend reports its transactions to pg_stat_database up to
+	// 10s late, by a timer of the server's that no query can hurry for
+	// another session: those of the starts must not fall in the window.
+	time.Sleep(p.settle) // deliberately: the server's statistics delay
 	measureWindow(b, p, r, srv, env, sup, mon, churn)
 
 	probe(b, client, probeConn, p.probes).say(r, "lockN", fmt.Sprintf("%d running", r.n))

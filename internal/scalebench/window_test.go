@@ -69,7 +69,7 @@ func measureWindow(b *testing.B, p params, r *result, srv *testenv.Server, env *
 			churned++
 		}
 	})
-	time.Sleep(p.window)
+	time.Sleep(p.window) // deliberately: the measured window
 	close(stop)
 	wg.Wait()
 	if churnErr != nil {

@@ -21,17 +21,20 @@ import (
 // supervisor for dead. What it hears is a hint: a poked hold's step looks
 // at the context itself, and the watch looks at every task each poll
 // interval, so nothing heard while it reconnects is lost.
-func (s *Supervisor) newListener() *pglisten.Listener {
-	return &pglisten.Listener{
+func (s *Supervisor) newListener() *pglisten.Listener[*pgx.Conn] {
+	return &pglisten.Listener[*pgx.Conn]{
 		Connect: func(ctx context.Context) (*pgx.Conn, error) {
 			conn, err := s.connectNamed(ctx, listenAppNamePrefix+s.river.ID())
 			if err != nil {
 				return nil, fmt.Errorf("open listening connection: %w", err)
 			}
+			if err := pglisten.Listen(ctx, conn, protocol.ExitedChannel, etlcontext.ControlChannel); err != nil {
+				conn.Close(ctx)
+				return nil, err
+			}
 			return conn, nil
 		},
-		Channels: []string{protocol.ExitedChannel, etlcontext.ControlChannel},
-		Notify:   s.heard,
+		Notify: s.heard,
 		Failed: func(err error) bool {
 			s.logger.Warn("listening connection failed; reconnecting", "error", err)
 			return true

@@ -92,12 +92,12 @@ func (s *Supervisor) connectLiveness(ctx context.Context) (*pgx.Conn, error) {
 // that fails silently is noticed within livenessPingTimeout. Other
 // supervisors rescue this one's steps only if the lock stays missing for
 // the rescue grace.
-func (s *Supervisor) newLiveness() *pglisten.Listener {
+func (s *Supervisor) newLiveness() *pglisten.Listener[*pgx.Conn] {
 	var (
 		lostAt time.Time
 		tries  int
 	)
-	return &pglisten.Listener{
+	return &pglisten.Listener[*pgx.Conn]{
 		Connect: s.connectLiveness,
 		Look: func(ctx context.Context, conn *pgx.Conn) error {
 			pingCtx, cancel := context.WithTimeout(ctx, livenessPingTimeout)

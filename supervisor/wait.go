@@ -65,17 +65,20 @@ func (c *Client) Wait(ctx context.Context, id int64) (*Context, error) {
 // cure (pgerr.Transient: an outage, a server short of resources or
 // read-only for a switchover) is ridden out, and kept in *unreachable; any
 // other ends the listener's Serve.
-func (c *Client) finishListener(id int64, look func(context.Context) error, unreachable *error) *pglisten.Listener {
-	return &pglisten.Listener{
+func (c *Client) finishListener(id int64, look func(context.Context) error, unreachable *error) *pglisten.Listener[*pgx.Conn] {
+	return &pglisten.Listener[*pgx.Conn]{
 		Connect: func(ctx context.Context) (*pgx.Conn, error) {
 			conn, err := pgx.ConnectConfig(ctx, c.pool.Config().ConnConfig.Copy())
 			if err != nil {
 				return nil, fmt.Errorf("connect to wait for the end: %w", err)
 			}
+			if err := pglisten.Listen(ctx, conn, etlcontext.FinishedChannel); err != nil {
+				conn.Close(ctx)
+				return nil, err
+			}
 			return conn, nil
 		},
-		Channels: []string{etlcontext.FinishedChannel},
-		Look:     func(ctx context.Context, _ *pgx.Conn) error { return look(ctx) },
+		Look: func(ctx context.Context, _ *pgx.Conn) error { return look(ctx) },
 		Notify: func(ctx context.Context, n *pgconn.Notification) error {
 			var f etlcontext.Finished
 			if json.Unmarshal([]byte(n.Payload), &f) == nil && f.ID == id {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/internal/etlcontext"
+	"github.com/dama-etl/dama/internal/pglisten"
 	"github.com/dama-etl/dama/internal/pgsession"
 	"github.com/dama-etl/dama/sql"
 	"github.com/dama-etl/dama/taskrunner/protocol"
@@ -67,10 +68,12 @@ type lockKeeper struct {
 	losses  int
 	changed chan struct{}
 
-	// Row mode: the lock connection and its transaction.
+	// Row mode: the lock connection, its transaction, and its watch.
 	conn *pgx.Conn
 	tx   pgx.Tx
-	// Advisory mode: the backend of the session that last held the lock.
+	ln   *pglisten.Listener[*pgx.Conn]
+	// lastPID is the backend of the session that last held the lock (0 in
+	// host mode: the keeper's).
 	lastPID uint32
 	// released is set by the first release (the runner's goroutine only);
 	// releasing too, for the writer's goroutine to read.
@@ -138,7 +141,7 @@ func (k *lockKeeper) lock(ctx context.Context) (*etlcontext.Context, dbConn, err
 		conn.Close(context.WithoutCancel(ctx))
 		return nil, nil, err
 	}
-	k.conn, k.tx = conn, tx
+	k.conn, k.tx, k.lastPID = conn, tx, conn.PgConn().PID()
 	return c, nil, nil
 }
 
@@ -213,7 +216,9 @@ func (k *lockKeeper) check(ctx context.Context, grace time.Duration) (int, error
 	rctx, cancel := context.WithTimeout(ctx, grace)
 	defer cancel()
 	_, losses, _ = k.get()
-	return losses, k.retake(rctx)
+	ln := k.listener()
+	ln.Close(ctx)
+	return losses, ln.Reopen(rctx)
 }
 
 // set records the lock's state and wakes the main loop; a superseded run

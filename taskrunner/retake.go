@@ -8,60 +8,51 @@ import (
 
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/internal/etlcontext"
+	"github.com/dama-etl/dama/internal/pglisten"
+	"github.com/jackc/pgx/v5"
 )
 
-// watch waits on the row-mode lock connection until it fails or ctx ends;
-// when it fails, it takes the lock again, reporting each change (set). In
-// advisory mode the writer does the watching.
+// watch waits on the row-mode lock connection until ctx ends; when it
+// fails, it takes the lock again, reporting each change (set). In advisory
+// mode the writer does the watching.
 func (k *lockKeeper) watch(ctx context.Context) {
 	if k.mode != config.LockModeRow {
 		return
 	}
-	for {
-		// No LISTEN was issued on this connection: only its failure, or
-		// ctx, ends the wait.
-		err := k.conn.PgConn().WaitForNotification(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		k.set(lockLost, err)
-		if err := k.retake(ctx); err != nil {
-			if ctx.Err() == nil {
-				k.set(lockSuperseded, err)
-			}
-			return
-		}
-		k.set(lockHeld, nil)
-	}
+	_ = k.listener().Serve(ctx)
 }
 
-// retake takes the row-mode lock again under the same run, retrying until
-// ctx ends: the runner's main loop bounds the attempt with reconnect_grace
-// (it stops the command and then ctx). It fails for good when the run is no
-// longer current.
-func (k *lockKeeper) retake(ctx context.Context) error {
-	oldPID := k.conn.PgConn().PID()
-	k.conn.Close(context.WithoutCancel(ctx))
-	delay := 100 * time.Millisecond
-	for {
-		err := k.tryRetake(ctx, oldPID)
-		switch {
-		case err == nil:
+// listener is the row-mode lock connection's: connecting again takes the
+// lock again under the same run, tried again until the runner's main loop
+// ends it (reconnect_grace bounds the attempt: it stops the command and
+// then ctx), or for good once the run is no longer current.
+func (k *lockKeeper) listener() *pglisten.Listener[*pgx.Conn] {
+	if k.ln != nil {
+		return k.ln
+	}
+	k.ln = &pglisten.Listener[*pgx.Conn]{
+		Connect: k.retake,
+		Lost:    func(err error) { k.set(lockLost, err) },
+		Failed: func(err error) bool {
+			if permanent(err) {
+				k.set(lockSuperseded, err)
+				return false
+			}
+			k.logger.Warn("take the lock again", "error", err)
+			return true
+		},
+		Reconnected: func() {
 			k.logger.Info("lock taken again")
-			return nil
-		case permanent(err):
-			return err
-		}
-		k.logger.Warn("take the lock again", "error", err, "retry_in", delay)
-		select {
-		case <-time.After(delay):
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+			k.set(lockHeld, nil)
+		},
 		// Short: the grace is what bounds the whole attempt, and a server
 		// that is back should be found at once.
-		delay = min(delay*2, 500*time.Millisecond)
+		RetryDelay: 500 * time.Millisecond,
+		// The lock outlives the watch: release ends it.
+		KeepOpen: true,
 	}
+	k.ln.Use(k.conn)
+	return k.ln
 }
 
 // permanent reports an error after which the lock is never taken again:
@@ -70,7 +61,8 @@ func permanent(err error) bool {
 	return errors.Is(err, etlcontext.ErrStaleRun) || errors.Is(err, etlcontext.ErrFinished) || errors.Is(err, etlcontext.ErrNotFound)
 }
 
-func (k *lockKeeper) tryRetake(ctx context.Context, oldPID uint32) error {
+// retake takes the row-mode lock again, on a new connection.
+func (k *lockKeeper) retake(ctx context.Context) (*pgx.Conn, error) {
 	// Connecting to a silent server must fail fast, to be tried again; the
 	// statements after it may wait for a write connection that is being
 	// made again too.
@@ -78,7 +70,7 @@ func (k *lockKeeper) tryRetake(ctx context.Context, oldPID uint32) error {
 	conn, err := connect(dctx, k.url, k.runKey, k.appName(), k.heartbeat)
 	dcancel()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	cctx, cancel := context.WithTimeout(ctx, stmtTimeout)
 	defer cancel()
@@ -88,24 +80,24 @@ func (k *lockKeeper) tryRetake(ctx context.Context, oldPID uint32) error {
 			conn.Close(context.WithoutCancel(ctx))
 		}
 	}()
-	k.endLostSession(cctx, conn, oldPID)
+	k.endLostSession(cctx, conn, k.lastPID)
 	c, tx, err := lockOn(cctx, conn, k.contextID, k.runKey != "")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := k.current(c); err != nil {
-		return err
+		return nil, err
 	}
 	// Until a supervisor's mark of the loss is cleared, the loss counts: a
 	// later loss must not be timed from this one.
 	if err := k.w.do(cctx, func(ctx context.Context, conn dbConn) error {
 		return etlcontext.ClearLockLost(ctx, conn, k.contextID, k.runID)
 	}); err != nil {
-		return err
+		return nil, err
 	}
 	ok = true
-	k.conn, k.tx = conn, tx
-	return nil
+	k.conn, k.tx, k.lastPID = conn, tx, conn.PgConn().PID()
+	return conn, nil
 }
 
 // endLostSession ends the backend that held the lock before the connection

@@ -2,7 +2,6 @@ package taskrunner
 
 import (
 	"context"
-	"errors"
 	"strconv"
 	"time"
 
@@ -11,34 +10,6 @@ import (
 	"github.com/dama-etl/dama/internal/etlcontext"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 )
-
-// waitNotification waits for a notification until a write is queued.
-func (w *writer) waitNotification(ctx context.Context) {
-	waitCtx, cancel := context.WithCancel(ctx)
-	stop := make(chan struct{})
-	go func() {
-		select {
-		case <-w.wake:
-			cancel()
-		case <-stop:
-		}
-	}()
-	n, err := w.conn.WaitForNotification(waitCtx)
-	close(stop)
-	cancel()
-	switch {
-	case err == nil:
-		w.hear(n)
-	case ctx.Err() != nil, errors.Is(err, context.Canceled):
-	default:
-		// Closed whatever the error: pgconn keeps a connection whose read
-		// timed out, and a kernel that gave up on a silent server reports a
-		// timeout too.
-		w.connErr = err
-		w.logger.Warn("write connection failed while listening", "error", err)
-		w.conn.Close(context.WithoutCancel(ctx))
-	}
-}
 
 // hear passes notification n on to the runner. A cancellation is a hint,
 // which anyone who can connect may send: one naming this run's context is
@@ -53,6 +24,8 @@ func (w *writer) hear(n *pgconn.Notification) {
 		w.mu.Unlock()
 		if id != 0 && n.Payload == strconv.FormatInt(id, 10) {
 			w.cancelHinted = true
+			// Confirmed by the writer's next look.
+			w.signal()
 		}
 		return
 	}
@@ -63,13 +36,12 @@ func (w *writer) hear(n *pgconn.Notification) {
 }
 
 // confirmCancel reads whether the run's cancellation is recorded, as hinted,
-// and if so passes it on to the runner. It reports whether the writer may
-// wait for the next notification: false when the connection failed, to be
-// made again (which reads the record anew: hooks.resume).
-func (w *writer) confirmCancel(ctx context.Context) bool {
+// and if so passes it on to the runner. A connection that failed meanwhile
+// is made again, which reads the record anew (hooks.resume).
+func (w *writer) confirmCancel(ctx context.Context) {
 	if wait := confirmInterval - time.Since(w.confirmedAt); wait > 0 {
 		w.signalIn(wait)
-		return true
+		return
 	}
 	w.confirmedAt = time.Now()
 	w.mu.Lock()
@@ -99,12 +71,10 @@ func (w *writer) confirmCancel(ctx context.Context) bool {
 	case permanent(err):
 		w.cancelHinted = false
 	case w.conn.IsClosed():
-		return false
 	default:
 		w.sayBusy("read the announced cancellation; tried again in a second", err)
 		w.signalIn(time.Second)
 	}
-	return true
 }
 
 // signalIn wakes the writer's loop after d; one wake-up waits at a time.

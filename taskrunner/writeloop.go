@@ -4,11 +4,11 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/dama-etl/dama/internal/etlcontext"
+	"github.com/dama-etl/dama/internal/pglisten"
 )
 
 // listenToo listens on channel from now on, on this connection and every
@@ -124,17 +124,43 @@ func (w *writer) flush(ctx context.Context) error {
 // advisory lock mode, the one that took the lock); otherwise the writer
 // makes it.
 func (w *writer) run(ctx context.Context, conn dbConn, channels ...string) {
+	first := conn == nil
+	l := &pglisten.Listener[dbConn]{
+		Connect: func(ctx context.Context) (dbConn, error) {
+			c, err := w.connect(ctx, channels, first)
+			first = first && err != nil
+			return c, err
+		},
+		Look:   w.serveAll,
+		Notify: func(_ context.Context, n *pgconn.Notification) error { w.hear(n); return nil },
+		// A queued write cuts any wait short, the wait to connect again
+		// included: the lock keeper waits on this connection to finish
+		// taking its lock again.
+		Wake: w.wake,
+		Lost: func(err error) {
+			if w.connErr != nil {
+				err, w.connErr = w.connErr, nil
+			}
+			if w.hooks.lost != nil {
+				w.hooks.lost(err)
+			}
+		},
+		Failed: func(err error) bool {
+			if w.over() {
+				return false
+			}
+			w.logger.Warn("write connection failed; connecting again", "error", err)
+			return true
+		},
+		// Kept while a superseded run waits for its runner to end.
+		KeepOpen: true,
+	}
 	defer func() {
 		if t := w.tailKept(); t != nil {
 			t.close()
 		}
-		if w.conn != nil {
-			closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-			w.conn.Close(closeCtx)
-			cancel()
-		}
+		l.Close(ctx)
 	}()
-	first := true
 	if conn != nil {
 		if err := listen(ctx, conn, channels); err != nil {
 			w.logger.Warn("listen on the first connection", "error", err)
@@ -142,51 +168,33 @@ func (w *writer) run(ctx context.Context, conn dbConn, channels ...string) {
 			conn.Close(ctx)
 		}
 		w.conn = conn
-		first = false
+		l.Use(conn)
 	}
-	delay := 100 * time.Millisecond
-	for ctx.Err() == nil {
-		select {
-		case <-w.superseded:
-			// The run is over: wait for the runner to end.
-			<-ctx.Done()
-			return
-		default:
-		}
-		if w.conn == nil || w.conn.IsClosed() {
-			if w.conn != nil && w.hooks.lost != nil {
-				w.hooks.lost(w.connErr)
-			}
-			if err := w.connect(ctx, channels, first); err != nil {
-				if w.over() {
-					continue
-				}
-				w.logger.Warn("connect write connection", "error", err, "retry_in", delay)
-				// A queued write cuts the wait short: the lock keeper waits on
-				// this connection to finish taking its lock again.
-				select {
-				case <-time.After(delay):
-				case <-w.wake:
-				case <-ctx.Done():
-				}
-				delay = min(delay*2, time.Second)
-				continue
-			}
-			first = false
-			delay = 100 * time.Millisecond
+	_ = l.Serve(ctx)
+	// The run is over: wait for the runner to end.
+	<-ctx.Done()
+}
+
+// serveAll runs the calls and writes the events queued, and confirms a
+// hinted cancellation, until nothing is left to do or the connection
+// failed (the listener then makes it again).
+func (w *writer) serveAll(ctx context.Context, conn dbConn) error {
+	for !conn.IsClosed() {
+		if w.over() {
+			return pglisten.ErrStop
 		}
 		if w.serveOne(ctx) {
 			continue
 		}
-		if w.cancelHinted && !w.confirmCancel(ctx) {
-			continue
+		if w.cancelHinted {
+			w.confirmCancel(ctx)
 		}
-		w.waitNotification(ctx)
+		return nil
 	}
+	return nil
 }
 
-func (w *writer) connect(ctx context.Context, channels []string, first bool) error {
-	w.conn = nil
+func (w *writer) connect(ctx context.Context, channels []string, first bool) (dbConn, error) {
 	cctx, cancel := context.WithTimeout(ctx, w.stmtTimeout)
 	defer cancel()
 	conn, err := w.open(cctx)
@@ -195,14 +203,14 @@ func (w *writer) connect(ctx context.Context, channels []string, first bool) err
 			w.logger.Warn("this run is no longer current: nothing more is written", "error", err)
 			w.supersede()
 		}
-		return err
+		return nil, err
 	}
 	w.mu.Lock()
 	also := slices.Clone(w.alsoListen)
 	w.mu.Unlock()
 	if err := listen(cctx, conn, append(slices.Clone(channels), also...)); err != nil {
 		conn.Close(ctx)
-		return err
+		return nil, err
 	}
 	for _, ch := range also {
 		select {
@@ -221,11 +229,11 @@ func (w *writer) connect(ctx context.Context, channels []string, first bool) err
 				w.supersede()
 			}
 			conn.Close(ctx)
-			return err
+			return nil, err
 		}
 	}
 	w.conn = conn
-	return nil
+	return conn, nil
 }
 
 // open makes a connection for the writer.

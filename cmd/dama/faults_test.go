@@ -368,11 +368,11 @@ func loseTheReplyOf(t *testing.T, configuration, query string) (*world, int64, s
 	w := &world{Env: env, cfg: env.WriteConfig(configuration + sampleConfigFor(1) + waiterKind(goFile, 1))}
 	env.Start(w.cfg, "supervisor")
 	id := w.submitOf("waiter")
-	w.waitRunning(id)
 	taskLog := filepath.Join(env.Dir, "logs", fmt.Sprintf("%d.log", id))
-	testenv.Eventually(t, 20*time.Second, "the command to start", func() (bool, error) {
-		b, _ := os.ReadFile(taskLog)
-		return strings.Contains(string(b), "command started"), nil
+	// Recorded, not only started: the record's commit must not be the
+	// write that waits for the replica.
+	w.waitFor(id, 20*time.Second, "to record its command", func(t etlcontext.Task) bool {
+		return t.Status == etlcontext.StatusRunning && t.CommandPGID != nil
 	})
 	// From now on a commit waits for the replica, which is down.
 	replica.Stop(t, "immediate")

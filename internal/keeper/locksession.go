@@ -12,14 +12,15 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/dama-etl/dama/internal/etlcontext"
+	"github.com/dama-etl/dama/internal/pglisten"
 )
 
 // lockSession is the keeper's lock session: one connection that holds the
 // session locks of every task process the keeper serves and listens to
-// the channels they listen to. One goroutine (run) owns it: it waits on
-// the connection, so that a failure is noticed at once (and a silence
-// within the connection's probes), and runs the sessions' operations
-// between two waits.
+// the channels they listen to. One goroutine (run, a pglisten.Listener)
+// owns it: it waits on the connection, so that a failure is noticed at
+// once (and a silence within the connection's probes), and runs the
+// sessions' operations between two waits.
 type lockSession struct {
 	connect func(ctx context.Context) (*pgx.Conn, error)
 	logger  *slog.Logger
@@ -158,75 +159,58 @@ func (l *lockSession) take() []*lockOp {
 
 func (l *lockSession) run(ctx context.Context) {
 	var (
-		conn *pgx.Conn
 		gen  uint64
 		last backend
 	)
-	defer close(l.ended)
-	defer func() {
-		if conn != nil {
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-			conn.Close(cctx)
-			cancel()
-		}
-		for _, op := range l.take() {
-			l.answer(op, func() lockResult { return lockResult{err: fmt.Errorf("%w: the keeper is ending", ErrUnavailable)} })
-		}
-	}()
-	delay := 100 * time.Millisecond
-	for ctx.Err() == nil {
-		if conn == nil {
-			c, b, err := l.open(ctx, last)
+	ln := &pglisten.Listener[*pgx.Conn]{
+		Connect: func(ctx context.Context) (*pgx.Conn, error) {
+			conn, b, err := l.open(ctx, last)
 			if err != nil {
-				l.logger.Warn("open the lock session", "error", err, "retry_in", delay)
-				for _, op := range l.take() {
-					l.answer(op, func() lockResult { return lockResult{err: fmt.Errorf("%w: %v", ErrUnavailable, err)} })
-				}
-				select {
-				case <-time.After(delay):
-				case <-l.wake:
-				case <-ctx.Done():
-				}
-				delay = min(2*delay, time.Second)
-				continue
+				l.logger.Warn("open the lock session", "error", err)
+				l.answerAll(fmt.Errorf("%w: %v", ErrUnavailable, err))
+				return nil, err
 			}
-			delay = 100 * time.Millisecond
-			conn, last = c, b
+			last = b
 			gen++
-		}
-		reset := false
-		for _, op := range l.take() {
-			if reset {
-				// The connection is about to go: what it would hold now
-				// would be lost at once.
-				l.answer(op, func() lockResult {
-					return lockResult{err: fmt.Errorf("%w: the lock session is ending", ErrUnavailable)}
-				})
-				continue
-			}
-			reset = op.kind == opKindReset
-			l.answer(op, func() lockResult { return lockResult{gen: gen, err: l.apply(conn, gen, op)} })
-		}
-		if reset {
-			conn = l.fail(ctx, conn, errors.New("a lock could not be released"))
-			continue
-		}
-		if conn.IsClosed() {
-			conn = l.fail(ctx, conn, errors.New("the lock session closed"))
-			continue
-		}
-		if err := l.wait(ctx, conn); err != nil {
-			conn = l.fail(ctx, conn, err)
-		}
+			return conn, nil
+		},
+		Look:   func(_ context.Context, conn *pgx.Conn) error { return l.applyAll(conn, gen) },
+		Notify: func(_ context.Context, n *pgconn.Notification) error { l.notify(n); return nil },
+		// An operation queued cuts any wait short.
+		Wake: l.wake,
+		// Every lock on the connection is gone with it.
+		Lost: l.lost,
+	}
+	defer close(l.ended)
+	defer l.answerAll(fmt.Errorf("%w: the keeper is ending", ErrUnavailable))
+	_ = ln.Serve(ctx)
+}
+
+// answerAll fails every operation queued with err.
+func (l *lockSession) answerAll(err error) {
+	for _, op := range l.take() {
+		l.answer(op, func() lockResult { return lockResult{err: err} })
 	}
 }
 
-// fail drops the failed connection and tells the server: every lock on it
-// is gone.
-func (l *lockSession) fail(ctx context.Context, conn *pgx.Conn, err error) *pgx.Conn {
-	conn.Close(context.WithoutCancel(ctx))
-	if ctx.Err() == nil {
-		l.lost(err)
+// applyAll runs the operations queued on conn, of generation gen. A reset
+// fails the connection, and the listener makes another.
+func (l *lockSession) applyAll(conn *pgx.Conn, gen uint64) error {
+	reset := false
+	for _, op := range l.take() {
+		if reset {
+			// The connection is about to go: what it would hold now would
+			// be lost at once.
+			l.answer(op, func() lockResult {
+				return lockResult{err: fmt.Errorf("%w: the lock session is ending", ErrUnavailable)}
+			})
+			continue
+		}
+		reset = op.kind == opKindReset
+		l.answer(op, func() lockResult { return lockResult{gen: gen, err: l.apply(conn, gen, op)} })
+	}
+	if reset {
+		return errors.New("a lock could not be released")
 	}
 	return nil
 }
@@ -311,32 +295,4 @@ func (l *lockSession) apply(conn *pgx.Conn, gen uint64, op *lockOp) error {
 		return nil
 	}
 	return fmt.Errorf("unknown lock operation %d", op.kind)
-}
-
-// wait waits on conn until it fails, a notification arrives (handed on)
-// or an operation is queued.
-func (l *lockSession) wait(ctx context.Context, conn *pgx.Conn) error {
-	waitCtx, cancel := context.WithCancel(ctx)
-	stop := make(chan struct{})
-	go func() {
-		select {
-		case <-l.wake:
-			cancel()
-		case <-stop:
-		}
-	}()
-	n, err := conn.WaitForNotification(waitCtx)
-	close(stop)
-	cancel()
-	switch {
-	case err == nil:
-		l.notify(n)
-		return nil
-	case ctx.Err() != nil, errors.Is(err, context.Canceled):
-		return nil
-	}
-	// Closed whatever the error: pgconn keeps a connection whose read
-	// timed out, and a kernel that gave up on a silent server reports a
-	// timeout too.
-	return err
 }

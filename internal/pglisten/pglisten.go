@@ -1,18 +1,22 @@
-// Package pglisten keeps a PostgreSQL connection of its own open, listening
-// on channels, connects again when it fails, and hands its notifications
-// on. A notification is a hint: what it announces is looked up (Look) once
-// listening has begun on each connection, so that nothing announced while
-// no connection listened is missed, and again every Recheck. A connection
-// with no channels is kept and watched all the same: a connection that
-// holds a session lock. (A task process's writer listens on the
-// connection it writes on instead: a connection of its own per task is
-// what lock_mode advisory saves.)
+// Package pglisten is dama's one loop around a connection it waits on: it
+// keeps the connection open, hands its notifications on, does what is
+// queued for it between two waits, and connects again when it fails. The
+// supervisor's listener, liveness lock and wait for a task's end, a task
+// process's writer and row-mode lock, and the host's lock keeper each run
+// one.
+//
+// A notification is a hint: what it announces is looked up (Look) once
+// the connection is open, so that nothing announced while no connection
+// listened is missed, and again every Recheck. A connection with no
+// channels is kept and watched all the same: one that holds a lock.
 package pglisten
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -22,158 +26,255 @@ import (
 // ErrStop, returned by Look or Notify, ends Serve with no error.
 var ErrStop = errors.New("stop listening")
 
-// Listener is one listening connection and what to do with what it
-// hears. Connect and Notify are required; the rest is optional.
-type Listener struct {
-	// Connect opens a connection of the listener's own: a pooled one would
-	// keep listening for its next user.
-	Connect func(ctx context.Context) (*pgx.Conn, error)
-	// Channels are listened to on every connection.
-	Channels []string
-	// Look is called with the connection once listening has begun on
-	// it, before any notification is handed on, and every Recheck: it
-	// looks at what the notifications announce, or at the connection
-	// itself. nil means nothing to look at.
-	Look func(ctx context.Context, conn *pgx.Conn) error
-	// Notify handles a notification; nil for a listener of no channels.
+// errClosed is the failure of a connection found closed between two waits
+// (a statement of Look's failed on it).
+var errClosed = errors.New("the connection closed")
+
+// Conn is a connection a Listener waits on: a *pgx.Conn, or a session that
+// passes a connection's notifications on (a task process's session with
+// its host's lock keeper).
+type Conn interface {
+	WaitForNotification(ctx context.Context) (*pgconn.Notification, error)
+	IsClosed() bool
+	Close(ctx context.Context) error
+}
+
+// Listener is one connection and what to do with it. Connect is required;
+// the rest is optional.
+type Listener[C Conn] struct {
+	// Connect opens a connection of the listener's own (a pooled one would
+	// keep listening for its next user), listening on its channels
+	// (Listen) and ready for Look.
+	Connect func(ctx context.Context) (C, error)
+	// Look is called with the connection once it is open, before any
+	// notification is handed on; again every Recheck; and after each
+	// receive from Wake. It looks at what the notifications announce, at
+	// the connection itself, or does on it what was queued. nil means
+	// nothing to look at.
+	Look func(ctx context.Context, conn C) error
+	// Notify handles a notification; nil ignores them.
 	Notify func(ctx context.Context, n *pgconn.Notification) error
+	// Wake, when not nil, cuts a wait short: on the connection, to Look,
+	// or between two tries to connect, to try at once.
+	Wake <-chan struct{}
 	// Recheck, above 0, is how often Look is called again, whatever
-	// notifications arrive meanwhile; 0 means only on a new connection.
+	// notifications arrive meanwhile; 0 means only on a new connection
+	// and after a Wake.
 	Recheck time.Duration
-	// RetryDelay spaces the tries to connect again after a failure: the
-	// first try is at once when the connection had served (at most once
-	// per RetryDelay), and then one every RetryDelay. 0 means 1s.
+	// RetryDelay is the longest wait between two tries to connect after a
+	// failure: the first try is at once when the connection had served (at
+	// most once per RetryDelay), the next after 100ms (or RetryDelay, if
+	// less), each wait then twice the last. 0 means 1s.
 	RetryDelay time.Duration
-	// Failed is told each failure (to connect, to listen, of the
-	// connection, or an error of Look or Notify), and says whether to
-	// connect again after RetryDelay; nil means always. The connection is
-	// dropped either way.
+	// Lost, when set, is told that a connection that was open failed,
+	// before Failed.
+	Lost func(err error)
+	// Failed is told each failure (to connect, of the connection, or an
+	// error of Look or Notify), and says whether to connect again; nil
+	// means always. The connection is closed either way.
 	Failed func(err error) bool
 	// Reconnected, when set, is told each connection after the first.
 	Reconnected func()
+	// KeepOpen leaves the connection open when ctx ends Serve, for the
+	// caller to use or close: the connection that holds a lock outlives
+	// the watch of it.
+	KeepOpen bool
 
-	conn      *pgx.Conn
+	conn      C
+	open      bool
 	connected bool
+	atOnce    time.Time // when a connection was last tried again at once
 }
 
-// Open opens the listener's connection, if it has none, and listens on it:
-// the first connection of a caller that reports its failure itself. It
-// does not Look.
-func (l *Listener) Open(ctx context.Context) error {
-	if l.conn != nil {
+// Listen listens on channels on conn, as a Connect does.
+func Listen(ctx context.Context, conn *pgx.Conn, channels ...string) error {
+	for _, ch := range channels {
+		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
+			return fmt.Errorf("listen on %s: %w", ch, err)
+		}
+	}
+	return nil
+}
+
+// Use makes conn the listener's connection, as if Connect had opened it:
+// a first connection its caller made.
+func (l *Listener[C]) Use(conn C) { l.conn, l.open, l.connected = conn, true, true }
+
+// Open opens the listener's connection, if it has none: the first
+// connection of a caller that reports its failure itself. It does not
+// Look.
+func (l *Listener[C]) Open(ctx context.Context) error {
+	if l.open {
 		return nil
 	}
 	conn, err := l.Connect(ctx)
 	if err != nil {
 		return err
 	}
-	for _, ch := range l.Channels {
-		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
-			conn.Close(context.WithoutCancel(ctx))
-			return fmt.Errorf("listen on %s: %w", ch, err)
-		}
-	}
 	if l.connected && l.Reconnected != nil {
 		l.Reconnected()
 	}
-	l.conn, l.connected = conn, true
+	l.Use(conn)
 	return nil
 }
 
-// Serve hands notifications on until ctx ends (it then returns nil), Look
-// or Notify returns ErrStop (nil), or Failed says not to go on (the
-// failure). It opens the connection when there is none, and again after
-// each failure.
-func (l *Listener) Serve(ctx context.Context) error {
-	defer l.Close(ctx)
-	var atOnce time.Time // when a connection was last tried again at once
+// Serve waits on the connection and hands notifications on until ctx ends
+// (it then returns nil), Look or Notify returns ErrStop (nil), or Failed
+// says not to go on (the failure). It opens the connection when there is
+// none, and again after each failure.
+func (l *Listener[C]) Serve(ctx context.Context) error {
+	if !l.KeepOpen {
+		defer l.Close(ctx)
+	}
 	for {
-		served, err := l.serve(ctx)
-		switch {
-		case errors.Is(err, ErrStop), ctx.Err() != nil:
-			return nil
-		case l.Failed != nil && !l.Failed(err):
+		if err := l.Reopen(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
 			return err
 		}
-		l.Close(ctx)
-		if served && time.Since(atOnce) >= cmpOr(l.RetryDelay, time.Second) {
-			// A connection that served fails: the next one is tried at
-			// once (a session lock is missing meanwhile), then no faster
-			// than RetryDelay, however often the server ends them.
-			atOnce = time.Now()
-			continue
-		}
-		select {
-		case <-ctx.Done():
+		err := l.serve(ctx)
+		if errors.Is(err, ErrStop) || ctx.Err() != nil {
 			return nil
-		case <-time.After(cmpOr(l.RetryDelay, time.Second)):
+		}
+		if l.Lost != nil {
+			l.Lost(err)
+		}
+		l.Close(ctx)
+		if l.Failed != nil && !l.Failed(err) {
+			return err
 		}
 	}
 }
 
-// serve serves one connection until it fails; served reports that it got
-// as far as waiting for notifications.
-func (l *Listener) serve(ctx context.Context) (served bool, err error) {
-	if err := l.Open(ctx); err != nil {
-		return false, err
+// Reopen returns nil once the listener has a connection: at once if it
+// has one, otherwise once Connect made one, trying again after each
+// failure that Failed allows. It returns the failure Failed does not
+// allow, or ctx's error.
+func (l *Listener[C]) Reopen(ctx context.Context) error {
+	retry := cmp.Or(l.RetryDelay, time.Second)
+	delay := time.Duration(0)
+	if time.Since(l.atOnce) < retry {
+		// A connection that keeps failing at once is not tried again
+		// faster than RetryDelay.
+		delay = min(100*time.Millisecond, retry)
 	}
-	look := func() error {
-		if l.Look == nil {
-			return nil
+	for {
+		if delay > 0 {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(delay):
+			case <-l.Wake:
+			}
+		} else {
+			l.atOnce = time.Now()
 		}
-		return l.Look(ctx, l.conn)
+		err := l.Open(ctx)
+		switch {
+		case err == nil:
+			return nil
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case l.Failed != nil && !l.Failed(err):
+			return err
+		}
+		delay = min(max(2*delay, 100*time.Millisecond), retry)
 	}
-	if err := look(); err != nil {
-		return false, err
+}
+
+// serve serves the open connection until it fails or ctx ends.
+func (l *Listener[C]) serve(ctx context.Context) error {
+	if err := l.look(ctx); err != nil {
+		return err
 	}
 	// Looks come every Recheck however many notifications arrive between
 	// them: every task's end is announced on one channel.
 	nextLook := time.Now().Add(l.Recheck)
 	for {
-		wctx, cancel := ctx, context.CancelFunc(func() {})
-		if l.Recheck > 0 {
-			wctx, cancel = context.WithDeadline(ctx, nextLook)
+		if l.conn.IsClosed() {
+			return errClosed
 		}
-		n, err := l.conn.WaitForNotification(wctx)
-		timedOut := wctx.Err() != nil && ctx.Err() == nil
-		cancel()
+		n, woken, interrupted, err := l.wait(ctx, nextLook)
 		switch {
 		case ctx.Err() != nil:
-			return true, ctx.Err()
-		case n != nil && err == nil:
+			return ctx.Err()
+		case err == nil:
 			// Handed on even when the deadline passed meanwhile: pgx
 			// gives a notification it had read already.
 			if l.Notify != nil {
 				if err := l.Notify(ctx, n); err != nil {
-					return true, err
+					return err
 				}
 			}
-		case !timedOut:
-			return true, fmt.Errorf("wait on the connection: %w", err)
+		case !interrupted:
+			// Closed whatever the error: pgconn keeps a connection whose
+			// read timed out, and a kernel that gave up on a silent
+			// server reports a timeout too.
+			return fmt.Errorf("wait on the connection: %w", err)
 		}
-		if timedOut || (l.Recheck > 0 && !time.Now().Before(nextLook)) {
-			err := look()
-			// From the look's end: a slow look is not followed by another
-			// at once.
-			nextLook = time.Now().Add(l.Recheck)
+		recheck := l.Recheck > 0 && !time.Now().Before(nextLook)
+		if woken || recheck {
+			err := l.look(ctx)
+			if recheck {
+				// From the look's end: a slow look is not followed by
+				// another at once.
+				nextLook = time.Now().Add(l.Recheck)
+			}
 			if err != nil {
-				return true, err
+				return err
 			}
 		}
 	}
 }
 
-// Close closes the listener's connection, if open.
-func (l *Listener) Close(ctx context.Context) {
-	if l.conn != nil {
-		l.conn.Close(context.WithoutCancel(ctx))
-		l.conn = nil
+// wait waits on the connection for a notification until the next Recheck
+// or a receive from Wake (interrupted); woken reports a receive from Wake
+// during the wait, even one too late to interrupt it.
+func (l *Listener[C]) wait(ctx context.Context, nextLook time.Time) (n *pgconn.Notification, woken, interrupted bool, err error) {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if l.Recheck > 0 {
+		var cancelDeadline context.CancelFunc
+		wctx, cancelDeadline = context.WithDeadline(wctx, nextLook)
+		defer cancelDeadline()
 	}
+	var wake atomic.Bool
+	if l.Wake != nil {
+		stop, done := make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(done)
+			select {
+			case <-l.Wake:
+				// Noted even after the wait returned: what it asks for is
+				// looked at next.
+				wake.Store(true)
+				cancel()
+			case <-stop:
+			}
+		}()
+		defer func() { woken = wake.Load() }()
+		defer func() { close(stop); <-done }()
+	}
+	n, err = l.conn.WaitForNotification(wctx)
+	return n, wake.Load(), wctx.Err() != nil && ctx.Err() == nil, err
 }
 
-func cmpOr(d, def time.Duration) time.Duration {
-	if d == 0 {
-		return def
+func (l *Listener[C]) look(ctx context.Context) error {
+	if l.Look == nil {
+		return nil
 	}
-	return d
+	return l.Look(ctx, l.conn)
+}
+
+// Close closes the listener's connection, if open, waiting at most 2s for
+// the server.
+func (l *Listener[C]) Close(ctx context.Context) {
+	if l.open {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		l.conn.Close(cctx)
+		cancel()
+		var zero C
+		l.conn, l.open = zero, false
+	}
 }

@@ -25,16 +25,19 @@ func TestListenerRidesOutATerminatedConnection(t *testing.T) {
 	var looks, reconnects atomic.Int32
 	heard := make(chan string, 10)
 	failed := make(chan error, 10)
-	l := &pglisten.Listener{
+	l := &pglisten.Listener[*pgx.Conn]{
 		Connect: func(ctx context.Context) (*pgx.Conn, error) {
 			cfg, err := pgx.ParseConfig(env.URL)
 			if err != nil {
 				return nil, err
 			}
 			cfg.RuntimeParams["application_name"] = "pglisten-test"
-			return pgx.ConnectConfig(ctx, cfg)
+			conn, err := pgx.ConnectConfig(ctx, cfg)
+			if err != nil {
+				return nil, err
+			}
+			return conn, pglisten.Listen(ctx, conn, "pglisten_test")
 		},
-		Channels: []string{"pglisten_test"},
 		Look: func(context.Context, *pgx.Conn) error {
 			looks.Add(1)
 			return nil
@@ -124,9 +127,14 @@ func TestListenerLooksAgainEveryRecheckAndStopsWhenTold(t *testing.T) {
 	}()
 	refused := errors.New("refused")
 	var looks atomic.Int32
-	l := &pglisten.Listener{
-		Connect:  func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, env.URL) },
-		Channels: []string{"pglisten_flood"},
+	l := &pglisten.Listener[*pgx.Conn]{
+		Connect: func(ctx context.Context) (*pgx.Conn, error) {
+			conn, err := pgx.Connect(ctx, env.URL)
+			if err != nil {
+				return nil, err
+			}
+			return conn, pglisten.Listen(ctx, conn, "pglisten_flood")
+		},
 		Look: func(context.Context, *pgx.Conn) error {
 			if looks.Add(1) == 3 {
 				return refused

@@ -1,0 +1,63 @@
+package protocol
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// The secrets socket holds its secrets whole before its reader starts, and
+// the reader takes nothing that is not NAME=value.
+func TestTheSecretsSocket(t *testing.T) {
+	want := Secrets{Env: []string{"DATABASE_URL=postgres:///x", "PGSSLMODE=disable"}, RunKey: "r", Keeper: []byte{1, 2}}
+	r, err := SecretsSocket(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := ReadSecrets(int(r.Fd()))
+	if err != nil || !reflect.DeepEqual(got, want) {
+		t.Fatalf("ReadSecrets = %+v, %v; want %+v", got, err, want)
+	}
+	if _, err := SecretsSocket(Secrets{Env: []string{"PGX=" + strings.Repeat("x", MaxSecrets)}}); err == nil {
+		t.Error("secrets over MaxSecrets were written")
+	}
+}
+
+// FuzzParseSecrets reads arbitrary secrets: what it takes encodes and
+// reads back as itself, and holds nothing a process's environment cannot
+// (a password that is not UTF-8 is kept as it is).
+func FuzzParseSecrets(f *testing.F) {
+	for _, m := range []string{
+		"k\x00abcd\x00DATABASE_URL=postgres://u:p@h/db\x00PGPASSWORD=\xff\xfe=\x00",
+		"\x00\x00",
+		"k\x00zz\x00",
+		"k\x00\x00=x\x00",
+		"k\x00\x00NOEQUALS\x00",
+		"k\x00\x00A=b",
+		"\x00",
+		"",
+	} {
+		f.Add([]byte(m))
+	}
+	f.Fuzz(func(t *testing.T, msg []byte) {
+		s, err := ParseSecrets(msg)
+		if err != nil {
+			if s.Env != nil || s.RunKey != "" || s.Keeper != nil || err.Error() == "" {
+				t.Fatalf("ParseSecrets(%q) = %+v, %q: want nothing and a message", msg, s, err)
+			}
+			return
+		}
+		for _, kv := range s.Env {
+			if name, _, ok := strings.Cut(kv, "="); !ok || name == "" || strings.ContainsRune(kv, 0) {
+				t.Fatalf("ParseSecrets(%q) took %q", msg, kv)
+			}
+		}
+		b, err := s.Encode()
+		if err != nil {
+			t.Fatalf("ParseSecrets(%q) = %+v, which does not encode: %v", msg, s, err)
+		}
+		if again, err := ParseSecrets(b); err != nil || !reflect.DeepEqual(again, s) {
+			t.Fatalf("ParseSecrets(%q) = %+v, which reads back as %+v, %v", msg, s, again, err)
+		}
+	})
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -18,6 +19,10 @@ import (
 // finishedRecheck is how often a wait looks at the context while it waits
 // for the announcement of its end, in case it missed it.
 const finishedRecheck = 10 * time.Second
+
+// finishedHinted is the least time between two looks that announcements
+// of the context's end ask for.
+const finishedHinted = 100 * time.Millisecond
 
 // Wait waits until context id is finished (DONE, FAILED or CANCELLED) and
 // returns it as it finished. It waits on the database's announcement of
@@ -66,6 +71,18 @@ func (c *Client) Wait(ctx context.Context, id int64) (*Context, error) {
 // read-only for a switchover) is ridden out, and kept in *unreachable; any
 // other ends the listener's Serve.
 func (c *Client) finishListener(id int64, look func(context.Context) error, unreachable *error) *pglisten.Listener[*pgx.Conn] {
+	// Anyone who can connect may announce context id's end: a flood of
+	// such announcements makes a look per finishedHinted, the last one
+	// held back until then rather than dropped.
+	var (
+		looked time.Time
+		armed  atomic.Bool
+	)
+	wake := make(chan struct{}, 1)
+	lookNow := func(ctx context.Context) error {
+		looked = time.Now()
+		return look(ctx)
+	}
 	return &pglisten.Listener[*pgx.Conn]{
 		Connect: func(ctx context.Context) (*pgx.Conn, error) {
 			conn, err := pgx.ConnectConfig(ctx, c.pool.Config().ConnConfig.Copy())
@@ -78,14 +95,27 @@ func (c *Client) finishListener(id int64, look func(context.Context) error, unre
 			}
 			return conn, nil
 		},
-		Look: func(ctx context.Context, _ *pgx.Conn) error { return look(ctx) },
+		Look: func(ctx context.Context, _ *pgx.Conn) error { return lookNow(ctx) },
 		Notify: func(ctx context.Context, n *pgconn.Notification) error {
 			var f etlcontext.Finished
-			if json.Unmarshal([]byte(n.Payload), &f) == nil && f.ID == id {
-				return look(ctx)
+			if json.Unmarshal([]byte(n.Payload), &f) != nil || f.ID != id {
+				return nil
 			}
-			return nil
+			if wait := time.Until(looked.Add(finishedHinted)); wait > 0 {
+				if armed.CompareAndSwap(false, true) {
+					time.AfterFunc(wait, func() {
+						armed.Store(false)
+						select {
+						case wake <- struct{}{}:
+						default:
+						}
+					})
+				}
+				return nil
+			}
+			return lookNow(ctx)
 		},
+		Wake:    wake,
 		Recheck: finishedRecheck,
 		Failed: func(err error) bool {
 			if pgerr.Transient(err) {

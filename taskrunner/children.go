@@ -17,6 +17,10 @@ import (
 // counting its children, should an announcement be lost.
 const awaitRecount = time.Minute
 
+// awaitHinted is the least time between two counts that announcements of
+// a child's end ask for.
+const awaitHinted = 100 * time.Millisecond
+
 // awaitChildren follows the success of the command of a kind with
 // await_children: holding the lock, the task process waits for the
 // database's announcements of its children's ends, and records DONE once
@@ -65,6 +69,10 @@ func (r *runner) awaitChildren(ctx context.Context, signals <-chan os.Signal) (i
 	announced := false
 	self := r.ctx.ID
 	for {
+		// A recount a notification asks for comes at most once per
+		// awaitHinted: anyone who can connect may send them.
+		var hinted <-chan time.Time
+		counted := time.Now()
 		cctx, cancel := context.WithTimeout(ctx, 2*stmtTimeout)
 		var (
 			counts    etlcontext.Children
@@ -113,10 +121,12 @@ func (r *runner) awaitChildren(ctx context.Context, signals <-chan os.Signal) (i
 					var f etlcontext.Finished
 					// An empty payload stands for announcements missed while
 					// the connection was re-made.
-					if n.Payload == "" || json.Unmarshal([]byte(n.Payload), &f) != nil || (f.ParentID != nil && *f.ParentID == self) {
-						break wait
+					if hinted == nil && (n.Payload == "" || json.Unmarshal([]byte(n.Payload), &f) != nil || (f.ParentID != nil && *f.ParentID == self)) {
+						hinted = time.After(time.Until(counted.Add(awaitHinted)))
 					}
 				}
+			case <-hinted:
+				break wait
 			case <-r.w.superseded:
 				return protocol.ExitLockLost, errors.New("the database refused a write of this run: it is no longer current")
 			case <-r.lock.changed:

@@ -175,21 +175,30 @@ func (w *writer) run(ctx context.Context, conn dbConn, channels ...string) {
 	<-ctx.Done()
 }
 
-// serveAll runs the calls and writes the events queued, and confirms a
-// hinted cancellation, until nothing is left to do or the connection
-// failed (the listener then makes it again).
+// maxServedPerLook bounds the writes and calls of one look (serveAll).
+const maxServedPerLook = 64
+
+// serveAll confirms a hinted cancellation, and runs the calls and writes
+// the events queued, until nothing is left to do, maxServedPerLook are
+// done, or the connection failed (the listener then makes it again).
 func (w *writer) serveAll(ctx context.Context, conn dbConn) error {
-	for !conn.IsClosed() {
+	if w.cancelHinted {
+		w.confirmCancel(ctx)
+	}
+	for served := 0; !conn.IsClosed(); served++ {
 		if w.over() {
 			return pglisten.ErrStop
 		}
-		if w.serveOne(ctx) {
-			continue
+		if served == maxServedPerLook {
+			// Back after the notifications that wait: a command that
+			// writes as fast as it is written must not hold off a
+			// cancellation, nor leave them to pile up.
+			w.signal()
+			return nil
 		}
-		if w.cancelHinted {
-			w.confirmCancel(ctx)
+		if !w.serveOne(ctx) {
+			return nil
 		}
-		return nil
 	}
 	return nil
 }

@@ -62,12 +62,14 @@ type Listener[C Conn] struct {
 	// and after a Wake.
 	Recheck time.Duration
 	// RetryDelay is the longest wait between two tries to connect after a
-	// failure: the first try is at once when the connection had served (at
-	// most once per RetryDelay), the next after 100ms (or RetryDelay, if
-	// less), each wait then twice the last. 0 means 1s.
+	// failure: the first try is at once when the connection had lasted at
+	// least RetryDelay; otherwise each try waits twice as long as the one
+	// before, from 100ms (or RetryDelay, if less) up to RetryDelay. A Wake
+	// hurries a try, but not to within 100ms of the one before. 0 means
+	// 1s.
 	RetryDelay time.Duration
 	// Lost, when set, is told that a connection that was open failed,
-	// before Failed.
+	// once it is closed, before Failed.
 	Lost func(err error)
 	// Failed is told each failure (to connect, of the connection, or an
 	// error of Look or Notify), and says whether to connect again; nil
@@ -83,7 +85,11 @@ type Listener[C Conn] struct {
 	conn      C
 	open      bool
 	connected bool
-	atOnce    time.Time // when a connection was last tried again at once
+	// openedAt is when the connection was last opened, and delay the last
+	// wait before a try to connect: a connection that fails soon after it
+	// opened does not reset it.
+	openedAt time.Time
+	delay    time.Duration
 }
 
 // Listen listens on channels on conn, as a Connect does.
@@ -98,7 +104,9 @@ func Listen(ctx context.Context, conn *pgx.Conn, channels ...string) error {
 
 // Use makes conn the listener's connection, as if Connect had opened it:
 // a first connection its caller made.
-func (l *Listener[C]) Use(conn C) { l.conn, l.open, l.connected = conn, true, true }
+func (l *Listener[C]) Use(conn C) {
+	l.conn, l.open, l.connected, l.openedAt = conn, true, true, time.Now()
+}
 
 // Open opens the listener's connection, if it has none: the first
 // connection of a caller that reports its failure itself. It does not
@@ -137,10 +145,10 @@ func (l *Listener[C]) Serve(ctx context.Context) error {
 		if errors.Is(err, ErrStop) || ctx.Err() != nil {
 			return nil
 		}
+		l.Close(ctx)
 		if l.Lost != nil {
 			l.Lost(err)
 		}
-		l.Close(ctx)
 		if l.Failed != nil && !l.Failed(err) {
 			return err
 		}
@@ -149,27 +157,30 @@ func (l *Listener[C]) Serve(ctx context.Context) error {
 
 // Reopen returns nil once the listener has a connection: at once if it
 // has one, otherwise once Connect made one, trying again after each
-// failure that Failed allows. It returns the failure Failed does not
-// allow, or ctx's error.
+// failure that Failed allows (see RetryDelay). It returns the failure
+// Failed does not allow, or ctx's error.
 func (l *Listener[C]) Reopen(ctx context.Context) error {
-	retry := cmp.Or(l.RetryDelay, time.Second)
-	delay := time.Duration(0)
-	if time.Since(l.atOnce) < retry {
-		// A connection that keeps failing at once is not tried again
-		// faster than RetryDelay.
-		delay = min(100*time.Millisecond, retry)
+	if l.open {
+		return nil
 	}
+	retry := cmp.Or(l.RetryDelay, time.Second)
+	next := func() { l.delay = min(max(2*l.delay, minRetry), retry) }
+	if time.Since(l.openedAt) >= retry {
+		l.delay = 0
+	} else {
+		// It failed soon after it opened: a server that takes connections
+		// and ends them at once is no faster to connect to than one that
+		// refuses them.
+		next()
+	}
+	tried := l.openedAt
 	for {
-		if delay > 0 {
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(delay):
-			case <-l.Wake:
+		if l.delay > 0 {
+			if err := l.pause(ctx, tried); err != nil {
+				return err
 			}
-		} else {
-			l.atOnce = time.Now()
 		}
+		tried = time.Now()
 		err := l.Open(ctx)
 		switch {
 		case err == nil:
@@ -179,7 +190,31 @@ func (l *Listener[C]) Reopen(ctx context.Context) error {
 		case l.Failed != nil && !l.Failed(err):
 			return err
 		}
-		delay = min(max(2*delay, 100*time.Millisecond), retry)
+		next()
+	}
+}
+
+// minRetry is the shortest wait between two tries to connect.
+const minRetry = 100 * time.Millisecond
+
+// pause waits l.delay before a try to connect, or less after a Wake, but
+// at least until minRetry after the last try (tried).
+func (l *Listener[C]) pause(ctx context.Context, tried time.Time) error {
+	t := time.NewTimer(l.delay)
+	defer t.Stop()
+	wake := l.Wake
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+			return nil
+		case <-wake:
+			// Hurried, once: a flood of wakes against a server refusing
+			// connections makes no storm of tries.
+			wake = nil
+			t.Reset(time.Until(tried.Add(minRetry)))
+		}
 	}
 }
 
@@ -191,6 +226,8 @@ func (l *Listener[C]) serve(ctx context.Context) error {
 	// Looks come every Recheck however many notifications arrive between
 	// them: every task's end is announced on one channel.
 	nextLook := time.Now().Add(l.Recheck)
+	done, cancel := context.WithCancel(ctx)
+	cancel()
 	for {
 		if l.conn.IsClosed() {
 			return errClosed
@@ -201,8 +238,10 @@ func (l *Listener[C]) serve(ctx context.Context) error {
 			return ctx.Err()
 		case err == nil:
 			// Handed on even when the deadline passed meanwhile: pgx
-			// gives a notification it had read already.
-			if l.Notify != nil {
+			// gives a notification it had read already. So are the others
+			// it has read (while Look ran statements), which a wait on a
+			// done context returns without waiting.
+			for ; n != nil && l.Notify != nil; n, _ = l.conn.WaitForNotification(done) {
 				if err := l.Notify(ctx, n); err != nil {
 					return err
 				}

@@ -152,3 +152,50 @@ func TestListenerLooksAgainEveryRecheckAndStopsWhenTold(t *testing.T) {
 		t.Fatalf("%d looks, want 3", n)
 	}
 }
+
+// TestListenerBacksOffWhateverWakesIt: a server that refuses connections,
+// or takes them and ends them at once, is tried again no faster than the
+// backoff allows, however many wakes hurry the listener.
+func TestListenerBacksOffWhateverWakesIt(t *testing.T) {
+	env := testenv.NewUnmigrated(t)
+	for _, tc := range []struct {
+		name    string
+		connect func(ctx context.Context) (*pgx.Conn, error)
+	}{
+		{"refused", func(context.Context) (*pgx.Conn, error) { return nil, errors.New("refused") }},
+		{"ended at once", func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, env.URL) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			wake := make(chan struct{}, 1)
+			go func() {
+				for ctx.Err() == nil {
+					select {
+					case wake <- struct{}{}:
+					case <-ctx.Done():
+					}
+				}
+			}()
+			var tries atomic.Int32
+			l := &pglisten.Listener[*pgx.Conn]{
+				Connect: func(ctx context.Context) (*pgx.Conn, error) {
+					tries.Add(1)
+					return tc.connect(ctx)
+				},
+				// A connection that fails as soon as it is open.
+				Look:       func(context.Context, *pgx.Conn) error { return errors.New("ended") },
+				Wake:       wake,
+				RetryDelay: 400 * time.Millisecond,
+			}
+			if err := l.Serve(ctx); err != nil {
+				t.Fatal(err)
+			}
+			// At once, then after at least 100, 200 and 400 ms, each wake
+			// hurrying at most one of them to 100 ms after the try before.
+			if n := tries.Load(); n > 11 {
+				t.Errorf("%d tries to connect in a second, want at most 11", n)
+			}
+		})
+	}
+}

@@ -85,8 +85,9 @@ func (s *Supervisor) connectLiveness(ctx context.Context) (*pgx.Conn, error) {
 
 // newLiveness is the liveness connection, which holds the supervisor's
 // liveness lock for as long as it lives: when the connection fails, another
-// is opened at once and takes the lock again, and then one every
-// livenessRetryInterval. It is waited on, so that a backend ended by the
+// is opened and takes the lock again, at once if the one lost had lasted
+// livenessRetryInterval, then after 100 ms, doubling up to
+// livenessRetryInterval (pglisten.Listener.RetryDelay). It is waited on, so that a backend ended by the
 // server (pg_terminate_backend, a restart) is noticed as soon as the server
 // says so, and pinged every livenessCheckInterval, so that a connection
 // that fails silently is noticed within livenessPingTimeout. Other

@@ -139,13 +139,17 @@ func (w *writer) run(ctx context.Context, conn dbConn, channels ...string) {
 		Wake: w.wake,
 		Lost: func(err error) {
 			if w.connErr != nil {
-				err, w.connErr = w.connErr, nil
+				err = w.connErr
 			}
 			if w.hooks.lost != nil {
 				w.hooks.lost(err)
 			}
 		},
 		Failed: func(err error) bool {
+			if w.connErr != nil {
+				// Why the connection closed, which Lost was told too.
+				err, w.connErr = w.connErr, nil
+			}
 			if w.over() {
 				return false
 			}

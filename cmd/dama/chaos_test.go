@@ -183,20 +183,29 @@ func testChaosNoOverlapWhateverIsKilledOrRestarted(t *testing.T) {
 		note("%s skipped: %s", what, why)
 	}
 	// lift ends the pause or block an operator began in the last round,
-	// once the gap before the next one passed; nil when none holds.
-	var lift func()
+	// once liftIn more gaps passed (one or two, at random); nil when none
+	// holds.
+	var (
+		lift   func()
+		liftIn int
+	)
 	// operate is an operator's action at a random moment: cancel a task
 	// (without waiting for it to stop), retry a cancelled one, or pause the
-	// queue or block the kind until the next round.
+	// queue or block the kind for a round or two.
 	operate := func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		defer cancel()
 		hold := func(what string, on, off func(context.Context) error) {
+			if lift != nil {
+				skip(what, "another pause or block holds")
+				return
+			}
 			if err := on(ctx); err != nil {
 				skip(what, err.Error())
 				return
 			}
 			since := time.Now()
+			liftIn = 1 + rng.IntN(2)
 			lift = func() {
 				// Lifted for sure, if not now then at the end of the chaos.
 				offCtx, offCancel := context.WithTimeout(context.Background(), 3*time.Second)
@@ -255,18 +264,22 @@ func testChaosNoOverlapWhateverIsKilledOrRestarted(t *testing.T) {
 			})
 		}
 	}
-	// After the last round, one more gap when an operator's pause or block
-	// holds: it lasts a gap, as in any other round.
+	// After the last round, more gaps while an operator's pause or block
+	// holds: it lasts its gaps, as in any other round.
 	for ; rounds < chaosRounds || lift != nil; rounds++ {
-		time.Sleep(chaosRoundGap) // deliberately: the rhythm of the faults, which an operator's pause or block lasts
-		if lift != nil {
+		time.Sleep(chaosRoundGap) // deliberately: the rhythm of the faults, whose gaps an operator's pause or block lasts
+		if liftIn--; lift != nil && liftIn <= 0 {
 			lift()
 			lift = nil
 		}
-		if rounds == chaosRounds {
-			break
+		if rounds >= chaosRounds {
+			continue
 		}
 		if open, err := unsettled(); err == nil && open == "" {
+			if lift != nil {
+				lift()
+				lift = nil
+			}
 			break
 		}
 		r := rng.IntN(100)

@@ -85,7 +85,8 @@ type Listener[C Conn] struct {
 	conn      C
 	open      bool
 	connected bool
-	// openedAt is when the connection was last opened, and delay the last
+	// openedAt is when Connect last opened one (not Use's: its age is
+	// unknown, and its loss is tried again at once), and delay the last
 	// wait before a try to connect: a connection that fails soon after it
 	// opened does not reset it.
 	openedAt time.Time
@@ -104,9 +105,7 @@ func Listen(ctx context.Context, conn *pgx.Conn, channels ...string) error {
 
 // Use makes conn the listener's connection, as if Connect had opened it:
 // a first connection its caller made.
-func (l *Listener[C]) Use(conn C) {
-	l.conn, l.open, l.connected, l.openedAt = conn, true, true, time.Now()
-}
+func (l *Listener[C]) Use(conn C) { l.conn, l.open, l.connected = conn, true, true }
 
 // Open opens the listener's connection, if it has none: the first
 // connection of a caller that reports its failure itself. It does not
@@ -123,6 +122,7 @@ func (l *Listener[C]) Open(ctx context.Context) error {
 		l.Reconnected()
 	}
 	l.Use(conn)
+	l.openedAt = time.Now()
 	return nil
 }
 
@@ -296,7 +296,9 @@ func (l *Listener[C]) wait(ctx context.Context, nextLook time.Time) (n *pgconn.N
 		defer func() { close(stop); <-done }()
 	}
 	n, err = l.conn.WaitForNotification(wctx)
-	return n, wake.Load(), wctx.Err() != nil && ctx.Err() == nil, err
+	interrupted = wctx.Err() != nil && ctx.Err() == nil &&
+		(errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded))
+	return n, wake.Load(), interrupted, err
 }
 
 func (l *Listener[C]) look(ctx context.Context) error {

@@ -35,11 +35,11 @@ type Secrets struct {
 // buffer, so that they are written whole before their reader starts.
 const MaxSecrets = 16 << 10
 
-// Encode returns s as the bytes ParseSecrets reads: NUL-terminated
+// encode returns s as the bytes parseSecrets reads: NUL-terminated
 // fields, which hold any bytes a process's environment can (JSON would
 // mangle a password that is not UTF-8): the run key, the keeper's secret
 // in hexadecimal, then each variable.
-func (s Secrets) Encode() ([]byte, error) {
+func (s Secrets) encode() ([]byte, error) {
 	var b []byte
 	for _, f := range append([]string{s.RunKey, hex.EncodeToString(s.Keeper)}, s.Env...) {
 		if strings.IndexByte(f, 0) >= 0 {
@@ -53,8 +53,8 @@ func (s Secrets) Encode() ([]byte, error) {
 	return b, nil
 }
 
-// ParseSecrets reads what Encode wrote.
-func ParseSecrets(b []byte) (Secrets, error) {
+// parseSecrets reads what encode wrote.
+func parseSecrets(b []byte) (Secrets, error) {
 	if len(b) > MaxSecrets {
 		return Secrets{}, fmt.Errorf("the secrets: %d bytes, over %d", len(b), MaxSecrets)
 	}
@@ -92,7 +92,7 @@ func ReadSecrets(fd int) (Secrets, error) {
 	if err != nil {
 		return Secrets{}, fmt.Errorf("read the secrets: %w", err)
 	}
-	return ParseSecrets(b)
+	return parseSecrets(b)
 }
 
 // SecretsSocket returns one end of a socket pair that holds s, for a process
@@ -103,7 +103,7 @@ func ReadSecrets(fd int) (Secrets, error) {
 // reader's first milliseconds, and read the secrets first, but not a
 // socket.
 func SecretsSocket(s Secrets) (*os.File, error) {
-	b, err := s.Encode()
+	b, err := s.encode()
 	if err != nil {
 		return nil, err
 	}

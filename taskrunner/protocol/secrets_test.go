@@ -40,24 +40,24 @@ func FuzzParseSecrets(f *testing.F) {
 		f.Add([]byte(m))
 	}
 	f.Fuzz(func(t *testing.T, msg []byte) {
-		s, err := ParseSecrets(msg)
+		s, err := parseSecrets(msg)
 		if err != nil {
 			if s.Env != nil || s.RunKey != "" || s.Keeper != nil || err.Error() == "" {
-				t.Fatalf("ParseSecrets(%q) = %+v, %q: want nothing and a message", msg, s, err)
+				t.Fatalf("parseSecrets(%q) = %+v, %q: want nothing and a message", msg, s, err)
 			}
 			return
 		}
 		for _, kv := range s.Env {
 			if name, _, ok := strings.Cut(kv, "="); !ok || name == "" || strings.ContainsRune(kv, 0) {
-				t.Fatalf("ParseSecrets(%q) took %q", msg, kv)
+				t.Fatalf("parseSecrets(%q) took %q", msg, kv)
 			}
 		}
-		b, err := s.Encode()
+		b, err := s.encode()
 		if err != nil {
-			t.Fatalf("ParseSecrets(%q) = %+v, which does not encode: %v", msg, s, err)
+			t.Fatalf("parseSecrets(%q) = %+v, which does not encode: %v", msg, s, err)
 		}
-		if again, err := ParseSecrets(b); err != nil || !reflect.DeepEqual(again, s) {
-			t.Fatalf("ParseSecrets(%q) = %+v, which reads back as %+v, %v", msg, s, again, err)
+		if again, err := parseSecrets(b); err != nil || !reflect.DeepEqual(again, s) {
+			t.Fatalf("parseSecrets(%q) = %+v, which reads back as %+v, %v", msg, s, again, err)
 		}
 	})
 }

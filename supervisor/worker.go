@@ -172,11 +172,19 @@ func (s *Supervisor) stepInSlot(ctx context.Context, job *river.Job[TaskArgs]) e
 	slots := s.stepSlots[job.Queue]
 	select {
 	case slots <- struct{}{}:
-	case <-s.draining:
-		// Stopping: launch nothing more; the next supervisor steps it.
-		return river.JobSnooze(0)
-	case <-ctx.Done():
-		return river.JobSnooze(0)
+	default:
+		// A free slot is taken even while stopping, by a step that must
+		// settle what its Work launched (a launch refused, taken back);
+		// select would pick at random between it and draining.
+		select {
+		case slots <- struct{}{}:
+		case <-s.draining:
+			// Stopping: wait for no slot to launch; the next supervisor
+			// steps it.
+			return river.JobSnooze(0)
+		case <-ctx.Done():
+			return river.JobSnooze(0)
+		}
 	}
 	defer func() { <-slots }()
 	return s.step(ctx, job)

@@ -207,18 +207,18 @@ func TestWebPageInABrowser(t *testing.T) {
 
 	// The search finds a task by its idempotency key.
 	b.do("search by key", chromedp.SendKeys(`#filters [name=q]`, "nightly-load-2026-11-22"))
-	b.waitJS("the search's one row", fmt.Sprintf(`document.querySelectorAll('#tasks tbody tr').length === 1 && document.querySelector('#tasks tbody tr').dataset.id === "%d"`, mover), 10*time.Second)
+	b.waitJS("the search's one row", fmt.Sprintf(`document.querySelectorAll('#tasks tbody tr').length === 1 && document.querySelector('#tasks tbody tr')?.dataset.id === "%d"`, mover), 10*time.Second)
 
 	// Cancel without the token: refused, and the task runs on.
 	b.do("open the victim's page", chromedp.Navigate(fmt.Sprintf("%stasks/%d", base, victim)))
-	b.waitJS("the victim's page", `document.querySelector('#summary p') && document.querySelector('#summary p').dataset.status === "RUNNING"`, 10*time.Second)
+	b.waitJS("the victim's page", `document.querySelector('#summary p')?.dataset.status === "RUNNING"`, 10*time.Second)
 	// Its log is followed live: the page on the task's host adds the
 	// lines the command writes.
-	b.waitJS("the victim's log", `document.querySelector('#log').textContent.includes("step ")`, 10*time.Second)
+	b.waitJS("the victim's log", `document.querySelector('#log')?.textContent.includes("step ")`, 10*time.Second)
 	lines := eval[int](b, `document.querySelector('#log').textContent.split("\n").length`)
-	b.waitJS("the victim's log to grow", fmt.Sprintf(`document.querySelector('#log').textContent.split("\n").length > %d + 5`, lines), 10*time.Second)
+	b.waitJS("the victim's log to grow", fmt.Sprintf(`document.querySelector('#log')?.textContent.split("\n").length > %d + 5`, lines), 10*time.Second)
 	b.do("cancel without the token", chromedp.Click(`#actions [data-action$="/cancel"]`))
-	b.waitJS("the refusal", `document.querySelector('#done').textContent.includes("refused: a valid token is needed")`, 10*time.Second)
+	b.waitJS("the refusal", `document.querySelector('#done')?.textContent.includes("refused: a valid token is needed")`, 10*time.Second)
 	if got := w.task(victim); got.Status != etlcontext.StatusRunning || got.CancelRequestedAt != nil {
 		t.Fatalf("after a refused cancel, task %d is %s with cancel requested at %v: want RUNNING, not requested", victim, got.Status, got.CancelRequestedAt)
 	}
@@ -253,11 +253,11 @@ fetch(%[1]q, {method: "POST", headers: {"X-Dama-Token": "guess"}})
 		chromedp.SendKeys("#token", webToken),
 		chromedp.SendKeys("#actor", "alice"),
 		chromedp.Click(`#actions [data-action$="/cancel"]`))
-	b.waitJS("the victim CANCELLED", `document.querySelector('#summary p').dataset.status === "CANCELLED"`, 30*time.Second)
+	b.waitJS("the victim CANCELLED", `document.querySelector('#summary p')?.dataset.status === "CANCELLED"`, 30*time.Second)
 	w.waitFor(victim, 30*time.Second, "CANCELLED with its lock free", func(t etlcontext.Task) bool {
 		return t.Status == etlcontext.StatusCancelled && !t.InitialEventLocked
 	})
-	b.waitJS("the page to show the lock free", `document.querySelector('#summary p').textContent.includes("lock free")`, 10*time.Second)
+	b.waitJS("the page to show the lock free", `document.querySelector('#summary p')?.textContent.includes("lock free")`, 10*time.Second)
 	host, err := os.Hostname()
 	if err != nil {
 		t.Fatal(err)
@@ -287,11 +287,11 @@ fetch(%[1]q, {method: "POST", headers: {"X-Dama-Token": "guess"}})
 	pause := `#queue-controls tr[data-name="held"] button`
 	b.waitJS("the held queue's button", `document.querySelector('`+pause+`')`, 10*time.Second)
 	b.do("pause held", chromedp.SendKeys("#reason", "disk full"), chromedp.Click(pause))
-	b.waitJS("held paused", `document.querySelector('#queue-controls tr[data-name="held"]').textContent.includes("paused: disk full")`, 10*time.Second)
-	b.waitJS("the pause in the history", `document.querySelector('#history tbody').textContent.includes("PAUSED")`, 10*time.Second)
+	b.waitJS("held paused", `document.querySelector('#queue-controls tr[data-name="held"]')?.textContent.includes("paused: disk full")`, 10*time.Second)
+	b.waitJS("the pause in the history", `document.querySelector('#history tbody')?.textContent.includes("PAUSED")`, 10*time.Second)
 	b.screenshot("web-queues.png")
 	b.do("resume held", chromedp.Click(pause))
-	b.waitJS("held resumed", `document.querySelector('#history tbody').textContent.includes("RESUMED")`, 10*time.Second)
+	b.waitJS("held resumed", `document.querySelector('#history tbody')?.textContent.includes("RESUMED")`, 10*time.Second)
 	history, err := etlcontext.ControlEvents(context.Background(), env.Pool, 10)
 	if err != nil {
 		t.Fatal(err)

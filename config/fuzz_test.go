@@ -2,6 +2,7 @@ package config_test
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"math"
 	"reflect"
@@ -10,6 +11,7 @@ import (
 	"strconv"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"go.yaml.in/yaml/v3"
 
@@ -348,6 +350,11 @@ type (
 type quoted string
 
 func (q quoted) MarshalYAML() (any, error) {
+	if !utf8.ValidString(string(q)) {
+		// A path is bytes, which YAML writes only as binary (as a file
+		// may give it, log_dir: !!binary ...).
+		return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!binary", Value: base64.StdEncoding.EncodeToString([]byte(q))}, nil
+	}
 	return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Style: yaml.DoubleQuotedStyle, Value: string(q)}, nil
 }
 

@@ -21,7 +21,9 @@ func TestTasksSurviveSupervisorKillAndAreAdopted(t *testing.T) {
 func testTasksSurviveSupervisorKillAndAreAdopted(t *testing.T) {
 	w := newWorld(t, 10)
 	first := w.Start(w.cfg, "supervisor")
-	ids := []int64{w.submit(30, 100), w.submit(30, 100), w.submit(30, 100)}
+	// Long enough to be seen running on a busy machine, where launches
+	// come seconds apart.
+	ids := []int64{w.submit(100, 100), w.submit(100, 100), w.submit(100, 100)}
 	pids := map[int64]int{}
 	for _, id := range ids {
 		pids[id] = *w.waitRunning(id).PID

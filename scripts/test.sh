@@ -87,6 +87,7 @@ fuzz_targets=(
 	"./config FuzzParseSchedule 50000"
 	"./taskrunner/protocol FuzzParseLaunch 50000"
 	"./taskrunner/protocol FuzzParseKeeperLaunch 20000"
+	"./taskrunner/protocol FuzzParseSpareLaunch 20000"
 	"./taskrunner/protocol FuzzParseSecrets 20000"
 	# What any process of the user may send a host's lock keeper.
 	"./internal/keeper FuzzSession 5000"

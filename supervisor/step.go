@@ -255,8 +255,22 @@ func (s *Supervisor) startAttempt(ctx context.Context, logger *slog.Logger, tx p
 		}
 		return river.JobSnooze(parkWaiting)
 	}
-	run, err := etlcontext.StartAttempt(ctx, tx, id, max(job.Attempt, c.Attempt+1), s.host)
+	// The spare, if one waits, is this launch's task process: the run
+	// takes the key it connected with. Until launch owns it, it is let go
+	// on any way out (the run may hold its key), or given back when no
+	// run was recorded.
+	sp := s.takeSpare()
+	var key string
+	if sp != nil {
+		key = sp.key
+	}
+	owned := sp
+	defer func() { s.dropSpare(owned) }()
+	run, err := etlcontext.StartAttempt(ctx, tx, id, max(job.Attempt, c.Attempt+1), s.host, key)
 	if err != nil {
+		// Rolled back: no run holds the key.
+		s.returnSpare(owned)
+		owned = nil
 		return s.transient(logger, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -272,7 +286,8 @@ func (s *Supervisor) startAttempt(ctx context.Context, logger *slog.Logger, tx p
 			s.metrics.lockedAfterSubmit(c)
 		}
 	}
-	outcome, err := s.launch(ctx, logger.With("attempt", run.Attempt), c, run, started)
+	owned = nil
+	outcome, err := s.launch(ctx, logger.With("attempt", run.Attempt), c, run, sp, started)
 	if err != nil {
 		// Nothing was started: the next look finds RUNNING with a free lock
 		// and no task process, and takes the launch back.

@@ -116,7 +116,7 @@ func beatSpans(beats map[int][]int64) map[int]string {
 
 // isTaskrunner reports whether pid, started at ticks, is alive: the task
 // process recorded with them (and not a process that reused the pid of a
-// dead one).
+// dead one). A spare's command line does not name its task.
 func isTaskrunner(pid int, ticks uint64) bool {
 	alive, err := hostproc.Alive(pid, ticks)
 	return err == nil && alive && ticks != 0

@@ -26,22 +26,7 @@ func TestListenerRidesOutATerminatedConnection(t *testing.T) {
 	heard := make(chan string, 10)
 	failed := make(chan error, 10)
 	l := &pglisten.Listener[*pgx.Conn]{
-		Connect: func(ctx context.Context) (*pgx.Conn, error) {
-			cfg, err := pgx.ParseConfig(env.URL)
-			if err != nil {
-				return nil, err
-			}
-			cfg.RuntimeParams["application_name"] = "pglisten-test"
-			conn, err := pgx.ConnectConfig(ctx, cfg)
-			if err != nil {
-				return nil, err
-			}
-			if err := pglisten.Listen(ctx, conn, "pglisten_test"); err != nil {
-				conn.Close(ctx)
-				return nil, err
-			}
-			return conn, nil
-		},
+		Connect: listening(env.URL, "pglisten-test", "pglisten_test"),
 		Look: func(context.Context, *pgx.Conn) error {
 			looks.Add(1)
 			return nil
@@ -132,17 +117,7 @@ func TestListenerLooksAgainEveryRecheckAndStopsWhenTold(t *testing.T) {
 	refused := errors.New("refused")
 	var looks atomic.Int32
 	l := &pglisten.Listener[*pgx.Conn]{
-		Connect: func(ctx context.Context) (*pgx.Conn, error) {
-			conn, err := pgx.Connect(ctx, env.URL)
-			if err != nil {
-				return nil, err
-			}
-			if err := pglisten.Listen(ctx, conn, "pglisten_flood"); err != nil {
-				conn.Close(ctx)
-				return nil, err
-			}
-			return conn, nil
-		},
+		Connect: listening(env.URL, "pglisten-flood", "pglisten_flood"),
 		Look: func(context.Context, *pgx.Conn) error {
 			if looks.Add(1) == 3 {
 				return refused
@@ -205,5 +180,26 @@ func TestListenerBacksOffWhateverWakesIt(t *testing.T) {
 				t.Errorf("%d tries to connect in a second, want 2 to 11", n)
 			}
 		})
+	}
+}
+
+// listening connects to url as application name, and listens on channel,
+// as a Connect does.
+func listening(url, name, channel string) func(context.Context) (*pgx.Conn, error) {
+	return func(ctx context.Context) (*pgx.Conn, error) {
+		cfg, err := pgx.ParseConfig(url)
+		if err != nil {
+			return nil, err
+		}
+		cfg.RuntimeParams["application_name"] = name
+		conn, err := pgx.ConnectConfig(ctx, cfg)
+		if err != nil {
+			return nil, err
+		}
+		if err := pglisten.Listen(ctx, conn, channel); err != nil {
+			conn.Close(ctx)
+			return nil, err
+		}
+		return conn, nil
 	}
 }

@@ -29,6 +29,10 @@
 # log_tail_bytes at its default and at -1 (none kept), as the output and
 # the database's growth per minute, chunks written, and what each keeps.
 #
+# scripts/bench.sh keeper [go test flags]: one request and its reply
+# between a task process and its lock keeper (internal/keeper
+# BenchmarkStream), encoded and sent over a Unix socket pair, 5 runs.
+#
 # scripts/bench.sh memory [go test flags]: the memory of a running task by
 # kind (cmd/sample-embedded): a function kind's, the sample ETL command's
 # and a bare /bin/sleep's, DAMA_BENCH_TASKS (20) of each side by side, as
@@ -55,6 +59,12 @@ if [ "${1:-}" = scale ]; then
 	# The benchmark's own deadlines end a stuck run, its processes and
 	# servers cleaned up, long before go test's timeout, which would not.
 	exec go test -run '^$' -bench Scale -benchtime 1x -count=1 -timeout 120m "$@" ./internal/scalebench
+fi
+
+if [ "${1:-}" = keeper ]; then
+	shift
+	echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); $(go version)"
+	exec go test -run '^$' -bench Stream -count=5 "$@" ./internal/keeper
 fi
 
 dama_pg_use TEST_DATABASE_URL

@@ -1,0 +1,100 @@
+package supervisor_test
+
+import (
+	"context"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/dama-etl/dama/config"
+	"github.com/dama-etl/dama/internal/etlcontext"
+	"github.com/dama-etl/dama/internal/testenv"
+	"github.com/dama-etl/dama/supervisor"
+)
+
+// lookCounter counts the reads of one context by id that go through the
+// connections it traces.
+type lookCounter struct{ n atomic.Int64 }
+
+func (c *lookCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(data.SQL, "WHERE c.etl_context_id = $1") {
+		c.n.Add(1)
+	}
+	return ctx
+}
+
+func (c *lookCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// Anyone who can connect may announce a context's end: 20,000 false
+// announcements cost Client.Wait a read of the context per 100 ms at
+// most, not one each, and the true one still ends the wait.
+func TestAFloodOfFalseEndsCostsWaitFewReads(t *testing.T) {
+	t.Parallel()
+	env := testenv.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cfg, err := config.Load(env.WriteConfig(`
+log_dir: {{dir}}/logs
+kinds:
+  quick:
+    command: ["/bin/true"]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg, err := pgxpool.ParseConfig(env.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	looks := &lookCounter{}
+	pcfg.ConnConfig.Tracer = looks
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	client, err := supervisor.NewClient(pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// No supervisor runs: the task waits until it is cancelled.
+	id, _, err := client.Submit(ctx, supervisor.SubmitParams{Kind: "quick"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ended := make(chan error, 1)
+	go func() {
+		c, err := client.Wait(ctx, id)
+		if err == nil && c.Status != supervisor.StatusCancelled {
+			t.Errorf("Wait returned %s, want CANCELLED", c.Status)
+		}
+		ended <- err
+	}()
+	testenv.Eventually(t, time.Minute, "Wait's first read", func() (bool, error) { return looks.n.Load() > 0, nil })
+
+	base, start := looks.n.Load(), time.Now()
+	for range 5 {
+		if _, err := env.Pool.Exec(ctx, `
+			SELECT pg_notify($1, json_build_object('etl_context_id', $2::bigint, 'n', g)::text)
+			  FROM generate_series(1, 4000) AS g`, etlcontext.FinishedChannel, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := client.Cancel(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-ended; err != nil {
+		t.Fatal(err)
+	}
+	elapsed, n := time.Since(start), looks.n.Load()-base
+	t.Logf("%d reads in %s for 20,000 false announcements and the true one", n, elapsed.Round(time.Millisecond))
+	// One per 100 ms, the recheck every 10 s, and the one that finds it
+	// cancelled.
+	if limit := int64(elapsed/(100*time.Millisecond)) + int64(elapsed/(10*time.Second)) + 2; n > limit {
+		t.Errorf("%d reads in %s, want at most %d", n, elapsed, limit)
+	}
+}

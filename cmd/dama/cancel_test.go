@@ -143,3 +143,35 @@ kinds:` + waiterKind(goFile, 1))
 		t.Errorf("%s at attempt %d, want DONE at attempt 1: an announcement is no cancellation", got.Status, got.Attempt)
 	}
 }
+
+// A command that writes events as fast as they are stored keeps its task
+// process's writer busy without end: a cancellation still reaches it,
+// between two rounds of writes.
+func TestCancelReachesATaskThatWritesWithoutPause(t *testing.T) {
+	t.Parallel()
+	env := testenv.New(t)
+	cfg := env.WriteConfig(`
+log_dir: {{dir}}/logs
+poll_interval: 500ms
+kinds:
+  endless:
+    command: ["/bin/sh", "-c", "exec yes '{\"type\":\"rows\",\"payload\":1}' >&3"]
+`)
+	w := &world{Env: env, cfg: cfg}
+	w.Start(cfg, "supervisor")
+	id := w.submitOf("endless")
+	w.waitRunning(id)
+	testenv.Eventually(t, 30*time.Second, "rows stored", func() (bool, error) {
+		var n int
+		err := w.Pool.QueryRow(context.Background(), `
+			SELECT count(*) FROM (SELECT 1 FROM data_manager.event_store
+			 WHERE etl_context_id = $1 AND type = 'endless:ROWS' LIMIT 1000) AS r`, id).Scan(&n)
+		return n == 1000, err
+	})
+	if res := w.Dama(cfg, "cancel", strconv.FormatInt(id, 10)); res.Code != 0 {
+		t.Fatalf("cancel: exit %d: %s", res.Code, res.Stderr)
+	}
+	if got := w.waitSettled(id, 30*time.Second); got.Status != etlcontext.StatusCancelled {
+		t.Errorf("%s, want CANCELLED", got.Status)
+	}
+}

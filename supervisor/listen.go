@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -92,17 +93,33 @@ func (s *Supervisor) note(n *pgconn.Notification) string {
 	return heardQueued
 }
 
+// controlGap is the least time between two wake-ups of every queue that
+// announced controls ask for.
+const controlGap = 100 * time.Millisecond
+
 // controlLoop wakes, until ctx ends, the tasks waiting for a slot in every
-// queue of the supervisor once a queue was resumed or a kind unblocked.
+// queue of the supervisor once a queue was resumed or a kind unblocked, at
+// most once per controlGap: anyone who can connect may announce a control.
 func (s *Supervisor) controlLoop(ctx context.Context) {
+	var woke time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-s.controls:
 		}
+		if wait := time.Until(woke.Add(controlGap)); wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+		}
 		for _, q := range s.cfg.QueueNames() {
 			s.wakeWaiting(ctx, q)
 		}
+		woke = time.Now()
 	}
 }

@@ -5,10 +5,13 @@ import (
 	"io"
 	"log/slog"
 	"runtime"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dama-etl/dama/config"
@@ -17,6 +20,31 @@ import (
 	"github.com/dama-etl/dama/supervisor"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 )
+
+// heard is what the listener took in of channel, by outcome.
+func heard(t *testing.T, reg *prometheus.Registry, channel string) map[string]float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, f := range families {
+		if f.GetName() != "dama_notifications_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["channel"] == channel {
+				out[labels["outcome"]] += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return out
+}
 
 // TestAFloodOfNotificationsCostsBoundedWork: anyone who can connect may
 // NOTIFY dama's channels. 50,000 announced exits and 10,000 queue controls
@@ -59,29 +87,7 @@ kinds:
 	case err := <-stopped:
 		t.Fatalf("supervisor: %v", err)
 	}
-	// heard is what the listener took in of channel, by outcome.
-	heard := func(channel string) map[string]float64 {
-		families, err := reg.Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
-		out := map[string]float64{}
-		for _, f := range families {
-			if f.GetName() != "dama_notifications_total" {
-				continue
-			}
-			for _, m := range f.GetMetric() {
-				labels := map[string]string{}
-				for _, l := range m.GetLabel() {
-					labels[l.GetName()] = l.GetValue()
-				}
-				if labels["channel"] == channel {
-					out[labels["outcome"]] += m.GetCounter().GetValue()
-				}
-			}
-		}
-		return out
-	}
+	heard := func(channel string) map[string]float64 { return heard(t, reg, channel) }
 	base := runtime.NumGoroutine()
 	if err := pgx.BeginFunc(ctx, env.Pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_notify($1, g::text) FROM generate_series(1, 50000) AS g`, protocol.ExitedChannel); err != nil {
@@ -135,5 +141,85 @@ kinds:
 	// far below one goroutine per notification.
 	if peak > base+100 {
 		t.Errorf("goroutines rose from %d to %d during the flood, want a bounded few", base, peak)
+	}
+}
+
+// wakeCounter counts the wake-ups of waiting tasks (etlcontext.WakeWaitingJobs)
+// that go through the connections it traces.
+type wakeCounter struct{ n atomic.Int64 }
+
+func (c *wakeCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(data.SQL, "SELECT count(*) FROM woken") {
+		c.n.Add(1)
+	}
+	return ctx
+}
+
+func (c *wakeCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// Anyone who can connect may announce a queue's resume: 300 such
+// announcements, each in a transaction of its own, wake the waiting tasks
+// at most once per 100 ms.
+func TestAFloodOfControlsWakesTheQueuesAtMostEvery100ms(t *testing.T) {
+	t.Parallel()
+	env := testenv.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cfg, err := config.Load(env.WriteConfig(`
+log_dir: {{dir}}/logs
+poll_interval: 1h
+kinds:
+  quick:
+    command: ["/bin/true"]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg, err := pgxpool.ParseConfig(env.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wakes := &wakeCounter{}
+	pcfg.ConnConfig.Tracer = wakes
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	reg := prometheus.NewRegistry()
+	sup, err := supervisor.New(pool, cfg, supervisor.Options{
+		DatabaseURL: env.URL,
+		Executable:  env.DamaBin,
+		Logger:      slog.New(slog.DiscardHandler),
+		Registerer:  reg,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	stopped := make(chan error, 1)
+	go func() { stopped <- sup.Run(runCtx) }()
+	defer func() {
+		stop()
+		<-stopped
+	}()
+	select {
+	case <-sup.Started():
+	case err := <-stopped:
+		t.Fatalf("supervisor: %v", err)
+	}
+	base, start := wakes.n.Load(), time.Now()
+	for range 300 {
+		if _, err := env.Pool.Exec(ctx, `SELECT pg_notify($1, '{"queue": "default"}')`, etlcontext.ControlChannel); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.Eventually(t, time.Minute, "the listener to take the flood in", func() (bool, error) {
+		return heard(t, reg, etlcontext.ControlChannel)["queued"] >= 300, nil
+	})
+	n, elapsed := wakes.n.Load()-base, time.Since(start)
+	t.Logf("%d wake-ups in %s for 300 announced controls", n, elapsed.Round(time.Millisecond))
+	if limit := int64(elapsed/(100*time.Millisecond)) + 1; n > limit {
+		t.Errorf("%d wake-ups in %s, want at most %d", n, elapsed, limit)
 	}
 }

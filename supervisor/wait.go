@@ -71,18 +71,15 @@ func (c *Client) Wait(ctx context.Context, id int64) (*Context, error) {
 // read-only for a switchover) is ridden out, and kept in *unreachable; any
 // other ends the listener's Serve.
 func (c *Client) finishListener(id int64, look func(context.Context) error, unreachable *error) *pglisten.Listener[*pgx.Conn] {
-	// Anyone who can connect may announce context id's end: a flood of
-	// such announcements makes a look per finishedHinted, the last one
-	// held back until then rather than dropped.
+	// Anyone who can connect may announce context id's end: an
+	// announcement asks for a look (through wake, the one way to it
+	// besides Recheck) finishedHinted after the last one ended at the
+	// soonest, so a flood of them makes a look per finishedHinted.
 	var (
 		looked time.Time
 		armed  atomic.Bool
 	)
 	wake := make(chan struct{}, 1)
-	lookNow := func(ctx context.Context) error {
-		looked = time.Now()
-		return look(ctx)
-	}
 	return &pglisten.Listener[*pgx.Conn]{
 		Connect: func(ctx context.Context) (*pgx.Conn, error) {
 			conn, err := pgx.ConnectConfig(ctx, c.pool.Config().ConnConfig.Copy())
@@ -95,25 +92,22 @@ func (c *Client) finishListener(id int64, look func(context.Context) error, unre
 			}
 			return conn, nil
 		},
-		Look: func(ctx context.Context, _ *pgx.Conn) error { return lookNow(ctx) },
+		Look: func(ctx context.Context, _ *pgx.Conn) error {
+			defer func() { looked = time.Now() }()
+			return look(ctx)
+		},
 		Notify: func(ctx context.Context, n *pgconn.Notification) error {
 			var f etlcontext.Finished
-			if json.Unmarshal([]byte(n.Payload), &f) != nil || f.ID != id {
-				return nil
+			if json.Unmarshal([]byte(n.Payload), &f) == nil && f.ID == id && armed.CompareAndSwap(false, true) {
+				time.AfterFunc(time.Until(looked.Add(finishedHinted)), func() {
+					armed.Store(false)
+					select {
+					case wake <- struct{}{}:
+					default:
+					}
+				})
 			}
-			if wait := time.Until(looked.Add(finishedHinted)); wait > 0 {
-				if armed.CompareAndSwap(false, true) {
-					time.AfterFunc(wait, func() {
-						armed.Store(false)
-						select {
-						case wake <- struct{}{}:
-						default:
-						}
-					})
-				}
-				return nil
-			}
-			return lookNow(ctx)
+			return nil
 		},
 		Wake:    wake,
 		Recheck: finishedRecheck,

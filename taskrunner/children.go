@@ -2,7 +2,6 @@ package taskrunner
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -69,10 +68,10 @@ func (r *runner) awaitChildren(ctx context.Context, signals <-chan os.Signal) (i
 	announced := false
 	self := r.ctx.ID
 	for {
-		// A recount a notification asks for comes at most once per
-		// awaitHinted: anyone who can connect may send them.
+		// A recount a notification asks for comes awaitHinted after the
+		// last one ended at the soonest: anyone who can connect may send
+		// them.
 		var hinted <-chan time.Time
-		counted := time.Now()
 		cctx, cancel := context.WithTimeout(ctx, 2*stmtTimeout)
 		var (
 			counts    etlcontext.Children
@@ -89,6 +88,7 @@ func (r *runner) awaitChildren(ctx context.Context, signals <-chan os.Signal) (i
 			return err
 		})
 		cancel()
+		counted := time.Now()
 		switch {
 		case errors.Is(err, etlcontext.ErrStaleRun):
 			return protocol.ExitLockLost, errors.New("the run is no longer current")
@@ -118,10 +118,9 @@ func (r *runner) awaitChildren(ctx context.Context, signals <-chan os.Signal) (i
 						return finish(protocol.ExitCancelled, protocol.EventCancelled, protocol.Outcome{Reason: "cancel requested while awaiting the children"}, nil)
 					}
 				case etlcontext.FinishedChannel:
-					var f etlcontext.Finished
-					// An empty payload stands for announcements missed while
-					// the connection was re-made.
-					if hinted == nil && (n.Payload == "" || json.Unmarshal([]byte(n.Payload), &f) != nil || (f.ParentID != nil && *f.ParentID == self)) {
+					// Of a child, or standing for missed ones: the writer
+					// passes on no other (hear).
+					if hinted == nil {
 						hinted = time.After(time.Until(counted.Add(awaitHinted)))
 					}
 				}

@@ -2,6 +2,7 @@ package taskrunner
 
 import (
 	"context"
+	"encoding/json"
 	"strconv"
 	"time"
 
@@ -15,19 +16,28 @@ import (
 // which anyone who can connect may send: one naming this run's context is
 // noted, and passed on only once the database's record confirms it
 // (confirmCancel); others are ignored. The rest are wake-ups whose
-// receiver reads the database itself: when one is already waiting, n adds
-// nothing, so a flood of them costs nothing.
+// receiver reads the database itself: the ends of contexts that are not
+// this one's children are dropped here, so that a flood of them cannot
+// crowd out one that is, and when one is already waiting, n adds nothing.
 func (w *writer) hear(n *pgconn.Notification) {
-	if n.Channel == protocol.CancelChannel {
-		w.mu.Lock()
-		id := w.contextID
-		w.mu.Unlock()
+	w.mu.Lock()
+	id := w.contextID
+	w.mu.Unlock()
+	switch n.Channel {
+	case protocol.CancelChannel:
 		if id != 0 && n.Payload == strconv.FormatInt(id, 10) {
 			w.cancelHinted = true
 			// Confirmed by the writer's next look.
 			w.signal()
 		}
 		return
+	case etlcontext.FinishedChannel:
+		var f etlcontext.Finished
+		// An empty payload stands for announcements missed while the
+		// connection was made again.
+		if n.Payload != "" && json.Unmarshal([]byte(n.Payload), &f) == nil && (f.ParentID == nil || *f.ParentID != id) {
+			return
+		}
 	}
 	select {
 	case w.notify <- n:

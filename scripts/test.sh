@@ -91,6 +91,7 @@ fuzz_targets=(
 	"./taskrunner/protocol FuzzParseSecrets 20000"
 	# What any process of the user may send a host's lock keeper.
 	"./internal/keeper FuzzSession 5000"
+	"./internal/keeper FuzzDecodeMessage 50000"
 	"./cmd/dama FuzzDueAt 50000"
 	"./cmd/dama FuzzParseID 50000"
 	"./cmd/dama FuzzListenAddr 20000"

@@ -82,6 +82,9 @@ type Supervisor struct {
 	// task process, until the failure is reported.
 	spawnFailures map[int64]string
 
+	// waking holds the queues whose waiting tasks are being woken, and
+	// whether another wake-up was asked for meanwhile (wakeWaiting).
+	waking map[string]bool
 	// holds holds, per context whose job a Work runs here, the channel
 	// that pokes it (work).
 	holds map[int64]chan struct{}
@@ -159,6 +162,7 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 		stopping:       map[int64]bool{},
 		launchFailures: map[int64]string{},
 		spawnFailures:  map[int64]string{},
+		waking:         map[string]bool{},
 		holds:          map[int64]chan struct{}{},
 		stepSlots:      map[string]chan struct{}{},
 		draining:       make(chan struct{}),

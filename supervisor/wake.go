@@ -19,9 +19,35 @@ const wakeTimeout = 10 * time.Second
 // task's step was still parking it. A woken task that finds no slot after
 // all (another supervisor's start took it) is parked again.
 //
-// Wake-ups are not coalesced: 300 tasks ending at once settled no later
-// for it (docs/performance.md).
+// Wake-ups of one queue are coalesced: while one runs, those asked for
+// meanwhile (500 tasks ending at once) make it run once more, not 500
+// times at once.
 func (s *Supervisor) wakeWaiting(ctx context.Context, queue string) {
+	s.mu.Lock()
+	if again, running := s.waking[queue]; running {
+		if !again {
+			s.waking[queue] = true
+		}
+		s.mu.Unlock()
+		return
+	}
+	s.waking[queue] = false
+	s.mu.Unlock()
+	for {
+		s.wakeOnce(ctx, queue)
+		s.mu.Lock()
+		if !s.waking[queue] {
+			delete(s.waking, queue)
+			s.mu.Unlock()
+			return
+		}
+		s.waking[queue] = false
+		s.mu.Unlock()
+	}
+}
+
+// wakeOnce is one wake-up of the queue's waiting tasks.
+func (s *Supervisor) wakeOnce(ctx context.Context, queue string) {
 	q, ok := s.cfg.Queues[queue]
 	if !ok {
 		return

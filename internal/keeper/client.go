@@ -220,7 +220,9 @@ func (c *Conn) request(ctx context.Context, req *request) (*reply, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if err := c.st.send(req); err != nil {
+	if err := c.st.send(req); errors.Is(err, errTooLarge) {
+		return nil, err
+	} else if err != nil {
 		c.end(fmt.Errorf("%w: %w", ErrClosed, err))
 		return nil, c.closeErr
 	}

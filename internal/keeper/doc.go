@@ -17,8 +17,6 @@
 // connection would; a task process whose keeper died finds or starts
 // another and takes its lock again within reconnect_grace.
 //
-// The messages are encoding/gob's, one gob stream a connection, each in a
-// frame whose length is checked before it is read. Only a process that
-// proved the secret gets a message decoded; the handshake and the frames
-// are fuzzed all the same.
+// The messages are encoded by hand (codec.go) and fuzzed: any process of
+// the user may write to the socket.
 package keeper

@@ -393,3 +393,30 @@ func TestConnectionsThatProveNothingAreCapped(t *testing.T) {
 		t.Fatalf("a task process beside 64 connections that prove nothing: %v", err)
 	}
 }
+
+// A reply larger than a message may be fails its statement alone: the
+// session and its lock go on, and the next statement runs.
+func TestAReplyTooLargeFailsItsStatementOnly(t *testing.T) {
+	env := testenv.New(t)
+	socket := serve(t, env)
+	id, run := running(t, env)
+	ctx := context.Background()
+	c, err := dial(t, env, socket, id, run.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var s string
+	if err := c.QueryRow(ctx, `SELECT repeat('x', 65 << 20)`).Scan(&s); err == nil || !strings.Contains(err.Error(), "larger than the lock keeper's protocol takes") {
+		t.Fatalf("a 65 MiB reply: %v, want refused as too large", err)
+	}
+	var n int
+	if err := c.QueryRow(ctx, `SELECT 1`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("the next statement: %d, %v", n, err)
+	}
+	if !locked(t, env, id) {
+		t.Fatal("the session lost its lock")
+	}
+}

@@ -110,7 +110,15 @@ func (sess *session) serve(ctx context.Context) {
 	}
 }
 
-func (sess *session) reply(r *reply) error { return sess.st.send(r) }
+// reply sends r, or, when r is too large to send, the failure of its
+// statement.
+func (sess *session) reply(r *reply) error {
+	err := sess.st.send(r)
+	if errors.Is(err, errTooLarge) {
+		err = sess.st.send(&reply{Err: &wireError{Kind: errStatement, Message: err.Error()}})
+	}
+	return err
+}
 
 // forward sends the notifications waiting for the session until done.
 func (sess *session) forward(ctx context.Context, done <-chan struct{}) {

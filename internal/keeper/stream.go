@@ -7,7 +7,6 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
-	"encoding/gob"
 	"errors"
 	"fmt"
 	"io"
@@ -38,9 +37,8 @@ import (
 // the user can read them, or take either end, from a non-dumpable
 // process.
 
-// handshakeMagic opens a client's handshake: its last byte is the
-// protocol's Version.
-var handshakeMagic = []byte{'D', 'K', 'P', '0' + Version}
+// handshakeMagic opens a client's handshake.
+var handshakeMagic = []byte("DKP3")
 
 const nonceSize = 32
 
@@ -160,61 +158,56 @@ func serverHandshake(conn net.Conn, secret []byte, deadline time.Time) (*stream,
 }
 
 // stream carries messages over a connection: each a frame of its own (its
-// length, then its gob encoding), whose length is checked before it is
-// read. The frames of one connection make one gob stream, so a type is
-// described once per connection, not once per message.
+// length, then the encoding of one message, codec.go), whose length is
+// checked before it is read, decoded alone.
 type stream struct {
 	conn  net.Conn
 	r     *bufio.Reader
 	limit atomic.Int64
-	in    bytes.Buffer
-	dec   *gob.Decoder
 
 	mu  sync.Mutex
 	bw  *bufio.Writer
-	out bytes.Buffer
-	enc *gob.Encoder
+	buf []byte
 }
 
 func newStream(conn net.Conn, limit int) *stream {
 	s := &stream{conn: conn, r: bufio.NewReader(conn), bw: bufio.NewWriter(conn)}
-	s.dec, s.enc = gob.NewDecoder(&s.in), gob.NewEncoder(&s.out)
 	s.limit.Store(int64(limit))
 	return s
 }
 
-// errMalformed is what receiving fails with on a frame that is not one
-// message the other side's encoder could have written.
-var errMalformed = errors.New("a malformed message")
-
 // setLimit changes the largest message read from now on.
 func (s *stream) setLimit(n int) { s.limit.Store(int64(n)) }
 
-func (s *stream) send(m any) error {
+// keptBuffer is the largest send buffer a stream keeps for its next
+// message: a statement's usual size, not its largest.
+const keptBuffer = 64 << 10
+
+// errTooLarge is what sending a message larger than maxMessage fails with,
+// before anything of it is sent: the other side would end the session.
+var errTooLarge = errors.New("a message larger than the lock keeper's protocol takes")
+
+func (s *stream) send(m message) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.out.Reset()
-	if err := s.enc.Encode(m); err != nil {
-		return err
+	e := encoder{b: s.buf[:0]}
+	m.encode(&e)
+	if cap(e.b) <= keptBuffer {
+		s.buf = e.b
+	}
+	if len(e.b) > maxMessage {
+		return fmt.Errorf("%w: %d bytes, at most %d", errTooLarge, len(e.b), maxMessage)
 	}
 	var head [4]byte
-	binary.BigEndian.PutUint32(head[:], uint32(s.out.Len()))
+	binary.BigEndian.PutUint32(head[:], uint32(len(e.b)))
 	s.bw.Write(head[:])
-	s.bw.Write(s.out.Bytes())
-	if s.out.Cap() > keptBuffer {
-		s.out = bytes.Buffer{}
-	}
+	s.bw.Write(e.b)
 	return s.bw.Flush()
 }
 
-// keptBuffer is the largest buffer a stream keeps for its next message: a
-// statement's usual size, not its largest. (The gob encoder and decoder
-// hold the buffers' addresses, not their bytes.)
-const keptBuffer = 64 << 10
-
-// receive reads the next message into m, which must be new; one goroutine
-// at a time.
-func (s *stream) receive(m any) error {
+// receive reads the next message into m; one goroutine at a time. What m
+// holds of bytes is the message's own, never reused.
+func (s *stream) receive(m message) error {
 	var head [4]byte
 	if _, err := io.ReadFull(s.r, head[:]); err != nil {
 		return err
@@ -223,19 +216,11 @@ func (s *stream) receive(m any) error {
 	if n > s.limit.Load() {
 		return fmt.Errorf("a message of %d bytes: at most %d are taken", n, s.limit.Load())
 	}
-	s.in.Reset()
-	if _, err := io.CopyN(&s.in, s.r, n); err != nil {
+	body := make([]byte, n)
+	if _, err := io.ReadFull(s.r, body); err != nil {
 		return err
 	}
-	err := s.dec.Decode(m)
-	if err == nil && s.in.Len() > 0 {
-		err = errors.New("bytes left over")
-	}
-	if s.in.Cap() > keptBuffer {
-		s.in = bytes.Buffer{}
-	}
-	if err != nil {
-		return fmt.Errorf("%w: %w", errMalformed, err)
-	}
-	return nil
+	d := decoder{b: body}
+	m.decode(&d)
+	return d.end()
 }

@@ -15,7 +15,7 @@ import (
 // Version is the version of the keeper's wire protocol: it is part of the
 // socket's name, so that task processes of releases that speak different
 // versions each find a keeper of their own.
-const Version = 4
+const Version = 3
 
 // op is what a request asks of the keeper.
 type op uint8

@@ -128,7 +128,7 @@ func FuzzParseKeeperLaunch(f *testing.F) {
 		socket    string
 		heartbeat int64
 	}{
-		{"--socket\x00/var/log/dama/.keeper/ab-v4.sock\x00--heartbeat\x005s\x00--secrets-fd\x003", "/tmp/k.sock", int64(time.Second)},
+		{"--socket\x00/var/log/dama/.keeper/ab-v3.sock\x00--heartbeat\x005s\x00--secrets-fd\x003", "/tmp/k.sock", int64(time.Second)},
 		{"--socket=/x\x00--heartbeat=200ms\x00--secrets-fd=3", "relative.sock", 1},
 		{"--socket\x00\x00--heartbeat\x001s", "", 0},
 		{"--socket\x00/x\x00--heartbeat\x00-1s", "/a b\nc", -5},

@@ -211,32 +211,8 @@ func (s *Supervisor) startAttempt(ctx context.Context, logger *slog.Logger, tx p
 		logger.Warn("kind not in this supervisor's configuration; leaving the task to another supervisor", "kind", c.Kind)
 		return river.JobSnooze(time.Duration(s.cfg.PollInterval))
 	}
-	if c.HostID != nil && *c.HostID == s.hostID && c.RunID != nil {
-		// The previous attempt ran here: none of its processes may meet the
-		// next one.
-		procs, err := s.attemptProcesses(c).Processes()
-		if err != nil || len(procs) > 0 {
-			if err != nil {
-				logger.Warn("look for the processes of the previous attempt; counting them alive", "error", err)
-			} else {
-				s.stopOrphans(c.ID)
-			}
-			return river.JobSnooze(time.Second)
-		}
-	}
-	if c.RunID != nil {
-		// Nor its command's statements, which its server may run on
-		// after the client died.
-		waiting, err := s.sessionsLeft(ctx, logger, tx, c)
-		if err != nil {
-			return s.transient(logger, err)
-		}
-		if waiting {
-			if err := tx.Commit(ctx); err != nil {
-				return s.transient(logger, fmt.Errorf("commit wait of etl context %d: %w", id, err))
-			}
-			return river.JobSnooze(time.Second)
-		}
+	if err := s.lingering(ctx, logger, tx, c); err != nil {
+		return err
 	}
 	wait, err := s.admit(ctx, tx, c)
 	if err != nil {
@@ -314,6 +290,38 @@ func (s *Supervisor) startAttempt(ctx context.Context, logger *slog.Logger, tx p
 		// failed to) decides, so look again.
 		return errStepAgain
 	}
+}
+
+// lingering returns the snooze of a task whose previous attempt lives on,
+// which the next one must not meet: its processes, if it ran here, or its
+// command's statements, which its server may run on after the client
+// died. It returns nil when nothing does.
+func (s *Supervisor) lingering(ctx context.Context, logger *slog.Logger, tx pgx.Tx, c *etlcontext.Context) error {
+	if c.RunID == nil {
+		return nil
+	}
+	if c.HostID != nil && *c.HostID == s.hostID {
+		procs, err := s.attemptProcesses(c).Processes()
+		if err != nil || len(procs) > 0 {
+			if err != nil {
+				logger.Warn("look for the processes of the previous attempt; counting them alive", "error", err)
+			} else {
+				s.stopOrphans(c.ID)
+			}
+			return river.JobSnooze(time.Second)
+		}
+	}
+	waiting, err := s.sessionsLeft(ctx, logger, tx, c)
+	if err != nil {
+		return s.transient(logger, err)
+	}
+	if !waiting {
+		return nil
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return s.transient(logger, fmt.Errorf("commit wait of etl context %d: %w", c.ID, err))
+	}
+	return river.JobSnooze(time.Second)
 }
 
 func deref(s *string) string {

@@ -35,13 +35,6 @@ func testChaosNoOverlapWhateverIsKilledOrRestarted(t *testing.T) {
 			t.Fatalf("DAMA_CHAOS_SEED=%q: %v", s, err)
 		}
 	}
-	// Registered first, so it runs last, after every other cleanup had its
-	// chance to fail the test.
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("chaos seed %d: replay with DAMA_CHAOS_SEED=%d", seed, seed)
-		}
-	})
 	t.Logf("chaos seed %d (set DAMA_CHAOS_SEED to replay)", seed)
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	began := time.Now()

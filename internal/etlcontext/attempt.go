@@ -333,11 +333,6 @@ type Attempt struct {
 	LogTail  *string `json:"log_tail"`
 }
 
-// Attempts returns the attempts of context id, the first first.
-func Attempts(ctx context.Context, db DB, id int64) ([]Attempt, error) {
-	return RecentAttempts(ctx, db, id, 0, 0)
-}
-
 // RecentAttempts returns the newest limit attempts of context id (0: all),
 // the first first, each reason and log tail cut to maxText characters
 // (0: whole).

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -77,7 +76,8 @@ func (c *Client) finishListener(id int64, look func(context.Context) error, unre
 	// soonest, so a flood of them makes a look per finishedHinted.
 	var (
 		looked time.Time
-		armed  atomic.Bool
+		// armed: a look was asked for and has yet to come.
+		armed bool
 	)
 	wake := make(chan struct{}, 1)
 	return &pglisten.Listener[*pgx.Conn]{
@@ -93,14 +93,15 @@ func (c *Client) finishListener(id int64, look func(context.Context) error, unre
 			return conn, nil
 		},
 		Look: func(ctx context.Context, _ *pgx.Conn) error {
+			armed = false
 			defer func() { looked = time.Now() }()
 			return look(ctx)
 		},
 		Notify: func(ctx context.Context, n *pgconn.Notification) error {
 			var f etlcontext.Finished
-			if json.Unmarshal([]byte(n.Payload), &f) == nil && f.ID == id && armed.CompareAndSwap(false, true) {
+			if !armed && json.Unmarshal([]byte(n.Payload), &f) == nil && f.ID == id {
+				armed = true
 				time.AfterFunc(time.Until(looked.Add(finishedHinted)), func() {
-					armed.Store(false)
 					select {
 					case wake <- struct{}{}:
 					default:

@@ -2,11 +2,8 @@ package supervisor_test
 
 import (
 	"context"
-	"io"
 	"log/slog"
 	"runtime"
-	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,6 +17,33 @@ import (
 	"github.com/dama-etl/dama/supervisor"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 )
+
+// startSupervisor runs a supervisor of cfg on pool, registering its
+// metrics with reg, until the test ends.
+func startSupervisor(ctx context.Context, t *testing.T, env *testenv.Env, pool *pgxpool.Pool, cfg *config.Config, reg *prometheus.Registry) {
+	t.Helper()
+	sup, err := supervisor.New(pool, cfg, supervisor.Options{
+		DatabaseURL: env.URL,
+		Executable:  env.DamaBin,
+		Logger:      slog.New(slog.DiscardHandler),
+		Registerer:  reg,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	stopped := make(chan error, 1)
+	go func() { stopped <- sup.Run(runCtx) }()
+	t.Cleanup(func() {
+		stop()
+		<-stopped
+	})
+	select {
+	case <-sup.Started():
+	case err := <-stopped:
+		t.Fatalf("supervisor: %v", err)
+	}
+}
 
 // heard is what the listener took in of channel, by outcome.
 func heard(t *testing.T, reg *prometheus.Registry, channel string) map[string]float64 {
@@ -66,27 +90,7 @@ kinds:
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	sup, err := supervisor.New(env.Pool, cfg, supervisor.Options{
-		DatabaseURL: env.URL,
-		Executable:  env.DamaBin,
-		Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Registerer:  reg,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, stop := context.WithCancel(ctx)
-	stopped := make(chan error, 1)
-	go func() { stopped <- sup.Run(runCtx) }()
-	defer func() {
-		stop()
-		<-stopped
-	}()
-	select {
-	case <-sup.Started():
-	case err := <-stopped:
-		t.Fatalf("supervisor: %v", err)
-	}
+	startSupervisor(ctx, t, env, env.Pool, cfg, reg)
 	heard := func(channel string) map[string]float64 { return heard(t, reg, channel) }
 	base := runtime.NumGoroutine()
 	if err := pgx.BeginFunc(ctx, env.Pool, func(tx pgx.Tx) error {
@@ -144,19 +148,6 @@ kinds:
 	}
 }
 
-// wakeCounter counts the wake-ups of waiting tasks (etlcontext.WakeWaitingJobs)
-// that go through the connections it traces.
-type wakeCounter struct{ n atomic.Int64 }
-
-func (c *wakeCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
-	if strings.Contains(data.SQL, "SELECT count(*) FROM woken") {
-		c.n.Add(1)
-	}
-	return ctx
-}
-
-func (c *wakeCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
 // Anyone who can connect may announce a queue's resume: 300 such
 // announcements, each in a transaction of its own, wake the waiting tasks
 // at most once per 100 ms.
@@ -175,39 +166,10 @@ kinds:
 	if err != nil {
 		t.Fatal(err)
 	}
-	pcfg, err := pgxpool.ParseConfig(env.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wakes := &wakeCounter{}
-	pcfg.ConnConfig.Tracer = wakes
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	// The wake-ups of waiting tasks (etlcontext.WakeWaitingJobs).
+	pool, wakes := countingPool(t, env, "SELECT count(*) FROM woken")
 	reg := prometheus.NewRegistry()
-	sup, err := supervisor.New(pool, cfg, supervisor.Options{
-		DatabaseURL: env.URL,
-		Executable:  env.DamaBin,
-		Logger:      slog.New(slog.DiscardHandler),
-		Registerer:  reg,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, stop := context.WithCancel(ctx)
-	stopped := make(chan error, 1)
-	go func() { stopped <- sup.Run(runCtx) }()
-	defer func() {
-		stop()
-		<-stopped
-	}()
-	select {
-	case <-sup.Started():
-	case err := <-stopped:
-		t.Fatalf("supervisor: %v", err)
-	}
+	startSupervisor(ctx, t, env, pool, cfg, reg)
 	base, start := wakes.n.Load(), time.Now()
 	for range 300 {
 		if _, err := env.Pool.Exec(ctx, `SELECT pg_notify($1, '{"queue": "default"}')`, etlcontext.ControlChannel); err != nil {

@@ -16,18 +16,39 @@ import (
 	"github.com/dama-etl/dama/supervisor"
 )
 
-// lookCounter counts the reads of one context by id that go through the
+// queryCounter counts the statements containing sql that go through the
 // connections it traces.
-type lookCounter struct{ n atomic.Int64 }
+type queryCounter struct {
+	sql string
+	n   atomic.Int64
+}
 
-func (c *lookCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
-	if strings.Contains(data.SQL, "WHERE c.etl_context_id = $1") {
+func (c *queryCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(data.SQL, c.sql) {
 		c.n.Add(1)
 	}
 	return ctx
 }
 
-func (c *lookCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c *queryCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// countingPool returns a pool of env's database that counts its statements
+// containing sql.
+func countingPool(t *testing.T, env *testenv.Env, sql string) (*pgxpool.Pool, *queryCounter) {
+	t.Helper()
+	pcfg, err := pgxpool.ParseConfig(env.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &queryCounter{sql: sql}
+	pcfg.ConnConfig.Tracer = c
+	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool, c
+}
 
 // Anyone who can connect may announce a context's end: 20,000 false
 // announcements cost Client.Wait a read of the context per 100 ms at
@@ -46,17 +67,8 @@ kinds:
 	if err != nil {
 		t.Fatal(err)
 	}
-	pcfg, err := pgxpool.ParseConfig(env.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	looks := &lookCounter{}
-	pcfg.ConnConfig.Tracer = looks
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	// Context id's reads (etlcontext.Get).
+	pool, looks := countingPool(t, env, "WHERE c.etl_context_id = $1")
 	client, err := supervisor.NewClient(pool, cfg)
 	if err != nil {
 		t.Fatal(err)

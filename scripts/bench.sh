@@ -17,6 +17,14 @@
 #   DAMA_BENCH_START_DEADLINE (10m) how long all N may take to hold their lock
 # A quick run: DAMA_BENCH_WINDOW=10s DAMA_BENCH_SETTLE=11s scripts/bench.sh scale 10,50 row
 #
+# scripts/bench.sh burst [N [W]] [go test flags]: a burst of N (1000)
+# /bin/true tasks submitted in one SQL statement to a queue of W (20) slots,
+# in each lock mode (DAMA_BENCH_MODES, host,advisory,row), beside its floor
+# (plain River, W workers, each job a fork/exec + connect + lock, /bin/true
+# and a row), on a PostgreSQL server of its own (internal/scalebench
+# BenchmarkBurst): the time, tasks/s, the ratio to the floor, the slots'
+# occupancy and how long after its task's end each job was finalized.
+#
 # scripts/bench.sh storage [go test flags]: what chatty tasks store
 # (cmd/dama BenchmarkProgressStorage): 5 tasks reporting progress 50 times a
 # second for DAMA_BENCH_WINDOW (60s), with progress_interval at its default
@@ -65,6 +73,21 @@ if [ "${1:-}" = keeper ]; then
 	shift
 	echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); $(go version)"
 	exec go test -run '^$' -bench Stream -count=5 "$@" ./internal/keeper
+fi
+
+if [ "${1:-}" = burst ]; then
+	shift
+	if [[ "${1:-}" =~ ^[0-9]+$ ]]; then
+		export DAMA_BENCH_BURST_N=$1
+		shift
+		if [[ "${1:-}" =~ ^[0-9]+$ ]]; then
+			export DAMA_BENCH_BURST_W=$1
+			shift
+		fi
+	fi
+	dama_pg_install
+	echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(free -g | awk '/Mem:/ {print $2}') GB; $(go version); $("$(dama_pg_bindir)/postgres" --version)"
+	exec go test -run '^$' -bench Burst -benchtime 1x -count=1 -timeout 60m "$@" ./internal/scalebench
 fi
 
 dama_pg_use TEST_DATABASE_URL

@@ -18,6 +18,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/dama-etl/dama/config"
+	"github.com/dama-etl/dama/internal/scalebench"
 	"github.com/dama-etl/dama/internal/testenv"
 )
 
@@ -122,12 +123,59 @@ func burstFloor(b *testing.B, env *testenv.Env, floorBin string, n, w int) time.
 	for i := range params {
 		params[i] = river.InsertManyParams{Args: burstFloorArgs{}, InsertOpts: &river.InsertOpts{Queue: "burst"}}
 	}
-	start := time.Now()
+	xacts, cpu, start := transactions(b, pool), machineCPU(b), time.Now()
 	if _, err := client.InsertMany(ctx, params); err != nil {
 		b.Fatal(err)
 	}
 	waitCount(b, pool, `SELECT count(*) FROM river_job WHERE state = 'completed'`, n, 10*time.Minute)
-	return time.Since(start)
+	took := time.Since(start)
+	perTask(b, pool, "floor", n, xacts, cpu)
+	return took
+}
+
+// transactions is what pg_stat_database counts of the database's
+// transactions.
+func transactions(b *testing.B, pool *pgxpool.Pool) int64 {
+	var n int64
+	if err := pool.QueryRow(context.Background(), `
+		SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()`).Scan(&n); err != nil {
+		b.Fatal(err)
+	}
+	return n
+}
+
+// machineCPU is the CPU time the whole machine has spent (/proc/stat).
+func machineCPU(b *testing.B) time.Duration {
+	data, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		b.Fatal(err)
+	}
+	fields := strings.Fields(strings.SplitN(string(data), "\n", 2)[0])
+	var ticks int64
+	// user nice system idle iowait irq softirq steal: all but idle and iowait.
+	for i, f := range fields[1:min(9, len(fields))] {
+		if i == 3 || i == 4 {
+			continue
+		}
+		v, err := strconv.ParseInt(f, 10, 64)
+		if err != nil {
+			b.Fatal(err)
+		}
+		ticks += v
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond
+}
+
+// perTask prints the CPU the machine spent per task since cpu, and the
+// database's transactions per task since xacts once its backends reported
+// them.
+func perTask(b *testing.B, pool *pgxpool.Pool, who string, n int, xacts int64, cpu time.Duration) {
+	used := machineCPU(b) - cpu
+	// An idle backend reports its transactions to pg_stat_database up to
+	// 10 s late, by a timer no query can hurry for another session.
+	time.Sleep(11 * time.Second) // deliberately: the server's statistics delay
+	fmt.Printf("%s: %.1f ms of CPU (the whole machine's) and %.1f transactions per task\n",
+		who, scalebench.Millis(used)/float64(n), float64(transactions(b, pool)-xacts-1)/float64(n))
 }
 
 // burstDama runs the burst through a dama supervisor in lock mode mode.
@@ -146,7 +194,7 @@ kinds:
 	waitStarted(b, sup)
 	pool := newPool(b, env.URL, "dama-scalebench-burst")
 	defer pool.Close()
-	start := time.Now()
+	xacts, cpu, start := transactions(b, pool), machineCPU(b), time.Now()
 	if _, err := pool.Exec(ctx, `SELECT data_manager.submit($1) FROM generate_series(1, $2::int)`, burstKind, n); err != nil {
 		b.Fatal(err)
 	}
@@ -154,6 +202,7 @@ kinds:
 		SELECT count(*) FROM data_manager.etl_contexts AS c JOIN river_job AS j ON j.id = c.river_job_id
 		 WHERE c.etl_status = 'DONE' AND j.state = 'completed'`, n, 10*time.Minute)
 	took := time.Since(start)
+	perTask(b, pool, "dama "+string(mode), n, xacts, cpu)
 
 	var occupancy, p50, p90 float64
 	if err := pool.QueryRow(ctx, `

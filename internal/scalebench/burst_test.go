@@ -176,6 +176,29 @@ func perTask(b *testing.B, pool *pgxpool.Pool, who string, n int, xacts int64, c
 	time.Sleep(11 * time.Second) // deliberately: the server's statistics delay
 	fmt.Printf("%s: %.1f ms of CPU (the whole machine's) and %.1f transactions per task\n",
 		who, scalebench.Millis(used)/float64(n), float64(transactions(b, pool)-xacts-1)/float64(n))
+	// The rows each table had written per task, the most first.
+	rows, err := pool.Query(context.Background(), `
+		SELECT schemaname || '.' || relname, n_tup_ins, n_tup_upd, n_tup_del
+		  FROM pg_stat_user_tables WHERE n_tup_ins + n_tup_upd + n_tup_del > 0
+		 ORDER BY n_tup_ins + n_tup_upd + n_tup_del DESC`)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var writes []string
+	for rows.Next() {
+		var (
+			table         string
+			ins, upd, del float64
+		)
+		if err := rows.Scan(&table, &ins, &upd, &del); err != nil {
+			b.Fatal(err)
+		}
+		writes = append(writes, fmt.Sprintf("%s %.1f/%.1f/%.1f", table, ins/float64(n), upd/float64(n), del/float64(n)))
+	}
+	if err := rows.Err(); err != nil {
+		b.Fatal(err)
+	}
+	fmt.Printf("%s: rows inserted/updated/deleted per task: %s\n", who, strings.Join(writes, ", "))
 }
 
 // burstDama runs the burst through a dama supervisor in lock mode mode.

@@ -15,6 +15,7 @@ import (
 	"github.com/dama-etl/dama/internal/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
 	"github.com/dama-etl/dama/taskrunner/protocol"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // While the database is away, reported events wait within the bounds and
@@ -227,5 +228,32 @@ func TestACheckpointIsNotReplacedAcrossAnEvent(t *testing.T) {
 	want := []string{"k:CHECKPOINT 1", `k:WARNING {"reason":"between"}`, "k:CHECKPOINT 3"}
 	if !slices.Equal(got, want) {
 		t.Errorf("queued after the named events: %q, want %q", got, want)
+	}
+}
+
+// A parent's writer passes on the end announcements of its own children,
+// and those standing for missed ones, but none of other contexts: a flood
+// of them cannot fill the buffer a child's end must find room in.
+func TestOnlyAChildsEndReachesItsParent(t *testing.T) {
+	w := newWriter("", "test", slog.New(slog.DiscardHandler), time.Second, writerHooks{})
+	w.bind(7, "00000000-0000-0000-0000-000000000001", "k")
+	for i := range 10 * cap(w.notify) {
+		w.hear(&pgconn.Notification{Channel: etlcontext.FinishedChannel, Payload: fmt.Sprintf(`{"etl_context_id": %d, "parent_context_id": 8}`, i)})
+		w.hear(&pgconn.Notification{Channel: etlcontext.FinishedChannel, Payload: fmt.Sprintf(`{"etl_context_id": %d}`, i)})
+	}
+	if n := len(w.notify); n != 0 {
+		t.Fatalf("%d announcements of other contexts' ends passed on, want none", n)
+	}
+	child := `{"etl_context_id": 9, "parent_context_id": 7}`
+	for _, payload := range []string{child, ""} {
+		w.hear(&pgconn.Notification{Channel: etlcontext.FinishedChannel, Payload: payload})
+		select {
+		case n := <-w.notify:
+			if n.Payload != payload {
+				t.Fatalf("passed on %q, want %q", n.Payload, payload)
+			}
+		default:
+			t.Fatalf("the announcement %q was not passed on", payload)
+		}
 	}
 }

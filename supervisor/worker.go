@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/rivertype"
 
 	"github.com/dama-etl/dama/internal/etlcontext"
 )
@@ -91,28 +92,28 @@ func (s *Supervisor) work(ctx context.Context, job *river.Job[TaskArgs]) error {
 			again++
 			continue
 		case errors.Is(err, errStepAgain):
-			return river.JobSnooze(time.Duration(s.cfg.PollInterval))
-		case !errors.Is(err, errHold):
-			if held {
-				// The task ended: its slot is free.
-				s.wakeWaiting(context.WithoutCancel(ctx), job.Queue)
+			err = river.JobSnooze(time.Duration(s.cfg.PollInterval))
+		case errors.Is(err, errHold):
+			again, held = 0, true
+			if err = s.awaitPoke(ctx, poked, giveBack.C, &lastPoke); err == nil {
+				continue
 			}
-			return err
+		case held:
+			// The task ended: its slot is free.
+			s.wakeWaiting(context.WithoutCancel(ctx), job.Queue)
 		}
-		again, held = 0, true
-		if err := s.hold(ctx, job, poked, giveBack.C, &lastPoke); err != nil {
-			return err
-		}
+		return s.unlessTakenOver(ctx, job, err)
 	}
 }
 
-// hold waits for a poke (at most one a second), giveBack or the
-// supervisor's stop; it returns nil to step again, or what the Work
-// returns. A hold that another Work has taken over returns only once that
-// one is done with the job (outlive).
-func (s *Supervisor) hold(ctx context.Context, job *river.Job[TaskArgs], poked chan struct{}, giveBack <-chan time.Time, lastPoke *time.Time) error {
-	err := s.awaitPoke(ctx, poked, giveBack, lastPoke)
-	if s.takenOver(ctx, job) {
+// unlessTakenOver returns err, what the Work returns; but a snooze (a
+// hold given back, a step that failed or was cut short by the stop) of a
+// job another Work has taken over returns only once that one is done with
+// the job (outlive). A final outcome needs no look: the task has ended,
+// and the other Work finds the same end.
+func (s *Supervisor) unlessTakenOver(ctx context.Context, job *river.Job[TaskArgs], err error) error {
+	var snooze *rivertype.JobSnoozeError
+	if errors.As(err, &snooze) && s.takenOver(ctx, job) {
 		return s.outlive(ctx, job)
 	}
 	return err

@@ -21,6 +21,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
 
+	"github.com/dama-etl/dama/internal/etlcontext"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 	"github.com/dama-etl/dama/version"
 )
@@ -118,7 +119,7 @@ func versions(ctx context.Context, pool *pgxpool.Pool) (applied, latest int64, e
 	}
 	by := "a newer release"
 	// Recorded from migration 6 (v0.1.0) on.
-	if c, err := ReadCompatibility(ctx, pool); err == nil && c.MigratedBy != nil {
+	if c, err := etlcontext.ReadCompatibility(ctx, pool); err == nil && c.MigratedBy != nil {
 		by = "dama " + *c.MigratedBy
 	}
 	return 0, 0, fmt.Errorf("%w: it is at version %d, migrated by %s, and this dama %s knows versions up to %d: run %s or later",
@@ -267,7 +268,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error
 	// Only a run that changed something says so: a binary that found
 	// nothing to do must not pass for the release that shaped the schema.
 	if applied > 0 {
-		if err := RecordMigration(ctx, pool, version.Release); err != nil {
+		if err := etlcontext.RecordMigration(ctx, pool, version.Release); err != nil {
 			return err
 		}
 	}

@@ -328,7 +328,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	if err := sql.CheckMigrated(ctx, s.pool); err != nil {
 		return err
 	}
-	if err := sql.CheckRunnerProtocol(ctx, s.pool, protocol.Version); err != nil {
+	if err := etlcontext.CheckRunnerProtocol(ctx, s.pool, protocol.Version); err != nil {
 		return err
 	}
 	published := s.publishKinds(ctx)
@@ -417,10 +417,10 @@ func (s *Supervisor) retire(ctx context.Context) {
 	if s.retired.Swap(true) {
 		return
 	}
-	err := sql.CheckRunnerProtocol(ctx, s.pool, protocol.Version)
-	if !errors.Is(err, sql.ErrProtocolRefused) {
+	err := etlcontext.CheckRunnerProtocol(ctx, s.pool, protocol.Version)
+	if !errors.Is(err, etlcontext.ErrProtocolRefused) {
 		// The database could not say more (or changed its mind since).
-		err = errors.Join(fmt.Errorf("a task process exited with code %d: %w", protocol.ExitRefused, sql.ErrProtocolRefused), err)
+		err = errors.Join(fmt.Errorf("a task process exited with code %d: %w", protocol.ExitRefused, etlcontext.ErrProtocolRefused), err)
 	}
 	s.stop <- err
 }

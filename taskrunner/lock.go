@@ -15,7 +15,6 @@ import (
 	"github.com/dama-etl/dama/internal/etlcontext"
 	"github.com/dama-etl/dama/internal/pglisten"
 	"github.com/dama-etl/dama/internal/pgsession"
-	"github.com/dama-etl/dama/sql"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
@@ -113,7 +112,7 @@ func (k *lockKeeper) lock(ctx context.Context) (*etlcontext.Context, dbConn, err
 		}
 		// Before the lock: a runner the database no longer accepts
 		// touches nothing.
-		if err := sql.CheckRunnerProtocol(cctx, conn, protocol.Version); err != nil {
+		if err := etlcontext.CheckRunnerProtocol(cctx, conn, protocol.Version); err != nil {
 			conn.Close(context.WithoutCancel(ctx))
 			return nil, nil, err
 		}
@@ -132,7 +131,7 @@ func (k *lockKeeper) lock(ctx context.Context) (*etlcontext.Context, dbConn, err
 			return nil, nil, err
 		}
 	}
-	if err := sql.CheckRunnerProtocol(cctx, conn, protocol.Version); err != nil {
+	if err := etlcontext.CheckRunnerProtocol(cctx, conn, protocol.Version); err != nil {
 		conn.Close(context.WithoutCancel(ctx))
 		return nil, nil, err
 	}

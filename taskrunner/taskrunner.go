@@ -21,7 +21,6 @@ import (
 	"github.com/dama-etl/dama/internal/etlcontext"
 	"github.com/dama-etl/dama/internal/hostproc"
 	"github.com/dama-etl/dama/internal/runas"
-	"github.com/dama-etl/dama/sql"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 	"github.com/dama-etl/dama/version"
 )
@@ -207,7 +206,7 @@ func (r *runner) run(ctx context.Context) (int, error) {
 		// The lock keeper does not take the run's key.
 		r.logger.Info("this run is not the context's current one", "error", err)
 		return protocol.ExitLocked, nil
-	case errors.Is(err, sql.ErrProtocolRefused):
+	case errors.Is(err, etlcontext.ErrProtocolRefused):
 		return protocol.ExitRefused, err
 	case err != nil:
 		return protocol.ExitSetup, err
@@ -442,15 +441,8 @@ func (r *runner) recordStart(ctx context.Context) (cancelRequested bool, err err
 	rctx, cancel := context.WithTimeout(ctx, 2*stmtTimeout)
 	defer cancel()
 	err = r.w.do(rctx, func(ctx context.Context, conn dbConn) error {
-		// Read before recording: a database that fails now spends no
-		// attempt (the supervisor takes back a launch with no task process
-		// recorded).
-		args, checkpoint, err := etlcontext.Payloads(ctx, conn, r.ctx.ID)
-		if err != nil {
-			return err
-		}
-		r.args, r.checkpoint = args, checkpoint
-		cancelRequested, err = etlcontext.RecordRunner(ctx, conn, r.ctx.ID, r.opts.RunID, rec)
+		got, err := etlcontext.RecordRunner(ctx, conn, r.ctx.ID, r.opts.RunID, rec)
+		r.args, r.checkpoint, cancelRequested = got.Args, got.Checkpoint, got.CancelRequested
 		return err
 	})
 	return cancelRequested, err

@@ -5,11 +5,11 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
 
-	"github.com/dama-etl/dama/sql"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 	"github.com/jackc/pgx/v5"
 )
@@ -32,29 +32,41 @@ type Runner struct {
 	Protocol int
 }
 
-// RecordRunner records the task process of run runID on context id, and
-// reports whether the task was cancelled in the meantime. It returns
-// ErrStaleRun when the run is no longer the context's current launch, or
-// another task process is recorded. The same task process may record
-// itself again, before its command is recorded: a write whose reply was
-// lost with its connection is made again.
-func RecordRunner(ctx context.Context, db DB, id int64, runID string, r Runner) (cancelRequested bool, err error) {
-	err = db.QueryRow(ctx, `
-		UPDATE data_manager.etl_contexts
+// Recorded is what RecordRunner read of the task it recorded.
+type Recorded struct {
+	// CancelRequested says the task was cancelled in the meantime.
+	CancelRequested bool
+	// Args and Checkpoint are the task's arguments and its latest
+	// CHECKPOINT payload (nil when there is none), as Payloads reads them.
+	Args, Checkpoint json.RawMessage
+}
+
+// RecordRunner records the task process of run runID on context id and
+// returns, in the same round trip, the task's arguments and whether it
+// was cancelled in the meantime. It returns ErrStaleRun when the run is no
+// longer the context's current launch, or another task process is
+// recorded. The same task process may record itself again, before its
+// command is recorded: a write whose reply was lost with its connection is
+// made again.
+func RecordRunner(ctx context.Context, db DB, id int64, runID string, r Runner) (Recorded, error) {
+	var rec Recorded
+	err := db.QueryRow(ctx, `
+		UPDATE data_manager.etl_contexts AS c
 		   SET host = $3, pid = $4, process_started_at = $5, heartbeat_at = now(), log_path = $6,
 		       host_id = $7, runner_start_ticks = $8, fence_window = $9, lock_lost_at = NULL, lock_mode = $10,
 		       runner_release = $11, runner_protocol = $12
-		 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = `+sqlRunning+`
-		   AND (pid IS NULL OR (pid = $4 AND runner_start_ticks = $8 AND host_id IS NOT DISTINCT FROM $7 AND command_pgid IS NULL))
-		RETURNING cancel_requested_at IS NOT NULL`,
-		id, runID, r.Host, r.PID, r.StartedAt, r.LogPath, r.HostID, int64(r.StartTicks), r.FenceWindow, r.LockMode, r.Release, r.Protocol).Scan(&cancelRequested)
+		 WHERE c.etl_context_id = $1 AND c.run_id = $2::uuid AND c.etl_status = `+sqlRunning+`
+		   AND (c.pid IS NULL OR (c.pid = $4 AND c.runner_start_ticks = $8 AND c.host_id IS NOT DISTINCT FROM $7 AND c.command_pgid IS NULL))
+		RETURNING c.cancel_requested_at IS NOT NULL, `+payloads("$13"),
+		id, runID, r.Host, r.PID, r.StartedAt, r.LogPath, r.HostID, int64(r.StartTicks), r.FenceWindow, r.LockMode, r.Release, r.Protocol,
+		protocol.EventCheckpoint).Scan(&rec.CancelRequested, &rec.Args, &rec.Checkpoint)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return false, fmt.Errorf("record task process of etl context %d: %w", id, ErrStaleRun)
+		return Recorded{}, fmt.Errorf("record task process of etl context %d: %w", id, ErrStaleRun)
 	}
 	if err != nil {
-		return false, fmt.Errorf("record task process of etl context %d: %w", id, err)
+		return Recorded{}, fmt.Errorf("record task process of etl context %d: %w", id, err)
 	}
-	return cancelRequested, nil
+	return rec, nil
 }
 
 // WithdrawRunner takes back what RecordRunner recorded for run runID of
@@ -446,18 +458,19 @@ func WithRole(ctx context.Context, db DB, by string) (string, error) {
 	return named, nil
 }
 
-// WarmRunner runs, on db, for no context, the reads a task process makes
-// first (the protocol check, its context, its arguments): a connection
+// WarmRunner runs, on db, for no context, the statements a task process
+// makes first (the protocol check, its context, its record): a connection
 // made ahead of its launch (a spare's) then has them prepared, and the
 // catalogs they read in its server session's caches.
 func WarmRunner(ctx context.Context, db DB) error {
-	if _, err := sql.ReadCompatibility(ctx, db); err != nil {
+	if _, err := ReadCompatibility(ctx, db); err != nil {
 		return err
 	}
 	if _, err := Get(ctx, db, 0); err != nil && !errors.Is(err, ErrNotFound) {
 		return err
 	}
-	if _, _, err := Payloads(ctx, db, 0); err != nil && !errors.Is(err, ErrNotFound) {
+	// Of no run: it matches no row.
+	if _, err := RecordRunner(ctx, db, 0, "00000000-0000-0000-0000-000000000000", Runner{}); err != nil && !errors.Is(err, ErrStaleRun) {
 		return err
 	}
 	return nil

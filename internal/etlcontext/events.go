@@ -247,17 +247,24 @@ func LatestPayload(ctx context.Context, db DB, id int64, suffix string) (json.Ra
 	return payload, nil
 }
 
+// payloads selects, of context c, the task's arguments (the INITIAL
+// event's payload) and its latest CHECKPOINT payload (NULL when there is
+// none); suffix is the parameter that holds the CHECKPOINT event suffix.
+func payloads(suffix string) string {
+	return `
+	(SELECT i.payload FROM data_manager.event_store AS i WHERE i.event_id = c.initial_event_id),
+	(SELECT e.payload FROM data_manager.event_store AS e
+	  WHERE e.etl_context_id = c.etl_context_id AND e.type = c.kind || ':' || ` + suffix + `
+	  ORDER BY e.event_id DESC LIMIT 1)`
+}
+
 // Payloads returns, in one round trip, the task's arguments (the INITIAL
 // event's payload) and its latest CHECKPOINT payload (nil when there is
 // none).
 func Payloads(ctx context.Context, db DB, id int64) (args, checkpoint json.RawMessage, err error) {
 	err = db.QueryRow(ctx, `
-		SELECT i.payload,
-		       (SELECT e.payload FROM data_manager.event_store AS e
-		         WHERE e.etl_context_id = c.etl_context_id AND e.type = c.kind || ':' || $2
-		         ORDER BY e.event_id DESC LIMIT 1)
+		SELECT `+payloads("$2")+`
 		  FROM data_manager.etl_contexts AS c
-		  JOIN data_manager.event_store AS i ON i.event_id = c.initial_event_id
 		 WHERE c.etl_context_id = $1`, id, protocol.EventCheckpoint).Scan(&args, &checkpoint)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil, fmt.Errorf("read arguments of etl context %d: %w", id, ErrNotFound)

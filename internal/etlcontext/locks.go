@@ -142,13 +142,16 @@ func UnlockSession(ctx context.Context, conn DB, id int64) error {
 	return nil
 }
 
-// HoldsKeyOf reports whether db's session (or transaction) holds the key
-// of context id's current run, which must be RUNNING: how a lock keeper
-// knows that a process asking it to hold a context's lock is that run's
-// task process.
-func HoldsKeyOf(ctx context.Context, db DB, id int64) (bool, error) {
+// HoldsKeyOf reports whether key is the key of context id's current run,
+// which must be RUNNING: how a lock keeper knows that a process asking it
+// to hold a context's lock is that run's task process. The key is held
+// (RunKeySetting) for the one statement that asks, its own transaction.
+func HoldsKeyOf(ctx context.Context, db DB, id int64, key string) (bool, error) {
 	var ok bool
-	if err := db.QueryRow(ctx, `SELECT data_manager.holds_key_of($1)`, id).Scan(&ok); err != nil {
+	// The materialized CTE sets the key before holds_key_of reads it.
+	if err := db.QueryRow(ctx, `
+		WITH k AS MATERIALIZED (SELECT set_config($2, $3, true))
+		SELECT data_manager.holds_key_of($1) FROM k`, id, RunKeySetting, key).Scan(&ok); err != nil {
 		return false, fmt.Errorf("check the run key of etl context %d: %w", id, err)
 	}
 	return ok, nil

@@ -205,12 +205,7 @@ func (sess *session) hello(ctx context.Context, req *request) error {
 	}
 	hctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	var ok bool
-	err := sess.withKey(hctx, req.RunKey, func(ctx context.Context, conn *pgxpool.Conn) error {
-		var err error
-		ok, err = etlcontext.HoldsKeyOf(ctx, conn, req.ContextID)
-		return err
-	})
+	ok, err := etlcontext.HoldsKeyOf(hctx, sess.s.pool, req.ContextID, req.RunKey)
 	if err != nil {
 		return fmt.Errorf("check the session's key: %w", err)
 	}
@@ -219,28 +214,6 @@ func (sess *session) hello(ctx context.Context, req *request) error {
 	}
 	sess.contextID, sess.runKey = req.ContextID, req.RunKey
 	return nil
-}
-
-// withKey runs fn in a transaction of a pooled connection that holds key.
-func (sess *session) withKey(ctx context.Context, key string, fn func(context.Context, *pgxpool.Conn) error) error {
-	conn, err := sess.s.pool.Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Release()
-	if _, err := conn.Exec(ctx, "BEGIN"); err != nil {
-		return err
-	}
-	if _, err := conn.Exec(ctx, "SELECT set_config($1, $2, true)", etlcontext.RunKeySetting, key); err != nil {
-		conn.Exec(ctx, "ROLLBACK")
-		return err
-	}
-	if err := fn(ctx, conn); err != nil {
-		conn.Exec(ctx, "ROLLBACK")
-		return err
-	}
-	_, err = conn.Exec(ctx, "COMMIT")
-	return err
 }
 
 func (sess *session) handle(ctx context.Context, req *request) *reply {

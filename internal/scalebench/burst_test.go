@@ -1,10 +1,12 @@
 package scalebench_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"os"
 	"os/exec"
 	"strconv"
@@ -13,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
@@ -60,7 +63,9 @@ func BenchmarkBurst(b *testing.B) {
 		modes = append(modes, m)
 	}
 	bins := buildHelpers(b)
-	srv := testenv.NewServerWith(b, fmt.Sprintf("max_connections = %d", 3*w+200))
+	// pg_stat_statements counts the round trips (top-level statements) a
+	// task costs, and which they are.
+	srv := testenv.NewServerWith(b, fmt.Sprintf("max_connections = %d\nshared_preload_libraries = 'pg_stat_statements'", 3*w+200))
 	fmt.Printf("burst benchmark: %d tasks of /bin/true, %d slots, PostgreSQL on 127.0.0.1:%d\n", n, w, srv.Port())
 	floor := burstFloor(b, testenv.NewOn(b, srv), bins.floor, n, w)
 	fmt.Printf("floor (plain River, %d workers, fork/exec + connect + lock, /bin/true, a row): %d done in %.2f s, %.0f tasks/s\n",
@@ -78,6 +83,7 @@ func burstFloor(b *testing.B, env *testenv.Env, floorBin string, n, w int) time.
 	ctx := context.Background()
 	pool := newPool(b, env.URL, "dama-scalebench-burst-floor")
 	defer pool.Close()
+	watch := newWatcher(b, env)
 	if _, err := pool.Exec(ctx, `CREATE TABLE burst_ran (job bigint PRIMARY KEY, at timestamptz NOT NULL DEFAULT clock_timestamp())`); err != nil {
 		b.Fatal(err)
 	}
@@ -123,14 +129,41 @@ func burstFloor(b *testing.B, env *testenv.Env, floorBin string, n, w int) time.
 	for i := range params {
 		params[i] = river.InsertManyParams{Args: burstFloorArgs{}, InsertOpts: &river.InsertOpts{Queue: "burst"}}
 	}
-	xacts, cpu, start := transactions(b, pool), machineCPU(b), time.Now()
+	from := counting(b, watch, 0)
+	start := time.Now()
 	if _, err := client.InsertMany(ctx, params); err != nil {
 		b.Fatal(err)
 	}
-	waitCount(b, pool, `SELECT count(*) FROM river_job WHERE state = 'completed'`, n, 10*time.Minute)
+	waitCount(b, watch, `SELECT count(*) FROM river_job WHERE state = 'completed'`, n, 10*time.Minute)
 	took := time.Since(start)
-	perTask(b, pool, "floor", n, xacts, cpu)
+	perTask(b, watch, "floor", n, 0, from)
 	return took
+}
+
+// watcherRole is the role the benchmark watches and submits as, whose
+// statements are not the tasks'.
+const watcherRole = "dama_bench_watcher"
+
+// newWatcher returns a pool of env's database, as watcherRole, and sets up
+// pg_stat_statements there.
+func newWatcher(b *testing.B, env *testenv.Env) *pgxpool.Pool {
+	admin := newPool(b, env.URL, "dama-scalebench-burst-setup")
+	defer admin.Close()
+	if _, err := admin.Exec(context.Background(), `
+		DO $$ BEGIN
+			IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '`+watcherRole+`') THEN
+				CREATE ROLE `+watcherRole+` SUPERUSER LOGIN;
+			END IF;
+		END $$;
+		CREATE EXTENSION IF NOT EXISTS pg_stat_statements`); err != nil {
+		b.Fatal(err)
+	}
+	u, err := url.Parse(env.URL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	u.User = url.User(watcherRole)
+	return newPool(b, u.String(), "dama-scalebench-burst")
 }
 
 // transactions is what pg_stat_database counts of the database's
@@ -142,6 +175,95 @@ func transactions(b *testing.B, pool *pgxpool.Pool) int64 {
 		b.Fatal(err)
 	}
 	return n
+}
+
+// counts are a burst's counts so far: the database's transactions, and
+// the CPU time of the machine and of who spent it.
+type counts struct {
+	xacts int64
+	cpu   cpuShares
+}
+
+// cpuShares is CPU time by who spent it: the machine, PostgreSQL (its
+// postmaster, its backends, those that exited included), and for dama the
+// supervisor itself, its children (the task processes it reaped, and their
+// commands), and its other processes (a lock keeper, spares).
+type cpuShares struct {
+	machine, postgres, supervisor, children, others time.Duration
+}
+
+// counting starts the counts of a burst, pg_stat_statements' anew; sup is
+// the supervisor's process id, or 0.
+func counting(b *testing.B, pool *pgxpool.Pool, sup int) counts {
+	if _, err := pool.Exec(context.Background(), `SELECT pg_stat_statements_reset()`); err != nil {
+		b.Fatal(err)
+	}
+	return counts{xacts: transactions(b, pool), cpu: shares(b, pool, sup)}
+}
+
+// shares reads the CPU time spent so far by the machine and by each of
+// the processes of cpuShares.
+func shares(b *testing.B, pool *pgxpool.Pool, sup int) cpuShares {
+	var backend int
+	if err := pool.QueryRow(context.Background(), `SELECT pg_backend_pid()`).Scan(&backend); err != nil {
+		b.Fatal(err)
+	}
+	c := cpuShares{machine: machineCPU(b)}
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		b.Fatal(err)
+	}
+	postmaster := procStat(backend).ppid
+	for _, e := range procs {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		st := procStat(pid)
+		switch {
+		case pid == postmaster:
+			c.postgres += st.self + st.children
+		case st.ppid == postmaster:
+			c.postgres += st.self
+		case pid == sup:
+			c.supervisor += st.self
+			c.children += st.children
+		case sup != 0 && (st.comm == "dama" || st.comm == "dama-taskrunner"):
+			c.others += st.self
+		}
+	}
+	return c
+}
+
+// stat is what /proc/PID/stat says of a process: its name, parent, and
+// its own and its waited-for descendants' CPU time. A process gone is
+// all zero.
+type stat struct {
+	comm           string
+	ppid           int
+	self, children time.Duration
+}
+
+func procStat(pid int) stat {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return stat{}
+	}
+	open, end := bytes.IndexByte(data, '('), bytes.LastIndexByte(data, ')')
+	if open < 0 || end < open {
+		return stat{}
+	}
+	// After the name: state ppid ... utime(14) stime cutime cstime.
+	f := strings.Fields(string(data[end+1:]))
+	if len(f) < 15 {
+		return stat{}
+	}
+	num := func(i int) time.Duration {
+		v, _ := strconv.ParseInt(f[i-3], 10, 64)
+		return time.Duration(v) * 10 * time.Millisecond
+	}
+	ppid, _ := strconv.Atoi(f[1])
+	return stat{comm: string(data[open+1 : end]), ppid: ppid, self: num(14) + num(15), children: num(16) + num(17)}
 }
 
 // machineCPU is the CPU time the whole machine has spent (/proc/stat).
@@ -166,19 +288,26 @@ func machineCPU(b *testing.B) time.Duration {
 	return time.Duration(ticks) * 10 * time.Millisecond
 }
 
-// perTask prints the CPU the machine spent per task since cpu, and the
-// database's transactions per task since xacts once its backends reported
+// perTask prints, per task since from, the CPU the machine spent and who
+// spent it, and the database's transactions once its backends reported
 // them.
-func perTask(b *testing.B, pool *pgxpool.Pool, who string, n int, xacts int64, cpu time.Duration) {
-	used := machineCPU(b) - cpu
+func perTask(b *testing.B, pool *pgxpool.Pool, who string, n int, sup int, from counts) {
+	now := shares(b, pool, sup)
+	ms := func(d time.Duration) float64 { return scalebench.Millis(d) / float64(n) }
 	// An idle backend reports its transactions to pg_stat_database up to
 	// 10 s late, by a timer no query can hurry for another session.
 	time.Sleep(11 * time.Second) // deliberately: the server's statistics delay
 	fmt.Printf("%s: %.1f ms of CPU (the whole machine's) and %.1f transactions per task\n",
-		who, scalebench.Millis(used)/float64(n), float64(transactions(b, pool)-xacts-1)/float64(n))
+		who, ms(now.machine-from.cpu.machine), float64(transactions(b, pool)-from.xacts-1)/float64(n))
+	fmt.Printf("%s: CPU per task by process: PostgreSQL %.1f ms", who, ms(now.postgres-from.cpu.postgres))
+	if sup != 0 {
+		fmt.Printf(", supervisor %.1f ms, task processes and commands %.1f ms, lock keeper and spares %.1f ms",
+			ms(now.supervisor-from.cpu.supervisor), ms(now.children-from.cpu.children), ms(now.others-from.cpu.others))
+	}
+	fmt.Println()
 	// The rows each table had written per task, the most first.
 	rows, err := pool.Query(context.Background(), `
-		SELECT schemaname || '.' || relname, n_tup_ins, n_tup_upd, n_tup_del
+		SELECT schemaname || '.' || relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del
 		  FROM pg_stat_user_tables WHERE n_tup_ins + n_tup_upd + n_tup_del > 0
 		 ORDER BY n_tup_ins + n_tup_upd + n_tup_del DESC`)
 	if err != nil {
@@ -187,19 +316,66 @@ func perTask(b *testing.B, pool *pgxpool.Pool, who string, n int, xacts int64, c
 	var writes []string
 	for rows.Next() {
 		var (
-			table         string
-			ins, upd, del float64
+			table              string
+			ins, upd, hot, del float64
 		)
-		if err := rows.Scan(&table, &ins, &upd, &del); err != nil {
+		if err := rows.Scan(&table, &ins, &upd, &hot, &del); err != nil {
 			b.Fatal(err)
 		}
-		writes = append(writes, fmt.Sprintf("%s %.1f/%.1f/%.1f", table, ins/float64(n), upd/float64(n), del/float64(n)))
+		writes = append(writes, fmt.Sprintf("%s %.1f/%.1f (%.1f HOT)/%.1f", table, ins/float64(n), upd/float64(n), hot/float64(n), del/float64(n)))
 	}
 	if err := rows.Err(); err != nil {
 		b.Fatal(err)
 	}
-	fmt.Printf("%s: rows inserted/updated/deleted per task: %s\n", who, strings.Join(writes, ", "))
+	// A HOT update writes no index entry.
+	fmt.Printf("%s: rows inserted/updated (of which HOT)/deleted per task: %s\n", who, strings.Join(writes, ", "))
+	statements(b, pool, who, n)
 }
+
+// statements prints the statements per task that others than the watcher
+// sent (pg_stat_statements' top-level calls: round trips, transaction
+// control included), in all and the most frequent.
+func statements(b *testing.B, pool *pgxpool.Pool, who string, n int) {
+	rows, err := pool.Query(context.Background(), `
+		SELECT s.calls, s.total_exec_time, s.shared_blks_hit + s.shared_blks_read, regexp_replace(s.query, '\s+', ' ', 'g')
+		  FROM pg_stat_statements AS s
+		 WHERE s.dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+		   AND s.userid <> (SELECT oid FROM pg_roles WHERE rolname = $1)
+		 ORDER BY s.calls DESC`, watcherRole)
+	if err != nil {
+		b.Fatal(err)
+	}
+	type stmt struct {
+		Calls int64
+		Time  float64
+		Pages int64
+		Query string
+	}
+	all, err := pgx.CollectRows(rows, pgx.RowToStructByPos[stmt])
+	if err != nil {
+		b.Fatal(err)
+	}
+	var (
+		total int64
+		took  float64
+	)
+	for _, s := range all {
+		total += s.Calls
+		took += s.Time
+	}
+	fmt.Printf("%s: %.1f statements per task (round trips, BEGIN and COMMIT included), executing for %.2f ms; the most frequent, as calls, ms and pages read per task:\n",
+		who, float64(total)/float64(n), took/float64(n))
+	for _, s := range all[:min(len(all), statementsShown)] {
+		q := s.Query
+		if len(q) > 100 {
+			q = q[:100] + "..."
+		}
+		fmt.Printf("  %5.2f %7.3f %6.1f  %s\n", float64(s.Calls)/float64(n), s.Time/float64(n), float64(s.Pages)/float64(n), q)
+	}
+}
+
+// statementsShown is how many statements the benchmark lists per run.
+const statementsShown = 25
 
 // burstDama runs the burst through a dama supervisor in lock mode mode.
 func burstDama(b *testing.B, env *testenv.Env, mode config.LockMode, n, w int, floor time.Duration) {
@@ -215,9 +391,9 @@ kinds:
 `, mode, w, burstKind))
 	sup := env.Start(cfgPath, "supervisor")
 	waitStarted(b, sup)
-	pool := newPool(b, env.URL, "dama-scalebench-burst")
-	defer pool.Close()
-	xacts, cpu, start := transactions(b, pool), machineCPU(b), time.Now()
+	pool := newWatcher(b, env)
+	from := counting(b, pool, sup.Cmd.Process.Pid)
+	start := time.Now()
 	if _, err := pool.Exec(ctx, `SELECT data_manager.submit($1) FROM generate_series(1, $2::int)`, burstKind, n); err != nil {
 		b.Fatal(err)
 	}
@@ -225,7 +401,7 @@ kinds:
 		SELECT count(*) FROM data_manager.etl_contexts AS c JOIN river_job AS j ON j.id = c.river_job_id
 		 WHERE c.etl_status = 'DONE' AND j.state = 'completed'`, n, 10*time.Minute)
 	took := time.Since(start)
-	perTask(b, pool, "dama "+string(mode), n, xacts, cpu)
+	perTask(b, pool, "dama "+string(mode), n, sup.Cmd.Process.Pid, from)
 
 	var occupancy, p50, p90 float64
 	if err := pool.QueryRow(ctx, `

@@ -1,21 +1,11 @@
-package sql
+package etlcontext
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"time"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
-
-// DB is what the schema's reads and writes run on: a pool, a connection
-// or a transaction.
-type DB interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
 
 // Compatibility is what the schema accepts of the task processes of older
 // releases, and which `dama migrate` last ran on it (the one row of

@@ -65,7 +65,7 @@ func BenchmarkBurst(b *testing.B) {
 	bins := buildHelpers(b)
 	// pg_stat_statements counts the round trips (top-level statements) a
 	// task costs, and which they are.
-	srv := testenv.NewServerWith(b, fmt.Sprintf("max_connections = %d\nshared_preload_libraries = 'pg_stat_statements'", 3*w+200))
+	srv := testenv.NewServerWith(b, fmt.Sprintf("max_connections = %d\nshared_preload_libraries = 'pg_stat_statements'\n%s", 3*w+200, os.Getenv("DAMA_BENCH_PG_SETTINGS")))
 	fmt.Printf("burst benchmark: %d tasks of /bin/true, %d slots, PostgreSQL on 127.0.0.1:%d\n", n, w, srv.Port())
 	floor := burstFloor(b, testenv.NewOn(b, srv), bins.floor, n, w)
 	fmt.Printf("floor (plain River, %d workers, fork/exec + connect + lock, /bin/true, a row): %d done in %.2f s, %.0f tasks/s\n",
@@ -186,10 +186,12 @@ type counts struct {
 
 // cpuShares is CPU time by who spent it: the machine, PostgreSQL (its
 // postmaster, its backends, those that exited included), and for dama the
-// supervisor itself, its children (the task processes it reaped, and their
-// commands), and its other processes (a lock keeper, spares).
+// supervisor itself and its task processes: those it reaped with their
+// commands, and those alive (spares, a lock keeper). A spare alive at the
+// start and reaped by the end moves from one to the other: only their sum
+// is a share.
 type cpuShares struct {
-	machine, postgres, supervisor, children, others time.Duration
+	machine, postgres, supervisor, reaped, alive time.Duration
 }
 
 // counting starts the counts of a burst, pg_stat_statements' anew; sup is
@@ -227,9 +229,9 @@ func shares(b *testing.B, pool *pgxpool.Pool, sup int) cpuShares {
 			c.postgres += st.self
 		case pid == sup:
 			c.supervisor += st.self
-			c.children += st.children
+			c.reaped += st.children
 		case sup != 0 && (st.comm == "dama" || st.comm == "dama-taskrunner"):
-			c.others += st.self
+			c.alive += st.self
 		}
 	}
 	return c
@@ -301,8 +303,8 @@ func perTask(b *testing.B, pool *pgxpool.Pool, who string, n int, sup int, from 
 		who, ms(now.machine-from.cpu.machine), float64(transactions(b, pool)-from.xacts-1)/float64(n))
 	fmt.Printf("%s: CPU per task by process: PostgreSQL %.1f ms", who, ms(now.postgres-from.cpu.postgres))
 	if sup != 0 {
-		fmt.Printf(", supervisor %.1f ms, task processes and commands %.1f ms, lock keeper and spares %.1f ms",
-			ms(now.supervisor-from.cpu.supervisor), ms(now.children-from.cpu.children), ms(now.others-from.cpu.others))
+		fmt.Printf(", supervisor %.1f ms, task processes and their commands (spares and the lock keeper included) %.1f ms",
+			ms(now.supervisor-from.cpu.supervisor), ms(now.reaped+now.alive-from.cpu.reaped-from.cpu.alive))
 	}
 	fmt.Println()
 	// The rows each table had written per task, the most first.

@@ -49,8 +49,10 @@ type Options struct {
 	// 1s) because every task start and finish goes through a fetch.
 	FetchCooldown     time.Duration
 	FetchPollInterval time.Duration
-	// MaxWorkers bounds concurrent steps per queue on this supervisor; zero
-	// means 32. A running task's job takes no step: River runs up to the
+	// MaxWorkers bounds concurrent steps per queue on this supervisor:
+	// those of running tasks' held jobs, and those of the others, which
+	// half of the pool's connections bound too; zero means 32. A running
+	// task's job takes no step while it waits: River runs up to the
 	// queue's max_running plus MaxWorkers jobs of a queue here (at most
 	// 10,000).
 	MaxWorkers int

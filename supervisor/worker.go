@@ -86,7 +86,7 @@ func (s *Supervisor) work(ctx context.Context, job *river.Job[TaskArgs]) error {
 	again, held := 0, false
 	var lastPoke time.Time
 	for {
-		err := s.stepInSlot(ctx, job)
+		err := s.stepInSlot(ctx, job, held)
 		switch {
 		case errors.Is(err, errStepAgain) && again < 2:
 			again++
@@ -168,9 +168,15 @@ func (s *Supervisor) outlive(ctx context.Context, job *river.Job[TaskArgs]) erro
 
 // stepInSlot is a step taken in one of the queue's step slots
 // (Options.MaxWorkers), which bound the steps under way at once however
-// many jobs River hands out: a hold takes none.
-func (s *Supervisor) stepInSlot(ctx context.Context, job *river.Job[TaskArgs]) error {
+// many jobs River hands out: a hold takes none while it waits. The step
+// of a held job takes one of as many slots of their own: the step that
+// completes the job of a task that ended does not queue behind a burst's
+// starts, which wait their turn at the queue's lock in theirs.
+func (s *Supervisor) stepInSlot(ctx context.Context, job *river.Job[TaskArgs], held bool) error {
 	slots := s.stepSlots[job.Queue]
+	if held {
+		slots = s.holdSlots[job.Queue]
+	}
 	select {
 	case slots <- struct{}{}:
 	default:

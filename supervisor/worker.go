@@ -84,7 +84,8 @@ func (s *Supervisor) work(ctx context.Context, job *river.Job[TaskArgs]) error {
 	giveBack := time.NewTimer(holdFor)
 	defer giveBack.Stop()
 	again, held := 0, false
-	var lastPoke time.Time
+	// The times of the last two steps a poke caused, the older first.
+	var poked2 [2]time.Time
 	for {
 		err := s.stepInSlot(ctx, job, held)
 		switch {
@@ -95,7 +96,7 @@ func (s *Supervisor) work(ctx context.Context, job *river.Job[TaskArgs]) error {
 			err = river.JobSnooze(time.Duration(s.cfg.PollInterval))
 		case errors.Is(err, errHold):
 			again, held = 0, true
-			if err = s.awaitPoke(ctx, poked, giveBack.C, &lastPoke); err == nil {
+			if err = s.awaitPoke(ctx, poked, giveBack.C, &poked2); err == nil {
 				continue
 			}
 		case held:
@@ -119,19 +120,21 @@ func (s *Supervisor) unlessTakenOver(ctx context.Context, job *river.Job[TaskArg
 	return err
 }
 
-func (s *Supervisor) awaitPoke(ctx context.Context, poked chan struct{}, giveBack <-chan time.Time, lastPoke *time.Time) error {
+func (s *Supervisor) awaitPoke(ctx context.Context, poked chan struct{}, giveBack <-chan time.Time, last *[2]time.Time) error {
 	select {
 	case <-poked:
 		// Anyone may announce an exit: a flood of them steps a hold at
-		// most once a second.
-		if wait := time.Second - time.Since(*lastPoke); wait > 0 {
+		// most twice a second. Twice: a poke from before the task held its
+		// lock (the watch saw it free after its start was recorded) steps a
+		// hold that its task's end, soon after, steps again at once.
+		if wait := time.Second - time.Since(last[0]); wait > 0 {
 			select {
 			case <-time.After(wait):
 			case <-s.draining:
 				return river.JobSnooze(0)
 			}
 		}
-		*lastPoke = time.Now()
+		last[0], last[1] = last[1], time.Now()
 		return nil
 	case <-giveBack:
 	case <-s.draining:

@@ -3,7 +3,11 @@ package supervisor_test
 import (
 	"context"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"runtime"
+	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,8 +23,9 @@ import (
 )
 
 // startSupervisor runs a supervisor of cfg on pool, registering its
-// metrics with reg, until the test ends.
-func startSupervisor(ctx context.Context, t *testing.T, env *testenv.Env, pool *pgxpool.Pool, cfg *config.Config, reg *prometheus.Registry) {
+// metrics with reg, until the test ends or the function it returns stops
+// it.
+func startSupervisor(ctx context.Context, t *testing.T, env *testenv.Env, pool *pgxpool.Pool, cfg *config.Config, reg *prometheus.Registry) (stop func()) {
 	t.Helper()
 	sup, err := supervisor.New(pool, cfg, supervisor.Options{
 		DatabaseURL: env.URL,
@@ -31,18 +36,23 @@ func startSupervisor(ctx context.Context, t *testing.T, env *testenv.Env, pool *
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
+	runCtx, cancel := context.WithCancel(ctx)
 	stopped := make(chan error, 1)
 	go func() { stopped <- sup.Run(runCtx) }()
-	t.Cleanup(func() {
-		stop()
-		<-stopped
-	})
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			<-stopped
+		})
+	}
+	t.Cleanup(stop)
 	select {
 	case <-sup.Started():
 	case err := <-stopped:
 		t.Fatalf("supervisor: %v", err)
 	}
+	return stop
 }
 
 // heard is what the listener took in of channel, by outcome.
@@ -184,4 +194,84 @@ kinds:
 	if limit := int64(elapsed/(100*time.Millisecond)) + 1; n > limit {
 		t.Errorf("%d wake-ups in %s, want at most %d", n, elapsed, limit)
 	}
+}
+
+// Anyone who can connect may announce a task's exit: 10,000 announcements
+// of an adopted task's exit (its own runners' the supervisor ignores: their
+// reaping pokes) step its held job at most twice a second, and the task's
+// true end still completes it.
+func TestAFloodOfExitsStepsAHoldAtMostTwiceASecond(t *testing.T) {
+	t.Parallel()
+	env := testenv.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	goFile := filepath.Join(env.Dir, "go")
+	cfg, err := config.Load(env.WriteConfig(`
+log_dir: {{dir}}/logs
+poll_interval: 1h
+kinds:
+  waiter: { command: ["/bin/sh", "-c", "while [ ! -e ` + goFile + ` ]; do sleep 0.05; done"] }
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := supervisor.NewClient(env.Pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := func(id int64) (bool, error) {
+		var held bool
+		err := env.Pool.QueryRow(ctx, `
+			SELECT q.etl_status = 'RUNNING' AND q.pid IS NOT NULL AND q.initial_event_locked AND j.state = 'running'
+			  FROM data_manager.dama_task_queue AS q JOIN river_job AS j ON j.id = q.river_job_id
+			 WHERE q.etl_context_id = $1`, id).Scan(&held)
+		return held, err
+	}
+	stopFirst := startSupervisor(ctx, t, env, env.Pool, cfg, prometheus.NewRegistry())
+	id, _, err := client.Submit(ctx, supervisor.SubmitParams{Kind: "waiter"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.WriteFile(goFile, nil, 0o644) })
+	testenv.Eventually(t, time.Minute, "the task's job to be held", func() (bool, error) { return held(id) })
+	stopFirst()
+
+	// The steps' tries of the task's lock (etlcontext.Lock).
+	pool, steps := countingPool(t, env, "pg_try_advisory_xact_lock")
+	reg := prometheus.NewRegistry()
+	startSupervisor(ctx, t, env, pool, cfg, reg)
+	testenv.Eventually(t, time.Minute, "the second supervisor to hold the task's job", func() (bool, error) {
+		ok, err := held(id)
+		return ok && steps.n.Load() > 0, err
+	})
+
+	base, start := steps.n.Load(), time.Now()
+	for range 5 {
+		// Distinct (the server sends a transaction's equal notifications
+		// once), by their leading zeros.
+		if _, err := env.Pool.Exec(ctx, `SELECT pg_notify($1, lpad($2, length($2) + g, '0')) FROM generate_series(1, 2000) AS g`,
+			protocol.ExitedChannel, strconv.FormatInt(id, 10)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.Eventually(t, time.Minute, "the listener to take the flood in", func() (bool, error) {
+		return heard(t, reg, protocol.ExitedChannel)["queued"] >= 10000, nil
+	})
+	n, elapsed := steps.n.Load()-base, time.Since(start)
+	t.Logf("%d steps in %s for 10,000 announced exits", n, elapsed.Round(time.Millisecond))
+	if limit := 2*int64(elapsed/time.Second) + 2; n > limit {
+		t.Errorf("%d steps in %s, want at most %d", n, elapsed, limit)
+	}
+
+	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, time.Minute, "the task's job to be completed", func() (bool, error) {
+		var done bool
+		err := env.Pool.QueryRow(ctx, `
+			SELECT c.etl_status = 'DONE' AND j.state = 'completed'
+			  FROM data_manager.etl_contexts AS c JOIN river_job AS j ON j.id = c.river_job_id
+			 WHERE c.etl_context_id = $1`, id).Scan(&done)
+		return done, err
+	})
 }

@@ -23,7 +23,10 @@
 # (plain River, W workers, each job a fork/exec + connect + lock, /bin/true
 # and a row), on a PostgreSQL server of its own (internal/scalebench
 # BenchmarkBurst): the time, tasks/s, the ratio to the floor, the slots'
-# occupancy and how long after its task's end each job was finalized.
+# occupancy and how long after its task's end each job was finalized; and
+# per task the CPU by process, the transactions, the rows written and the
+# statements (pg_stat_statements). DAMA_BENCH_PG_SETTINGS adds lines to the
+# server's postgresql.conf.
 #
 # scripts/bench.sh storage [go test flags]: what chatty tasks store
 # (cmd/dama BenchmarkProgressStorage): 5 tasks reporting progress 50 times a

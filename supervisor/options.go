@@ -49,12 +49,13 @@ type Options struct {
 	// 1s) because every task start and finish goes through a fetch.
 	FetchCooldown     time.Duration
 	FetchPollInterval time.Duration
-	// MaxWorkers bounds concurrent steps per queue on this supervisor:
-	// those of running tasks' held jobs, and those of the others, which
-	// half of the pool's connections bound too; zero means 32. A running
-	// task's job takes no step while it waits: River runs up to the
-	// queue's max_running plus MaxWorkers jobs of a queue here (at most
-	// 10,000).
+	// MaxWorkers bounds concurrent steps per queue on this supervisor, and
+	// as many again those of running tasks' held jobs; zero means 32. The
+	// transactions of the former, in which a start waits its turn at its
+	// queue's lock, take at most half of the pool's connections, whatever
+	// the queues. A running task's job takes no step while it waits: River
+	// runs up to the queue's max_running plus MaxWorkers jobs of a queue
+	// here (at most 10,000).
 	MaxWorkers int
 	// Registerer, when set, receives the supervisor's Prometheus metrics
 	// (dama_attempts_*, dama_tasks_finished_total, dama_task_run_seconds,

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -17,16 +18,33 @@ import (
 )
 
 // step is one short, idempotent step of a context's state machine.
-func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs]) error {
+// Unless holding (its task held its lock at the Work's last step), its
+// transaction takes one of the supervisor's transaction slots: a start
+// waits its turn at its queue's lock inside it, and at most half of the
+// pool's connections wait so, whatever the queues, so that the steps that
+// complete ended tasks' jobs find one (in bursts of 300 short tasks, host
+// mode, their p90 fell from 184-303 ms to 62-68 ms).
+func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], holding bool) error {
 	id := job.Args.ETLContextID
 	logger := s.logger.With("etl_context_id", id, "job_id", job.ID, "job_attempt", job.Attempt)
+	txDone := func() {}
+	if !holding {
+		if !s.take(ctx, s.txSlots) {
+			return river.JobSnooze(0)
+		}
+		txDone = sync.OnceFunc(func() { <-s.txSlots })
+	}
+	defer txDone()
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return s.transient(logger, fmt.Errorf("begin step of etl context %d: %w", id, err))
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 
-	c, err := etlcontext.Lock(ctx, tx, id)
+	c, js, err := etlcontext.LockStep(ctx, tx, id, job.ID)
+	if err == nil && fetchedAgain(job, js) {
+		return errTakenOver
+	}
 	switch {
 	case errors.Is(err, etlcontext.ErrLocked):
 		return s.lockedElsewhere(ctx, logger, tx, job)
@@ -62,7 +80,7 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs]) error {
 		}
 	}
 
-	return s.startAttempt(ctx, logger, tx, job, c)
+	return s.startAttempt(ctx, logger, tx, txDone, job, c)
 }
 
 // settleFinished settles the job of c, a finished context, to agree with
@@ -189,7 +207,7 @@ func (s *Supervisor) settleRunning(ctx context.Context, logger *slog.Logger, tx 
 // attempt, unless it is to be cancelled, its kind is not configured here,
 // the previous attempt's processes live on here, or it must wait for a
 // slot.
-func (s *Supervisor) startAttempt(ctx context.Context, logger *slog.Logger, tx pgx.Tx, job *river.Job[TaskArgs], c *etlcontext.Context) error {
+func (s *Supervisor) startAttempt(ctx context.Context, logger *slog.Logger, tx pgx.Tx, txDone func(), job *river.Job[TaskArgs], c *etlcontext.Context) error {
 	id := c.ID
 	if c.CancelRequestedAt != nil {
 		if _, err := etlcontext.Append(ctx, tx, etlcontext.NewEvent{
@@ -252,6 +270,7 @@ func (s *Supervisor) startAttempt(ctx context.Context, logger *slog.Logger, tx p
 	if err := tx.Commit(ctx); err != nil {
 		return s.transient(logger, fmt.Errorf("commit start of etl context %d: %w", id, err))
 	}
+	txDone()
 
 	// started counts the attempt once its task process holds its lock,
 	// which it may report after the launch timeout.

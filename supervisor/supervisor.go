@@ -89,8 +89,12 @@ type Supervisor struct {
 	// that pokes it (work).
 	holds map[int64]chan struct{}
 	// stepSlots and holdSlots bound, per queue, the steps under way: of
-	// jobs that hold no task, and of held ones (stepInSlot).
+	// jobs whose task held its lock at their last step, and of the others
+	// (stepInSlot).
 	stepSlots, holdSlots map[string]chan struct{}
+	// txSlots bound the transactions of the latter: half the pool's
+	// connections (step).
+	txSlots chan struct{}
 	// draining is closed when Run stops: every hold gives its job back.
 	draining chan struct{}
 
@@ -167,6 +171,7 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 		holds:          map[int64]chan struct{}{},
 		stepSlots:      map[string]chan struct{}{},
 		holdSlots:      map[string]chan struct{}{},
+		txSlots:        make(chan struct{}, max(1, pool.Config().MaxConns/2)),
 		draining:       make(chan struct{}),
 		orphanSlots:    make(chan struct{}, maxOrphanStoppers),
 
@@ -271,18 +276,13 @@ func (s *Supervisor) newRiverClient() (*river.Client[pgx.Tx], error) {
 	if err := river.AddWorkerSafely(workers, &taskWorker{s: s}); err != nil {
 		return nil, fmt.Errorf("register task worker: %w", err)
 	}
-	// A start waits its turn at its queue's lock in a transaction, on a
-	// connection of the pool: at most half of them wait so, and the steps
-	// that complete the jobs of ended tasks find one (in bursts of 300
-	// short tasks, host mode, their p90 fell from 184-303 ms to 62-68 ms).
-	starts := max(1, min(s.opts.MaxWorkers, int(s.pool.Config().MaxConns)/2))
 	queues := map[string]river.QueueConfig{}
 	for _, name := range s.cfg.QueueNames() {
 		// A Work holds the job of each running task (work), on top of the
 		// steps: the queue's running tasks, however many of them this
 		// supervisor holds, leave room for its steps.
 		queues[name] = river.QueueConfig{MaxWorkers: min(s.cfg.Queues[name].MaxRunning+s.opts.MaxWorkers, river.QueueNumWorkersMax)}
-		s.stepSlots[name] = make(chan struct{}, starts)
+		s.stepSlots[name] = make(chan struct{}, s.opts.MaxWorkers)
 		s.holdSlots[name] = make(chan struct{}, s.opts.MaxWorkers)
 	}
 	client, err := river.NewClient(riverpgxv5.New(s.pool), &river.Config{

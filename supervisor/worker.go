@@ -34,6 +34,9 @@ var (
 	// errStepAgain: the launch ended without a running task; what the
 	// runner recorded, or failed to, decides, so step again at once.
 	errStepAgain = errors.New("step again")
+	// errTakenOver: another Work fetched the job since this one began;
+	// write nothing over its job (outlive).
+	errTakenOver = errors.New("job taken over by another Work")
 )
 
 // taskWorker is River's view of a task: one Work steps it and, while it
@@ -83,19 +86,24 @@ func (s *Supervisor) work(ctx context.Context, job *river.Job[TaskArgs]) error {
 	defer s.released(id, poked)
 	giveBack := time.NewTimer(holdFor)
 	defer giveBack.Stop()
-	again, held := 0, false
+	// held: this Work has held its task; holding: its last step found the
+	// task holding its lock.
+	again, held, holding := 0, false, false
 	// The times of the last two steps a poke caused, the older first.
 	var poked2 [2]time.Time
 	for {
-		err := s.stepInSlot(ctx, job, held)
+		err := s.stepInSlot(ctx, job, holding)
+		holding = false
 		switch {
+		case errors.Is(err, errTakenOver):
+			return s.outlive(ctx, job)
 		case errors.Is(err, errStepAgain) && again < 2:
 			again++
 			continue
 		case errors.Is(err, errStepAgain):
 			err = river.JobSnooze(time.Duration(s.cfg.PollInterval))
 		case errors.Is(err, errHold):
-			again, held = 0, true
+			again, held, holding = 0, true, true
 			if err = s.awaitPoke(ctx, poked, giveBack.C, &poked2); err == nil {
 				continue
 			}
@@ -110,8 +118,8 @@ func (s *Supervisor) work(ctx context.Context, job *river.Job[TaskArgs]) error {
 // unlessTakenOver returns err, what the Work returns; but a snooze (a
 // hold given back, a step that failed or was cut short by the stop) of a
 // job another Work has taken over returns only once that one is done with
-// the job (outlive). A final outcome needs no look: the task has ended,
-// and the other Work finds the same end.
+// the job (outlive). A step that locked its task looked already, in the
+// same read (errTakenOver).
 func (s *Supervisor) unlessTakenOver(ctx context.Context, job *river.Job[TaskArgs], err error) error {
 	var snooze *rivertype.JobSnoozeError
 	if errors.As(err, &snooze) && s.takenOver(ctx, job) {
@@ -132,6 +140,8 @@ func (s *Supervisor) awaitPoke(ctx context.Context, poked chan struct{}, giveBac
 			case <-time.After(wait):
 			case <-s.draining:
 				return river.JobSnooze(0)
+			case <-ctx.Done():
+				return river.JobSnooze(0)
 			}
 		}
 		last[0], last[1] = last[1], time.Now()
@@ -143,14 +153,26 @@ func (s *Supervisor) awaitPoke(ctx context.Context, poked chan struct{}, giveBac
 	return river.JobSnooze(0)
 }
 
-// takenOver reports whether job, held by this Work, was fetched again since
-// this Work began: its hold was rescued while this supervisor was cut off
-// from the database or too slow to step it, and another Work holds it now.
-// Whatever this Work returned, River would write over that one's job (its
-// completion checks the job's state alone).
+// takenOver reports whether job, worked by this Work, was fetched again
+// since this Work began: it was rescued while this supervisor was cut off
+// from the database or too slow to step it, and another Work holds it
+// now. Whatever this Work returned, River would write over that one's job
+// (its completion checks the job's state alone). A database that does not
+// answer within takeoverLook says no.
 func (s *Supervisor) takenOver(ctx context.Context, job *river.Job[TaskArgs]) bool {
-	running, at, err := etlcontext.JobRun(context.WithoutCancel(ctx), s.pool, job.ID)
-	return err == nil && running && job.AttemptedAt != nil && !at.Equal(*job.AttemptedAt)
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), takeoverLook)
+	defer cancel()
+	js, err := etlcontext.JobRun(lctx, s.pool, job.ID)
+	return err == nil && fetchedAgain(job, js)
+}
+
+// takeoverLook bounds takenOver's read.
+const takeoverLook = 5 * time.Second
+
+// fetchedAgain reports whether js, job's state, says it runs under a fetch
+// later than the one this Work has.
+func fetchedAgain(job *river.Job[TaskArgs], js etlcontext.JobState) bool {
+	return js.Running && job.AttemptedAt != nil && !js.AttemptedAt.Equal(*job.AttemptedAt)
 }
 
 // outlive waits, writing nothing, until the Work that took job over is done
@@ -161,8 +183,8 @@ func (s *Supervisor) outlive(ctx context.Context, job *river.Job[TaskArgs]) erro
 	tick := time.NewTicker(time.Duration(s.cfg.PollInterval))
 	defer tick.Stop()
 	for range tick.C {
-		running, _, err := etlcontext.JobRun(context.WithoutCancel(ctx), s.pool, job.ID)
-		if err == nil && !running {
+		js, err := etlcontext.JobRun(context.WithoutCancel(ctx), s.pool, job.ID)
+		if err == nil && !js.Running {
 			break
 		}
 	}
@@ -171,33 +193,42 @@ func (s *Supervisor) outlive(ctx context.Context, job *river.Job[TaskArgs]) erro
 
 // stepInSlot is a step taken in one of the queue's step slots
 // (Options.MaxWorkers), which bound the steps under way at once however
-// many jobs River hands out: a hold takes none while it waits. The step
-// of a held job takes one of as many slots of their own: the step that
-// completes the job of a task that ended does not queue behind a burst's
-// starts, which wait their turn at the queue's lock in theirs.
-func (s *Supervisor) stepInSlot(ctx context.Context, job *river.Job[TaskArgs], held bool) error {
+// many jobs River hands out: a hold takes none while it waits. The step of
+// a job whose task held its lock at its last step takes one of as many
+// slots of their own: the step that completes the job of a task that
+// ended does not queue behind a burst's starts.
+func (s *Supervisor) stepInSlot(ctx context.Context, job *river.Job[TaskArgs], holding bool) error {
 	slots := s.stepSlots[job.Queue]
-	if held {
+	if holding {
 		slots = s.holdSlots[job.Queue]
+	}
+	if !s.take(ctx, slots) {
+		// Stopping: wait for no slot to launch; the next supervisor steps
+		// it.
+		return river.JobSnooze(0)
+	}
+	defer func() { <-slots }()
+	return s.step(ctx, job, holding)
+}
+
+// take takes a token of slots, and reports false when none was free before
+// the supervisor stopped or ctx ended. A free one is taken even while
+// stopping, by a step that must settle what its Work launched (a launch
+// refused, taken back): select would pick at random between it and
+// draining.
+func (s *Supervisor) take(ctx context.Context, slots chan struct{}) bool {
+	select {
+	case slots <- struct{}{}:
+		return true
+	default:
 	}
 	select {
 	case slots <- struct{}{}:
-	default:
-		// A free slot is taken even while stopping, by a step that must
-		// settle what its Work launched (a launch refused, taken back);
-		// select would pick at random between it and draining.
-		select {
-		case slots <- struct{}{}:
-		case <-s.draining:
-			// Stopping: wait for no slot to launch; the next supervisor
-			// steps it.
-			return river.JobSnooze(0)
-		case <-ctx.Done():
-			return river.JobSnooze(0)
-		}
+		return true
+	case <-s.draining:
+	case <-ctx.Done():
 	}
-	defer func() { <-slots }()
-	return s.step(ctx, job)
+	return false
 }
 
 // holding registers a Work of context id and returns the channel that

@@ -44,8 +44,8 @@ type Recorded struct {
 // RecordRunner records the task process of run runID on context id and
 // returns, in the same round trip, the task's arguments and whether it
 // was cancelled in the meantime. It returns ErrStaleRun when the run is no
-// longer the context's current launch, or another task process is
-// recorded. The same task process may record itself again, before its
+// longer the context's current launch, another task process is recorded,
+// or the context has no arguments (no INITIAL event). The same task process may record itself again, before its
 // command is recorded: a write whose reply was lost with its connection is
 // made again.
 func RecordRunner(ctx context.Context, db DB, id int64, runID string, r Runner) (Recorded, error) {
@@ -57,6 +57,7 @@ func RecordRunner(ctx context.Context, db DB, id int64, runID string, r Runner) 
 		       runner_release = $11, runner_protocol = $12
 		 WHERE c.etl_context_id = $1 AND c.run_id = $2::uuid AND c.etl_status = `+sqlRunning+`
 		   AND (c.pid IS NULL OR (c.pid = $4 AND c.runner_start_ticks = $8 AND c.host_id IS NOT DISTINCT FROM $7 AND c.command_pgid IS NULL))
+		   AND c.initial_event_id IS NOT NULL
 		RETURNING c.cancel_requested_at IS NOT NULL, `+payloads("$13"),
 		id, runID, r.Host, r.PID, r.StartedAt, r.LogPath, r.HostID, int64(r.StartTicks), r.FenceWindow, r.LockMode, r.Release, r.Protocol,
 		protocol.EventCheckpoint).Scan(&rec.CancelRequested, &rec.Args, &rec.Checkpoint)

@@ -169,14 +169,15 @@ const contextColumns = `c.etl_context_id, c.parent_context_id, c.kind, c.queue, 
 	c.host_id, c.runner_start_ticks, c.command_pgid, c.command_start_ticks, c.fence_window, c.lock_lost_at,
 	c.due_at, c.concurrency_key, coalesce(c.waiting_for, ''), c.waiting_since`
 
-func scanContext(row pgx.Row) (*Context, error) {
+// scanContext scans contextColumns, then extra.
+func scanContext(row pgx.Row, extra ...any) (*Context, error) {
 	var c Context
-	err := row.Scan(&c.ID, &c.ParentID, &c.Kind, &c.Queue, &c.Status,
+	err := row.Scan(append([]any{&c.ID, &c.ParentID, &c.Kind, &c.Queue, &c.Status,
 		&c.InitialEventID, &c.LatestEventID, &c.RiverJobID, &c.IdempotencyKey, &c.MaxAttempts,
 		&c.Attempt, &c.RunID, &c.LaunchedBy, &c.Host, &c.PID, &c.ProcessStartedAt, &c.LogPath,
 		&c.HeartbeatAt, &c.CancelRequestedAt, &c.CreatedAt, &c.StartedAt, &c.FinishedAt,
 		&c.HostID, &c.RunnerStartTicks, &c.CommandPGID, &c.CommandStartTicks, &c.FenceWindow, &c.LockLostAt,
-		&c.DueAt, &c.ConcurrencyKey, &c.WaitingFor, &c.WaitingSince)
+		&c.DueAt, &c.ConcurrencyKey, &c.WaitingFor, &c.WaitingSince}, extra...)...)
 	if err != nil {
 		return nil, err
 	}

@@ -265,7 +265,7 @@ func Payloads(ctx context.Context, db DB, id int64) (args, checkpoint json.RawMe
 	err = db.QueryRow(ctx, `
 		SELECT `+payloads("$2")+`
 		  FROM data_manager.etl_contexts AS c
-		 WHERE c.etl_context_id = $1`, id, protocol.EventCheckpoint).Scan(&args, &checkpoint)
+		 WHERE c.etl_context_id = $1 AND c.initial_event_id IS NOT NULL`, id, protocol.EventCheckpoint).Scan(&args, &checkpoint)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil, fmt.Errorf("read arguments of etl context %d: %w", id, ErrNotFound)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/dama-etl/dama/taskrunner/protocol"
 	"github.com/jackc/pgx/v5"
@@ -32,6 +33,44 @@ func Lock(ctx context.Context, tx pgx.Tx, id int64) (*Context, error) {
 	// Read once the lock is held: a task process that released it just
 	// before has committed everything it wrote.
 	return Get(ctx, tx, id)
+}
+
+// LockStep is Lock for a step of River job job: from the same read, it
+// also returns whether job runs and since when (its last fetch), by which
+// a Work tells whether another one has taken its job over.
+func LockStep(ctx context.Context, tx pgx.Tx, id, job int64) (*Context, JobState, error) {
+	ok, err := tryXactLock(ctx, tx, id)
+	if err != nil {
+		return nil, JobState{}, err
+	}
+	if !ok {
+		return nil, JobState{}, fmt.Errorf("lock etl context %d: %w", id, ErrLocked)
+	}
+	var (
+		js JobState
+		at *time.Time
+	)
+	c, err := scanContext(tx.QueryRow(ctx, `
+		SELECT `+contextColumns+`, coalesce(j.state = `+jobRunning+`, false), j.attempted_at
+		  FROM data_manager.etl_contexts AS c
+		  LEFT JOIN river_job AS j ON j.id = $2
+		 WHERE c.etl_context_id = $1`, id, job), &js.Running, &at)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, JobState{}, fmt.Errorf("etl context %d: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return nil, JobState{}, fmt.Errorf("read etl context %d: %w", id, err)
+	}
+	if at != nil {
+		js.AttemptedAt = *at
+	}
+	return c, js, nil
+}
+
+// JobState is whether a River job runs, and since when: its last fetch.
+type JobState struct {
+	Running     bool
+	AttemptedAt time.Time
 }
 
 // LockRow takes, for the rest of tx, the lock of context id and then its
@@ -145,7 +184,8 @@ func UnlockSession(ctx context.Context, conn DB, id int64) error {
 // HoldsKeyOf reports whether key is the key of context id's current run,
 // which must be RUNNING: how a lock keeper knows that a process asking it
 // to hold a context's lock is that run's task process. The key is held
-// (RunKeySetting) for the one statement that asks, its own transaction.
+// (RunKeySetting) for the one statement that asks, which must be its own
+// transaction: db is not one.
 func HoldsKeyOf(ctx context.Context, db DB, id int64, key string) (bool, error) {
 	var ok bool
 	// The materialized CTE sets the key before holds_key_of reads it.

@@ -73,16 +73,16 @@ func Admit(ctx context.Context, tx pgx.Tx, a Admission) (Wait, error) {
 	if a.KeyMax <= 0 {
 		key = nil
 	}
-	// In one round trip, in the order everyone takes more than one (queue,
-	// kind, key): each query reads the row of the one it encloses, which
-	// OFFSET 0 keeps a query of its own, once that one took its lock.
-	if _, err := tx.Exec(ctx, `
-		SELECT CASE WHEN $6::text IS NOT NULL THEN pg_advisory_xact_lock($5, hashtext($4 || '/' || $6)) END
-		  FROM (SELECT pg_advisory_xact_lock($3, hashtext($4))
-		          FROM (SELECT pg_advisory_xact_lock($1, hashtext($2)) OFFSET 0) AS queue
-		        OFFSET 0) AS kind`,
-		queueLockNamespace, a.Queue, kindLockNamespace, a.Kind, keyLockNamespace, key); err != nil {
-		return WaitNone, fmt.Errorf("lock queue %s and kind %s: %w", a.Queue, a.Kind, err)
+	// In one round trip, in the order everyone takes more than one: queue,
+	// kind, key.
+	b := &pgx.Batch{}
+	b.Queue(`SELECT pg_advisory_xact_lock($1, hashtext($2))`, queueLockNamespace, a.Queue)
+	b.Queue(`SELECT pg_advisory_xact_lock($1, hashtext($2))`, kindLockNamespace, a.Kind)
+	if key != nil {
+		b.Queue(`SELECT pg_advisory_xact_lock($1, hashtext($2 || '/' || $3))`, keyLockNamespace, a.Kind, *key)
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return WaitNone, fmt.Errorf("lock queue %s, kind %s and concurrency key: %w", a.Queue, a.Kind, err)
 	}
 	var (
 		paused, blocked                   bool

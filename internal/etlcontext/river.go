@@ -287,19 +287,22 @@ func EnqueueJob(ctx context.Context, tx pgx.Tx, id int64) (int64, error) {
 
 // JobRun reports whether job is running, and since when (its last fetch):
 // a Work whose job was fetched again since it began was taken over.
-func JobRun(ctx context.Context, db DB, job int64) (running bool, attemptedAt time.Time, err error) {
-	var at *time.Time
-	err = db.QueryRow(ctx, `SELECT j.state = `+jobRunning+`, j.attempted_at FROM river_job AS j WHERE j.id = $1`, job).Scan(&running, &at)
+func JobRun(ctx context.Context, db DB, job int64) (JobState, error) {
+	var (
+		js JobState
+		at *time.Time
+	)
+	err := db.QueryRow(ctx, `SELECT j.state = `+jobRunning+`, j.attempted_at FROM river_job AS j WHERE j.id = $1`, job).Scan(&js.Running, &at)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return false, time.Time{}, nil
+		return JobState{}, nil
 	}
 	if err != nil {
-		return false, time.Time{}, fmt.Errorf("read job %d: %w", job, err)
+		return JobState{}, fmt.Errorf("read job %d: %w", job, err)
 	}
 	if at != nil {
-		attemptedAt = *at
+		js.AttemptedAt = *at
 	}
-	return running, attemptedAt, nil
+	return js, nil
 }
 
 // Rescued is a job a rescue made available again.

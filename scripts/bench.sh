@@ -25,8 +25,7 @@
 # BenchmarkBurst): the time, tasks/s, the ratio to the floor, the slots'
 # occupancy and how long after its task's end each job was finalized; and
 # per task the CPU by process, the transactions, the rows written and the
-# statements (pg_stat_statements). DAMA_BENCH_PG_SETTINGS adds lines to the
-# server's postgresql.conf.
+# statements (pg_stat_statements).
 #
 # scripts/bench.sh storage [go test flags]: what chatty tasks store
 # (cmd/dama BenchmarkProgressStorage): 5 tasks reporting progress 50 times a

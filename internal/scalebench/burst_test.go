@@ -65,7 +65,7 @@ func BenchmarkBurst(b *testing.B) {
 	bins := buildHelpers(b)
 	// pg_stat_statements counts the round trips (top-level statements) a
 	// task costs, and which they are.
-	srv := testenv.NewServerWith(b, fmt.Sprintf("max_connections = %d\nshared_preload_libraries = 'pg_stat_statements'\n%s", 3*w+200, os.Getenv("DAMA_BENCH_PG_SETTINGS")))
+	srv := testenv.NewServerWith(b, fmt.Sprintf("max_connections = %d\nshared_preload_libraries = 'pg_stat_statements'", 3*w+200))
 	fmt.Printf("burst benchmark: %d tasks of /bin/true, %d slots, PostgreSQL on 127.0.0.1:%d\n", n, w, srv.Port())
 	floor := burstFloor(b, testenv.NewOn(b, srv), bins.floor, n, w)
 	fmt.Printf("floor (plain River, %d workers, fork/exec + connect + lock, /bin/true, a row): %d done in %.2f s, %.0f tasks/s\n",

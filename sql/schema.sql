@@ -2004,7 +2004,7 @@ CREATE TRIGGER etl_contexts_announce_finished AFTER UPDATE OF etl_status ON data
 -- Name: etl_contexts etl_contexts_guard; Type: TRIGGER; Schema: data_manager; Owner: -
 --
 
-CREATE TRIGGER etl_contexts_guard BEFORE UPDATE ON data_manager.etl_contexts FOR EACH ROW EXECUTE FUNCTION data_manager.etl_contexts_guard();
+CREATE TRIGGER etl_contexts_guard BEFORE UPDATE ON data_manager.etl_contexts FOR EACH ROW WHEN (((((((new.etl_status IS DISTINCT FROM old.etl_status) OR (new.attempt IS DISTINCT FROM old.attempt)) OR (new.run_id IS DISTINCT FROM old.run_id)) OR (new.finished_at IS DISTINCT FROM old.finished_at)) OR (new.kind IS DISTINCT FROM old.kind)) OR (new.queue IS DISTINCT FROM old.queue))) EXECUTE FUNCTION data_manager.etl_contexts_guard();
 
 
 --
@@ -2018,7 +2018,7 @@ CREATE TRIGGER etl_contexts_held_to_its_run BEFORE INSERT OR UPDATE ON data_mana
 -- Name: etl_contexts etl_contexts_status_by_event; Type: TRIGGER; Schema: data_manager; Owner: -
 --
 
-CREATE TRIGGER etl_contexts_status_by_event BEFORE UPDATE OF etl_status ON data_manager.etl_contexts FOR EACH ROW EXECUTE FUNCTION data_manager.etl_contexts_status_by_event();
+CREATE TRIGGER etl_contexts_status_by_event BEFORE UPDATE OF etl_status ON data_manager.etl_contexts FOR EACH ROW WHEN ((new.etl_status IS DISTINCT FROM old.etl_status)) EXECUTE FUNCTION data_manager.etl_contexts_status_by_event();
 
 
 --

@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"runtime"
 	"syscall"
 	"unsafe"
 
@@ -34,13 +33,6 @@ func main() {
 	// database URL, which the task's command, of the same user, must not
 	// read (see taskrunner.Run).
 	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
-	// One thread runs its Go code: a task process waits on its command, its
-	// lock keeper and the database, and an idle second P only wakes
-	// threads to look for work. In a burst of 300 /bin/true tasks this cut
-	// the machine's CPU a task from 41-42 ms to 32-34 ms
-	// (docs/performance.md "Bursts"). A function kind's embedded runner
-	// (taskrunner.RunProcess in the user's program) keeps Go's default.
-	runtime.GOMAXPROCS(1)
 	if len(os.Args) == 2 && os.Args[1] == "--version" {
 		fmt.Printf("dama-taskrunner %s (%s)\n", version.Release, version.Commit())
 		return

@@ -15,7 +15,7 @@ import (
 // LogDir made relative to the file.
 func Load(path string) (*Config, error) {
 	if path == "" {
-		return nil, errors.New("no configuration file: pass --config or set DAMA_CONFIG")
+		return nil, errors.New("no configuration file: pass --config or set DAMA_CONFIG (dama init writes a starter ./dama.yaml)")
 	}
 	abs, err := filepath.Abs(path)
 	if err != nil {

@@ -1,9 +1,14 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
+	"os"
+	"path/filepath"
+	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -47,4 +52,56 @@ func (g *globals) completeQueues(_ *cobra.Command, args []string, _ string) ([]s
 		return nil, cobra.ShellCompDirectiveNoFileComp
 	}
 	return cfg.QueueNames(), cobra.ShellCompDirectiveNoFileComp
+}
+
+// starterName is the configuration file a command reads from its working
+// directory when neither --config nor DAMA_CONFIG names one: what `dama
+// init` writes.
+const starterName = "dama.yaml"
+
+// settleConfig checks the configuration file named by --config (flagSet)
+// or DAMA_CONFIG, or else takes ./dama.yaml if there is one. A file the
+// user named must exist, whether or not the command reads it. ./dama.yaml
+// is read only when it is a file of this user's (or root's) that no other
+// user may write: in a directory others write to, such as /tmp, another
+// user could have put it there, and its kinds' commands would run.
+func (g *globals) settleConfig(flagSet bool) error {
+	if g.configPath != "" {
+		from := "DAMA_CONFIG="
+		if flagSet {
+			from = "--config "
+		}
+		fi, err := os.Stat(g.configPath)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			return fmt.Errorf("%s%s: no such file", from, g.configPath)
+		case err != nil:
+			return fmt.Errorf("%s%s: %w", from, g.configPath, err)
+		case fi.IsDir():
+			return fmt.Errorf("%s%s: a directory, not a configuration file", from, g.configPath)
+		}
+		return nil
+	}
+	fi, err := os.Stat(starterName)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	abs, aerr := filepath.Abs(starterName)
+	if aerr != nil {
+		abs = starterName
+	}
+	if err != nil {
+		return fmt.Errorf("read %s: %w", abs, err)
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	switch {
+	case !fi.Mode().IsRegular():
+		return fmt.Errorf("%s is not a file: not read (pass --config to name the configuration)", abs)
+	case !ok || (int(st.Uid) != os.Geteuid() && st.Uid != 0):
+		return fmt.Errorf("%s belongs to another user: not read (pass --config to read it anyway)", abs)
+	case fi.Mode().Perm()&0o022 != 0:
+		return fmt.Errorf("%s may be written by other users (mode %04o): not read (chmod go-w it, or pass --config)", abs, fi.Mode().Perm())
+	}
+	g.configPath = abs
+	return nil
 }

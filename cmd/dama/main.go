@@ -89,9 +89,21 @@ data_manager.dama_task_queue shows what runs where, and how far along.`,
 	// --version prints what `dama version` prints.
 	root.Version = version.Release
 	root.SetVersionTemplate(versionText())
-	root.PersistentFlags().StringVar(&g.configPath, "config", os.Getenv("DAMA_CONFIG"), "configuration file (default $DAMA_CONFIG)")
+	root.PersistentFlags().StringVar(&g.configPath, "config", os.Getenv("DAMA_CONFIG"), "configuration file (default $DAMA_CONFIG, else ./dama.yaml if there is one)")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return err })
+	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
+		switch {
+		case cmd.Hidden:
+			// A task process's configuration comes from its supervisor.
+			return nil
+		case cmd.Name() == "init" || cmd.Name() == "version" || cmd.Name() == "help",
+			cmd.HasParent() && cmd.Parent().Name() == "completion":
+			return nil
+		}
+		return g.settleConfig(cmd.Flag("config").Changed)
+	}
 	root.AddCommand(
+		newInitCommand(),
 		newMigrateCommand(g),
 		newRolesCommand(),
 		newSupervisorCommand(g),

@@ -1,0 +1,162 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dama-etl/dama/internal/etlcontext"
+	"github.com/dama-etl/dama/internal/testenv"
+)
+
+// damaIn runs dama with args in dir, with the test's database and no
+// configuration named: what a user types in the directory `dama init`
+// wrote.
+func damaIn(e *testenv.Env, dir string, args ...string) testenv.Result {
+	e.T.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, e.DamaBin, args...)
+	cmd.Dir, cmd.Env = dir, e.Environ("")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	code := 0
+	if exitErr, ok := err.(*exec.ExitError); ok {
+		code = exitErr.ExitCode()
+	} else if err != nil {
+		e.T.Fatalf("run dama %v: %v", args, err)
+	}
+	return testenv.Result{Stdout: stdout.String(), Stderr: stderr.String(), Code: code}
+}
+
+// starterDir returns a new directory that any user may reach: as root,
+// the starter's commands run as nobody.
+func starterDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "dama-init-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(dir, "etl")
+}
+
+// The README's quick start, as a new user types it: dama init, dama
+// migrate, dama supervisor, dama submit hello --wait, in the directory
+// init wrote, with nothing named but the database.
+func TestInitStarterRunsAsItStands(t *testing.T) {
+	t.Parallel()
+	e := testenv.NewUnmigrated(t)
+	dir := starterDir(t)
+
+	res := e.Dama("", "init", dir)
+	if res.Code != 0 || !strings.Contains(res.Stdout, "dama submit hello --wait") {
+		t.Fatalf("dama init %s: exit %d, stdout %q, stderr %q", dir, res.Code, res.Stdout, res.Stderr)
+	}
+	config, err := os.ReadFile(filepath.Join(dir, "dama.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, mode := range map[string]os.FileMode{"dama.yaml": 0o644, "hello.sh": 0o755} {
+		if fi, err := os.Stat(filepath.Join(dir, name)); err != nil || fi.Mode().Perm() != mode {
+			t.Errorf("%s: %v, mode %v, want %v", name, err, fi.Mode().Perm(), mode)
+		}
+	}
+	again := e.Dama("", "init", dir)
+	if again.Code == 0 || strings.Count(strings.TrimSpace(again.Stderr), "\n") != 0 || !strings.Contains(again.Stderr, "exists") {
+		t.Errorf("dama init again: exit %d, stderr %q; want an error in one line", again.Code, again.Stderr)
+	}
+	if now, _ := os.ReadFile(filepath.Join(dir, "dama.yaml")); !bytes.Equal(now, config) {
+		t.Errorf("dama init again changed dama.yaml")
+	}
+
+	if res := damaIn(e, dir, "migrate"); res.Code != 0 {
+		t.Fatalf("dama migrate: exit %d: %s", res.Code, res.Stderr)
+	}
+	sup := e.StartWrapped("", []string{"env", "-C", dir}, "supervisor")
+	sup.WaitReady(t, time.Minute)
+	res = damaIn(e, dir, "submit", "hello", "--args", `{"steps": 2}`, "--wait")
+	if res.Code != 0 {
+		t.Fatalf("dama submit hello --wait: exit %d, stdout %q, stderr %q", res.Code, res.Stdout, res.Stderr)
+	}
+	id := testenv.Atoi(t, strings.Fields(res.Stdout)[0])
+	task := e.Task(id)
+	var progress struct{ Step, Of int }
+	if task.Status != etlcontext.StatusDone || json.Unmarshal(task.Progress, &progress) != nil || progress.Step != 2 || progress.Of != 2 {
+		t.Errorf("task %d: %s, progress %s; want DONE at step 2 of 2", id, task.Status, task.Progress)
+	}
+	var checkpoint string
+	if err := e.Pool.QueryRow(context.Background(), `
+		SELECT payload::text FROM data_manager.event_store
+		 WHERE etl_context_id = $1 AND type = 'hello:CHECKPOINT' ORDER BY event_id DESC LIMIT 1`, id).Scan(&checkpoint); err != nil || checkpoint != `{"next_step": 3}` {
+		t.Errorf("task %d's last checkpoint: %q, %v; want {\"next_step\": 3}", id, checkpoint, err)
+	}
+	if log, err := os.ReadFile(filepath.Join(dir, "logs", strconv.FormatInt(id, 10)+".log")); err != nil || !strings.Contains(string(log), "step 2 of 2") {
+		t.Errorf("task %d's log: %v\n%s", id, err, log)
+	}
+}
+
+// A configuration the user names must exist, whatever the command; one
+// found as ./dama.yaml is read only if no other user could have written
+// it. Nothing is submitted from a configuration refused.
+func TestConfigFileTheUserDidNotWriteIsRefused(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	for _, c := range []struct {
+		env  []string
+		args []string
+		want string
+	}{
+		{nil, []string{"status", "--config", "/nonexistent/dama.yaml"}, "--config /nonexistent/dama.yaml: no such file"},
+		{[]string{"DAMA_CONFIG=/nonexistent/dama.yaml"}, []string{"status"}, "DAMA_CONFIG=/nonexistent/dama.yaml: no such file"},
+	} {
+		res := e.DamaWith("", c.env, c.args...)
+		if res.Code == 0 || strings.TrimSpace(res.Stderr) != "dama: "+c.want {
+			t.Errorf("dama %v (%v): exit %d, stderr %q; want %q", c.args, c.env, res.Code, res.Stderr, c.want)
+		}
+	}
+
+	dir := starterDir(t)
+	if res := e.Dama("", "init", dir); res.Code != 0 {
+		t.Fatalf("dama init: %s", res.Stderr)
+	}
+	config := filepath.Join(dir, "dama.yaml")
+	if err := os.Chmod(config, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	if res := damaIn(e, dir, "submit", "hello"); res.Code == 0 || !strings.Contains(res.Stderr, "may be written by other users (mode 0666): not read") {
+		t.Errorf("submit with a ./dama.yaml others may write: exit %d, stderr %q", res.Code, res.Stderr)
+	}
+	if err := os.Chmod(config, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if os.Geteuid() == 0 {
+		if err := os.Chown(config, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
+		if res := damaIn(e, dir, "submit", "hello"); res.Code == 0 || !strings.Contains(res.Stderr, "belongs to another user: not read") {
+			t.Errorf("submit with another user's ./dama.yaml: exit %d, stderr %q", res.Code, res.Stderr)
+		}
+		if err := os.Chown(config, 0, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var n int
+	if err := e.Pool.QueryRow(context.Background(), `SELECT count(*) FROM data_manager.etl_contexts`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d tasks submitted from refused configurations (%v)", n, err)
+	}
+	if res := damaIn(e, dir, "submit", "hello"); res.Code != 0 {
+		t.Errorf("submit with the user's own ./dama.yaml: exit %d, stderr %q", res.Code, res.Stderr)
+	}
+}

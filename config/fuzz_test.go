@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -86,6 +87,9 @@ kinds:
 		"kinds: 5",
 		"log_dir: [",
 		"",
+		"log_dir: /l\nqueues: {etl: {max_runing: 4}}\nkinds: {a: {command: [x], queue: etl}}",
+		"log_dir: /l\nkinds: {a: {command: /bin/true, max_attempts: many, retry_on_exit_codes: [a], await_children: maybe}}",
+		"log_dir: /l\nqueues: [a]\nkinds: {a: {command: [x], schedule_args: 5, retry: [1]}}",
 	} {
 		f.Add([]byte(s))
 	}
@@ -98,6 +102,13 @@ kinds:
 		if err != nil {
 			if cfg != nil || err.Error() == "" {
 				t.Fatalf("Parse = %+v, %q: want nil and a message", cfg, err)
+			}
+			// In the configuration's words: no Go type, no YAML tag but
+			// the configuration's own.
+			for _, goWords := range []string{"config.", "!!", "unmarshal", "map[", "[]string", "[]int", "time.Duration", "\n"} {
+				if strings.Contains(err.Error(), goWords) && !bytes.Contains(data, []byte(goWords)) {
+					t.Fatalf("Parse's error names %q: %q", goWords, err)
+				}
 			}
 			return
 		}

@@ -45,7 +45,7 @@ func Parse(data []byte) (*Config, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&cfg); err != nil {
-		return nil, fmt.Errorf("parse YAML: %w", err)
+		return nil, explainYAML(data, err)
 	}
 	out := cfg.WithDefaults()
 	if err := out.Validate(); err != nil {

@@ -122,12 +122,11 @@ type JSONObject json.RawMessage
 
 // UnmarshalYAML converts a YAML mapping to its JSON text.
 func (o *JSONObject) UnmarshalYAML(node *yaml.Node) error {
-	if node.Kind != yaml.MappingNode {
-		return fmt.Errorf("line %d: want a mapping", node.Line)
-	}
 	var v map[string]any
-	if err := node.Decode(&v); err != nil {
-		return fmt.Errorf("line %d: %w", node.Line, err)
+	if node.Kind != yaml.MappingNode || node.Decode(&v) != nil {
+		// yaml's error names Go's types: a key that is a list or a
+		// mapping cannot be a JSON object's.
+		return fmt.Errorf("line %d: want a mapping of names to values, as {region: eu}", node.Line)
 	}
 	b, err := json.Marshal(v)
 	if err != nil {

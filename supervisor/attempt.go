@@ -31,7 +31,7 @@ func (s *Supervisor) lockedElsewhere(ctx context.Context, logger *slog.Logger, t
 	if c.RiverJobID != nil && *c.RiverJobID != job.ID {
 		// Left for another job (dama retry) while a dead supervisor held
 		// it: hold nothing.
-		return river.JobCancel(fmt.Errorf("etl context %d is stepped by job %d now", id, *c.RiverJobID))
+		return river.JobCancel(fmt.Errorf("task %d is stepped by job %d now", id, *c.RiverJobID))
 	}
 	if c.Status == etlcontext.StatusRunning {
 		// Held again by its task process, which cleared the loss's mark: a

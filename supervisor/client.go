@@ -185,13 +185,13 @@ func (c *Client) Cancel(ctx context.Context, id int64) (Status, error) {
 		if s == "" {
 			s = "unfinished"
 		}
-		return status, fmt.Errorf("cancel etl context %d: still %s when the wait ended; it is CANCELLED once its attempt has surely stopped: %w", id, s, ErrCancelPending)
+		return status, fmt.Errorf("cancel task %d: still %s when the wait ended; it is CANCELLED once its attempt has surely stopped: %w", id, s, ErrCancelPending)
 	case err != nil:
 		return status, err
 	case unreachable != nil:
-		return status, fmt.Errorf("cancel etl context %d: database unreachable: %w", id, unreachable)
+		return status, fmt.Errorf("cancel task %d: database unreachable: %w", id, unreachable)
 	}
-	return status, fmt.Errorf("cancel etl context %d: still %s: %w", id, status, ctx.Err())
+	return status, fmt.Errorf("cancel task %d: still %s: %w", id, status, ctx.Err())
 }
 
 // RequestCancel cancels context id without waiting for it to stop: a
@@ -233,7 +233,7 @@ const requestRecheck = 50 * time.Millisecond
 func (c *Client) tryCancel(ctx context.Context, id int64, requested *bool) (status etlcontext.Status, done bool, err error) {
 	tx, err := c.pool.Begin(ctx)
 	if err != nil {
-		return "", false, fmt.Errorf("begin cancellation of etl context %d: %w", id, err)
+		return "", false, fmt.Errorf("begin cancellation of task %d: %w", id, err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	ec, err := etlcontext.Lock(ctx, tx, id)
@@ -276,7 +276,7 @@ func (c *Client) tryCancel(ctx context.Context, id int64, requested *bool) (stat
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return ec.Status, false, fmt.Errorf("commit cancellation of etl context %d: %w", id, err)
+		return ec.Status, false, fmt.Errorf("commit cancellation of task %d: %w", id, err)
 	}
 	return etlcontext.StatusCancelled, true, nil
 }
@@ -300,7 +300,7 @@ func (c *Client) requestCancel(ctx context.Context, id int64, requested *bool) (
 			return err
 		}
 		if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, protocol.CancelChannel, strconv.FormatInt(id, 10)); err != nil {
-			return fmt.Errorf("announce cancellation of etl context %d: %w", id, err)
+			return fmt.Errorf("announce cancellation of task %d: %w", id, err)
 		}
 		return nil
 	})
@@ -318,5 +318,5 @@ func finishedError(id int64, s etlcontext.Status) error {
 	if s == etlcontext.StatusCancelled {
 		return nil
 	}
-	return fmt.Errorf("etl context %d is %s: %w", id, s, ErrAlreadyFinished)
+	return fmt.Errorf("task %d is %s: %w", id, s, ErrAlreadyFinished)
 }

@@ -24,7 +24,7 @@ func (s *Supervisor) reconcile(ctx context.Context) error {
 	for _, d := range found {
 		if d.Job != nil {
 			if _, err := s.river.JobRetry(ctx, *d.Job); err != nil {
-				return fmt.Errorf("retry job %d of unsettled etl context %d: %w", *d.Job, d.ID, err)
+				return fmt.Errorf("retry job %d of unsettled task %d: %w", *d.Job, d.ID, err)
 			}
 			s.logger.Warn("retried a job whose state disagreed with its context", "etl_context_id", d.ID, "job_id", *d.Job)
 		} else {
@@ -32,7 +32,7 @@ func (s *Supervisor) reconcile(ctx context.Context) error {
 			// context must have exactly one job.
 			jobID, err := s.enqueueMissingJob(ctx, d)
 			if err != nil {
-				return fmt.Errorf("enqueue a job for unsettled etl context %d: %w", d.ID, err)
+				return fmt.Errorf("enqueue a job for unsettled task %d: %w", d.ID, err)
 			}
 			if jobID == 0 {
 				// Another supervisor's reconcile enqueued one first.

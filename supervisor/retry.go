@@ -24,7 +24,7 @@ func (c *Client) Retry(ctx context.Context, id int64) error {
 	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
 		ec, err := etlcontext.Lock(ctx, tx, id)
 		if errors.Is(err, etlcontext.ErrLocked) {
-			return fmt.Errorf("etl context %d is running or being looked at: %w", id, err)
+			return fmt.Errorf("task %d is running or being looked at: %w", id, err)
 		}
 		if err != nil {
 			return err
@@ -49,7 +49,7 @@ func (c *Client) Retry(ctx context.Context, id int64) error {
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("retry etl context %d: %w", id, err)
+		return fmt.Errorf("retry task %d: %w", id, err)
 	}
 	return nil
 }

@@ -37,7 +37,7 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], holding
 	defer txDone()
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
-		return s.transient(logger, fmt.Errorf("begin step of etl context %d: %w", id, err))
+		return s.transient(logger, fmt.Errorf("begin step of task %d: %w", id, err))
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 
@@ -58,7 +58,7 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], holding
 		// A job the task has left: dama retry gave it a new one while this
 		// one waited, parked or in a dead supervisor's step. One job steps
 		// a task.
-		return river.JobCancel(fmt.Errorf("etl context %d is stepped by job %d now", id, *c.RiverJobID))
+		return river.JobCancel(fmt.Errorf("task %d is stepped by job %d now", id, *c.RiverJobID))
 	}
 	if c.Status != etlcontext.StatusRunning {
 		// No attempt of it may run: nothing to time.
@@ -76,7 +76,7 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], holding
 			if !f.Died {
 				s.metrics.failed(c, f)
 			}
-			return fmt.Errorf("attempt %d of etl context %d failed: %s", c.Attempt, id, f.Reason)
+			return fmt.Errorf("attempt %d of task %d failed: %s", c.Attempt, id, f.Reason)
 		}
 	}
 
@@ -92,16 +92,16 @@ func (s *Supervisor) settleFinished(ctx context.Context, logger *slog.Logger, tx
 		// Completing in the step's own transaction settles the job now,
 		// rather than at River's next batch of completions (up to 250ms).
 		if _, err := river.JobCompleteTx[*riverpgxv5.Driver](ctx, tx, job); err != nil {
-			return s.transient(logger, fmt.Errorf("complete job of etl context %d: %w", id, err))
+			return s.transient(logger, fmt.Errorf("complete job of task %d: %w", id, err))
 		}
 		if err := tx.Commit(ctx); err != nil {
-			return s.transient(logger, fmt.Errorf("commit completion of etl context %d: %w", id, err))
+			return s.transient(logger, fmt.Errorf("commit completion of task %d: %w", id, err))
 		}
 		s.metrics.finished(c)
 		return nil
 	case etlcontext.StatusCancelled:
 		s.metrics.finished(c)
-		return river.JobCancel(fmt.Errorf("etl context %d was cancelled", id))
+		return river.JobCancel(fmt.Errorf("task %d was cancelled", id))
 	case etlcontext.StatusFailed:
 		f := lastFailure(ctx, tx, c)
 		if !f.Died {
@@ -110,7 +110,7 @@ func (s *Supervisor) settleFinished(ctx context.Context, logger *slog.Logger, tx
 			s.metrics.failed(c, f)
 			s.metrics.finished(c)
 		}
-		failure := fmt.Errorf("etl context %d FAILED after %d attempts: %s", id, c.Attempt, f.Reason)
+		failure := fmt.Errorf("task %d FAILED after %d attempts: %s", id, c.Attempt, f.Reason)
 		if job.Attempt >= job.MaxAttempts {
 			return failure
 		}
@@ -120,7 +120,7 @@ func (s *Supervisor) settleFinished(ctx context.Context, logger *slog.Logger, tx
 		// early, so it is cancelled.
 		return river.JobCancel(failure)
 	}
-	return fmt.Errorf("etl context %d is %s, not finished", id, c.Status)
+	return fmt.Errorf("task %d is %s, not finished", id, c.Status)
 }
 
 // settleRunning decides a step of c, RUNNING while its lock is free (the
@@ -138,7 +138,7 @@ func (s *Supervisor) settleRunning(ctx context.Context, logger *slog.Logger, tx 
 			return s.transient(logger, err)
 		}
 		if err := tx.Commit(ctx); err != nil {
-			return s.transient(logger, fmt.Errorf("commit abandoned launch of etl context %d: %w", id, err))
+			return s.transient(logger, fmt.Errorf("commit abandoned launch of task %d: %w", id, err))
 		}
 		s.reportLaunchFailure(ctx, logger, c)
 		s.wakeWaiting(ctx, c.Queue)
@@ -154,7 +154,7 @@ func (s *Supervisor) settleRunning(ctx context.Context, logger *slog.Logger, tx 
 	}
 	if wait > 0 {
 		if err := tx.Commit(ctx); err != nil {
-			return s.transient(logger, fmt.Errorf("commit lock loss of etl context %d: %w", id, err))
+			return s.transient(logger, fmt.Errorf("commit lock loss of task %d: %w", id, err))
 		}
 		return river.JobSnooze(wait)
 	}
@@ -172,13 +172,13 @@ func (s *Supervisor) settleRunning(ctx context.Context, logger *slog.Logger, tx 
 			return s.transient(logger, err)
 		}
 		if err := tx.Commit(ctx); err != nil {
-			return s.transient(logger, fmt.Errorf("commit cancellation of etl context %d: %w", id, err))
+			return s.transient(logger, fmt.Errorf("commit cancellation of task %d: %w", id, err))
 		}
 		s.metrics.lockLosses.WithLabelValues(c.Queue, c.Kind).Inc()
 		s.metrics.finished(after)
 		s.wakeWaiting(ctx, c.Queue)
 		logger.Info("cancelled task's attempt is over", "attempt", c.Attempt)
-		return river.JobCancel(fmt.Errorf("etl context %d was cancelled", id))
+		return river.JobCancel(fmt.Errorf("task %d was cancelled", id))
 	}
 	reason := "the task process exited without reporting a result"
 	if err := s.recordEnd(ctx, tx, c, protocol.EventError, reason); err != nil {
@@ -191,7 +191,7 @@ func (s *Supervisor) settleRunning(ctx context.Context, logger *slog.Logger, tx 
 		return s.transient(logger, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return s.transient(logger, fmt.Errorf("commit death of etl context %d: %w", id, err))
+		return s.transient(logger, fmt.Errorf("commit death of task %d: %w", id, err))
 	}
 	s.metrics.lockLosses.WithLabelValues(c.Queue, c.Kind).Inc()
 	s.metrics.attemptsFailed.WithLabelValues(c.Queue, c.Kind, failedLockLost).Inc()
@@ -200,7 +200,7 @@ func (s *Supervisor) settleRunning(ctx context.Context, logger *slog.Logger, tx 
 	}
 	s.wakeWaiting(ctx, c.Queue)
 	logger.Warn("task attempt died", "attempt", c.Attempt, "reason", reason)
-	return fmt.Errorf("attempt %d of etl context %d died: %s", c.Attempt, id, reason)
+	return fmt.Errorf("attempt %d of task %d died: %s", c.Attempt, id, reason)
 }
 
 // startAttempt launches an attempt of c, QUEUED, or RETRYING with River on a new
@@ -217,11 +217,11 @@ func (s *Supervisor) startAttempt(ctx context.Context, logger *slog.Logger, tx p
 			return s.transient(logger, err)
 		}
 		if err := tx.Commit(ctx); err != nil {
-			return s.transient(logger, fmt.Errorf("commit cancellation of etl context %d: %w", id, err))
+			return s.transient(logger, fmt.Errorf("commit cancellation of task %d: %w", id, err))
 		}
 		c.Status = etlcontext.StatusCancelled
 		s.metrics.finished(c)
-		return river.JobCancel(fmt.Errorf("etl context %d was cancelled", id))
+		return river.JobCancel(fmt.Errorf("task %d was cancelled", id))
 	}
 	if _, ok := s.cfg.Kind(c.Kind); !ok {
 		// Only configured kinds run here. Another supervisor serving this
@@ -245,7 +245,7 @@ func (s *Supervisor) startAttempt(ctx context.Context, logger *slog.Logger, tx p
 			return s.transient(logger, err)
 		}
 		if err := tx.Commit(ctx); err != nil {
-			return s.transient(logger, fmt.Errorf("commit wait of etl context %d: %w", id, err))
+			return s.transient(logger, fmt.Errorf("commit wait of task %d: %w", id, err))
 		}
 		return river.JobSnooze(parkWaiting)
 	}
@@ -268,7 +268,7 @@ func (s *Supervisor) startAttempt(ctx context.Context, logger *slog.Logger, tx p
 		return s.transient(logger, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return s.transient(logger, fmt.Errorf("commit start of etl context %d: %w", id, err))
+		return s.transient(logger, fmt.Errorf("commit start of task %d: %w", id, err))
 	}
 	txDone()
 
@@ -338,7 +338,7 @@ func (s *Supervisor) lingering(ctx context.Context, logger *slog.Logger, tx pgx.
 		return nil
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return s.transient(logger, fmt.Errorf("commit wait of etl context %d: %w", c.ID, err))
+		return s.transient(logger, fmt.Errorf("commit wait of task %d: %w", c.ID, err))
 	}
 	return river.JobSnooze(time.Second)
 }

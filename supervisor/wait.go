@@ -55,11 +55,11 @@ func (c *Client) Wait(ctx context.Context, id int64) (*Context, error) {
 	case finished != nil:
 		return finished, nil
 	case err != nil:
-		return nil, fmt.Errorf("wait for etl context %d: %w", id, err)
+		return nil, fmt.Errorf("wait for task %d: %w", id, err)
 	case unreachable != nil:
-		return nil, fmt.Errorf("wait for etl context %d: database unreachable: %w", id, errors.Join(unreachable, ctx.Err()))
+		return nil, fmt.Errorf("wait for task %d: database unreachable: %w", id, errors.Join(unreachable, ctx.Err()))
 	}
-	return nil, fmt.Errorf("wait for etl context %d: %w", id, ctx.Err())
+	return nil, fmt.Errorf("wait for task %d: %w", id, ctx.Err())
 }
 
 // finishListener listens, on a connection of its own, for the

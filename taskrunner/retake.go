@@ -119,10 +119,10 @@ func (k *lockKeeper) endLostSession(ctx context.Context, conn etlcontext.DB, old
 // current checks that c, read under the lock, is still this run's.
 func (k *lockKeeper) current(c *etlcontext.Context) error {
 	if c.Status.Finished() {
-		return fmt.Errorf("etl context %d is %s: %w", c.ID, c.Status, etlcontext.ErrFinished)
+		return fmt.Errorf("task %d is %s: %w", c.ID, c.Status, etlcontext.ErrFinished)
 	}
 	if c.Status != etlcontext.StatusRunning || c.RunID == nil || *c.RunID != k.runID {
-		return fmt.Errorf("etl context %d is %s under run %s: %w", c.ID, c.Status, deref(c.RunID), etlcontext.ErrStaleRun)
+		return fmt.Errorf("task %d is %s under run %s: %w", c.ID, c.Status, deref(c.RunID), etlcontext.ErrStaleRun)
 	}
 	return nil
 }
@@ -139,7 +139,7 @@ func (k *lockKeeper) lost(err error) { k.set(lockLost, err) }
 func (k *lockKeeper) resume(ctx context.Context, conn dbConn) error {
 	if k.releasing.Load() {
 		// The runner is ending: a lock taken now would outlive it.
-		return fmt.Errorf("etl context %d: the runner released its lock: %w", k.contextID, etlcontext.ErrStaleRun)
+		return fmt.Errorf("task %d: the runner released its lock: %w", k.contextID, etlcontext.ErrStaleRun)
 	}
 	k.endLostSession(ctx, conn, k.lastPID)
 	c, err := conn.lockSession(ctx, k.contextID)

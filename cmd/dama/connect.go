@@ -2,12 +2,17 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dama-etl/dama/internal/pgerr"
@@ -30,7 +35,7 @@ func connectSized(ctx context.Context, minConns int32) (*pgxpool.Pool, string, e
 	}
 	pcfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		return nil, "", fmt.Errorf("DATABASE_URL: %w", err)
+		return nil, "", badURL(url, err)
 	}
 	if !strings.Contains(url, "pool_max_conns") {
 		pcfg.MaxConns = max(pcfg.MaxConns, minConns)
@@ -39,13 +44,13 @@ func connectSized(ctx context.Context, minConns int32) (*pgxpool.Pool, string, e
 	pcfg.AfterConnect = pgsession.KeepIdle
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
-		return nil, "", fmt.Errorf("connect to database: %w", err)
+		return nil, "", connectFailed(err)
 	}
 	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := pool.Ping(pingCtx); err != nil {
 		pool.Close()
-		return nil, "", fmt.Errorf("connect to database: %w", err)
+		return nil, "", connectFailed(err)
 	}
 	return pool, url, nil
 }
@@ -94,10 +99,84 @@ func waitForDatabase(ctx context.Context, logger *slog.Logger, minConns int32) (
 	}
 }
 
+// badURL says what is wrong with DATABASE_URL, url, that pgx refused
+// with err: pgx's message shows the URL with its password masked, and a
+// misspelt scheme reads as a keyword/value string, which it is not.
+func badURL(url string, err error) error {
+	if scheme, _, ok := strings.Cut(url, "://"); ok && scheme != "postgres" && scheme != "postgresql" {
+		return fmt.Errorf("DATABASE_URL's scheme %s is not postgres:// or postgresql://", quoteArg(scheme))
+	}
+	return fmt.Errorf("DATABASE_URL: %w", err)
+}
+
+// connectError is a failed connection in one line: what was tried and the
+// server's or the network's answer, once. Its chain is pgx's, which
+// pgerr.Unreachable reads.
+type connectError struct {
+	msg string
+	err error
+}
+
+func (e *connectError) Error() string { return e.msg }
+func (e *connectError) Unwrap() error { return e.err }
+
+// connectFailed describes err, a failed connection. pgx's message names
+// every attempt: with sslmode=prefer, pgx's default, a server without TLS
+// is tried twice, the first refusal ("tls error: server refused TLS
+// connection") is noise, and the second attempt fails as the first did.
+func connectFailed(err error) error {
+	var ce *pgconn.ConnectError
+	if !errors.As(err, &ce) {
+		return fmt.Errorf("connect to database: %w", err)
+	}
+	var answers []string
+	add := func(a string) {
+		if !slices.Contains(answers, a) {
+			answers = append(answers, a)
+		}
+	}
+	attempts := []error{errors.Unwrap(ce)}
+	if joined, ok := attempts[0].(interface{ Unwrap() []error }); ok {
+		attempts = joined.Unwrap()
+	}
+	tls := false
+	for _, a := range attempts {
+		var pgErr *pgconn.PgError
+		var errno syscall.Errno
+		var dnsErr *net.DNSError
+		switch {
+		case a == nil:
+		case errors.As(a, &dnsErr):
+			add(fmt.Sprintf("host %s: %s", dnsErr.Name, dnsErr.Err))
+		case errors.As(a, &pgErr):
+			add(fmt.Sprintf("%s (SQLSTATE %s)", pgErr.Message, pgErr.Code))
+		case strings.Contains(a.Error(), "tls error: server refused TLS connection"):
+			tls = true
+		case errors.As(a, &errno):
+			add(errno.Error())
+		case errors.Is(a, context.DeadlineExceeded):
+			add("no answer within 10s")
+		default:
+			add(a.Error())
+		}
+	}
+	if len(answers) == 0 && tls {
+		add("the server refused TLS")
+	}
+	where := ce.Config.Host
+	if !strings.HasPrefix(where, "/") {
+		where = net.JoinHostPort(where, strconv.Itoa(int(ce.Config.Port)))
+	}
+	return &connectError{
+		msg: fmt.Sprintf("connect to database %s on %s as %s: %s", ce.Config.Database, where, ce.Config.User, strings.Join(answers, "; ")),
+		err: err,
+	}
+}
+
 func parseID(s string) (int64, error) {
 	id, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || id <= 0 {
-		return 0, fmt.Errorf("invalid etl context id %q: want a positive integer", s)
+		return 0, fmt.Errorf("invalid task id %q: want a positive integer", s)
 	}
 	return id, nil
 }

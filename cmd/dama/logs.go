@@ -52,7 +52,7 @@ rather than acted on, unless --raw.`,
 				}
 			}
 			if c.LogPath == nil {
-				return fmt.Errorf("etl context %d has no log (it is %s and never started)", id, c.Status)
+				return fmt.Errorf("task %d has no log (it is %s and never started)", id, c.Status)
 			}
 			out := cmd.OutOrStdout()
 			if _, _, tty := terminalSize(out); tty && !raw {
@@ -133,7 +133,7 @@ func openLocalLog(c *etlcontext.Context) (*os.File, error) {
 	id, _ := hostproc.ID()
 	name, _ := os.Hostname()
 	if (c.HostID == nil || *c.HostID != id) && (c.Host == nil || *c.Host != name) {
-		return nil, fmt.Errorf("the log of etl context %d is on host %s", c.ID, host)
+		return nil, fmt.Errorf("the log of task %d is on host %s", c.ID, host)
 	}
 	return protocol.OpenLog(*c.LogPath, c.ID)
 }

@@ -76,7 +76,7 @@ func testLogsFromAnyHost(t *testing.T) {
 	if gone.Code != 0 || strings.Contains(gone.Stdout, "chatty line 0001 ") || !strings.Contains(gone.Stdout, lastLine) {
 		t.Errorf("dama logs once the file is gone: exit %d, %d bytes ending %q; want the tail, to the command's last line", gone.Code, len(gone.Stdout), lastBytes([]byte(gone.Stdout), 300))
 	}
-	if !strings.HasPrefix(gone.Stderr, "dama: open the log of etl context "+id+": ") || !strings.Contains(gone.Stderr, ": printing the output the database keeps\n") || !strings.Contains(gone.Stderr, "attempt 1: its first ") || !strings.Contains(gone.Stderr, " bytes are not kept") {
+	if !strings.HasPrefix(gone.Stderr, "dama: open the log of task "+id+": ") || !strings.Contains(gone.Stderr, ": printing the output the database keeps\n") || !strings.Contains(gone.Stderr, "attempt 1: its first ") || !strings.Contains(gone.Stderr, " bytes are not kept") {
 		t.Errorf("dama logs once the file is gone: stderr %q; want where the log is and what was not kept", gone.Stderr)
 	}
 
@@ -88,7 +88,7 @@ func testLogsFromAnyHost(t *testing.T) {
 		t.Fatal(err)
 	}
 	elsewhere := env.Dama(cfg, "logs", id)
-	if elsewhere.Code != 0 || elsewhere.Stdout != gone.Stdout || !strings.HasPrefix(elsewhere.Stderr, "dama: the log of etl context "+id+" is on host elsewhere: ") {
+	if elsewhere.Code != 0 || elsewhere.Stdout != gone.Stdout || !strings.HasPrefix(elsewhere.Stderr, "dama: the log of task "+id+" is on host elsewhere: ") {
 		t.Errorf("dama logs of another host's task: exit %d, stderr %q, the tail %v; want the tail, and where the file is", elsewhere.Code, elsewhere.Stderr, elsewhere.Stdout == gone.Stdout)
 	}
 

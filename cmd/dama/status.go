@@ -66,7 +66,7 @@ or the newest --limit tasks, optionally only those in the given --status.`,
 				return err
 			}
 			if id != 0 && len(tasks) == 0 {
-				return fmt.Errorf("etl context %d not found", id)
+				return fmt.Errorf("task %d not found", id)
 			}
 			if watch {
 				return watchTasks(cmd.Context(), pool, q, cmd.OutOrStdout(), interval)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -26,23 +27,27 @@ func newSubmitCommand(g *globals, code *exitCode) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:               "submit KIND",
 		ValidArgsFunction: g.completeKinds,
-		Short:             "Submit a task; prints its etl_context_id",
-		Long: `Submit a task of a configured kind and print its etl_context_id alone on
+		Short:             "Submit a task; prints its id",
+		Long: `Submit a task of a configured kind and print its id (etl_context_id) alone on
 stdout. With --idempotency-key, submitting the same key again with the same
 kind prints the id of the first submission and creates nothing; with
 another kind it is an error. Keys starting with "dama:" are dama's own and
 refused.`,
-		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			cfg, err := config.Load(g.configPath)
-			if err != nil {
+			switch {
+			case len(argv) != 1 && err == nil:
+				return fmt.Errorf("name one kind to submit: %s (dama submit KIND [--args '{...}'])", strings.Join(cfg.KindNames(), ", "))
+			case len(argv) != 1:
+				return fmt.Errorf("name one kind to submit (dama submit KIND [--args '{...}']); and no kinds to list: %w", err)
+			case err != nil:
 				return err
 			}
 			if _, ok := cfg.Kind(argv[0]); !ok {
 				return fmt.Errorf("unknown kind %q: the configuration has %s", argv[0], strings.Join(cfg.KindNames(), ", "))
 			}
-			if !json.Valid([]byte(args)) {
-				return errors.New("--args is not valid JSON")
+			if trimmed := strings.TrimLeft(args, " \t\r\n"); !strings.HasPrefix(trimmed, "{") || !json.Valid([]byte(args)) {
+				return fmt.Errorf("--args %s: want a JSON object, as '{\"region\": \"eu\"}'", quoteArg(args))
 			}
 			due, err := dueAt(runAt, delay, time.Now())
 			if err != nil {
@@ -72,9 +77,9 @@ refused.`,
 		},
 	}
 	cmd.Flags().BoolVar(&wait, "wait", false, "wait for the task to finish, showing its progress on stderr; exit 0 only when it is DONE (20 FAILED, 21 CANCELLED, 22 wait ended first)")
-	cmd.Flags().StringVar(&args, "args", "{}", "the task's arguments, a JSON document")
+	cmd.Flags().StringVar(&args, "args", "{}", "the task's arguments, a JSON object")
 	cmd.Flags().StringVar(&key, "idempotency-key", "", "submit at most once for this key")
-	cmd.Flags().Int64Var(&parent, "parent", 0, "etl_context_id of the parent task")
+	cmd.Flags().Int64Var(&parent, "parent", 0, "the id of the parent task")
 	cmd.Flags().DurationVar(&delay, "delay", 0, "start no earlier than this long from now")
 	cmd.Flags().StringVar(&runAt, "run-at", "", "start no earlier than this time (RFC 3339, e.g. 2026-11-22T18:00:00+01:00)")
 	return cmd
@@ -114,4 +119,12 @@ func parseRFC3339(s string) (time.Time, error) {
 		return time.Time{}, errors.New("not an RFC 3339 date-time")
 	}
 	return time.Parse(time.RFC3339, strings.ToUpper(s))
+}
+
+// quoteArg quotes a command-line argument for an error message, cut short.
+func quoteArg(s string) string {
+	if len(s) > 60 {
+		s = s[:60] + "..."
+	}
+	return strconv.Quote(s)
 }

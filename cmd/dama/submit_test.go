@@ -102,7 +102,9 @@ func TestBadInputIsOneLineAndWritesNothing(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, 10)
 	unreachable := *w.Env
-	unreachable.URL = "postgres://nobody@127.0.0.1:1/none?connect_timeout=2"
+	unreachable.URL = "postgres://nobody:secret@127.0.0.1:1/none?connect_timeout=2"
+	misspelt := *w.Env
+	misspelt.URL = "postgress://nobody:secret@127.0.0.1:1/none"
 	cases := []struct {
 		name string
 		env  *testenv.Env
@@ -111,11 +113,15 @@ func TestBadInputIsOneLineAndWritesNothing(t *testing.T) {
 		want string
 	}{
 		{"unknown kind", w.Env, w.cfg, []string{"submit", "nope"}, "unknown kind"},
-		{"malformed JSON", w.Env, w.cfg, []string{"submit", "sample", "--args", "{oops"}, "not valid JSON"},
+		{"malformed JSON", w.Env, w.cfg, []string{"submit", "sample", "--args", "{oops"}, `--args "{oops": want a JSON object`},
+		{"arguments not an object", w.Env, w.cfg, []string{"submit", "sample", "--args", "42"}, `--args "42": want a JSON object`},
+		{"null arguments", w.Env, w.cfg, []string{"submit", "sample", "--args", "null"}, `--args "null": want a JSON object`},
+		{"no kind", w.Env, w.cfg, []string{"submit"}, "name one kind to submit: sample"},
 		{"missing config", w.Env, "", []string{"submit", "sample"}, "no configuration file"},
-		{"config not found", w.Env, filepath.Join(w.Dir, "absent.yaml"), []string{"submit", "sample"}, "read configuration"},
-		{"unreachable database", &unreachable, w.cfg, []string{"submit", "sample"}, "connect to database"},
-		{"bad id", w.Env, w.cfg, []string{"status", "x"}, "invalid etl context id"},
+		{"config not found", w.Env, filepath.Join(w.Dir, "absent.yaml"), []string{"submit", "sample"}, "DAMA_CONFIG=" + filepath.Join(w.Dir, "absent.yaml") + ": no such file"},
+		{"unreachable database", &unreachable, w.cfg, []string{"submit", "sample"}, "connect to database none on 127.0.0.1:1 as nobody: connection refused"},
+		{"misspelt scheme", &misspelt, w.cfg, []string{"submit", "sample"}, `DATABASE_URL's scheme "postgress" is not postgres:// or postgresql://`},
+		{"bad id", w.Env, w.cfg, []string{"status", "x"}, "invalid task id"},
 		{"unknown id", w.Env, w.cfg, []string{"events", "12345"}, "not found"},
 		{"unknown flag", w.Env, w.cfg, []string{"submit", "sample", "--nope"}, "unknown flag"},
 		{"unknown parent", w.Env, w.cfg, []string{"submit", "sample", "--parent", "999"}, "parent etl context 999 does not exist"},
@@ -128,8 +134,8 @@ func TestBadInputIsOneLineAndWritesNothing(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			res := c.env.Dama(c.cfg, c.args...)
 			lines := strings.Split(strings.TrimRight(res.Stderr, "\n"), "\n")
-			if res.Code == 0 || len(lines) != 1 || !strings.Contains(lines[0], c.want) || res.Stdout != "" {
-				t.Errorf("exit %d, stdout %q, stderr %q; want non-zero, nothing on stdout, one line mentioning %q", res.Code, res.Stdout, res.Stderr, c.want)
+			if res.Code == 0 || len(lines) != 1 || strings.Count(lines[0], c.want) != 1 || strings.Contains(res.Stderr, "secret") || res.Stdout != "" {
+				t.Errorf("exit %d, stdout %q, stderr %q; want non-zero, nothing on stdout, one line mentioning %q once, and no password", res.Code, res.Stdout, res.Stderr, c.want)
 			}
 		})
 	}

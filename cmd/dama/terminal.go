@@ -162,7 +162,7 @@ func waitForTask(ctx context.Context, client *supervisor.Client, db etlcontext.D
 			failing = err
 		case len(tasks) == 0:
 			newline()
-			return exitTaskUnknown, fmt.Errorf("etl context %d not found", id)
+			return exitTaskUnknown, fmt.Errorf("task %d not found", id)
 		default:
 			failing = nil
 			t := tasks[0]

@@ -62,10 +62,10 @@ func RecordRunner(ctx context.Context, db DB, id int64, runID string, r Runner) 
 		id, runID, r.Host, r.PID, r.StartedAt, r.LogPath, r.HostID, int64(r.StartTicks), r.FenceWindow, r.LockMode, r.Release, r.Protocol,
 		protocol.EventCheckpoint).Scan(&rec.CancelRequested, &rec.Args, &rec.Checkpoint)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Recorded{}, fmt.Errorf("record task process of etl context %d: %w", id, ErrStaleRun)
+		return Recorded{}, fmt.Errorf("record task process of task %d: %w", id, ErrStaleRun)
 	}
 	if err != nil {
-		return Recorded{}, fmt.Errorf("record task process of etl context %d: %w", id, err)
+		return Recorded{}, fmt.Errorf("record task process of task %d: %w", id, err)
 	}
 	return rec, nil
 }
@@ -86,7 +86,7 @@ func WithdrawRunner(ctx context.Context, db DB, id int64, runID string, pid int)
 		 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = `+sqlRunning+`
 		   AND pid = $3 AND command_pgid IS NULL`, id, runID, pid)
 	if err != nil {
-		return fmt.Errorf("withdraw task process of etl context %d: %w", id, classify(err))
+		return fmt.Errorf("withdraw task process of task %d: %w", id, classify(err))
 	}
 	if tag.RowsAffected() == 0 {
 		// Withdrawn already, by this call made again after its reply was
@@ -96,10 +96,10 @@ func WithdrawRunner(ctx context.Context, db DB, id int64, runID string, pid int)
 			SELECT pid IS NULL FROM data_manager.etl_contexts
 			 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = `+sqlRunning, id, runID).Scan(&withdrawn)
 		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("withdraw task process of etl context %d: %w", id, err)
+			return fmt.Errorf("withdraw task process of task %d: %w", id, err)
 		}
 		if !withdrawn {
-			return fmt.Errorf("withdraw task process of etl context %d: %w", id, ErrStaleRun)
+			return fmt.Errorf("withdraw task process of task %d: %w", id, ErrStaleRun)
 		}
 	}
 	return nil
@@ -118,10 +118,10 @@ func RecordCommand(ctx context.Context, db DB, id int64, runID string, pgid int,
 		 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = `+sqlRunning,
 		id, runID, pgid, ticks)
 	if err != nil {
-		return fmt.Errorf("record command of etl context %d: %w", id, err)
+		return fmt.Errorf("record command of task %d: %w", id, err)
 	}
 	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("record command of etl context %d: %w", id, ErrStaleRun)
+		return fmt.Errorf("record command of task %d: %w", id, ErrStaleRun)
 	}
 	return nil
 }
@@ -151,11 +151,11 @@ func RequestCancel(ctx context.Context, tx pgx.Tx, id int64, by string) (Status,
 		// Finished, or no such context.
 		err = tx.QueryRow(ctx, `SELECT etl_status FROM data_manager.etl_contexts WHERE etl_context_id = $1`, id).Scan(&status)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return "", fmt.Errorf("request cancellation of etl context %d: %w", id, ErrNotFound)
+			return "", fmt.Errorf("request cancellation of task %d: %w", id, ErrNotFound)
 		}
 	}
 	if err != nil {
-		return "", fmt.Errorf("request cancellation of etl context %d: %w", id, err)
+		return "", fmt.Errorf("request cancellation of task %d: %w", id, err)
 	}
 	if status.Finished() {
 		return status, nil
@@ -184,13 +184,13 @@ func CancelRequested(ctx context.Context, db DB, id int64, runID string) (bool, 
 		       etl_status, coalesce(run_id::text, 'none')
 		  FROM data_manager.etl_contexts WHERE etl_context_id = $1`, id, runID).Scan(&requested, &current, &status, &run)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return false, fmt.Errorf("read cancellation of etl context %d: it no longer exists: %w", id, ErrStaleRun)
+		return false, fmt.Errorf("read cancellation of task %d: it no longer exists: %w", id, ErrStaleRun)
 	}
 	if err != nil {
-		return false, fmt.Errorf("read cancellation of etl context %d: %w", id, err)
+		return false, fmt.Errorf("read cancellation of task %d: %w", id, err)
 	}
 	if !current {
-		return false, fmt.Errorf("read cancellation of etl context %d, %s under run %s: %w", id, status, run, ErrStaleRun)
+		return false, fmt.Errorf("read cancellation of task %d, %s under run %s: %w", id, status, run, ErrStaleRun)
 	}
 	return requested, nil
 }
@@ -204,10 +204,10 @@ func ClearLockLost(ctx context.Context, db DB, id int64, runID string) error {
 		UPDATE data_manager.etl_contexts SET lock_lost_at = NULL, heartbeat_at = now()
 		 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = `+sqlRunning, id, runID)
 	if err != nil {
-		return fmt.Errorf("clear lock loss of etl context %d: %w", id, err)
+		return fmt.Errorf("clear lock loss of task %d: %w", id, err)
 	}
 	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("clear lock loss of etl context %d: %w", id, ErrStaleRun)
+		return fmt.Errorf("clear lock loss of task %d: %w", id, ErrStaleRun)
 	}
 	return nil
 }
@@ -224,7 +224,7 @@ func MarkLockLost(ctx context.Context, db DB, id int64) (mark time.Time, err err
 		 WHERE etl_context_id = $1
 		RETURNING lock_lost_at`, id).Scan(&mark)
 	if err != nil {
-		return time.Time{}, fmt.Errorf("record lock loss of etl context %d: %w", id, err)
+		return time.Time{}, fmt.Errorf("record lock loss of task %d: %w", id, err)
 	}
 	return mark, nil
 }
@@ -263,7 +263,7 @@ func StartAttempt(ctx context.Context, db DB, id int64, attempt int, launchedBy,
 	if key == "" {
 		var err error
 		if key, err = NewRunKey(); err != nil {
-			return Run{}, fmt.Errorf("start attempt of etl context %d: %w", id, err)
+			return Run{}, fmt.Errorf("start attempt of task %d: %w", id, err)
 		}
 	}
 	run := Run{Key: key}
@@ -279,7 +279,7 @@ func StartAttempt(ctx context.Context, db DB, id int64, attempt int, launchedBy,
 		 WHERE etl_context_id = $1
 		RETURNING run_id::text, attempt`, id, attempt, launchedBy, hash[:]).Scan(&run.ID, &run.Attempt)
 	if err != nil {
-		return Run{}, fmt.Errorf("start attempt of etl context %d: %w", id, classify(err))
+		return Run{}, fmt.Errorf("start attempt of task %d: %w", id, classify(err))
 	}
 	return run, nil
 }
@@ -298,10 +298,10 @@ func AbandonLaunch(ctx context.Context, db DB, c *Context) error {
 		 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = `+sqlRunning+` AND pid IS NULL`,
 		c.ID, c.RunID, status)
 	if err != nil {
-		return fmt.Errorf("abandon launch of etl context %d: %w", c.ID, classify(err))
+		return fmt.Errorf("abandon launch of task %d: %w", c.ID, classify(err))
 	}
 	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("abandon launch of etl context %d: %w", c.ID, ErrStaleRun)
+		return fmt.Errorf("abandon launch of task %d: %w", c.ID, ErrStaleRun)
 	}
 	return nil
 }
@@ -312,7 +312,7 @@ func AbandonLaunch(ctx context.Context, db DB, c *Context) error {
 // attempt number, run id and checkpoints. The caller holds the lock.
 func Reopen(ctx context.Context, db DB, c *Context, maxAttempts int, by string) error {
 	if c.Status != StatusFailed && c.Status != StatusCancelled {
-		return fmt.Errorf("etl context %d is %s: only a FAILED or CANCELLED task can be retried", c.ID, c.Status)
+		return fmt.Errorf("task %d is %s: only a FAILED or CANCELLED task can be retried", c.ID, c.Status)
 	}
 	by, err := WithRole(ctx, db, by)
 	if err != nil {
@@ -375,7 +375,7 @@ func RecentAttempts(ctx context.Context, db DB, id int64, limit, maxText int) ([
 		 LIMIT CASE WHEN $4 > 0 THEN $4 END) AS a
 		 ORDER BY started_at, attempt`, id, protocol.EventError, protocol.EventCancelled, limit, maxText)
 	if err != nil {
-		return nil, fmt.Errorf("read attempts of etl context %d: %w", id, err)
+		return nil, fmt.Errorf("read attempts of task %d: %w", id, err)
 	}
 	attempts, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Attempt, error) {
 		var a Attempt
@@ -384,7 +384,7 @@ func RecentAttempts(ctx context.Context, db DB, id int64, limit, maxText int) ([
 		return a, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("read attempts of etl context %d: %w", id, err)
+		return nil, fmt.Errorf("read attempts of task %d: %w", id, err)
 	}
 	return attempts, nil
 }
@@ -408,7 +408,7 @@ func WarnedThisAttempt(ctx context.Context, db DB, id int64, reason string) (boo
 			 WHERE e.etl_context_id = $1 AND e.type = c.kind || ':' || $3
 			   AND e.attempt = c.attempt AND e.meta->>$4 = $2)`, id, reason, protocol.EventWarning, UnfitHostMeta).Scan(&seen)
 	if err != nil {
-		return false, fmt.Errorf("read the warnings of etl context %d: %w", id, err)
+		return false, fmt.Errorf("read the warnings of task %d: %w", id, err)
 	}
 	return seen, nil
 }
@@ -428,7 +428,7 @@ func LatestUnfitHost(ctx context.Context, db DB, id int64, attempt int) (string,
 	case errors.Is(err, pgx.ErrNoRows):
 		return "", nil
 	case err != nil:
-		return "", fmt.Errorf("read the warnings of etl context %d: %w", id, err)
+		return "", fmt.Errorf("read the warnings of task %d: %w", id, err)
 	case reason == nil:
 		return "", nil
 	}
@@ -443,7 +443,7 @@ func CancelRequestedNow(ctx context.Context, tx pgx.Tx, id int64) (bool, error) 
 	if err := tx.QueryRow(ctx, `
 		SELECT cancel_requested_at IS NOT NULL FROM data_manager.etl_contexts
 		 WHERE etl_context_id = $1 FOR NO KEY UPDATE`, id).Scan(&requested); err != nil {
-		return false, fmt.Errorf("read cancellation of etl context %d: %w", id, err)
+		return false, fmt.Errorf("read cancellation of task %d: %w", id, err)
 	}
 	return requested, nil
 }
@@ -489,7 +489,7 @@ func RunSessions(ctx context.Context, db DB, id int64, runID, name string, bound
 		       coalesce((SELECT a.ended_at < now() - $4::interval FROM data_manager.etl_attempts AS a
 		                  WHERE a.etl_context_id = $1 AND a.run_id = $2), true)`,
 		id, runID, name, bound).Scan(&n, &overdue); err != nil {
-		return 0, false, fmt.Errorf("count the sessions of run %s of etl context %d: %w", runID, id, err)
+		return 0, false, fmt.Errorf("count the sessions of run %s of task %d: %w", runID, id, err)
 	}
 	return n, overdue, nil
 }

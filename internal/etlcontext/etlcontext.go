@@ -99,11 +99,11 @@ type Finished struct {
 // Errors reported by the database's guards, recognisable with errors.Is.
 var (
 	// ErrNotFound: no context has that id.
-	ErrNotFound = errors.New("etl context not found")
+	ErrNotFound = errors.New("task not found")
 	// ErrLocked: another transaction holds the context's INITIAL event lock.
-	ErrLocked = errors.New("etl context is locked by a running task")
+	ErrLocked = errors.New("task is locked by a running task")
 	// ErrFinished: the context is finished and takes no more writes.
-	ErrFinished = errors.New("etl context is finished")
+	ErrFinished = errors.New("task is finished")
 	// ErrStaleRun: the write came from an attempt that is no longer current.
 	ErrStaleRun = errors.New("write from an attempt that is no longer current")
 )
@@ -188,10 +188,10 @@ func scanContext(row pgx.Row, extra ...any) (*Context, error) {
 func Get(ctx context.Context, db DB, id int64) (*Context, error) {
 	c, err := scanContext(db.QueryRow(ctx, `SELECT `+contextColumns+` FROM data_manager.etl_contexts AS c WHERE c.etl_context_id = $1`, id))
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, fmt.Errorf("etl context %d: %w", id, ErrNotFound)
+		return nil, fmt.Errorf("task %d: %w", id, ErrNotFound)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read etl context %d: %w", id, err)
+		return nil, fmt.Errorf("read task %d: %w", id, err)
 	}
 	return c, nil
 }

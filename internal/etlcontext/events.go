@@ -66,7 +66,7 @@ func Append(ctx context.Context, db DB, e NewEvent) (int64, error) {
 		 WHERE $7::int IS NOT NULL AND etl_context_id = $1 AND run_id = $6::uuid AND seq = $7
 		 LIMIT 1`, e.ContextID, e.Type, payload, meta, e.Error, e.RunID, e.Seq).Scan(&id)
 	if err != nil {
-		return 0, fmt.Errorf("append %s event to etl context %d: %w", e.Type, e.ContextID, classify(err))
+		return 0, fmt.Errorf("append %s event to task %d: %w", e.Type, e.ContextID, classify(err))
 	}
 	return id, nil
 }
@@ -116,7 +116,7 @@ func AppendEvents(ctx context.Context, db DB, events []NewEvent) error {
 		ON CONFLICT (etl_context_id, run_id, seq) WHERE seq IS NOT NULL DO NOTHING`,
 		first.ContextID, first.RunID, types, payloads, metas, errs, seqs)
 	if err != nil {
-		return fmt.Errorf("append %d events to etl context %d: %w", len(events), first.ContextID, classify(err))
+		return fmt.Errorf("append %d events to task %d: %w", len(events), first.ContextID, classify(err))
 	}
 	return nil
 }
@@ -143,7 +143,7 @@ func EventStored(ctx context.Context, db DB, id int64, runID string, seq int) (b
 		                WHERE etl_context_id = $1 AND run_id = $2::uuid AND seq = $3)`,
 		id, runID, seq).Scan(&stored)
 	if err != nil {
-		return false, fmt.Errorf("look for event %d of run %s of etl context %d: %w", seq, runID, id, classify(err))
+		return false, fmt.Errorf("look for event %d of run %s of task %d: %w", seq, runID, id, classify(err))
 	}
 	return stored, nil
 }
@@ -156,7 +156,7 @@ func Events(ctx context.Context, db DB, id int64) ([]Event, error) {
 		 WHERE etl_context_id = $1
 		 ORDER BY event_id`, id)
 	if err != nil {
-		return nil, fmt.Errorf("read events of etl context %d: %w", id, err)
+		return nil, fmt.Errorf("read events of task %d: %w", id, err)
 	}
 	return collectEvents(rows, id)
 }
@@ -189,7 +189,7 @@ func RecentEvents(ctx context.Context, db DB, id int64, limit, maxPayload int) (
 			 LIMIT $2) AS e
 		 ORDER BY event_id`, id, limit, maxPayload)
 	if err != nil {
-		return nil, fmt.Errorf("read events of etl context %d: %w", id, err)
+		return nil, fmt.Errorf("read events of task %d: %w", id, err)
 	}
 	return collectEvents(rows, id)
 }
@@ -203,14 +203,14 @@ func EventOf(ctx context.Context, db DB, id, eventID int64, maxPayload int) (Eve
 		  FROM data_manager.event_store
 		 WHERE etl_context_id = $1 AND event_id = $2`, id, eventID, maxPayload)
 	if err != nil {
-		return Event{}, fmt.Errorf("read event %d of etl context %d: %w", eventID, id, err)
+		return Event{}, fmt.Errorf("read event %d of task %d: %w", eventID, id, err)
 	}
 	events, err := collectEvents(rows, id)
 	if err != nil {
 		return Event{}, err
 	}
 	if len(events) == 0 {
-		return Event{}, fmt.Errorf("event %d of etl context %d: %w", eventID, id, ErrNotFound)
+		return Event{}, fmt.Errorf("event %d of task %d: %w", eventID, id, ErrNotFound)
 	}
 	return events[0], nil
 }
@@ -222,7 +222,7 @@ func collectEvents(rows pgx.Rows, id int64) ([]Event, error) {
 		return e, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("read events of etl context %d: %w", id, err)
+		return nil, fmt.Errorf("read events of task %d: %w", id, err)
 	}
 	return events, nil
 }
@@ -242,7 +242,7 @@ func LatestPayload(ctx context.Context, db DB, id int64, suffix string) (json.Ra
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read latest %s of etl context %d: %w", suffix, id, err)
+		return nil, fmt.Errorf("read latest %s of task %d: %w", suffix, id, err)
 	}
 	return payload, nil
 }
@@ -267,10 +267,10 @@ func Payloads(ctx context.Context, db DB, id int64) (args, checkpoint json.RawMe
 		  FROM data_manager.etl_contexts AS c
 		 WHERE c.etl_context_id = $1 AND c.initial_event_id IS NOT NULL`, id, protocol.EventCheckpoint).Scan(&args, &checkpoint)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, nil, fmt.Errorf("read arguments of etl context %d: %w", id, ErrNotFound)
+		return nil, nil, fmt.Errorf("read arguments of task %d: %w", id, ErrNotFound)
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("read arguments and checkpoint of etl context %d: %w", id, err)
+		return nil, nil, fmt.Errorf("read arguments and checkpoint of task %d: %w", id, err)
 	}
 	return args, checkpoint, nil
 }

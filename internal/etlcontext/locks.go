@@ -28,7 +28,7 @@ func Lock(ctx context.Context, tx pgx.Tx, id int64) (*Context, error) {
 		return nil, err
 	}
 	if !ok {
-		return nil, fmt.Errorf("lock etl context %d: %w", id, ErrLocked)
+		return nil, fmt.Errorf("lock task %d: %w", id, ErrLocked)
 	}
 	// Read once the lock is held: a task process that released it just
 	// before has committed everything it wrote.
@@ -44,7 +44,7 @@ func LockStep(ctx context.Context, tx pgx.Tx, id, job int64) (*Context, JobState
 		return nil, JobState{}, err
 	}
 	if !ok {
-		return nil, JobState{}, fmt.Errorf("lock etl context %d: %w", id, ErrLocked)
+		return nil, JobState{}, fmt.Errorf("lock task %d: %w", id, ErrLocked)
 	}
 	var (
 		js JobState
@@ -56,10 +56,10 @@ func LockStep(ctx context.Context, tx pgx.Tx, id, job int64) (*Context, JobState
 		  LEFT JOIN river_job AS j ON j.id = $2
 		 WHERE c.etl_context_id = $1`, id, job), &js.Running, &at)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, JobState{}, fmt.Errorf("etl context %d: %w", id, ErrNotFound)
+		return nil, JobState{}, fmt.Errorf("task %d: %w", id, ErrNotFound)
 	}
 	if err != nil {
-		return nil, JobState{}, fmt.Errorf("read etl context %d: %w", id, err)
+		return nil, JobState{}, fmt.Errorf("read task %d: %w", id, err)
 	}
 	if at != nil {
 		js.AttemptedAt = *at
@@ -96,7 +96,7 @@ func LockRow(ctx context.Context, tx pgx.Tx, id int64, byKey bool) (*Context, er
 		return nil, err
 	}
 	if !ok {
-		return nil, fmt.Errorf("lock etl context %d: %w", id, ErrLocked)
+		return nil, fmt.Errorf("lock task %d: %w", id, ErrLocked)
 	}
 	// Found by event_store's own index, without reading etl_contexts: the
 	// function reads it in a subtransaction rolled back. Whoever locks the
@@ -112,7 +112,7 @@ func LockRow(ctx context.Context, tx pgx.Tx, id int64, byKey bool) (*Context, er
 		var may bool
 		if err := tx.QueryRow(ctx, `
 			SELECT coalesce(has_function_privilege(to_regprocedure('data_manager.lock_initial_event(bigint)'), 'EXECUTE'), false)`).Scan(&may); err != nil {
-			return nil, fmt.Errorf("lock initial event of etl context %d: %w", id, err)
+			return nil, fmt.Errorf("lock initial event of task %d: %w", id, err)
 		}
 		if may {
 			lockSQL = `SELECT data_manager.lock_initial_event($1)`
@@ -122,20 +122,20 @@ func LockRow(ctx context.Context, tx pgx.Tx, id int64, byKey bool) (*Context, er
 	err = tx.QueryRow(ctx, lockSQL, id).Scan(&eventID)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows) || err == nil && eventID == nil:
-		return nil, fmt.Errorf("lock initial event of etl context %d: %w", id, ErrNotFound)
+		return nil, fmt.Errorf("lock initial event of task %d: %w", id, ErrNotFound)
 	case err != nil:
-		return nil, fmt.Errorf("lock initial event of etl context %d: %w", id, classify(err))
+		return nil, fmt.Errorf("lock initial event of task %d: %w", id, classify(err))
 	}
 	// The context is read in a savepoint rolled back at once: the table
 	// lock the read takes on etl_contexts goes with it, while the locks
 	// taken before the savepoint stay.
 	sp, err := tx.Begin(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("read etl context %d: %w", id, err)
+		return nil, fmt.Errorf("read task %d: %w", id, err)
 	}
 	c, err := Get(ctx, sp, id)
 	if rerr := sp.Rollback(ctx); rerr != nil && err == nil {
-		err = fmt.Errorf("read etl context %d: %w", id, rerr)
+		err = fmt.Errorf("read task %d: %w", id, rerr)
 	}
 	if err != nil {
 		return nil, err
@@ -165,10 +165,10 @@ func LockSession(ctx context.Context, conn DB, id int64) (*Context, error) {
 func TryLockSession(ctx context.Context, conn DB, id int64) error {
 	var ok bool
 	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, $2::int)`, protocol.LockNamespace, id).Scan(&ok); err != nil {
-		return fmt.Errorf("take session lock of etl context %d: %w", id, err)
+		return fmt.Errorf("take session lock of task %d: %w", id, err)
 	}
 	if !ok {
-		return fmt.Errorf("take session lock of etl context %d: %w", id, ErrLocked)
+		return fmt.Errorf("take session lock of task %d: %w", id, ErrLocked)
 	}
 	return nil
 }
@@ -176,7 +176,7 @@ func TryLockSession(ctx context.Context, conn DB, id int64) error {
 // UnlockSession releases the session lock LockSession took on conn.
 func UnlockSession(ctx context.Context, conn DB, id int64) error {
 	if _, err := conn.Exec(ctx, `SELECT pg_advisory_unlock($1, $2::int)`, protocol.LockNamespace, id); err != nil {
-		return fmt.Errorf("release session lock of etl context %d: %w", id, err)
+		return fmt.Errorf("release session lock of task %d: %w", id, err)
 	}
 	return nil
 }
@@ -192,7 +192,7 @@ func HoldsKeyOf(ctx context.Context, db DB, id int64, key string) (bool, error) 
 	if err := db.QueryRow(ctx, `
 		WITH k AS MATERIALIZED (SELECT set_config($2, $3, true))
 		SELECT data_manager.holds_key_of($1) FROM k`, id, RunKeySetting, key).Scan(&ok); err != nil {
-		return false, fmt.Errorf("check the run key of etl context %d: %w", id, err)
+		return false, fmt.Errorf("check the run key of task %d: %w", id, err)
 	}
 	return ok, nil
 }
@@ -200,7 +200,7 @@ func HoldsKeyOf(ctx context.Context, db DB, id int64, key string) (bool, error) 
 func tryXactLock(ctx context.Context, tx pgx.Tx, id int64) (bool, error) {
 	var ok bool
 	if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1, $2::int)`, protocol.LockNamespace, id).Scan(&ok); err != nil {
-		return false, fmt.Errorf("take lock of etl context %d: %w", id, err)
+		return false, fmt.Errorf("take lock of task %d: %w", id, err)
 	}
 	return ok, nil
 }

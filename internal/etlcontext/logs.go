@@ -13,7 +13,7 @@ import (
 // migration 25). A run that is no longer the running one is ErrStaleRun.
 func AppendLog(ctx context.Context, db DB, id int64, runID string, start int64, chunk []byte, keep int64) error {
 	if _, err := db.Exec(ctx, `SELECT data_manager.append_log($1, $2::uuid, $3, $4, $5)`, id, runID, start, chunk, keep); err != nil {
-		return fmt.Errorf("keep the log of etl context %d: %w", id, classify(err))
+		return fmt.Errorf("keep the log of task %d: %w", id, classify(err))
 	}
 	return nil
 }
@@ -45,7 +45,7 @@ func LogSince(ctx context.Context, db DB, id int64, from LogPos, maxBytes int) (
 		 WHERE etl_context_id = $1 AND (attempt, start_byte + octet_length(data)) > ($2, $3)
 		 ORDER BY attempt, start_byte`, id, from.Attempt, from.Offset)
 	if err != nil {
-		return nil, fmt.Errorf("read the log of etl context %d: %w", id, err)
+		return nil, fmt.Errorf("read the log of task %d: %w", id, err)
 	}
 	defer rows.Close()
 	var (
@@ -55,7 +55,7 @@ func LogSince(ctx context.Context, db DB, id int64, from LogPos, maxBytes int) (
 	for rows.Next() && (len(pieces) == 0 || size < maxBytes) {
 		var p LogPiece
 		if err := rows.Scan(&p.Attempt, &p.Offset, &p.Data); err != nil {
-			return nil, fmt.Errorf("read the log of etl context %d: %w", id, err)
+			return nil, fmt.Errorf("read the log of task %d: %w", id, err)
 		}
 		// What was read already is cut: before from, and what a chunk
 		// written again over a longer stretch repeats of the one before.
@@ -79,7 +79,7 @@ func LogSince(ctx context.Context, db DB, id int64, from LogPos, maxBytes int) (
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read the log of etl context %d: %w", id, err)
+		return nil, fmt.Errorf("read the log of task %d: %w", id, err)
 	}
 	return pieces, nil
 }
@@ -92,7 +92,7 @@ func LogEnd(ctx context.Context, db DB, id int64) (LogPos, error) {
 		SELECT attempt, start_byte + octet_length(data) FROM data_manager.log_chunks
 		 WHERE etl_context_id = $1 ORDER BY attempt DESC, start_byte DESC LIMIT 1`, id).Scan(&end.Attempt, &end.Offset)
 	if err != nil && err != pgx.ErrNoRows {
-		return LogPos{}, fmt.Errorf("read the log of etl context %d: %w", id, err)
+		return LogPos{}, fmt.Errorf("read the log of task %d: %w", id, err)
 	}
 	return end, nil
 }

@@ -110,7 +110,7 @@ func LastFailure(ctx context.Context, db DB, id int64, kind string) (Failure, er
 func SetProgress(ctx context.Context, db DB, id int64, runID string, payload json.RawMessage) error {
 	clean, _, err := cleanPayload(payload)
 	if err != nil {
-		return fmt.Errorf("encode progress of etl context %d: %w", id, err)
+		return fmt.Errorf("encode progress of task %d: %w", id, err)
 	}
 	var p *string
 	if clean != nil {
@@ -122,7 +122,7 @@ func SetProgress(ctx context.Context, db DB, id int64, runID string, payload jso
 		 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = `+sqlRunning,
 		id, runID, p)
 	if err != nil {
-		return fmt.Errorf("set progress of etl context %d: %w", id, classify(err))
+		return fmt.Errorf("set progress of task %d: %w", id, classify(err))
 	}
 	return nil
 }

@@ -124,7 +124,7 @@ func MarkWaiting(ctx context.Context, db DB, id int64, w Wait) (changed bool, er
 		 WHERE etl_context_id = $1 AND waiting_for IS DISTINCT FROM $2
 		   AND etl_status IN `+sqlDue, id, string(w))
 	if err != nil {
-		return false, fmt.Errorf("record why etl context %d waits: %w", id, err)
+		return false, fmt.Errorf("record why task %d waits: %w", id, err)
 	}
 	return tag.RowsAffected() > 0, nil
 }
@@ -143,7 +143,7 @@ func DeriveConcurrencyKey(ctx context.Context, db DB, id int64, field string) (*
 		 WHERE c.etl_context_id = $1
 		RETURNING c.concurrency_key`, id, field).Scan(&key)
 	if err != nil {
-		return nil, fmt.Errorf("record concurrency key of etl context %d: %w", id, err)
+		return nil, fmt.Errorf("record concurrency key of task %d: %w", id, err)
 	}
 	return &key, nil
 }

@@ -261,7 +261,7 @@ func LockJobless(ctx context.Context, tx pgx.Tx, id int64) (bool, error) {
 	if err := tx.QueryRow(ctx, `
 		SELECT river_job_id FROM data_manager.etl_contexts WHERE etl_context_id = $1 FOR UPDATE`,
 		id).Scan(&current); err != nil {
-		return false, fmt.Errorf("lock etl context %d: %w", id, classify(err))
+		return false, fmt.Errorf("lock task %d: %w", id, classify(err))
 	}
 	if current == nil {
 		return true, nil
@@ -280,7 +280,7 @@ func LockJobless(ctx context.Context, tx pgx.Tx, id int64) (bool, error) {
 func EnqueueJob(ctx context.Context, tx pgx.Tx, id int64) (int64, error) {
 	var job int64
 	if err := tx.QueryRow(ctx, `SELECT data_manager.enqueue_job($1)`, id).Scan(&job); err != nil {
-		return 0, fmt.Errorf("enqueue a River job for etl context %d: %w", id, classify(err))
+		return 0, fmt.Errorf("enqueue a River job for task %d: %w", id, classify(err))
 	}
 	return job, nil
 }

@@ -180,7 +180,7 @@ func ChildCounts(ctx context.Context, db DB, parent int64) (Children, error) {
 		SELECT etl_status, count(*) FROM data_manager.etl_contexts
 		 WHERE parent_context_id = $1 GROUP BY etl_status`, parent)
 	if err != nil {
-		return nil, fmt.Errorf("count children of etl context %d: %w", parent, err)
+		return nil, fmt.Errorf("count children of task %d: %w", parent, err)
 	}
 	counts := Children{}
 	var (
@@ -192,7 +192,7 @@ func ChildCounts(ctx context.Context, db DB, parent int64) (Children, error) {
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("count children of etl context %d: %w", parent, err)
+		return nil, fmt.Errorf("count children of task %d: %w", parent, err)
 	}
 	return counts, nil
 }

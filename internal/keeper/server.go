@@ -331,7 +331,7 @@ func (s *server) take(sess *session) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if h, ok := s.holders[sess.contextID]; ok && h != sess {
-		return fmt.Errorf("etl context %d: another session of the lock keeper holds it: %w", sess.contextID, etlcontext.ErrLocked)
+		return fmt.Errorf("task %d: another session of the lock keeper holds it: %w", sess.contextID, etlcontext.ErrLocked)
 	}
 	s.holders[sess.contextID] = sess
 	return nil

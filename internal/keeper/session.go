@@ -199,7 +199,7 @@ func (sess *session) hello(ctx context.Context, req *request) error {
 	case req.Version != Version:
 		return fmt.Errorf("%w: protocol version %d, this keeper speaks %d", ErrRefused, req.Version, Version)
 	case req.ContextID <= 0:
-		return fmt.Errorf("%w: etl context %d", ErrRefused, req.ContextID)
+		return fmt.Errorf("%w: task %d", ErrRefused, req.ContextID)
 	case req.RunKey == "":
 		return fmt.Errorf("%w: a session needs its run's key", ErrRefused)
 	}
@@ -210,7 +210,7 @@ func (sess *session) hello(ctx context.Context, req *request) error {
 		return fmt.Errorf("check the session's key: %w", err)
 	}
 	if !ok {
-		return fmt.Errorf("%w: the key is not that of etl context %d's current run", ErrRefused, req.ContextID)
+		return fmt.Errorf("%w: the key is not that of task %d's current run", ErrRefused, req.ContextID)
 	}
 	sess.contextID, sess.runKey = req.ContextID, req.RunKey
 	return nil

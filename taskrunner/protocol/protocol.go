@@ -167,15 +167,15 @@ func LogName(id int64) string { return strconv.FormatInt(id, 10) + ".log" }
 // blocking on a FIFO.
 func OpenLog(path string, id int64) (*os.File, error) {
 	if filepath.Base(path) != LogName(id) {
-		return nil, fmt.Errorf("the log of etl context %d, %s, is not a dama log", id, path)
+		return nil, fmt.Errorf("the log of task %d, %s, is not a dama log", id, path)
 	}
 	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if err != nil {
-		return nil, fmt.Errorf("open the log of etl context %d: %w", id, err)
+		return nil, fmt.Errorf("open the log of task %d: %w", id, err)
 	}
 	if info, err := f.Stat(); err != nil || !info.Mode().IsRegular() {
 		f.Close()
-		return nil, fmt.Errorf("the log of etl context %d, %s, is not a regular file", id, path)
+		return nil, fmt.Errorf("the log of task %d, %s, is not a regular file", id, path)
 	}
 	return f, nil
 }

@@ -24,13 +24,25 @@ func TestMigrateTwiceAtOnce(t *testing.T) {
 	for range 2 {
 		go func() { results <- env.Dama(cfg, "migrate") }()
 	}
+	var logged []string
 	for range 2 {
-		if res := <-results; res.Code != 0 {
+		res := <-results
+		if res.Code != 0 {
 			t.Errorf("concurrent dama migrate: exit %d: %s", res.Code, res.Stderr)
 		}
+		logged = append(logged, strings.Fields(strings.TrimSpace(res.Stderr))...)
 	}
-	if res := env.Dama(cfg, "migrate"); res.Code != 0 {
-		t.Errorf("dama migrate on a migrated database: exit %d: %s", res.Code, res.Stderr)
+	// One line per migration applied, by one or the other.
+	var migrations int
+	if err := env.Pool.QueryRow(context.Background(), `
+		SELECT (SELECT count(*) FROM river_migration) + (SELECT count(*) FROM data_manager.schema_migrations WHERE version_id > 0)`).Scan(&migrations); err != nil {
+		t.Fatal(err)
+	}
+	if lines := strings.Count(strings.Join(logged, " "), "msg=\"applied "); lines != migrations || strings.Count(strings.Join(logged, " "), "time=") != migrations {
+		t.Errorf("dama migrate logged %d applied of %d lines, want one line per migration, %d:\n%s", lines, strings.Count(strings.Join(logged, " "), "time="), migrations, strings.Join(logged, " "))
+	}
+	if res := env.Dama(cfg, "migrate"); res.Code != 0 || res.Stderr != "" {
+		t.Errorf("dama migrate on a migrated database: exit %d, stderr %q; want nothing said", res.Code, res.Stderr)
 	}
 	if res := env.Dama(cfg, "submit", "sample"); res.Code != 0 || testenv.Atoi(t, res.Stdout) != 1 {
 		t.Errorf("submit after migrate: exit %d, stdout %q, stderr %q", res.Code, res.Stdout, res.Stderr)

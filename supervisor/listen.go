@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"time"
 
@@ -37,7 +38,9 @@ func (s *Supervisor) newListener() *pglisten.Listener[*pgx.Conn] {
 		},
 		Notify: s.heard,
 		Failed: func(err error) bool {
-			s.logger.Warn("listening connection failed; reconnecting", "error", err)
+			// Muted if the database is gone: the liveness connection
+			// reports that.
+			slog.New(s.outage.Delayed(s.opts.Logger.Handler(), outageGrace)).Warn("listening connection failed; reconnecting", "error", err)
 			return true
 		},
 		Reconnected: func() { s.metrics.reconnects.WithLabelValues("listener").Inc() },

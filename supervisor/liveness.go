@@ -94,10 +94,7 @@ func (s *Supervisor) connectLiveness(ctx context.Context) (*pgx.Conn, error) {
 // supervisors rescue this one's steps only if the lock stays missing for
 // the rescue grace.
 func (s *Supervisor) newLiveness() *pglisten.Listener[*pgx.Conn] {
-	var (
-		lostAt time.Time
-		tries  int
-	)
+	var lostAt time.Time
 	return &pglisten.Listener[*pgx.Conn]{
 		Connect: s.connectLiveness,
 		Look: func(ctx context.Context, conn *pgx.Conn) error {
@@ -112,24 +109,28 @@ func (s *Supervisor) newLiveness() *pglisten.Listener[*pgx.Conn] {
 		RetryDelay: livenessRetryInterval,
 		Failed: func(err error) bool {
 			if lostAt.IsZero() {
-				lostAt, tries = time.Now(), 0
+				lostAt = time.Now()
 				s.logger.Error("lost the database connection: tasks keep running; reconnecting", "error", err)
-				return true
-			}
-			// Once at first, then every 30 tries: an outage is reported, not
-			// logged at every retry.
-			if tries++; tries == 1 || tries%30 == 0 {
-				s.logger.Warn("database still unreachable", "error", err, "for", time.Since(lostAt).Round(time.Second))
+				// Until it is back, everything that needs the database
+				// fails (River's fetches several times a second): the
+				// outage is this line and the one at its end.
+				s.outage.Begin()
 			}
 			return true
 		},
 		Reconnected: func() {
 			s.metrics.reconnects.WithLabelValues("liveness").Inc()
-			s.logger.Info("database connection back; liveness lock taken again", "outage", time.Since(lostAt).Round(time.Millisecond))
+			muted := s.outage.End()
+			s.logger.Info("database connection back; liveness lock taken again", "outage", time.Since(lostAt).Round(time.Millisecond), "warnings_muted", muted)
 			lostAt = time.Time{}
 		},
 	}
 }
+
+// outageGrace is how long the warnings of those who notice a lost
+// database at the same instant as the liveness connection (River, the
+// listening connection) wait, to be muted if it is an outage.
+const outageGrace = time.Second
 
 // suspect is a running job seen without its client's liveness lock: the job,
 // the client that last fetched it, and when (a job fetched again is another

@@ -20,6 +20,7 @@ import (
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/internal/etlcontext"
 	"github.com/dama-etl/dama/internal/hostproc"
+	"github.com/dama-etl/dama/internal/logfilter"
 	"github.com/dama-etl/dama/internal/runas"
 	"github.com/dama-etl/dama/internal/submit"
 	"github.com/dama-etl/dama/sql"
@@ -44,7 +45,10 @@ type Supervisor struct {
 	river   *river.Client[pgx.Tx]
 	// client submits the tasks of periodic kinds' ticks.
 	client *Client
+	// logger is Options.Logger, muted while outage lasts (from the
+	// liveness connection's loss to its return).
 	logger *slog.Logger
+	outage logfilter.Outage
 	host   string
 	hostID string
 	// keeperSecret is what its task processes and their host's lock
@@ -159,7 +163,6 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 		opts:           opts,
 		program:        prog,
 		pool:           pool,
-		logger:         opts.Logger,
 		host:           host,
 		hostID:         hostID,
 		children:       map[int64]*child{},
@@ -183,6 +186,7 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 		started:     make(chan struct{}),
 		controls:    make(chan struct{}, 1),
 	}
+	s.logger = slog.New(s.outage.Handler(opts.Logger.Handler()))
 	s.metrics.zero(cfg)
 	if err := s.registerMetrics(); err != nil {
 		return nil, err
@@ -290,7 +294,7 @@ func (s *Supervisor) newRiverClient() (*river.Client[pgx.Tx], error) {
 		Workers: workers,
 		// River reports every retry and snooze at info level; dama logs
 		// what matters about a task itself.
-		Logger:            slog.New(levelFloor{Handler: s.opts.Logger.Handler(), min: slog.LevelWarn}),
+		Logger:            slog.New(logfilter.Floor{Handler: s.outage.Delayed(s.opts.Logger.Handler(), outageGrace), Min: slog.LevelWarn}),
 		FetchCooldown:     s.opts.FetchCooldown,
 		FetchPollInterval: s.opts.FetchPollInterval,
 		JobTimeout:        stepTimeout(s.opts.LaunchTimeout),
@@ -308,24 +312,6 @@ func (s *Supervisor) newRiverClient() (*river.Client[pgx.Tx], error) {
 		return nil, fmt.Errorf("create River client: %w", err)
 	}
 	return client, nil
-}
-
-// levelFloor drops records below min.
-type levelFloor struct {
-	slog.Handler
-	min slog.Level
-}
-
-func (h levelFloor) Enabled(ctx context.Context, l slog.Level) bool {
-	return l >= h.min && h.Handler.Enabled(ctx, l)
-}
-
-func (h levelFloor) WithAttrs(attrs []slog.Attr) slog.Handler {
-	return levelFloor{Handler: h.Handler.WithAttrs(attrs), min: h.min}
-}
-
-func (h levelFloor) WithGroup(name string) slog.Handler {
-	return levelFloor{Handler: h.Handler.WithGroup(name), min: h.min}
 }
 
 // Run works tasks until ctx ends, then stops River cleanly: steps in progress

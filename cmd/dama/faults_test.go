@@ -389,3 +389,40 @@ func loseTheReplyOf(t *testing.T, configuration, query string) (*world, int64, s
 	replica.Start(t)
 	return w, id, taskLog
 }
+
+// A database outage is one ERROR line when the supervisor loses it and one
+// INFO line when it is back, with its length; what failed meanwhile (River's
+// fetches several times a second, each step) is counted, not logged.
+func TestADatabaseOutageIsTwoLinesOfLog(t *testing.T) {
+	t.Parallel()
+	srv := testenv.NewServer(t)
+	env := testenv.NewOn(t, srv)
+	cfg := env.WriteConfig(sampleConfigFor(2))
+	sup := env.Start(cfg, "supervisor")
+	sup.WaitReady(t, time.Minute)
+	srv.Restart(t, 4*time.Second)
+	var log string
+	testenv.Eventually(t, time.Minute, "the supervisor to log the database back", func() (bool, error) {
+		out, err := os.ReadFile(sup.Log)
+		log = string(out)
+		return strings.Contains(log, "database connection back"), err
+	})
+	var said []string
+	for _, line := range strings.Split(log, "\n") {
+		if strings.Contains(line, "level=WARN") || strings.Contains(line, "level=ERROR") {
+			said = append(said, line)
+		}
+		if strings.Contains(line, "database connection back") {
+			if !strings.Contains(line, " outage=4.") && !strings.Contains(line, " outage=5.") {
+				t.Errorf("the outage's end does not say it lasted 4 s and some: %s", line)
+			}
+			if strings.Contains(line, "warnings_muted=0") {
+				t.Errorf("nothing muted: %s", line)
+			}
+			break
+		}
+	}
+	if len(said) != 1 || !strings.Contains(said[0], `level=ERROR msg="lost the database connection`) {
+		t.Errorf("up to the outage's end the supervisor logged %d warnings and errors, want the outage's one:\n%s", len(said), strings.Join(said, "\n"))
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/url"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -210,5 +211,32 @@ func TestRunAt(t *testing.T) {
 	got := w.waitSettled(id, 30*time.Second)
 	if got.Status != etlcontext.StatusDone || got.StartedAt.Before(due) {
 		t.Errorf("%s, started at %s; want DONE, started no earlier than %s", got.Status, got.StartedAt, due)
+	}
+}
+
+// pgx's default sslmode, prefer, tries a server without TLS twice: the
+// user reads the server's answer once, without the first refusal.
+func TestAConnectionErrorSaysTheServersAnswerOnce(t *testing.T) {
+	t.Parallel()
+	srv := testenv.NewServer(t)
+	e := testenv.NewOn(t, srv)
+	u, err := url.Parse(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path, u.RawQuery = "/dama_no_such_database", ""
+	missing := *e
+	missing.URL = u.String()
+	res := missing.Dama("", "status")
+	want := "dama: connect to database dama_no_such_database on " + u.Host +
+		` as postgres: database "dama_no_such_database" does not exist (SQLSTATE 3D000)` + "\n"
+	if res.Code == 0 || res.Stderr != want {
+		t.Errorf("status with a missing database: exit %d, stderr %q; want %q", res.Code, res.Stderr, want)
+	}
+	// Each attempt is refused alike.
+	missing.URL = "postgres://nobody:secret@127.0.0.1:1/none"
+	res = missing.Dama("", "status")
+	if want := "dama: connect to database none on 127.0.0.1:1 as nobody: connection refused\n"; res.Code == 0 || res.Stderr != want {
+		t.Errorf("status with nothing listening: exit %d, stderr %q; want %q", res.Code, res.Stderr, want)
 	}
 }

@@ -50,6 +50,10 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 		return r.giveBack(ctx, sig)
 	default:
 	}
+	// Before the command's first line of output: the log names its
+	// attempt first.
+	r.logger.Info("command starting", "attempt", r.ctx.Attempt, "host", r.opts.Host, "command", r.argv)
+	startedAt := time.Now()
 	exited, err := startLocked(cmd)
 	eventsW.Close()
 	if err != nil {
@@ -64,7 +68,6 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 	r.w.call(func(ctx context.Context, conn dbConn) error {
 		return etlcontext.RecordCommand(ctx, conn, r.ctx.ID, r.opts.RunID, pgid, leaderTicks)
 	})
-	r.logger.Info("command started", "pid", pgid, "command", r.argv, "attempt", r.ctx.Attempt)
 
 	events := r.readEvents(ctx, eventsR)
 	watchCtx, stopWatch := context.WithCancel(ctx)
@@ -87,6 +90,18 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 	// reuses its id.
 	close(w.ended)
 	r.stopDescendants(hostproc.Attempt{PGID: pgid, LeaderStartTicks: leaderTicks, Marker: protocol.RunIDEnv + "=" + r.opts.RunID})
+	// After the last of its output, which its processes, all gone now,
+	// wrote to the log themselves.
+	ended := []any{"pid", pgid, "after", time.Since(startedAt).Round(time.Millisecond)}
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		ended = append(ended, "signal", ws.Signal().String())
+	} else {
+		ended = append(ended, "exit_code", cmd.ProcessState.ExitCode())
+	}
+	if w.stopReason != "" {
+		ended = append(ended, "stopped", w.stopReason)
+	}
+	r.logger.Info("command exited", ended...)
 	events.drain(ctx, time.Duration(*r.opts.Config.ReconnectGrace)+stmtTimeout)
 	stopWatch()
 	<-watchDone

@@ -348,7 +348,7 @@ func testALogTailWhoseReplyWasLostIsKeptOnce(t *testing.T) {
 	for _, p := range pieces {
 		kept.Write(p.Data)
 	}
-	if n := strings.Count(kept.String(), "command started"); n != 1 {
+	if n := strings.Count(kept.String(), "command starting"); n != 1 {
 		t.Errorf("the tail holds %d lines of the command's start, want 1:\n%s", n, kept.String())
 	}
 }

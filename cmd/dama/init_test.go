@@ -102,8 +102,18 @@ func TestInitStarterRunsAsItStands(t *testing.T) {
 		 WHERE etl_context_id = $1 AND type = 'hello:CHECKPOINT' ORDER BY event_id DESC LIMIT 1`, id).Scan(&checkpoint); err != nil || checkpoint != `{"next_step": 3}` {
 		t.Errorf("task %d's last checkpoint: %q, %v; want {\"next_step\": 3}", id, checkpoint, err)
 	}
-	if log, err := os.ReadFile(filepath.Join(dir, "logs", strconv.FormatInt(id, 10)+".log")); err != nil || !strings.Contains(string(log), "step 2 of 2") {
-		t.Errorf("task %d's log: %v\n%s", id, err, log)
+	// The log names the attempt before the command's first line, and says
+	// how it exited after its last.
+	log, err := os.ReadFile(filepath.Join(dir, "logs", strconv.FormatInt(id, 10)+".log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	starting := strings.Index(string(log), `msg="command starting" component=taskrunner etl_context_id=`+strconv.FormatInt(id, 10))
+	first, last := strings.Index(string(log), "step 1 of 2"), strings.Index(string(log), "hello: 2 steps done")
+	exited := strings.Index(string(log), `msg="command exited"`)
+	if starting < 0 || first < starting || last < first || exited < last ||
+		!strings.Contains(string(log), "attempt=1 host=") || !strings.Contains(string(log[exited:]), " exit_code=0") {
+		t.Errorf("task %d's log, want the attempt named first and its exit last:\n%s", id, log)
 	}
 }
 

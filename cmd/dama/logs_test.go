@@ -116,7 +116,7 @@ func testLogsFromAnyHost(t *testing.T) {
 			last = n
 		}
 	}
-	if last != 30 || !strings.Contains(followed.Stdout, "command started") {
+	if last != 30 || !strings.Contains(followed.Stdout, "command starting") {
 		t.Errorf("followed from the database to line %d, want 30 and the task process's own lines:\n%s", last, followed.Stdout)
 	}
 }

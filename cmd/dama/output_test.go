@@ -72,7 +72,7 @@ func TestLogsFollowUntilTheTaskEnds(t *testing.T) {
 	if got := w.task(id); got.Status != etlcontext.StatusDone {
 		t.Errorf("dama logs --follow returned while the task was %s", got.Status)
 	}
-	for _, want := range []string{"command started", fmt.Sprintf("context %d attempt 1: steps 0 to 20", id), fmt.Sprintf("context %d done", id)} {
+	for _, want := range []string{"command starting", fmt.Sprintf("context %d attempt 1: steps 0 to 20", id), fmt.Sprintf("context %d done", id)} {
 		if !strings.Contains(res.Stdout, want) {
 			t.Errorf("followed log lacks %q:\n%s", want, res.Stdout)
 		}

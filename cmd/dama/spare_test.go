@@ -99,7 +99,7 @@ func testATaskStartsInTheSupervisorsSpare(t *testing.T) {
 		t.Fatalf("task %d: %s after %d attempts, want DONE after 1", id, got.Status, got.Attempt)
 	}
 	taskLog, err := os.ReadFile(filepath.Join(w.Dir, "logs", fmt.Sprintf("%d.log", id)))
-	if err != nil || !strings.Contains(string(taskLog), "command started") || !strings.Contains(string(taskLog), fmt.Sprintf("context %d done", id)) {
+	if err != nil || !strings.Contains(string(taskLog), "command starting") || !strings.Contains(string(taskLog), fmt.Sprintf("context %d done", id)) {
 		t.Errorf("the spare's task log lacks its runner's and its command's lines (%v):\n%s", err, taskLog)
 	}
 	if starts := w.starts(id); len(starts) != 1 {

@@ -10,8 +10,12 @@ package config
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"math"
+	"os"
+	"os/exec"
 	"regexp"
 	"slices"
 	"sort"
@@ -249,6 +253,28 @@ type Kind struct {
 // FencesSessions reports whether k's command's sessions are named by its
 // run and waited for (SessionFence).
 func (k Kind) FencesSessions() bool { return k.SessionFence == nil || *k.SessionFence }
+
+// FindCommand returns the path of the kind's command (Command[0], looked
+// for in PATH unless it names a directory), or why it cannot be run, in
+// a line that names it: "/opt/etl/tool not found".
+func (k Kind) FindCommand() (string, error) {
+	if len(k.Command) == 0 {
+		return "", errors.New("the kind has no command")
+	}
+	name := k.Command[0]
+	path, err := exec.LookPath(name)
+	switch {
+	case err == nil:
+		return path, nil
+	case errors.Is(err, exec.ErrNotFound):
+		return "", fmt.Errorf("%s not found in PATH (%s)", name, os.Getenv("PATH"))
+	case errors.Is(err, fs.ErrNotExist):
+		return "", fmt.Errorf("%s not found", name)
+	case errors.Is(err, fs.ErrPermission):
+		return "", fmt.Errorf("%s is not executable", name)
+	}
+	return "", fmt.Errorf("%s: %w", name, err)
+}
 
 // Withheld reports whether the environment variable name holds dama's own
 // credentials or settings, which a command gets only when its kind names

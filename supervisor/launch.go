@@ -140,6 +140,9 @@ func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcont
 		return launchLocked, nil
 	case protocol.ExitRefused:
 		return launchRefused, nil
+	case protocol.ExitUnfit:
+		// It recorded why (reportLaunchFailure logs it once).
+		return launchExited, nil
 	}
 	logger.Warn("task process exited before taking its lock", "pid", ch.pid, "exit_code", ch.exitCode, "log", logPath)
 	return launchExited, nil

@@ -370,6 +370,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		"release", version.Release, "commit", version.Commit(), "protocol", protocol.Version, "task_program", s.opts.Executable)
 	close(s.started)
 	s.reportBudget(ctx)
+	s.checkCommands()
 	bg.Go(func() { s.rescueLoop(bgCtx) })
 	bg.Go(func() { s.spareLoop(bgCtx) })
 	bg.Go(func() { s.pruneLoop(bgCtx) })
@@ -486,4 +487,19 @@ func checkUsers(cfg *config.Config) error {
 		}
 	}
 	return nil
+}
+
+// checkCommands logs, once per kind, a command this host cannot run: its
+// tasks wait, QUEUED, for a host that can (each task process checks again
+// at its launch, and records why in a WARNING event).
+func (s *Supervisor) checkCommands() {
+	for _, name := range s.cfg.KindNames() {
+		k, _ := s.cfg.Kind(name)
+		if k.Function != "" {
+			continue
+		}
+		if _, err := k.FindCommand(); err != nil {
+			s.logger.Error("this host cannot run a kind's command: its tasks wait for a host that can", "kind", name, "error", err)
+		}
+	}
 }

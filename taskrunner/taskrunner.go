@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"os/signal"
 	"sync"
 	"syscall"
@@ -305,7 +304,7 @@ func (r *runner) unfit(ctx context.Context, err error) (int, error) {
 	fctx, cancel := context.WithTimeout(ctx, stmtTimeout)
 	defer cancel()
 	// Cleaned first, so that the stored reason compares equal.
-	reason, _ := etlcontext.CleanText("this host cannot run the task: " + err.Error())
+	reason, _ := etlcontext.CleanText(etlcontext.UnfitPrefix + err.Error())
 	var seen bool
 	if serr := r.w.do(fctx, func(ctx context.Context, conn dbConn) (err error) {
 		seen, err = etlcontext.WarnedThisAttempt(ctx, conn, r.ctx.ID, reason)
@@ -373,9 +372,9 @@ func (r *runner) prepare() error {
 		}
 		r.path, r.argv = selfExe, []string{os.Args[0], "dama-function", kind.Function}
 	} else {
-		path, err := exec.LookPath(kind.Command[0])
+		path, err := kind.FindCommand()
 		if err != nil {
-			return fmt.Errorf("find command of kind %s: %w", r.ctx.Kind, err)
+			return err
 		}
 		r.path, r.argv = path, kind.Command
 	}

@@ -207,7 +207,7 @@ kinds:
 		})
 	}
 	res = w.Dama(w.cfg, "status")
-	if got := strings.Count(res.Stdout, "kind_blocked"); got != 2 {
+	if got := strings.Count(res.Stdout, "waiting: its kind is blocked since"); got != 2 {
 		t.Errorf("dama status shows %d tasks waiting for their blocked kind, want 2:\n%s", got, res.Stdout)
 	}
 	res = w.Dama(w.cfg, "queues")

@@ -1,10 +1,13 @@
 package main
 
 import (
+	"os"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/dama-etl/dama/internal/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
@@ -39,7 +42,7 @@ func TestLocalTimes(t *testing.T) {
 }
 
 // etaRE is the time a running task's progress says it has left.
-var etaRE = regexp.MustCompile(`\d+% \d+/\d+ ETA (?:(\d+)m)?(\d+)s`)
+var etaRE = regexp.MustCompile(`\d+% \d+/\d+\s+ETA (?:(\d+)m)?(\d+)s`)
 
 // dama status draws a task's progress as a bar with its percentage and,
 // while it runs, the time it has left at its pace, and how long it has
@@ -58,7 +61,7 @@ func TestStatusDrawsProgressAndTimeLeft(t *testing.T) {
 	})
 	var row string
 	testenv.Eventually(t, 10*time.Second, "dama status to show the time left", func() (bool, error) {
-		row = lineWith(env.Dama(cfg, "status", strconv.FormatInt(id, 10)).Stdout, "RUNNING")
+		row = lineWith(env.Dama(cfg, "status", "-o", "wide", strconv.FormatInt(id, 10)).Stdout, "RUNNING")
 		return etaRE.MatchString(row), nil
 	})
 	// Its steps sleep 150ms each: at its pace, even on a slow machine,
@@ -72,9 +75,87 @@ func TestStatusDrawsProgressAndTimeLeft(t *testing.T) {
 	if !regexp.MustCompile(`\s(\d+m)?\d+s\s+sample:`).MatchString(row) || !regexp.MustCompile(`\[#+\.+\]`).MatchString(row) {
 		t.Errorf("the running task's row %q: want how long it has run, in seconds, and a bar", row)
 	}
+	// The default table: the bar, its percentage and the time left.
+	if short := lineWith(env.Dama(cfg, "status", strconv.FormatInt(id, 10)).Stdout, "RUNNING"); !etaRE.MatchString(short) || !regexp.MustCompile(`\[#+\.+\]`).MatchString(short) {
+		t.Errorf("the running task's row in the default table %q: want a bar and the time left", short)
+	}
 	w.waitSettled(id, time.Minute)
-	row = lineWith(env.Dama(cfg, "status", strconv.FormatInt(id, 10)).Stdout, "DONE")
-	if !regexp.MustCompile(`\s(1[5-9]s|[2-5]\ds|\d+m\d+s)\s+sample:FINAL \d\d:\d\d:\d\d\s+\[#{20}\] 100% 100/100$`).MatchString(row) {
+	row = lineWith(env.Dama(cfg, "status", "-o", "wide", strconv.FormatInt(id, 10)).Stdout, "DONE")
+	if !regexp.MustCompile(`\s(1[5-9]s|[2-5]\ds|\d+m\d+s)\s+sample:FINAL \d\d:\d\d:\d\d\s+\[#{20}\] 100% 100/100\s+-$`).MatchString(row) {
 		t.Errorf("the finished task's row %q: want it took 15 s or more, its FINAL's local time, a full bar, and no time left", row)
+	}
+}
+
+// A kind whose command this host does not have says so: once in the
+// supervisor's log when it starts, once when a launch fails for it, and in
+// the task's reason in dama status, which fits 80 columns.
+func TestAKindThatCannotRunHereSaysWhy(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 2)
+	cfg := w.WriteConfig(sampleConfigFor(2) + `
+  broken:
+    queue: etl
+    command: ["/nonexistent/etl-tool"]
+`)
+	sup := w.Start(cfg, "supervisor")
+	sup.WaitReady(t, time.Minute)
+	id := testenv.Atoi(t, w.Dama(cfg, "submit", "broken").Stdout)
+	var log string
+	testenv.Eventually(t, time.Minute, "the supervisor to try the launch three times", func() (bool, error) {
+		out, err := os.ReadFile(sup.Log)
+		log = string(out)
+		return strings.Count(log, `msg="spawned task process" etl_context_id=`+strconv.FormatInt(id, 10)) >= 3, err
+	})
+	said := map[string]int{}
+	for _, line := range strings.Split(log, "\n") {
+		if strings.Contains(line, "level=WARN") || strings.Contains(line, "level=ERROR") {
+			said[line[strings.Index(line, "level="):min(len(line), strings.Index(line, "level=")+60)]]++
+		}
+	}
+	if len(said) != 2 || !strings.Contains(log, `msg="this host cannot run a kind's command: its tasks wait for a host that can" kind=broken error="/nonexistent/etl-tool not found"`) ||
+		!strings.Contains(log, `reason="this host cannot run the task: /nonexistent/etl-tool not found"`) {
+		t.Errorf("the supervisor's warnings and errors, want one at its start and one for the launch:\n%v\n%s", said, log)
+	}
+	for _, n := range said {
+		if n != 1 {
+			t.Errorf("a warning or error said %d times, want once:\n%v", n, said)
+		}
+	}
+	res := w.DamaWith(cfg, []string{"COLUMNS=200"}, "status", strconv.FormatInt(id, 10))
+	if !regexp.MustCompile(`QUEUED .* waiting: /nonexistent/etl-tool not found on host \S+ since \d\d:\d\d:\d\d$`).MatchString(lineWith(res.Stdout, "broken")) {
+		t.Errorf("dama status %d, want why it waits:\n%s", id, res.Stdout)
+	}
+	res = w.DamaWith(cfg, []string{"COLUMNS=80"}, "status")
+	for _, line := range strings.Split(strings.TrimSuffix(res.Stdout, "\n"), "\n") {
+		if n := utf8.RuneCountInString(line); n > 80 {
+			t.Errorf("a line of %d columns with COLUMNS=80: %q", n, line)
+		}
+	}
+	if !strings.Contains(res.Stdout, "PROGRESS") || !strings.Contains(res.Stdout, "waiting: /nonexistent/") {
+		t.Errorf("dama status in 80 columns, want the progress and the reason:\n%s", res.Stdout)
+	}
+}
+
+// However narrow, the table keeps the id, the status and the progress,
+// and fits when they do.
+func TestTheStatusTableFitsItsWidth(t *testing.T) {
+	rows := [][]string{
+		{"ID", "KIND", "STATUS", "ATTEMPT", "PROGRESS", "TIME", "REASON"},
+		{"12345", "conflation", "RUNNING", "1/3", "[#####.....]  50% 5/10", "ETA 3m12s", "-"},
+		{"12344", "conflation", "QUEUED", "0/3", "-", "-", "waiting: /opt/etl/conflation not found on host etl-worker-7 since 10:02:11"},
+	}
+	for cols := 1; cols <= 200; cols++ {
+		lines := fitTable(rows, cols)
+		if !strings.Contains(lines[0], "PROGRESS") || !strings.Contains(lines[1], "[#####.....]  50% 5/10") || !strings.HasPrefix(lines[2], "12344") {
+			t.Fatalf("at %d columns the table lost the progress or the id:\n%s", cols, strings.Join(lines, "\n"))
+		}
+		for _, line := range lines {
+			if n := utf8.RuneCountInString(line); n > cols && cols >= len("ID     STATUS   PROGRESS              ") {
+				t.Fatalf("a line of %d runes at %d columns:\n%s", n, cols, strings.Join(lines, "\n"))
+			}
+		}
+	}
+	if got := fitTable(rows, 0)[2]; !strings.HasSuffix(got, "since 10:02:11") {
+		t.Errorf("unbounded, the reason is cut: %q", got)
 	}
 }

@@ -201,7 +201,7 @@ func TestRunAt(t *testing.T) {
 	if task.Status != etlcontext.StatusQueued || task.DueAt == nil || !task.DueAt.Equal(due) {
 		t.Fatalf("%s due %v, want QUEUED due %s", task.Status, deref(task.DueAt), due)
 	}
-	if out := w.Dama(w.cfg, "status", fmt.Sprint(id)).Stdout; !strings.Contains(out, "until "+due.Local().Format(time.DateTime)) {
+	if out := w.Dama(w.cfg, "status", "-o", "wide", fmt.Sprint(id)).Stdout; !strings.Contains(out, "until "+due.Local().Format(time.DateTime)) {
 		t.Errorf("dama status does not say when the task is due:\n%s", out)
 	}
 	var scheduled int

@@ -236,7 +236,7 @@ func outcome(ctx context.Context, db etlcontext.DB, t etlcontext.Task) (int, err
 // watchTasks prints the tasks q selects every interval until ctx ends, as
 // printTasks does: redrawn in place on a terminal; a table after another,
 // each under a line with the time, otherwise.
-func watchTasks(ctx context.Context, db etlcontext.DB, q etlcontext.TaskQuery, w io.Writer, interval time.Duration) error {
+func watchTasks(ctx context.Context, db etlcontext.DB, q etlcontext.TaskQuery, w io.Writer, interval time.Duration, wide bool) error {
 	for {
 		cols, rows, tty := terminalSize(w)
 		var buf bytes.Buffer
@@ -244,7 +244,11 @@ func watchTasks(ctx context.Context, db etlcontext.DB, q etlcontext.TaskQuery, w
 		var table bytes.Buffer
 		tasks, err := etlcontext.Tasks(ctx, db, q)
 		if err == nil {
-			err = printTasks(ctx, db, &table, tasks)
+			width := 0
+			if tty && !wide {
+				width = cols - 1
+			}
+			err = printTasks(ctx, db, &table, tasks, wide, width)
 		}
 		switch {
 		case ctx.Err() != nil:

@@ -227,7 +227,7 @@ func TestProgressBarsOnATerminal(t *testing.T) {
 	id := testenv.Atoi(t, res.Stdout)
 	w := &world{Env: env}
 	w.waitFor(id, 30*time.Second, "to report progress", func(t etlcontext.Task) bool { return t.Progress != nil })
-	// The table's progress column is at its right: a wide terminal shows it.
+	// A wide terminal shows the whole table.
 	out = onTerminal(t, env, cfg, "200 50", 5*time.Second, "status", "--watch", "--interval", "200ms")
 	if n := strings.Count(out, clearScreen); n < 2 || !strings.Contains(out, "/100") || !strings.Contains(out, "[#") {
 		t.Errorf("status --watch on a terminal: %d screens in %q: want at least 2, with a bar", n, out)

@@ -125,7 +125,7 @@ func testAwaitChildren(t *testing.T) {
 	if n := countLines(strings.Join(types, "\n"), "mapper:SUBMITTED"); n != 3 || types[len(types)-1] != "mapper:FINAL" {
 		t.Errorf("parent events %v: want 3 SUBMITTED, AWAITING and FINAL last", types)
 	}
-	out := w.Dama(w.cfg, "status", strconv.FormatInt(parent, 10))
+	out := w.Dama(w.cfg, "status", "-o", "wide", strconv.FormatInt(parent, 10))
 	if lineWith(out.Stdout, "mapper", "DONE", "3/3 done") == "" {
 		t.Errorf("dama status:\n%s", out.Stdout)
 	}

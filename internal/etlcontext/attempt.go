@@ -394,6 +394,9 @@ func RecentAttempts(ctx context.Context, db DB, id int64, limit, maxText int) ([
 // lines cannot set, so that their WARNINGs are never taken for it.
 const UnfitHostMeta = "unfit_host"
 
+// UnfitPrefix opens the reason of an unfit host's WARNING.
+const UnfitPrefix = "this host cannot run the task: "
+
 // WarnedThisAttempt reports whether the current attempt of context id
 // already has the WARNING of an unfit host (UnfitHostMeta) with this
 // reason: a condition that every launch meets (a host that lacks the

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dama-etl/dama/taskrunner/protocol"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -195,4 +196,65 @@ func ChildCounts(ctx context.Context, db DB, parent int64) (Children, error) {
 		return nil, fmt.Errorf("count children of task %d: %w", parent, err)
 	}
 	return counts, nil
+}
+
+// Trouble is what a task last said went wrong: its newest ERROR event's
+// reason (a failed attempt), or, for its current attempt, a WARNING that a
+// host cannot run it.
+type Trouble struct {
+	// Error is the newest ERROR's reason, empty when there is none.
+	Error string
+	// Unfit is why a host could not start the task's next attempt (its
+	// launches are taken back without spending one), Host that host, and
+	// At when it first said so (a task process says it once per attempt
+	// and reason); empty when none did.
+	Unfit, Host string
+	At          time.Time
+}
+
+// Troubles returns the Trouble of each of the tasks ids that has one, in
+// one statement: for the status list's reasons.
+func Troubles(ctx context.Context, db DB, ids []int64) (map[int64]Trouble, error) {
+	rows, err := db.Query(ctx, `
+		SELECT c.etl_context_id,
+		       (SELECT e.payload->>'reason' FROM data_manager.event_store AS e
+		         WHERE e.etl_context_id = c.etl_context_id AND e.type = c.kind || ':' || $2
+		         ORDER BY e.event_id DESC LIMIT 1),
+		       u.meta->>$4, u.payload->>'host', u.created_at
+		  FROM data_manager.etl_contexts AS c
+		  LEFT JOIN LATERAL (
+		       SELECT e.meta, e.payload, e.created_at FROM data_manager.event_store AS e
+		        WHERE e.etl_context_id = c.etl_context_id AND e.type = c.kind || ':' || $3
+		          AND e.attempt = c.attempt + 1 AND e.meta ? $4
+		        ORDER BY e.event_id DESC LIMIT 1) AS u ON true
+		 WHERE c.etl_context_id = ANY($1)`, ids, protocol.EventError, protocol.EventWarning, UnfitHostMeta)
+	if err != nil {
+		return nil, fmt.Errorf("read what went wrong with tasks: %w", err)
+	}
+	troubles := map[int64]Trouble{}
+	var (
+		id                 int64
+		errText, unfit, on *string
+		at                 *time.Time
+	)
+	_, err = pgx.ForEachRow(rows, []any{&id, &errText, &unfit, &on, &at}, func() error {
+		var t Trouble
+		if errText != nil {
+			t.Error = *errText
+		}
+		if unfit != nil && at != nil {
+			t.Unfit, t.At = strings.TrimPrefix(*unfit, UnfitPrefix), *at
+			if on != nil {
+				t.Host = *on
+			}
+		}
+		if t != (Trouble{}) {
+			troubles[id] = t
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read what went wrong with tasks: %w", err)
+	}
+	return troubles, nil
 }

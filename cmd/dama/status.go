@@ -12,6 +12,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/spf13/cobra"
@@ -272,6 +273,10 @@ func printWide(w io.Writer, tasks []etlcontext.Task, paces map[int64]etlcontext.
 // task waits for, or until when; that a running one is being cancelled or
 // awaits its children; a failed one's last error.
 func reason(t etlcontext.Task, tr etlcontext.Trouble, now time.Time) string {
+	return printable(reasonOf(t, tr, now))
+}
+
+func reasonOf(t etlcontext.Task, tr etlcontext.Trouble, now time.Time) string {
 	switch t.Status {
 	case etlcontext.StatusQueued, etlcontext.StatusRetrying:
 		switch {
@@ -419,4 +424,21 @@ func intOrDash(i *int) string {
 		return "-"
 	}
 	return strconv.Itoa(*i)
+}
+
+// printable is s in one line with its control characters (a terminal's
+// escape sequences among them) written as Go escapes: a reason is a
+// command's words, which must not move the cursor or rewrite the screen
+// of whoever reads dama status.
+func printable(s string) string {
+	var b strings.Builder
+	for _, r := range oneLine(s) {
+		if unicode.IsControl(r) || r == utf8.RuneError {
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }

@@ -159,3 +159,13 @@ func TestTheStatusTableFitsItsWidth(t *testing.T) {
 		t.Errorf("unbounded, the reason is cut: %q", got)
 	}
 }
+
+// A reason is a command's words: its control characters are shown, not
+// sent to the terminal.
+func TestAReasonCannotWriteToTheTerminal(t *testing.T) {
+	task := etlcontext.Task{Status: etlcontext.StatusFailed}
+	got := reason(task, etlcontext.Trouble{Error: "boom\x1b[2J\x1b]0;owned\x07\u009b31m\nnext\tline"}, time.Now())
+	if want := `boom\x1b[2J\x1b]0;owned\a\u009b31m next line`; got != want {
+		t.Errorf("reason %q, want %q", got, want)
+	}
+}

@@ -70,6 +70,10 @@ func checkNode(n *yaml.Node, t reflect.Type, path string) error {
 			if key.Kind != yaml.ScalarNode {
 				return wrongForm(key, path, "a setting's name")
 			}
+			if key.Tag == "!!merge" {
+				// <<: *defaults, whose settings the decoder checks.
+				continue
+			}
 			field, ok := fieldOf(t, key.Value)
 			if !ok {
 				return unknownKey(key, t, path)

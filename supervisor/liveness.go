@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/dama-etl/dama/internal/etlcontext"
+	"github.com/dama-etl/dama/internal/pgerr"
 	"github.com/dama-etl/dama/internal/pglisten"
 	"github.com/dama-etl/dama/internal/pgsession"
 )
@@ -94,7 +95,7 @@ func (s *Supervisor) connectLiveness(ctx context.Context) (*pgx.Conn, error) {
 // supervisors rescue this one's steps only if the lock stays missing for
 // the rescue grace.
 func (s *Supervisor) newLiveness() *pglisten.Listener[*pgx.Conn] {
-	var lostAt time.Time
+	var lostAt, remindedAt time.Time
 	return &pglisten.Listener[*pgx.Conn]{
 		Connect: s.connectLiveness,
 		Look: func(ctx context.Context, conn *pgx.Conn) error {
@@ -109,12 +110,21 @@ func (s *Supervisor) newLiveness() *pglisten.Listener[*pgx.Conn] {
 		RetryDelay: livenessRetryInterval,
 		Failed: func(err error) bool {
 			if lostAt.IsZero() {
-				lostAt = time.Now()
+				lostAt, remindedAt = time.Now(), time.Now()
 				s.logger.Error("lost the database connection: tasks keep running; reconnecting", "error", err)
 				// Until it is back, everything that needs the database
 				// fails (River's fetches several times a second): the
-				// outage is this line and the one at its end.
-				s.outage.Begin()
+				// outage is this line and the one at its end. A server
+				// that answers (a refused password, too many clients) is
+				// no outage: what fails meanwhile is worth reading.
+				if pgerr.Unreachable(err) {
+					s.outage.Begin()
+				}
+				return true
+			}
+			if time.Since(remindedAt) >= outageReminder {
+				remindedAt = time.Now()
+				s.opts.Logger.Warn("database still unreachable", "error", err, "for", time.Since(lostAt).Round(time.Second))
 			}
 			return true
 		},
@@ -126,6 +136,9 @@ func (s *Supervisor) newLiveness() *pglisten.Listener[*pgx.Conn] {
 		},
 	}
 }
+
+// outageReminder is how often a long outage is logged again.
+const outageReminder = 5 * time.Minute
 
 // outageGrace is how long the warnings of those who notice a lost
 // database at the same instant as the liveness connection (River, the

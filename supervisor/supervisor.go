@@ -346,7 +346,12 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	s.orphanCtx = bgCtx
 	s.mu.Unlock()
 	var bg sync.WaitGroup
-	bg.Go(func() { _ = live.Serve(bgCtx) })
+	bg.Go(func() {
+		_ = live.Serve(bgCtx)
+		if muted := s.outage.End(); muted > 0 {
+			s.logger.Info("stopped during a database outage", "warnings_muted", muted)
+		}
+	})
 	bg.Go(func() { _ = l.Serve(bgCtx) })
 	bg.Go(func() { s.controlLoop(bgCtx) })
 	defer func() {

@@ -62,9 +62,11 @@ const starterName = "dama.yaml"
 // settleConfig checks the configuration file named by --config (flagSet)
 // or DAMA_CONFIG, or else takes ./dama.yaml if there is one. A file the
 // user named must exist, whether or not the command reads it. ./dama.yaml
-// is read only when it is a file of this user's (or root's) that no other
-// user may write: in a directory others write to, such as /tmp, another
-// user could have put it there, and its kinds' commands would run.
+// is read only when it is a file (not a link) of this user's (or root's),
+// in a directory of theirs, that no other user may write or replace: in a
+// directory others write to, such as /tmp or another user's home, they
+// could have put it there or swap it later, and its kinds' commands would
+// run.
 func (g *globals) settleConfig(flagSet bool) error {
 	if g.configPath != "" {
 		from := "DAMA_CONFIG="
@@ -82,7 +84,7 @@ func (g *globals) settleConfig(flagSet bool) error {
 		}
 		return nil
 	}
-	fi, err := os.Stat(starterName)
+	fi, err := os.Lstat(starterName)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
@@ -93,14 +95,25 @@ func (g *globals) settleConfig(flagSet bool) error {
 	if err != nil {
 		return fmt.Errorf("read %s: %w", abs, err)
 	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	switch {
-	case !fi.Mode().IsRegular():
-		return fmt.Errorf("%s is not a file: not read (pass --config to name the configuration)", abs)
-	case !ok || (int(st.Uid) != os.Geteuid() && st.Uid != 0):
-		return fmt.Errorf("%s belongs to another user: not read (pass --config to read it anyway)", abs)
-	case fi.Mode().Perm()&0o022 != 0:
-		return fmt.Errorf("%s may be written by other users (mode %04o): not read (chmod go-w it, or pass --config)", abs, fi.Mode().Perm())
+	dir, err := os.Stat(filepath.Dir(abs))
+	if err != nil {
+		return fmt.Errorf("read %s: %w", filepath.Dir(abs), err)
+	}
+	// Task processes read the file again at each launch: whoever may
+	// replace it, in its directory, chooses what they run.
+	for _, f := range []struct {
+		name string
+		fi   fs.FileInfo
+	}{{abs, fi}, {filepath.Dir(abs), dir}} {
+		st, ok := f.fi.Sys().(*syscall.Stat_t)
+		switch {
+		case f.fi == fi && !fi.Mode().IsRegular():
+			return fmt.Errorf("%s is not a file: not read (pass --config to name the configuration)", abs)
+		case !ok || (int(st.Uid) != os.Geteuid() && st.Uid != 0):
+			return fmt.Errorf("%s belongs to another user: %s not read (pass --config to read it anyway)", f.name, starterName)
+		case f.fi.Mode().Perm()&0o022 != 0:
+			return fmt.Errorf("%s may be written by other users (mode %04o): %s not read (chmod go-w it, or pass --config)", f.name, f.fi.Mode().Perm(), starterName)
+		}
 	}
 	g.configPath = abs
 	return nil

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -103,11 +104,15 @@ func waitForDatabase(ctx context.Context, logger *slog.Logger, minConns int32) (
 // with err: pgx's message shows the URL with its password masked, and a
 // misspelt scheme reads as a keyword/value string, which it is not.
 func badURL(url string, err error) error {
-	if scheme, _, ok := strings.Cut(url, "://"); ok && scheme != "postgres" && scheme != "postgresql" {
+	if scheme, _, ok := strings.Cut(url, "://"); ok && urlScheme.MatchString(scheme) && scheme != "postgres" && scheme != "postgresql" {
 		return fmt.Errorf("DATABASE_URL's scheme %s is not postgres:// or postgresql://", quoteArg(scheme))
 	}
 	return fmt.Errorf("DATABASE_URL: %w", err)
 }
+
+// urlScheme is RFC 3986's scheme: what precedes :// in a keyword/value
+// string (password=a://b) is not one, and is not shown.
+var urlScheme = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.-]*$`)
 
 // connectError is a failed connection in one line: what was tried and the
 // server's or the network's answer, once. Its chain is pgx's, which

@@ -81,6 +81,9 @@ func writeStarter(cmd *cobra.Command, dir string) error {
 	}
 	out := cmd.OutOrStdout()
 	fmt.Fprintf(out, "wrote %s and %s\n", configPath, taskPath)
+	if closed := closedTo(abs); os.Geteuid() == 0 && closed != "" {
+		fmt.Fprintf(out, "# %s is closed to other users: %s cannot run hello.sh; init a directory it can reach, or name another user in dama.yaml\n", closed, starterRootUser)
+	}
 	if wd, err := os.Getwd(); err != nil || wd != abs {
 		fmt.Fprintf(out, "cd %s\n", abs)
 	}
@@ -113,4 +116,17 @@ func writeNew(path string, data []byte, mode fs.FileMode) error {
 		return fmt.Errorf("init: write %s: %w", path, err)
 	}
 	return nil
+}
+
+// closedTo returns the first directory of dir's path that users other
+// than its owner and group may not enter, or "".
+func closedTo(dir string) string {
+	for d := dir; ; d = filepath.Dir(d) {
+		if fi, err := os.Stat(d); err == nil && fi.Mode().Perm()&0o001 == 0 {
+			return d
+		}
+		if d == filepath.Dir(d) {
+			return ""
+		}
+	}
 }

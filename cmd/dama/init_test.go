@@ -145,17 +145,53 @@ func TestConfigFileTheUserDidNotWriteIsRefused(t *testing.T) {
 	if err := os.Chmod(config, 0o666); err != nil {
 		t.Fatal(err)
 	}
-	if res := damaIn(e, dir, "submit", "hello"); res.Code == 0 || !strings.Contains(res.Stderr, "may be written by other users (mode 0666): not read") {
+	if res := damaIn(e, dir, "submit", "hello"); res.Code == 0 || !strings.Contains(res.Stderr, "may be written by other users (mode 0666): dama.yaml not read") {
 		t.Errorf("submit with a ./dama.yaml others may write: exit %d, stderr %q", res.Code, res.Stderr)
 	}
 	if err := os.Chmod(config, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// Its directory: whoever may write there may swap it for the next
+	// launch's task process.
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if res := damaIn(e, dir, "submit", "hello"); res.Code == 0 || !strings.Contains(res.Stderr, dir+" may be written by other users (mode 0777): dama.yaml not read") {
+		t.Errorf("submit with ./dama.yaml in a directory others may write: exit %d, stderr %q", res.Code, res.Stderr)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// A link: its target is elsewhere.
+	if err := os.Rename(config, config+".real"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(config+".real", config); err != nil {
+		t.Fatal(err)
+	}
+	if res := damaIn(e, dir, "submit", "hello"); res.Code == 0 || !strings.Contains(res.Stderr, "dama.yaml is not a file: not read") {
+		t.Errorf("submit with ./dama.yaml a link: exit %d, stderr %q", res.Code, res.Stderr)
+	}
+	if err := os.Remove(config); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(config+".real", config); err != nil {
+		t.Fatal(err)
+	}
 	if os.Geteuid() == 0 {
+		if err := os.Chown(dir, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
+		if res := damaIn(e, dir, "submit", "hello"); res.Code == 0 || !strings.Contains(res.Stderr, dir+" belongs to another user: dama.yaml not read") {
+			t.Errorf("submit with ./dama.yaml in another user's directory: exit %d, stderr %q", res.Code, res.Stderr)
+		}
+		if err := os.Chown(dir, 0, 0); err != nil {
+			t.Fatal(err)
+		}
 		if err := os.Chown(config, 65534, 65534); err != nil {
 			t.Fatal(err)
 		}
-		if res := damaIn(e, dir, "submit", "hello"); res.Code == 0 || !strings.Contains(res.Stderr, "belongs to another user: not read") {
+		if res := damaIn(e, dir, "submit", "hello"); res.Code == 0 || !strings.Contains(res.Stderr, "belongs to another user: dama.yaml not read") {
 			t.Errorf("submit with another user's ./dama.yaml: exit %d, stderr %q", res.Code, res.Stderr)
 		}
 		if err := os.Chown(config, 0, 0); err != nil {

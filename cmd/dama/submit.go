@@ -46,8 +46,8 @@ refused.`,
 			if _, ok := cfg.Kind(argv[0]); !ok {
 				return fmt.Errorf("unknown kind %q: the configuration has %s", argv[0], strings.Join(cfg.KindNames(), ", "))
 			}
-			if trimmed := strings.TrimLeft(args, " \t\r\n"); !strings.HasPrefix(trimmed, "{") || !json.Valid([]byte(args)) {
-				return fmt.Errorf("--args %s: want a JSON object, as '{\"region\": \"eu\"}'", quoteArg(args))
+			if err := jsonObject(args); err != nil {
+				return fmt.Errorf("--args: want a JSON object, as '{\"region\": \"eu\"}'; %w", err)
 			}
 			due, err := dueAt(runAt, delay, time.Now())
 			if err != nil {
@@ -119,6 +119,39 @@ func parseRFC3339(s string) (time.Time, error) {
 		return time.Time{}, errors.New("not an RFC 3339 date-time")
 	}
 	return time.Parse(time.RFC3339, strings.ToUpper(s))
+}
+
+// jsonObject says what args is if not a JSON object, without quoting it:
+// arguments may hold credentials, which an error must not print.
+func jsonObject(args string) error {
+	var v any
+	dec := json.NewDecoder(strings.NewReader(args))
+	dec.UseNumber()
+	if err := dec.Decode(&v); err != nil {
+		var syntax *json.SyntaxError
+		if errors.As(err, &syntax) {
+			return fmt.Errorf("not JSON at byte %d", syntax.Offset)
+		}
+		return errors.New("not JSON")
+	}
+	if dec.More() {
+		return errors.New("more than one JSON value")
+	}
+	switch v.(type) {
+	case map[string]any:
+		return nil
+	case []any:
+		return errors.New("got an array")
+	case nil:
+		return errors.New("got null")
+	case string:
+		return errors.New("got a string")
+	case json.Number:
+		return errors.New("got a number")
+	case bool:
+		return errors.New("got a boolean")
+	}
+	return errors.New("got another JSON value")
 }
 
 // quoteArg quotes a command-line argument for an error message, cut short.

@@ -106,6 +106,8 @@ func TestBadInputIsOneLineAndWritesNothing(t *testing.T) {
 	unreachable.URL = "postgres://nobody:secret@127.0.0.1:1/none?connect_timeout=2"
 	misspelt := *w.Env
 	misspelt.URL = "postgress://nobody:secret@127.0.0.1:1/none"
+	keywords := *w.Env
+	keywords.URL = "password=secret://x host"
 	cases := []struct {
 		name string
 		env  *testenv.Env
@@ -114,9 +116,12 @@ func TestBadInputIsOneLineAndWritesNothing(t *testing.T) {
 		want string
 	}{
 		{"unknown kind", w.Env, w.cfg, []string{"submit", "nope"}, "unknown kind"},
-		{"malformed JSON", w.Env, w.cfg, []string{"submit", "sample", "--args", "{oops"}, `--args "{oops": want a JSON object`},
-		{"arguments not an object", w.Env, w.cfg, []string{"submit", "sample", "--args", "42"}, `--args "42": want a JSON object`},
-		{"null arguments", w.Env, w.cfg, []string{"submit", "sample", "--args", "null"}, `--args "null": want a JSON object`},
+		{"malformed JSON", w.Env, w.cfg, []string{"submit", "sample", "--args", `{"password": secret`}, `--args: want a JSON object, as '{"region": "eu"}'; not JSON at byte 14`},
+		{"arguments not an object", w.Env, w.cfg, []string{"submit", "sample", "--args", "42"}, "--args: want a JSON object, as '{\"region\": \"eu\"}'; got a number"},
+		{"null arguments", w.Env, w.cfg, []string{"submit", "sample", "--args", "null"}, "got null"},
+		{"an array", w.Env, w.cfg, []string{"submit", "sample", "--args", "[1]"}, "got an array"},
+		{"two values", w.Env, w.cfg, []string{"submit", "sample", "--args", "{} {}"}, "more than one JSON value"},
+		{"scheme-like keyword", &keywords, w.cfg, []string{"submit", "sample"}, "DATABASE_URL: cannot parse"},
 		{"no kind", w.Env, w.cfg, []string{"submit"}, "name one kind to submit: sample"},
 		{"missing config", w.Env, "", []string{"submit", "sample"}, "no configuration file"},
 		{"config not found", w.Env, filepath.Join(w.Dir, "absent.yaml"), []string{"submit", "sample"}, "DAMA_CONFIG=" + filepath.Join(w.Dir, "absent.yaml") + ": no such file"},

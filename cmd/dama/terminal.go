@@ -226,7 +226,8 @@ func outcome(ctx context.Context, db etlcontext.DB, t etlcontext.Task) (int, err
 	if err != nil {
 		return code, fmt.Errorf("task %d %s at attempt %d/%d (%w)", t.ID, t.Status, t.Attempt, t.MaxAttempts, err)
 	}
-	reason := f.Reason
+	// The command's words, printed on the user's terminal.
+	reason := printable(f.Reason)
 	if reason == "" {
 		reason = "no reason recorded"
 	}

@@ -227,7 +227,7 @@ func Troubles(ctx context.Context, db DB, ids []int64) (map[int64]Trouble, error
 		        WHERE e.etl_context_id = c.etl_context_id AND e.type = c.kind || ':' || $3
 		          AND e.attempt = c.attempt + 1 AND e.meta ? $4
 		        ORDER BY e.event_id DESC LIMIT 1) AS u ON true
-		 WHERE c.etl_context_id = ANY($1)`, ids, protocol.EventError, protocol.EventWarning, UnfitHostMeta)
+		 WHERE c.etl_context_id = ANY($1) AND c.etl_status IN (`+sqlQueued+`, `+sqlRetrying+`, `+sqlFailed+`)`, ids, protocol.EventError, protocol.EventWarning, UnfitHostMeta)
 	if err != nil {
 		return nil, fmt.Errorf("read what went wrong with tasks: %w", err)
 	}

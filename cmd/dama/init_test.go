@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -15,27 +14,6 @@ import (
 	"github.com/dama-etl/dama/internal/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
 )
-
-// damaIn runs dama with args in dir, with the test's database and no
-// configuration named: what a user types in the directory `dama init`
-// wrote.
-func damaIn(e *testenv.Env, dir string, args ...string) testenv.Result {
-	e.T.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, e.DamaBin, args...)
-	cmd.Dir, cmd.Env = dir, e.Environ("")
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	code := 0
-	if exitErr, ok := err.(*exec.ExitError); ok {
-		code = exitErr.ExitCode()
-	} else if err != nil {
-		e.T.Fatalf("run dama %v: %v", args, err)
-	}
-	return testenv.Result{Stdout: stdout.String(), Stderr: stderr.String(), Code: code}
-}
 
 // starterDir returns a new directory that any user may reach: as root,
 // the starter's commands run as nobody.
@@ -81,12 +59,12 @@ func TestInitStarterRunsAsItStands(t *testing.T) {
 		t.Errorf("dama init again changed dama.yaml")
 	}
 
-	if res := damaIn(e, dir, "migrate"); res.Code != 0 {
+	if res := e.DamaIn(dir, "migrate"); res.Code != 0 {
 		t.Fatalf("dama migrate: exit %d: %s", res.Code, res.Stderr)
 	}
 	sup := e.StartWrapped("", []string{"env", "-C", dir}, "supervisor")
 	sup.WaitReady(t, time.Minute)
-	res = damaIn(e, dir, "submit", "hello", "--args", `{"steps": 2}`, "--wait")
+	res = e.DamaIn(dir, "submit", "hello", "--args", `{"steps": 2}`, "--wait")
 	if res.Code != 0 {
 		t.Fatalf("dama submit hello --wait: exit %d, stdout %q, stderr %q", res.Code, res.Stdout, res.Stderr)
 	}
@@ -145,7 +123,7 @@ func TestConfigFileTheUserDidNotWriteIsRefused(t *testing.T) {
 	if err := os.Chmod(config, 0o666); err != nil {
 		t.Fatal(err)
 	}
-	if res := damaIn(e, dir, "submit", "hello"); res.Code == 0 || !strings.Contains(res.Stderr, "may be written by other users (mode 0666): dama.yaml not read") {
+	if res := e.DamaIn(dir, "submit", "hello"); res.Code == 0 || !strings.Contains(res.Stderr, "may be written by other users (mode 0666): dama.yaml not read") {
 		t.Errorf("submit with a ./dama.yaml others may write: exit %d, stderr %q", res.Code, res.Stderr)
 	}
 	if err := os.Chmod(config, 0o644); err != nil {
@@ -156,7 +134,7 @@ func TestConfigFileTheUserDidNotWriteIsRefused(t *testing.T) {
 	if err := os.Chmod(dir, 0o777); err != nil {
 		t.Fatal(err)
 	}
-	if res := damaIn(e, dir, "submit", "hello"); res.Code == 0 || !strings.Contains(res.Stderr, dir+" may be written by other users (mode 0777): dama.yaml not read") {
+	if res := e.DamaIn(dir, "submit", "hello"); res.Code == 0 || !strings.Contains(res.Stderr, dir+" may be written by other users (mode 0777): dama.yaml not read") {
 		t.Errorf("submit with ./dama.yaml in a directory others may write: exit %d, stderr %q", res.Code, res.Stderr)
 	}
 	if err := os.Chmod(dir, 0o755); err != nil {
@@ -169,7 +147,7 @@ func TestConfigFileTheUserDidNotWriteIsRefused(t *testing.T) {
 	if err := os.Symlink(config+".real", config); err != nil {
 		t.Fatal(err)
 	}
-	if res := damaIn(e, dir, "submit", "hello"); res.Code == 0 || !strings.Contains(res.Stderr, "dama.yaml is not a file: not read") {
+	if res := e.DamaIn(dir, "submit", "hello"); res.Code == 0 || !strings.Contains(res.Stderr, "dama.yaml is not a file: not read") {
 		t.Errorf("submit with ./dama.yaml a link: exit %d, stderr %q", res.Code, res.Stderr)
 	}
 	if err := os.Remove(config); err != nil {
@@ -182,7 +160,7 @@ func TestConfigFileTheUserDidNotWriteIsRefused(t *testing.T) {
 		if err := os.Chown(dir, 65534, 65534); err != nil {
 			t.Fatal(err)
 		}
-		if res := damaIn(e, dir, "submit", "hello"); res.Code == 0 || !strings.Contains(res.Stderr, dir+" belongs to another user: dama.yaml not read") {
+		if res := e.DamaIn(dir, "submit", "hello"); res.Code == 0 || !strings.Contains(res.Stderr, dir+" belongs to another user: dama.yaml not read") {
 			t.Errorf("submit with ./dama.yaml in another user's directory: exit %d, stderr %q", res.Code, res.Stderr)
 		}
 		if err := os.Chown(dir, 0, 0); err != nil {
@@ -191,7 +169,7 @@ func TestConfigFileTheUserDidNotWriteIsRefused(t *testing.T) {
 		if err := os.Chown(config, 65534, 65534); err != nil {
 			t.Fatal(err)
 		}
-		if res := damaIn(e, dir, "submit", "hello"); res.Code == 0 || !strings.Contains(res.Stderr, "belongs to another user: dama.yaml not read") {
+		if res := e.DamaIn(dir, "submit", "hello"); res.Code == 0 || !strings.Contains(res.Stderr, "belongs to another user: dama.yaml not read") {
 			t.Errorf("submit with another user's ./dama.yaml: exit %d, stderr %q", res.Code, res.Stderr)
 		}
 		if err := os.Chown(config, 0, 0); err != nil {
@@ -202,7 +180,7 @@ func TestConfigFileTheUserDidNotWriteIsRefused(t *testing.T) {
 	if err := e.Pool.QueryRow(context.Background(), `SELECT count(*) FROM data_manager.etl_contexts`).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("%d tasks submitted from refused configurations (%v)", n, err)
 	}
-	if res := damaIn(e, dir, "submit", "hello"); res.Code != 0 {
+	if res := e.DamaIn(dir, "submit", "hello"); res.Code != 0 {
 		t.Errorf("submit with the user's own ./dama.yaml: exit %d, stderr %q", res.Code, res.Stderr)
 	}
 }

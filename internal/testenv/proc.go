@@ -33,9 +33,22 @@ func (e *Env) Dama(configPath string, args ...string) Result {
 // environment.
 func (e *Env) DamaWith(configPath string, extraEnv []string, args ...string) Result {
 	e.T.Helper()
+	return e.dama("", configPath, extraEnv, args)
+}
+
+// DamaIn is Dama run in the directory dir, with no configuration named:
+// as a user types it where `dama init` wrote ./dama.yaml.
+func (e *Env) DamaIn(dir string, args ...string) Result {
+	e.T.Helper()
+	return e.dama(dir, "", nil, args)
+}
+
+func (e *Env) dama(dir, configPath string, extraEnv, args []string) Result {
+	e.T.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, e.DamaBin, args...)
+	cmd.Dir = dir
 	cmd.Env = append(e.Environ(configPath), extraEnv...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

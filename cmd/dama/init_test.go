@@ -80,6 +80,14 @@ func TestInitStarterRunsAsItStands(t *testing.T) {
 		 WHERE etl_context_id = $1 AND type = 'hello:CHECKPOINT' ORDER BY event_id DESC LIMIT 1`, id).Scan(&checkpoint); err != nil || checkpoint != `{"next_step": 3}` {
 		t.Errorf("task %d's last checkpoint: %q, %v; want {\"next_step\": 3}", id, checkpoint, err)
 	}
+	// dama status ID tells it all.
+	res = e.DamaIn(dir, "status", strconv.FormatInt(id, 10))
+	for _, want := range []string{"\nArguments:   {\"steps\": 2}\n", "\nCheckpoint:  {\"next_step\": 3}\n", "\nProgress:    [####################] 100% 2/2\n",
+		" DONE     0     -\n", " hello:FINAL ", "\n  hello: 2 steps done\n"} {
+		if !strings.Contains(res.Stdout, want) {
+			t.Errorf("dama status %d, want %q in it:\n%s", id, want, res.Stdout)
+		}
+	}
 	// The log names the attempt before the command's first line, and says
 	// how it exited after its last.
 	log, err := os.ReadFile(filepath.Join(dir, "logs", strconv.FormatInt(id, 10)+".log"))

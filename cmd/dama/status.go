@@ -12,7 +12,6 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
-	"unicode"
 	"unicode/utf8"
 
 	"github.com/spf13/cobra"
@@ -35,6 +34,11 @@ func newStatusCommand() *cobra.Command {
 		Short: "Show tasks from data_manager.dama_task_queue",
 		Long: `Show tasks from data_manager.dama_task_queue, newest first: one task by ID,
 or the newest --limit tasks, optionally only those in the given --status.
+
+One task by ID is shown in full: where it is and why, its arguments and
+checkpoint, each attempt (host, pid, start, end, outcome, exit code,
+reason), its children, its newest events and the last lines of its log
+(-o wide: its row of the table instead).
 
 The table's columns: the task's id, kind, status and attempt, its progress,
 its time left at its pace (ETA) while it runs or how long it ran, and a
@@ -94,6 +98,9 @@ the time and the kind, never the progress. -o wide shows every column.`,
 					return enc.Encode(tasks[0])
 				}
 				return enc.Encode(tasks)
+			}
+			if id != 0 && !wide {
+				return describeTask(cmd.Context(), pool, out, tasks[0])
 			}
 			return printTasks(cmd.Context(), pool, out, tasks, wide, columns(out))
 		},
@@ -273,7 +280,7 @@ func printWide(w io.Writer, tasks []etlcontext.Task, paces map[int64]etlcontext.
 // task waits for, or until when; that a running one is being cancelled or
 // awaits its children; a failed one's last error.
 func reason(t etlcontext.Task, tr etlcontext.Trouble, now time.Time) string {
-	return printable(reasonOf(t, tr, now))
+	return shownText(reasonOf(t, tr, now))
 }
 
 func reasonOf(t etlcontext.Task, tr etlcontext.Trouble, now time.Time) string {
@@ -424,21 +431,4 @@ func intOrDash(i *int) string {
 		return "-"
 	}
 	return strconv.Itoa(*i)
-}
-
-// printable is s in one line with its control characters (a terminal's
-// escape sequences among them) written as Go escapes: a reason is a
-// command's words, which must not move the cursor or rewrite the screen
-// of whoever reads dama status.
-func printable(s string) string {
-	var b strings.Builder
-	for _, r := range oneLine(s) {
-		if unicode.IsControl(r) || r == utf8.RuneError {
-			q := strconv.QuoteRune(r)
-			b.WriteString(q[1 : len(q)-1])
-			continue
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
 }

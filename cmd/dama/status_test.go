@@ -76,7 +76,7 @@ func TestStatusDrawsProgressAndTimeLeft(t *testing.T) {
 		t.Errorf("the running task's row %q: want how long it has run, in seconds, and a bar", row)
 	}
 	// The default table: the bar, its percentage and the time left.
-	if short := lineWith(env.Dama(cfg, "status", strconv.FormatInt(id, 10)).Stdout, "RUNNING"); !etaRE.MatchString(short) || !regexp.MustCompile(`\[#+\.+\]`).MatchString(short) {
+	if short := lineWith(env.Dama(cfg, "status").Stdout, strconv.FormatInt(id, 10), "RUNNING"); !etaRE.MatchString(short) || !regexp.MustCompile(`\[#+\.+\]`).MatchString(short) {
 		t.Errorf("the running task's row in the default table %q: want a bar and the time left", short)
 	}
 	w.waitSettled(id, time.Minute)
@@ -121,7 +121,7 @@ func TestAKindThatCannotRunHereSaysWhy(t *testing.T) {
 			t.Errorf("a warning or error said %d times, want once:\n%v", n, said)
 		}
 	}
-	res := w.DamaWith(cfg, []string{"COLUMNS=200"}, "status", strconv.FormatInt(id, 10))
+	res := w.DamaWith(cfg, []string{"COLUMNS=200"}, "status")
 	if !regexp.MustCompile(`QUEUED .* waiting: /nonexistent/etl-tool not found on host \S+ since \d\d:\d\d:\d\d$`).MatchString(lineWith(res.Stdout, "broken")) {
 		t.Errorf("dama status %d, want why it waits:\n%s", id, res.Stdout)
 	}
@@ -165,7 +165,7 @@ func TestTheStatusTableFitsItsWidth(t *testing.T) {
 func TestAReasonCannotWriteToTheTerminal(t *testing.T) {
 	task := etlcontext.Task{Status: etlcontext.StatusFailed}
 	got := reason(task, etlcontext.Trouble{Error: "boom\x1b[2J\x1b]0;owned\x07\u009b31m\nnext\tline"}, time.Now())
-	if want := `boom\x1b[2J\x1b]0;owned\a\u009b31m next line`; got != want {
+	if want := "boom^[[2J^[]0;owned^G\uFFFD31m next line"; got != want {
 		t.Errorf("reason %q, want %q", got, want)
 	}
 }

@@ -227,7 +227,7 @@ func outcome(ctx context.Context, db etlcontext.DB, t etlcontext.Task) (int, err
 		return code, fmt.Errorf("task %d %s at attempt %d/%d (%w)", t.ID, t.Status, t.Attempt, t.MaxAttempts, err)
 	}
 	// The command's words, printed on the user's terminal.
-	reason := printable(f.Reason)
+	reason := shownText(f.Reason)
 	if reason == "" {
 		reason = "no reason recorded"
 	}

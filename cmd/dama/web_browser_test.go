@@ -130,6 +130,15 @@ func (b *browser) waitJS(what, expr string, timeout time.Duration) {
 	}
 }
 
+// click clicks the element selector names once it is there, finding and
+// clicking it in one evaluation: the page redraws its tables as it
+// refreshes, and a node found, then clicked, may be gone in between
+// ("Could not find node with given id").
+func (b *browser) click(what, selector string) {
+	b.t.Helper()
+	b.waitJS(what, fmt.Sprintf(`(() => { const e = document.querySelector(%q); if (!e) return false; e.click(); return true; })()`, selector), 10*time.Second)
+}
+
 // screenshot saves the page to name in $DAMA_SCREENSHOT_DIR, or in the
 // test's directory.
 func (b *browser) screenshot(name string) {
@@ -217,7 +226,7 @@ func TestWebPageInABrowser(t *testing.T) {
 	b.waitJS("the victim's log", `document.querySelector('#log')?.textContent.includes("step ")`, 10*time.Second)
 	lines := eval[int](b, `document.querySelector('#log').textContent.split("\n").length`)
 	b.waitJS("the victim's log to grow", fmt.Sprintf(`document.querySelector('#log')?.textContent.split("\n").length > %d + 5`, lines), 10*time.Second)
-	b.do("cancel without the token", chromedp.Click(`#actions [data-action$="/cancel"]`))
+	b.click("cancel without the token", `#actions [data-action$="/cancel"]`)
 	b.waitJS("the refusal", `document.querySelector('#done')?.textContent.includes("refused: a valid token is needed")`, 10*time.Second)
 	if got := w.task(victim); got.Status != etlcontext.StatusRunning || got.CancelRequestedAt != nil {
 		t.Fatalf("after a refused cancel, task %d is %s with cancel requested at %v: want RUNNING, not requested", victim, got.Status, got.CancelRequestedAt)
@@ -251,8 +260,8 @@ fetch(%[1]q, {method: "POST", headers: {"X-Dama-Token": "guess"}})
 	b.do("open the victim's page again", chromedp.Navigate(fmt.Sprintf("%stasks/%d", base, victim)))
 	b.do("give the token and a name",
 		chromedp.SendKeys("#token", webToken),
-		chromedp.SendKeys("#actor", "alice"),
-		chromedp.Click(`#actions [data-action$="/cancel"]`))
+		chromedp.SendKeys("#actor", "alice"))
+	b.click("cancel", `#actions [data-action$="/cancel"]`)
 	b.waitJS("the victim CANCELLED", `document.querySelector('#summary p')?.dataset.status === "CANCELLED"`, 30*time.Second)
 	w.waitFor(victim, 30*time.Second, "CANCELLED with its lock free", func(t etlcontext.Task) bool {
 		return t.Status == etlcontext.StatusCancelled && !t.InitialEventLocked
@@ -273,7 +282,7 @@ fetch(%[1]q, {method: "POST", headers: {"X-Dama-Token": "guess"}})
 	}
 
 	// Retry it from the page: it runs again.
-	b.do("retry", chromedp.Click(`#actions [data-action$="/retry"]`))
+	b.click("retry", `#actions [data-action$="/retry"]`)
 	w.waitFor(victim, 30*time.Second, "to run again", func(t etlcontext.Task) bool {
 		return t.Status == etlcontext.StatusRunning && t.Attempt == 2
 	})
@@ -286,11 +295,12 @@ fetch(%[1]q, {method: "POST", headers: {"X-Dama-Token": "guess"}})
 	b.do("open the queues page", chromedp.Navigate(base+"queues"))
 	pause := `#queue-controls tr[data-name="held"] button`
 	b.waitJS("the held queue's button", `document.querySelector('`+pause+`')`, 10*time.Second)
-	b.do("pause held", chromedp.SendKeys("#reason", "disk full"), chromedp.Click(pause))
+	b.do("the pause's reason", chromedp.SendKeys("#reason", "disk full"))
+	b.click("pause held", pause)
 	b.waitJS("held paused", `document.querySelector('#queue-controls tr[data-name="held"]')?.textContent.includes("paused: disk full")`, 10*time.Second)
 	b.waitJS("the pause in the history", `document.querySelector('#history tbody')?.textContent.includes("PAUSED")`, 10*time.Second)
 	b.screenshot("web-queues.png")
-	b.do("resume held", chromedp.Click(pause))
+	b.click("resume held", pause)
 	b.waitJS("held resumed", `document.querySelector('#history tbody')?.textContent.includes("RESUMED")`, 10*time.Second)
 	history, err := etlcontext.ControlEvents(context.Background(), env.Pool, 10)
 	if err != nil {

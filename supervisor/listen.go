@@ -40,7 +40,7 @@ func (s *Supervisor) newListener() *pglisten.Listener[*pgx.Conn] {
 		Failed: func(err error) bool {
 			// Muted if the database is gone: the liveness connection
 			// reports that.
-			slog.New(s.outage.Delayed(s.opts.Logger.Handler(), outageGrace)).Warn("listening connection failed; reconnecting", "error", err)
+			slog.New(s.outage.Handler(s.opts.Logger.Handler(), outageGrace, nil)).Warn("listening connection failed; reconnecting", "error", err)
 			return true
 		},
 		Reconnected: func() { s.metrics.reconnects.WithLabelValues("listener").Inc() },

@@ -3,6 +3,7 @@ package supervisor
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -111,7 +112,9 @@ func (s *Supervisor) newLiveness() *pglisten.Listener[*pgx.Conn] {
 		Failed: func(err error) bool {
 			if lostAt.IsZero() {
 				lostAt, remindedAt = time.Now(), time.Now()
-				s.logger.Error("lost the database connection: tasks keep running; reconnecting", "error", err)
+				// Not s.logger: that would hold this line as the outage's
+				// symptom, and mute it.
+				s.opts.Logger.Error("lost the database connection: tasks keep running; reconnecting", "error", err)
 				// Until it is back, everything that needs the database
 				// fails (River's fetches several times a second): the
 				// outage is this line and the one at its end. A server
@@ -144,6 +147,21 @@ const outageReminder = 5 * time.Minute
 // database at the same instant as the liveness connection (River, the
 // listening connection) wait, to be muted if it is an outage.
 const outageGrace = time.Second
+
+// lostTheDatabase reports a record whose error says the database is
+// unreachable: the supervisor's own loops (pruning, adoption) may meet the
+// outage just before the liveness connection does.
+func lostTheDatabase(r slog.Record) bool {
+	lost := false
+	r.Attrs(func(a slog.Attr) bool {
+		if err, ok := a.Value.Any().(error); ok && pgerr.Unreachable(err) {
+			lost = true
+			return false
+		}
+		return true
+	})
+	return lost
+}
 
 // suspect is a running job seen without its client's liveness lock: the job,
 // the client that last fetched it, and when (a job fetched again is another

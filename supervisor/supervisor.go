@@ -186,7 +186,7 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 		started:     make(chan struct{}),
 		controls:    make(chan struct{}, 1),
 	}
-	s.logger = slog.New(s.outage.Handler(opts.Logger.Handler()))
+	s.logger = slog.New(s.outage.Handler(opts.Logger.Handler(), outageGrace, lostTheDatabase))
 	s.metrics.zero(cfg)
 	if err := s.registerMetrics(); err != nil {
 		return nil, err
@@ -294,7 +294,7 @@ func (s *Supervisor) newRiverClient() (*river.Client[pgx.Tx], error) {
 		Workers: workers,
 		// River reports every retry and snooze at info level; dama logs
 		// what matters about a task itself.
-		Logger:            slog.New(logfilter.Floor{Handler: s.outage.Delayed(s.opts.Logger.Handler(), outageGrace), Min: slog.LevelWarn}),
+		Logger:            slog.New(logfilter.Floor{Handler: s.outage.Handler(s.opts.Logger.Handler(), outageGrace, nil), Min: slog.LevelWarn}),
 		FetchCooldown:     s.opts.FetchCooldown,
 		FetchPollInterval: s.opts.FetchPollInterval,
 		JobTimeout:        stepTimeout(s.opts.LaunchTimeout),

@@ -39,7 +39,7 @@ func (f Floor) WithGroup(name string) slog.Handler {
 type Outage struct {
 	down  atomic.Bool
 	muted atomic.Int64
-	// begun counts the outages, for Delayed's records.
+	// begun counts the outages, for the held records.
 	begun atomic.Int64
 }
 
@@ -55,68 +55,50 @@ func (o *Outage) End() int64 {
 	return o.muted.Swap(0)
 }
 
-// Handler returns h, muted during an outage.
-func (o *Outage) Handler(h slog.Handler) slog.Handler { return muted{Handler: h, o: o} }
+// Handler returns h, muted during an outage. The warnings and errors for
+// which held reports true (nil: all of them) are held for grace first, and
+// dropped if an outage began meanwhile: those are the failures that whoever
+// calls Begin notices at the same instant (River's fetches and notifier, a
+// listening connection, any statement cut off by the server's restart),
+// which would otherwise say so first.
+func (o *Outage) Handler(h slog.Handler, grace time.Duration, held func(slog.Record) bool) slog.Handler {
+	return muted{Handler: h, o: o, grace: grace, held: held}
+}
 
 type muted struct {
 	slog.Handler
-	o *Outage
+	o     *Outage
+	grace time.Duration
+	held  func(slog.Record) bool
 }
 
 func (m muted) Handle(ctx context.Context, r slog.Record) error {
-	if r.Level >= slog.LevelWarn && m.o.down.Load() {
-		m.o.muted.Add(1)
-		return nil
-	}
-	return m.Handler.Handle(ctx, r)
-}
-
-func (m muted) WithAttrs(attrs []slog.Attr) slog.Handler {
-	return muted{Handler: m.Handler.WithAttrs(attrs), o: m.o}
-}
-
-func (m muted) WithGroup(name string) slog.Handler {
-	return muted{Handler: m.Handler.WithGroup(name), o: m.o}
-}
-
-// Delayed returns h, muted during an outage, whose warnings and errors
-// are held for d and then dropped if an outage began meanwhile: for those
-// who notice an outage at the same instant as whoever calls Begin (River's
-// fetches and notifier, a listening connection), which would otherwise
-// say so first.
-func (o *Outage) Delayed(h slog.Handler, d time.Duration) slog.Handler {
-	return delayed{Handler: h, o: o, d: d}
-}
-
-type delayed struct {
-	slog.Handler
-	o *Outage
-	d time.Duration
-}
-
-func (h delayed) Handle(ctx context.Context, r slog.Record) error {
 	switch {
 	case r.Level < slog.LevelWarn:
-		return h.Handler.Handle(ctx, r)
-	case h.o.down.Load():
-		h.o.muted.Add(1)
+		return m.Handler.Handle(ctx, r)
+	case m.o.down.Load():
+		m.o.muted.Add(1)
 		return nil
+	case m.grace <= 0 || (m.held != nil && !m.held(r)):
+		return m.Handler.Handle(ctx, r)
 	}
-	r, begun := r.Clone(), h.o.begun.Load()
-	time.AfterFunc(h.d, func() {
-		if h.o.begun.Load() != begun {
-			h.o.muted.Add(1)
+	r, begun := r.Clone(), m.o.begun.Load()
+	time.AfterFunc(m.grace, func() {
+		if m.o.begun.Load() != begun {
+			m.o.muted.Add(1)
 			return
 		}
-		_ = h.Handler.Handle(context.WithoutCancel(ctx), r)
+		_ = m.Handler.Handle(context.WithoutCancel(ctx), r)
 	})
 	return nil
 }
 
-func (h delayed) WithAttrs(attrs []slog.Attr) slog.Handler {
-	return delayed{Handler: h.Handler.WithAttrs(attrs), o: h.o, d: h.d}
+func (m muted) WithAttrs(attrs []slog.Attr) slog.Handler {
+	m.Handler = m.Handler.WithAttrs(attrs)
+	return m
 }
 
-func (h delayed) WithGroup(name string) slog.Handler {
-	return delayed{Handler: h.Handler.WithGroup(name), o: h.o, d: h.d}
+func (m muted) WithGroup(name string) slog.Handler {
+	m.Handler = m.Handler.WithGroup(name)
+	return m
 }

@@ -1374,8 +1374,14 @@ CREATE VIEW data_manager.dama_task_queue AS
     c.etl_status,
     c.attempt,
     COALESCE((j.max_attempts)::integer, c.max_attempts) AS max_attempts,
-    (j.state)::text AS job_state,
-    j.scheduled_at,
+        CASE
+            WHEN ((j.id IS NULL) OR (j.finalized_at IS NOT NULL)) THEN (j.state)::text
+            WHEN (c.etl_status = ANY (ARRAY['DONE'::text, 'FAILED'::text, 'CANCELLED'::text])) THEN 'finalizing'::text
+            WHEN (c.etl_status = 'RUNNING'::text) THEN 'running'::text
+            WHEN ((c.etl_status = 'RETRYING'::text) AND (j.state = 'retryable'::public.river_job_state) AND (j.scheduled_at > now())) THEN 'retryable'::text
+            WHEN (c.due_at > now()) THEN 'scheduled'::text
+            ELSE 'available'::text
+        END AS job_state,
     c.host,
     c.pid,
     c.created_at,
@@ -1404,7 +1410,10 @@ CREATE VIEW data_manager.dama_task_queue AS
     c.lock_mode,
     c.runner_release,
     c.runner_protocol,
-    COALESCE(c.due_at, c.created_at) AS due_at,
+        CASE
+            WHEN ((c.etl_status = 'RETRYING'::text) AND (j.state = 'retryable'::public.river_job_state)) THEN j.scheduled_at
+            ELSE COALESCE(c.due_at, c.created_at)
+        END AS due_at,
         CASE
             WHEN (c.etl_status = ANY (ARRAY['QUEUED'::text, 'RETRYING'::text])) THEN c.waiting_for
             ELSE NULL::text

@@ -413,7 +413,7 @@ func waiting(t etlcontext.Task) string {
 		return "-"
 	case t.WaitingFor != nil:
 		return *t.WaitingFor
-	case t.Status == etlcontext.StatusQueued && t.DueAt != nil && t.DueAt.After(time.Now()):
+	case t.DueAt != nil && t.DueAt.After(time.Now()):
 		return "until " + t.DueAt.Local().Format(time.DateTime)
 	}
 	return "-"

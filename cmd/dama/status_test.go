@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"os"
 	"regexp"
 	"strconv"
@@ -167,5 +168,71 @@ func TestAReasonCannotWriteToTheTerminal(t *testing.T) {
 	got := reason(task, etlcontext.Trouble{Error: "boom\x1b[2J\x1b]0;owned\x07\u009b31m\nnext\tline"}, time.Now())
 	if want := "boom^[[2J^[]0;owned^G\uFFFD31m next line"; got != want {
 		t.Errorf("reason %q, want %q", got, want)
+	}
+}
+
+// JOB never contradicts STATUS, in the view, the table and --json: a
+// running task's job is running (River has it parked, 'scheduled' an hour
+// ahead), a task due later or in a paused queue has its job scheduled or
+// available (parked too), a retrying one's waits out its backoff, which
+// due_at and the reason show, and a finished one's is River's final word.
+func TestTheJobAgreesWithTheStatus(t *testing.T) {
+	t.Parallel()
+	env := testenv.New(t)
+	cfg := env.WriteConfig(strings.Replace(sampleConfigFor(2), "queues:\n", "queues:\n  held: {max_running: 1}\n", 1) + `
+  patient:
+    queue: etl
+    command: ["{{sample}}"]
+    retry: {delay: 1h, backoff: fixed}
+  held:
+    queue: held
+    command: ["{{sample}}"]
+`)
+	w := &world{Env: env, cfg: cfg}
+	env.Start(cfg, "supervisor").WaitReady(t, time.Minute)
+	if res := env.Dama(cfg, "pause", "held"); res.Code != 0 {
+		t.Fatalf("dama pause held: exit %d: %s", res.Code, res.Stderr)
+	}
+	running := w.submitOf("sample", "--args", sampleArgs(t, 600, 100, nil))
+	later := w.submitOf("sample", "--delay", "1h")
+	paused := w.submitOf("held")
+	retrying := w.submitOf("patient", "--args", sampleArgs(t, 2, 10, map[string]any{"fail_at": 1}))
+	done := w.submitOf("sample", "--args", sampleArgs(t, 1, 10, nil))
+	w.waitRunning(running)
+	w.waitFor(retrying, time.Minute, "to wait for its retry", func(t etlcontext.Task) bool { return t.Status == etlcontext.StatusRetrying })
+	w.waitSettled(done, time.Minute)
+	// The paused queue's task has been looked at: it waits for the queue.
+	w.waitFor(paused, time.Minute, "to wait for its queue", func(t etlcontext.Task) bool { return t.WaitingFor != nil })
+
+	want := map[int64]string{running: "running", later: "scheduled", paused: "available", retrying: "retryable", done: "completed"}
+	var shown []map[string]any
+	if err := json.Unmarshal([]byte(env.Dama(cfg, "status", "--json").Stdout), &shown); err != nil {
+		t.Fatal(err)
+	}
+	for _, task := range shown {
+		id := int64(task["etl_context_id"].(float64))
+		if task["job_state"] != want[id] {
+			t.Errorf("task %d %s: job_state %v in --json, want %s", id, task["etl_status"], task["job_state"], want[id])
+		}
+		if _, ok := task["scheduled_at"]; ok {
+			t.Errorf("task %d: --json shows River's scheduled_at, the parked job's: %v", id, task["scheduled_at"])
+		}
+	}
+	rows := map[string]string{}
+	for _, line := range strings.Split(env.Dama(cfg, "status", "-o", "wide").Stdout, "\n") {
+		id, _, _ := strings.Cut(line, " ")
+		rows[id] = line
+	}
+	for id, job := range want {
+		if row := rows[strconv.FormatInt(id, 10)]; !strings.Contains(row, " "+job+" ") {
+			t.Errorf("task %d in -o wide: %q, want JOB %s", id, row, job)
+		}
+	}
+	r := w.task(retrying)
+	if r.DueAt == nil || time.Until(*r.DueAt) < 50*time.Minute {
+		t.Errorf("the retrying task is due at %v, want its backoff's end, an hour from now", r.DueAt)
+	}
+	if row := lineWith(env.Dama(cfg, "status").Stdout, "RETRYING"); !regexp.MustCompile(`RETRYING .* until (\d{4}-\d\d-\d\d )?\d\d:\d\d:\d\d, after: command exited with code 3$`).MatchString(row) {
+		t.Errorf("the retrying task's row %q: want until when it waits, and after what", row)
 	}
 }

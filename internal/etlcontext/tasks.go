@@ -16,15 +16,18 @@ import (
 // River job, its latest event and progress, and whether a live process holds
 // its lock.
 type Task struct {
-	ID              int64           `json:"etl_context_id"`
-	ParentID        *int64          `json:"parent_context_id"`
-	Kind            string          `json:"kind"`
-	Queue           string          `json:"queue"`
-	Status          Status          `json:"etl_status"`
-	Attempt         int             `json:"attempt"`
-	MaxAttempts     int             `json:"max_attempts"`
+	ID          int64  `json:"etl_context_id"`
+	ParentID    *int64 `json:"parent_context_id"`
+	Kind        string `json:"kind"`
+	Queue       string `json:"queue"`
+	Status      Status `json:"etl_status"`
+	Attempt     int    `json:"attempt"`
+	MaxAttempts int    `json:"max_attempts"`
+	// JobState is River's state of the task's job once it is finalized;
+	// before, what the job does for the task, in River's words, agreeing
+	// with Status ("finalizing" for a finished task's job not yet
+	// finalized). Nil for a task without a job.
 	JobState        *string         `json:"job_state"`
-	ScheduledAt     *time.Time      `json:"scheduled_at"`
 	Host            *string         `json:"host"`
 	PID             *int            `json:"pid"`
 	CreatedAt       time.Time       `json:"created_at"`
@@ -50,7 +53,7 @@ type Task struct {
 	LockMode       *string `json:"lock_mode"`
 	RunnerRelease  *string `json:"runner_release"`
 	RunnerProtocol *int    `json:"runner_protocol"`
-	// DueAt is when the task may first start; WaitingFor and WaitingSince
+	// DueAt is when the task may next start (a retry's backoff included); WaitingFor and WaitingSince
 	// say why, and since when, a due QUEUED or RETRYING task has not
 	// started (nil when it is not waiting for a slot); ConcurrencyKey is
 	// its kind's concurrency key, from its arguments.
@@ -128,7 +131,7 @@ func Tasks(ctx context.Context, db DB, q TaskQuery) ([]Task, error) {
 	}
 	sql := `
 		SELECT etl_context_id, parent_context_id, kind, queue, etl_status, attempt, max_attempts,
-		       job_state, scheduled_at, host, pid, created_at, started_at, finished_at, heartbeat_at,
+		       job_state, host, pid, created_at, started_at, finished_at, heartbeat_at,
 		       latest_event_type, latest_event_at, ` + boundedJSON("progress", param(q.MaxPayload)+"::int") + `, initial_event_locked, river_job_id,
 		       run_id::text, idempotency_key, cancel_requested_at, log_path,
 		       host_id, command_pgid, lock_lost_at, lock_mode, runner_release, runner_protocol,
@@ -148,7 +151,7 @@ func Tasks(ctx context.Context, db DB, q TaskQuery) ([]Task, error) {
 	tasks, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Task, error) {
 		var t Task
 		err := row.Scan(&t.ID, &t.ParentID, &t.Kind, &t.Queue, &t.Status, &t.Attempt, &t.MaxAttempts,
-			&t.JobState, &t.ScheduledAt, &t.Host, &t.PID, &t.CreatedAt, &t.StartedAt, &t.FinishedAt, &t.HeartbeatAt,
+			&t.JobState, &t.Host, &t.PID, &t.CreatedAt, &t.StartedAt, &t.FinishedAt, &t.HeartbeatAt,
 			&t.LatestEventType, &t.LatestEventAt, &t.Progress, &t.InitialEventLocked, &t.RiverJobID,
 			&t.RunID, &t.IdempotencyKey, &t.CancelRequestedAt, &t.LogPath,
 			&t.HostID, &t.CommandPGID, &t.LockLostAt, &t.LockMode, &t.RunnerRelease, &t.RunnerProtocol,

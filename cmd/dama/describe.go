@@ -77,7 +77,7 @@ func describeTask(ctx context.Context, db etlcontext.DB, w io.Writer, t etlconte
 	fmt.Fprintf(kv, "Ran for:\t%s\n", ranFor(t, pace, running, now))
 	fmt.Fprintf(kv, "Arguments:\t%s\n", shownText(cut(string(args))))
 	fmt.Fprintf(kv, "Checkpoint:\t%s\n", shownText(cut(orDash(rawString(checkpoint)))))
-	fmt.Fprintf(kv, "Children:\t%s\n", children(t.Children))
+	fmt.Fprintf(kv, "Children:\t%s\n", t.Children.String())
 	if t.ParentID != nil {
 		fmt.Fprintf(kv, "Parent:\t%d\n", *t.ParentID)
 	}

@@ -17,7 +17,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/dama-etl/dama/internal/etlcontext"
-	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 func newStatusCommand() *cobra.Command {
@@ -270,7 +269,7 @@ func printWide(w io.Writer, tasks []etlcontext.Task, paces map[int64]etlcontext.
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\t%s\t%s\t%t\t%s\t%s\t%s\t%s\n",
 			t.ID, t.Kind, t.Queue, t.Status, t.Attempt, t.MaxAttempts,
-			orDash(t.JobState), waiting(t), children(t.Children), orDash(t.Host), intOrDash(t.PID), t.InitialEventLocked,
+			orDash(t.JobState), waiting(t), t.Children.String(), orDash(t.Host), intOrDash(t.PID), t.InitialEventLocked,
 			ranFor(t, pace, running, now), latest, shown, reason(t, troubles[t.ID], now))
 	}
 	return tw.Flush()
@@ -280,62 +279,7 @@ func printWide(w io.Writer, tasks []etlcontext.Task, paces map[int64]etlcontext.
 // task waits for, or until when; that a running one is being cancelled or
 // awaits its children; a failed one's last error.
 func reason(t etlcontext.Task, tr etlcontext.Trouble, now time.Time) string {
-	return shownText(reasonOf(t, tr, now))
-}
-
-func reasonOf(t etlcontext.Task, tr etlcontext.Trouble, now time.Time) string {
-	switch t.Status {
-	case etlcontext.StatusQueued, etlcontext.StatusRetrying:
-		switch {
-		case tr.Unfit != "":
-			return fmt.Sprintf("waiting: %s on host %s since %s", tr.Unfit, tr.Host, localTime(tr.At, now))
-		case t.WaitingFor != nil:
-			s := "waiting: " + waitingWords(*t.WaitingFor)
-			if t.WaitingSince != nil {
-				s += " since " + localTime(*t.WaitingSince, now)
-			}
-			return s
-		case t.DueAt != nil && t.DueAt.After(now):
-			s := "until " + localTime(*t.DueAt, now)
-			if t.Status == etlcontext.StatusRetrying && tr.Error != "" {
-				s += ", after: " + oneLine(tr.Error)
-			}
-			return s
-		case t.Status == etlcontext.StatusRetrying && tr.Error != "":
-			return "retrying after: " + oneLine(tr.Error)
-		}
-	case etlcontext.StatusRunning:
-		switch {
-		case t.CancelRequestedAt != nil:
-			return "cancelling since " + localTime(*t.CancelRequestedAt, now)
-		case t.LatestEventType != nil && protocol.EventSuffix(*t.LatestEventType) == protocol.EventAwaiting:
-			return "awaiting children: " + children(t.Children)
-		}
-	case etlcontext.StatusFailed:
-		if tr.Error != "" {
-			return oneLine(tr.Error)
-		}
-	}
-	return "-"
-}
-
-// waitingWords says what a task's waiting_for means.
-func waitingWords(w string) string {
-	switch w {
-	case "queue_paused":
-		return "its queue is paused"
-	case "kind_blocked":
-		return "its kind is blocked"
-	case "queue_full":
-		return "a slot of its queue"
-	case "kind_full":
-		return "a slot of its kind"
-	case "key_full":
-		return "a slot of its concurrency key"
-	case "sessions":
-		return "its previous run's database sessions to end"
-	}
-	return w
+	return shownText(etlcontext.ReasonOf(t, tr, now).Format(func(at time.Time) string { return localTime(at, now) }))
 }
 
 // columns is how wide a table for w may be: a terminal's width, else
@@ -386,23 +330,6 @@ func localTime(t, now time.Time) string {
 		return t.Format(time.TimeOnly)
 	}
 	return t.Format(time.DateTime)
-}
-
-// children summarizes a task's children: how many are DONE of how many,
-// and how many did not end DONE.
-func children(c etlcontext.Children) string {
-	if len(c) == 0 {
-		return "-"
-	}
-	total := 0
-	for _, n := range c {
-		total += n
-	}
-	s := fmt.Sprintf("%d/%d done", c[etlcontext.StatusDone], total)
-	if f := c.Failed(); f > 0 {
-		s += fmt.Sprintf(", %d failed", f)
-	}
-	return s
 }
 
 // waiting says why a task that has not started waits: until when it is

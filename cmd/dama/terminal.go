@@ -97,9 +97,9 @@ func describe(t etlcontext.Task) string {
 		s += " (waiting: " + w + ")"
 	}
 	if t.LatestEventType != nil && protocol.EventSuffix(*t.LatestEventType) == protocol.EventAwaiting && t.Status == etlcontext.StatusRunning {
-		s += " awaiting children: " + children(t.Children)
+		s += " awaiting children: " + t.Children.String()
 	} else if len(t.Children) > 0 {
-		s += " children: " + children(t.Children)
+		s += " children: " + t.Children.String()
 	}
 	if len(t.Progress) > 0 {
 		s += " " + bar(t.Progress, 20)

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/emulation"
 	"github.com/chromedp/chromedp"
 
 	"github.com/dama-etl/dama/internal/etlcontext"
@@ -160,6 +162,17 @@ func (b *browser) screenshot(name string) {
 	b.t.Logf("screenshot: %s", path)
 }
 
+// colorScheme makes the page's system preference scheme: "dark" or
+// "light".
+func colorScheme(scheme string) chromedp.Action[chromedp.Void] {
+	return func(ctx context.Context, t *chromedp.Target) (chromedp.Void, error) {
+		_, err := cdp.Call(ctx, t, emulation.SetEmulatedMedia, emulation.SetEmulatedMediaParams{
+			Features: []*emulation.MediaFeature{{Name: "prefers-color-scheme", Value: scheme}},
+		})
+		return chromedp.Void{}, err
+	}
+}
+
 // TestWebPageInABrowser: in a real browser, the status page shows a
 // running task's bar move, refuses an action without the token and one
 // from another site, cancels a task, retries it, and pauses and resumes a
@@ -212,7 +225,22 @@ func TestWebPageInABrowser(t *testing.T) {
 	t.Logf("the bar of task %d moved from %.3f to %.3f", mover, first, moved)
 	row := fmt.Sprintf(`document.querySelector('#tasks tr[data-id="%d"]')`, failed)
 	b.waitJS("the FAILED task's row", row+" && "+row+`.dataset.status === "FAILED"`, 10*time.Second)
+	// Its reason is its last error; the mover's time is what it has left;
+	// the tabs count each status; the chart has the DONE and the FAILED.
+	b.waitJS("the FAILED task's reason", row+`.querySelector('td.reason').textContent.includes("command exited with code")`, 10*time.Second)
+	b.waitJS("the mover's time left", fmt.Sprintf(`/^ETA \d/.test(document.querySelector('#tasks tr[data-id="%d"] td:nth-child(8)').textContent)`, mover), 30*time.Second)
+	b.waitJS("the tabs' counts", `['All 5', 'Running 3', 'Done 1', 'Failed 1', 'Queued 0'].every((want) => [...document.querySelectorAll('#tabs a')].some((a) => a.textContent.replace(/\s+/g, ' ') === want))`, 10*time.Second)
+	b.waitJS("the chart's bars", `document.querySelector('#chart rect.done') && document.querySelector('#chart rect.failed')`, 10*time.Second)
 	b.screenshot("web-tasks.png")
+	b.do("dark mode", colorScheme("dark"))
+	b.waitJS("the dark page", `getComputedStyle(document.body).backgroundColor !== "rgb(255, 255, 255)"`, 10*time.Second)
+	b.screenshot("web-tasks-dark.png")
+	b.do("light mode", colorScheme("light"))
+	// The Failed tab lists the FAILED task alone, and says so in the
+	// address.
+	b.click("the Failed tab", `#tabs a[data-status="FAILED"]`)
+	b.waitJS("the FAILED task alone", fmt.Sprintf(`location.search === "?status=FAILED" && document.querySelectorAll('#tasks tbody tr').length === 1 && document.querySelector('#tasks tbody tr').dataset.id === "%d"`, failed), 10*time.Second)
+	b.do("back to every task", chromedp.Navigate(base))
 
 	// The search finds a task by its idempotency key.
 	b.do("search by key", chromedp.SendKeys(`#filters [name=q]`, "nightly-load-2026-11-22"))

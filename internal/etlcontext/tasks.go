@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -82,27 +83,24 @@ type TaskQuery struct {
 	// IdempotencyKey, when not empty, selects the context submitted with
 	// that key.
 	IdempotencyKey string
+	// Before, when non-zero, selects the contexts older than that one
+	// (ids below it): the next page of a list.
+	Before int64
 	// MaxPayload, when positive, reads each task's progress up to that
 	// many bytes (see TruncatedKey).
 	MaxPayload int
 }
 
-// Tasks reads the view, newest context first.
-func Tasks(ctx context.Context, db DB, q TaskQuery) ([]Task, error) {
-	// Only the conditions asked for, rather than one statement whose
-	// conditions switch off by their arguments: PostgreSQL may run a cached
-	// statement with a plan made without its arguments, and such a plan of
-	// "($1 = 0 OR etl_context_id = $1)" reads every context. One status is
-	// "=", not "= ANY": then the (etl_status, etl_context_id) index returns
-	// the newest of that status first.
-	var (
-		where []string
-		args  []any
-	)
-	param := func(v any) string {
-		args = append(args, v)
-		return "$" + strconv.Itoa(len(args))
-	}
+// conditions writes q's conditions, each parameter by param.
+//
+// Only the conditions asked for, rather than one statement whose
+// conditions switch off by their arguments: PostgreSQL may run a cached
+// statement with a plan made without its arguments, and such a plan of
+// "($1 = 0 OR etl_context_id = $1)" reads every context. One status is
+// "=", not "= ANY": then the (etl_status, etl_context_id) index returns
+// the newest of that status first.
+func (q TaskQuery) conditions(param func(any) string) []string {
+	var where []string
 	if q.ID != 0 {
 		where = append(where, "etl_context_id = "+param(q.ID))
 	}
@@ -118,6 +116,9 @@ func Tasks(ctx context.Context, db DB, q TaskQuery) ([]Task, error) {
 	if q.IdempotencyKey != "" {
 		where = append(where, "idempotency_key = "+param(q.IdempotencyKey))
 	}
+	if q.Before != 0 {
+		where = append(where, "etl_context_id < "+param(q.Before))
+	}
 	switch len(q.Statuses) {
 	case 0:
 	case 1:
@@ -129,6 +130,23 @@ func Tasks(ctx context.Context, db DB, q TaskQuery) ([]Task, error) {
 		}
 		where = append(where, "etl_status = ANY("+param(statuses)+"::text[])")
 	}
+	return where
+}
+
+// params returns a function that adds a statement's parameter to args and
+// names it.
+func params(args *[]any) func(any) string {
+	return func(v any) string {
+		*args = append(*args, v)
+		return "$" + strconv.Itoa(len(*args))
+	}
+}
+
+// Tasks reads the view, newest context first.
+func Tasks(ctx context.Context, db DB, q TaskQuery) ([]Task, error) {
+	var args []any
+	param := params(&args)
+	where := q.conditions(param)
 	sql := `
 		SELECT etl_context_id, parent_context_id, kind, queue, etl_status, attempt, max_attempts,
 		       job_state, host, pid, created_at, started_at, finished_at, heartbeat_at,
@@ -260,4 +278,82 @@ func Troubles(ctx context.Context, db DB, ids []int64) (map[int64]Trouble, error
 		return nil, fmt.Errorf("read what went wrong with tasks: %w", err)
 	}
 	return troubles, nil
+}
+
+// CountByStatus counts the contexts q selects in each status, its
+// Statuses, Before and Limit aside, each count up to upTo: one that
+// reaches it means "upTo or more", read at the same cost from a database
+// of millions of tasks.
+func CountByStatus(ctx context.Context, db DB, q TaskQuery, upTo int) (map[Status]int, error) {
+	q.Statuses, q.Before, q.Limit = nil, 0, 0
+	var args []any
+	param := params(&args)
+	where := q.conditions(param)
+	limit := param(upTo)
+	parts := make([]string, len(Statuses))
+	for i, st := range Statuses {
+		// A literal of dama's own, so that each count reads the index of
+		// its status.
+		cond := append(slices.Clone(where), "etl_status = '"+string(st)+"'")
+		parts[i] = "(SELECT count(*) FROM (SELECT FROM data_manager.etl_contexts WHERE " + strings.Join(cond, " AND ") + " LIMIT " + limit + ") AS x)"
+	}
+	counts := make([]int, len(Statuses))
+	dest := make([]any, len(counts))
+	for i := range counts {
+		dest[i] = &counts[i]
+	}
+	if err := db.QueryRow(ctx, "SELECT "+strings.Join(parts, ", "), args...).Scan(dest...); err != nil {
+		return nil, fmt.Errorf("count tasks by status: %w", err)
+	}
+	byStatus := make(map[Status]int, len(Statuses))
+	for i, st := range Statuses {
+		byStatus[st] = counts[i]
+	}
+	return byStatus, nil
+}
+
+// FinishedSpan is how many contexts finished in a span of time, by status.
+type FinishedSpan struct {
+	At        time.Time `json:"at"`
+	Done      int       `json:"done"`
+	Failed    int       `json:"failed"`
+	Cancelled int       `json:"cancelled"`
+}
+
+// FinishedPer counts the contexts q selects (its kind and queue) that
+// finished since since, per unit ("minute" or "hour", from the start of
+// each), oldest first; a span in which none finished is left out.
+func FinishedPer(ctx context.Context, db DB, q TaskQuery, unit string, since time.Time) ([]FinishedSpan, error) {
+	if unit != "minute" && unit != "hour" {
+		return nil, fmt.Errorf("count finished tasks per %q: per minute or hour", unit)
+	}
+	args := []any{unit, since}
+	param := params(&args)
+	sql := `
+		SELECT date_trunc($1, finished_at) AS at,
+		       count(*) FILTER (WHERE etl_status = ` + sqlDone + `),
+		       count(*) FILTER (WHERE etl_status = ` + sqlFailed + `),
+		       count(*) FILTER (WHERE etl_status = ` + sqlCancelled + `)
+		  FROM data_manager.etl_contexts
+		 WHERE finished_at >= $2`
+	if q.Kind != "" {
+		sql += " AND kind = " + param(q.Kind)
+	}
+	if q.Queue != "" {
+		sql += " AND queue = " + param(q.Queue)
+	}
+	sql += " GROUP BY 1 ORDER BY 1"
+	rows, err := db.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, fmt.Errorf("count finished tasks per %s: %w", unit, err)
+	}
+	spans, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (FinishedSpan, error) {
+		var f FinishedSpan
+		err := row.Scan(&f.At, &f.Done, &f.Failed, &f.Cancelled)
+		return f, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("count finished tasks per %s: %w", unit, err)
+	}
+	return spans, nil
 }

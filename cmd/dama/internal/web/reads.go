@@ -1,6 +1,8 @@
 package web
 
 import (
+	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -9,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/dama-etl/dama/internal/etlcontext"
 	"github.com/dama-etl/dama/taskrunner/protocol"
@@ -38,31 +41,65 @@ func (s *Server) config(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-// taskJSON is a task with its progress read as a bar.
+// taskJSON is a task as the page shows it: its progress read as a bar,
+// why it is where it is, and, while it runs, the time it has left at its
+// pace.
 type taskJSON struct {
 	etlcontext.Task
-	Bar *etlcontext.Progress `json:"bar"`
+	Bar    *etlcontext.Progress `json:"bar"`
+	Reason etlcontext.Reason    `json:"reason"`
+	// ETA is the seconds a running task has left, nil when its progress
+	// does not tell.
+	ETA *float64 `json:"eta"`
 }
 
-func withBar(t etlcontext.Task) taskJSON {
-	j := taskJSON{Task: t}
-	if p, ok := etlcontext.ParseProgress(t.Progress); ok {
-		j.Bar = &p
-	}
-	return j
-}
-
-func withBars(tasks []etlcontext.Task) []taskJSON {
+// annotate reads the reasons and paces of tasks, in two statements, and
+// returns them as the page shows them.
+func (s *Server) annotate(ctx context.Context, tasks []etlcontext.Task) ([]taskJSON, error) {
 	out := make([]taskJSON, 0, len(tasks))
-	for _, t := range tasks {
-		out = append(out, withBar(t))
+	if len(tasks) == 0 {
+		return out, nil
 	}
-	return out
+	var all, running []int64
+	for _, t := range tasks {
+		all = append(all, t.ID)
+		if t.Status == etlcontext.StatusRunning {
+			running = append(running, t.ID)
+		}
+	}
+	troubles, err := etlcontext.Troubles(ctx, s.pool, all)
+	if err != nil {
+		return nil, err
+	}
+	paces := map[int64]etlcontext.Pace{}
+	if len(running) > 0 {
+		if paces, err = etlcontext.Paces(ctx, s.pool, running); err != nil {
+			return nil, err
+		}
+	}
+	now := time.Now()
+	for _, t := range tasks {
+		j := taskJSON{Task: t, Reason: etlcontext.ReasonOf(t, troubles[t.ID], now)}
+		if p, ok := etlcontext.ParseProgress(t.Progress); ok {
+			j.Bar = &p
+		}
+		if pace, ok := paces[t.ID]; ok {
+			if left, ok := pace.Remaining(t.Progress, t.ProgressAt, now); ok {
+				secs := left.Seconds()
+				j.ETA = &secs
+			}
+		}
+		out = append(out, j)
+	}
+	return out, nil
 }
 
 // tasks lists the newest tasks, filtered by ?status= (comma-separated),
-// ?kind=, ?queue=, and ?q=, an id or an idempotency key.
+// ?kind=, ?queue=, and ?q=, an id or an idempotency key; ?before= (an id)
+// pages to older ones. It counts the tasks of each status, for the kind
+// and queue, up to countCap each.
 func (s *Server) tasks(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
 	v := r.URL.Query()
 	q := etlcontext.TaskQuery{Limit: taskPage, Kind: v.Get("kind"), Queue: v.Get("queue"), MaxPayload: maxPayload}
 	if st := v.Get("status"); st != "" {
@@ -75,12 +112,20 @@ func (s *Server) tasks(w http.ResponseWriter, r *http.Request) {
 			q.Statuses = append(q.Statuses, status)
 		}
 	}
+	if b := v.Get("before"); b != "" {
+		before, err := strconv.ParseInt(b, 10, 64)
+		if err != nil || before <= 0 {
+			readError(w, fmt.Errorf("%w: before %q: a task id", errInvalid, b))
+			return
+		}
+		q.Before = before
+	}
 	search := strings.TrimSpace(v.Get("q"))
 	var tasks []etlcontext.Task
 	if id, err := strconv.ParseInt(search, 10, 64); err == nil && id > 0 {
 		byID := q
 		byID.ID = id
-		found, err := etlcontext.Tasks(r.Context(), s.pool, byID)
+		found, err := etlcontext.Tasks(ctx, s.pool, byID)
 		if err != nil {
 			readError(w, err)
 			return
@@ -91,14 +136,46 @@ func (s *Server) tasks(w http.ResponseWriter, r *http.Request) {
 		q.IdempotencyKey = search
 	}
 	if search == "" || len(tasks) == 0 {
-		found, err := etlcontext.Tasks(r.Context(), s.pool, q)
+		found, err := etlcontext.Tasks(ctx, s.pool, q)
 		if err != nil {
 			readError(w, err)
 			return
 		}
 		tasks = found
 	}
-	writeJSON(w, map[string]any{"tasks": withBars(tasks), "limit": taskPage})
+	counts, err := etlcontext.CountByStatus(ctx, s.pool, etlcontext.TaskQuery{Kind: q.Kind, Queue: q.Queue}, countCap)
+	if err != nil {
+		readError(w, err)
+		return
+	}
+	shown, err := s.annotate(ctx, tasks)
+	if err != nil {
+		readError(w, err)
+		return
+	}
+	reply := map[string]any{"tasks": shown, "limit": taskPage, "counts": counts, "count_cap": countCap}
+	if len(tasks) == taskPage {
+		reply["next"] = strconv.FormatInt(tasks[len(tasks)-1].ID, 10)
+	}
+	writeJSON(w, reply)
+}
+
+// finished counts the tasks of ?kind= and ?queue= finished in the last
+// day, per ?per=minute or hour (the default), for the page's chart.
+func (s *Server) finished(w http.ResponseWriter, r *http.Request) {
+	v := r.URL.Query()
+	per := cmp.Or(v.Get("per"), "hour")
+	if per != "minute" && per != "hour" {
+		readError(w, fmt.Errorf("%w: per %q: minute or hour", errInvalid, per))
+		return
+	}
+	since := time.Now().Add(-chartSpan)
+	spans, err := etlcontext.FinishedPer(r.Context(), s.pool, etlcontext.TaskQuery{Kind: v.Get("kind"), Queue: v.Get("queue")}, per, since)
+	if err != nil {
+		readError(w, err)
+		return
+	}
+	writeJSON(w, map[string]any{"per": per, "since": since, "spans": spans})
 }
 
 func pathID(r *http.Request) (int64, error) {
@@ -147,15 +224,20 @@ func (s *Server) task(w http.ResponseWriter, r *http.Request) {
 		readError(w, err)
 		return
 	}
+	shown, err := s.annotate(ctx, append([]etlcontext.Task{t}, children...))
+	if err != nil {
+		readError(w, err)
+		return
+	}
 	args, checkpoint, err := etlcontext.Payloads(ctx, s.pool, t.ID)
 	if err != nil {
 		readError(w, err)
 		return
 	}
 	b, err := taskReply(map[string]any{
-		"task": withBar(t), "events_limit": eventsPage, "attempts_limit": attemptsPage, "children_limit": childrenPage,
+		"task": shown[0], "events_limit": eventsPage, "attempts_limit": attemptsPage, "children_limit": childrenPage,
 		"args": args, "checkpoint": checkpoint, "log_here": s.logHere(t),
-	}, events, attempts, withBars(children), maxResponse)
+	}, events, attempts, shown[1:], maxResponse)
 	if err != nil {
 		readError(w, err)
 		return

@@ -41,7 +41,12 @@ const (
 // Limits of what one request reads, so that a page left open on a
 // database of millions of tasks costs the same as on a new one.
 const (
-	taskPage      = 100
+	taskPage = 100
+	// countCap bounds each count of the tasks by status: past it, the
+	// page says "10000+".
+	countCap = 10000
+	// chartSpan is how far back the chart of finished tasks reaches.
+	chartSpan     = 24 * time.Hour
 	childrenPage  = 200
 	eventsPage    = 200
 	controlEvents = 50
@@ -179,6 +184,7 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Server, error) 
 	s.mux.HandleFunc("GET /api/config", s.config)
 	s.mux.HandleFunc("GET /api/tasks", s.tasks)
 	s.mux.HandleFunc("GET /api/tasks/{id}", s.task)
+	s.mux.HandleFunc("GET /api/finished", s.finished)
 	s.mux.HandleFunc("GET /api/tasks/{id}/log", s.log)
 	s.mux.HandleFunc("GET /api/tasks/{id}/events/{event}", s.event)
 	s.mux.HandleFunc("GET /api/queues", s.queues)

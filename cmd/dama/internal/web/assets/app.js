@@ -81,42 +81,201 @@ function bar(t) {
 
 function status(s) { return el("td", s, "status status-" + s); }
 
-function duration(from, to) {
-  if (!from) return "-";
-  let s = Math.max(0, Math.round(((to ? new Date(to) : new Date()) - new Date(from)) / 1000));
+// span writes a number of seconds as people do, to its two largest units:
+// 45s, 12m5s, 3h12m, 2d3h (as dama status does).
+function span(secs) {
+  let s = Math.max(0, Math.round(secs));
   if (s < 60) return s + "s";
   const d = Math.floor(s / 86400), h = Math.floor((s % 86400) / 3600), m = Math.floor((s % 3600) / 60);
   s %= 60;
   return d ? d + "d" + h + "h" : h ? h + "h" + m + "m" : m + "m" + s + "s";
 }
 
-const time = (t) => (t ? new Date(t).toLocaleString() : "-");
+function duration(from, to) {
+  if (!from) return "-";
+  return span(((to ? new Date(to) : new Date()) - new Date(from)) / 1000);
+}
+
+// stamp shows a time relative to now ("3m12s ago", "in 5m"), the absolute
+// one on hover.
+function stamp(t, words) {
+  if (!t) return el("span", "-");
+  const d = new Date(t);
+  const secs = (d - new Date()) / 1000;
+  const e = el("time", words ?? (secs > 0 ? "in " + span(secs) : span(-secs) + " ago"));
+  e.dateTime = d.toISOString();
+  e.title = d.toLocaleString();
+  return e;
+}
+
+// because shows why a task is where it is (the server's reason): what it
+// waits for and for how long, until when, after what error.
+function because(r) {
+  const e = el("span");
+  if (!r || !(r.text || r.since || r.until || r.after)) { e.textContent = "-"; return e; }
+  if (r.text) e.append(r.text);
+  if (r.since) e.append(" for ", stamp(r.since, span((new Date() - new Date(r.since)) / 1000)));
+  if (r.until) e.append(r.text ? " " : "", "due ", stamp(r.until));
+  if (r.after) e.append((r.text || r.until ? ", " : "") + "after: " + r.after);
+  return e;
+}
+
+// took is how long a task has to go (ETA) while it runs, else how long it
+// ran.
+function took(t) {
+  if (t.eta !== null && t.eta !== undefined) { const e = el("span", "ETA " + span(t.eta)); e.title = "at its pace so far"; return e; }
+  return el("span", t.etl_status === "RUNNING" || t.finished_at ? duration(t.started_at, t.finished_at) : "-");
+}
+
 const json = (v) => (v === null || v === undefined ? "" : JSON.stringify(v));
 
 let config = { read_only: true, queues: [], kinds: [] };
 
 // ---- Tasks ----
 
+const statuses = ["QUEUED", "RUNNING", "RETRYING", "DONE", "FAILED", "CANCELLED"];
+// picked are the ids of the tasks selected for a bulk action: kept across
+// redraws and pages.
+const picked = new Map();
+let chartPer = "hour";
+let chartAt = 0;
+
 function fillSelect(name, values) {
   const select = $(`#filters [name=${name}]`);
   for (const v of values) select.append(el("option", v));
 }
 
-async function tasksPage() {
+// filters are the list's filters as in the address, without the page.
+function filters() {
   const params = new URLSearchParams(new FormData($("#filters")));
   for (const [k, v] of [...params]) if (!v) params.delete(k);
-  const { tasks, limit } = await get("/api/tasks?" + params);
+  return params;
+}
+
+function here(params) { return params.size ? "?" + params : location.pathname; }
+
+async function tasksPage() {
+  const params = filters();
+  const before = new URLSearchParams(location.search).get("before");
+  if (before) params.set("before", before);
+  const { tasks, limit, counts, count_cap: cap, next } = await get("/api/tasks?" + params);
+  drawTabs(counts, cap);
   const body = el("tbody");
+  const canAct = !config.read_only;
   for (const t of tasks) {
-    const tr = row(cell(link("/tasks/" + t.etl_context_id, t.etl_context_id)), t.kind, t.queue, status(t.etl_status),
-      t.attempt + "/" + t.max_attempts, t.host, t.pid, t.initial_event_locked ? "held" : "free",
-      duration(t.started_at, t.finished_at), cell(bar(t)));
+    const cells = [];
+    if (canAct) {
+      const box = el("input");
+      box.type = "checkbox";
+      box.checked = picked.has(t.etl_context_id);
+      box.setAttribute("aria-label", "select task " + t.etl_context_id);
+      box.addEventListener("change", () => { box.checked ? picked.set(t.etl_context_id, t.etl_status) : picked.delete(t.etl_context_id); drawPicked(); });
+      cells.push(cell(box, "pick"));
+    }
+    cells.push(cell(link("/tasks/" + t.etl_context_id, t.etl_context_id), "num"), t.kind, t.queue, status(t.etl_status),
+      el("td", t.attempt + "/" + t.max_attempts, "num"), cell(bar(t), "progress"), cell(took(t), "num"),
+      cell(because(t.reason), "reason"), cell(stamp(t.created_at), "num"), t.host);
+    const tr = row(...cells);
     tr.dataset.id = t.etl_context_id;
     tr.dataset.status = t.etl_status;
+    if (picked.has(t.etl_context_id)) picked.set(t.etl_context_id, t.etl_status);
     body.append(tr);
   }
   $("#tasks tbody").replaceWith(body);
-  $("#limit").textContent = tasks.length >= limit ? `the newest ${limit}: filter to see others` : "";
+  $("#tasks th.pick").hidden = !canAct;
+  $("#pick-all").checked = tasks.length > 0 && tasks.every((t) => picked.has(t.etl_context_id));
+  const older = $("#older"), newest = $("#newest");
+  older.hidden = !next;
+  if (next) { const p = filters(); p.set("before", next); older.href = here(p); }
+  newest.hidden = !before;
+  newest.href = here(filters());
+  $("#limit").textContent = tasks.length ? `tasks ${tasks[0].etl_context_id} to ${tasks[tasks.length - 1].etl_context_id}, ${limit} a page` : "no task";
+  drawPicked();
+  if (Date.now() - chartAt > 10000) { chartAt = Date.now(); await chart(); }
+}
+
+// drawTabs draws a tab per status with its count, each a link that keeps
+// the other filters.
+function drawTabs(counts, cap) {
+  const current = filters().get("status") || "";
+  const tabs = [];
+  const total = statuses.reduce((n, s) => n + (counts[s] || 0), 0);
+  for (const s of ["", ...statuses]) {
+    const p = filters();
+    s ? p.set("status", s) : p.delete("status");
+    const a = link(here(p), s ? s[0] + s.slice(1).toLowerCase() : "All");
+    const n = s ? counts[s] || 0 : total;
+    const capped = s ? n >= cap : statuses.some((x) => (counts[x] || 0) >= cap);
+    a.append(" ", el("span", n.toLocaleString() + (capped ? "+" : ""), "count"));
+    a.dataset.status = s;
+    if (s === current) a.setAttribute("aria-current", "page");
+    tabs.push(a);
+  }
+  $("#tabs").replaceChildren(...tabs);
+}
+
+function drawPicked() {
+  $("#bulk").hidden = picked.size === 0;
+  $("#picked").textContent = `${picked.size} selected`;
+}
+
+// bulk does an action to each selected task it applies to, one after the
+// other, each guarded and recorded as the task's own page's would be.
+async function bulk(action, applies) {
+  const out = $("#done");
+  const ids = [...picked].filter(([, s]) => applies(s)).map(([id]) => id);
+  if (!ids.length) { out.textContent = `none of the selected tasks can be ${action === "retry" ? "retried" : "cancelled"}`; out.className = "failed"; return; }
+  let ok = 0;
+  const refused = [];
+  for (const id of ids) {
+    out.textContent = `${action}: ${ok + refused.length}/${ids.length}`;
+    try { await act(`/api/tasks/${id}/${action}`); ok++; picked.delete(id); } catch (err) { refused.push(`task ${id}: ${err.message || err}`); }
+  }
+  out.textContent = `${action}: ${ok} of ${ids.length} done` + (refused.length ? `; refused: ${refused.join("; ")}` : "");
+  out.className = refused.length ? "failed" : "";
+  drawPicked();
+  await refreshNow();
+}
+
+// chart draws the tasks finished per hour (or minute) over the last day,
+// stacked by status, from the server's counts.
+async function chart() {
+  const p = filters();
+  p.delete("status"); p.delete("q");
+  p.set("per", chartPer);
+  const { since, spans } = await get("/api/finished?" + p);
+  for (const b of document.querySelectorAll(".toggle button")) b.setAttribute("aria-pressed", String(b.dataset.per === chartPer));
+  const svg = $("#chart");
+  const ns = "http://www.w3.org/2000/svg";
+  const mk = (tag, attrs, text) => { const e = document.createElementNS(ns, tag); for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v); if (text !== undefined) e.textContent = text; return e; };
+  const W = Math.max(svg.clientWidth, 300), H = svg.clientHeight || 110, left = 40, bottom = 16;
+  const unit = chartPer === "hour" ? 3600e3 : 60e3;
+  const start = Math.floor(new Date(since).getTime() / unit) * unit;
+  const slots = Math.ceil((Date.now() - start) / unit);
+  const max = Math.max(1, ...spans.map((s) => s.done + s.failed + s.cancelled));
+  const w = (W - left) / slots, scale = (H - bottom - 4) / max;
+  const parts = [mk("line", { x1: left, y1: H - bottom, x2: W, y2: H - bottom, class: "axis" }),
+    mk("text", { x: left - 6, y: 10, "text-anchor": "end" }, max), mk("text", { x: left - 6, y: H - bottom, "text-anchor": "end" }, 0),
+    mk("text", { x: left, y: H - 2 }, new Date(start).toLocaleString()), mk("text", { x: W, y: H - 2, "text-anchor": "end" }, "now")];
+  let done = 0, failed = 0;
+  for (const s of spans) {
+    const at = new Date(s.at).getTime();
+    const x = left + Math.floor((at - start) / unit) * w;
+    let y = H - bottom;
+    const g = mk("g", {});
+    g.append(mk("title", {}, `${new Date(at).toLocaleString()}: ${s.done} done, ${s.failed} failed, ${s.cancelled} cancelled`));
+    for (const k of ["done", "failed", "cancelled"]) {
+      if (!s[k]) continue;
+      const h = s[k] * scale;
+      y -= h;
+      g.append(mk("rect", { x, y, width: Math.max(w - (w > 3 ? 1 : 0), 1), height: h, class: k }));
+    }
+    done += s.done; failed += s.failed;
+    parts.push(g);
+  }
+  svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+  svg.replaceChildren(...parts);
+  $("#chart-note").textContent = `${done.toLocaleString()} done, ${failed.toLocaleString()} failed`;
 }
 
 function setupTasks() {
@@ -127,11 +286,26 @@ function setupTasks() {
   for (const [k, v] of url) if (form.elements[k]) form.elements[k].value = v;
   form.addEventListener("submit", (e) => e.preventDefault());
   form.addEventListener("input", () => {
-    const params = new URLSearchParams(new FormData(form));
-    for (const [k, v] of [...params]) if (!v) params.delete(k);
-    history.replaceState(null, "", params.size ? "?" + params : location.pathname);
+    // A filter changed: back to the newest page.
+    history.replaceState(null, "", here(filters()));
+    chartAt = 0;
     refreshNow().catch(showError);
   });
+  for (const b of document.querySelectorAll(".toggle button")) {
+    b.addEventListener("click", () => { chartPer = b.dataset.per; chartAt = 0; refreshNow().catch(showError); });
+  }
+  $("#pick-all").addEventListener("change", (e) => {
+    for (const tr of document.querySelectorAll("#tasks tbody tr")) {
+      const id = Number(tr.dataset.id);
+      e.target.checked ? picked.set(id, tr.dataset.status) : picked.delete(id);
+      tr.querySelector(".pick input").checked = e.target.checked;
+    }
+    drawPicked();
+  });
+  const finished = ["DONE", "FAILED", "CANCELLED"];
+  $("#bulk-retry").addEventListener("click", () => bulk("retry", (s) => s === "FAILED" || s === "CANCELLED"));
+  $("#bulk-cancel").addEventListener("click", () => bulk("cancel", (s) => !finished.includes(s)));
+  $("#bulk-clear").addEventListener("click", () => { picked.clear(); $("#done").textContent = ""; refreshNow().catch(showError); });
 }
 
 // ---- A task ----
@@ -148,10 +322,11 @@ async function taskPage() {
   $("#title").textContent = `Task ${t.etl_context_id}: ${t.kind}`;
   const s = el("p");
   s.append(el("span", t.etl_status, "status status-" + t.etl_status),
-    ` attempt ${t.attempt}/${t.max_attempts} · queue ${t.queue} · host ${t.host || "-"} · pid ${t.pid || "-"} · lock ${t.initial_event_locked ? "held" : "free"} · run time ${duration(t.started_at, t.finished_at)} · `,
-    bar(t));
+    ` attempt ${t.attempt}/${t.max_attempts} · queue ${t.queue} · host ${t.host || "-"} · pid ${t.pid || "-"} · lock ${t.initial_event_locked ? "held" : "free"} · `,
+    t.eta === null ? "run time " + duration(t.started_at, t.finished_at) : took(t), " · ", bar(t), " · submitted ", stamp(t.created_at));
+  const r = t.reason || {};
+  if (r.text || r.since || r.until || r.after) s.append(" · ", because(r));
   if (t.idempotency_key) s.append(" · key " + t.idempotency_key);
-  if (t.waiting_for) s.append(" · waiting: " + t.waiting_for);
   if (t.parent_context_id) s.append(" · parent ", link("/tasks/" + t.parent_context_id, t.parent_context_id));
   s.dataset.status = t.etl_status;
   $("#summary").replaceChildren(s);
@@ -165,13 +340,13 @@ async function taskPage() {
   for (const a of d.attempts) {
     const tail = el("td");
     if (a.log_tail) { const det = el("details"); det.append(el("summary", "tail"), el("pre", a.log_tail)); tail.append(det); }
-    attempts.append(row(a.attempt, a.host, a.pid, time(a.started_at), time(a.ended_at), a.outcome || "running",
+    attempts.append(row(a.attempt, a.host, a.pid, cell(stamp(a.started_at)), cell(stamp(a.ended_at)), a.outcome || "running",
       a.exit_code ?? "-", a.reason, tail));
   }
   $("#attempts tbody").replaceWith(attempts);
 
   const kids = el("tbody");
-  for (const c of d.children) kids.append(row(cell(link("/tasks/" + c.etl_context_id, c.etl_context_id)), c.kind, status(c.etl_status), cell(bar(c))));
+  for (const c of d.children) kids.append(row(cell(link("/tasks/" + c.etl_context_id, c.etl_context_id)), c.kind, status(c.etl_status), cell(bar(c)), cell(because(c.reason), "reason")));
   $("#children tbody").replaceWith(kids);
 
   const events = el("tbody");
@@ -195,7 +370,7 @@ async function taskPage() {
       });
       what.append(" ", more);
     }
-    events.append(row(time(e.created_at), e.attempt, e.type, what));
+    events.append(row(cell(stamp(e.created_at)), e.attempt, e.type, what));
   }
   $("#events tbody").replaceWith(events);
   if (d.attempts_cut || d.children_cut) showError("part of this task's attempts or children are left out: the page would be too large");
@@ -239,7 +414,7 @@ async function queuesPage() {
     if (q.kind && (q.blocked || !blocked.has(q.kind))) blocked.set(q.kind, q.blocked ? q : null);
     if (!q.queue || !q.kind) continue;
     body.append(row(q.queue, q.kind, num(q.queued), num(q.scheduled), num(q.running), num(q.retrying), num(q.done_24h),
-      num(q.failed_24h), num(q.cancelled_24h), q.oldest_waiting ? duration(new Date(Date.now() - q.oldest_waiting / 1e6)) : "-"));
+      num(q.failed_24h), num(q.cancelled_24h), el("td", q.oldest_waiting ? span(q.oldest_waiting / 1e9) : "-", "num")));
   }
   $("#queues tbody").replaceWith(body);
 
@@ -266,7 +441,7 @@ async function queuesPage() {
   controls("kind-controls", blocked, "blocked", "/api/kinds", ["Block", "blocked"], ["Unblock", "unblocked"]);
 
   const log = el("tbody");
-  for (const h of history) log.append(row(time(h.created_at), h.action, h.queue || h.kind, h.reason, h.actor));
+  for (const h of history) log.append(row(cell(stamp(h.created_at)), h.action, h.queue || h.kind, h.reason, h.actor));
   $("#history tbody").replaceWith(log);
 }
 

@@ -61,14 +61,41 @@ func TestWebAPI(t *testing.T) {
 		{"?status=done,failed", []int64{done, failed}},
 		{"?queue=etl&status=QUEUED", nil},
 		{"?q=" + strconv.FormatInt(done, 10), []int64{done}},
+		{"?before=" + strconv.FormatInt(parked, 10), []int64{done, failed}},
+		{"?status=failed&before=" + strconv.FormatInt(failed, 10), nil},
 	} {
 		code, v := call(t, "GET", base+"api/tasks"+c.query, nil, "")
 		if got := ids(v); code != http.StatusOK || fmt.Sprint(got) != fmt.Sprint(c.want) {
 			t.Errorf("GET api/tasks%s: %d %v, want 200 %v", c.query, code, got, c.want)
 		}
 	}
-	if code, v := call(t, "GET", base+"api/tasks?status=LOST", nil, ""); code != http.StatusBadRequest {
-		t.Errorf("GET api/tasks?status=LOST: %d %v, want 400", code, v)
+	for _, query := range []string{"tasks?status=LOST", "tasks?before=x", "tasks?before=-1", "finished?per=week"} {
+		if code, v := call(t, "GET", base+"api/"+query, nil, ""); code != http.StatusBadRequest || !strings.Contains(fmt.Sprint(v["error"]), "invalid request") {
+			t.Errorf("GET api/%s: %d %v, want 400", query, code, v)
+		}
+	}
+	// The counts by status, the failed task's reason, the chart's spans.
+	_, v := call(t, "GET", base+"api/tasks", nil, "")
+	if counts := fmt.Sprint(v["counts"]); counts != "map[CANCELLED:0 DONE:1 FAILED:1 QUEUED:1 RETRYING:0 RUNNING:0]" {
+		t.Errorf("GET api/tasks: counts %s, want 1 QUEUED, 1 DONE, 1 FAILED", counts)
+	}
+	for _, x := range v["tasks"].([]any) {
+		task := x.(map[string]any)
+		reason := fmt.Sprint(task["reason"])
+		switch int64(task["etl_context_id"].(float64)) {
+		case failed:
+			if !strings.Contains(reason, "command exited with code 3") {
+				t.Errorf("the failed task's reason: %s", reason)
+			}
+		case parked:
+			if !strings.Contains(reason, "waiting: its queue is paused") || !strings.Contains(reason, "since:") {
+				t.Errorf("the parked task's reason: %s, want its wait and since when", reason)
+			}
+		}
+	}
+	_, v = call(t, "GET", base+"api/finished?per=minute&kind=fragile", nil, "")
+	if spans := fmt.Sprint(v["spans"]); !strings.Contains(spans, "done:0 failed:1") || strings.Count(spans, "at:") != 1 {
+		t.Errorf("GET api/finished: %s, want one span with the FAILED task", spans)
 	}
 
 	// A task's attempts, with the failure's reason, exit code and log tail.

@@ -254,6 +254,7 @@ func TestWebPageInABrowser(t *testing.T) {
 	b.waitJS("the victim's log", `document.querySelector('#log')?.textContent.includes("step ")`, 10*time.Second)
 	lines := eval[int](b, `document.querySelector('#log').textContent.split("\n").length`)
 	b.waitJS("the victim's log to grow", fmt.Sprintf(`document.querySelector('#log')?.textContent.split("\n").length > %d + 5`, lines), 10*time.Second)
+	b.screenshot("web-task.png")
 	b.click("cancel without the token", `#actions [data-action$="/cancel"]`)
 	b.waitJS("the refusal", `document.querySelector('#done')?.textContent.includes("refused: a valid token is needed")`, 10*time.Second)
 	if got := w.task(victim); got.Status != etlcontext.StatusRunning || got.CancelRequestedAt != nil {
@@ -342,4 +343,73 @@ fetch(%[1]q, {method: "POST", headers: {"X-Dama-Token": "guess"}})
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("control events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
+}
+
+// TestWebPagesAndBulkActions: in a real browser, the list pages past its
+// newest 100 tasks with its filter kept in the address, and the tasks
+// selected on a page are cancelled, then retried, at once, each recorded
+// with who did it.
+func TestWebPagesAndBulkActions(t *testing.T) {
+	t.Parallel()
+	env := testenv.New(t)
+	cfg := env.WriteConfig(webConfig)
+	env.Start(cfg, "supervisor").WaitReady(t, time.Minute)
+	if res := env.Dama(cfg, "pause", "held"); res.Code != 0 {
+		t.Fatalf("dama pause held: exit %d: %s", res.Code, res.Stderr)
+	}
+	// 105 tasks that wait in the paused queue, submitted in one statement.
+	var first int64
+	if err := env.Pool.QueryRow(context.Background(), `
+		SELECT min(id) FROM (SELECT data_manager.submit('parked') AS id FROM generate_series(1, 105)) AS s`).Scan(&first); err != nil {
+		t.Fatal(err)
+	}
+	web, base := startWeb(t, env, cfg, []string{webTokenEnv + "=" + webToken})
+	b := newBrowser(t)
+	b.do("open the login link", chromedp.Navigate(loginLink(t, web)))
+	b.click("the Queued tab", `#tabs a[data-status="QUEUED"]`)
+	b.waitJS("the newest 100 of 105", `location.search === "?status=QUEUED" && document.querySelectorAll('#tasks tbody tr').length === 100 &&
+		[...document.querySelectorAll('#tabs a')].some((a) => a.textContent.replace(/\s+/g, ' ') === 'Queued 105')`, 10*time.Second)
+	b.click("older", "#older:not([hidden])")
+	page2 := fmt.Sprintf("?status=QUEUED&before=%d", first+5)
+	b.waitJS("the 5 oldest", fmt.Sprintf(`location.search === %q && document.querySelectorAll('#tasks tbody tr').length === 5 &&
+		document.querySelector('#tasks tbody tr:last-child').dataset.id === "%d" && document.querySelector('#older').hidden`, page2, first), 10*time.Second)
+
+	// Select the page's tasks and cancel them: one click.
+	b.do("give the token and a name", chromedp.SendKeys("#token", webToken), chromedp.SendKeys("#actor", "bob"))
+	b.click("select the page", "#pick-all")
+	b.waitJS("5 selected", `document.querySelector('#picked').textContent === "5 selected" && !document.querySelector('#bulk').hidden`, 10*time.Second)
+	b.screenshot("web-bulk.png")
+	b.click("cancel the selected", "#bulk-cancel")
+	b.waitJS("the cancels", `document.querySelector('#done').textContent === "cancel: 5 of 5 done"`, 30*time.Second)
+	b.waitJS("the page emptied", `document.querySelectorAll('#tasks tbody tr').length === 0 && document.querySelector('#bulk').hidden`, 10*time.Second)
+	host, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id := first; id < first+5; id++ {
+		if got := (&world{Env: env}).task(id); got.Status != etlcontext.StatusCancelled {
+			t.Errorf("task %d after the bulk cancel: %s, want CANCELLED", id, got.Status)
+		}
+		if by := eventBy(t, env, id, protocol.EventCancelled); !strings.HasPrefix(by, `"bob" via dama web on `+host) {
+			t.Errorf("task %d cancelled by %q, want bob via the page", id, by)
+		}
+	}
+	if got := (&world{Env: env}).task(first + 5); got.Status != etlcontext.StatusQueued {
+		t.Errorf("task %d, not selected, is %s after the bulk cancel: want QUEUED", first+5, got.Status)
+	}
+
+	// From the Cancelled tab, retry them all.
+	b.click("the Cancelled tab", `#tabs a[data-status="CANCELLED"]`)
+	b.waitJS("the 5 cancelled", `location.search === "?status=CANCELLED" && document.querySelectorAll('#tasks tbody tr').length === 5`, 10*time.Second)
+	b.click("select the page", "#pick-all")
+	b.click("retry the selected", "#bulk-retry")
+	b.waitJS("the retries", `document.querySelector('#done').textContent === "retry: 5 of 5 done"`, 30*time.Second)
+	for id := first; id < first+5; id++ {
+		if got := (&world{Env: env}).task(id); got.Status != etlcontext.StatusQueued {
+			t.Errorf("task %d after the bulk retry: %s, want QUEUED", id, got.Status)
+		}
+	}
+	b.do("back to the newest", chromedp.Navigate(base+page2))
+	b.click("newest", "#newest:not([hidden])")
+	b.waitJS("the newest page", `location.search === "?status=QUEUED" && document.querySelectorAll('#tasks tbody tr').length === 100`, 10*time.Second)
 }

@@ -64,11 +64,11 @@ BEGIN
     SELECT c.attempt, c.runner_key_hash, c.etl_status INTO run_attempt, hash, status
       FROM data_manager.etl_contexts AS c WHERE c.etl_context_id = id AND c.run_id = run;
     IF NOT FOUND OR status <> 'RUNNING' THEN
-        RAISE EXCEPTION 'etl context %: run % is not the one running', id, run
+        RAISE EXCEPTION 'task %: run % is not the one running', id, run
             USING ERRCODE = 'DMRUN';
     END IF;
     IF data_manager.held_to_its_run(session_user) AND NOT data_manager.holds_run_key(hash) THEN
-        PERFORM data_manager.refuse_to_held(format('append to the log of etl context %s', id));
+        PERFORM data_manager.refuse_to_held(format('append to the log of task %s', id));
     END IF;
     IF append_log.start_byte < 0 OR keep < 0 OR keep > 64 * 1024 * 1024 OR octet_length(chunk) > 256 * 1024 THEN
         RAISE EXCEPTION 'append_log: want a start and keep not negative, keep at most 64 MiB, a chunk at most 256 KiB'
@@ -215,7 +215,7 @@ BEGIN
             USING ERRCODE = 'DMARG';
     END IF;
     IF parent IS NOT NULL AND NOT EXISTS (SELECT 1 FROM data_manager.etl_contexts AS c WHERE c.etl_context_id = parent) THEN
-        RAISE EXCEPTION 'parent etl context % does not exist', parent
+        RAISE EXCEPTION 'parent task % does not exist', parent
             USING ERRCODE = 'DMARG';
     END IF;
 
@@ -236,7 +236,7 @@ BEGIN
           FROM data_manager.etl_contexts AS c WHERE c.idempotency_key = task_key;
         CONTINUE WHEN etl_context_id IS NULL;
         IF other_kind IS DISTINCT FROM task_kind THEN
-            RAISE EXCEPTION 'idempotency key belongs to a task of another kind: % is the key of etl context %, of kind %',
+            RAISE EXCEPTION 'idempotency key belongs to a task of another kind: % is the key of task %, of kind %',
                 to_json(task_key)::text, etl_context_id, other_kind
                 USING ERRCODE = 'DMKEY';
         END IF;
@@ -387,7 +387,7 @@ BEGIN
         END IF;
         IF (NEW.etl_status, NEW.attempt, NEW.run_id, NEW.finished_at, NEW.kind, NEW.queue)
            IS DISTINCT FROM (OLD.etl_status, OLD.attempt, OLD.run_id, OLD.finished_at, OLD.kind, OLD.queue) THEN
-            RAISE EXCEPTION 'etl context % is % and cannot be reopened or changed', OLD.etl_context_id, OLD.etl_status
+            RAISE EXCEPTION 'task % is % and cannot be reopened or changed', OLD.etl_context_id, OLD.etl_status
                 USING ERRCODE = 'DMFIN';
         END IF;
         RETURN NEW;
@@ -398,7 +398,7 @@ BEGIN
         IF OLD.pid IS NOT NULL OR NEW.pid IS NOT NULL OR NEW.attempt <> OLD.attempt - 1
            OR NEW.run_id IS DISTINCT FROM OLD.run_id
            OR (NEW.etl_status = 'QUEUED') <> (NEW.attempt = 0) THEN
-            RAISE EXCEPTION 'etl context %: only a launch whose task process never started may be abandoned', OLD.etl_context_id
+            RAISE EXCEPTION 'task %: only a launch whose task process never started may be abandoned', OLD.etl_context_id
                 USING ERRCODE = 'DMSTA';
         END IF;
         RETURN NEW;
@@ -409,18 +409,18 @@ BEGIN
         OR (OLD.etl_status = 'RETRYING' AND NEW.etl_status IN ('RUNNING', 'CANCELLED'))
         OR (OLD.etl_status = 'RUNNING'  AND NEW.etl_status IN ('DONE', 'RETRYING', 'FAILED', 'CANCELLED'))
     ) THEN
-        RAISE EXCEPTION 'etl context % cannot go from % to %', OLD.etl_context_id, OLD.etl_status, NEW.etl_status
+        RAISE EXCEPTION 'task % cannot go from % to %', OLD.etl_context_id, OLD.etl_status, NEW.etl_status
             USING ERRCODE = 'DMSTA';
     END IF;
 
     -- A new attempt needs a new fencing token.
     IF NEW.etl_status = 'RUNNING' AND OLD.etl_status <> 'RUNNING'
        AND (NEW.run_id IS NULL OR NEW.run_id IS NOT DISTINCT FROM OLD.run_id OR NEW.attempt <= OLD.attempt) THEN
-        RAISE EXCEPTION 'a new attempt of etl context % needs a new run id and a higher attempt number', OLD.etl_context_id
+        RAISE EXCEPTION 'a new attempt of task % needs a new run id and a higher attempt number', OLD.etl_context_id
             USING ERRCODE = 'DMSTA';
     END IF;
     IF NEW.run_id IS DISTINCT FROM OLD.run_id AND NOT (NEW.etl_status = 'RUNNING' AND OLD.etl_status <> 'RUNNING') THEN
-        RAISE EXCEPTION 'the run id of etl context % changes only when an attempt starts', OLD.etl_context_id
+        RAISE EXCEPTION 'the run id of task % changes only when an attempt starts', OLD.etl_context_id
             USING ERRCODE = 'DMSTA';
     END IF;
     RETURN NEW;
@@ -470,7 +470,7 @@ BEGIN
             RETURN NEW;
         END IF;
         IF held THEN
-            PERFORM data_manager.refuse_to_held(format('submit a task under etl context %s', NEW.parent_context_id));
+            PERFORM data_manager.refuse_to_held(format('submit a task under task %s', NEW.parent_context_id));
         END IF;
         RAISE EXCEPTION 'a member of dama_operator may not submit a task under a key of dama''s (%)', NEW.idempotency_key
             USING ERRCODE = 'insufficient_privilege';
@@ -495,7 +495,7 @@ BEGIN
             RETURN NEW;
         END IF;
         IF NOT operating THEN
-            PERFORM data_manager.refuse_to_held(format('write etl context %s', OLD.etl_context_id));
+            PERFORM data_manager.refuse_to_held(format('write task %s', OLD.etl_context_id));
         END IF;
     END IF;
     -- What an operator may change: its column rights name the columns.
@@ -510,7 +510,7 @@ BEGIN
             OLD.command_pgid, OLD.command_start_ticks, OLD.progress, OLD.progress_at) THEN
         RETURN NEW;
     END IF;
-    RAISE EXCEPTION 'a member of dama_operator may not make this change to etl context %', OLD.etl_context_id
+    RAISE EXCEPTION 'a member of dama_operator may not make this change to task %', OLD.etl_context_id
         USING ERRCODE = 'insufficient_privilege';
 END
 $$;
@@ -530,7 +530,7 @@ BEGIN
            NEW.etl_status IN ('DONE', 'FAILED', 'CANCELLED')
         OR (NEW.etl_status = 'RETRYING' AND NEW.attempt = OLD.attempt)
         OR (NEW.etl_status = 'QUEUED' AND data_manager.is_finished(OLD.etl_status))) THEN
-        RAISE EXCEPTION 'etl context % goes from % to % only through its events', OLD.etl_context_id, OLD.etl_status, NEW.etl_status
+        RAISE EXCEPTION 'task % goes from % to % only through its events', OLD.etl_context_id, OLD.etl_status, NEW.etl_status
             USING ERRCODE = 'DMSTA';
     END IF;
     RETURN NEW;
@@ -651,7 +651,7 @@ BEGIN
             RETURN NULL;
         END IF;
         IF NOT operating THEN
-            PERFORM data_manager.refuse_to_held(format('write a %s event of etl context %s', suffix, NEW.etl_context_id));
+            PERFORM data_manager.refuse_to_held(format('write a %s event of task %s', suffix, NEW.etl_context_id));
         END IF;
     END IF;
     IF suffix IN ('INITIAL', 'CANCEL_REQUESTED', 'RETRIED')
@@ -691,7 +691,7 @@ BEGIN
      WHERE etl_context_id = NEW.etl_context_id
        FOR NO KEY UPDATE;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'etl context % does not exist', NEW.etl_context_id
+        RAISE EXCEPTION 'task % does not exist', NEW.etl_context_id
             USING ERRCODE = 'foreign_key_violation';
     END IF;
 
@@ -716,29 +716,29 @@ BEGIN
         -- dama retry: the one event a finished context accepts, and only
         -- a FAILED or CANCELLED one; it names the new max_attempts.
         IF ctx.etl_status NOT IN ('FAILED', 'CANCELLED') THEN
-            RAISE EXCEPTION 'etl context % is %: only a FAILED or CANCELLED task can be retried', ctx.etl_context_id, ctx.etl_status
+            RAISE EXCEPTION 'task % is %: only a FAILED or CANCELLED task can be retried', ctx.etl_context_id, ctx.etl_status
                 USING ERRCODE = 'DMSTA';
         END IF;
         IF NOT coalesce((NEW.payload->>'max_attempts')::int > ctx.attempt, false) THEN
-            RAISE EXCEPTION 'a RETRIED event of etl context % must name max_attempts above its attempt %', ctx.etl_context_id, ctx.attempt
+            RAISE EXCEPTION 'a RETRIED event of task % must name max_attempts above its attempt %', ctx.etl_context_id, ctx.attempt
                 USING ERRCODE = 'check_violation';
         END IF;
     ELSIF data_manager.is_finished(ctx.etl_status) THEN
-        RAISE EXCEPTION 'etl context % is % and takes no more events', ctx.etl_context_id, ctx.etl_status
+        RAISE EXCEPTION 'task % is % and takes no more events', ctx.etl_context_id, ctx.etl_status
             USING ERRCODE = 'DMFIN';
     END IF;
 
     IF suffix = 'INITIAL' THEN
         IF ctx.initial_event_id IS NOT NULL THEN
-            RAISE EXCEPTION 'etl context % already has its INITIAL event', ctx.etl_context_id
+            RAISE EXCEPTION 'task % already has its INITIAL event', ctx.etl_context_id
                 USING ERRCODE = 'unique_violation';
         END IF;
     ELSIF NEW.run_id IS DISTINCT FROM ctx.run_id THEN
-        RAISE EXCEPTION 'event % for etl context % comes from run %, not from the current run %',
+        RAISE EXCEPTION 'event % for task % comes from run %, not from the current run %',
             NEW.type, ctx.etl_context_id, NEW.run_id, ctx.run_id
             USING ERRCODE = 'DMRUN';
     ELSIF suffix IN ('FINAL', 'ERROR') AND ctx.etl_status <> 'RUNNING' THEN
-        RAISE EXCEPTION 'etl context % is %, so it cannot end an attempt with %',
+        RAISE EXCEPTION 'task % is %, so it cannot end an attempt with %',
             ctx.etl_context_id, ctx.etl_status, NEW.type
             USING ERRCODE = 'DMRUN';
     END IF;
@@ -892,7 +892,7 @@ BEGIN
         NULL;
     END;
     IF data_manager.held_to_its_run(session_user) AND NOT (status = 'RUNNING' AND data_manager.holds_run_key(hash)) THEN
-        PERFORM data_manager.refuse_to_held(format('lock etl context %s', id));
+        PERFORM data_manager.refuse_to_held(format('lock task %s', id));
     END IF;
     SELECT event_id INTO locked FROM data_manager.event_store
      WHERE etl_context_id = id AND type LIKE '%:INITIAL'
@@ -953,7 +953,7 @@ BEGIN
                         WHERE k.parent_context_id = c.etl_context_id AND k.etl_context_id <> ALL(ids)))
      LIMIT 1;
     IF bad IS NOT NULL THEN
-        RAISE EXCEPTION 'etl context % is not a finished task removed with its whole tree', bad
+        RAISE EXCEPTION 'task % is not a finished task removed with its whole tree', bad
             USING ERRCODE = 'DMPRU';
     END IF;
     PERFORM set_config('dama.pruning', 'on', true);

@@ -166,8 +166,8 @@ func testSubmitFromSQL(t *testing.T) {
 		`SELECT data_manager.submit('sample', queue => 'nowhere')`:                              "queue 'nowhere': the supervisor that published kind sample serves etl, other",
 		`SELECT data_manager.submit('sample', idempotency_key => 'dama:child:1:x')`:             `idempotency keys starting with "dama:" are dama's own`,
 		`SELECT data_manager.submit('regional', '{"source": {}}')`:                              "the arguments have no field source.region, the kind's concurrency_key",
-		`SELECT data_manager.submit('sample', parent => 999999)`:                                "parent etl context 999999 does not exist",
-		`SELECT data_manager.submit('regional', '{"source": {"region": "eu"}}', 'psql-1')`:      "idempotency key belongs to a task of another kind: \"psql-1\" is the key of etl context " + first + ", of kind sample",
+		`SELECT data_manager.submit('sample', parent => 999999)`:                                "parent task 999999 does not exist",
+		`SELECT data_manager.submit('regional', '{"source": {"region": "eu"}}', 'psql-1')`:      "idempotency key belongs to a task of another kind: \"psql-1\" is the key of task " + first + ", of kind sample",
 		`SELECT data_manager.submit('sample', jsonb_build_object('blob', repeat('x', 100000)))`: "arguments are 100012 bytes as stored; a task receives them in DAMA_ARGS, which holds at most 98304",
 	} {
 		if out, stderr, code := psql(t, op, stmt); code == 0 || !strings.Contains(stderr, "ERROR:  "+want+"\n") {

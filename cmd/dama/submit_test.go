@@ -72,7 +72,7 @@ func TestIdempotencyKeyOfAnotherKindOrDamasOwnIsRefused(t *testing.T) {
 		want string
 	}{
 		{"another kind", []string{"submit", "other", "--idempotency-key", "K"},
-			`dama: submit other task: idempotency key belongs to a task of another kind: "K" is the key of etl context ` + strings.TrimSpace(first.Stdout) + `, of kind sample`},
+			`dama: submit other task: idempotency key belongs to a task of another kind: "K" is the key of task ` + strings.TrimSpace(first.Stdout) + `, of kind sample`},
 		{"a child's key", []string{"submit", "sample", "--idempotency-key", "dama:child:" + strings.TrimSpace(first.Stdout) + ":part-1"},
 			`dama: submit sample task: idempotency key "dama:child:` + strings.TrimSpace(first.Stdout) + `:part-1": idempotency keys starting with "dama:" are reserved for dama's own submissions`},
 		{"a tick's key", []string{"submit", "sample", "--idempotency-key", "dama:schedule:sample:2026-11-21T02:00:00Z"}, `are reserved for dama's own submissions`},
@@ -130,7 +130,7 @@ func TestBadInputIsOneLineAndWritesNothing(t *testing.T) {
 		{"bad id", w.Env, w.cfg, []string{"status", "x"}, "invalid task id"},
 		{"unknown id", w.Env, w.cfg, []string{"events", "12345"}, "not found"},
 		{"unknown flag", w.Env, w.cfg, []string{"submit", "sample", "--nope"}, "unknown flag"},
-		{"unknown parent", w.Env, w.cfg, []string{"submit", "sample", "--parent", "999"}, "parent etl context 999 does not exist"},
+		{"unknown parent", w.Env, w.cfg, []string{"submit", "sample", "--parent", "999"}, "parent task 999 does not exist"},
 		{"negative delay", w.Env, w.cfg, []string{"submit", "sample", "--delay", "-1s"}, "must not be negative"},
 		{"a number read back far longer", w.Env, w.cfg, []string{"submit", "sample", "--args", `{"n": 1e70}`}, "write them in full, or as strings"},
 		{"NUL in arguments", w.Env, w.cfg, []string{"submit", "sample", "--args", `{"s": "a\u0000b"}`}, "cannot store"},

@@ -361,6 +361,8 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		s.mu.Unlock()
 		bg.Wait()
 		s.orphans.Wait()
+		// River's last warnings, held for the outage's grace.
+		s.outage.Flush()
 	}()
 
 	// Before River starts, so that its own rescuer never gets to the steps

@@ -6,6 +6,7 @@ package logfilter
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -39,8 +40,10 @@ func (f Floor) WithGroup(name string) slog.Handler {
 type Outage struct {
 	down  atomic.Bool
 	muted atomic.Int64
-	// begun counts the outages, for the held records.
+	// begun counts the outages, for the held records; held waits for
+	// them.
 	begun atomic.Int64
+	held  sync.WaitGroup
 }
 
 // Begin starts muting.
@@ -54,6 +57,11 @@ func (o *Outage) End() int64 {
 	o.down.Store(false)
 	return o.muted.Swap(0)
 }
+
+// Flush waits for the records held (see Handler) to be written or
+// dropped: at most their grace. A program calls it before it exits, lest
+// its last warnings be lost.
+func (o *Outage) Flush() { o.held.Wait() }
 
 // Handler returns h, muted during an outage. The warnings and errors for
 // which held reports true (nil: all of them) are held for grace first, and
@@ -83,7 +91,9 @@ func (m muted) Handle(ctx context.Context, r slog.Record) error {
 		return m.Handler.Handle(ctx, r)
 	}
 	r, begun := r.Clone(), m.o.begun.Load()
+	m.o.held.Add(1)
 	time.AfterFunc(m.grace, func() {
+		defer m.o.held.Done()
 		if m.o.begun.Load() != begun {
 			m.o.muted.Add(1)
 			return

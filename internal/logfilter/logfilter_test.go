@@ -1,0 +1,90 @@
+package logfilter_test
+
+import (
+	"bytes"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dama-etl/dama/internal/logfilter"
+)
+
+// syncBuffer is a buffer that the timers' goroutines write to.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// logger logs the records of "held..." messages through o held for grace,
+// the others at once, as text without times.
+func logger(o *logfilter.Outage, grace time.Duration) (*slog.Logger, *syncBuffer) {
+	out := &syncBuffer{}
+	text := slog.NewTextHandler(out, &slog.HandlerOptions{ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+		if a.Key == slog.TimeKey {
+			return slog.Attr{}
+		}
+		return a
+	}})
+	return slog.New(o.Handler(text, grace, func(r slog.Record) bool { return strings.HasPrefix(r.Message, "held") })), out
+}
+
+// A held warning waits for its grace, and is written after it unless an
+// outage began meanwhile; Flush waits for it, so that none is lost at
+// exit. During an outage warnings are muted and counted, other records
+// pass.
+func TestOutageHoldsMutesAndFlushes(t *testing.T) {
+	t.Parallel()
+	t.Run("held until the grace ends", func(t *testing.T) {
+		t.Parallel()
+		var o logfilter.Outage
+		log, out := logger(&o, time.Hour)
+		log.Warn("held for an hour")
+		log.Warn("not held")
+		if got := out.String(); got != "level=WARN msg=\"not held\"\n" {
+			t.Errorf("%q, want the warning that is not held alone", got)
+		}
+		o.Begin() // the held one is dropped, in an hour
+	})
+	t.Run("flushed", func(t *testing.T) {
+		t.Parallel()
+		var o logfilter.Outage
+		log, out := logger(&o, 10*time.Millisecond)
+		log.Warn("held, then written")
+		o.Flush()
+		if got := out.String(); got != "level=WARN msg=\"held, then written\"\n" {
+			t.Errorf("after Flush: %q, want the held warning", got)
+		}
+	})
+	t.Run("dropped for an outage", func(t *testing.T) {
+		t.Parallel()
+		var o logfilter.Outage
+		// Its grace is the time between the warning and Begin, on a busy
+		// machine too.
+		log, out := logger(&o, 2*time.Second)
+		log.Warn("held, then dropped")
+		o.Begin()
+		log.Error("during the outage")
+		log.Info("an info passes")
+		o.Flush()
+		if muted := o.End(); muted != 2 {
+			t.Errorf("%d records muted, want the held one and the one during the outage", muted)
+		}
+		if got := out.String(); got != "level=INFO msg=\"an info passes\"\n" {
+			t.Errorf("around an outage: %q, want the info alone", got)
+		}
+	})
+}

@@ -194,6 +194,9 @@ DECLARE
     other_kind  text;
 BEGIN
     args := coalesce(args, '{}');
+    IF jsonb_typeof(args) <> 'object' THEN
+        RAISE EXCEPTION 'arguments must be a JSON object, not %', jsonb_typeof(args) USING ERRCODE = 'DMARG';
+    END IF;
     IF octet_length(args::text) > data_manager.max_args_bytes() THEN
         RAISE EXCEPTION 'arguments are % bytes as stored; a task receives them in DAMA_ARGS, which holds at most %',
             octet_length(args::text), data_manager.max_args_bytes()

@@ -169,6 +169,8 @@ func testSubmitFromSQL(t *testing.T) {
 		`SELECT data_manager.submit('sample', parent => 999999)`:                                "parent task 999999 does not exist",
 		`SELECT data_manager.submit('regional', '{"source": {"region": "eu"}}', 'psql-1')`:      "idempotency key belongs to a task of another kind: \"psql-1\" is the key of task " + first + ", of kind sample",
 		`SELECT data_manager.submit('sample', jsonb_build_object('blob', repeat('x', 100000)))`: "arguments are 100012 bytes as stored; a task receives them in DAMA_ARGS, which holds at most 98304",
+		`SELECT data_manager.submit('sample', '42')`:                                            "arguments must be a JSON object, not number",
+		`SELECT data_manager.submit('sample', 'null')`:                                          "arguments must be a JSON object, not null",
 	} {
 		if out, stderr, code := psql(t, op, stmt); code == 0 || !strings.Contains(stderr, "ERROR:  "+want+"\n") {
 			t.Errorf("%s: %q, exit %d, stderr %q; want refused with %q", stmt, out, code, stderr, want)

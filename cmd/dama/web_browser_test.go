@@ -124,12 +124,19 @@ func (b *browser) waitJS(what, expr string, timeout time.Duration) {
 		}
 		// A navigation (the login link's redirect) destroys the document
 		// the poll ran in: poll the new one.
-		if strings.Contains(err.Error(), "Cannot find context with specified id") && time.Now().Before(deadline) {
+		if navigated(err) && time.Now().Before(deadline) {
 			continue
 		}
 		page := eval[string](b, "document.body.innerText")
 		b.t.Fatalf("wait for %s (%s): %v\npage:\n%s", what, expr, err, page)
 	}
+}
+
+// navigated reports an error of a poll whose document a navigation (a
+// login link's redirect, a click on a link) destroyed meanwhile.
+func navigated(err error) bool {
+	return strings.Contains(err.Error(), "Cannot find context with specified id") ||
+		strings.Contains(err.Error(), "Inspected target navigated or closed")
 }
 
 // click clicks the element selector names once it is there, finding and

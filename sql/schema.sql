@@ -194,9 +194,6 @@ DECLARE
     other_kind  text;
 BEGIN
     args := coalesce(args, '{}');
-    IF jsonb_typeof(args) <> 'object' THEN
-        RAISE EXCEPTION 'arguments must be a JSON object, not %', jsonb_typeof(args) USING ERRCODE = 'DMARG';
-    END IF;
     IF octet_length(args::text) > data_manager.max_args_bytes() THEN
         RAISE EXCEPTION 'arguments are % bytes as stored; a task receives them in DAMA_ARGS, which holds at most %',
             octet_length(args::text), data_manager.max_args_bytes()
@@ -1045,6 +1042,10 @@ BEGIN
             coalesce(quote_literal(submit.kind), 'NULL'), coalesce(known, 'none')
             USING ERRCODE = 'DMKND';
     END IF;
+    IF jsonb_typeof(coalesce(args, '{}')) <> 'object' THEN
+        RAISE EXCEPTION 'arguments must be a JSON object, not %', jsonb_typeof(args)
+            USING ERRCODE = 'DMARG';
+    END IF;
     IF starts_with(submit.idempotency_key, 'dama:') THEN
         RAISE EXCEPTION 'idempotency keys starting with "dama:" are dama''s own'
             USING ERRCODE = 'DMARG';
@@ -1378,13 +1379,11 @@ CREATE VIEW data_manager.dama_task_queue AS
     c.attempt,
     COALESCE((j.max_attempts)::integer, c.max_attempts) AS max_attempts,
         CASE
-            WHEN ((j.id IS NULL) OR (j.finalized_at IS NOT NULL)) THEN (j.state)::text
-            WHEN (c.etl_status = ANY (ARRAY['DONE'::text, 'FAILED'::text, 'CANCELLED'::text])) THEN 'finalizing'::text
-            WHEN (c.etl_status = 'RUNNING'::text) THEN 'running'::text
-            WHEN ((c.etl_status = 'RETRYING'::text) AND (j.state = 'retryable'::public.river_job_state) AND (j.scheduled_at > now())) THEN 'retryable'::text
-            WHEN (c.due_at > now()) THEN 'scheduled'::text
-            ELSE 'available'::text
+            WHEN ((c.etl_status = ANY (ARRAY['DONE'::text, 'FAILED'::text, 'CANCELLED'::text])) AND (j.finalized_at IS NULL) AND (j.state = ANY (ARRAY['available'::public.river_job_state, 'running'::public.river_job_state]))) THEN 'finalizing'::text
+            WHEN ((c.etl_status = ANY (ARRAY['QUEUED'::text, 'RETRYING'::text])) AND (c.waiting_for IS NOT NULL) AND (j.state = 'scheduled'::public.river_job_state)) THEN 'available'::text
+            ELSE (j.state)::text
         END AS job_state,
+    j.scheduled_at,
     c.host,
     c.pid,
     c.created_at,
@@ -1814,6 +1813,13 @@ CREATE INDEX etl_contexts_finished_at ON data_manager.etl_contexts USING btree (
 --
 
 CREATE INDEX etl_contexts_kind_id ON data_manager.etl_contexts USING btree (kind, etl_context_id);
+
+
+--
+-- Name: etl_contexts_kind_status_id; Type: INDEX; Schema: data_manager; Owner: -
+--
+
+CREATE INDEX etl_contexts_kind_status_id ON data_manager.etl_contexts USING btree (kind, etl_status, etl_context_id);
 
 
 --

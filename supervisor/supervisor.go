@@ -348,6 +348,9 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	var bg sync.WaitGroup
 	bg.Go(func() {
 		_ = live.Serve(bgCtx)
+		// River has stopped: its last warnings, held for the outage's
+		// grace, are written or counted before the count is said.
+		s.outage.Flush()
 		if muted := s.outage.End(); muted > 0 {
 			s.logger.Info("stopped during a database outage", "warnings_muted", muted)
 		}
@@ -361,8 +364,6 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		s.mu.Unlock()
 		bg.Wait()
 		s.orphans.Wait()
-		// River's last warnings, held for the outage's grace.
-		s.outage.Flush()
 	}()
 
 	// Before River starts, so that its own rescuer never gets to the steps

@@ -157,7 +157,8 @@ func TestDecodeLineMeasuresWhatTheDatabaseGivesBack(t *testing.T) {
 	cases := []struct{ line, problem, payload string }{
 		{line: `{"type":"checkpoint","payload":` + zeros + `}`, problem: "as stored"},
 		{line: `{"type":"checkpoint","payload":[1e131071]}`, payload: `["1e131071"]`},
-		{line: `{"type":"submit","payload":{"kind":"k","args":` + zeros + `}}`, problem: "as stored"},
+		{line: `{"type":"submit","payload":{"kind":"k","args":{"a":` + zeros + `}}}`, problem: "as stored"},
+		{line: `{"type":"submit","payload":{"kind":"k","args":[1]}}`, problem: "must be a JSON object, not an array"},
 		{line: `{"type":"submit","payload":{"kind":"k","idempotency_key":"x\u0000y"}}]`, problem: "not one JSON value"},
 		{line: `{"type":"submit","payload":{"kind":"k","idempotency_key":"auto:1:2"}}`, problem: "dama's own"},
 		{line: `{"type":"submit","payload":{"kind":"k","idempotency_key":"a\u0000"}}`, problem: "only from a clean line"},

@@ -29,7 +29,7 @@ func connect(ctx context.Context) (*pgxpool.Pool, string, error) {
 
 // connectSized is connect with a pool of at least minConns connections,
 // unless DATABASE_URL sets pool_max_conns itself.
-func connectSized(ctx context.Context, minConns int32) (*pgxpool.Pool, string, error) {
+func connectSized(ctx context.Context, minConns int32, configure ...func(*pgxpool.Config)) (*pgxpool.Pool, string, error) {
 	url, err := databaseURL()
 	if err != nil {
 		return nil, "", err
@@ -43,6 +43,9 @@ func connectSized(ctx context.Context, minConns int32) (*pgxpool.Pool, string, e
 	}
 	// River's listener waits idle on one of these connections for hours.
 	pcfg.AfterConnect = pgsession.KeepIdle
+	for _, c := range configure {
+		c(pcfg)
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, "", connectFailed(err)
@@ -57,8 +60,8 @@ func connectSized(ctx context.Context, minConns int32) (*pgxpool.Pool, string, e
 }
 
 // connectMigrated is connect for the commands that need dama's schema.
-func connectMigrated(ctx context.Context, minConns int32) (*pgxpool.Pool, string, error) {
-	pool, url, err := connectSized(ctx, minConns)
+func connectMigrated(ctx context.Context, minConns int32, configure ...func(*pgxpool.Config)) (*pgxpool.Pool, string, error) {
+	pool, url, err := connectSized(ctx, minConns, configure...)
 	if err != nil {
 		return nil, "", err
 	}

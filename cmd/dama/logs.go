@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
@@ -138,12 +139,25 @@ func openLocalLog(c *etlcontext.Context) (*os.File, error) {
 	return protocol.OpenLog(*c.LogPath, c.ID)
 }
 
-// shownText is s with its control characters shown (controlShown): what
-// a task recorded (its host, its log's path) said on dama's own lines.
+// shownText is s on one line with its control characters shown
+// (controlShown): what a task recorded (its host, its log's path, its
+// errors) said on dama's own lines.
 func shownText(s string) string {
 	var b strings.Builder
 	c := controlShown{w: &b}
-	_, _ = c.Write([]byte(strings.ReplaceAll(s, "\n", " ")))
+	// One line, that no character of the text's moves about: no line
+	// feed, carriage return or tab, no format character (a bidi override
+	// reverses what follows it, a zero-width one hides).
+	s = strings.Map(func(r rune) rune {
+		switch {
+		case r == '\n' || r == '\r' || r == '\t':
+			return ' '
+		case unicode.Is(unicode.Cf, r):
+			return '\uFFFD'
+		}
+		return r
+	}, s)
+	_, _ = c.Write([]byte(s))
 	if c.lead {
 		b.WriteByte(0xc2)
 	}

@@ -8,8 +8,10 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/dama-etl/dama/cmd/dama/internal/web"
@@ -59,7 +61,9 @@ func newWebCommand(g *globals) *cobra.Command {
 			if readToken == "" && !publicReads {
 				readToken, made = rand.Text(), true
 			}
-			pool, _, err := connectMigrated(cmd.Context(), 0)
+			pool, _, err := connectMigrated(cmd.Context(), 0, func(c *pgxpool.Config) {
+				c.ConnConfig.RuntimeParams["statement_timeout"] = strconv.FormatInt(web.StatementTimeout.Milliseconds(), 10)
+			})
 			if err != nil {
 				return err
 			}

@@ -69,6 +69,13 @@ func TestWebAPI(t *testing.T) {
 			t.Errorf("GET api/tasks%s: %d %v, want 200 %v", c.query, code, got, c.want)
 		}
 	}
+	// Another site's page (a script, an image) reads nothing, even of a
+	// page with public reads.
+	for _, site := range []string{"cross-site", "same-site"} {
+		if code, v := call(t, "GET", base+"api/tasks", map[string]string{"Sec-Fetch-Site": site}, ""); code != http.StatusForbidden {
+			t.Errorf("GET api/tasks from %s: %d %v, want 403", site, code, v)
+		}
+	}
 	for _, query := range []string{"tasks?status=LOST", "tasks?before=x", "tasks?before=-1", "finished?per=week"} {
 		if code, v := call(t, "GET", base+"api/"+query, nil, ""); code != http.StatusBadRequest || !strings.Contains(fmt.Sprint(v["error"]), "invalid request") {
 			t.Errorf("GET api/%s: %d %v, want 400", query, code, v)

@@ -385,8 +385,11 @@ func TestWebPagesAndBulkActions(t *testing.T) {
 	b.do("give the token and a name", chromedp.SendKeys("#token", webToken), chromedp.SendKeys("#actor", "bob"))
 	b.click("select the page", "#pick-all")
 	b.waitJS("5 selected", `document.querySelector('#picked').textContent === "5 selected" && !document.querySelector('#bulk').hidden`, 10*time.Second)
-	b.screenshot("web-bulk.png")
 	b.click("cancel the selected", "#bulk-cancel")
+	b.waitJS("the question", fmt.Sprintf(`document.querySelector('#done').textContent === "cancel tasks %d, %d, %d, %d, %d?" && document.querySelector('#bulk-yes').textContent === "Yes, cancel 5"`,
+		first+4, first+3, first+2, first+1, first), 10*time.Second)
+	b.screenshot("web-bulk.png")
+	b.click("confirm", "#bulk-confirm:not([hidden]) #bulk-yes")
 	b.waitJS("the cancels", `document.querySelector('#done').textContent === "cancel: 5 of 5 done"`, 30*time.Second)
 	b.waitJS("the page emptied", `document.querySelectorAll('#tasks tbody tr').length === 0 && document.querySelector('#bulk').hidden`, 10*time.Second)
 	host, err := os.Hostname()
@@ -410,6 +413,7 @@ func TestWebPagesAndBulkActions(t *testing.T) {
 	b.waitJS("the 5 cancelled", `location.search === "?status=CANCELLED" && document.querySelectorAll('#tasks tbody tr').length === 5`, 10*time.Second)
 	b.click("select the page", "#pick-all")
 	b.click("retry the selected", "#bulk-retry")
+	b.click("confirm", "#bulk-confirm:not([hidden]) #bulk-yes")
 	b.waitJS("the retries", `document.querySelector('#done').textContent === "retry: 5 of 5 done"`, 30*time.Second)
 	for id := first; id < first+5; id++ {
 		if got := (&world{Env: env}).task(id); got.Status != etlcontext.StatusQueued {

@@ -233,22 +233,29 @@ type Trouble struct {
 	At          time.Time
 }
 
+// maxTroubleText bounds each text of a Trouble, in characters: a list of
+// 100 tasks whose commands failed with lines of a MiB each would be 100
+// MiB, read every second by a page left open.
+const maxTroubleText = 1024
+
 // Troubles returns the Trouble of each of the tasks ids that has one, in
-// one statement: for the status list's reasons.
+// one statement: for the status list's reasons. Each text is cut to
+// maxTroubleText characters.
 func Troubles(ctx context.Context, db DB, ids []int64) (map[int64]Trouble, error) {
 	rows, err := db.Query(ctx, `
 		SELECT c.etl_context_id,
-		       (SELECT e.payload->>'reason' FROM data_manager.event_store AS e
+		       (SELECT left(e.payload->>'reason', $5) FROM data_manager.event_store AS e
 		         WHERE e.etl_context_id = c.etl_context_id AND e.type = c.kind || ':' || $2
 		         ORDER BY e.event_id DESC LIMIT 1),
-		       u.meta->>$4, u.payload->>'host', u.created_at
+		       left(u.meta->>$4, $5), left(u.payload->>'host', $5), u.created_at
 		  FROM data_manager.etl_contexts AS c
 		  LEFT JOIN LATERAL (
 		       SELECT e.meta, e.payload, e.created_at FROM data_manager.event_store AS e
-		        WHERE e.etl_context_id = c.etl_context_id AND e.type = c.kind || ':' || $3
+		        WHERE c.etl_status IN (`+sqlQueued+`, `+sqlRetrying+`)
+		          AND e.etl_context_id = c.etl_context_id AND e.type = c.kind || ':' || $3
 		          AND e.attempt = c.attempt + 1 AND e.meta ? $4
 		        ORDER BY e.event_id DESC LIMIT 1) AS u ON true
-		 WHERE c.etl_context_id = ANY($1) AND c.etl_status IN (`+sqlQueued+`, `+sqlRetrying+`, `+sqlFailed+`)`, ids, protocol.EventError, protocol.EventWarning, UnfitHostMeta)
+		 WHERE c.etl_context_id = ANY($1) AND c.etl_status IN (`+sqlQueued+`, `+sqlRetrying+`, `+sqlFailed+`)`, ids, protocol.EventError, protocol.EventWarning, UnfitHostMeta, maxTroubleText)
 	if err != nil {
 		return nil, fmt.Errorf("read what went wrong with tasks: %w", err)
 	}
@@ -322,7 +329,8 @@ type FinishedSpan struct {
 
 // FinishedPer counts the contexts q selects (its kind and queue) that
 // finished since since, per unit ("minute" or "hour", from the start of
-// each), oldest first; a span in which none finished is left out.
+// each in UTC, as a browser counts them), oldest first; a span in which
+// none finished is left out.
 func FinishedPer(ctx context.Context, db DB, q TaskQuery, unit string, since time.Time) ([]FinishedSpan, error) {
 	if unit != "minute" && unit != "hour" {
 		return nil, fmt.Errorf("count finished tasks per %q: per minute or hour", unit)
@@ -330,7 +338,7 @@ func FinishedPer(ctx context.Context, db DB, q TaskQuery, unit string, since tim
 	args := []any{unit, since}
 	param := params(&args)
 	sql := `
-		SELECT date_trunc($1, finished_at) AS at,
+		SELECT date_trunc($1, finished_at, 'UTC') AS at,
 		       count(*) FILTER (WHERE etl_status = ` + sqlDone + `),
 		       count(*) FILTER (WHERE etl_status = ` + sqlFailed + `),
 		       count(*) FILTER (WHERE etl_status = ` + sqlCancelled + `)

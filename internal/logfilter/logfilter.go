@@ -40,10 +40,13 @@ func (f Floor) WithGroup(name string) slog.Handler {
 type Outage struct {
 	down  atomic.Bool
 	muted atomic.Int64
-	// begun counts the outages, for the held records; held waits for
-	// them.
+	// begun counts the outages, for the held records.
 	begun atomic.Int64
-	held  sync.WaitGroup
+	// held waits for the held records; once flushed, none is held, so
+	// that held.Add never meets held.Wait.
+	mu      sync.Mutex
+	flushed bool
+	held    sync.WaitGroup
 }
 
 // Begin starts muting.
@@ -59,9 +62,14 @@ func (o *Outage) End() int64 {
 }
 
 // Flush waits for the records held (see Handler) to be written or
-// dropped: at most their grace. A program calls it before it exits, lest
-// its last warnings be lost.
-func (o *Outage) Flush() { o.held.Wait() }
+// dropped, at most their grace, and holds none from then on: a program
+// calls it before it exits, lest its last warnings be lost.
+func (o *Outage) Flush() {
+	o.mu.Lock()
+	o.flushed = true
+	o.mu.Unlock()
+	o.held.Wait()
+}
 
 // Handler returns h, muted during an outage. The warnings and errors for
 // which held reports true (nil: all of them) are held for grace first, and
@@ -90,8 +98,16 @@ func (m muted) Handle(ctx context.Context, r slog.Record) error {
 	case m.grace <= 0 || (m.held != nil && !m.held(r)):
 		return m.Handler.Handle(ctx, r)
 	}
+	m.o.mu.Lock()
+	flushed := m.o.flushed
+	if !flushed {
+		m.o.held.Add(1)
+	}
+	m.o.mu.Unlock()
+	if flushed {
+		return m.Handler.Handle(ctx, r)
+	}
 	r, begun := r.Clone(), m.o.begun.Load()
-	m.o.held.Add(1)
 	time.AfterFunc(m.grace, func() {
 		defer m.o.held.Done()
 		if m.o.begun.Load() != begun {

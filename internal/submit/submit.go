@@ -68,6 +68,9 @@ func (s *Submitter) Tx(ctx context.Context, tx pgx.Tx, p Params) (id int64, crea
 	if err != nil {
 		return 0, false, errors.New("arguments are not valid JSON")
 	}
+	if err := protocol.CheckArgs(args); err != nil {
+		return 0, false, err
+	}
 	switch {
 	case replaced.Refused():
 		return 0, false, fmt.Errorf("arguments hold %s, which the database cannot store", replaced)

@@ -1,15 +1,17 @@
--- The view's job_state never contradicts etl_status, and it no longer
--- shows River's scheduled_at: while a task lives, its job's River state is
--- dama's mechanism (parked, 'scheduled' an hour ahead, while the task runs
--- or waits for a slot), which read as "not started" beside RUNNING. due_at
--- is when the task may next start, a retry's backoff included.
+-- The view's job_state no longer contradicts etl_status where the
+-- contradiction is dama's mechanism, not news: a due task that waits for a
+-- slot has its job parked ('scheduled' an hour ahead, woken when a slot
+-- frees), shown 'available'; a finished task whose job is being finalized
+-- (woken, or in its last step) is 'finalizing'. Any other pair is River's
+-- own state, a contradiction included: that one is worth seeing (a job
+-- finalized by hand, one a rescuer took), and reconciliation ends it.
+-- due_at is when the task may next start, a retry's backoff included.
+-- scheduled_at stays River's, for the readers of the release before.
 --
--- Dropped and created again (a column goes); sql.Migrate grants it again.
 -- A migration of its own, as 00022 says.
 
 -- +goose Up
-DROP VIEW data_manager.dama_task_queue;
-CREATE VIEW data_manager.dama_task_queue AS
+CREATE OR REPLACE VIEW data_manager.dama_task_queue AS
 SELECT c.etl_context_id,
        c.parent_context_id,
        c.kind,
@@ -17,17 +19,13 @@ SELECT c.etl_context_id,
        c.etl_status,
        c.attempt,
        coalesce(j.max_attempts, c.max_attempts) AS max_attempts,
-       -- River's own word once the job is finalized (or a contradiction
-       -- worth seeing, which reconciliation ends); before, what the job
-       -- does for the task, not how: a running task's job is parked
-       -- ('scheduled' an hour ahead) and a waiting one's too.
-       CASE WHEN j.id IS NULL OR j.finalized_at IS NOT NULL THEN j.state::text
-            WHEN c.etl_status IN ('DONE', 'FAILED', 'CANCELLED') THEN 'finalizing'
-            WHEN c.etl_status = 'RUNNING' THEN 'running'
-            WHEN c.etl_status = 'RETRYING' AND j.state = 'retryable' AND j.scheduled_at > now() THEN 'retryable'
-            WHEN c.due_at > now() THEN 'scheduled'
-            ELSE 'available'
+       CASE WHEN c.etl_status IN ('DONE', 'FAILED', 'CANCELLED') AND j.finalized_at IS NULL
+                 AND j.state IN ('available', 'running') THEN 'finalizing'
+            WHEN c.etl_status IN ('QUEUED', 'RETRYING') AND c.waiting_for IS NOT NULL
+                 AND j.state = 'scheduled' THEN 'available'
+            ELSE j.state::text
        END                                       AS job_state,
+       j.scheduled_at,
        c.host,
        c.pid,
        c.created_at,
@@ -90,9 +88,8 @@ SELECT c.etl_context_id,
   ) AS ch ON true;
 
 -- +goose Down
-DROP VIEW data_manager.dama_task_queue;
 -- As in 00022.
-CREATE VIEW data_manager.dama_task_queue AS
+CREATE OR REPLACE VIEW data_manager.dama_task_queue AS
 SELECT c.etl_context_id,
        c.parent_context_id,
        c.kind,

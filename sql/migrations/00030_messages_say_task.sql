@@ -1,22 +1,32 @@
 -- The database's messages say "task", as the CLI, the page and the docs
 -- do: "task 42 is DONE and cannot be reopened or changed", not "etl
--- context 42 ...". Every function of data_manager that says "etl context
--- %" is created again from its own definition with those words changed,
--- and nothing else: its grants, owner, settings and body stay. Before this
--- migration no function said "task %", so Down restores them exactly.
+-- context 42 ...". Every function of data_manager's owner that says "etl
+-- context %" in its body, and nowhere else (its name, its arguments), is
+-- created again from its own definition with those words changed, and
+-- nothing else: its grants, owner and settings stay. A function another
+-- role made in the schema is left alone, lest its definition be made
+-- again by the role that migrates. Before this migration none of these
+-- functions said "task %", so Down restores them exactly.
 
 -- +goose Up
 -- +goose StatementBegin
 DO $$
 DECLARE
-    f regprocedure;
+    f    regprocedure;
+    def  text;
+    body text;
 BEGIN
-    FOR f IN SELECT p.oid::regprocedure
-               FROM pg_catalog.pg_proc AS p
-               JOIN pg_catalog.pg_namespace AS n ON n.oid = p.pronamespace
-              WHERE n.nspname = 'data_manager' AND p.prosrc LIKE '%etl context \%%'
+    FOR f, def, body IN
+        SELECT p.oid::regprocedure, pg_catalog.pg_get_functiondef(p.oid), p.prosrc
+          FROM pg_catalog.pg_proc AS p
+          JOIN pg_catalog.pg_namespace AS n ON n.oid = p.pronamespace
+         WHERE n.nspname = 'data_manager' AND p.proowner = n.nspowner AND p.prosrc LIKE '%etl context \%%'
     LOOP
-        EXECUTE replace(pg_catalog.pg_get_functiondef(f), 'etl context %', 'task %');
+        IF pg_catalog.length(def) - pg_catalog.length(replace(def, 'etl context %', ''))
+           <> pg_catalog.length(body) - pg_catalog.length(replace(body, 'etl context %', '')) THEN
+            RAISE EXCEPTION 'function % says "etl context %%" outside its body', f;
+        END IF;
+        EXECUTE replace(def, 'etl context %', 'task %');
     END LOOP;
 END
 $$;
@@ -26,14 +36,21 @@ $$;
 -- +goose StatementBegin
 DO $$
 DECLARE
-    f regprocedure;
+    f    regprocedure;
+    def  text;
+    body text;
 BEGIN
-    FOR f IN SELECT p.oid::regprocedure
-               FROM pg_catalog.pg_proc AS p
-               JOIN pg_catalog.pg_namespace AS n ON n.oid = p.pronamespace
-              WHERE n.nspname = 'data_manager' AND p.prosrc LIKE '%task \%%'
+    FOR f, def, body IN
+        SELECT p.oid::regprocedure, pg_catalog.pg_get_functiondef(p.oid), p.prosrc
+          FROM pg_catalog.pg_proc AS p
+          JOIN pg_catalog.pg_namespace AS n ON n.oid = p.pronamespace
+         WHERE n.nspname = 'data_manager' AND p.proowner = n.nspowner AND p.prosrc LIKE '%task \%%'
     LOOP
-        EXECUTE replace(pg_catalog.pg_get_functiondef(f), 'task %', 'etl context %');
+        IF pg_catalog.length(def) - pg_catalog.length(replace(def, 'task %', ''))
+           <> pg_catalog.length(body) - pg_catalog.length(replace(body, 'task %', '')) THEN
+            RAISE EXCEPTION 'function % says "task %%" outside its body', f;
+        END IF;
+        EXECUTE replace(def, 'task %', 'etl context %');
     END LOOP;
 END
 $$;

@@ -1,6 +1,7 @@
 package protocol
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -185,6 +186,30 @@ func CheckCheckpoint(payload json.RawMessage) error {
 	return nil
 }
 
+// CheckArgs refuses a task's arguments, valid JSON, that are not an
+// object: a task reads them as one (ArgsEnv), and a kind's concurrency
+// key names one of their fields.
+func CheckArgs(args json.RawMessage) error {
+	trimmed := bytes.TrimLeft(args, " \t\r\n")
+	if len(trimmed) > 0 && trimmed[0] == '{' {
+		return nil
+	}
+	what := "a number"
+	if len(trimmed) > 0 {
+		switch trimmed[0] {
+		case '[':
+			what = "an array"
+		case '"':
+			what = "a string"
+		case 't', 'f':
+			what = "a boolean"
+		case 'n':
+			what = "null"
+		}
+	}
+	return fmt.Errorf("arguments must be a JSON object, not %s", what)
+}
+
 // Check says what is wrong with c, a child a submit line asks for, if
 // anything: the task process refuses such a line (and records a WARNING),
 // and package task refuses to write it. (A key holding bytes the database
@@ -194,6 +219,8 @@ func (c Child) Check() error {
 	switch k := c.IdempotencyKey; {
 	case c.Kind == "":
 		return errors.New("kind is required")
+	case len(c.Args) > 0 && string(c.Args) != "null" && CheckArgs(c.Args) != nil:
+		return CheckArgs(c.Args)
 	case JSONBTextLen(c.Args) > MaxEnvPayload:
 		return fmt.Errorf("arguments of %d bytes (as stored) exceed the %d bytes a task receives in %s", JSONBTextLen(c.Args), MaxEnvPayload, ArgsEnv)
 	case len(k) > MaxIdempotencyKey:

@@ -1,6 +1,8 @@
 package protocol
 
 import (
+	"encoding/json"
+	"fmt"
 	"regexp"
 	"strings"
 	"testing"
@@ -19,6 +21,28 @@ func TestValidSuffixIsItsDefinition(t *testing.T) {
 	for _, s := range cases {
 		if got, want := ValidSuffix(s), def.MatchString(s); got != want {
 			t.Errorf("ValidSuffix(%q) = %v, want %v", s, got, want)
+		}
+	}
+}
+
+// A child's arguments are an object, or none (empty or null: {}); any
+// other JSON value is refused, in the user's words.
+func TestAChildsArgumentsAreAnObject(t *testing.T) {
+	t.Parallel()
+	for args, want := range map[string]string{
+		``:              "",
+		`null`:          "",
+		`{}`:            "",
+		` {"a": 1}`:     "",
+		`42`:            "arguments must be a JSON object, not a number",
+		`"x"`:           "arguments must be a JSON object, not a string",
+		`[1, 2]`:        "arguments must be a JSON object, not an array",
+		`true`:          "arguments must be a JSON object, not a boolean",
+		"\n[{\"a\":1}]": "arguments must be a JSON object, not an array",
+	} {
+		err := Child{Kind: "k", Args: json.RawMessage(args)}.Check()
+		if got := fmt.Sprint(err); (want == "" && err != nil) || (want != "" && got != want) {
+			t.Errorf("args %q: %v, want %q", args, err, want)
 		}
 	}
 }

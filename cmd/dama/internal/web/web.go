@@ -86,6 +86,11 @@ const (
 	maxEvent = 8 << 20
 )
 
+// StatementTimeout is the statement_timeout a page's pool sets, the
+// longest a read or an action may need: a request given up on stops its
+// statement on the server too, rather than leave it running.
+const StatementTimeout = actionTimeout
+
 // ReadTokenHeader carries the read token (Options.ReadToken).
 const ReadTokenHeader = "X-Dama-Read-Token"
 
@@ -227,6 +232,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		defer cancel()
 		r = r.WithContext(ctx)
 		if api := strings.HasPrefix(r.URL.Path, "/api/") || r.URL.Path == "/metrics"; api {
+			// Another site cannot read the reply, but could make the
+			// database count and scan for it, through the browser of an
+			// operator of a page with public reads.
+			if site := r.Header.Get("Sec-Fetch-Site"); site != "" && site != "same-origin" && site != "none" {
+				writeError(w, http.StatusForbidden, fmt.Errorf("cross-site read refused (Sec-Fetch-Site: %s)", site))
+				return
+			}
 			if !s.mayRead(r) {
 				writeError(w, http.StatusUnauthorized, errors.New("a valid read token is needed: open the login link dama web printed when it started"))
 				return

@@ -162,6 +162,10 @@ async function tasksPage() {
   drawTabs(counts, cap);
   const body = el("tbody");
   const canAct = !config.read_only;
+  // A selected task that left the list, or changed status since it was
+  // selected, is no longer selected: an action applies to what is shown.
+  const shown = new Map(tasks.map((t) => [t.etl_context_id, t.etl_status]));
+  for (const [id, st] of [...picked]) if (shown.get(id) !== st) picked.delete(id);
   for (const t of tasks) {
     const cells = [];
     if (canAct) {
@@ -178,7 +182,6 @@ async function tasksPage() {
     const tr = row(...cells);
     tr.dataset.id = t.etl_context_id;
     tr.dataset.status = t.etl_status;
-    if (picked.has(t.etl_context_id)) picked.set(t.etl_context_id, t.etl_status);
     body.append(tr);
   }
   $("#tasks tbody").replaceWith(body);
@@ -198,6 +201,8 @@ async function tasksPage() {
 // the other filters.
 function drawTabs(counts, cap) {
   const current = filters().get("status") || "";
+  const counted = counts !== undefined && counts !== null;
+  counts = counts || {};
   const tabs = [];
   const total = statuses.reduce((n, s) => n + (counts[s] || 0), 0);
   for (const s of ["", ...statuses]) {
@@ -206,7 +211,7 @@ function drawTabs(counts, cap) {
     const a = link(here(p), s ? s[0] + s.slice(1).toLowerCase() : "All");
     const n = s ? counts[s] || 0 : total;
     const capped = s ? n >= cap : statuses.some((x) => (counts[x] || 0) >= cap);
-    a.append(" ", el("span", n.toLocaleString() + (capped ? "+" : ""), "count"));
+    if (counted) a.append(" ", el("span", n.toLocaleString() + (capped ? "+" : ""), "count"));
     a.dataset.status = s;
     if (s === current) a.setAttribute("aria-current", "page");
     tabs.push(a);
@@ -214,17 +219,39 @@ function drawTabs(counts, cap) {
   $("#tabs").replaceChildren(...tabs);
 }
 
+// confirming is the bulk action asked for, until confirmed: its name and
+// the statuses it applies to, with the selection it was asked for.
+let confirming = null;
+
 function drawPicked() {
+  const key = [...picked.keys()].join(",");
+  if (confirming && confirming.key !== key) { confirming = null; $("#done").textContent = ""; }
   $("#bulk").hidden = picked.size === 0;
   $("#picked").textContent = `${picked.size} selected`;
+  $("#bulk-confirm").hidden = !confirming;
+  if (confirming) $("#bulk-yes").textContent = `Yes, ${confirming.action} ${confirming.ids.length}`;
 }
 
-// bulk does an action to each selected task it applies to, one after the
-// other, each guarded and recorded as the task's own page's would be.
-async function bulk(action, applies) {
-  const out = $("#done");
+// ask asks to confirm a bulk action, naming the tasks it applies to.
+function ask(action, applies) {
   const ids = [...picked].filter(([, s]) => applies(s)).map(([id]) => id);
-  if (!ids.length) { out.textContent = `none of the selected tasks can be ${action === "retry" ? "retried" : "cancelled"}`; out.className = "failed"; return; }
+  const out = $("#done");
+  if (!ids.length) {
+    out.textContent = `none of the selected tasks can be ${action === "retry" ? "retried" : "cancelled"}`;
+    out.className = "failed";
+    return;
+  }
+  out.textContent = `${action} task${ids.length > 1 ? "s" : ""} ${ids.join(", ")}?`;
+  out.className = "";
+  confirming = { action, ids, key: [...picked.keys()].join(",") };
+  drawPicked();
+}
+
+// bulk does a confirmed action to each task it applies to, one after the
+// other, each guarded and recorded as the task's own page's would be.
+async function bulk({ action, ids }) {
+  confirming = null;
+  const out = $("#done");
   let ok = 0;
   const refused = [];
   for (const id of ids) {
@@ -286,7 +313,8 @@ function setupTasks() {
   for (const [k, v] of url) if (form.elements[k]) form.elements[k].value = v;
   form.addEventListener("submit", (e) => e.preventDefault());
   form.addEventListener("input", () => {
-    // A filter changed: back to the newest page.
+    // A filter changed: back to the newest page, nothing selected.
+    picked.clear();
     history.replaceState(null, "", here(filters()));
     chartAt = 0;
     refreshNow().catch(showError);
@@ -303,9 +331,11 @@ function setupTasks() {
     drawPicked();
   });
   const finished = ["DONE", "FAILED", "CANCELLED"];
-  $("#bulk-retry").addEventListener("click", () => bulk("retry", (s) => s === "FAILED" || s === "CANCELLED"));
-  $("#bulk-cancel").addEventListener("click", () => bulk("cancel", (s) => !finished.includes(s)));
-  $("#bulk-clear").addEventListener("click", () => { picked.clear(); $("#done").textContent = ""; refreshNow().catch(showError); });
+  $("#bulk-retry").addEventListener("click", () => ask("retry", (s) => s === "FAILED" || s === "CANCELLED"));
+  $("#bulk-cancel").addEventListener("click", () => ask("cancel", (s) => !finished.includes(s)));
+  $("#bulk-yes").addEventListener("click", () => { if (confirming) bulk(confirming).catch(showError); });
+  $("#bulk-no").addEventListener("click", () => { confirming = null; $("#done").textContent = ""; drawPicked(); });
+  $("#bulk-clear").addEventListener("click", () => { picked.clear(); confirming = null; $("#done").textContent = ""; refreshNow().catch(showError); });
 }
 
 // ---- A task ----

@@ -169,13 +169,21 @@ func TestAReasonCannotWriteToTheTerminal(t *testing.T) {
 	if want := "boom^[[2J^[]0;owned^G\uFFFD31m next line"; got != want {
 		t.Errorf("reason %q, want %q", got, want)
 	}
+	// A host that a task process named: a carriage return would move the
+	// cursor back over the line, a bidi override reverse what follows.
+	task.Status = etlcontext.StatusQueued
+	got = reason(task, etlcontext.Trouble{Unfit: "x not found", Host: "h1\rFAKE\u202egnp.exe", At: time.Now()}, time.Now())
+	if !strings.HasPrefix(got, "waiting: x not found on host h1 FAKE\uFFFDgnp.exe since ") {
+		t.Errorf("reason %q: want the carriage return and the override shown", got)
+	}
 }
 
 // JOB never contradicts STATUS, in the view, the table and --json: a
-// running task's job is running (River has it parked, 'scheduled' an hour
-// ahead), a task due later or in a paused queue has its job scheduled or
-// available (parked too), a retrying one's waits out its backoff, which
-// due_at and the reason show, and a finished one's is River's final word.
+// running task's job is running, a task due later has its job scheduled,
+// one waiting in a paused queue available (River has it parked,
+// 'scheduled' an hour ahead), a retrying one's waits out its backoff,
+// which due_at and the reason show, and a finished one's is River's final
+// word; --json has no scheduled_at.
 func TestTheJobAgreesWithTheStatus(t *testing.T) {
 	t.Parallel()
 	env := testenv.New(t)

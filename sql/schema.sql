@@ -1379,8 +1379,9 @@ CREATE VIEW data_manager.dama_task_queue AS
     c.attempt,
     COALESCE((j.max_attempts)::integer, c.max_attempts) AS max_attempts,
         CASE
-            WHEN ((c.etl_status = ANY (ARRAY['DONE'::text, 'FAILED'::text, 'CANCELLED'::text])) AND (j.finalized_at IS NULL) AND (j.state = ANY (ARRAY['available'::public.river_job_state, 'running'::public.river_job_state]))) THEN 'finalizing'::text
+            WHEN ((c.etl_status = ANY (ARRAY['DONE'::text, 'FAILED'::text, 'CANCELLED'::text])) AND (j.finalized_at IS NULL)) THEN 'finalizing'::text
             WHEN ((c.etl_status = ANY (ARRAY['QUEUED'::text, 'RETRYING'::text])) AND (c.waiting_for IS NOT NULL) AND (j.state = 'scheduled'::public.river_job_state)) THEN 'available'::text
+            WHEN ((c.etl_status = 'RUNNING'::text) AND (j.state = 'available'::public.river_job_state)) THEN 'running'::text
             ELSE (j.state)::text
         END AS job_state,
     j.scheduled_at,

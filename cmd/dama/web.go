@@ -9,8 +9,10 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
@@ -61,9 +63,7 @@ func newWebCommand(g *globals) *cobra.Command {
 			if readToken == "" && !publicReads {
 				readToken, made = rand.Text(), true
 			}
-			pool, _, err := connectMigrated(cmd.Context(), 0, func(c *pgxpool.Config) {
-				c.ConnConfig.RuntimeParams["statement_timeout"] = strconv.FormatInt(web.StatementTimeout.Milliseconds(), 10)
-			})
+			pool, _, err := connectMigrated(cmd.Context(), 0, withStatementTimeout(web.StatementTimeout))
 			if err != nil {
 				return err
 			}
@@ -136,5 +136,30 @@ func hostsFor(addr string, extra []string) []string {
 		return extra
 	default:
 		return append([]string{host}, extra...)
+	}
+}
+
+// withStatementTimeout sets statement_timeout on each connection of a pool,
+// unless DATABASE_URL sets one: a request the page gives up on stops its
+// statement on the server too. With SET, after connecting, rather than a
+// startup parameter, which PgBouncer refuses.
+func withStatementTimeout(d time.Duration) func(*pgxpool.Config) {
+	return func(c *pgxpool.Config) {
+		if _, set := c.ConnConfig.RuntimeParams["statement_timeout"]; set || strings.Contains(c.ConnConfig.RuntimeParams["options"], "statement_timeout") {
+			return
+		}
+		next := c.AfterConnect
+		c.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+			if next != nil {
+				if err := next(ctx, conn); err != nil {
+					return err
+				}
+			}
+			// A number of dama's own, not a parameter: SET takes none.
+			if _, err := conn.Exec(ctx, "SET statement_timeout = "+strconv.FormatInt(d.Milliseconds(), 10)); err != nil {
+				return fmt.Errorf("set statement_timeout: %w", err)
+			}
+			return nil
+		}
 	}
 }

@@ -10,6 +10,9 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dama-etl/dama/cmd/dama/internal/web"
 	"github.com/dama-etl/dama/internal/etlcontext"
@@ -292,5 +295,30 @@ func TestThePageReadsNothingWithoutItsToken(t *testing.T) {
 	_, public := startWeb(t, env, cfg, nil, "--read-only", "--public-reads")
 	if resp := get(public+"api/tasks", nil); resp.StatusCode != http.StatusOK {
 		t.Errorf("GET /api/tasks of a page with --public-reads: %s, want 200", resp.Status)
+	}
+}
+
+// The page's statements time out on the server (a request given up on
+// stops its statement there too), unless DATABASE_URL says otherwise.
+func TestThePagesStatementsTimeOut(t *testing.T) {
+	t.Parallel()
+	env := testenv.New(t)
+	ctx := context.Background()
+	for url, want := range map[string]string{env.URL: "30s", env.URL + "&options=-c%20statement_timeout%3D5s": "5s"} {
+		pcfg, err := pgxpool.ParseConfig(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		withStatementTimeout(30 * time.Second)(pcfg)
+		pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got string
+		err = pool.QueryRow(ctx, `SHOW statement_timeout`).Scan(&got)
+		pool.Close()
+		if err != nil || got != want {
+			t.Errorf("%s: statement_timeout %q (%v), want %s", url, got, err, want)
+		}
 	}
 }

@@ -62,8 +62,8 @@ func (o *Outage) End() int64 {
 }
 
 // Flush waits for the records held (see Handler) to be written or
-// dropped, at most their grace, and holds none from then on: a program
-// calls it before it exits, lest its last warnings be lost.
+// dropped, at most their grace, and holds none from then on, for good: a
+// program calls it once, before it exits, lest its last warnings be lost.
 func (o *Outage) Flush() {
 	o.mu.Lock()
 	o.flushed = true

@@ -1,10 +1,13 @@
 -- The view's job_state no longer contradicts etl_status where the
 -- contradiction is dama's mechanism, not news: a due task that waits for a
 -- slot has its job parked ('scheduled' an hour ahead, woken when a slot
--- frees), shown 'available'; a finished task whose job is being finalized
--- (woken, or in its last step) is 'finalizing'. Any other pair is River's
--- own state, a contradiction included: that one is worth seeing (a job
--- finalized by hand, one a rescuer took), and reconciliation ends it.
+-- frees), shown 'available'; a running task's job, given back by its hold
+-- (every 30 minutes, and while no supervisor runs) to be held again, is
+-- 'running'; a finished task whose job is not finalized yet is
+-- 'finalizing'. Any other pair is River's own state, a contradiction
+-- included: that one is worth seeing (a running task whose job is
+-- 'scheduled' waits out a lost lock; a job finalized by hand, or one a
+-- rescuer took), and reconciliation ends it.
 -- due_at is when the task may next start, a retry's backoff included.
 -- scheduled_at stays River's, for the readers of the release before.
 --
@@ -19,10 +22,10 @@ SELECT c.etl_context_id,
        c.etl_status,
        c.attempt,
        coalesce(j.max_attempts, c.max_attempts) AS max_attempts,
-       CASE WHEN c.etl_status IN ('DONE', 'FAILED', 'CANCELLED') AND j.finalized_at IS NULL
-                 AND j.state IN ('available', 'running') THEN 'finalizing'
+       CASE WHEN c.etl_status IN ('DONE', 'FAILED', 'CANCELLED') AND j.finalized_at IS NULL THEN 'finalizing'
             WHEN c.etl_status IN ('QUEUED', 'RETRYING') AND c.waiting_for IS NOT NULL
                  AND j.state = 'scheduled' THEN 'available'
+            WHEN c.etl_status = 'RUNNING' AND j.state = 'available' THEN 'running'
             ELSE j.state::text
        END                                       AS job_state,
        j.scheduled_at,

@@ -194,8 +194,9 @@ func CheckArgs(args json.RawMessage) error {
 	if len(trimmed) > 0 && trimmed[0] == '{' {
 		return nil
 	}
-	what := "a number"
+	what := "nothing"
 	if len(trimmed) > 0 {
+		what = "a number"
 		switch trimmed[0] {
 		case '[':
 			what = "an array"
@@ -216,11 +217,14 @@ func CheckArgs(args json.RawMessage) error {
 // cannot store is the task process's to judge, on the line as written: a
 // program's JSON encoder replaces them before it sees them.)
 func (c Child) Check() error {
+	if len(c.Args) > 0 && string(c.Args) != "null" {
+		if err := CheckArgs(c.Args); err != nil {
+			return err
+		}
+	}
 	switch k := c.IdempotencyKey; {
 	case c.Kind == "":
 		return errors.New("kind is required")
-	case len(c.Args) > 0 && string(c.Args) != "null" && CheckArgs(c.Args) != nil:
-		return CheckArgs(c.Args)
 	case JSONBTextLen(c.Args) > MaxEnvPayload:
 		return fmt.Errorf("arguments of %d bytes (as stored) exceed the %d bytes a task receives in %s", JSONBTextLen(c.Args), MaxEnvPayload, ArgsEnv)
 	case len(k) > MaxIdempotencyKey:

@@ -134,8 +134,9 @@ let config = { read_only: true, queues: [], kinds: [] };
 // ---- Tasks ----
 
 const statuses = ["QUEUED", "RUNNING", "RETRYING", "DONE", "FAILED", "CANCELLED"];
-// picked are the ids of the tasks selected for a bulk action: kept across
-// redraws and pages.
+// picked are the tasks selected for a bulk action, by id, with the status
+// each had when selected: kept across redraws while they are shown, in
+// that status.
 const picked = new Map();
 let chartPer = "hour";
 let chartAt = 0;
@@ -222,11 +223,17 @@ function drawTabs(counts, cap) {
 // confirming is the bulk action asked for, until confirmed: its name and
 // the statuses it applies to, with the selection it was asked for.
 let confirming = null;
+// busy is set while a bulk action runs: another waits for its end.
+let busy = false;
 
 function drawPicked() {
   const key = [...picked.keys()].join(",");
-  if (confirming && confirming.key !== key) { confirming = null; $("#done").textContent = ""; }
-  $("#bulk").hidden = picked.size === 0;
+  if (confirming && confirming.key !== key) {
+    confirming = null;
+    $("#done").textContent = "the selection changed: ask again";
+  }
+  for (const b of document.querySelectorAll("#bulk button")) b.disabled = busy;
+  $("#bulk").hidden = picked.size === 0 && !busy;
   $("#picked").textContent = `${picked.size} selected`;
   $("#bulk-confirm").hidden = !confirming;
   if (confirming) $("#bulk-yes").textContent = `Yes, ${confirming.action} ${confirming.ids.length}`;
@@ -234,6 +241,7 @@ function drawPicked() {
 
 // ask asks to confirm a bulk action, naming the tasks it applies to.
 function ask(action, applies) {
+  if (busy) return;
   const ids = [...picked].filter(([, s]) => applies(s)).map(([id]) => id);
   const out = $("#done");
   if (!ids.length) {
@@ -250,13 +258,20 @@ function ask(action, applies) {
 // bulk does a confirmed action to each task it applies to, one after the
 // other, each guarded and recorded as the task's own page's would be.
 async function bulk({ action, ids }) {
+  if (busy) return;
   confirming = null;
+  busy = true;
+  drawPicked();
   const out = $("#done");
   let ok = 0;
   const refused = [];
-  for (const id of ids) {
-    out.textContent = `${action}: ${ok + refused.length}/${ids.length}`;
-    try { await act(`/api/tasks/${id}/${action}`); ok++; picked.delete(id); } catch (err) { refused.push(`task ${id}: ${err.message || err}`); }
+  try {
+    for (const id of ids) {
+      out.textContent = `${action}: ${ok + refused.length}/${ids.length}`;
+      try { await act(`/api/tasks/${id}/${action}`); ok++; picked.delete(id); } catch (err) { refused.push(`task ${id}: ${err.message || err}`); }
+    }
+  } finally {
+    busy = false;
   }
   out.textContent = `${action}: ${ok} of ${ids.length} done` + (refused.length ? `; refused: ${refused.join("; ")}` : "");
   out.className = refused.length ? "failed" : "";
@@ -333,7 +348,7 @@ function setupTasks() {
   const finished = ["DONE", "FAILED", "CANCELLED"];
   $("#bulk-retry").addEventListener("click", () => ask("retry", (s) => s === "FAILED" || s === "CANCELLED"));
   $("#bulk-cancel").addEventListener("click", () => ask("cancel", (s) => !finished.includes(s)));
-  $("#bulk-yes").addEventListener("click", () => { if (confirming) bulk(confirming).catch(showError); });
+  $("#bulk-yes").addEventListener("click", () => { if (confirming && !busy) bulk(confirming).catch(showError); });
   $("#bulk-no").addEventListener("click", () => { confirming = null; $("#done").textContent = ""; drawPicked(); });
   $("#bulk-clear").addEventListener("click", () => { picked.clear(); confirming = null; $("#done").textContent = ""; refreshNow().catch(showError); });
 }

@@ -271,7 +271,7 @@ control_plane() {
 		--service-account-issuer=https://kubernetes.default.svc.cluster.local \
 		--service-account-key-file="$p/sa.pub" --service-account-signing-key-file="$p/sa.key" \
 		--authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction \
-		--allow-privileged=true --kubelet-preferred-address-types=InternalIP
+		--allow-privileged=true --kubelet-preferred-address-types=InternalIP --anonymous-auth=false
 	await kube-apiserver 120 "$bin/kubectl" --kubeconfig "$state/admin.kubeconfig" get --raw /readyz
 	start kube-controller-manager "$bin/kube-controller-manager" \
 		--kubeconfig="$state/controller-manager.kubeconfig" --leader-elect=false \

@@ -8,20 +8,24 @@
 //
 //   - finished: the job completes (DONE), is cancelled (CANCELLED) or fails
 //     for good (FAILED);
-//   - lock held: a task process is alive, whoever started it: the job is
-//     parked, snoozed for an hour (this is how a restarted supervisor, on any
-//     host, adopts the tasks of the one before);
+//   - lock held: a task process is alive, whoever started it: the Work
+//     holds the job, River's 'running', on no connection and in no step
+//     slot, until the task ends, and gives it back after 30 minutes (or
+//     when its supervisor stops) to be held again by any supervisor (this
+//     is how a restarted supervisor, on any host, adopts the tasks of the
+//     one before);
 //   - lock free but RUNNING recorded: that attempt died (or lost its lock and
 //     is stopping its command): once its command is surely gone, an ERROR is
 //     recorded and the step returns an error, so River retries with backoff;
 //   - lock free and not started: a taskrunner process is spawned, detached,
-//     and the job is parked.
+//     and the job is held.
 //
-// A parked job is not fetched while its task runs, so a running task costs
-// nothing: once per poll interval one statement reads pg_locks for the
-// RUNNING contexts whose lock is free and wakes their jobs (see watch). The
-// supervisor reaps the runners it spawned and wakes their jobs when they
-// exit; a LISTEN connection does the same for runners it adopted.
+// A held job costs a running task nothing but a goroutine: the hold ends
+// when the supervisor reaps a runner it spawned, when a LISTEN connection
+// hears that one it adopted exited, or when the watch, once per poll
+// interval, finds a RUNNING task's lock free (one statement on pg_locks).
+// A task that waits for a slot has its job parked, snoozed for an hour, and
+// woken when a slot frees.
 //
 // # Submitting and cancelling
 //

@@ -18,7 +18,7 @@ trap 'rm -rf "$root"' EXIT
 scripts/build.sh "$root/bin" >/dev/null
 mkdir -p "$root/rootfs/etc/ssl/certs" "$root/rootfs/tmp"
 chmod 1777 "$root/rootfs/tmp"
-install -m 0755 "$root/bin/dama" "$root/bin/dama-taskrunner" "$root/rootfs/"
+install -m 0755 "$root/bin/dama" "$root/bin/dama-taskrunner" "$root/bin/dama-shim" "$root/rootfs/"
 printf 'root:x:0:0::/:/sbin/nologin\ndama:x:65532:65532::/tmp:/sbin/nologin\n' > "$root/rootfs/etc/passwd"
 printf 'root:x:0:\ndama:x:65532:\n' > "$root/rootfs/etc/group"
 if [ -f /etc/ssl/certs/ca-certificates.crt ]; then

@@ -60,13 +60,13 @@ fi
 
 go vet ./...
 
-# The binaries the tests run (dama, dama-taskrunner and the samples), built
+# The binaries the tests run (dama, dama-taskrunner, dama-shim and the samples), built
 # once with the race detector for every package's tests.
 DAMA_TEST_BIN_DIR=$(mktemp -d /tmp/dama-test-bin.XXXXXX)
 export DAMA_TEST_BIN_DIR
 trap 'rm -rf "$DAMA_TEST_BIN_DIR"; dama_pg_stop' EXIT
 go build -race -ldflags "-X github.com/dama-etl/dama/version.commit=$(git rev-parse HEAD 2>/dev/null || true)" \
-	-o "$DAMA_TEST_BIN_DIR/" ./cmd/dama ./cmd/dama-taskrunner ./cmd/sample-etl ./cmd/sample-embedded
+	-o "$DAMA_TEST_BIN_DIR/" ./cmd/dama ./cmd/dama-taskrunner ./cmd/dama-shim ./cmd/sample-etl ./cmd/sample-embedded
 
 # Every test once, under the race detector; a test whose behaviour depends
 # on the lock mode runs once per mode (row, advisory, host), in parallel
@@ -89,6 +89,8 @@ fuzz_targets=(
 	"./taskrunner/protocol FuzzParseKeeperLaunch 20000"
 	"./taskrunner/protocol FuzzParseSpareLaunch 20000"
 	"./taskrunner/protocol FuzzParseSecrets 20000"
+	# What a pod's two containers tell each other.
+	"./taskrunner/protocol FuzzShimReceive 20000"
 	# What any process of the user may send a host's lock keeper.
 	"./internal/keeper FuzzSession 5000"
 	"./internal/keeper FuzzDecodeMessage 50000"

@@ -84,9 +84,8 @@ func (r *runner) lastFailure() *protocol.Failure {
 }
 
 func exitCodeOf(err error) int {
-	var exitErr *exec.ExitError
-	if errors.As(err, &exitErr) {
-		return exitErr.ExitCode()
+	if ws, ok := waitStatus(err); ok {
+		return ws.ExitStatus()
 	}
 	if err != nil {
 		return -1
@@ -94,15 +93,52 @@ func exitCodeOf(err error) int {
 	return 0
 }
 
+// waitStatus is the wait status of a command that ended with err.
+func waitStatus(err error) (syscall.WaitStatus, bool) {
+	var (
+		exitErr *exec.ExitError
+		shimErr *commandExit
+	)
+	switch {
+	case errors.As(err, &exitErr):
+		ws, ok := exitErr.Sys().(syscall.WaitStatus)
+		return ws, ok
+	case errors.As(err, &shimErr):
+		return shimErr.status, true
+	}
+	return 0, false
+}
+
 func describeExit(err error) string {
-	var exitErr *exec.ExitError
-	if errors.As(err, &exitErr) {
-		if ws, ok := exitErr.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			return "command killed by " + ws.Signal().String()
-		}
-		return fmt.Sprintf("command exited with code %d", exitErr.ExitCode())
+	var shimErr *commandExit
+	if errors.As(err, &shimErr) {
+		return shimErr.Error()
+	}
+	if ws, ok := waitStatus(err); ok {
+		return describeStatus(ws, 0)
 	}
 	return fmt.Sprintf("command failed: %v", err)
+}
+
+// describeStatus says how a command ended, and that the kernel killed
+// processes of its container for want of memory, if it did.
+func describeStatus(ws syscall.WaitStatus, oomKills int) string {
+	s := fmt.Sprintf("command exited with code %d", ws.ExitStatus())
+	if ws.Signaled() {
+		s = "command killed by " + ws.Signal().String()
+	}
+	if oomKills > 0 {
+		s += fmt.Sprintf(" (out of memory: the kernel killed %d of its container's processes)", oomKills)
+	}
+	return s
+}
+
+// exitFields are the log's fields for a command that ended with err.
+func exitFields(err error) []any {
+	if ws, ok := waitStatus(err); ok && ws.Signaled() {
+		return []any{"signal", ws.Signal().String()}
+	}
+	return []any{"exit_code", exitCodeOf(err)}
 }
 
 // tail returns at most the last n bytes of the file at path, starting at a

@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"runtime"
@@ -104,6 +105,14 @@ func RunFromArgs(ctx context.Context, args []string, funcs Funcs) int {
 		return protocol.ExitSetup
 	}
 	opts.Logger = logger
+	if opts.ShimListener != nil {
+		// A pod's log file is where dama logs reads it from; the
+		// container's log, where kubectl logs does.
+		if f, err := openLog(opts.Config, opts.ContextID); err == nil {
+			defer f.Close()
+			opts.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(os.Stderr, f), nil)).With("component", "taskrunner")
+		}
+	}
 	// The runner ends on its own terms: a signal to it stops its command,
 	// it does not abandon it.
 	return Run(context.WithoutCancel(ctx), opts)
@@ -126,10 +135,16 @@ func runnerOptions(ctx context.Context, args []string, funcs Funcs) (Options, er
 		return Options{}, err
 	}
 	var secrets protocol.Secrets
-	if launch.SecretsFD > 0 {
-		if secrets, err = readSecrets(launch.SecretsFD); err != nil {
-			return Options{}, err
+	switch {
+	case launch.SecretsFD > 0:
+		secrets, err = readSecrets(launch.SecretsFD)
+	case launch.SecretsFile != "":
+		if err = untraced(); err == nil {
+			secrets, err = protocol.ReadSecretsFile(launch.SecretsFile)
 		}
+	}
+	if err != nil {
+		return Options{}, err
 	}
 	var (
 		launchedAt time.Time
@@ -158,7 +173,23 @@ func runnerOptions(ctx context.Context, args []string, funcs Funcs) (Options, er
 	if launch.ReadyFD > 0 {
 		opts.Ready = os.NewFile(uintptr(launch.ReadyFD), "ready")
 	}
+	if launch.ShimSocket != "" {
+		// Listening before anything else is tried, so that the shim
+		// does not wait long for a task process that failed.
+		if opts.ShimListener, err = ListenShim(launch.ShimSocket); err != nil {
+			return Options{}, err
+		}
+	}
 	return opts, nil
+}
+
+// openLog opens the log file of context id under cfg for appending.
+func openLog(cfg *config.Config, id int64) (*os.File, error) {
+	cfg = cfg.WithDefaults()
+	if err := protocol.PrepareLogDir(cfg.LogDir, ""); err != nil {
+		return nil, err
+	}
+	return os.OpenFile(protocol.LogPath(cfg.LogDir, id), os.O_WRONLY|os.O_APPEND|os.O_CREATE, protocol.LogFileMode)
 }
 
 // preconnectTimeout bounds a spare's connections ahead of its launch:
@@ -169,13 +200,21 @@ const preconnectTimeout = 10 * time.Second
 // process is non-dumpable, unless a process traced it before: a tracer
 // stays attached, and would read them in its memory.
 func readSecrets(fd int) (protocol.Secrets, error) {
-	switch tracer, err := hostproc.Tracer(os.Getpid()); {
-	case err != nil:
+	if err := untraced(); err != nil {
 		return protocol.Secrets{}, err
-	case tracer != 0:
-		return protocol.Secrets{}, fmt.Errorf("process %d traces this one: its secrets are not read", tracer)
 	}
 	return protocol.ReadSecrets(fd)
+}
+
+// untraced fails when a process traces this one.
+func untraced() error {
+	switch tracer, err := hostproc.Tracer(os.Getpid()); {
+	case err != nil:
+		return err
+	case tracer != 0:
+		return fmt.Errorf("process %d traces this one: its secrets are not read", tracer)
+	}
+	return nil
 }
 
 // setSecretEnv sets the variables of secrets (the database URL and

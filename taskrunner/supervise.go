@@ -32,7 +32,6 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 		return r.finish(ctx, protocol.ExitFailed, protocol.EventError, protocol.Outcome{Reason: "create events pipe: " + err.Error()}, err)
 	}
 	defer eventsR.Close()
-	cmd := r.command(eventsW)
 	// The lock is watched only from the command's start: make sure it is
 	// still held right before, so the fencing window holds from the start.
 	// A database restart since the lock was taken is ridden out here too:
@@ -54,20 +53,12 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 	// attempt first.
 	r.logger.Info("command starting", "attempt", r.ctx.Attempt, "host", r.opts.Host, "command", r.argv)
 	startedAt := time.Now()
-	exited, err := startLocked(cmd)
+	proc, err := r.startCommand(eventsR, eventsW)
 	eventsW.Close()
 	if err != nil {
 		err = fmt.Errorf("start command of kind %s: %w", r.ctx.Kind, err)
 		return r.finish(ctx, protocol.ExitFailed, protocol.EventError, protocol.Outcome{Reason: err.Error()}, err)
 	}
-	pgid := cmd.Process.Pid
-	var leaderTicks uint64
-	if st, err := hostproc.ReadStat(pgid); err == nil {
-		leaderTicks = st.StartTicks
-	}
-	r.w.call(func(ctx context.Context, conn dbConn) error {
-		return etlcontext.RecordCommand(ctx, conn, r.ctx.ID, r.opts.RunID, pgid, leaderTicks)
-	})
 
 	events := r.readEvents(ctx, eventsR)
 	watchCtx, stopWatch := context.WithCancel(ctx)
@@ -81,23 +72,12 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 		<-watchDone
 	}()
 
-	w := &commandWatch{r: r, pgid: pgid, seenLosses: seenLosses, ended: make(chan struct{})}
-	waitErr := w.wait(exited)
-	// Stragglers the command left behind end with it, in its group or not:
-	// the next attempt must not meet them.
-	_ = syscall.Kill(-pgid, syscall.SIGKILL)
-	// The group is empty now: a pending SIGKILL must not reach whoever
-	// reuses its id.
-	close(w.ended)
-	r.stopDescendants(hostproc.Attempt{PGID: pgid, LeaderStartTicks: leaderTicks, Marker: protocol.RunIDEnv + "=" + r.opts.RunID})
+	w := &commandWatch{r: r, proc: proc, seenLosses: seenLosses}
+	waitErr := w.wait(proc.exited)
+	proc.done()
 	// After the last of its output, which its processes, all gone now,
 	// wrote to the log themselves.
-	ended := []any{"pid", pgid, "after", time.Since(startedAt).Round(time.Millisecond)}
-	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		ended = append(ended, "signal", ws.Signal().String())
-	} else {
-		ended = append(ended, "exit_code", cmd.ProcessState.ExitCode())
-	}
+	ended := append([]any{"pid", proc.pid, "after", time.Since(startedAt).Round(time.Millisecond)}, exitFields(waitErr)...)
 	if w.stopReason != "" {
 		ended = append(ended, "stopped", w.stopReason)
 	}
@@ -106,6 +86,69 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 	stopWatch()
 	<-watchDone
 	return r.commandEnded(ctx, w, waitErr)
+}
+
+// started is the kind's command once started: on this host, the runner's
+// child; in a pod, the shim's in the user's container.
+type started struct {
+	// pid is the command's, in its container's PID namespace in a pod.
+	pid int
+	// pgid is its process group on this host, whose orphans the runner
+	// reaps; 0 in a pod.
+	pgid   int
+	exited <-chan error
+	// signal sends a signal to its processes.
+	signal func(syscall.Signal)
+	// ended is closed once its processes are gone, which ends a
+	// kill_grace's wait (killGroup); done, run once it exited, stops what
+	// is left of them and closes ended.
+	ended chan struct{}
+	done  func()
+}
+
+// startCommand starts the command with its events pipe, through the shim
+// in a pod, as a child on a host.
+func (r *runner) startCommand(eventsR, eventsW *os.File) (*started, error) {
+	p := &started{ended: make(chan struct{})}
+	if r.shim != nil {
+		c, err := r.startInShim(eventsR, eventsW)
+		if err != nil {
+			return nil, err
+		}
+		p.pid, p.exited, p.signal = c.pid, c.exited, c.signal
+		p.done = func() {
+			// The shim told the exit once every process of its container
+			// was gone: the output pipe has no writer left.
+			<-c.output
+			close(p.ended)
+		}
+		return p, nil
+	}
+	cmd := r.command(eventsW)
+	exited, err := startLocked(cmd)
+	if err != nil {
+		return nil, err
+	}
+	pgid := cmd.Process.Pid
+	var leaderTicks uint64
+	if st, err := hostproc.ReadStat(pgid); err == nil {
+		leaderTicks = st.StartTicks
+	}
+	r.w.call(func(ctx context.Context, conn dbConn) error {
+		return etlcontext.RecordCommand(ctx, conn, r.ctx.ID, r.opts.RunID, pgid, leaderTicks)
+	})
+	p.pid, p.pgid, p.exited = pgid, pgid, exited
+	p.signal = func(sig syscall.Signal) { _ = syscall.Kill(-pgid, sig) }
+	p.done = func() {
+		// Stragglers the command left behind end with it, in its group or
+		// not: the next attempt must not meet them.
+		_ = syscall.Kill(-pgid, syscall.SIGKILL)
+		// The group is empty now: a pending SIGKILL must not reach
+		// whoever reuses its id.
+		close(p.ended)
+		r.stopDescendants(hostproc.Attempt{PGID: pgid, LeaderStartTicks: leaderTicks, Marker: protocol.RunIDEnv + "=" + r.opts.RunID})
+	}
+	return p, nil
 }
 
 // command is the kind's command, its output to the task's log and its
@@ -137,10 +180,7 @@ func (r *runner) command(eventsW *os.File) *exec.Cmd {
 // command wins (stop).
 type commandWatch struct {
 	r    *runner
-	pgid int
-	// ended is closed once the command's group is gone, which ends its
-	// kill_grace's wait (killGroup).
-	ended chan struct{}
+	proc *started
 
 	// The lock: the losses seen so far, whether it is lost now and
 	// since when, and the end of reconnect_grace while it is.
@@ -160,7 +200,7 @@ func (w *commandWatch) wait(exited <-chan error) error {
 	signals, superseded := r.signals, r.w.superseded
 	// Orphans of the command that exit are the runner's to reap.
 	var orphaned chan os.Signal
-	if r.subreaper {
+	if r.subreaper && w.proc.pgid > 0 {
 		orphaned = make(chan os.Signal, 1)
 		signal.Notify(orphaned, syscall.SIGCHLD)
 		defer signal.Stop(orphaned)
@@ -174,7 +214,7 @@ func (w *commandWatch) wait(exited <-chan error) error {
 		case err := <-exited:
 			return err
 		case <-orphaned:
-			r.reapOrphans(w.pgid)
+			r.reapOrphans(w.proc.pgid)
 		case n := <-r.w.notify:
 			if n.Channel == protocol.CancelChannel && n.Payload == strconv.FormatInt(r.ctx.ID, 10) {
 				w.stop("cancel requested", protocol.ExitCancelled)
@@ -205,7 +245,7 @@ func (w *commandWatch) stop(reason string, code int) {
 	}
 	w.stopReason, w.stopCode = reason, code
 	w.r.logger.Info("stopping command", "reason", reason)
-	go killGroup(w.pgid, time.Duration(*w.r.kind.KillGrace), w.ended)
+	go killGroup(w.proc.signal, time.Duration(*w.r.kind.KillGrace), w.proc.ended)
 }
 
 // lockChanged follows the lock: a loss starts reconnect_grace (or stops
@@ -316,8 +356,14 @@ func fenceSessions(env []string, runID string) []string {
 func (r *runner) commandEnv(args, checkpoint json.RawMessage) []string {
 	env := make([]string, 0, len(os.Environ())+9)
 	for _, kv := range os.Environ() {
-		// dama's credentials reach a command only when its kind asks.
-		if name, _, _ := strings.Cut(kv, "="); config.Withheld(name) && (strings.HasPrefix(name, "DAMA_") || !slices.Contains(r.kind.PassEnv, name)) {
+		name, _, _ := strings.Cut(kv, "=")
+		switch {
+		case config.Withheld(name) && (strings.HasPrefix(name, "DAMA_") || !slices.Contains(r.kind.PassEnv, name)):
+			// dama's credentials reach a command only when its kind asks.
+			continue
+		case r.shim != nil && !config.Withheld(name):
+			// A pod's command has its own container's environment, set
+			// over by dama's variables alone.
 			continue
 		}
 		env = append(env, kv)
@@ -372,15 +418,15 @@ func startLocked(cmd *exec.Cmd) (<-chan error, error) {
 	return exited, nil
 }
 
-// killGroup sends SIGTERM to the process group, and SIGKILL after grace if
-// the command has not ended by then.
-func killGroup(pgid int, grace time.Duration, ended <-chan struct{}) {
-	_ = syscall.Kill(-pgid, syscall.SIGTERM)
+// killGroup sends SIGTERM to the command's processes, and SIGKILL after
+// grace if the command has not ended by then.
+func killGroup(signal func(syscall.Signal), grace time.Duration, ended <-chan struct{}) {
+	signal(syscall.SIGTERM)
 	timer := time.NewTimer(grace)
 	defer timer.Stop()
 	select {
 	case <-timer.C:
-		_ = syscall.Kill(-pgid, syscall.SIGKILL)
+		signal(syscall.SIGKILL)
 	case <-ended:
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"sync"
@@ -70,6 +71,10 @@ type Options struct {
 	// this host. The runner calls none of them; it starts its own program
 	// again as the task's function process (see RunFunction).
 	Funcs Funcs
+	// ShimListener, when set, makes the runner a pod's task process: its
+	// command runs in the user's container, started by dama's shim, which
+	// connects here (protocol.Launch.ShimSocket).
+	ShimListener *net.UnixListener
 }
 
 // selfExe names the file the running program started from, even once a
@@ -140,6 +145,9 @@ type runner struct {
 	w                *writer
 	writerStarted    bool
 	lock             *lockKeeper
+	// shim is the connection to the shim that runs the command in a pod;
+	// nil on a host.
+	shim *protocol.ShimConn
 	// subreaper: the runner is its command's subreaper, and finds the
 	// attempt's processes in its own tree (reap.go).
 	subreaper bool
@@ -224,6 +232,12 @@ func (r *runner) run(ctx context.Context) (int, error) {
 	}
 	r.ctx = c
 	r.w.bind(c.ID, r.opts.RunID, c.Kind)
+	if r.opts.ShimListener != nil {
+		if code, err, ok := r.awaitShim(); !ok {
+			return code, err
+		}
+		defer r.shim.Close()
+	}
 
 	// What this host needs to run the task is checked before the runner
 	// records itself: a launch that fails here is taken back by the
@@ -366,12 +380,21 @@ func (r *runner) prepare() error {
 		return fmt.Errorf("kind %s is not in the configuration %s", r.ctx.Kind, cfg.Path)
 	}
 	r.kind = kind
-	if kind.Function != "" {
+	switch {
+	case r.shim != nil && kind.Function != "":
+		return fmt.Errorf("kind %s calls a function, which a pod's container does not have", r.ctx.Kind)
+	case r.shim != nil:
+		path, err := r.findInShim(kind.Command[0])
+		if err != nil {
+			return err
+		}
+		r.path, r.argv = path, kind.Command
+	case kind.Function != "":
 		if r.opts.Funcs[kind.Function] == nil {
 			return fmt.Errorf("function %s of kind %s is not registered in this program (%s)", kind.Function, r.ctx.Kind, os.Args[0])
 		}
 		r.path, r.argv = selfExe, []string{os.Args[0], "dama-function", kind.Function}
-	} else {
+	default:
 		path, err := kind.FindCommand()
 		if err != nil {
 			return err
@@ -379,7 +402,14 @@ func (r *runner) prepare() error {
 		r.path, r.argv = path, kind.Command
 	}
 	// The configuration may have changed since the supervisor checked it.
-	id, err := runas.Resolve(kind.User, kind.Group)
+	// A pod's command runs as its container's user.
+	var (
+		id  *runas.Identity
+		err error
+	)
+	if r.shim == nil {
+		id, err = runas.Resolve(kind.User, kind.Group)
+	}
 	if errors.Is(err, runas.ErrRootByDefault) && r.opts.RunKey == "" {
 		// Launched by a supervisor of a release before user: (it gives no
 		// run key), whose configuration cannot name one: as it ran the
@@ -394,7 +424,12 @@ func (r *runner) prepare() error {
 		return fmt.Errorf("kind %s: %w", r.ctx.Kind, err)
 	}
 	r.runAs = id
-	if err := protocol.PrepareLogDir(cfg.LogDir, cfg.LogGroup); err != nil {
+	logGroup := cfg.LogGroup
+	if r.shim != nil {
+		// A pod's log directory is its own volume.
+		logGroup = ""
+	}
+	if err := protocol.PrepareLogDir(cfg.LogDir, logGroup); err != nil {
 		return err
 	}
 	r.logPath = protocol.LogPath(cfg.LogDir, r.ctx.ID)

@@ -65,7 +65,7 @@ func runMain(m *testing.M) int {
 // when the tests have it: scripts/test.sh builds them once for every
 // package's tests (DAMA_TEST_BIN_DIR), rather than each package's TestMain.
 func Build(dir string) error {
-	for _, pkg := range []string{"cmd/dama", "cmd/dama-taskrunner", "cmd/sample-etl", "cmd/sample-embedded"} {
+	for _, pkg := range []string{"cmd/dama", "cmd/dama-taskrunner", "cmd/dama-shim", "cmd/sample-etl", "cmd/sample-embedded"} {
 		args := []string{"build", "-o", filepath.Join(dir, filepath.Base(pkg))}
 		if commit := headCommit(); commit != "" {
 			args = append(args, "-ldflags", "-X github.com/dama-etl/dama/version.commit="+commit)

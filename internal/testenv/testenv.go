@@ -38,8 +38,9 @@ type Env struct {
 	Dir string
 	// DamaBin, SampleETL and SampleEmbedded are the built binaries;
 	// TaskRunnerBin is cmd/dama-taskrunner, beside DamaBin, which DamaBin's
-	// supervisors run their task processes with.
-	DamaBin, TaskRunnerBin, SampleETL, SampleEmbedded string
+	// supervisors run their task processes with; ShimBin is
+	// cmd/dama-shim.
+	DamaBin, TaskRunnerBin, ShimBin, SampleETL, SampleEmbedded string
 	// Server is the private server the database is on (NewOn), or nil for
 	// the shared server named by TEST_DATABASE_URL.
 	Server *Server
@@ -114,7 +115,7 @@ func newEnv(t testing.TB, admin string, srv *Server, migrate bool) *Env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &Env{T: t, URL: dbURL, Dir: t.TempDir(), DamaBin: filepath.Join(binDir, "dama"), TaskRunnerBin: filepath.Join(binDir, "dama-taskrunner"), SampleETL: filepath.Join(binDir, "sample-etl"), SampleEmbedded: filepath.Join(binDir, "sample-embedded"), Server: srv, LockMode: lockModeOf(t)}
+	e := &Env{T: t, URL: dbURL, Dir: t.TempDir(), DamaBin: filepath.Join(binDir, "dama"), TaskRunnerBin: filepath.Join(binDir, "dama-taskrunner"), ShimBin: filepath.Join(binDir, "dama-shim"), SampleETL: filepath.Join(binDir, "sample-etl"), SampleEmbedded: filepath.Join(binDir, "sample-embedded"), Server: srv, LockMode: lockModeOf(t)}
 	t.Cleanup(func() {
 		e.killProcesses()
 		e.checkRaces()

@@ -44,6 +44,15 @@ type Launch struct {
 	// task for it (ReceiveSecrets, ReceiveLaunch). LockMode is then the mode
 	// it connects for beforehand.
 	SpareFD int
+	// ShimSocket, when set, makes the task process a pod's: the command
+	// runs in another container, under dama's shim, which connects to
+	// this socket, an absolute path on a volume the two share (see
+	// ShimRequest).
+	ShimSocket string
+	// SecretsFile, when set, is a file to read the Secrets from, as
+	// Secrets.Encode wrote them, once the process is non-dumpable: a
+	// pod's, where a Secret that only dama's container mounts holds them.
+	SecretsFile string
 }
 
 // The descriptors a supervisor hands the task process it launches, after
@@ -70,6 +79,12 @@ func (l Launch) Args() []string {
 	if l.SecretsFD > 0 {
 		args = append(args, "--secrets-fd", strconv.Itoa(l.SecretsFD))
 	}
+	if l.SecretsFile != "" {
+		args = append(args, "--secrets-file", l.SecretsFile)
+	}
+	if l.ShimSocket != "" {
+		args = append(args, "--shim-socket", l.ShimSocket)
+	}
 	return args
 }
 
@@ -87,8 +102,20 @@ func ParseLaunch(args []string) (Launch, error) {
 	fs.IntVar(&l.SecretsFD, "secrets-fd", 0, "descriptor to read the secrets from")
 	fs.IntVar(&l.SpareFD, "spare-fd", 0, "descriptor to wait on for the launch, as a spare")
 	fs.StringVar(&lockMode, "lock-mode", "", "how to hold the lock: row (the default), advisory or host")
+	fs.StringVar(&l.SecretsFile, "secrets-file", "", "file to read the secrets from")
+	fs.StringVar(&l.ShimSocket, "shim-socket", "", "socket to run the command through, in a pod")
 	if err := fs.Parse(args); err != nil {
 		return Launch{}, fmt.Errorf("%s arguments: %w", Subcommand, err)
+	}
+	switch {
+	case l.SecretsFile != "" && l.SecretsFD > 0:
+		return Launch{}, errors.New("--secrets-file and --secrets-fd: the secrets come from one")
+	case l.ShimSocket != "" && !filepath.IsAbs(l.ShimSocket):
+		return Launch{}, fmt.Errorf("--shim-socket %q: want an absolute path", l.ShimSocket)
+	case l.ShimSocket != "" && l.SpareFD > 0:
+		return Launch{}, errors.New("--shim-socket: a pod's task process is no spare")
+	case l.ShimSocket != "" && lockMode == string(LockModeHost):
+		return Launch{}, errors.New("--shim-socket: a pod's task process holds its own lock, in lock mode row or advisory")
 	}
 	if fs.NArg() > 0 {
 		return Launch{}, fmt.Errorf("%s arguments: unexpected %q", Subcommand, fs.Arg(0))
@@ -107,7 +134,7 @@ func ParseLaunch(args []string) (Launch, error) {
 		var given []string
 		fs.Visit(func(f *flag.Flag) {
 			switch f.Name {
-			case "context-id", "run-id", "secrets-fd":
+			case "context-id", "run-id", "secrets-fd", "secrets-file":
 				given = append(given, "--"+f.Name)
 			}
 		})

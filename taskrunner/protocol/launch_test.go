@@ -33,6 +33,12 @@ func FuzzParseLaunch(f *testing.F) {
 		{"--spare-fd\x004\x00--secrets-fd\x005", Launch{}},
 		{"--spare-fd\x004\x00--lock-mode\x00rows", Launch{}},
 		{"--spare-fd\x002", Launch{}},
+		{join(Launch{ContextID: 42, RunID: "r", LockMode: LockModeAdvisory, ShimSocket: "/dama-run/shim.sock", SecretsFile: "/var/run/dama/secrets"}), Launch{}},
+		{"--context-id\x0042\x00--run-id\x00r\x00--shim-socket\x00shim.sock", Launch{}},
+		{"--context-id\x0042\x00--run-id\x00r\x00--shim-socket\x00/s\x00--lock-mode\x00host", Launch{}},
+		{"--context-id\x0042\x00--run-id\x00r\x00--secrets-file\x00/s\x00--secrets-fd\x005", Launch{}},
+		{"--spare-fd\x004\x00--shim-socket\x00/s", Launch{}},
+		{"--spare-fd\x004\x00--secrets-file\x00/s", Launch{}},
 		{"-h", Launch{}},
 		{"--unknown", Launch{}},
 		{"", Launch{}},
@@ -60,6 +66,10 @@ func FuzzParseLaunch(f *testing.F) {
 				t.Fatalf("ParseLaunch(%q) = %+v: lock mode %q", args, l, l.LockMode)
 			case l.ReadyFD != 0 && l.ReadyFD < 3, l.SecretsFD != 0 && l.SecretsFD < 3:
 				t.Fatalf("ParseLaunch(%q) = %+v: a descriptor the runner must not read or close", args, l)
+			case l.SecretsFile != "" && l.SecretsFD != 0:
+				t.Fatalf("ParseLaunch(%q) = %+v: secrets from two places", args, l)
+			case l.ShimSocket != "" && (!strings.HasPrefix(l.ShimSocket, "/") || l.LockMode == LockModeHost):
+				t.Fatalf("ParseLaunch(%q) = %+v: a pod's task process with a relative socket or a keeper", args, l)
 			}
 			want := l
 			if again, err := ParseLaunch(l.Args()[1:]); err != nil || !reflect.DeepEqual(again, want) {

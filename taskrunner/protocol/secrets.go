@@ -36,6 +36,24 @@ type Secrets struct {
 // buffer, so that they are written whole before their reader starts.
 const MaxSecrets = 16 << 10
 
+// Encode returns s as a pod's secrets file holds them (Launch.SecretsFile).
+func (s Secrets) Encode() ([]byte, error) { return s.encode() }
+
+// ReadSecretsFile reads the secrets in the file at path (Launch.SecretsFile).
+// Call it once the process is non-dumpable and untraced.
+func ReadSecretsFile(path string) (Secrets, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return Secrets{}, fmt.Errorf("read the secrets: %w", err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, MaxSecrets+1))
+	if err != nil {
+		return Secrets{}, fmt.Errorf("read the secrets: %w", err)
+	}
+	return parseSecrets(b)
+}
+
 // encode returns s as the bytes parseSecrets reads: NUL-terminated
 // fields, which hold any bytes a process's environment can (JSON would
 // mangle a password that is not UTF-8): the run key, the keeper's secret

@@ -133,7 +133,33 @@ type Config struct {
 	Queues map[string]Queue `yaml:"queues"`
 	// Kinds maps a task kind to how it runs. At least one is required.
 	Kinds map[string]Kind `yaml:"kinds"`
+	// Kubernetes says where and how the kinds whose runner is kubernetes
+	// run their pods.
+	Kubernetes Kubernetes `yaml:"kubernetes"`
 }
+
+// Kubernetes configures the pods of the kinds that run on Kubernetes
+// (Kind.Runner).
+type Kubernetes struct {
+	// Namespace is where the supervisor creates the task pods (and a
+	// Secret beside each, which only dama's container of the pod mounts).
+	// Default: the namespace of the supervisor's own pod, from its service
+	// account, or "default" outside a cluster.
+	Namespace string `yaml:"namespace"`
+	// Image is dama's image (scripts/image.sh), of the supervisor's own
+	// release: each task pod's init container copies its shim into the
+	// user's container, and dama's container runs the task process from
+	// it. Required when a kind runs on Kubernetes.
+	Image string `yaml:"image"`
+}
+
+// The runners of a kind (Kind.Runner).
+const (
+	// RunnerHost runs a task as a process of the supervisor's host.
+	RunnerHost = "host"
+	// RunnerKubernetes runs each attempt of a task in a pod of its own.
+	RunnerKubernetes = "kubernetes"
+)
 
 // Queue holds the limits of one queue.
 type Queue struct {
@@ -184,6 +210,30 @@ type Kind struct {
 	// LockMode overrides the configuration's lock_mode for this kind; empty
 	// means the configuration's.
 	LockMode LockMode `yaml:"lock_mode"`
+	// Runner is where the kind's tasks run: "host" (the default), a
+	// process of the supervisor's host, or "kubernetes", a pod of their
+	// own for each attempt, made from Pod (see docs/kubernetes.md). A
+	// kubernetes kind has a command, no function and no user, and its
+	// lock mode is row or advisory.
+	Runner string `yaml:"runner"`
+	// Pod is a kubernetes kind's pod template, a PodTemplateSpec
+	// (metadata and spec) in YAML: its container named "task" runs the
+	// command under dama's shim, with the container's image, resources,
+	// environment, volumes and security context; the spec's service
+	// account, node selector, tolerations and volumes are the pod's.
+	// Checked by the supervisor, which knows Kubernetes' types. Required
+	// for a kubernetes kind.
+	Pod JSONObject `yaml:"pod"`
+	// StartTimeout bounds how long a kubernetes kind's pod may take from
+	// its creation to its command's start (scheduling, image pulls): past
+	// it the pod is deleted and the launch given back, spending no
+	// attempt. Default 5m (0 means the default), at most 24h.
+	StartTimeout Duration `yaml:"start_timeout"`
+	// PodRetention is how long a kubernetes kind's finished pod is kept
+	// (for kubectl logs and describe) before the supervisor deletes it.
+	// nil means the configuration's retention; 0 ("0s") deletes it once
+	// its task process recorded the outcome.
+	PodRetention *Duration `yaml:"pod_retention"`
 	// User is the OS user (a name or a number) the command runs as, with
 	// that user's uid, gid and groups only, its HOME, USER and LOGNAME,
 	// and no capability, so that the kernel keeps it from dama's

@@ -77,6 +77,16 @@ func TestParseRejectsBadConfigurations(t *testing.T) {
 		"bad timezone":         {"log_dir: /l\nkinds: {a: {command: [x], schedule: '@daily', timezone: Mars/Olympus}}", "Mars/Olympus"},
 		"zone, no schedule":    {"log_dir: /l\nkinds: {a: {command: [x], timezone: UTC}}", "timezone needs schedule"},
 		"overlap, no sched":    {"log_dir: /l\nkinds: {a: {command: [x], overlap: allow}}", "overlap needs schedule"},
+		"bad runner":           {"log_dir: /l\nkinds: {a: {command: [x], runner: docker}}", `runner "docker": want "host" or "kubernetes"`},
+		"pod on a host":        {"log_dir: /l\nkinds: {a: {command: [x], pod: {spec: {}}}}", "pod needs runner: kubernetes"},
+		"pod, no image":        {"log_dir: /l\nkinds: {a: {command: [x], runner: kubernetes, pod: {spec: {}}}}", "kubernetes.image"},
+		"pod, no template":     {"log_dir: /l\nkubernetes: {image: d}\nkinds: {a: {command: [x], runner: kubernetes}}", "needs pod"},
+		"pod, a function":      {"log_dir: /l\nkubernetes: {image: d}\nkinds: {a: {function: f, runner: kubernetes, pod: {spec: {}}}}", "not a function"},
+		"pod, a user":          {"log_dir: /l\nkubernetes: {image: d}\nkinds: {a: {command: [x], user: etl, runner: kubernetes, pod: {spec: {}}}}", "container's user"},
+		"pod, host locks":      {"log_dir: /l\nkubernetes: {image: d}\nkinds: {a: {command: [x], lock_mode: host, runner: kubernetes, pod: {spec: {}}}}", "not host"},
+		"pod, a list":          {"log_dir: /l\nkubernetes: {image: d}\nkinds: {a: {command: [x], runner: kubernetes, pod: [spec]}}", "want a mapping"},
+		"start_timeout, host":  {"log_dir: /l\nkinds: {a: {command: [x], start_timeout: 1m}}", "start_timeout needs runner: kubernetes"},
+		"negative retention":   {"log_dir: /l\nkubernetes: {image: d}\nkinds: {a: {command: [x], runner: kubernetes, pod: {spec: {}}, pod_retention: -1s}}", "pod_retention"},
 		"bad overlap":          {"log_dir: /l\nkinds: {a: {command: [x], schedule: '@daily', overlap: replace}}", "overlap"},
 		"queue, max 2":         {"log_dir: /l\nkinds: {a: {command: [x], schedule: '@daily', overlap: queue, max_running: 2}}", "one task at a time"},
 		"args not a map":       {"log_dir: /l\nkinds: {a: {command: [x], schedule: '@daily', schedule_args: [1]}}", "want a mapping"},
@@ -108,6 +118,39 @@ func TestLoadResolvesPaths(t *testing.T) {
 	}
 	if _, err := config.Load(""); err == nil || !strings.Contains(err.Error(), "DAMA_CONFIG") {
 		t.Errorf("Load(\"\"): %v", err)
+	}
+}
+
+func TestAKubernetesKindsDefaults(t *testing.T) {
+	cfg, err := config.Parse([]byte(`
+log_dir: /l
+lock_mode: host
+user: etl
+retention: 48h
+kubernetes: {image: registry.example/dama:1}
+kinds:
+  pod: {command: [x], runner: kubernetes, pod: {spec: {containers: [{name: task, image: python}]}}}
+  kept: {command: [x], runner: kubernetes, pod: {spec: {}}, pod_retention: 0s, lock_mode: advisory}
+  local: {command: [x]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod, kept, local := cfg.Kinds["pod"], cfg.Kinds["kept"], cfg.Kinds["local"]
+	if pod.LockMode != config.LockModeRow || pod.User != "" || pod.StartTimeout != config.DefaultStartTimeout || *pod.PodRetention != config.Duration(48*time.Hour) {
+		t.Errorf("kubernetes kind: lock mode %s, user %q, start_timeout %s, pod_retention %s", pod.LockMode, pod.User, pod.StartTimeout, *pod.PodRetention)
+	}
+	if string(pod.Pod) != `{"spec":{"containers":[{"image":"python","name":"task"}]}}` {
+		t.Errorf("pod template %s", pod.Pod)
+	}
+	if kept.LockMode != config.LockModeAdvisory || *kept.PodRetention != 0 {
+		t.Errorf("kept: lock mode %s, pod_retention %s", kept.LockMode, *kept.PodRetention)
+	}
+	if local.Runner != config.RunnerHost || local.LockMode != config.LockModeHost || local.User != "etl" || local.PodRetention != nil {
+		t.Errorf("host kind: runner %s, lock mode %s, user %q", local.Runner, local.LockMode, local.User)
+	}
+	if !cfg.Runs(config.RunnerKubernetes) || !cfg.Runs(config.RunnerHost) {
+		t.Error("Runs does not see both runners")
 	}
 }
 

@@ -24,6 +24,7 @@ const (
 	DefaultLockMode          = LockModeRow
 	DefaultRetryDelay        = Duration(time.Minute)
 	DefaultRetryMaxDelay     = Duration(time.Hour)
+	DefaultStartTimeout      = Duration(5 * time.Minute)
 )
 
 // WithDefaults returns a copy of c with every field left unset given its
@@ -130,11 +131,30 @@ func (c *Config) kindDefaults(k Kind) Kind {
 	} else {
 		k.SessionFence = ptr(*k.SessionFence)
 	}
+	if k.Runner == "" {
+		k.Runner = RunnerHost
+	}
 	if k.LockMode == "" {
 		k.LockMode = c.LockMode
+		if k.Runner == RunnerKubernetes && k.LockMode == LockModeHost {
+			// A pod holds its own lock: host's keeper is a host's.
+			k.LockMode = DefaultLockMode
+		}
 	}
-	if k.User == "" {
+	if k.User == "" && k.Runner == RunnerHost {
+		// A pod's command runs as its container's user.
 		k.User, k.Group = c.User, cmp.Or(k.Group, c.Group)
+	}
+	if k.Runner == RunnerKubernetes {
+		if k.StartTimeout == 0 {
+			k.StartTimeout = DefaultStartTimeout
+		}
+		if k.PodRetention == nil {
+			k.PodRetention = ptr(c.Retention)
+		} else {
+			k.PodRetention = ptr(*k.PodRetention)
+		}
+		k.Pod = slices.Clone(k.Pod)
 	}
 	if k.ConcurrencyKey != "" && k.MaxRunningPerKey == 0 {
 		k.MaxRunningPerKey = DefaultMaxRunningPerKey

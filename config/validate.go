@@ -83,8 +83,21 @@ func (c *Config) Validate() error {
 		if err := k.validate(); err != nil {
 			return fmt.Errorf("kind %s: %w", name, err)
 		}
+		if k.Runner == RunnerKubernetes && c.Kubernetes.Image == "" {
+			return fmt.Errorf("kind %s runs on kubernetes: kubernetes.image, dama's image for its pods, is required", name)
+		}
 	}
 	return nil
+}
+
+// Runs reports whether a kind of c has runner.
+func (c *Config) Runs(runner string) bool {
+	for _, k := range c.Kinds {
+		if k.Runner == runner {
+			return true
+		}
+	}
+	return false
 }
 
 // validate checks a kind's own settings.
@@ -149,6 +162,40 @@ func (k *Kind) validate() error {
 	}
 	if err := validLockMode(k.LockMode); err != nil {
 		return err
+	}
+	return k.validateRunner()
+}
+
+// validateRunner checks the kind's runner and its settings.
+func (k *Kind) validateRunner() error {
+	switch k.Runner {
+	case RunnerHost:
+		switch {
+		case k.Pod != nil:
+			return errors.New("pod needs runner: kubernetes")
+		case k.StartTimeout != 0:
+			return errors.New("start_timeout needs runner: kubernetes")
+		case k.PodRetention != nil:
+			return errors.New("pod_retention needs runner: kubernetes")
+		}
+		return nil
+	case RunnerKubernetes:
+	default:
+		return fmt.Errorf("runner %q: want %q or %q", k.Runner, RunnerHost, RunnerKubernetes)
+	}
+	switch {
+	case k.Function != "":
+		return errors.New("runner kubernetes runs a command in the pod's image, not a function of this program")
+	case k.User != "" || k.Group != "":
+		return errors.New("runner kubernetes: the command runs as its container's user (the pod's securityContext), not user or group")
+	case k.LockMode == LockModeHost:
+		return errors.New("runner kubernetes: each pod holds its own lock, in lock_mode row or advisory, not host")
+	case k.Pod == nil:
+		return errors.New("runner kubernetes needs pod, the template of its pods, with a container named task")
+	case k.StartTimeout < 0 || k.StartTimeout > Duration(24*time.Hour):
+		return fmt.Errorf("start_timeout %s: want more than 0s, at most 24h", k.StartTimeout)
+	case k.PodRetention == nil || *k.PodRetention < 0 || *k.PodRetention > MaxDelay:
+		return fmt.Errorf("pod_retention: want 0s or more, at most %s", MaxDelay)
 	}
 	return nil
 }

@@ -2,6 +2,8 @@
 # Builds dama (and the sample ETL program) into DIR (default ./bin), with the
 # commit stamped in: `dama version` prints it. The Go toolchain stamps it by
 # itself only with -buildvcs, which some environments turn off (GOFLAGS).
+# DAMA_BUILD_TAGS=kubernetes builds a dama that runs pods (kinds with
+# runner: kubernetes), as the image's is.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-bin}
@@ -23,5 +25,5 @@ export CGO_ENABLED
 # supervisor runs dama-taskrunner only when its build is dama's own (the
 # same commit, settings and dependencies; a second go build would see the
 # first's output as a change to the tree when DIR is in it).
-go build -ldflags "$ldflags" -o "$out/" ./cmd/dama ./cmd/dama-taskrunner ./cmd/dama-shim
+go build -tags "${DAMA_BUILD_TAGS:-}" -ldflags "$ldflags" -o "$out/" ./cmd/dama ./cmd/dama-taskrunner ./cmd/dama-shim
 go build -o "$out/sample-etl" ./cmd/sample-etl

@@ -88,6 +88,8 @@ packages() {
 	command -v iptables >/dev/null || need+=(iptables)
 	command -v conntrack >/dev/null || need+=(conntrack)
 	command -v openssl >/dev/null || need+=(openssl)
+	# The tests' task image: a user's image that is not dama's.
+	[ -x /bin/busybox ] || need+=(busybox-static)
 	[ ${#need[@]} -eq 0 ] && return
 	log "installing ${need[*]}"
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}" >/dev/null
@@ -238,7 +240,9 @@ containerd_up() {
 	await containerd 30 ctr -a "$state/containerd/containerd.sock" version
 }
 
-# images builds the pause image and dama's, and loads them into the node.
+# images builds the pause image, dama's, and the tests' task image (a
+# static busybox as sh, sleep and friends: a user's image with a shell),
+# and loads them into the node.
 images() {
 	. "$repo/scripts/lib-oci.sh"
 	local work
@@ -247,8 +251,15 @@ images() {
 	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$work/pause/pause" "$repo/scripts/kube/pause"
 	oci_archive docker.io/dama/pause:dev "$work/pause.tar" "$work/pause" '["/pause"]' 65535:65535
 	"$repo/scripts/image.sh" "$work/dama.tar" docker.io/library/dama:dev >/dev/null
+	mkdir -p "$work/task/bin" "$work/task/tmp"
+	chmod 1777 "$work/task/tmp"
+	install -m 0755 /bin/busybox "$work/task/bin/busybox"
 	local t
-	for t in pause dama; do
+	for t in sh sleep echo cat head dd seq true false kill env; do
+		ln -s busybox "$work/task/bin/$t"
+	done
+	oci_archive docker.io/dama/task:dev "$work/task.tar" "$work/task" '["/bin/sh"]' 1000:1000
+	for t in pause dama task; do
 		ctr -a "$state/containerd/containerd.sock" -n k8s.io images import "$work/$t.tar" >/dev/null
 	done
 	rm -rf "$work"

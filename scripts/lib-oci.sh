@@ -12,7 +12,7 @@ oci_archive() {
 	mkdir -p "$work/blobs/sha256"
 	tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -C "$rootfs" -cf "$work/layer" .
 	layer=$(_oci_blob "$work" layer)
-	printf '{"architecture":"amd64","os":"linux","config":{"Entrypoint":%s,"User":"%s","Env":["PATH=/"],"Labels":{"org.opencontainers.image.revision":"%s"}},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' \
+	printf '{"architecture":"amd64","os":"linux","config":{"Entrypoint":%s,"User":"%s","Env":["PATH=/:/bin"],"Labels":{"org.opencontainers.image.revision":"%s"}},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' \
 		"$entry" "$user" "$revision" "${layer%% *}" > "$work/config"
 	config=$(_oci_blob "$work" config)
 	printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:%s","size":%s},"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar","digest":"sha256:%s","size":%s}]}' \

@@ -59,6 +59,8 @@ if [ "$(git rev-parse --is-shallow-repository 2>/dev/null)" = true ]; then
 fi
 
 go vet ./...
+# What only dama's image builds: its dama runs pods (-tags kubernetes).
+go vet -tags kubernetes ./cmd/dama
 
 # The binaries the tests run (dama, dama-taskrunner, dama-shim and the samples), built
 # once with the race detector for every package's tests.

@@ -82,6 +82,11 @@ func (s *Supervisor) attemptAlive(ctx context.Context, logger *slog.Logger, tx p
 		}
 		return 0, nil
 	}
+	if over, _ := s.podOver(ctx, logger, c); over {
+		// Its kubelet saw every container of its pod end.
+		s.fence.forget(c.ID)
+		return 0, nil
+	}
 	mark, err := etlcontext.MarkLockLost(ctx, tx, c.ID)
 	if err != nil {
 		return 0, err

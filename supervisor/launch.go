@@ -66,6 +66,9 @@ func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcont
 			}
 		}()
 	}
+	if _, ok := s.inPod(c); ok {
+		return s.launchPod(ctx, logger, c, run)
+	}
 	if err := protocol.PrepareLogDir(s.cfg.LogDir, s.cfg.LogGroup); err != nil {
 		return 0, err
 	}

@@ -87,6 +87,7 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], holding
 // it.
 func (s *Supervisor) settleFinished(ctx context.Context, logger *slog.Logger, tx pgx.Tx, job *river.Job[TaskArgs], c *etlcontext.Context) error {
 	id := c.ID
+	s.podFinished(ctx, logger, c)
 	switch c.Status {
 	case etlcontext.StatusDone:
 		// Completing in the step's own transaction settles the job now,
@@ -130,6 +131,11 @@ func (s *Supervisor) settleFinished(ctx context.Context, logger *slog.Logger, tx
 func (s *Supervisor) settleRunning(ctx context.Context, logger *slog.Logger, tx pgx.Tx, c *etlcontext.Context) error {
 	id := c.ID
 	if c.PID == nil {
+		if k, ok := s.inPod(c); ok {
+			if err := s.podStarting(ctx, logger, c, k); err != nil {
+				return err
+			}
+		}
 		// The launch never got as far as a command: its task process
 		// failed to start, to connect, or found this host unfit, or the
 		// supervisor died in between. That says nothing about the task:
@@ -181,6 +187,10 @@ func (s *Supervisor) settleRunning(ctx context.Context, logger *slog.Logger, tx 
 		return river.JobCancel(fmt.Errorf("task %d was cancelled", id))
 	}
 	reason := "the task process exited without reporting a result"
+	if _, why := s.podOver(ctx, logger, c); why != "" {
+		// OOMKilled, Evicted, deleted...: Kubernetes' reason.
+		reason = "the task's pod ended without a result: " + why
+	}
 	if err := s.recordEnd(ctx, tx, c, protocol.EventError, reason); err != nil {
 		return s.transient(logger, err)
 	}
@@ -253,7 +263,11 @@ func (s *Supervisor) startAttempt(ctx context.Context, logger *slog.Logger, tx p
 	// takes the key it connected with. Until launch owns it, it is let go
 	// on any way out (the run may hold its key), or given back when no
 	// run was recorded.
-	sp := s.takeSpare()
+	var sp *spare
+	if _, ok := s.inPod(c); !ok {
+		// A spare is a process of this host.
+		sp = s.takeSpare()
+	}
 	var key string
 	if sp != nil {
 		key = sp.key

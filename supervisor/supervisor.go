@@ -218,6 +218,9 @@ func check(cfg *config.Config, opts Options) error {
 	if err := checkUsers(cfg); err != nil {
 		return err
 	}
+	if cfg.Runs(config.RunnerKubernetes) && opts.Pods == nil {
+		return errors.New("the configuration's kinds run on kubernetes, which this program was built without: run dama's image, or build dama with -tags kubernetes")
+	}
 	for _, name := range cfg.Functions() {
 		if opts.Funcs[name] == nil {
 			return fmt.Errorf("%w: the configuration's function kinds name %s, which this program does not register (Options.Funcs); run them under the program that does", ErrUnregisteredFunction, name)
@@ -380,8 +383,14 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	s.reportBudget(ctx)
 	s.checkCommands()
 	bg.Go(func() { s.rescueLoop(bgCtx) })
-	bg.Go(func() { s.spareLoop(bgCtx) })
+	if s.cfg.Runs(config.RunnerHost) {
+		// A spare is a host's task process.
+		bg.Go(func() { s.spareLoop(bgCtx) })
+	}
 	bg.Go(func() { s.pruneLoop(bgCtx) })
+	if s.opts.Pods != nil {
+		bg.Go(func() { s.podPruneLoop(bgCtx) })
+	}
 	if published != nil {
 		bg.Go(func() { s.publishLoop(bgCtx, published) })
 	}
@@ -486,6 +495,10 @@ func (s *Supervisor) rescueLoop(ctx context.Context) {
 func checkUsers(cfg *config.Config) error {
 	for _, name := range cfg.KindNames() {
 		k, _ := cfg.Kind(name)
+		if k.Runner == config.RunnerKubernetes {
+			// Its command runs as its container's user.
+			continue
+		}
 		id, err := runas.Resolve(k.User, k.Group)
 		if err == nil && id != nil {
 			err = id.Check(cfg.LogDir)
@@ -503,7 +516,7 @@ func checkUsers(cfg *config.Config) error {
 func (s *Supervisor) checkCommands() {
 	for _, name := range s.cfg.KindNames() {
 		k, _ := s.cfg.Kind(name)
-		if k.Function != "" {
+		if k.Function != "" || k.Runner == config.RunnerKubernetes {
 			continue
 		}
 		if _, err := k.FindCommand(); err != nil {

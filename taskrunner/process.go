@@ -134,6 +134,9 @@ func runnerOptions(ctx context.Context, args []string, funcs Funcs) (Options, er
 	if err != nil {
 		return Options{}, err
 	}
+	if launch.LogDir != "" {
+		cfg.LogDir = launch.LogDir
+	}
 	var secrets protocol.Secrets
 	switch {
 	case launch.SecretsFD > 0:

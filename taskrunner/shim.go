@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
@@ -21,11 +22,6 @@ import (
 // it. The output comes back on the pipe, and goes to the log file (and so
 // to the database's tail) and to this process's stdout, the container's
 // log (kubectl logs).
-
-// shimWait bounds how long a pod's task process waits for its shim: the
-// user's container may wait for its image meanwhile. A launch whose shim
-// never comes is given back (unfit), its pod deleted by the supervisor.
-const shimWait = 5 * time.Minute
 
 // ListenShim listens on path for the shim, readable and writable by the
 // user's container, whichever its user.
@@ -49,7 +45,14 @@ func ListenShim(path string) (*net.UnixListener, error) {
 func (r *runner) awaitShim() (int, error, bool) {
 	l := r.opts.ShimListener
 	defer l.Close()
-	_ = l.SetDeadline(time.Now().Add(shimWait))
+	// The user's container may wait for its image meanwhile, for as long
+	// as the kind lets its pod start. A launch whose shim never comes is
+	// given back (unfit), its pod deleted by the supervisor.
+	wait := time.Duration(config.DefaultStartTimeout)
+	if k, ok := r.opts.Config.Kind(r.ctx.Kind); ok && k.StartTimeout > 0 {
+		wait = time.Duration(k.StartTimeout)
+	}
+	_ = l.SetDeadline(time.Now().Add(wait))
 	accepted := make(chan error, 1)
 	go func() {
 		c, err := l.AcceptUnix()
@@ -70,7 +73,7 @@ func (r *runner) awaitShim() (int, error, bool) {
 		return protocol.ExitSetup, nil, false
 	case err := <-accepted:
 		if err != nil {
-			code, err := r.unfit(context.Background(), fmt.Errorf("the task's container did not start dama's shim within %s: %w", shimWait, err))
+			code, err := r.unfit(context.Background(), fmt.Errorf("the task's container did not start dama's shim within %s: %w", wait, err))
 			return code, err, false
 		}
 	}

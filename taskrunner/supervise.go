@@ -118,8 +118,13 @@ func (r *runner) startCommand(eventsR, eventsW *os.File) (*started, error) {
 		p.pid, p.exited, p.signal = c.pid, c.exited, c.signal
 		p.done = func() {
 			// The shim told the exit once every process of its container
-			// was gone: the output pipe has no writer left.
-			<-c.output
+			// was gone: the output pipe has no writer left. (Bounded all
+			// the same: the outcome is not to wait on the pipe.)
+			select {
+			case <-c.output:
+			case <-time.After(stmtTimeout):
+				r.logger.Warn("the command's output did not end with its container's processes")
+			}
 			close(p.ended)
 		}
 		return p, nil

@@ -111,7 +111,7 @@ func TestTheImageIsAnOCIArchiveOfDama(t *testing.T) {
 			}
 		}
 	}
-	for _, want := range []string{"./dama", "./dama-taskrunner", "./etc/passwd", "./tmp/"} {
+	for _, want := range []string{"./dama", "./dama-taskrunner", "./dama-shim", "./etc/passwd", "./tmp/"} {
 		if !strings.Contains(strings.Join(names, " ")+" ", want+" ") {
 			t.Errorf("the layer has no %s: %v", want, names)
 		}

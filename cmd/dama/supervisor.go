@@ -94,6 +94,9 @@ running.`,
 			if reg != nil {
 				opts.Registerer = reg
 			}
+			if opts.Pods, err = podRunner(cfg, logger); err != nil {
+				return err
+			}
 			s, err := supervisor.New(pool, cfg, opts)
 			if err != nil {
 				return err

@@ -53,6 +53,9 @@ type Launch struct {
 	// Secrets.Encode wrote them, once the process is non-dumpable: a
 	// pod's, where a Secret that only dama's container mounts holds them.
 	SecretsFile string
+	// LogDir, when set, is the directory of the task's log file, over the
+	// configuration's log_dir: a pod's own volume (PodLogDir).
+	LogDir string
 }
 
 // The descriptors a supervisor hands the task process it launches, after
@@ -85,6 +88,9 @@ func (l Launch) Args() []string {
 	if l.ShimSocket != "" {
 		args = append(args, "--shim-socket", l.ShimSocket)
 	}
+	if l.LogDir != "" {
+		args = append(args, "--log-dir", l.LogDir)
+	}
 	return args
 }
 
@@ -104,6 +110,7 @@ func ParseLaunch(args []string) (Launch, error) {
 	fs.StringVar(&lockMode, "lock-mode", "", "how to hold the lock: row (the default), advisory or host")
 	fs.StringVar(&l.SecretsFile, "secrets-file", "", "file to read the secrets from")
 	fs.StringVar(&l.ShimSocket, "shim-socket", "", "socket to run the command through, in a pod")
+	fs.StringVar(&l.LogDir, "log-dir", "", "directory of the task's log file, over the configuration's")
 	if err := fs.Parse(args); err != nil {
 		return Launch{}, fmt.Errorf("%s arguments: %w", Subcommand, err)
 	}
@@ -112,6 +119,8 @@ func ParseLaunch(args []string) (Launch, error) {
 		return Launch{}, errors.New("--secrets-file and --secrets-fd: the secrets come from one")
 	case l.ShimSocket != "" && !filepath.IsAbs(l.ShimSocket):
 		return Launch{}, fmt.Errorf("--shim-socket %q: want an absolute path", l.ShimSocket)
+	case l.LogDir != "" && !filepath.IsAbs(l.LogDir):
+		return Launch{}, fmt.Errorf("--log-dir %q: want an absolute path", l.LogDir)
 	case l.ShimSocket != "" && l.SpareFD > 0:
 		return Launch{}, errors.New("--shim-socket: a pod's task process is no spare")
 	case l.ShimSocket != "" && lockMode == string(LockModeHost):

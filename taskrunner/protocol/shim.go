@@ -77,6 +77,11 @@ type ShimExit struct {
 // shares with the shim.
 const ShimSocket = "shim.sock"
 
+// PodLogDir is where a pod's task process keeps the task's log file
+// (Launch.LogDir), a volume of dama's container alone, whatever the
+// configuration's log_dir, which is its supervisor's host's.
+const PodLogDir = "/var/log/dama"
+
 // maxShimMessage bounds a message: a Start carries the arguments and the
 // checkpoint (MaxEnvPayload each) in its environment.
 const maxShimMessage = 1 << 20

@@ -1,0 +1,450 @@
+// Package podrunner runs the tasks of kubernetes kinds (config.RunnerKubernetes)
+// in pods, with client-go: one bare pod per attempt, made from the kind's
+// template, with no owner (a supervisor's redeploy leaves it running), and
+// a Secret beside it that only dama's container mounts (see
+// docs/kubernetes.md). The task process in the pod holds the task's lock
+// as on a host, and the supervisors adopt it through that lock: the pod
+// is only where it lives.
+package podrunner
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/dama-etl/dama/config"
+	"github.com/dama-etl/dama/internal/pods"
+	"github.com/dama-etl/dama/taskrunner/protocol"
+)
+
+// Labels of a task's pod and Secret.
+const (
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	LabelTask      = "dama.dev/task"
+	LabelRun       = "dama.dev/run"
+	LabelKind      = "dama.dev/kind"
+	managedBy      = "dama"
+)
+
+// What dama adds to a kind's template; a template may use none of these
+// names.
+const (
+	containerTask  = "task"
+	containerDama  = "dama"
+	containerShim  = "dama-shim"
+	volumeRun      = "dama-run"
+	volumeSecrets  = "dama-secrets"
+	volumeLogs     = "dama-logs"
+	runDir         = "/dama-run"
+	secretsDir     = "/var/run/dama/secrets"
+	secretsKey     = "secrets"
+	configKey      = "dama.yaml"
+	shimName       = "dama-shim"
+	taskRunnerPath = "/dama-taskrunner"
+	// imageUser is the image's user (scripts/image.sh), which owns nothing.
+	imageUser = 65532
+)
+
+// Runner creates, reads and deletes the pods of one configuration's
+// kubernetes kinds in one namespace.
+type Runner struct {
+	core      corev1client.CoreV1Interface
+	namespace string
+	image     string
+	kinds     map[string]kind
+	logger    *slog.Logger
+}
+
+// kind is what a kubernetes kind's pods are made from.
+type kind struct {
+	template  corev1.PodTemplateSpec
+	lockMode  config.LockMode
+	killGrace time.Duration
+	retention time.Duration
+}
+
+var _ pods.Runner = (*Runner)(nil)
+
+// New returns the Runner of cfg's kubernetes kinds, talking to the cluster
+// the process runs in (its service account), or else the one $KUBECONFIG
+// (or ~/.kube/config) names.
+func New(cfg *config.Config, logger *slog.Logger) (*Runner, error) {
+	rc, namespace, err := clusterConfig()
+	if err != nil {
+		return nil, err
+	}
+	core, err := corev1client.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	return NewWith(core, cmp.Or(cfg.Kubernetes.Namespace, namespace), cfg, logger)
+}
+
+// clusterConfig is how to reach the cluster, and the namespace the
+// process's own pod or kubeconfig context is in.
+func clusterConfig() (*rest.Config, string, error) {
+	rc, err := rest.InClusterConfig()
+	if err == nil {
+		ns, _ := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+		return rc, cmp.Or(strings.TrimSpace(string(ns)), metav1.NamespaceDefault), nil
+	}
+	if !errors.Is(err, rest.ErrNotInCluster) {
+		return nil, "", fmt.Errorf("kubernetes: %w", err)
+	}
+	loader := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(clientcmd.NewDefaultClientConfigLoadingRules(), &clientcmd.ConfigOverrides{})
+	rc, err = loader.ClientConfig()
+	if err != nil {
+		return nil, "", fmt.Errorf("kubernetes: not in a cluster, and no kubeconfig: %w", err)
+	}
+	ns, _, err := loader.Namespace()
+	if err != nil {
+		return nil, "", fmt.Errorf("kubernetes: the kubeconfig's namespace: %w", err)
+	}
+	return rc, ns, nil
+}
+
+// NewWith returns the Runner of cfg's kubernetes kinds, whose pods core
+// creates in namespace. It checks each kind's template.
+func NewWith(core corev1client.CoreV1Interface, namespace string, cfg *config.Config, logger *slog.Logger) (*Runner, error) {
+	cfg = cfg.WithDefaults()
+	r := &Runner{core: core, namespace: namespace, image: cfg.Kubernetes.Image, kinds: map[string]kind{}, logger: logger}
+	for _, name := range cfg.KindNames() {
+		k := cfg.Kinds[name]
+		if k.Runner != config.RunnerKubernetes {
+			continue
+		}
+		t, err := parseTemplate(k.Pod)
+		if err != nil {
+			return nil, fmt.Errorf("kind %s: pod: %w", name, err)
+		}
+		r.kinds[name] = kind{template: t, lockMode: k.LockMode, killGrace: time.Duration(*k.KillGrace), retention: time.Duration(*k.PodRetention)}
+	}
+	return r, nil
+}
+
+// parseTemplate reads a kind's pod template, and says what in it would
+// keep dama's part of the pod from working or from being safe.
+func parseTemplate(raw []byte) (corev1.PodTemplateSpec, error) {
+	var t corev1.PodTemplateSpec
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&t); err != nil {
+		return t, fmt.Errorf("not a PodTemplateSpec (metadata, spec): %w", err)
+	}
+	spec := &t.Spec
+	var task *corev1.Container
+	for i, c := range spec.Containers {
+		switch c.Name {
+		case containerTask:
+			task = &spec.Containers[i]
+		case containerDama, containerShim:
+			return t, fmt.Errorf("container name %s is dama's", c.Name)
+		}
+	}
+	for _, c := range spec.InitContainers {
+		if c.Name == containerDama || c.Name == containerShim {
+			return t, fmt.Errorf("init container name %s is dama's", c.Name)
+		}
+	}
+	switch {
+	case task == nil:
+		return t, errors.New("want a container named task, which runs the kind's command")
+	case task.Image == "":
+		return t, errors.New("containers.task: want an image")
+	case len(task.Command) > 0 || len(task.Args) > 0:
+		return t, errors.New("containers.task: command and args are the kind's command, not the container's")
+	case spec.ShareProcessNamespace != nil && *spec.ShareProcessNamespace, spec.HostPID:
+		// The command would see dama's container's processes, and
+		// through /proc their files: the secrets.
+		return t, errors.New("shareProcessNamespace and hostPID would let the command reach the task process and its secrets")
+	case spec.RestartPolicy != "" && spec.RestartPolicy != corev1.RestartPolicyNever:
+		return t, fmt.Errorf("restartPolicy %s: a task's pod runs once (Never): a retry is a new pod", spec.RestartPolicy)
+	}
+	for _, v := range spec.Volumes {
+		if v.Name == volumeRun || v.Name == volumeSecrets || v.Name == volumeLogs {
+			return t, fmt.Errorf("volume name %s is dama's", v.Name)
+		}
+	}
+	for _, m := range task.VolumeMounts {
+		if m.MountPath == runDir || strings.HasPrefix(m.MountPath, runDir+"/") {
+			return t, fmt.Errorf("containers.task: %s is where dama's shim is", runDir)
+		}
+	}
+	for l := range t.Labels {
+		if l == LabelManagedBy || strings.HasPrefix(l, "dama.dev/") {
+			return t, fmt.Errorf("label %s is dama's", l)
+		}
+	}
+	return t, nil
+}
+
+// PodName is the name of the pod of run runID of task id.
+func PodName(id int64, runID string) string {
+	run := strings.ReplaceAll(runID, "-", "")
+	return "dama-" + strconv.FormatInt(id, 10) + "-" + run[:min(12, len(run))]
+}
+
+// restricted is the security context of dama's containers: the restricted
+// Pod Security Standard's.
+func restricted() *corev1.SecurityContext {
+	return &corev1.SecurityContext{
+		RunAsUser:                new(int64(imageUser)),
+		RunAsGroup:               new(int64(imageUser)),
+		RunAsNonRoot:             new(true),
+		AllowPrivilegeEscalation: new(false),
+		ReadOnlyRootFilesystem:   new(true),
+		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+		SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+	}
+}
+
+// build returns the pod of l.
+func (r *Runner) build(l pods.Launch) (*corev1.Pod, error) {
+	k, ok := r.kinds[l.Kind]
+	if !ok {
+		return nil, fmt.Errorf("kind %s does not run on kubernetes here", l.Kind)
+	}
+	t := k.template.DeepCopy()
+	pod := &corev1.Pod{ObjectMeta: t.ObjectMeta, Spec: t.Spec}
+	pod.Name, pod.GenerateName, pod.Namespace = PodName(l.ContextID, l.RunID), "", r.namespace
+	if pod.Labels == nil {
+		pod.Labels = map[string]string{}
+	}
+	for name, v := range r.labels(l.ContextID, l.RunID, l.Kind) {
+		pod.Labels[name] = v
+	}
+	if pod.Annotations == nil {
+		pod.Annotations = map[string]string{}
+	}
+	// kubectl logs shows the task process's log, which holds the
+	// command's output.
+	pod.Annotations["kubectl.kubernetes.io/default-container"] = containerDama
+	// A task runs for hours: no autoscaler takes its node away under it.
+	pod.Annotations["cluster-autoscaler.kubernetes.io/safe-to-evict"] = "false"
+
+	spec := &pod.Spec
+	spec.RestartPolicy = corev1.RestartPolicyNever
+	if spec.TerminationGracePeriodSeconds == nil {
+		// The command's kill_grace, and time for the task process to
+		// record the outcome.
+		spec.TerminationGracePeriodSeconds = new(int64(k.killGrace/time.Second) + 30)
+	}
+	if spec.AutomountServiceAccountToken == nil && spec.ServiceAccountName == "" {
+		spec.AutomountServiceAccountToken = new(false)
+	}
+	small := resource.MustParse("64Mi")
+	spec.Volumes = append(spec.Volumes,
+		corev1.Volume{Name: volumeRun, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: &small}}},
+		corev1.Volume{Name: volumeLogs, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+		// Readable by dama's container's user; no other container
+		// mounts it.
+		corev1.Volume{Name: volumeSecrets, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: pod.Name, DefaultMode: new(int32(0o444))}}},
+	)
+	runMount := corev1.VolumeMount{Name: volumeRun, MountPath: runDir}
+	spec.InitContainers = append([]corev1.Container{{
+		Name:            containerShim,
+		Image:           r.image,
+		Command:         []string{"/" + shimName, "--install", runDir + "/" + shimName},
+		VolumeMounts:    []corev1.VolumeMount{runMount},
+		SecurityContext: restricted(),
+		Resources:       damaResources(),
+	}}, spec.InitContainers...)
+	for i := range spec.Containers {
+		if c := &spec.Containers[i]; c.Name == containerTask {
+			c.Command = []string{runDir + "/" + shimName, runDir + "/" + protocol.ShimSocket}
+			c.VolumeMounts = append(c.VolumeMounts, runMount)
+		}
+	}
+	launch := protocol.Launch{
+		ContextID: l.ContextID, RunID: l.RunID, LockMode: k.lockMode,
+		SecretsFile: secretsDir + "/" + secretsKey,
+		ShimSocket:  runDir + "/" + protocol.ShimSocket,
+		LogDir:      protocol.PodLogDir,
+	}
+	spec.Containers = append([]corev1.Container{{
+		Name:    containerDama,
+		Image:   r.image,
+		Command: append([]string{taskRunnerPath}, launch.Args()...),
+		Env: []corev1.EnvVar{
+			{Name: protocol.ProcessEnv, Value: protocol.ProcessRunner},
+			{Name: protocol.ConfigEnv, Value: secretsDir + "/" + configKey},
+		},
+		VolumeMounts: []corev1.VolumeMount{
+			runMount,
+			{Name: volumeLogs, MountPath: protocol.PodLogDir},
+			{Name: volumeSecrets, MountPath: secretsDir, ReadOnly: true},
+		},
+		SecurityContext: restricted(),
+		Resources:       damaResources(),
+	}}, spec.Containers...)
+	return pod, nil
+}
+
+// damaResources are what dama's containers ask for: a task process holds
+// one or two connections and a few buffers.
+func damaResources() corev1.ResourceRequirements {
+	return corev1.ResourceRequirements{
+		Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("32Mi")},
+		Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")},
+	}
+}
+
+func (r *Runner) labels(id int64, runID, kind string) map[string]string {
+	return map[string]string{LabelManagedBy: managedBy, LabelTask: strconv.FormatInt(id, 10), LabelRun: runID, LabelKind: kind}
+}
+
+// Launch creates the pod of l, then its Secret, owned by the pod so that
+// Kubernetes deletes it with the pod. The kubelet starts the pod's
+// containers once the Secret is there. A launch made again finds its pod.
+func (r *Runner) Launch(ctx context.Context, l pods.Launch) error {
+	pod, err := r.build(l)
+	if err != nil {
+		return err
+	}
+	created, err := r.core.Pods(r.namespace).Create(ctx, pod, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		created, err = r.core.Pods(r.namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err == nil && created.Labels[LabelRun] != l.RunID {
+			err = fmt.Errorf("pod %s is another run's, %s", pod.Name, created.Labels[LabelRun])
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("create pod %s: %w", pod.Name, err)
+	}
+	secret := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: pod.Name, Namespace: r.namespace, Labels: r.labels(l.ContextID, l.RunID, l.Kind),
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: created.Name, UID: created.UID}},
+		},
+		Immutable: new(true),
+		Data:      map[string][]byte{secretsKey: l.Secrets, configKey: l.Config},
+	}
+	if _, err := r.core.Secrets(r.namespace).Create(ctx, secret, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		// A pod without its Secret would wait for it forever.
+		if derr := r.delete(context.WithoutCancel(ctx), pod.Name); derr != nil {
+			err = errors.Join(err, derr)
+		}
+		return fmt.Errorf("create the Secret of pod %s: %w", pod.Name, err)
+	}
+	r.logger.Info("created pod", "pod", pod.Name, "namespace", r.namespace, "etl_context_id", l.ContextID, "kind", l.Kind)
+	return nil
+}
+
+// Pod returns what Kubernetes says of the pod of run runID of task id.
+func (r *Runner) Pod(ctx context.Context, id int64, runID string) (pods.State, error) {
+	pod, err := r.core.Pods(r.namespace).Get(ctx, PodName(id, runID), metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return pods.State{}, nil
+	case err != nil:
+		return pods.State{}, fmt.Errorf("read pod %s: %w", PodName(id, runID), err)
+	}
+	return stateOf(pod), nil
+}
+
+// stateOf is what pod's status says.
+func stateOf(pod *corev1.Pod) pods.State {
+	st := pods.State{Exists: true, Created: pod.CreationTimestamp.Time, Node: pod.Spec.NodeName}
+	st.Over = pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
+	for _, c := range pod.Status.ContainerStatuses {
+		if c.Name == containerDama && (c.State.Running != nil || c.State.Terminated != nil) {
+			st.Started = true
+		}
+	}
+	st.Reason = reasonOf(pod)
+	return st
+}
+
+// reasonOf says, in Kubernetes' words, why pod waits or ended, if that is
+// of note.
+func reasonOf(pod *corev1.Pod) string {
+	if pod.Status.Reason != "" {
+		// Evicted, NodeLost, DeadlineExceeded, ...
+		return strings.TrimSpace(pod.Status.Reason + ": " + pod.Status.Message)
+	}
+	for _, c := range pod.Status.ContainerStatuses {
+		if t := c.State.Terminated; t != nil && t.Reason != "" && t.Reason != "Completed" && t.Reason != "Error" {
+			return fmt.Sprintf("container %s %s (exit code %d)", c.Name, t.Reason, t.ExitCode)
+		}
+	}
+	for _, c := range append(pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses...) {
+		if w := c.State.Waiting; w != nil && w.Reason != "" && w.Reason != "ContainerCreating" && w.Reason != "PodInitializing" {
+			return strings.TrimSpace(fmt.Sprintf("container %s %s: %s", c.Name, w.Reason, w.Message))
+		}
+	}
+	for _, cond := range pod.Status.Conditions {
+		if cond.Type == corev1.PodScheduled && cond.Status == corev1.ConditionFalse {
+			return strings.TrimSpace(cond.Reason + ": " + cond.Message)
+		}
+	}
+	if pod.DeletionTimestamp != nil {
+		return "deleted"
+	}
+	return ""
+}
+
+// Delete deletes the pod of run runID of task id, if it is there; its
+// Secret goes with it.
+func (r *Runner) Delete(ctx context.Context, id int64, runID string) error {
+	return r.delete(ctx, PodName(id, runID))
+}
+
+func (r *Runner) delete(ctx context.Context, name string) error {
+	err := r.core.Pods(r.namespace).Delete(ctx, name, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete pod %s: %w", name, err)
+	}
+	return nil
+}
+
+// Prune deletes the pods of this configuration's kinds that ended longer
+// ago than their kind's pod_retention.
+func (r *Runner) Prune(ctx context.Context) error {
+	list, err := r.core.Pods(r.namespace).List(ctx, metav1.ListOptions{LabelSelector: LabelManagedBy + "=" + managedBy})
+	if err != nil {
+		return fmt.Errorf("list dama's pods: %w", err)
+	}
+	var errs []error
+	for i := range list.Items {
+		pod := &list.Items[i]
+		k, ok := r.kinds[pod.Labels[LabelKind]]
+		if !ok || pod.DeletionTimestamp != nil || (pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed) {
+			continue
+		}
+		if time.Since(endOf(pod)) < k.retention {
+			continue
+		}
+		if err := r.delete(ctx, pod.Name); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// endOf is when the last of pod's containers ended, or its creation when
+// none says.
+func endOf(pod *corev1.Pod) time.Time {
+	end := pod.CreationTimestamp.Time
+	for _, c := range pod.Status.ContainerStatuses {
+		if t := c.State.Terminated; t != nil && t.FinishedAt.After(end) {
+			end = t.FinishedAt.Time
+		}
+	}
+	return end
+}

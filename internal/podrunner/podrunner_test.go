@@ -1,0 +1,274 @@
+package podrunner
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	fakecorev1 "k8s.io/client-go/kubernetes/typed/core/v1/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/dama-etl/dama/config"
+	"github.com/dama-etl/dama/internal/pods"
+	"github.com/dama-etl/dama/taskrunner/protocol"
+)
+
+// fakeCore is client-go's fake of the core API, over an object tracker:
+// what the runner writes, it reads back.
+func fakeCore(t *testing.T) *fakecorev1.FakeCoreV1 {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	tracker := k8stesting.NewObjectTracker(scheme, serializer.NewCodecFactory(scheme).UniversalDecoder())
+	core := &fakecorev1.FakeCoreV1{Fake: &k8stesting.Fake{}}
+	core.AddReactor("*", "*", k8stesting.ObjectReaction(tracker))
+	return core
+}
+
+const testConfig = `
+log_dir: /var/log/dama
+kill_grace: 20s
+kubernetes: {image: "registry.example/dama:1.0", namespace: etl}
+kinds:
+  load:
+    command: [python, -m, etl.load]
+    runner: kubernetes
+    lock_mode: advisory
+    pod_retention: 1h
+    pod:
+      metadata: {labels: {team: data}}
+      spec:
+        serviceAccountName: loader
+        nodeSelector: {pool: etl}
+        tolerations: [{key: etl, operator: Exists}]
+        volumes: [{name: scratch, emptyDir: {}}]
+        containers:
+          - name: task
+            image: python:3.12
+            resources: {limits: {memory: 2Gi, cpu: 1}}
+            envFrom: [{secretRef: {name: warehouse}}]
+            volumeMounts: [{name: scratch, mountPath: /scratch}]
+  local:
+    command: [/bin/true]
+`
+
+func newTestRunner(t *testing.T, yaml string) (*Runner, *fakecorev1.FakeCoreV1) {
+	t.Helper()
+	cfg, err := config.Parse([]byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	core := fakeCore(t)
+	r, err := NewWith(core, cfg.Kubernetes.Namespace, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, core
+}
+
+func TestALaunchIsAPodWithDamasContainersAndASecretItOwns(t *testing.T) {
+	r, core := newTestRunner(t, testConfig)
+	ctx := context.Background()
+	l := pods.Launch{ContextID: 42, RunID: "7f3c9a12-0b1e-4c55-9d0e-2a6f1e8b4c01", Attempt: 1, Kind: "load", Secrets: []byte("s\x00"), Config: []byte("log_dir: /l")}
+	if err := r.Launch(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	// Again: the same pod, no error.
+	if err := r.Launch(ctx, l); err != nil {
+		t.Fatalf("a launch made again: %v", err)
+	}
+	pod, err := core.Pods("etl").Get(ctx, "dama-42-7f3c9a120b1e", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pod.Labels[LabelTask] != "42" || pod.Labels[LabelRun] != l.RunID || pod.Labels[LabelKind] != "load" || pod.Labels["team"] != "data" || pod.Labels[LabelManagedBy] != "dama" {
+		t.Errorf("labels %v", pod.Labels)
+	}
+	if len(pod.OwnerReferences) != 0 {
+		t.Errorf("the pod has owners %v: a supervisor's redeploy would take it", pod.OwnerReferences)
+	}
+	if pod.Annotations["cluster-autoscaler.kubernetes.io/safe-to-evict"] != "false" || pod.Annotations["kubectl.kubernetes.io/default-container"] != "dama" {
+		t.Errorf("annotations %v", pod.Annotations)
+	}
+	spec := pod.Spec
+	if spec.RestartPolicy != corev1.RestartPolicyNever || *spec.TerminationGracePeriodSeconds != 50 || spec.ServiceAccountName != "loader" || spec.NodeSelector["pool"] != "etl" || len(spec.Tolerations) != 1 {
+		t.Errorf("spec: restart %s, grace %d, account %q, selector %v", spec.RestartPolicy, *spec.TerminationGracePeriodSeconds, spec.ServiceAccountName, spec.NodeSelector)
+	}
+	names := func(cs []corev1.Container) []string {
+		var n []string
+		for _, c := range cs {
+			n = append(n, c.Name)
+		}
+		return n
+	}
+	if got := names(spec.InitContainers); !slices.Equal(got, []string{"dama-shim"}) {
+		t.Errorf("init containers %v", got)
+	}
+	if got := names(spec.Containers); !slices.Equal(got, []string{"dama", "task"}) {
+		t.Fatalf("containers %v", got)
+	}
+	dama, task := spec.Containers[0], spec.Containers[1]
+	launch, err := protocol.ParseLaunch(dama.Command[2:])
+	if err != nil || dama.Command[0] != "/dama-taskrunner" || dama.Command[1] != protocol.Subcommand {
+		t.Fatalf("dama's command %q: %v", dama.Command, err)
+	}
+	if launch.ContextID != 42 || launch.RunID != l.RunID || launch.LockMode != config.LockModeAdvisory || launch.ShimSocket != "/dama-run/shim.sock" || launch.LogDir != protocol.PodLogDir {
+		t.Errorf("dama's launch %+v", launch)
+	}
+	if dama.Image != "registry.example/dama:1.0" || *dama.SecurityContext.RunAsNonRoot != true || *dama.SecurityContext.AllowPrivilegeEscalation || dama.SecurityContext.Capabilities.Drop[0] != "ALL" {
+		t.Errorf("dama's container %s, %+v", dama.Image, dama.SecurityContext)
+	}
+	if !slices.Equal(task.Command, []string{"/dama-run/dama-shim", "/dama-run/shim.sock"}) || task.Image != "python:3.12" || task.Resources.Limits.Memory().String() != "2Gi" || len(task.EnvFrom) != 1 {
+		t.Errorf("the task's container: %q %s %v", task.Command, task.Image, task.Resources.Limits)
+	}
+	// Only dama's container mounts the Secret.
+	for _, c := range spec.Containers {
+		for _, m := range c.VolumeMounts {
+			if m.Name == volumeSecrets && c.Name != "dama" {
+				t.Errorf("container %s mounts the Secret", c.Name)
+			}
+		}
+	}
+	secret, err := core.Secrets("etl").Get(ctx, pod.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(secret.Data["secrets"]) != "s\x00" || string(secret.Data["dama.yaml"]) != "log_dir: /l" || len(secret.OwnerReferences) != 1 || secret.OwnerReferences[0].Name != pod.Name || !*secret.Immutable {
+		t.Errorf("secret %+v", secret)
+	}
+}
+
+func TestAPodsStateSaysWhyItWaitsOrEnded(t *testing.T) {
+	r, core := newTestRunner(t, testConfig)
+	ctx := context.Background()
+	runID := "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"
+	if st, err := r.Pod(ctx, 7, runID); err != nil || st.Exists {
+		t.Fatalf("before its launch: %+v, %v", st, err)
+	}
+	if err := r.Launch(ctx, pods.Launch{ContextID: 7, RunID: runID, Kind: "load"}); err != nil {
+		t.Fatal(err)
+	}
+	pods := core.Pods("etl")
+	set := func(status corev1.PodStatus) {
+		t.Helper()
+		pod, err := pods.Get(ctx, PodName(7, runID), metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pod.Status = status
+		if _, err := pods.UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		name          string
+		status        corev1.PodStatus
+		reason        string
+		started, over bool
+	}{
+		{"unschedulable", corev1.PodStatus{Phase: corev1.PodPending, Conditions: []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: "Unschedulable", Message: "0/1 nodes are available"}}}, "Unschedulable: 0/1 nodes are available", false, false},
+		{"image", corev1.PodStatus{Phase: corev1.PodPending, ContainerStatuses: []corev1.ContainerStatus{
+			{Name: "dama", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}},
+			{Name: "task", State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ImagePullBackOff", Message: "pull python:3.99"}}},
+		}}, "container task ImagePullBackOff: pull python:3.99", true, false},
+		{"oom", corev1.PodStatus{Phase: corev1.PodFailed, ContainerStatuses: []corev1.ContainerStatus{
+			{Name: "dama", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{Reason: "Error", ExitCode: 102}}},
+			{Name: "task", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{Reason: "OOMKilled", ExitCode: 137}}},
+		}}, "container task OOMKilled (exit code 137)", true, true},
+		{"evicted", corev1.PodStatus{Phase: corev1.PodFailed, Reason: "Evicted", Message: "The node was low on resource: memory."}, "Evicted: The node was low on resource: memory.", false, true},
+	} {
+		set(c.status)
+		st, err := r.Pod(ctx, 7, runID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !st.Exists || st.Reason != c.reason || st.Started != c.started || st.Over != c.over {
+			t.Errorf("%s: %+v, want reason %q, started %t, over %t", c.name, st, c.reason, c.started, c.over)
+		}
+	}
+	if err := r.Delete(ctx, 7, runID); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Delete(ctx, 7, runID); err != nil {
+		t.Errorf("deleting a pod that is gone: %v", err)
+	}
+	if st, _ := r.Pod(ctx, 7, runID); st.Exists {
+		t.Error("the pod is still there once deleted")
+	}
+}
+
+func TestPruneDeletesThePodsPastTheirRetention(t *testing.T) {
+	r, core := newTestRunner(t, testConfig)
+	ctx := context.Background()
+	for i, ended := range []time.Duration{2 * time.Hour, 10 * time.Minute, -1} {
+		runID := strings.Repeat(string(rune('a'+i)), 12)
+		if err := r.Launch(ctx, pods.Launch{ContextID: int64(i + 1), RunID: runID, Kind: "load"}); err != nil {
+			t.Fatal(err)
+		}
+		pod, _ := core.Pods("etl").Get(ctx, PodName(int64(i+1), runID), metav1.GetOptions{})
+		pod.Status.Phase = corev1.PodRunning
+		if ended >= 0 {
+			pod.Status.Phase = corev1.PodSucceeded
+			pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "dama", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{FinishedAt: metav1.NewTime(time.Now().Add(-ended))}}}}
+		}
+		if _, err := core.Pods("etl").UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := r.Prune(ctx); err != nil {
+		t.Fatal(err)
+	}
+	list, err := core.Pods("etl").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	for _, p := range list.Items {
+		left = append(left, p.Name)
+	}
+	// Ended 2h ago (past the kind's 1h): deleted; 10m ago, and running: kept.
+	if !slices.Equal(left, []string{"dama-2-bbbbbbbbbbbb", "dama-3-cccccccccccc"}) {
+		t.Errorf("pods left %v", left)
+	}
+}
+
+func TestATemplateThatWouldBreakOrExposeThePodIsRefused(t *testing.T) {
+	for name, c := range map[string]struct{ spec, want string }{
+		"no task container":   {`{containers: [{name: main, image: x}]}`, "container named task"},
+		"no image":            {`{containers: [{name: task}]}`, "want an image"},
+		"its own command":     {`{containers: [{name: task, image: x, command: [run]}]}`, "kind's command"},
+		"shared processes":    {`{shareProcessNamespace: true, containers: [{name: task, image: x}]}`, "shareProcessNamespace"},
+		"host processes":      {`{hostPID: true, containers: [{name: task, image: x}]}`, "hostPID"},
+		"restarts":            {`{restartPolicy: OnFailure, containers: [{name: task, image: x}]}`, "restartPolicy"},
+		"dama's container":    {`{containers: [{name: task, image: x}, {name: dama, image: y}]}`, "dama's"},
+		"dama's volume":       {`{volumes: [{name: dama-secrets, emptyDir: {}}], containers: [{name: task, image: x}]}`, "dama's"},
+		"over the shim":       {`{volumes: [{name: v, emptyDir: {}}], containers: [{name: task, image: x, volumeMounts: [{name: v, mountPath: /dama-run}]}]}`, "shim"},
+		"a misspelt field":    {`{containers: [{name: task, image: x, imagePullPolicyy: Always}]}`, "unknown field"},
+		"a wrong-typed field": {`{containers: [{name: task, image: [x]}]}`, "PodTemplateSpec"},
+	} {
+		cfg := "log_dir: /l\nkubernetes: {image: d}\nkinds:\n  k: {command: [x], runner: kubernetes, pod: {spec: " + c.spec + "}}\n"
+		parsed, err := config.Parse([]byte(cfg))
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		_, err = NewWith(fakeCore(t), "default", parsed, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.HasPrefix(err.Error(), "kind k: pod: ") {
+			t.Errorf("%s: %v, want an error saying %q", name, err, c.want)
+		}
+	}
+	cfg := "log_dir: /l\nkubernetes: {image: d}\nkinds:\n  k: {command: [x], runner: kubernetes, pod: {metadata: {labels: {dama.dev/run: x}}, spec: {containers: [{name: task, image: x}]}}}\n"
+	parsed, _ := config.Parse([]byte(cfg))
+	if _, err := NewWith(fakeCore(t), "default", parsed, slog.New(slog.NewTextHandler(io.Discard, nil))); err == nil || !strings.Contains(err.Error(), "label dama.dev/run is dama's") {
+		t.Errorf("a label of dama's: %v", err)
+	}
+}

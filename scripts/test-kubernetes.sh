@@ -37,6 +37,8 @@ EOF
 echo "host all all 10.244.0.0/24 scram-sha-256" >> "$DAMA_PG_DIR/data/pg_hba.conf"
 psql "$DAMA_PG_URL" -qc "SELECT pg_reload_conf()" >/dev/null
 
+# A namespace left by a run that was killed goes first.
+kubectl delete namespace "$ns" --ignore-not-found --wait=true --timeout=120s >/dev/null
 kubectl create namespace "$ns" >/dev/null
 kubectl -n "$ns" apply -f - >/dev/null <<EOF
 apiVersion: v1

@@ -186,10 +186,10 @@ func runnerOptions(ctx context.Context, args []string, funcs Funcs) (Options, er
 	return opts, nil
 }
 
-// openLog opens the log file of context id under cfg for appending.
+// openLog opens the log file of context id under cfg for appending, in
+// a pod's log directory, a volume of its dama container alone.
 func openLog(cfg *config.Config, id int64) (*os.File, error) {
-	cfg = cfg.WithDefaults()
-	if err := protocol.PrepareLogDir(cfg.LogDir, ""); err != nil {
+	if err := os.MkdirAll(cfg.LogDir, 0o750); err != nil {
 		return nil, err
 	}
 	return os.OpenFile(protocol.LogPath(cfg.LogDir, id), os.O_WRONLY|os.O_APPEND|os.O_CREATE, protocol.LogFileMode)

@@ -424,12 +424,13 @@ func (r *runner) prepare() error {
 		return fmt.Errorf("kind %s: %w", r.ctx.Kind, err)
 	}
 	r.runAs = id
-	logGroup := cfg.LogGroup
 	if r.shim != nil {
-		// A pod's log directory is its own volume.
-		logGroup = ""
-	}
-	if err := protocol.PrepareLogDir(cfg.LogDir, logGroup); err != nil {
+		// A pod's log directory is a volume of its dama container alone,
+		// whose mode is the kubelet's.
+		if err := os.MkdirAll(cfg.LogDir, 0o750); err != nil {
+			return fmt.Errorf("create the log directory: %w", err)
+		}
+	} else if err := protocol.PrepareLogDir(cfg.LogDir, cfg.LogGroup); err != nil {
 		return err
 	}
 	r.logPath = protocol.LogPath(cfg.LogDir, r.ctx.ID)

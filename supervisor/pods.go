@@ -8,9 +8,12 @@ import (
 	"os"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/internal/etlcontext"
 	"github.com/dama-etl/dama/internal/pods"
+	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 // A kubernetes kind's attempt runs in a pod of its own (Options.Pods):
@@ -53,8 +56,9 @@ func (s *Supervisor) launchPod(ctx context.Context, logger *slog.Logger, c *etlc
 // not recorded its start: errHold while its pod is starting, within the
 // kind's start_timeout of its creation; otherwise the pod is deleted (a
 // task process that would start in it late finds its run taken back and
-// exits), and nil lets the launch be taken back.
-func (s *Supervisor) podStarting(ctx context.Context, logger *slog.Logger, c *etlcontext.Context, k config.Kind) error {
+// exits), why is recorded in a WARNING, once per attempt, and nil lets the
+// launch be taken back in tx.
+func (s *Supervisor) podStarting(ctx context.Context, logger *slog.Logger, tx pgx.Tx, c *etlcontext.Context, k config.Kind) error {
 	st, err := s.opts.Pods.Pod(ctx, c.ID, *c.RunID)
 	if err != nil {
 		return s.transient(logger, err)
@@ -64,14 +68,33 @@ func (s *Supervisor) podStarting(ctx context.Context, logger *slog.Logger, c *et
 	if st.Exists && !st.Over && time.Since(st.Created) < time.Duration(k.StartTimeout) {
 		return errHold
 	}
-	if st.Exists {
-		logger.Warn("the task's pod did not start its command; deleting it and taking the launch back",
-			"start_timeout", k.StartTimeout, "over", st.Over, "reason", st.Reason, "node", st.Node)
-		if err := s.opts.Pods.Delete(ctx, c.ID, *c.RunID); err != nil {
+	if !st.Exists {
+		// Its task process gave the launch back, and it is gone.
+		return nil
+	}
+	why := fmt.Sprintf("its pod did not start the command within start_timeout (%s)", k.StartTimeout)
+	if st.Over {
+		why = "its pod ended before the command started"
+	}
+	if st.Reason != "" {
+		why += ": " + st.Reason
+	}
+	logger.Warn("deleting the task's pod and taking the launch back", "reason", why, "node", st.Node)
+	if err := s.opts.Pods.Delete(ctx, c.ID, *c.RunID); err != nil {
+		return s.transient(logger, err)
+	}
+	reason, _ := etlcontext.CleanText(etlcontext.UnfitPrefix + why)
+	warned, err := etlcontext.WarnedThisAttempt(ctx, tx, c.ID, reason)
+	if err != nil {
+		return s.transient(logger, err)
+	}
+	if !warned {
+		if _, err := etlcontext.Append(ctx, tx, etlcontext.NewEvent{
+			ContextID: c.ID, Type: protocol.EventType(c.Kind, protocol.EventWarning), RunID: c.RunID,
+			Payload: map[string]any{"reason": reason, "host": s.host},
+			Meta:    map[string]any{etlcontext.UnfitHostMeta: reason},
+		}); err != nil {
 			return s.transient(logger, err)
-		}
-		if st.Reason != "" {
-			s.noteLaunchFailure(c.ID, "the task's pod did not start: "+st.Reason)
 		}
 	}
 	return nil

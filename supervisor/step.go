@@ -132,7 +132,7 @@ func (s *Supervisor) settleRunning(ctx context.Context, logger *slog.Logger, tx 
 	id := c.ID
 	if c.PID == nil {
 		if k, ok := s.inPod(c); ok {
-			if err := s.podStarting(ctx, logger, c, k); err != nil {
+			if err := s.podStarting(ctx, logger, tx, c, k); err != nil {
 				return err
 			}
 		}

@@ -3,6 +3,7 @@ package protocol
 import (
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -14,7 +15,14 @@ func TestTheSecretsSocket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := ReadSecrets(int(r.Fd()))
+	// ReadSecrets takes the descriptor: r's own closes first, or its
+	// finalizer would close the number later, whatever holds it then.
+	fd, err := syscall.Dup(int(r.Fd()))
+	r.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := ReadSecrets(fd)
 	if err != nil || !reflect.DeepEqual(got, want) {
 		t.Fatalf("ReadSecrets = %+v, %v; want %+v", got, err, want)
 	}

@@ -40,6 +40,9 @@ func (s *Supervisor) lockedElsewhere(ctx context.Context, logger *slog.Logger, t
 		if c.LockLostAt == nil {
 			s.fence.forget(id)
 		}
+		if c.PID != nil {
+			s.podStarted(id, true)
+		}
 		return errHold
 	}
 	return river.JobSnooze(time.Second)

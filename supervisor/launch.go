@@ -67,7 +67,7 @@ func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcont
 		}()
 	}
 	if _, ok := s.inPod(c); ok {
-		return s.launchPod(ctx, logger, c, run)
+		return s.launchPod(ctx, logger, c, run, lateReady)
 	}
 	if err := protocol.PrepareLogDir(s.cfg.LogDir, s.cfg.LogGroup); err != nil {
 		return 0, err

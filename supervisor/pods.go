@@ -32,7 +32,7 @@ func (s *Supervisor) inPod(c *etlcontext.Context) (config.Kind, bool) {
 // launchPod creates the pod of run of c. Its task process takes the lock
 // when the pod starts, which the watch sees as any other's; until then
 // the step finds the launch starting (podStarting).
-func (s *Supervisor) launchPod(ctx context.Context, logger *slog.Logger, c *etlcontext.Context, run etlcontext.Run) (launchOutcome, error) {
+func (s *Supervisor) launchPod(ctx context.Context, logger *slog.Logger, c *etlcontext.Context, run etlcontext.Run, started func()) (launchOutcome, error) {
 	// The configuration as its file is now: the pod's task process reads
 	// it as a host's would.
 	cfgFile, err := os.ReadFile(s.cfg.Path)
@@ -45,11 +45,27 @@ func (s *Supervisor) launchPod(ctx context.Context, logger *slog.Logger, c *etlc
 	if err != nil {
 		return 0, err
 	}
-	if err := s.opts.Pods.Launch(ctx, pods.Launch{ContextID: c.ID, RunID: run.ID, Attempt: run.Attempt, Kind: c.Kind, Secrets: encoded, Config: cfgFile}); err != nil {
+	if err := s.opts.Pods.Launch(ctx, pods.Launch{ContextID: c.ID, RunID: run.ID, Kind: c.Kind, Secrets: encoded, Config: cfgFile}); err != nil {
 		return 0, err
 	}
 	logger.Info("created the task's pod", "kind", c.Kind)
+	s.mu.Lock()
+	s.podStarts[c.ID] = started
+	s.mu.Unlock()
 	return launchPending, nil
+}
+
+// podStarted counts the attempt of task id started, once, when this
+// supervisor created its pod (launchPod); with ran false, it forgets
+// the launch (taken back, or over) without counting it.
+func (s *Supervisor) podStarted(id int64, ran bool) {
+	s.mu.Lock()
+	started, ok := s.podStarts[id]
+	delete(s.podStarts, id)
+	s.mu.Unlock()
+	if ok && ran {
+		started()
+	}
 }
 
 // podStarting decides a launch of c, of kind k, whose task process has
@@ -68,6 +84,7 @@ func (s *Supervisor) podStarting(ctx context.Context, logger *slog.Logger, tx pg
 	if st.Exists && !st.Over && time.Since(st.Created) < time.Duration(k.StartTimeout) {
 		return errHold
 	}
+	s.podStarted(c.ID, false)
 	if !st.Exists {
 		// Its task process gave the launch back, and it is gone.
 		return nil
@@ -85,6 +102,12 @@ func (s *Supervisor) podStarting(ctx context.Context, logger *slog.Logger, tx pg
 	}
 	reason, _ := etlcontext.CleanText(etlcontext.UnfitPrefix + why)
 	warned, err := etlcontext.WarnedThisAttempt(ctx, tx, c.ID, reason)
+	if err == nil && !warned && st.Over {
+		// Its task process said why, better than the pod's end.
+		var told string
+		told, err = etlcontext.LatestUnfitHost(ctx, tx, c.ID, c.Attempt)
+		warned = told != ""
+	}
 	if err != nil {
 		return s.transient(logger, err)
 	}
@@ -141,6 +164,7 @@ func (s *Supervisor) podPruneLoop(ctx context.Context) {
 // podFinished deletes the pod of c's last run, finished, at once when its
 // kind keeps no finished pod (pod_retention 0s).
 func (s *Supervisor) podFinished(ctx context.Context, logger *slog.Logger, c *etlcontext.Context) {
+	s.podStarted(c.ID, false)
 	if k, ok := s.inPod(c); !ok || c.RunID == nil || *k.PodRetention > 0 {
 		return
 	}

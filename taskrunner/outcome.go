@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/dama-etl/dama/internal/etlcontext"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 )
@@ -125,7 +127,8 @@ func describeExit(err error) string {
 func describeStatus(ws syscall.WaitStatus, oomKills int) string {
 	s := fmt.Sprintf("command exited with code %d", ws.ExitStatus())
 	if ws.Signaled() {
-		s = "command killed by " + ws.Signal().String()
+		// SIGKILL, not Go's "killed": "command killed by killed".
+		s = "command killed by " + unix.SignalName(ws.Signal())
 	}
 	if oomKills > 0 {
 		s += fmt.Sprintf(" (out of memory: the kernel killed %d of its container's processes)", oomKills)

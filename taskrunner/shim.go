@@ -1,7 +1,6 @@
 package taskrunner
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -11,7 +10,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
@@ -25,34 +23,39 @@ import (
 
 // ListenShim listens on path for the shim, readable and writable by the
 // user's container, whichever its user.
+// It is called before the runner starts any goroutine of its own: the
+// socket's mode comes from the process's umask at its creation, rather
+// than a chmod of its path afterwards, which would follow a link put in
+// its place.
 func ListenShim(path string) (*net.UnixListener, error) {
+	old := syscall.Umask(0o111)
 	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	syscall.Umask(old)
 	if err != nil {
 		return nil, fmt.Errorf("listen for the shim: %w", err)
 	}
 	l.SetUnlinkOnClose(true)
-	if err := os.Chmod(path, 0o666); err != nil {
-		l.Close()
-		return nil, fmt.Errorf("listen for the shim: %w", err)
-	}
 	return l, nil
+}
+
+// receive reads the shim's next reply; a descriptor that came with it,
+// which a shim has no reason to send, is closed.
+func receive(c *protocol.ShimConn, reply *protocol.ShimReply) error {
+	fds, err := c.Receive(reply)
+	for _, fd := range fds {
+		syscall.Close(fd)
+	}
+	return err
 }
 
 // awaitShim takes the shim's connection: the first, and the only one, as
 // the socket is removed once it is taken; the command, which can reach
-// the volume, starts only later. It returns false with the runner's exit
-// when the shim did not come.
-func (r *runner) awaitShim() (int, error, bool) {
+// the volume, starts only later. It waits until a signal (the pod's
+// deletion) says the shim will not come, and then returns false with the
+// runner's exit: nothing was recorded, the launch is given back.
+func (r *runner) awaitShim() (int, bool) {
 	l := r.opts.ShimListener
 	defer l.Close()
-	// The user's container may wait for its image meanwhile, for as long
-	// as the kind lets its pod start. A launch whose shim never comes is
-	// given back (unfit), its pod deleted by the supervisor.
-	wait := time.Duration(config.DefaultStartTimeout)
-	if k, ok := r.opts.Config.Kind(r.ctx.Kind); ok && k.StartTimeout > 0 {
-		wait = time.Duration(k.StartTimeout)
-	}
-	_ = l.SetDeadline(time.Now().Add(wait))
 	accepted := make(chan error, 1)
 	go func() {
 		c, err := l.AcceptUnix()
@@ -63,21 +66,20 @@ func (r *runner) awaitShim() (int, error, bool) {
 	}()
 	select {
 	case sig := <-r.signals:
-		// Nothing is recorded yet: the launch is given back.
 		_ = l.SetDeadline(time.Now())
 		if err := <-accepted; err == nil {
 			r.shim.Close()
 			r.shim = nil
 		}
 		r.logger.Info("signalled before the command started: the launch is given back", "signal", sig.String())
-		return protocol.ExitSetup, nil, false
+		return protocol.ExitSetup, false
 	case err := <-accepted:
 		if err != nil {
-			code, err := r.unfit(context.Background(), fmt.Errorf("the task's container did not start dama's shim within %s: %w", wait, err))
-			return code, err, false
+			r.logger.Error("accept dama's shim", "error", err)
+			return protocol.ExitSetup, false
 		}
 	}
-	return 0, nil, true
+	return 0, true
 }
 
 // findInShim finds the command's program in the user's container.
@@ -86,7 +88,7 @@ func (r *runner) findInShim(name string) (string, error) {
 		return "", err
 	}
 	var reply protocol.ShimReply
-	if _, err := r.shim.Receive(&reply); err != nil {
+	if err := receive(r.shim, &reply); err != nil {
 		return "", fmt.Errorf("the shim did not answer: %w", err)
 	}
 	if reply.Error != "" {
@@ -131,7 +133,7 @@ func (r *runner) startInShim(eventsR, eventsW *os.File) (*shimCommand, error) {
 	outW.Close()
 	var reply protocol.ShimReply
 	if err == nil {
-		_, err = r.shim.Receive(&reply)
+		err = receive(r.shim, &reply)
 	}
 	if err == nil && reply.Error != "" {
 		err = errors.New(reply.Error)
@@ -149,7 +151,7 @@ func (r *runner) startInShim(eventsR, eventsW *os.File) (*shimCommand, error) {
 	go func() {
 		var reply protocol.ShimReply
 		for {
-			if _, err := c.conn.Receive(&reply); err != nil {
+			if err := receive(c.conn, &reply); err != nil {
 				c.exited <- errShimGone
 				return
 			}

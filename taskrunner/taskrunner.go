@@ -172,6 +172,16 @@ func (r *runner) checkCancel(ctx context.Context, conn dbConn) error {
 }
 
 func (r *runner) run(ctx context.Context) (int, error) {
+	if r.opts.ShimListener != nil {
+		// Before the lock: a pod whose user's container does not start
+		// (its image cannot be pulled) holds no lock, so that the
+		// supervisor sees it waiting, and deletes it after the kind's
+		// start_timeout.
+		if code, ok := r.awaitShim(); !ok {
+			return code, nil
+		}
+		defer r.shim.Close()
+	}
 	mode := r.opts.LockMode
 	if mode == "" {
 		mode = config.LockModeRow
@@ -232,12 +242,6 @@ func (r *runner) run(ctx context.Context) (int, error) {
 	}
 	r.ctx = c
 	r.w.bind(c.ID, r.opts.RunID, c.Kind)
-	if r.opts.ShimListener != nil {
-		if code, err, ok := r.awaitShim(); !ok {
-			return code, err
-		}
-		defer r.shim.Close()
-	}
 
 	// What this host needs to run the task is checked before the runner
 	// records itself: a launch that fails here is taken back by the

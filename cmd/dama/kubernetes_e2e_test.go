@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -70,6 +71,22 @@ kinds:
           - name: task
             image: dama/task:dev
             resources: {limits: {memory: 64Mi}}
+  hog:
+    queue: etl
+    runner: kubernetes
+    max_attempts: 1
+    command: [sh, -c, 'echo eating; exec dd if=/dev/zero of=/dev/null bs=200M count=1']
+    pod:
+      spec:
+        containers: [{name: task, image: "dama/task:dev", resources: {limits: {memory: 48Mi}}}]
+  missing:
+    queue: etl
+    runner: kubernetes
+    start_timeout: 10s
+    command: ["true"]
+    pod:
+      spec:
+        containers: [{name: task, image: "dama/no-such-image:dev", imagePullPolicy: Never}]
 `
 
 func newKubeWorld(t *testing.T) *kubeWorld {
@@ -243,4 +260,179 @@ func TestARolledSupervisorLeavesItsTasksPodsRunningOnKubernetes(t *testing.T) {
 	if slices.ContainsFunc(jobs, func(s string) bool { return s != "completed" }) || len(jobs) != tasks {
 		t.Errorf("jobs %v, want %d completed", jobs, tasks)
 	}
+}
+
+// TestWhatKubernetesAddsOnKubernetes: a pod that cannot start, a command
+// out of memory, a cancel, a deleted pod.
+func TestWhatKubernetesAddsOnKubernetes(t *testing.T) {
+	w := newKubeWorld(t)
+	w.deploy()
+	ctx := context.Background()
+	submit := func(kind string, args ...string) int64 {
+		return testenv.Atoi(t, w.Dama(w.cfg, append([]string{"submit", kind}, args...)...).Stdout)
+	}
+	missing := submit("missing")
+	hog := submit("hog")
+	cancelled := submit("sleeper", "--args", `{"seconds": 600}`)
+	deleted := submit("sleeper", "--args", `{"seconds": 600}`)
+	running := func(id int64, attempt int) etlcontext.Task {
+		return w.WaitForTask(id, 3*time.Minute, fmt.Sprintf("running attempt %d in its pod", attempt), func(task etlcontext.Task) bool {
+			return task.Status == etlcontext.StatusRunning && task.InitialEventLocked && task.PID != nil && task.Attempt == attempt
+		})
+	}
+	eventReason := func(id int64, suffix string) string {
+		var reason string
+		_ = w.Pool.QueryRow(ctx, `SELECT coalesce(string_agg(payload->>'reason', ' | '), '') FROM data_manager.event_store WHERE etl_context_id = $1 AND type LIKE '%:' || $2`, id, suffix).Scan(&reason)
+		return reason
+	}
+
+	t.Run("a pod that cannot start is deleted, its launch given back", func(t *testing.T) {
+		testenv.Eventually(t, 2*time.Minute, "the WARNING of a pod that did not start", func() (bool, error) {
+			r := eventReason(missing, "WARNING")
+			return strings.Contains(r, "ErrImageNeverPull"), fmt.Errorf("warnings: %q", r)
+		})
+		task := w.WaitForTask(missing, time.Minute, "its launch given back", func(task etlcontext.Task) bool { return task.Status == etlcontext.StatusQueued })
+		if task.Attempt != 0 {
+			t.Errorf("attempt %d: a launch that never ran spent an attempt", task.Attempt)
+		}
+		t.Logf("warning: %s", eventReason(missing, "WARNING"))
+		if res := w.Dama(w.cfg, "cancel", strconv.FormatInt(missing, 10)); res.Code != 0 {
+			t.Fatalf("cancel: %d %s", res.Code, res.Stderr)
+		}
+		w.WaitForTask(missing, 2*time.Minute, "CANCELLED", func(task etlcontext.Task) bool { return task.Status == etlcontext.StatusCancelled })
+	})
+
+	t.Run("a command out of memory says so", func(t *testing.T) {
+		task := w.WaitForTask(hog, 3*time.Minute, "FAILED", func(task etlcontext.Task) bool { return task.Status.Finished() })
+		if r := eventReason(hog, "ERROR"); task.Status != etlcontext.StatusFailed || !strings.Contains(r, "out of memory") {
+			t.Errorf("%s: ERROR %q, want FAILED out of memory", task.Status, r)
+		} else {
+			t.Logf("reason: %s", r)
+		}
+	})
+
+	t.Run("cancel stops the command and the pod completes", func(t *testing.T) {
+		running(cancelled, 1)
+		if res := w.Dama(w.cfg, "cancel", strconv.FormatInt(cancelled, 10)); res.Code != 0 {
+			t.Fatalf("cancel: %d %s", res.Code, res.Stderr)
+		}
+		w.WaitForTask(cancelled, 2*time.Minute, "CANCELLED", func(task etlcontext.Task) bool { return task.Status == etlcontext.StatusCancelled })
+		pods := w.taskPods(cancelled)
+		if len(pods) != 1 {
+			t.Fatalf("pods %v", pods)
+		}
+		testenv.Eventually(t, time.Minute, "the cancelled task's pod to complete", func() (bool, error) {
+			pod, err := w.core.Pods(w.ns).Get(ctx, pods[0], metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			return pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed, fmt.Errorf("phase %s", pod.Status.Phase)
+		})
+	})
+
+	t.Run("a deleted pod's task is retried in a new pod", func(t *testing.T) {
+		first := running(deleted, 1)
+		pods := w.taskPods(deleted)
+		if len(pods) != 1 {
+			t.Fatalf("pods %v", pods)
+		}
+		if out, err := w.kubectl("delete", "pod", pods[0], "--wait=false"); err != nil {
+			t.Fatalf("delete pod: %v\n%s", err, out)
+		}
+		second := running(deleted, 2)
+		if *second.RunID == *first.RunID {
+			t.Error("the retry runs under the first attempt's run")
+		}
+		t.Logf("attempt 1 ended: %s", eventReason(deleted, "ERROR"))
+		if res := w.Dama(w.cfg, "cancel", strconv.FormatInt(deleted, 10)); res.Code != 0 {
+			t.Fatalf("cancel: %d %s", res.Code, res.Stderr)
+		}
+		w.WaitForTask(deleted, 2*time.Minute, "CANCELLED", func(task etlcontext.Task) bool { return task.Status == etlcontext.StatusCancelled })
+	})
+}
+
+// TestPodStartFiguresOnKubernetes measures a task's pod from its creation
+// to its lock held, beside a bare pod of the same image from its
+// creation to its container running, both as this test sees them (the
+// API's watch, the database polled every 10ms), one pod at a time.
+func TestPodStartFiguresOnKubernetes(t *testing.T) {
+	w := newKubeWorld(t)
+	w.deploy()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	watcher, err := w.core.Pods(w.ns).Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watcher.Stop()
+	type seen struct{ added, running time.Time }
+	var mu sync.Mutex
+	pods := map[string]*seen{}
+	go func() {
+		for ev := range watcher.ResultChan() {
+			pod, ok := ev.Object.(*corev1.Pod)
+			if !ok {
+				continue
+			}
+			now := time.Now()
+			mu.Lock()
+			p := pods[pod.Name]
+			if p == nil {
+				p = &seen{added: now}
+				pods[pod.Name] = p
+			}
+			for _, c := range pod.Status.ContainerStatuses {
+				if (c.Name == "main" || c.Name == "dama") && c.State.Running != nil && p.running.IsZero() {
+					p.running = now
+				}
+			}
+			mu.Unlock()
+		}
+	}()
+	get := func(name string) seen {
+		mu.Lock()
+		defer mu.Unlock()
+		if p := pods[name]; p != nil {
+			return *p
+		}
+		return seen{}
+	}
+	const n = 5
+	var bare, task []time.Duration
+	for i := range n {
+		name := fmt.Sprintf("bare-%d", i)
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.PodSpec{
+			RestartPolicy: corev1.RestartPolicyNever, AutomountServiceAccountToken: new(false),
+			Containers: []corev1.Container{{Name: "main", Image: "dama/task:dev", Command: []string{"sleep", "2"}}},
+		}}
+		if _, err := w.core.Pods(w.ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, time.Minute, name+" running", func() (bool, error) { return !get(name).running.IsZero(), nil })
+		bare = append(bare, get(name).running.Sub(get(name).added))
+	}
+	for range n {
+		id := testenv.Atoi(t, w.Dama(w.cfg, "submit", "sleeper", "--args", `{"seconds": 1}`).Stdout)
+		var name string
+		testenv.Eventually(t, time.Minute, "the task's pod", func() (bool, error) {
+			if names := w.taskPods(id); len(names) == 1 {
+				name = names[0]
+			}
+			return name != "" && !get(name).added.IsZero(), nil
+		})
+		var locked time.Time
+		testenv.Eventually(t, time.Minute, "the task's lock", func() (bool, error) {
+			var ok bool
+			err := w.Pool.QueryRow(ctx, `SELECT pid IS NOT NULL FROM data_manager.etl_contexts WHERE etl_context_id = $1`, id).Scan(&ok)
+			locked = time.Now()
+			return ok, err
+		})
+		task = append(task, locked.Sub(get(name).added))
+		w.WaitForTask(id, time.Minute, "DONE", func(task etlcontext.Task) bool { return task.Status.Finished() })
+	}
+	slices.Sort(bare)
+	slices.Sort(task)
+	t.Logf("pod creation to running, a bare pod: p50 %s (min %s, max %s); to the lock held, a task's pod: p50 %s (min %s, max %s); %d each",
+		bare[n/2].Round(time.Millisecond), bare[0].Round(time.Millisecond), bare[n-1].Round(time.Millisecond),
+		task[n/2].Round(time.Millisecond), task[0].Round(time.Millisecond), task[n-1].Round(time.Millisecond), n)
 }

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -73,10 +74,11 @@ type Runner struct {
 
 // kind is what a kubernetes kind's pods are made from.
 type kind struct {
-	template  corev1.PodTemplateSpec
-	lockMode  config.LockMode
-	killGrace time.Duration
-	retention time.Duration
+	template     corev1.PodTemplateSpec
+	lockMode     config.LockMode
+	killGrace    time.Duration
+	retention    time.Duration
+	startTimeout time.Duration
 }
 
 var _ pods.Runner = (*Runner)(nil)
@@ -89,6 +91,9 @@ func New(cfg *config.Config, logger *slog.Logger) (*Runner, error) {
 	if err != nil {
 		return nil, err
 	}
+	// client-go's default, 5 requests a second, would make a burst of
+	// launches wait on the client.
+	rc.QPS, rc.Burst = 50, 100
 	core, err := corev1client.NewForConfig(rc)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
@@ -133,7 +138,7 @@ func NewWith(core corev1client.CoreV1Interface, namespace string, cfg *config.Co
 		if err != nil {
 			return nil, fmt.Errorf("kind %s: pod: %w", name, err)
 		}
-		r.kinds[name] = kind{template: t, lockMode: k.LockMode, killGrace: time.Duration(*k.KillGrace), retention: time.Duration(*k.PodRetention)}
+		r.kinds[name] = kind{template: t, lockMode: k.LockMode, killGrace: time.Duration(*k.KillGrace), retention: time.Duration(*k.PodRetention), startTimeout: time.Duration(k.StartTimeout)}
 	}
 	return r, nil
 }
@@ -176,15 +181,8 @@ func parseTemplate(raw []byte) (corev1.PodTemplateSpec, error) {
 	case spec.RestartPolicy != "" && spec.RestartPolicy != corev1.RestartPolicyNever:
 		return t, fmt.Errorf("restartPolicy %s: a task's pod runs once (Never): a retry is a new pod", spec.RestartPolicy)
 	}
-	for _, v := range spec.Volumes {
-		if v.Name == volumeRun || v.Name == volumeSecrets || v.Name == volumeLogs {
-			return t, fmt.Errorf("volume name %s is dama's", v.Name)
-		}
-	}
-	for _, m := range task.VolumeMounts {
-		if m.MountPath == runDir || strings.HasPrefix(m.MountPath, runDir+"/") {
-			return t, fmt.Errorf("containers.task: %s is where dama's shim is", runDir)
-		}
+	if err := checkIsolation(spec, task); err != nil {
+		return t, err
 	}
 	for l := range t.Labels {
 		if l == LabelManagedBy || strings.HasPrefix(l, "dama.dev/") {
@@ -193,6 +191,67 @@ func parseTemplate(raw []byte) (corev1.PodTemplateSpec, error) {
 	}
 	return t, nil
 }
+
+// checkIsolation refuses what would let a process of the pod other than
+// dama's reach dama's volumes (the Secret, the shim's socket and
+// program), run before the shim in the task's container, or leave the
+// isolation of the Baseline Pod Security Standard, through which it could
+// reach dama's container.
+func checkIsolation(spec *corev1.PodSpec, task *corev1.Container) error {
+	dama := func(name string) bool { return name == volumeRun || name == volumeSecrets || name == volumeLogs }
+	switch {
+	case spec.HostNetwork, spec.HostIPC:
+		return errors.New("hostNetwork and hostIPC would share the node's with the command")
+	case task.Lifecycle != nil, task.LivenessProbe != nil, task.ReadinessProbe != nil, task.StartupProbe != nil:
+		// A hook or a probe runs in the task's container before the
+		// command, beside the shim: it could take the shim's place.
+		return errors.New("containers.task: lifecycle hooks and probes would run beside dama's shim; a task's container has none")
+	}
+	for _, v := range spec.Volumes {
+		switch {
+		case dama(v.Name):
+			return fmt.Errorf("volume name %s is dama's", v.Name)
+		case v.HostPath != nil:
+			return fmt.Errorf("volume %s: a hostPath reaches the node's files, the kubelet's copy of dama's Secret among them", v.Name)
+		}
+	}
+	var all []corev1.Container
+	all = append(append(all, spec.InitContainers...), spec.Containers...)
+	for _, c := range spec.EphemeralContainers {
+		all = append(all, corev1.Container(c.EphemeralContainerCommon))
+	}
+	for _, c := range all {
+		for _, m := range c.VolumeMounts {
+			if dama(m.Name) || m.MountPath == runDir || strings.HasPrefix(m.MountPath, runDir+"/") {
+				return fmt.Errorf("container %s: mounts %s at %s, which are dama's", c.Name, m.Name, m.MountPath)
+			}
+		}
+		for _, d := range c.VolumeDevices {
+			if dama(d.Name) {
+				return fmt.Errorf("container %s: volume %s is dama's", c.Name, d.Name)
+			}
+		}
+		if sc := c.SecurityContext; sc != nil {
+			switch {
+			case sc.Privileged != nil && *sc.Privileged:
+				return fmt.Errorf("container %s: privileged would reach every process of the node", c.Name)
+			case sc.ProcMount != nil && *sc.ProcMount == corev1.UnmaskedProcMount:
+				return fmt.Errorf("container %s: an unmasked /proc", c.Name)
+			case sc.Capabilities != nil:
+				for _, capability := range sc.Capabilities.Add {
+					if !slices.Contains(baselineCapabilities, strings.TrimPrefix(strings.ToUpper(string(capability)), "CAP_")) {
+						return fmt.Errorf("container %s: capability %s, beyond the Baseline Pod Security Standard's", c.Name, capability)
+					}
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// baselineCapabilities are those the Baseline Pod Security Standard lets
+// a container add.
+var baselineCapabilities = []string{"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}
 
 // PodName is the name of the pod of run runID of task id.
 func PodName(id int64, runID string) string {
@@ -335,7 +394,16 @@ func (r *Runner) Launch(ctx context.Context, l pods.Launch) error {
 		Immutable: new(true),
 		Data:      map[string][]byte{secretsKey: l.Secrets, configKey: l.Config},
 	}
-	if _, err := r.core.Secrets(r.namespace).Create(ctx, secret, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	_, err = r.core.Secrets(r.namespace).Create(ctx, secret, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		// This launch's, made again; not one someone else put there.
+		var got *corev1.Secret
+		if got, err = r.core.Secrets(r.namespace).Get(ctx, secret.Name, metav1.GetOptions{}); err == nil &&
+			(got.Labels[LabelRun] != l.RunID || len(got.OwnerReferences) != 1 || got.OwnerReferences[0].UID != created.UID) {
+			err = fmt.Errorf("secret %s is not this launch's", secret.Name)
+		}
+	}
+	if err != nil {
 		// A pod without its Secret would wait for it forever.
 		if derr := r.delete(context.WithoutCancel(ctx), pod.Name); derr != nil {
 			err = errors.Join(err, derr)
@@ -361,10 +429,22 @@ func (r *Runner) Pod(ctx context.Context, id int64, runID string) (pods.State, e
 // stateOf is what pod's status says.
 func stateOf(pod *corev1.Pod) pods.State {
 	st := pods.State{Exists: true, Created: pod.CreationTimestamp.Time, Node: pod.Spec.NodeName}
-	st.Over = pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
-	for _, c := range pod.Status.ContainerStatuses {
+	// The phase alone is not the kubelet's word: the pod garbage
+	// collector marks Failed the pods of a node that was deleted, whose
+	// containers may run on; each container's status is the kubelet's.
+	st.Over = (pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed) &&
+		len(pod.Status.ContainerStatuses) == len(pod.Spec.Containers)
+	for _, c := range append(slices.Clone(pod.Status.InitContainerStatuses), pod.Status.ContainerStatuses...) {
+		if c.State.Terminated == nil {
+			st.Over = false
+		}
 		if c.Name == containerDama && (c.State.Running != nil || c.State.Terminated != nil) {
 			st.Started = true
+		}
+	}
+	for _, cond := range pod.Status.Conditions {
+		if cond.Type == corev1.DisruptionTarget && cond.Status == corev1.ConditionTrue && cond.Reason == "DeletionByPodGC" {
+			st.Over = false
 		}
 	}
 	st.Reason = reasonOf(pod)
@@ -424,10 +504,22 @@ func (r *Runner) Prune(ctx context.Context) error {
 	for i := range list.Items {
 		pod := &list.Items[i]
 		k, ok := r.kinds[pod.Labels[LabelKind]]
-		if !ok || pod.DeletionTimestamp != nil || (pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed) {
+		if !ok || pod.DeletionTimestamp != nil {
 			continue
 		}
-		if time.Since(endOf(pod)) < k.retention {
+		st := stateOf(pod)
+		switch {
+		case !st.Over && !st.Started && time.Since(st.Created) > k.startTimeout:
+			// A pod left by a launch taken back (a creation that landed
+			// after its step gave up on it): its task process never
+			// started, and no longer can.
+		case !st.Over:
+			continue
+		case time.Since(endOf(pod)) < max(k.retention, recordDeath):
+			// The step that records a death without an outcome reads
+			// Kubernetes' reason from the pod: kept a little while for
+			// it even at pod_retention 0s (which the step's own deletion
+			// serves otherwise).
 			continue
 		}
 		if err := r.delete(ctx, pod.Name); err != nil {
@@ -436,6 +528,10 @@ func (r *Runner) Prune(ctx context.Context) error {
 	}
 	return errors.Join(errs...)
 }
+
+// recordDeath is how long a finished pod is kept at the least, for the
+// step that records its attempt's death to read why it ended.
+const recordDeath = 10 * time.Minute
 
 // endOf is when the last of pod's containers ended, or its creation when
 // none says.

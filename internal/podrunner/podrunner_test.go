@@ -79,7 +79,7 @@ func newTestRunner(t *testing.T, yaml string) (*Runner, *fakecorev1.FakeCoreV1) 
 func TestALaunchIsAPodWithDamasContainersAndASecretItOwns(t *testing.T) {
 	r, core := newTestRunner(t, testConfig)
 	ctx := context.Background()
-	l := pods.Launch{ContextID: 42, RunID: "7f3c9a12-0b1e-4c55-9d0e-2a6f1e8b4c01", Attempt: 1, Kind: "load", Secrets: []byte("s\x00"), Config: []byte("log_dir: /l")}
+	l := pods.Launch{ContextID: 42, RunID: "7f3c9a12-0b1e-4c55-9d0e-2a6f1e8b4c01", Kind: "load", Secrets: []byte("s\x00"), Config: []byte("log_dir: /l")}
 	if err := r.Launch(ctx, l); err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +185,16 @@ func TestAPodsStateSaysWhyItWaitsOrEnded(t *testing.T) {
 			{Name: "dama", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{Reason: "Error", ExitCode: 102}}},
 			{Name: "task", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{Reason: "OOMKilled", ExitCode: 137}}},
 		}}, "container task OOMKilled (exit code 137)", true, true},
-		{"evicted", corev1.PodStatus{Phase: corev1.PodFailed, Reason: "Evicted", Message: "The node was low on resource: memory."}, "Evicted: The node was low on resource: memory.", false, true},
+		{"evicted", corev1.PodStatus{Phase: corev1.PodFailed, Reason: "Evicted", Message: "The node was low on resource: memory.", ContainerStatuses: []corev1.ContainerStatus{
+			{Name: "dama", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{Reason: "Error", ExitCode: 102}}},
+			{Name: "task", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{Reason: "Error", ExitCode: 143}}},
+		}}, "Evicted: The node was low on resource: memory.", true, true},
+		// The pod garbage collector's Failed, for a node that was
+		// deleted: its containers may run on.
+		{"node deleted", corev1.PodStatus{Phase: corev1.PodFailed, Conditions: []corev1.PodCondition{{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue, Reason: "DeletionByPodGC"}}, ContainerStatuses: []corev1.ContainerStatus{
+			{Name: "dama", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}},
+			{Name: "task", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}},
+		}}, "", true, false},
 	} {
 		set(c.status)
 		st, err := r.Pod(ctx, 7, runID)
@@ -210,17 +219,30 @@ func TestAPodsStateSaysWhyItWaitsOrEnded(t *testing.T) {
 func TestPruneDeletesThePodsPastTheirRetention(t *testing.T) {
 	r, core := newTestRunner(t, testConfig)
 	ctx := context.Background()
-	for i, ended := range []time.Duration{2 * time.Hour, 10 * time.Minute, -1} {
+	terminated := func(ended time.Duration) []corev1.ContainerStatus {
+		at := metav1.NewTime(time.Now().Add(-ended))
+		return []corev1.ContainerStatus{
+			{Name: "dama", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{FinishedAt: at}}},
+			{Name: "task", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{FinishedAt: at}}},
+		}
+	}
+	for i, status := range []corev1.PodStatus{
+		// Ended 2h ago, past the kind's 1h: deleted.
+		{Phase: corev1.PodSucceeded, ContainerStatuses: terminated(2 * time.Hour)},
+		// Ended 10m ago: kept.
+		{Phase: corev1.PodFailed, ContainerStatuses: terminated(10 * time.Minute)},
+		// Running: kept.
+		{Phase: corev1.PodRunning, ContainerStatuses: []corev1.ContainerStatus{{Name: "dama", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}},
+		// Created long ago (the fake sets no creation time) and never
+		// started: a launch taken back left it; deleted.
+		{Phase: corev1.PodPending},
+	} {
 		runID := strings.Repeat(string(rune('a'+i)), 12)
 		if err := r.Launch(ctx, pods.Launch{ContextID: int64(i + 1), RunID: runID, Kind: "load"}); err != nil {
 			t.Fatal(err)
 		}
 		pod, _ := core.Pods("etl").Get(ctx, PodName(int64(i+1), runID), metav1.GetOptions{})
-		pod.Status.Phase = corev1.PodRunning
-		if ended >= 0 {
-			pod.Status.Phase = corev1.PodSucceeded
-			pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "dama", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{FinishedAt: metav1.NewTime(time.Now().Add(-ended))}}}}
-		}
+		pod.Status = status
 		if _, err := core.Pods("etl").UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -236,7 +258,6 @@ func TestPruneDeletesThePodsPastTheirRetention(t *testing.T) {
 	for _, p := range list.Items {
 		left = append(left, p.Name)
 	}
-	// Ended 2h ago (past the kind's 1h): deleted; 10m ago, and running: kept.
 	if !slices.Equal(left, []string{"dama-2-bbbbbbbbbbbb", "dama-3-cccccccccccc"}) {
 		t.Errorf("pods left %v", left)
 	}
@@ -244,17 +265,26 @@ func TestPruneDeletesThePodsPastTheirRetention(t *testing.T) {
 
 func TestATemplateThatWouldBreakOrExposeThePodIsRefused(t *testing.T) {
 	for name, c := range map[string]struct{ spec, want string }{
-		"no task container":   {`{containers: [{name: main, image: x}]}`, "container named task"},
-		"no image":            {`{containers: [{name: task}]}`, "want an image"},
-		"its own command":     {`{containers: [{name: task, image: x, command: [run]}]}`, "kind's command"},
-		"shared processes":    {`{shareProcessNamespace: true, containers: [{name: task, image: x}]}`, "shareProcessNamespace"},
-		"host processes":      {`{hostPID: true, containers: [{name: task, image: x}]}`, "hostPID"},
-		"restarts":            {`{restartPolicy: OnFailure, containers: [{name: task, image: x}]}`, "restartPolicy"},
-		"dama's container":    {`{containers: [{name: task, image: x}, {name: dama, image: y}]}`, "dama's"},
-		"dama's volume":       {`{volumes: [{name: dama-secrets, emptyDir: {}}], containers: [{name: task, image: x}]}`, "dama's"},
-		"over the shim":       {`{volumes: [{name: v, emptyDir: {}}], containers: [{name: task, image: x, volumeMounts: [{name: v, mountPath: /dama-run}]}]}`, "shim"},
-		"a misspelt field":    {`{containers: [{name: task, image: x, imagePullPolicyy: Always}]}`, "unknown field"},
-		"a wrong-typed field": {`{containers: [{name: task, image: [x]}]}`, "PodTemplateSpec"},
+		"no task container":      {`{containers: [{name: main, image: x}]}`, "container named task"},
+		"no image":               {`{containers: [{name: task}]}`, "want an image"},
+		"its own command":        {`{containers: [{name: task, image: x, command: [run]}]}`, "kind's command"},
+		"shared processes":       {`{shareProcessNamespace: true, containers: [{name: task, image: x}]}`, "shareProcessNamespace"},
+		"host processes":         {`{hostPID: true, containers: [{name: task, image: x}]}`, "hostPID"},
+		"restarts":               {`{restartPolicy: OnFailure, containers: [{name: task, image: x}]}`, "restartPolicy"},
+		"dama's container":       {`{containers: [{name: task, image: x}, {name: dama, image: y}]}`, "dama's"},
+		"dama's volume":          {`{volumes: [{name: dama-secrets, emptyDir: {}}], containers: [{name: task, image: x}]}`, "dama's"},
+		"over the shim":          {`{volumes: [{name: v, emptyDir: {}}], containers: [{name: task, image: x, volumeMounts: [{name: v, mountPath: /dama-run}]}]}`, "dama's"},
+		"a misspelt field":       {`{containers: [{name: task, image: x, imagePullPolicyy: Always}]}`, "unknown field"},
+		"a wrong-typed field":    {`{containers: [{name: task, image: [x]}]}`, "PodTemplateSpec"},
+		"mounts the Secret":      {`{containers: [{name: task, image: x, volumeMounts: [{name: dama-secrets, mountPath: /s}]}]}`, "dama's"},
+		"a sidecar on /dama-run": {`{containers: [{name: task, image: x}, {name: side, image: y, volumeMounts: [{name: dama-run, mountPath: /r}]}]}`, "dama's"},
+		"an init on the shim":    {`{initContainers: [{name: i, image: y, volumeMounts: [{name: dama-run, mountPath: /r}]}], containers: [{name: task, image: x}]}`, "dama's"},
+		"a hook":                 {`{containers: [{name: task, image: x, lifecycle: {postStart: {exec: {command: [sh]}}}}]}`, "hooks and probes"},
+		"a probe":                {`{containers: [{name: task, image: x, livenessProbe: {exec: {command: [sh]}}}]}`, "hooks and probes"},
+		"the node's files":       {`{volumes: [{name: n, hostPath: {path: /var/lib/kubelet}}], containers: [{name: task, image: x}]}`, "hostPath"},
+		"privileged":             {`{containers: [{name: task, image: x, securityContext: {privileged: true}}]}`, "privileged"},
+		"ptrace":                 {`{containers: [{name: task, image: x, securityContext: {capabilities: {add: [SYS_PTRACE]}}}]}`, "SYS_PTRACE"},
+		"the node's network":     {`{hostNetwork: true, containers: [{name: task, image: x}]}`, "hostNetwork"},
 	} {
 		cfg := "log_dir: /l\nkubernetes: {image: d}\nkinds:\n  k: {command: [x], runner: kubernetes, pod: {spec: " + c.spec + "}}\n"
 		parsed, err := config.Parse([]byte(cfg))

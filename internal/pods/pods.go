@@ -14,7 +14,6 @@ import (
 type Launch struct {
 	ContextID int64
 	RunID     string
-	Attempt   int
 	Kind      string
 	// Secrets is what the pod's task process reads from its secrets file
 	// (protocol.Secrets.Encode), and Config the configuration it runs

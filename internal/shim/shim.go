@@ -52,6 +52,9 @@ type Options struct {
 // the signal's number when a signal killed it), or ExitSetup or
 // ExitNoCommand.
 func Run(ctx context.Context, opts Options) int {
+	// The command runs as this process's user: it must not trace it,
+	// take its socket or make it report another exit.
+	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
 	if os.Getpid() != 1 {
 		// Only the first process of a PID namespace takes every process
 		// of the container with it, which is what lets the task process
@@ -164,7 +167,7 @@ func (s *shim) serve(stopping, children <-chan os.Signal) int {
 				requests, s.gone = nil, true
 				go func() { _, _ = io.Copy(io.Discard, s.eventsR) }()
 				go func() { _, _ = io.Copy(os.Stdout, s.outputR) }()
-				_ = syscall.Kill(-s.pid, syscall.SIGTERM)
+				signalAll(syscall.SIGTERM)
 				killTimer = time.After(killGrace)
 				continue
 			}
@@ -173,7 +176,7 @@ func (s *shim) serve(stopping, children <-chan os.Signal) int {
 				return ExitSetup
 			}
 		case <-killTimer:
-			_ = syscall.Kill(-s.pid, syscall.SIGKILL)
+			signalAll(syscall.SIGKILL)
 		}
 	}
 }
@@ -208,7 +211,7 @@ func (s *shim) handle(r received, killGrace *time.Duration) error {
 		return s.conn.Send(protocol.ShimReply{Started: pid})
 	case req.Signal == syscall.SIGTERM || req.Signal == syscall.SIGKILL:
 		if s.pid > 0 && !s.exited {
-			_ = syscall.Kill(-s.pid, req.Signal)
+			signalAll(req.Signal)
 		}
 		return nil
 	}
@@ -278,12 +281,16 @@ func (s *shim) reap() {
 	}
 }
 
+// signalAll sends sig to every process of the container but the shim:
+// from the first process of a PID namespace, -1 names them all, whatever
+// group or session they moved to.
+func signalAll(sig syscall.Signal) { _ = syscall.Kill(-1, sig) }
+
 // end stops every other process of the container once the command
 // exited, waits for them, tells the task process how the command ended,
 // and returns the shim's exit code.
 func (s *shim) end() int {
-	// From the first process of the namespace, -1 is every other one.
-	_ = syscall.Kill(-1, syscall.SIGKILL)
+	signalAll(syscall.SIGKILL)
 	for {
 		if _, err := syscall.Wait4(-1, nil, 0, nil); errors.Is(err, syscall.ECHILD) {
 			break

@@ -237,7 +237,13 @@ func (w *commandWatch) wait(exited <-chan error) error {
 			w.graceTimer = nil
 			w.stop(fmt.Sprintf("the lock was not taken again within reconnect_grace (%s)", *r.opts.Config.ReconnectGrace), protocol.ExitLockLost)
 		case sig := <-signals:
-			w.stop("runner received "+sig.String(), protocol.ExitFailed)
+			reason := "runner received " + sig.String()
+			if r.shim != nil {
+				// Only the kubelet signals a pod's task process, in its
+				// own PID namespace: the pod is being stopped.
+				reason = "its pod is stopping (deleted, evicted, or its node drained): the task process received " + sig.String()
+			}
+			w.stop(reason, protocol.ExitFailed)
 		}
 	}
 }

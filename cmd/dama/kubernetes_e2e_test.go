@@ -17,8 +17,12 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	policyv1client "k8s.io/client-go/kubernetes/typed/policy/v1"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/dama-etl/dama/internal/etlcontext"
@@ -38,8 +42,9 @@ const (
 
 type kubeWorld struct {
 	*testenv.Env
-	ns   string
-	core corev1client.CoreV1Interface
+	ns     string
+	core   corev1client.CoreV1Interface
+	policy policyv1client.PolicyV1Interface
 	// cfg is the configuration on this host (dama submit, logs); the
 	// supervisor's pod has the same in its ConfigMap.
 	cfg string
@@ -79,6 +84,20 @@ kinds:
     pod:
       spec:
         containers: [{name: task, image: "dama/task:dev", resources: {limits: {memory: 48Mi}}}]
+  resumable:
+    queue: etl
+    runner: kubernetes
+    max_attempts: 3
+    command:
+      - sh
+      - -c
+      - |
+        echo "attempt $DAMA_ATTEMPT from checkpoint [$DAMA_CHECKPOINT]"
+        echo '{"type": "checkpoint", "payload": {"done": 1}}' >&3
+        while :; do sleep 0.2; done
+    pod:
+      spec:
+        containers: [{name: task, image: "dama/task:dev"}]
   missing:
     queue: etl
     runner: kubernetes
@@ -103,7 +122,11 @@ func newKubeWorld(t *testing.T) *kubeWorld {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &kubeWorld{Env: env, core: core, ns: "dama-e2e-" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36)}
+	policy, err := policyv1client.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &kubeWorld{Env: env, core: core, policy: policy, ns: "dama-e2e-" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36)}
 	w.cfg = env.WriteConfig(strings.Replace(kubeConfig, "log_dir: /var/log/dama", "log_dir: "+filepath.Join(env.Dir, "logs"), 1))
 	ctx := context.Background()
 	if _, err := core.Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: w.ns}}, metav1.CreateOptions{}); err != nil {
@@ -217,13 +240,32 @@ func TestARolledSupervisorLeavesItsTasksPodsRunningOnKubernetes(t *testing.T) {
 			return task.Status == etlcontext.StatusRunning && task.InitialEventLocked && task.PID != nil
 		})
 	}
+	// Each running pod's server connections, by name.
+	var conns int
+	if err := w.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name LIKE 'dama-task%'`).Scan(&conns); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d running pods hold %d server connections (lock mode row)", tasks, conns)
 	for i := range 3 {
 		began := time.Now()
+		var dbBegan time.Time
+		if err := w.Pool.QueryRow(context.Background(), `SELECT now()`).Scan(&dbBegan); err != nil {
+			t.Fatal(err)
+		}
 		if out, err := w.kubectl("rollout", "restart", "deployment/dama-supervisor"); err != nil {
 			t.Fatalf("rollout restart: %v\n%s", err, out)
 		}
 		w.rolledOut()
-		t.Logf("roll %d: rolled out in %s", i+1, time.Since(began).Round(time.Millisecond))
+		rolled := time.Since(began)
+		// Adopted: each task's job fetched again since the roll began,
+		// by the new supervisor, and held.
+		testenv.Eventually(t, 2*time.Minute, "the tasks adopted", func() (bool, error) {
+			var n int
+			err := w.Pool.QueryRow(context.Background(), `SELECT count(*) FROM data_manager.etl_contexts c JOIN river_job j ON j.id = c.river_job_id
+				WHERE c.etl_context_id = ANY($1) AND j.state = 'running' AND j.attempted_at > $2`, ids, dbBegan).Scan(&n)
+			return n == tasks, fmt.Errorf("%d of %d adopted (%v)", n, tasks, err)
+		})
+		t.Logf("roll %d: rolled out in %s, every task adopted %s after the roll began", i+1, rolled.Round(time.Millisecond), time.Since(began).Round(time.Millisecond))
 		for _, id := range ids {
 			if task := w.WaitForTask(id, time.Minute, "", func(etlcontext.Task) bool { return true }); task.Status != etlcontext.StatusRunning || !task.InitialEventLocked {
 				t.Fatalf("roll %d: task %d is %s (locked %t)", i+1, id, task.Status, task.InitialEventLocked)
@@ -271,6 +313,7 @@ func TestWhatKubernetesAddsOnKubernetes(t *testing.T) {
 	submit := func(kind string, args ...string) int64 {
 		return testenv.Atoi(t, w.Dama(w.cfg, append([]string{"submit", kind}, args...)...).Stdout)
 	}
+	resumable := submit("resumable")
 	missing := submit("missing")
 	hog := submit("hog")
 	cancelled := submit("sleeper", "--args", `{"seconds": 600}`)
@@ -328,6 +371,64 @@ func TestWhatKubernetesAddsOnKubernetes(t *testing.T) {
 			}
 			return pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed, fmt.Errorf("phase %s", pod.Status.Phase)
 		})
+	})
+
+	t.Run("a budget keeps evictions off; an evicted task resumes from its checkpoint", func(t *testing.T) {
+		running(resumable, 1)
+		testenv.Eventually(t, time.Minute, "the checkpoint stored", func() (bool, error) {
+			var n int
+			err := w.Pool.QueryRow(ctx, `SELECT count(*) FROM data_manager.event_store WHERE etl_context_id = $1 AND type = 'resumable:CHECKPOINT'`, resumable).Scan(&n)
+			return n > 0, err
+		})
+		pods := w.taskPods(resumable)
+		if len(pods) != 1 {
+			t.Fatalf("pods %v", pods)
+		}
+		budget := &policyv1.PodDisruptionBudget{
+			ObjectMeta: metav1.ObjectMeta{Name: "dama-tasks"},
+			Spec: policyv1.PodDisruptionBudgetSpec{
+				MaxUnavailable: new(intstr.FromInt32(0)),
+				Selector:       &metav1.LabelSelector{MatchLabels: map[string]string{podrunner.LabelManagedBy: "dama"}},
+			},
+		}
+		if _, err := w.policy.PodDisruptionBudgets(w.ns).Create(ctx, budget, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		evict := func() error {
+			return w.core.Pods(w.ns).EvictV1(ctx, &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: pods[0], Namespace: w.ns}})
+		}
+		// The budget's controller must have counted the pods first.
+		testenv.Eventually(t, time.Minute, "the budget to refuse the eviction", func() (bool, error) {
+			err := evict()
+			return apierrors.IsTooManyRequests(err), fmt.Errorf("eviction: %v", err)
+		})
+		if task := w.WaitForTask(resumable, time.Minute, "", func(etlcontext.Task) bool { return true }); task.Status != etlcontext.StatusRunning || task.Attempt != 1 {
+			t.Fatalf("with the budget: %s at attempt %d", task.Status, task.Attempt)
+		}
+		if err := w.policy.PodDisruptionBudgets(w.ns).Delete(ctx, budget.Name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, time.Minute, "the eviction", func() (bool, error) {
+			err := evict()
+			return err == nil, fmt.Errorf("eviction: %v", err)
+		})
+		running(resumable, 2)
+		testenv.Eventually(t, time.Minute, "attempt 2 to start from the checkpoint", func() (bool, error) {
+			for _, p := range w.taskPods(resumable) {
+				if out, _ := w.kubectl("logs", p); strings.Contains(out, `attempt 2 from checkpoint [{"done": 1}]`) {
+					return true, nil
+				}
+			}
+			return false, nil
+		})
+		if r := eventReason(resumable, "ERROR"); !strings.Contains(r, "its pod is stopping") {
+			t.Errorf("attempt 1 ended: %q, want its pod's stopping", r)
+		} else {
+			t.Logf("attempt 1 ended: %s", r)
+		}
+		if res := w.Dama(w.cfg, "cancel", strconv.FormatInt(resumable, 10)); res.Code != 0 {
+			t.Fatalf("cancel: %d %s", res.Code, res.Stderr)
+		}
 	})
 
 	t.Run("a deleted pod's task is retried in a new pod", func(t *testing.T) {

@@ -14,6 +14,8 @@
 #   down  stops every process it started, its containers, mounts, network
 #         namespaces, links and iptables rules, and removes its state.
 #   env   prints the exports again.
+#   node  starts the node's kubelet and kube-proxy if they are not running
+#         (a test killed its kubelet), and waits for the node to be Ready.
 #
 # Runs as root (containers, mounts, iptables), on cgroup v1 or v2, with or
 # without systemd. The node is 10.241.0.1, on a link of its own, so
@@ -410,5 +412,6 @@ case "${1:-}" in
 up) up ;;
 down) down ;;
 env) exports ;;
-*) die "usage: scripts/kube.sh up|down|env" ;;
+node) node ;;
+*) die "usage: scripts/kube.sh up|down|env|node" ;;
 esac

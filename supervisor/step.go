@@ -187,9 +187,14 @@ func (s *Supervisor) settleRunning(ctx context.Context, logger *slog.Logger, tx 
 		return river.JobCancel(fmt.Errorf("task %d was cancelled", id))
 	}
 	reason := "the task process exited without reporting a result"
-	if _, why := s.podOver(ctx, logger, c); why != "" {
+	if over, why := s.podOver(ctx, logger, c); over && why != "" {
 		// OOMKilled, Evicted, deleted...: Kubernetes' reason.
 		reason = "the task's pod ended without a result: " + why
+	} else if why != "" {
+		// Its node stopped reporting, or it is being deleted: its
+		// processes may run on, cut off, which the fence window waited
+		// out.
+		reason = "the task process was lost without a result: " + why
 	}
 	if err := s.recordEnd(ctx, tx, c, protocol.EventError, reason); err != nil {
 		return s.transient(logger, err)

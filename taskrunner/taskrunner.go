@@ -157,6 +157,33 @@ type runner struct {
 	keepers   map[process]bool
 }
 
+// podLockPatience is how long a pod's task process tries its lock
+// again while another holds it.
+const podLockPatience = 30 * time.Second
+
+// lockInPod tries the lock again, after the first try found it held, for
+// up to podLockPatience: a supervisor's step holds it for as long as it
+// reads the pod from Kubernetes, and a pod that gave up at once would cost
+// the launch a new pod. A host's supervisor launches its task process
+// again in milliseconds instead. A signal (the pod's deletion) stops the
+// tries: the launch is given back.
+func (r *runner) lockInPod(ctx context.Context) (*etlcontext.Context, dbConn, error) {
+	deadline := time.Now().Add(podLockPatience)
+	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		r.logger.Info("another process holds the lock of this context; trying again", "in", wait)
+		select {
+		case sig := <-r.signals:
+			r.logger.Info("signalled before the command started: the launch is given back", "signal", sig.String())
+			return nil, nil, fmt.Errorf("signalled (%s) while waiting for the lock: %w", sig, etlcontext.ErrLocked)
+		case <-time.After(wait):
+		}
+		c, conn, err := r.lock.lock(ctx)
+		if !errors.Is(err, etlcontext.ErrLocked) || time.Now().After(deadline) {
+			return c, conn, err
+		}
+	}
+}
+
 // checkCancel runs first on every new write connection but the first: a
 // cancellation announced while the runner was away from the database is
 // delivered as if heard. It fails with etlcontext.ErrStaleRun when the run
@@ -215,6 +242,9 @@ func (r *runner) run(ctx context.Context) (int, error) {
 	}
 
 	c, conn, err := r.lock.lock(ctx)
+	if r.shim != nil && errors.Is(err, etlcontext.ErrLocked) {
+		c, conn, err = r.lockInPod(ctx)
+	}
 	switch {
 	case errors.Is(err, etlcontext.ErrLocked):
 		r.logger.Info("another process holds the lock of this context")

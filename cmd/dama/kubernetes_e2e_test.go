@@ -3,6 +3,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/url"
@@ -13,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -53,6 +55,9 @@ type kubeWorld struct {
 const kubeConfig = `
 log_dir: /var/log/dama
 poll_interval: 1s
+# A task process cut off from the database stops its command after 15s
+# (TestALostNodesTaskIsRetriedOnKubernetes waits that out).
+reconnect_grace: 15s
 kubernetes: {image: "dama:dev"}
 queues:
   etl: {max_running: 20}
@@ -536,4 +541,117 @@ func TestPodStartFiguresOnKubernetes(t *testing.T) {
 	t.Logf("pod creation to running, a bare pod: p50 %s (min %s, max %s); to the lock held, a task's pod: p50 %s (min %s, max %s); %d each",
 		bare[n/2].Round(time.Millisecond), bare[0].Round(time.Millisecond), bare[n-1].Round(time.Millisecond),
 		task[n/2].Round(time.Millisecond), task[0].Round(time.Millisecond), task[n-1].Round(time.Millisecond), n)
+}
+
+// TestALostNodesTaskIsRetriedOnKubernetes loses the node of a running
+// task's pod: its kubelet is killed, so that it stops reporting to
+// Kubernetes while its containers run on, and then the pod's packets are
+// dropped, so that the database hears nothing more of its task process,
+// not even a reset. The attempt's death says the node was lost, and the
+// retry waits for the pod's processes to be surely gone without
+// Kubernetes' word (the fence window). It runs last: the node is down
+// for minutes.
+func TestALostNodesTaskIsRetriedOnKubernetes(t *testing.T) {
+	w := newKubeWorld(t)
+	w.deploy()
+	ctx := context.Background()
+	id := testenv.Atoi(t, w.Dama(w.cfg, "submit", "sleeper", "--args", `{"seconds": 600}`).Stdout)
+	first := w.WaitForTask(id, 3*time.Minute, "running attempt 1 in its pod", func(task etlcontext.Task) bool {
+		return task.Status == etlcontext.StatusRunning && task.InitialEventLocked && task.PID != nil
+	})
+	names := w.taskPods(id)
+	if len(names) != 1 {
+		t.Fatalf("pods %v", names)
+	}
+	var pod *corev1.Pod
+	ready := func(want corev1.ConditionStatus) func() (bool, error) {
+		return func() (bool, error) {
+			var err error
+			if pod, err = w.core.Pods(w.ns).Get(ctx, names[0], metav1.GetOptions{}); err != nil {
+				return false, err
+			}
+			for _, c := range pod.Status.Conditions {
+				if c.Type == corev1.PodReady {
+					return c.Status == want, fmt.Errorf("ready %s", c.Status)
+				}
+			}
+			return false, nil
+		}
+	}
+	// The kubelet's last word must be that the pod runs.
+	testenv.EventuallyEvery(t, 100*time.Millisecond, time.Minute, "the kubelet to report the pod ready", ready(corev1.ConditionTrue))
+
+	lost := time.Now()
+	w.stopKubelet()
+	testenv.EventuallyEvery(t, time.Second, 3*time.Minute, "the node controller to mark the pod not ready", ready(corev1.ConditionFalse))
+	t.Logf("the node stopped reporting: the pod not ready after %s", time.Since(lost).Round(time.Second))
+	silent := time.Now()
+	restore := testenv.SilenceAddress(t, pod.Status.PodIP)
+
+	second := w.WaitForTask(id, 5*time.Minute, "attempt 2", func(task etlcontext.Task) bool { return task.Attempt == 2 })
+	t.Logf("attempt 2 launched %s after the pod fell silent", time.Since(silent).Round(time.Second))
+	if *second.RunID == *first.RunID {
+		t.Error("the retry runs under the first attempt's run")
+	}
+	var reason string
+	if err := w.Pool.QueryRow(ctx, `SELECT payload->>'reason' FROM data_manager.event_store WHERE etl_context_id = $1 AND type = 'sleeper:ERROR'`, id).Scan(&reason); err != nil {
+		t.Fatal(err)
+	}
+	if want := "its node " + pod.Spec.NodeName + " stopped reporting to Kubernetes"; !strings.Contains(reason, want) {
+		t.Errorf("attempt 1 ended: %q, want %q", reason, want)
+	} else {
+		t.Logf("attempt 1 ended: %s", reason)
+	}
+
+	// The node comes back: the first pod's task process, cut off, stopped
+	// its command; it finds its run superseded and ends.
+	restore()
+	w.startKubelet()
+	w.WaitForTask(id, 3*time.Minute, "running attempt 2 in its pod", func(task etlcontext.Task) bool {
+		return task.Status == etlcontext.StatusRunning && task.InitialEventLocked && task.PID != nil && task.Attempt == 2
+	})
+	testenv.Eventually(t, 2*time.Minute, "the first pod to end", func() (bool, error) {
+		p, err := w.core.Pods(w.ns).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed, fmt.Errorf("phase %s", p.Status.Phase)
+	})
+	out, _ := w.kubectl("logs", pod.Name, "--tail=8")
+	t.Logf("the first pod's last lines:\n%s", out)
+	if res := w.Dama(w.cfg, "cancel", strconv.FormatInt(id, 10)); res.Code != 0 {
+		t.Fatalf("cancel: %d %s", res.Code, res.Stderr)
+	}
+	w.WaitForTask(id, 2*time.Minute, "CANCELLED", func(task etlcontext.Task) bool { return task.Status == etlcontext.StatusCancelled })
+}
+
+// stopKubelet kills the node's kubelet (scripts/kube.sh's) with SIGKILL:
+// its containers run on, unwatched. It is started again when the test
+// ends.
+func (w *kubeWorld) stopKubelet() {
+	w.T.Helper()
+	dir := cmp.Or(os.Getenv("DAMA_KUBE_DIR"), "/tmp/dama-kube")
+	b, err := os.ReadFile(filepath.Join(dir, "run", "kubelet.pid"))
+	if err != nil {
+		w.T.Fatalf("the kubelet's pid: %v", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 1 {
+		w.T.Fatalf("the kubelet's pid %q: %v", b, err)
+	}
+	w.T.Cleanup(w.startKubelet)
+	// Its process group: scripts/kube.sh starts it with setsid.
+	if err := syscall.Kill(-pid, syscall.SIGKILL); err != nil {
+		w.T.Fatalf("kill the kubelet: %v", err)
+	}
+}
+
+// startKubelet starts the node's kubelet if it is not running, and waits
+// for the node to be Ready.
+func (w *kubeWorld) startKubelet() {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, "bash", "../../scripts/kube.sh", "node").CombinedOutput(); err != nil {
+		w.T.Errorf("start the kubelet again: %v\n%s", err, out)
+	}
 }

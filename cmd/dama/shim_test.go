@@ -301,3 +301,35 @@ func (w *podWorld) waitLog(id int64, text string) {
 		return strings.Contains(string(b), text), err
 	})
 }
+
+func TestAPodsTaskProcessWaitsOutAStepHoldingItsLock(t *testing.T) {
+	w := newPodWorld(t)
+	id := testenv.Atoi(t, w.Dama(w.cfg, "submit", "pod").Stdout)
+	// A supervisor's step holds the task's lock while it reads the pod
+	// from Kubernetes: a task process that gave up at once would cost
+	// the launch its pod.
+	ctx := context.Background()
+	tx, err := w.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	holder, _ := w.launch(id)
+	if _, err := etlcontext.Lock(ctx, tx, id); err != nil {
+		t.Fatal(err)
+	}
+	sh := w.startShim()
+	testenv.Eventually(t, time.Minute, "the task process to find its lock held", func() (bool, error) {
+		b, err := os.ReadFile(holder.Log)
+		return err == nil && strings.Contains(string(b), "trying again"), nil
+	})
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if code := exitOf(t, holder); code != protocol.ExitFailed {
+		t.Fatalf("task process: exit %d, want %d once the step let go of its lock", code, protocol.ExitFailed)
+	}
+	if code := sh.exit(t, 10*time.Second); code != 3 {
+		t.Errorf("dama-shim: exit %d, want the command's 3", code)
+	}
+}

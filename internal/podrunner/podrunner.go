@@ -456,7 +456,7 @@ func stateOf(pod *corev1.Pod) pods.State {
 func reasonOf(pod *corev1.Pod) string {
 	if pod.Status.Reason != "" {
 		// Evicted, NodeLost, DeadlineExceeded, ...
-		return strings.TrimSpace(pod.Status.Reason + ": " + pod.Status.Message)
+		return said(pod.Status.Reason, pod.Status.Message)
 	}
 	for _, c := range pod.Status.ContainerStatuses {
 		if t := c.State.Terminated; t != nil && t.Reason != "" && t.Reason != "Completed" && t.Reason != "Error" {
@@ -465,18 +465,58 @@ func reasonOf(pod *corev1.Pod) string {
 	}
 	for _, c := range append(pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses...) {
 		if w := c.State.Waiting; w != nil && w.Reason != "" && w.Reason != "ContainerCreating" && w.Reason != "PodInitializing" {
-			return strings.TrimSpace(fmt.Sprintf("container %s %s: %s", c.Name, w.Reason, w.Message))
+			return said(fmt.Sprintf("container %s %s", c.Name, w.Reason), w.Message)
 		}
 	}
 	for _, cond := range pod.Status.Conditions {
 		if cond.Type == corev1.PodScheduled && cond.Status == corev1.ConditionFalse {
-			return strings.TrimSpace(cond.Reason + ": " + cond.Message)
+			return said(cond.Reason, cond.Message)
+		}
+	}
+	var notes []string
+	if since, ok := nodeSilent(pod); ok {
+		notes = append(notes, fmt.Sprintf("its node %s stopped reporting to Kubernetes (the pod not ready since %s)", pod.Spec.NodeName, since.UTC().Format(time.RFC3339)))
+	}
+	for _, cond := range pod.Status.Conditions {
+		if cond.Type == corev1.DisruptionTarget && cond.Status == corev1.ConditionTrue {
+			// DeletionByTaintManager (from a lost node), EvictionByEvictionAPI,
+			// PreemptionByScheduler, ...
+			return strings.Join(append(notes, said(cond.Reason, cond.Message)), "; ")
 		}
 	}
 	if pod.DeletionTimestamp != nil {
-		return "deleted"
+		notes = append(notes, "deleted")
 	}
-	return ""
+	return strings.Join(notes, "; ")
+}
+
+// said is a reason and its message, as Kubernetes gives them.
+func said(reason, message string) string {
+	if message = strings.TrimSpace(message); message == "" {
+		return reason
+	}
+	return reason + ": " + message
+}
+
+// nodeSilent reports whether the last the kubelet said of pod is that all
+// its containers run, while the pod is marked not ready, and since when:
+// without a probe (a template may not set one) only the node controller
+// marks a pod so, when its node stops reporting.
+func nodeSilent(pod *corev1.Pod) (time.Time, bool) {
+	if pod.Status.Phase != corev1.PodRunning || len(pod.Status.ContainerStatuses) == 0 {
+		return time.Time{}, false
+	}
+	for _, c := range pod.Status.ContainerStatuses {
+		if c.State.Running == nil {
+			return time.Time{}, false
+		}
+	}
+	for _, cond := range pod.Status.Conditions {
+		if cond.Type == corev1.PodReady && cond.Status == corev1.ConditionFalse {
+			return cond.LastTransitionTime.Time, true
+		}
+	}
+	return time.Time{}, false
 }
 
 // Delete deletes the pod of run runID of task id, if it is there; its

@@ -159,12 +159,14 @@ func TestAPodsStateSaysWhyItWaitsOrEnded(t *testing.T) {
 		t.Fatal(err)
 	}
 	pods := core.Pods("etl")
+	silentSince := metav1.NewTime(time.Date(2026, 11, 29, 6, 1, 2, 0, time.FixedZone("CET", 3600)))
 	set := func(status corev1.PodStatus) {
 		t.Helper()
 		pod, err := pods.Get(ctx, PodName(7, runID), metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
+		pod.Spec.NodeName = "n1"
 		pod.Status = status
 		if _, err := pods.UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
@@ -194,6 +196,24 @@ func TestAPodsStateSaysWhyItWaitsOrEnded(t *testing.T) {
 		{"node deleted", corev1.PodStatus{Phase: corev1.PodFailed, Conditions: []corev1.PodCondition{{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue, Reason: "DeletionByPodGC"}}, ContainerStatuses: []corev1.ContainerStatus{
 			{Name: "dama", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}},
 			{Name: "task", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}},
+		}}, "DeletionByPodGC", true, false},
+		// The kubelet's last word, and the node controller's: a node
+		// that stopped reporting, and then the taint manager's deletion.
+		{"node silent", corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionFalse, LastTransitionTime: silentSince}}, ContainerStatuses: []corev1.ContainerStatus{
+			{Name: "dama", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}},
+			{Name: "task", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}},
+		}}, "its node n1 stopped reporting to Kubernetes (the pod not ready since 2026-11-29T05:01:02Z)", true, false},
+		{"node lost", corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{
+			{Type: corev1.PodReady, Status: corev1.ConditionFalse, LastTransitionTime: silentSince},
+			{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue, Reason: "DeletionByTaintManager", Message: "Taint manager: deleting due to NoExecute taint"},
+		}, ContainerStatuses: []corev1.ContainerStatus{
+			{Name: "dama", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}},
+			{Name: "task", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}},
+		}}, "its node n1 stopped reporting to Kubernetes (the pod not ready since 2026-11-29T05:01:02Z); DeletionByTaintManager: Taint manager: deleting due to NoExecute taint", true, false},
+		// The kubelet's own: a container that is not running yet.
+		{"not ready", corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionFalse, Reason: "ContainersNotReady"}}, ContainerStatuses: []corev1.ContainerStatus{
+			{Name: "dama", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}},
+			{Name: "task", State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ContainerCreating"}}},
 		}}, "", true, false},
 	} {
 		set(c.status)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"strings"
@@ -26,7 +27,7 @@ import (
 // It needs root (nftables); as another user the test is skipped.
 func Silence(t testing.TB, port int) (restore func()) {
 	t.Helper()
-	return silence(t, fmt.Sprintf("port %d", port), []string{
+	return silence(t, fmt.Sprintf("port %d", port), "lo", []string{
 		fmt.Sprintf("tcp sport %d drop", port),
 		fmt.Sprintf("tcp dport %d drop", port),
 	})
@@ -75,17 +76,30 @@ SELECT count(*) OVER (), pid, coalesce(client_port, -1), current_setting('port')
 	if clientPort <= 0 {
 		t.Fatalf("backend %d (%q) is not on a TCP connection: only TCP can be silenced", pid, applicationName)
 	}
-	restore = silence(t, fmt.Sprintf("connection %q (backend %d, 127.0.0.1:%d -> :%d)", applicationName, pid, clientPort, serverPort), []string{
+	restore = silence(t, fmt.Sprintf("connection %q (backend %d, 127.0.0.1:%d -> :%d)", applicationName, pid, clientPort, serverPort), "lo", []string{
 		fmt.Sprintf("tcp sport %d tcp dport %d drop", clientPort, serverPort),
 		fmt.Sprintf("tcp sport %d tcp dport %d drop", serverPort, clientPort),
 	})
 	return pid, restore
 }
 
-// silence installs rules (nftables statements matched on lo, in both
-// directions) in a table of their own, so that concurrent tests never touch
-// each other's rules, and returns the function that deletes the table.
-func silence(t testing.TB, what string, rules []string) (restore func()) {
+// SilenceAddress drops every packet from or to addr, an IPv4 address, on
+// every interface, received, sent or forwarded: as when the host at addr
+// falls off the network, its peers see no FIN and no RST, only silence.
+func SilenceAddress(t testing.TB, addr string) (restore func()) {
+	t.Helper()
+	if ip := net.ParseIP(addr); ip == nil || ip.To4() == nil {
+		t.Fatalf("silence %q: not an IPv4 address", addr)
+	}
+	return silence(t, "address "+addr, "", []string{"ip saddr " + addr + " drop", "ip daddr " + addr + " drop"})
+}
+
+// silence installs rules (nftables statements matched on iface, or on
+// every interface and forwarded packets too if it is empty, in both
+// directions) in a table of their own, so that concurrent tests never
+// touch each other's rules, and returns the function that deletes the
+// table.
+func silence(t testing.TB, what, iface string, rules []string) (restore func()) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("silencing a connection needs root: nftables drops its packets on lo")
@@ -97,16 +111,23 @@ func silence(t testing.TB, what string, rules []string) (restore func()) {
 	table := "dama_test_" + randomHex(6)
 	var b strings.Builder
 	fmt.Fprintf(&b, "table inet %s {\n", table)
-	for _, hook := range []string{"input", "output"} {
-		iface := "iifname"
-		if hook == "output" {
-			iface = "oifname"
+	hooks := []string{"input", "output"}
+	if iface == "" {
+		hooks = append(hooks, "forward")
+	}
+	for _, hook := range hooks {
+		match := ""
+		if iface != "" {
+			match = fmt.Sprintf("iifname %q ", iface)
+			if hook == "output" {
+				match = fmt.Sprintf("oifname %q ", iface)
+			}
 		}
 		// Drops in any base chain are final, whatever other tables accept,
 		// so the filter priority is enough.
 		fmt.Fprintf(&b, "\tchain %s {\n\t\ttype filter hook %s priority filter; policy accept;\n", hook, hook)
 		for _, r := range rules {
-			fmt.Fprintf(&b, "\t\t%s \"lo\" %s\n", iface, r)
+			fmt.Fprintf(&b, "\t\t%s%s\n", match, r)
 		}
 		b.WriteString("\t}\n")
 	}

@@ -151,6 +151,14 @@ type Kubernetes struct {
 	// user's container, and dama's container runs the task process from
 	// it. Required when a kind runs on Kubernetes.
 	Image string `yaml:"image"`
+	// Resources is what each of dama's containers of a task pod (the
+	// task process, and the init container that copies the shim) asks
+	// for and is held to, a ResourceRequirements ({requests, limits}):
+	// set it where a ResourceQuota or LimitRange wants other figures.
+	// Default {requests: {cpu: 10m, memory: 32Mi}, limits: {memory:
+	// 256Mi}}: a task process holds one or two connections and a few
+	// buffers. Checked by the supervisor.
+	Resources JSONObject `yaml:"resources"`
 }
 
 // The runners of a kind (Kind.Runner).

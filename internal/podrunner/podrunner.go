@@ -68,6 +68,7 @@ type Runner struct {
 	core      corev1client.CoreV1Interface
 	namespace string
 	image     string
+	resources corev1.ResourceRequirements
 	kinds     map[string]kind
 	logger    *slog.Logger
 }
@@ -128,7 +129,13 @@ func clusterConfig() (*rest.Config, string, error) {
 // creates in namespace. It checks each kind's template.
 func NewWith(core corev1client.CoreV1Interface, namespace string, cfg *config.Config, logger *slog.Logger) (*Runner, error) {
 	cfg = cfg.WithDefaults()
-	r := &Runner{core: core, namespace: namespace, image: cfg.Kubernetes.Image, kinds: map[string]kind{}, logger: logger}
+	r := &Runner{core: core, namespace: namespace, image: cfg.Kubernetes.Image, resources: damaResources(), kinds: map[string]kind{}, logger: logger}
+	if len(cfg.Kubernetes.Resources) > 0 {
+		var err error
+		if r.resources, err = parseResources(cfg.Kubernetes.Resources); err != nil {
+			return nil, fmt.Errorf("kubernetes.resources: %w", err)
+		}
+	}
 	for _, name := range cfg.KindNames() {
 		k := cfg.Kinds[name]
 		if k.Runner != config.RunnerKubernetes {
@@ -322,7 +329,7 @@ func (r *Runner) build(l pods.Launch) (*corev1.Pod, error) {
 		Command:         []string{"/" + shimName, "--install", runDir + "/" + shimName},
 		VolumeMounts:    []corev1.VolumeMount{runMount},
 		SecurityContext: restricted(),
-		Resources:       damaResources(),
+		Resources:       r.resources,
 	}}, spec.InitContainers...)
 	for i := range spec.Containers {
 		if c := &spec.Containers[i]; c.Name == containerTask {
@@ -350,13 +357,33 @@ func (r *Runner) build(l pods.Launch) (*corev1.Pod, error) {
 			{Name: volumeSecrets, MountPath: secretsDir, ReadOnly: true},
 		},
 		SecurityContext: restricted(),
-		Resources:       damaResources(),
+		Resources:       r.resources,
 	}}, spec.Containers...)
 	return pod, nil
 }
 
-// damaResources are what dama's containers ask for: a task process holds
-// one or two connections and a few buffers.
+// parseResources reads kubernetes.resources, and refuses a request over
+// its limit, which every pod's creation would.
+func parseResources(raw []byte) (corev1.ResourceRequirements, error) {
+	var res corev1.ResourceRequirements
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&res); err != nil {
+		return res, fmt.Errorf("not a ResourceRequirements (requests, limits): %w", err)
+	}
+	if len(res.Claims) > 0 {
+		return res, errors.New("claims: dama's containers claim no device")
+	}
+	for name, limit := range res.Limits {
+		if req, ok := res.Requests[name]; ok && req.Cmp(limit) > 0 {
+			return res, fmt.Errorf("%s: the request %s is over the limit %s", name, req.String(), limit.String())
+		}
+	}
+	return res, nil
+}
+
+// damaResources are what dama's containers ask for by default
+// (config.Kubernetes.Resources).
 func damaResources() corev1.ResourceRequirements {
 	return corev1.ResourceRequirements{
 		Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("32Mi")},

@@ -322,3 +322,44 @@ func TestATemplateThatWouldBreakOrExposeThePodIsRefused(t *testing.T) {
 		t.Errorf("a label of dama's: %v", err)
 	}
 }
+
+func TestDamasContainersTakeTheConfiguredResources(t *testing.T) {
+	yaml := strings.Replace(testConfig, "namespace: etl}", "namespace: etl, resources: {requests: {cpu: 50m, memory: 64Mi}, limits: {cpu: 1, memory: 128Mi}}}", 1)
+	r, core := newTestRunner(t, yaml)
+	ctx := context.Background()
+	if err := r.Launch(ctx, pods.Launch{ContextID: 7, RunID: "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee", Kind: "load"}); err != nil {
+		t.Fatal(err)
+	}
+	pod, err := core.Pods("etl").Get(ctx, PodName(7, "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range append(pod.Spec.InitContainers, pod.Spec.Containers...) {
+		res := c.Resources
+		switch c.Name {
+		case containerDama, containerShim:
+			if res.Requests.Cpu().String() != "50m" || res.Requests.Memory().String() != "64Mi" || res.Limits.Cpu().String() != "1" || res.Limits.Memory().String() != "128Mi" {
+				t.Errorf("container %s: %v", c.Name, res)
+			}
+		case containerTask:
+			if res.Limits.Memory().String() != "2Gi" || len(res.Requests) > 0 {
+				t.Errorf("the task's container has its own resources: %v", res)
+			}
+		}
+	}
+	for name, c := range map[string]struct{ resources, want string }{
+		"over its limit":   {"{requests: {memory: 1Gi}, limits: {memory: 128Mi}}", "memory: the request 1Gi is over the limit 128Mi"},
+		"a misspelt field": {"{limit: {memory: 128Mi}}", "unknown field"},
+		"not a quantity":   {"{limits: {memory: lots}}", "ResourceRequirements"},
+		"a claim":          {"{claims: [{name: gpu}]}", "claim no device"},
+	} {
+		cfg, err := config.Parse([]byte(strings.Replace(testConfig, "namespace: etl}", "namespace: etl, resources: "+c.resources+"}", 1)))
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		_, err = NewWith(fakeCore(t), "etl", cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.HasPrefix(err.Error(), "kubernetes.resources: ") {
+			t.Errorf("%s: %v, want %q", name, err, c.want)
+		}
+	}
+}

@@ -41,7 +41,7 @@ func (s *Supervisor) lockedElsewhere(ctx context.Context, logger *slog.Logger, t
 			s.fence.forget(id)
 		}
 		if c.PID != nil {
-			s.podStarted(id, true)
+			s.podStarted(id, c.ProcessStartedAt)
 		}
 		return errHold
 	}

@@ -54,7 +54,7 @@ type child struct {
 // it holds the lock, or to exit. A runner that reports later (the outcome
 // is then launchPending) makes it call lateReady, if that is within
 // lateReadyWait.
-func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcontext.Context, run etlcontext.Run, sp *spare, lateReady func()) (launchOutcome, error) {
+func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcontext.Context, run etlcontext.Run, sp *spare, lateReady func(time.Time)) (launchOutcome, error) {
 	var spared bool
 	if sp != nil {
 		// Let go unless it took the task, whatever happens here.
@@ -112,7 +112,7 @@ func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcont
 			var b [1]byte
 			if n, _ := r.Read(b[:]); n == 1 {
 				logger.Info("task process took its lock after the launch timeout", "pid", pid, "later_by", time.Since(since))
-				lateReady()
+				lateReady(time.Now())
 			}
 		}()
 		return launchPending, nil

@@ -127,14 +127,14 @@ func (m *metrics) zero(cfg *config.Config) {
 }
 
 // lockedAfterSubmit observes a first attempt's wait, from when the task was
-// due, by the database's clock, to now, by this host's: a skew between
-// them is cut at 0.
-func (m *metrics) lockedAfterSubmit(c *etlcontext.Context) {
+// due, by the database's clock, to at, when its task process held its
+// lock, by this host's or the pod's: a skew between them is cut at 0.
+func (m *metrics) lockedAfterSubmit(c *etlcontext.Context, at time.Time) {
 	due := c.CreatedAt
 	if c.DueAt != nil && c.DueAt.After(due) {
 		due = *c.DueAt
 	}
-	m.submitToLock.WithLabelValues(c.Queue, c.Kind).Observe(max(time.Since(due).Seconds(), 0))
+	m.submitToLock.WithLabelValues(c.Queue, c.Kind).Observe(max(at.Sub(due).Seconds(), 0))
 }
 
 // finished counts a task this supervisor settled as finished.

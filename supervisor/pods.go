@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -32,7 +33,7 @@ func (s *Supervisor) inPod(c *etlcontext.Context) (config.Kind, bool) {
 // launchPod creates the pod of run of c. Its task process takes the lock
 // when the pod starts, which the watch sees as any other's; until then
 // the step finds the launch starting (podStarting).
-func (s *Supervisor) launchPod(ctx context.Context, logger *slog.Logger, c *etlcontext.Context, run etlcontext.Run, started func()) (launchOutcome, error) {
+func (s *Supervisor) launchPod(ctx context.Context, logger *slog.Logger, c *etlcontext.Context, run etlcontext.Run, started func(time.Time)) (launchOutcome, error) {
 	// The configuration as its file is now: the pod's task process reads
 	// it as a host's would.
 	cfgFile, err := os.ReadFile(s.cfg.Path)
@@ -56,15 +57,16 @@ func (s *Supervisor) launchPod(ctx context.Context, logger *slog.Logger, c *etlc
 }
 
 // podStarted counts the attempt of task id started, once, when this
-// supervisor created its pod (launchPod); with ran false, it forgets
-// the launch (taken back, or over) without counting it.
-func (s *Supervisor) podStarted(id int64, ran bool) {
+// supervisor created its pod (launchPod) and at, when its task process
+// started, is known; with at nil, it forgets the launch (taken back) without
+// counting it.
+func (s *Supervisor) podStarted(id int64, at *time.Time) {
 	s.mu.Lock()
 	started, ok := s.podStarts[id]
 	delete(s.podStarts, id)
 	s.mu.Unlock()
-	if ok && ran {
-		started()
+	if ok && at != nil {
+		started(*at)
 	}
 }
 
@@ -73,36 +75,55 @@ func (s *Supervisor) podStarted(id int64, ran bool) {
 // kind's start_timeout of its creation; otherwise the pod is deleted (a
 // task process that would start in it late finds its run taken back and
 // exits), why is recorded in a WARNING, once per attempt, and nil lets the
-// launch be taken back in tx.
+// launch be taken back in tx. A cancel takes it back at once.
 func (s *Supervisor) podStarting(ctx context.Context, logger *slog.Logger, tx pgx.Tx, c *etlcontext.Context, k config.Kind) error {
 	st, err := s.opts.Pods.Pod(ctx, c.ID, *c.RunID)
 	if err != nil {
 		return s.transient(logger, err)
 	}
+	cancel, err := etlcontext.CancelRequestedNow(ctx, tx, c.ID)
+	if err != nil {
+		return s.transient(logger, err)
+	}
 	// The pod's creation is the API server's time: a skew of the
 	// clocks moves the timeout by as much.
-	if st.Exists && !st.Over && time.Since(st.Created) < time.Duration(k.StartTimeout) {
+	if st.Exists && !st.Ended && !cancel && time.Since(st.Created) < time.Duration(k.StartTimeout) {
 		return errHold
 	}
-	s.podStarted(c.ID, false)
-	if !st.Exists {
-		// Its task process gave the launch back, and it is gone.
-		return nil
-	}
-	why := fmt.Sprintf("its pod did not start the command within start_timeout (%s)", k.StartTimeout)
-	if st.Over {
+	s.podStarted(c.ID, nil)
+	var why string
+	switch {
+	case cancel:
+		why = ""
+	case !st.Exists:
+		s.mu.Lock()
+		failed, ok := s.spawnFailures[c.ID]
+		s.mu.Unlock()
+		if !ok {
+			// Its task process gave the launch back, and it is gone.
+			return nil
+		}
+		why = "its pod could not be created: " + failed
+	case st.Ended:
 		why = "its pod ended before the command started"
+	default:
+		why = fmt.Sprintf("its pod did not start the command within start_timeout (%s)", k.StartTimeout)
 	}
-	if st.Reason != "" {
+	if st.Reason != "" && why != "" && st.Exists {
 		why += ": " + st.Reason
 	}
-	logger.Warn("deleting the task's pod and taking the launch back", "reason", why, "node", st.Node)
-	if err := s.opts.Pods.Delete(ctx, c.ID, *c.RunID); err != nil {
-		return s.transient(logger, err)
+	if st.Exists {
+		logger.Warn("deleting the task's pod and taking the launch back", "reason", cmp.Or(why, "cancel requested"), "node", st.Node)
+		if err := s.opts.Pods.Delete(ctx, c.ID, *c.RunID); err != nil {
+			return s.transient(logger, err)
+		}
+	}
+	if why == "" {
+		return nil
 	}
 	reason, _ := etlcontext.CleanText(etlcontext.UnfitPrefix + why)
 	warned, err := etlcontext.WarnedThisAttempt(ctx, tx, c.ID, reason)
-	if err == nil && !warned && st.Over {
+	if err == nil && !warned && st.Ended {
 		// Its task process said why, better than the pod's end.
 		var told string
 		told, err = etlcontext.LatestUnfitHost(ctx, tx, c.ID, c.Attempt)
@@ -125,9 +146,10 @@ func (s *Supervisor) podStarting(ctx context.Context, logger *slog.Logger, tx pg
 
 // podOver reports whether Kubernetes says every process of the pod of
 // c's current run is gone (its kubelet reported each container
-// terminated), and why it ended, in its words: no fence window then need
-// pass before the next attempt. A pod missing, or the API away, proves
-// nothing (a forced deletion removes the object before its node stops it).
+// terminated), and what it says of the pod's end, or of its node, in its
+// words: no fence window then need pass before the next attempt. A pod
+// missing, or the API away, proves nothing (a forced deletion removes the
+// object before its node stops it).
 func (s *Supervisor) podOver(ctx context.Context, logger *slog.Logger, c *etlcontext.Context) (bool, string) {
 	if _, ok := s.inPod(c); !ok || c.RunID == nil {
 		return false, ""
@@ -137,7 +159,8 @@ func (s *Supervisor) podOver(ctx context.Context, logger *slog.Logger, c *etlcon
 		logger.Warn("read the task's pod; waiting out the fence window", "error", err)
 		return false, ""
 	}
-	return st.Over, st.Reason
+	why, _ := etlcontext.CleanText(st.Reason)
+	return st.Over, why
 }
 
 // podPruneEvery is how often a supervisor deletes the pods past their
@@ -161,11 +184,11 @@ func (s *Supervisor) podPruneLoop(ctx context.Context) {
 	}
 }
 
-// podFinished deletes the pod of c's last run, finished, at once when its
-// kind keeps no finished pod (pod_retention 0s).
+// podFinished deletes the pod of c's last run, finished, at once when it
+// was cancelled or its kind keeps no finished pod (pod_retention 0s).
 func (s *Supervisor) podFinished(ctx context.Context, logger *slog.Logger, c *etlcontext.Context) {
-	s.podStarted(c.ID, false)
-	if k, ok := s.inPod(c); !ok || c.RunID == nil || *k.PodRetention > 0 {
+	s.podStarted(c.ID, c.ProcessStartedAt)
+	if k, ok := s.inPod(c); !ok || c.RunID == nil || (*k.PodRetention > 0 && c.Status != etlcontext.StatusCancelled) {
 		return
 	}
 	if err := s.opts.Pods.Delete(ctx, c.ID, *c.RunID); err != nil {

@@ -208,6 +208,7 @@ func (s *Supervisor) settleRunning(ctx context.Context, logger *slog.Logger, tx 
 	if err := tx.Commit(ctx); err != nil {
 		return s.transient(logger, fmt.Errorf("commit death of task %d: %w", id, err))
 	}
+	s.podStarted(id, c.ProcessStartedAt)
 	s.metrics.lockLosses.WithLabelValues(c.Queue, c.Kind).Inc()
 	s.metrics.attemptsFailed.WithLabelValues(c.Queue, c.Kind, failedLockLost).Inc()
 	if after.Status == etlcontext.StatusFailed {
@@ -293,11 +294,11 @@ func (s *Supervisor) startAttempt(ctx context.Context, logger *slog.Logger, tx p
 
 	// started counts the attempt once its task process holds its lock,
 	// which it may report after the launch timeout.
-	started := func() {
+	started := func(at time.Time) {
 		s.forgetLaunchFailure(c.ID)
 		s.metrics.attemptsStarted.WithLabelValues(c.Queue, c.Kind).Inc()
 		if run.Attempt == 1 {
-			s.metrics.lockedAfterSubmit(c)
+			s.metrics.lockedAfterSubmit(c, at)
 		}
 	}
 	owned = nil
@@ -313,7 +314,7 @@ func (s *Supervisor) startAttempt(ctx context.Context, logger *slog.Logger, tx p
 	// it.
 	switch outcome {
 	case launchReady:
-		started()
+		started(time.Now())
 		return errHold
 	case launchPending, launchLocked:
 		return errHold

@@ -89,7 +89,7 @@ type Supervisor struct {
 	// and whose task process has not recorded its start yet, what counts
 	// the attempt started (the launch's started, called by the step that
 	// finds the start recorded).
-	podStarts map[int64]func()
+	podStarts map[int64]func(time.Time)
 
 	// waking holds the queues whose waiting tasks are being woken, and
 	// whether another wake-up was asked for meanwhile (wakeWaiting).
@@ -175,7 +175,7 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 		stopping:       map[int64]bool{},
 		launchFailures: map[int64]string{},
 		spawnFailures:  map[int64]string{},
-		podStarts:      map[int64]func(){},
+		podStarts:      map[int64]func(time.Time){},
 		waking:         map[string]bool{},
 		holds:          map[int64]chan struct{}{},
 		stepSlots:      map[string]chan struct{}{},

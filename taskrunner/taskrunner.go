@@ -169,8 +169,8 @@ const podLockPatience = 30 * time.Second
 // tries: the launch is given back.
 func (r *runner) lockInPod(ctx context.Context) (*etlcontext.Context, dbConn, error) {
 	deadline := time.Now().Add(podLockPatience)
-	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
-		r.logger.Info("another process holds the lock of this context; trying again", "in", wait)
+	r.logger.Info("another process holds the lock of this context; trying again", "for", podLockPatience)
+	for wait := 200 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
 		select {
 		case sig := <-r.signals:
 			r.logger.Info("signalled before the command started: the launch is given back", "signal", sig.String())

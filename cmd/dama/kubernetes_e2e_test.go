@@ -359,7 +359,7 @@ func TestWhatKubernetesAddsOnKubernetes(t *testing.T) {
 		}
 	})
 
-	t.Run("cancel stops the command and the pod completes", func(t *testing.T) {
+	t.Run("cancel stops the command, then deletes the pod", func(t *testing.T) {
 		running(cancelled, 1)
 		if res := w.Dama(w.cfg, "cancel", strconv.FormatInt(cancelled, 10)); res.Code != 0 {
 			t.Fatalf("cancel: %d %s", res.Code, res.Stderr)
@@ -369,12 +369,15 @@ func TestWhatKubernetesAddsOnKubernetes(t *testing.T) {
 		if len(pods) != 1 {
 			t.Fatalf("pods %v", pods)
 		}
-		testenv.Eventually(t, time.Minute, "the cancelled task's pod to complete", func() (bool, error) {
+		testenv.Eventually(t, time.Minute, "the cancelled task's pod to be deleted", func() (bool, error) {
 			pod, err := w.core.Pods(w.ns).Get(ctx, pods[0], metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				return true, nil
+			}
 			if err != nil {
 				return false, err
 			}
-			return pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed, fmt.Errorf("phase %s", pod.Status.Phase)
+			return pod.DeletionTimestamp != nil, fmt.Errorf("phase %s", pod.Status.Phase)
 		})
 	})
 

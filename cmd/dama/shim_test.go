@@ -254,6 +254,13 @@ func TestAPodsCancelStopsTheCommandThroughTheShim(t *testing.T) {
 	holder, _ := w.launch(id)
 	sh := w.startShim()
 	w.waitLog(id, "waiting")
+	// The command may signal its container's first process: what Go's
+	// runtime dies of must not end the shim before the command.
+	for _, sig := range []syscall.Signal{syscall.SIGQUIT, syscall.SIGABRT, syscall.SIGSEGV} {
+		if err := sh.cmd.Process.Signal(sig); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	if res := w.Dama(w.cfg, "cancel", strconv.FormatInt(id, 10)); res.Code != 0 {
 		t.Fatalf("cancel: exit %d: %s", res.Code, res.Stderr)

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -25,6 +26,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -95,6 +97,8 @@ func New(cfg *config.Config, logger *slog.Logger) (*Runner, error) {
 	// client-go's default, 5 requests a second, would make a burst of
 	// launches wait on the client.
 	rc.QPS, rc.Burst = 50, 100
+	// A step waits for the API while it holds the task's lock.
+	rc.Timeout = 10 * time.Second
 	core, err := corev1client.NewForConfig(rc)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
@@ -140,6 +144,9 @@ func NewWith(core corev1client.CoreV1Interface, namespace string, cfg *config.Co
 		k := cfg.Kinds[name]
 		if k.Runner != config.RunnerKubernetes {
 			continue
+		}
+		if errs := validation.IsValidLabelValue(name); len(errs) > 0 {
+			return nil, fmt.Errorf("kind %s runs on kubernetes: its name labels its pods: %s", name, strings.Join(errs, "; "))
 		}
 		t, err := parseTemplate(k.Pod)
 		if err != nil {
@@ -191,6 +198,15 @@ func parseTemplate(raw []byte) (corev1.PodTemplateSpec, error) {
 	if err := checkIsolation(spec, task); err != nil {
 		return t, err
 	}
+	switch m := t.ObjectMeta; {
+	case len(m.OwnerReferences) > 0:
+		// Its owner's deletion would delete the pod, and the task.
+		return t, errors.New("metadata.ownerReferences: a task's pod has no owner, so that no deletion of another object takes it")
+	case len(m.Finalizers) > 0:
+		return t, errors.New("metadata.finalizers: a task's pod is deleted by dama and Kubernetes alone, and never left stuck deleting")
+	case m.Name != "", m.GenerateName != "", m.Namespace != "":
+		return t, errors.New("metadata: name and namespace are dama's (dama-<task>-<run>, in kubernetes.namespace)")
+	}
 	for l := range t.Labels {
 		if l == LabelManagedBy || strings.HasPrefix(l, "dama.dev/") {
 			return t, fmt.Errorf("label %s is dama's", l)
@@ -229,7 +245,7 @@ func checkIsolation(spec *corev1.PodSpec, task *corev1.Container) error {
 	}
 	for _, c := range all {
 		for _, m := range c.VolumeMounts {
-			if dama(m.Name) || m.MountPath == runDir || strings.HasPrefix(m.MountPath, runDir+"/") {
+			if at := path.Clean("/" + m.MountPath); dama(m.Name) || at == runDir || strings.HasPrefix(at, runDir+"/") {
 				return fmt.Errorf("container %s: mounts %s at %s, which are dama's", c.Name, m.Name, m.MountPath)
 			}
 		}
@@ -335,6 +351,16 @@ func (r *Runner) build(l pods.Launch) (*corev1.Pod, error) {
 		if c := &spec.Containers[i]; c.Name == containerTask {
 			c.Command = []string{runDir + "/" + shimName, runDir + "/" + protocol.ShimSocket}
 			c.VolumeMounts = append(c.VolumeMounts, runMount)
+			// The command shares the pod's network with the task process:
+			// raw sockets would let it read and forge the task process's
+			// packets to the database.
+			if c.SecurityContext == nil {
+				c.SecurityContext = &corev1.SecurityContext{}
+			}
+			if c.SecurityContext.Capabilities == nil {
+				c.SecurityContext.Capabilities = &corev1.Capabilities{}
+			}
+			c.SecurityContext.Capabilities.Drop = append(c.SecurityContext.Capabilities.Drop, "NET_RAW")
 		}
 	}
 	launch := protocol.Launch{
@@ -397,20 +423,21 @@ func (r *Runner) labels(id int64, runID, kind string) map[string]string {
 
 // Launch creates the pod of l, then its Secret, owned by the pod so that
 // Kubernetes deletes it with the pod. The kubelet starts the pod's
-// containers once the Secret is there. A launch made again finds its pod.
+// containers once the Secret is there.
 func (r *Runner) Launch(ctx context.Context, l pods.Launch) error {
 	pod, err := r.build(l)
 	if err != nil {
 		return err
 	}
 	created, err := r.core.Pods(r.namespace).Create(ctx, pod, metav1.CreateOptions{})
-	if apierrors.IsAlreadyExists(err) {
-		created, err = r.core.Pods(r.namespace).Get(ctx, pod.Name, metav1.GetOptions{})
-		if err == nil && created.Labels[LabelRun] != l.RunID {
-			err = fmt.Errorf("pod %s is another run's, %s", pod.Name, created.Labels[LabelRun])
-		}
-	}
 	if err != nil {
+		// A creation that timed out may have landed: without its
+		// Secret, the pod would wait out start_timeout.
+		if !apierrors.IsAlreadyExists(err) {
+			if derr := r.delete(context.WithoutCancel(ctx), pod.Name); derr != nil {
+				err = errors.Join(err, derr)
+			}
+		}
 		return fmt.Errorf("create pod %s: %w", pod.Name, err)
 	}
 	secret := &corev1.Secret{
@@ -421,17 +448,9 @@ func (r *Runner) Launch(ctx context.Context, l pods.Launch) error {
 		Immutable: new(true),
 		Data:      map[string][]byte{secretsKey: l.Secrets, configKey: l.Config},
 	}
-	_, err = r.core.Secrets(r.namespace).Create(ctx, secret, metav1.CreateOptions{})
-	if apierrors.IsAlreadyExists(err) {
-		// This launch's, made again; not one someone else put there.
-		var got *corev1.Secret
-		if got, err = r.core.Secrets(r.namespace).Get(ctx, secret.Name, metav1.GetOptions{}); err == nil &&
-			(got.Labels[LabelRun] != l.RunID || len(got.OwnerReferences) != 1 || got.OwnerReferences[0].UID != created.UID) {
-			err = fmt.Errorf("secret %s is not this launch's", secret.Name)
-		}
-	}
-	if err != nil {
-		// A pod without its Secret would wait for it forever.
+	if _, err = r.core.Secrets(r.namespace).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
+		// A pod without its Secret would wait for it forever; one
+		// whose Secret someone else made first must not run.
 		if derr := r.delete(context.WithoutCancel(ctx), pod.Name); derr != nil {
 			err = errors.Join(err, derr)
 		}
@@ -455,18 +474,23 @@ func (r *Runner) Pod(ctx context.Context, id int64, runID string) (pods.State, e
 
 // stateOf is what pod's status says.
 func stateOf(pod *corev1.Pod) pods.State {
-	st := pods.State{Exists: true, Created: pod.CreationTimestamp.Time, Node: pod.Spec.NodeName}
+	st := pods.State{Exists: true, Created: pod.CreationTimestamp.Time, Node: pod.Spec.NodeName,
+		Ended: pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed}
 	// The phase alone is not the kubelet's word: the pod garbage
 	// collector marks Failed the pods of a node that was deleted, whose
 	// containers may run on; each container's status is the kubelet's.
-	st.Over = (pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed) &&
-		len(pod.Status.ContainerStatuses) == len(pod.Spec.Containers)
+	st.Over = st.Ended && len(pod.Status.ContainerStatuses) == len(pod.Spec.Containers)
 	for _, c := range append(slices.Clone(pod.Status.InitContainerStatuses), pod.Status.ContainerStatuses...) {
-		if c.State.Terminated == nil {
+		// ContainerStatusUnknown is the kubelet's guess for a container
+		// its runtime no longer lists, not its word that it ended.
+		if t := c.State.Terminated; t == nil || t.Reason == "ContainerStatusUnknown" {
 			st.Over = false
 		}
 		if c.Name == containerDama && (c.State.Running != nil || c.State.Terminated != nil) {
 			st.Started = true
+		}
+		if c.Name == containerDama && c.State.Terminated != nil {
+			st.HolderEnded = true
 		}
 	}
 	for _, cond := range pod.Status.Conditions {
@@ -526,9 +550,9 @@ func said(reason, message string) string {
 }
 
 // nodeSilent reports whether the last the kubelet said of pod is that all
-// its containers run, while the pod is marked not ready, and since when:
-// without a probe (a template may not set one) only the node controller
-// marks a pod so, when its node stops reporting.
+// its containers run, while the pod is marked not ready without a reason,
+// and since when: only the node controller marks a pod so, when its node
+// stops reporting.
 func nodeSilent(pod *corev1.Pod) (time.Time, bool) {
 	if pod.Status.Phase != corev1.PodRunning || len(pod.Status.ContainerStatuses) == 0 {
 		return time.Time{}, false
@@ -539,7 +563,10 @@ func nodeSilent(pod *corev1.Pod) (time.Time, bool) {
 		}
 	}
 	for _, cond := range pod.Status.Conditions {
-		if cond.Type == corev1.PodReady && cond.Status == corev1.ConditionFalse {
+		// The kubelet says why (ContainersNotReady, ReadinessGatesNotReady);
+		// the node controller keeps the reason of the kubelet's ready,
+		// none.
+		if cond.Type == corev1.PodReady && cond.Status == corev1.ConditionFalse && cond.Reason == "" {
 			return cond.LastTransitionTime.Time, true
 		}
 	}
@@ -563,37 +590,50 @@ func (r *Runner) delete(ctx context.Context, name string) error {
 // Prune deletes the pods of this configuration's kinds that ended longer
 // ago than their kind's pod_retention.
 func (r *Runner) Prune(ctx context.Context) error {
-	list, err := r.core.Pods(r.namespace).List(ctx, metav1.ListOptions{LabelSelector: LabelManagedBy + "=" + managedBy})
-	if err != nil {
-		return fmt.Errorf("list dama's pods: %w", err)
-	}
 	var errs []error
-	for i := range list.Items {
-		pod := &list.Items[i]
-		k, ok := r.kinds[pod.Labels[LabelKind]]
-		if !ok || pod.DeletionTimestamp != nil {
-			continue
+	opts := metav1.ListOptions{LabelSelector: LabelManagedBy + "=" + managedBy, Limit: 500}
+	for {
+		// In pages: a namespace may keep thousands of finished pods.
+		list, err := r.core.Pods(r.namespace).List(ctx, opts)
+		if err != nil {
+			return errors.Join(append(errs, fmt.Errorf("list dama's pods: %w", err))...)
 		}
-		st := stateOf(pod)
-		switch {
-		case !st.Over && !st.Started && time.Since(st.Created) > k.startTimeout:
-			// A pod left by a launch taken back (a creation that landed
-			// after its step gave up on it): its task process never
-			// started, and no longer can.
-		case !st.Over:
-			continue
-		case time.Since(endOf(pod)) < max(k.retention, recordDeath):
-			// The step that records a death without an outcome reads
-			// Kubernetes' reason from the pod: kept a little while for
-			// it even at pod_retention 0s (which the step's own deletion
-			// serves otherwise).
-			continue
+		for i := range list.Items {
+			if err := r.prune(ctx, &list.Items[i]); err != nil {
+				errs = append(errs, err)
+			}
 		}
-		if err := r.delete(ctx, pod.Name); err != nil {
-			errs = append(errs, err)
+		if opts.Continue = list.Continue; opts.Continue == "" {
+			return errors.Join(errs...)
 		}
 	}
-	return errors.Join(errs...)
+}
+
+// prune deletes pod if it is past its kind's pod_retention, or was left
+// by a launch taken back.
+func (r *Runner) prune(ctx context.Context, pod *corev1.Pod) error {
+	k, ok := r.kinds[pod.Labels[LabelKind]]
+	if !ok || pod.DeletionTimestamp != nil {
+		return nil
+	}
+	st := stateOf(pod)
+	switch {
+	case !st.Over && !st.Started && time.Since(st.Created) > k.startTimeout:
+		// A pod left by a launch taken back (a creation that landed
+		// after its step gave up on it): its task process never
+		// started, and no longer can.
+	case !st.Over && !st.HolderEnded:
+		return nil
+	case time.Since(endOf(pod)) < max(k.retention, recordDeath):
+		// Counted from its task process's end: a sidecar of the
+		// template's that never ends keeps the pod from being over,
+		// not from being deleted. The step that records a death
+		// without an outcome reads Kubernetes' reason from the pod:
+		// kept a little while for it even at pod_retention 0s (which
+		// the step's own deletion serves otherwise).
+		return nil
+	}
+	return r.delete(ctx, pod.Name)
 }
 
 // recordDeath is how long a finished pod is kept at the least, for the

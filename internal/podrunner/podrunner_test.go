@@ -2,6 +2,7 @@ package podrunner
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"slices"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
@@ -83,8 +85,8 @@ func TestALaunchIsAPodWithDamasContainersAndASecretItOwns(t *testing.T) {
 	if err := r.Launch(ctx, l); err != nil {
 		t.Fatal(err)
 	}
-	// Again: the same pod, no error.
-	if err := r.Launch(ctx, l); err != nil {
+	// A run is launched once: again, it is refused, and its pod stays.
+	if err := r.Launch(ctx, l); !apierrors.IsAlreadyExists(errors.Unwrap(err)) {
 		t.Fatalf("a launch made again: %v", err)
 	}
 	pod, err := core.Pods("etl").Get(ctx, "dama-42-7f3c9a120b1e", metav1.GetOptions{})
@@ -130,6 +132,9 @@ func TestALaunchIsAPodWithDamasContainersAndASecretItOwns(t *testing.T) {
 	}
 	if !slices.Equal(task.Command, []string{"/dama-run/dama-shim", "/dama-run/shim.sock"}) || task.Image != "python:3.12" || task.Resources.Limits.Memory().String() != "2Gi" || len(task.EnvFrom) != 1 {
 		t.Errorf("the task's container: %q %s %v", task.Command, task.Image, task.Resources.Limits)
+	}
+	if caps := task.SecurityContext.Capabilities; caps == nil || !slices.Contains(caps.Drop, "NET_RAW") {
+		t.Errorf("the task's container keeps raw sockets on the task process's network: %+v", task.SecurityContext)
 	}
 	// Only dama's container mounts the Secret.
 	for _, c := range spec.Containers {
@@ -256,6 +261,8 @@ func TestPruneDeletesThePodsPastTheirRetention(t *testing.T) {
 		// Created long ago (the fake sets no creation time) and never
 		// started: a launch taken back left it; deleted.
 		{Phase: corev1.PodPending},
+		// Its task process ended 2h ago, a sidecar runs on: deleted.
+		{Phase: corev1.PodRunning, ContainerStatuses: append(terminated(2*time.Hour), corev1.ContainerStatus{Name: "proxy", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}})},
 	} {
 		runID := strings.Repeat(string(rune('a'+i)), 12)
 		if err := r.Launch(ctx, pods.Launch{ContextID: int64(i + 1), RunID: runID, Kind: "load"}); err != nil {
@@ -305,6 +312,7 @@ func TestATemplateThatWouldBreakOrExposeThePodIsRefused(t *testing.T) {
 		"privileged":             {`{containers: [{name: task, image: x, securityContext: {privileged: true}}]}`, "privileged"},
 		"ptrace":                 {`{containers: [{name: task, image: x, securityContext: {capabilities: {add: [SYS_PTRACE]}}}]}`, "SYS_PTRACE"},
 		"the node's network":     {`{hostNetwork: true, containers: [{name: task, image: x}]}`, "hostNetwork"},
+		"over the shim, oddly":   {`{volumes: [{name: v, emptyDir: {}}], containers: [{name: task, image: x, volumeMounts: [{name: v, mountPath: "//dama-run/./dama-shim"}]}]}`, "dama's"},
 	} {
 		cfg := "log_dir: /l\nkubernetes: {image: d}\nkinds:\n  k: {command: [x], runner: kubernetes, pod: {spec: " + c.spec + "}}\n"
 		parsed, err := config.Parse([]byte(cfg))
@@ -316,10 +324,26 @@ func TestATemplateThatWouldBreakOrExposeThePodIsRefused(t *testing.T) {
 			t.Errorf("%s: %v, want an error saying %q", name, err, c.want)
 		}
 	}
-	cfg := "log_dir: /l\nkubernetes: {image: d}\nkinds:\n  k: {command: [x], runner: kubernetes, pod: {metadata: {labels: {dama.dev/run: x}}, spec: {containers: [{name: task, image: x}]}}}\n"
-	parsed, _ := config.Parse([]byte(cfg))
-	if _, err := NewWith(fakeCore(t), "default", parsed, slog.New(slog.NewTextHandler(io.Discard, nil))); err == nil || !strings.Contains(err.Error(), "label dama.dev/run is dama's") {
-		t.Errorf("a label of dama's: %v", err)
+	for name, c := range map[string]struct{ metadata, want string }{
+		"a label of dama's": {`{labels: {dama.dev/run: x}}`, "label dama.dev/run is dama's"},
+		"an owner":          {`{ownerReferences: [{apiVersion: apps/v1, kind: ReplicaSet, name: r, uid: u}]}`, "no owner"},
+		"a finalizer":       {`{finalizers: [example.com/keep]}`, "never left stuck"},
+		"a name":            {`{name: mine}`, "name and namespace are dama's"},
+	} {
+		cfg := "log_dir: /l\nkubernetes: {image: d}\nkinds:\n  k: {command: [x], runner: kubernetes, pod: {metadata: " + c.metadata + ", spec: {containers: [{name: task, image: x}]}}}\n"
+		parsed, err := config.Parse([]byte(cfg))
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if _, err := NewWith(fakeCore(t), "default", parsed, slog.New(slog.NewTextHandler(io.Discard, nil))); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want an error saying %q", name, err, c.want)
+		}
+	}
+	cfg := "log_dir: /l\nkubernetes: {image: d}\nkinds:\n  k_: {command: [x], runner: kubernetes, pod: {spec: {containers: [{name: task, image: x}]}}}\n"
+	if parsed, err := config.Parse([]byte(cfg)); err != nil {
+		t.Errorf("a kind named k_: %v", err)
+	} else if _, err := NewWith(fakeCore(t), "default", parsed, slog.New(slog.NewTextHandler(io.Discard, nil))); err == nil || !strings.Contains(err.Error(), "labels its pods") {
+		t.Errorf("a kind whose name is no label value: %v", err)
 	}
 }
 
@@ -361,5 +385,21 @@ func TestDamasContainersTakeTheConfiguredResources(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.HasPrefix(err.Error(), "kubernetes.resources: ") {
 			t.Errorf("%s: %v, want %q", name, err, c.want)
 		}
+	}
+}
+
+func TestALaunchWhoseSecretSomeoneElseMadeDoesNotRun(t *testing.T) {
+	r, core := newTestRunner(t, testConfig)
+	ctx := context.Background()
+	l := pods.Launch{ContextID: 42, RunID: "7f3c9a12-0b1e-4c55-9d0e-2a6f1e8b4c01", Kind: "load"}
+	planted := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: PodName(l.ContextID, l.RunID), Namespace: "etl"}, Data: map[string][]byte{"dama.yaml": []byte("kinds: {load: {command: [steal]}}")}}
+	if _, err := core.Secrets("etl").Create(ctx, planted, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Launch(ctx, l); err == nil || !strings.Contains(err.Error(), "create the Secret") {
+		t.Fatalf("launch: %v, want the Secret refused", err)
+	}
+	if _, err := core.Pods("etl").Get(ctx, planted.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the pod of a planted Secret is still there: %v", err)
 	}
 }

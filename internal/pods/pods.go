@@ -32,6 +32,12 @@ type State struct {
 	// Over: the kubelet reported every container of the pod terminated,
 	// or the pod was deleted after it was: none of its processes runs.
 	Over bool
+	// Ended: the pod's phase is Succeeded or Failed, which is not the
+	// kubelet's word for each container (Over).
+	Ended bool
+	// HolderEnded: the kubelet reported the task process's container
+	// terminated.
+	HolderEnded bool
 	// Reason says why the pod waits (ImagePullBackOff, Unschedulable: ...)
 	// or ended (OOMKilled, Evicted: ...), in Kubernetes' words; empty when
 	// nothing is of note.

@@ -69,6 +69,11 @@ func Run(ctx context.Context, opts Options) int {
 	signal.Notify(stopping, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	children := make(chan os.Signal, 1)
 	signal.Notify(children, syscall.SIGCHLD)
+	// The command may signal its container's first process: those that
+	// Go's runtime would die of (with a stack dump) are taken and never
+	// read, so that the shim lives to report the command's exit.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGQUIT, syscall.SIGABRT, syscall.SIGTRAP, syscall.SIGSYS,
+		syscall.SIGILL, syscall.SIGBUS, syscall.SIGFPE, syscall.SIGSEGV, syscall.SIGSTKFLT)
 	conn, err := dial(ctx, opts.Socket, opts.Wait)
 	if err != nil {
 		opts.Logger.Error("dama-shim", "error", err)

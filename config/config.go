@@ -159,6 +159,14 @@ type Kubernetes struct {
 	// 256Mi}}: a task process holds one or two connections and a few
 	// buffers. Checked by the supervisor.
 	Resources JSONObject `yaml:"resources"`
+	// TLSSecret names a Secret of the task pods' namespace that each
+	// task pod mounts, read-only, in dama's container only, at
+	// /var/run/dama/tls: the files its database URL names
+	// (sslmode=verify-full&sslrootcert=/var/run/dama/tls/ca.crt). The
+	// command shares the pod's network and, as root, its /etc/hosts and
+	// resolv.conf: only a server that the task process verifies, or
+	// names by address, is surely the database. Default: none.
+	TLSSecret string `yaml:"tls_secret"`
 }
 
 // The runners of a kind (Kind.Runner).

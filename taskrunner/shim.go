@@ -6,12 +6,39 @@ import (
 	"io"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/dama-etl/dama/taskrunner/protocol"
 )
+
+// surelyTheServer reports whether the connections of url surely reach
+// its server, whatever the pod's /etc/hosts and resolv.conf say: each
+// host tried is named by address (or a Unix socket), or verified by TLS
+// (sslmode=verify-ca or verify-full). The command, in the same pod, shares
+// its network, and as root can rewrite those files: a server known by
+// name and not verified may be the command's.
+func surelyTheServer(url string) bool {
+	cfg, err := pgconn.ParseConfig(url)
+	if err != nil {
+		// Connecting says why.
+		return true
+	}
+	tries := append([]*pgconn.FallbackConfig{{Host: cfg.Host, TLSConfig: cfg.TLSConfig}}, cfg.Fallbacks...)
+	for _, try := range tries {
+		if net.ParseIP(try.Host) != nil || strings.HasPrefix(try.Host, "/") {
+			continue
+		}
+		if tc := try.TLSConfig; tc == nil || (tc.InsecureSkipVerify && tc.VerifyPeerCertificate == nil) {
+			return false
+		}
+	}
+	return true
+}
 
 // A pod's task process runs its command through dama's shim, the first
 // process of the user's container (protocol.ShimRequest): it asks the shim

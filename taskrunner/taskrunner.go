@@ -200,6 +200,9 @@ func (r *runner) checkCancel(ctx context.Context, conn dbConn) error {
 
 func (r *runner) run(ctx context.Context) (int, error) {
 	if r.opts.ShimListener != nil {
+		if !surelyTheServer(r.opts.DatabaseURL) {
+			r.logger.Warn("the database URL names its server without verifying it (sslmode=verify-full, kubernetes.tls_secret): the command, in the same pod, could redirect this process's connections (see docs/kubernetes.md)")
+		}
 		// Before the lock: a pod whose user's container does not start
 		// (its image cannot be pulled) holds no lock, so that the
 		// supervisor sees it waiting, and deletes it after the kind's

@@ -30,6 +30,8 @@ import (
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/pod-security-admission/api"
+	"k8s.io/pod-security-admission/policy"
 
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/internal/pods"
@@ -54,6 +56,8 @@ const (
 	volumeRun      = "dama-run"
 	volumeSecrets  = "dama-secrets"
 	volumeLogs     = "dama-logs"
+	volumeTLS      = "dama-tls"
+	tlsDir         = "/var/run/dama/tls"
 	runDir         = "/dama-run"
 	secretsDir     = "/var/run/dama/secrets"
 	secretsKey     = "secrets"
@@ -70,6 +74,7 @@ type Runner struct {
 	core      corev1client.CoreV1Interface
 	namespace string
 	image     string
+	tlsSecret string
 	resources corev1.ResourceRequirements
 	kinds     map[string]kind
 	logger    *slog.Logger
@@ -133,7 +138,7 @@ func clusterConfig() (*rest.Config, string, error) {
 // creates in namespace. It checks each kind's template.
 func NewWith(core corev1client.CoreV1Interface, namespace string, cfg *config.Config, logger *slog.Logger) (*Runner, error) {
 	cfg = cfg.WithDefaults()
-	r := &Runner{core: core, namespace: namespace, image: cfg.Kubernetes.Image, resources: damaResources(), kinds: map[string]kind{}, logger: logger}
+	r := &Runner{core: core, namespace: namespace, image: cfg.Kubernetes.Image, tlsSecret: cfg.Kubernetes.TLSSecret, resources: damaResources(), kinds: map[string]kind{}, logger: logger}
 	if len(cfg.Kubernetes.Resources) > 0 {
 		var err error
 		if r.resources, err = parseResources(cfg.Kubernetes.Resources); err != nil {
@@ -188,14 +193,14 @@ func parseTemplate(raw []byte) (corev1.PodTemplateSpec, error) {
 		return t, errors.New("containers.task: want an image")
 	case len(task.Command) > 0 || len(task.Args) > 0:
 		return t, errors.New("containers.task: command and args are the kind's command, not the container's")
-	case spec.ShareProcessNamespace != nil && *spec.ShareProcessNamespace, spec.HostPID:
+	case spec.ShareProcessNamespace != nil && *spec.ShareProcessNamespace:
 		// The command would see dama's container's processes, and
 		// through /proc their files: the secrets.
-		return t, errors.New("shareProcessNamespace and hostPID would let the command reach the task process and its secrets")
+		return t, errors.New("shareProcessNamespace would let the command reach the task process and its secrets")
 	case spec.RestartPolicy != "" && spec.RestartPolicy != corev1.RestartPolicyNever:
 		return t, fmt.Errorf("restartPolicy %s: a task's pod runs once (Never): a retry is a new pod", spec.RestartPolicy)
 	}
-	if err := checkIsolation(spec, task); err != nil {
+	if err := checkIsolation(&t, task); err != nil {
 		return t, err
 	}
 	switch m := t.ObjectMeta; {
@@ -218,31 +223,28 @@ func parseTemplate(raw []byte) (corev1.PodTemplateSpec, error) {
 // checkIsolation refuses what would let a process of the pod other than
 // dama's reach dama's volumes (the Secret, the shim's socket and
 // program), run before the shim in the task's container, or leave the
-// isolation of the Baseline Pod Security Standard, through which it could
-// reach dama's container.
-func checkIsolation(spec *corev1.PodSpec, task *corev1.Container) error {
-	dama := func(name string) bool { return name == volumeRun || name == volumeSecrets || name == volumeLogs }
-	switch {
-	case spec.HostNetwork, spec.HostIPC:
-		return errors.New("hostNetwork and hostIPC would share the node's with the command")
-	case task.Lifecycle != nil, task.LivenessProbe != nil, task.ReadinessProbe != nil, task.StartupProbe != nil:
+// isolation of the Baseline Pod Security Standard (host namespaces,
+// hostPath volumes, privilege, capabilities, unconfined seccomp or
+// AppArmor, ...), through which it could reach dama's container. The
+// standard is Kubernetes' own checks (k8s.io/pod-security-admission), of
+// the Kubernetes release of the client.
+func checkIsolation(t *corev1.PodTemplateSpec, task *corev1.Container) error {
+	spec := &t.Spec
+	dama := func(name string) bool {
+		return name == volumeRun || name == volumeSecrets || name == volumeLogs || name == volumeTLS
+	}
+	if task.Lifecycle != nil || task.LivenessProbe != nil || task.ReadinessProbe != nil || task.StartupProbe != nil {
 		// A hook or a probe runs in the task's container before the
 		// command, beside the shim: it could take the shim's place.
 		return errors.New("containers.task: lifecycle hooks and probes would run beside dama's shim; a task's container has none")
 	}
 	for _, v := range spec.Volumes {
-		switch {
-		case dama(v.Name):
+		if dama(v.Name) {
 			return fmt.Errorf("volume name %s is dama's", v.Name)
-		case v.HostPath != nil:
-			return fmt.Errorf("volume %s: a hostPath reaches the node's files, the kubelet's copy of dama's Secret among them", v.Name)
 		}
 	}
 	var all []corev1.Container
 	all = append(append(all, spec.InitContainers...), spec.Containers...)
-	for _, c := range spec.EphemeralContainers {
-		all = append(all, corev1.Container(c.EphemeralContainerCommon))
-	}
 	for _, c := range all {
 		for _, m := range c.VolumeMounts {
 			if at := path.Clean("/" + m.MountPath); dama(m.Name) || at == runDir || strings.HasPrefix(at, runDir+"/") {
@@ -254,27 +256,17 @@ func checkIsolation(spec *corev1.PodSpec, task *corev1.Container) error {
 				return fmt.Errorf("container %s: volume %s is dama's", c.Name, d.Name)
 			}
 		}
-		if sc := c.SecurityContext; sc != nil {
-			switch {
-			case sc.Privileged != nil && *sc.Privileged:
-				return fmt.Errorf("container %s: privileged would reach every process of the node", c.Name)
-			case sc.ProcMount != nil && *sc.ProcMount == corev1.UnmaskedProcMount:
-				return fmt.Errorf("container %s: an unmasked /proc", c.Name)
-			case sc.Capabilities != nil:
-				for _, capability := range sc.Capabilities.Add {
-					if !slices.Contains(baselineCapabilities, strings.TrimPrefix(strings.ToUpper(string(capability)), "CAP_")) {
-						return fmt.Errorf("container %s: capability %s, beyond the Baseline Pod Security Standard's", c.Name, capability)
-					}
-				}
-			}
-		}
+	}
+	evaluator, err := policy.NewEvaluator(policy.DefaultChecks(), nil)
+	if err != nil {
+		return fmt.Errorf("the Pod Security Standards' checks: %w", err)
+	}
+	baseline := api.LevelVersion{Level: api.LevelBaseline, Version: api.LatestVersion()}
+	if res := policy.AggregateCheckResults(evaluator.EvaluatePod(baseline, &t.ObjectMeta, spec)); !res.Allowed {
+		return fmt.Errorf("leaves the Baseline Pod Security Standard, whose isolation keeps the command from dama's container: %s", res.ForbiddenDetail())
 	}
 	return nil
 }
-
-// baselineCapabilities are those the Baseline Pod Security Standard lets
-// a container add.
-var baselineCapabilities = []string{"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}
 
 // PodName is the name of the pod of run runID of task id.
 func PodName(id int64, runID string) string {
@@ -385,6 +377,13 @@ func (r *Runner) build(l pods.Launch) (*corev1.Pod, error) {
 		SecurityContext: restricted(),
 		Resources:       r.resources,
 	}}, spec.Containers...)
+	if r.tlsSecret != "" {
+		spec.Volumes = append(spec.Volumes, corev1.Volume{Name: volumeTLS, VolumeSource: corev1.VolumeSource{
+			Secret: &corev1.SecretVolumeSource{SecretName: r.tlsSecret, DefaultMode: new(int32(0o444))},
+		}})
+		dama := &spec.Containers[0]
+		dama.VolumeMounts = append(dama.VolumeMounts, corev1.VolumeMount{Name: volumeTLS, MountPath: tlsDir, ReadOnly: true})
+	}
 	return pod, nil
 }
 

@@ -312,6 +312,9 @@ func TestATemplateThatWouldBreakOrExposeThePodIsRefused(t *testing.T) {
 		"privileged":             {`{containers: [{name: task, image: x, securityContext: {privileged: true}}]}`, "privileged"},
 		"ptrace":                 {`{containers: [{name: task, image: x, securityContext: {capabilities: {add: [SYS_PTRACE]}}}]}`, "SYS_PTRACE"},
 		"the node's network":     {`{hostNetwork: true, containers: [{name: task, image: x}]}`, "hostNetwork"},
+		"unconfined seccomp":     {`{securityContext: {seccompProfile: {type: Unconfined}}, containers: [{name: task, image: x}]}`, "seccompProfile"},
+		"a host port":            {`{containers: [{name: task, image: x, ports: [{containerPort: 80, hostPort: 80}]}]}`, "hostPort"},
+		"an unsafe sysctl":       {`{securityContext: {sysctls: [{name: kernel.shm_rmid_forced, value: "0"}, {name: net.core.somaxconn, value: "1024"}]}, containers: [{name: task, image: x}]}`, "sysctls"},
 		"over the shim, oddly":   {`{volumes: [{name: v, emptyDir: {}}], containers: [{name: task, image: x, volumeMounts: [{name: v, mountPath: "//dama-run/./dama-shim"}]}]}`, "dama's"},
 	} {
 		cfg := "log_dir: /l\nkubernetes: {image: d}\nkinds:\n  k: {command: [x], runner: kubernetes, pod: {spec: " + c.spec + "}}\n"
@@ -401,5 +404,28 @@ func TestALaunchWhoseSecretSomeoneElseMadeDoesNotRun(t *testing.T) {
 	}
 	if _, err := core.Pods("etl").Get(ctx, planted.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("the pod of a planted Secret is still there: %v", err)
+	}
+}
+
+func TestOnlyDamasContainerMountsTheTLSSecret(t *testing.T) {
+	r, core := newTestRunner(t, strings.Replace(testConfig, "namespace: etl}", "namespace: etl, tls_secret: db-ca}", 1))
+	ctx := context.Background()
+	if err := r.Launch(ctx, pods.Launch{ContextID: 7, RunID: "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee", Kind: "load"}); err != nil {
+		t.Fatal(err)
+	}
+	pod, err := core.Pods("etl").Get(ctx, PodName(7, "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i := slices.IndexFunc(pod.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == volumeTLS }); i < 0 || pod.Spec.Volumes[i].Secret == nil || pod.Spec.Volumes[i].Secret.SecretName != "db-ca" {
+		t.Fatalf("volumes %+v", pod.Spec.Volumes)
+	}
+	for _, c := range append(pod.Spec.InitContainers, pod.Spec.Containers...) {
+		mounted := slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {
+			return m.Name == volumeTLS && m.MountPath == "/var/run/dama/tls" && m.ReadOnly
+		})
+		if mounted != (c.Name == containerDama) {
+			t.Errorf("container %s mounts the TLS Secret: %t", c.Name, mounted)
+		}
 	}
 }

@@ -81,10 +81,8 @@ func (s *Supervisor) podStarting(ctx context.Context, logger *slog.Logger, tx pg
 	if err != nil {
 		return s.transient(logger, err)
 	}
-	cancel, err := etlcontext.CancelRequestedNow(ctx, tx, c.ID)
-	if err != nil {
-		return s.transient(logger, err)
-	}
+	// Read under the lock: a cancel is requested under it too.
+	cancel := c.CancelRequestedAt != nil
 	// The pod's creation is the API server's time: a skew of the
 	// clocks moves the timeout by as much.
 	if st.Exists && !st.Ended && !cancel && time.Since(st.Created) < time.Duration(k.StartTimeout) {
@@ -162,6 +160,12 @@ func (s *Supervisor) podOver(ctx context.Context, logger *slog.Logger, c *etlcon
 	why, _ := etlcontext.CleanText(st.Reason)
 	return st.Over, why
 }
+
+// podRelaunchDelay is how long a task whose pod did not run its command
+// waits before the next: a pod costs the cluster a scheduling and the
+// start of three containers, and what kept this one from running (an
+// image without the command, a quota) rarely passes in seconds.
+const podRelaunchDelay = 30 * time.Second
 
 // podPruneEvery is how often a supervisor deletes the pods past their
 // kind's pod_retention.

@@ -131,9 +131,13 @@ func (s *Supervisor) settleFinished(ctx context.Context, logger *slog.Logger, tx
 func (s *Supervisor) settleRunning(ctx context.Context, logger *slog.Logger, tx pgx.Tx, c *etlcontext.Context) error {
 	id := c.ID
 	if c.PID == nil {
+		again := time.Duration(s.cfg.PollInterval)
 		if k, ok := s.inPod(c); ok {
 			if err := s.podStarting(ctx, logger, tx, c, k); err != nil {
 				return err
+			}
+			if c.CancelRequestedAt == nil {
+				again = max(again, podRelaunchDelay)
 			}
 		}
 		// The launch never got as far as a command: its task process
@@ -148,7 +152,7 @@ func (s *Supervisor) settleRunning(ctx context.Context, logger *slog.Logger, tx 
 		}
 		s.reportLaunchFailure(ctx, logger, c)
 		s.wakeWaiting(ctx, c.Queue)
-		return river.JobSnooze(time.Duration(s.cfg.PollInterval))
+		return river.JobSnooze(again)
 	}
 	// RUNNING recorded but the lock is free: the attempt's process is
 	// gone without reporting a result, or it lost its lock and is taking

@@ -16,6 +16,18 @@ import (
 	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
+// tee writes to each of its writers whatever the others did, and never
+// fails: a full log volume must not stop the output pipe's drain, on
+// which the command would block.
+type tee []io.Writer
+
+func (t tee) Write(p []byte) (int, error) {
+	for _, w := range t {
+		_, _ = w.Write(p)
+	}
+	return len(p), nil
+}
+
 // surelyTheServer reports whether the connections of url surely reach
 // its server, whatever the pod's /etc/hosts and resolv.conf say: each
 // host tried is named by address (or a Unix socket), or verified by TLS
@@ -173,7 +185,7 @@ func (r *runner) startInShim(eventsR, eventsW *os.File) (*shimCommand, error) {
 	go func() {
 		defer close(c.output)
 		defer outR.Close()
-		_, _ = io.Copy(io.MultiWriter(r.logFile, os.Stdout), outR)
+		_, _ = io.Copy(tee{r.logFile, os.Stdout}, outR)
 	}()
 	go func() {
 		var reply protocol.ShimReply

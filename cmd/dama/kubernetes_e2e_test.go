@@ -512,13 +512,18 @@ func TestPodStartFiguresOnKubernetes(t *testing.T) {
 		name := fmt.Sprintf("bare-%d", i)
 		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.PodSpec{
 			RestartPolicy: corev1.RestartPolicyNever, AutomountServiceAccountToken: new(false),
-			Containers: []corev1.Container{{Name: "main", Image: "dama/task:dev", Command: []string{"sleep", "2"}}},
+			// Long enough for the kubelet to report it running, which
+			// it may not of a container that ended by its next report.
+			Containers: []corev1.Container{{Name: "main", Image: "dama/task:dev", Command: []string{"sleep", "600"}}},
 		}}
 		if _, err := w.core.Pods(w.ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		testenv.Eventually(t, time.Minute, name+" running", func() (bool, error) { return !get(name).running.IsZero(), nil })
 		bare = append(bare, get(name).running.Sub(get(name).added))
+		if err := w.core.Pods(w.ns).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: new(int64(0))}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	for range n {
 		id := testenv.Atoi(t, w.Dama(w.cfg, "submit", "sleeper", "--args", `{"seconds": 1}`).Stdout)

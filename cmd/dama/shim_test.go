@@ -52,6 +52,7 @@ kinds:
         trap 'exit 143' TERM
         case "$DAMA_ARGS" in
           *wait*) echo waiting; while :; do sleep 0.05; done ;;
+          *flood*) yes flood | head -c 4000000 ;;
         esac
         exit 3
   missing:
@@ -335,6 +336,28 @@ func TestAPodsTaskProcessWaitsOutAStepHoldingItsLock(t *testing.T) {
 	}
 	if code := exitOf(t, holder); code != protocol.ExitFailed {
 		t.Fatalf("task process: exit %d, want %d once the step let go of its lock", code, protocol.ExitFailed)
+	}
+	if code := sh.exit(t, 10*time.Second); code != 3 {
+		t.Errorf("dama-shim: exit %d, want the command's 3", code)
+	}
+}
+
+func TestAPodsCommandOutlivesAFullLogVolume(t *testing.T) {
+	w := newPodWorld(t)
+	// The pod's log volume, full after 64 KiB of the command's 4 MB.
+	logs := filepath.Join(w.Dir, "logs")
+	if err := os.MkdirAll(logs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", logs).CombinedOutput(); err != nil {
+		t.Fatalf("mount a small tmpfs: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("umount", "-l", logs).Run() })
+	id := testenv.Atoi(t, w.Dama(w.cfg, "submit", "pod", "--args", `{"flood": true}`).Stdout)
+	holder, _ := w.launch(id)
+	sh := w.startShim()
+	if code := exitOf(t, holder); code != protocol.ExitFailed {
+		t.Fatalf("task process: exit %d, want %d: the command's exit recorded", code, protocol.ExitFailed)
 	}
 	if code := sh.exit(t, 10*time.Second); code != 3 {
 		t.Errorf("dama-shim: exit %d, want the command's 3", code)

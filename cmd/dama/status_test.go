@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"regexp"
 	"strconv"
@@ -122,18 +123,20 @@ func TestAKindThatCannotRunHereSaysWhy(t *testing.T) {
 			t.Errorf("a warning or error said %d times, want once:\n%v", n, said)
 		}
 	}
-	res := w.DamaWith(cfg, []string{"COLUMNS=200"}, "status")
-	if !regexp.MustCompile(`QUEUED .* waiting: /nonexistent/etl-tool not found on host \S+ since \d\d:\d\d:\d\d$`).MatchString(lineWith(res.Stdout, "broken")) {
-		t.Errorf("dama status %d, want why it waits:\n%s", id, res.Stdout)
-	}
-	res = w.DamaWith(cfg, []string{"COLUMNS=80"}, "status")
+	// Between a launch and its taking back the task is RUNNING.
+	var res testenv.Result
+	testenv.Eventually(t, time.Minute, "dama status to say why the task waits", func() (bool, error) {
+		res = w.DamaWith(cfg, []string{"COLUMNS=200"}, "status")
+		return regexp.MustCompile(`QUEUED .* waiting: /nonexistent/etl-tool not found on host \S+ since \d\d:\d\d:\d\d$`).MatchString(lineWith(res.Stdout, "broken")), fmt.Errorf("dama status:\n%s", res.Stdout)
+	})
+	testenv.Eventually(t, time.Minute, "dama status in 80 columns to show the progress and the reason", func() (bool, error) {
+		res = w.DamaWith(cfg, []string{"COLUMNS=80"}, "status")
+		return strings.Contains(res.Stdout, "PROGRESS") && strings.Contains(res.Stdout, "waiting: /nonexistent/"), fmt.Errorf("dama status:\n%s", res.Stdout)
+	})
 	for _, line := range strings.Split(strings.TrimSuffix(res.Stdout, "\n"), "\n") {
 		if n := utf8.RuneCountInString(line); n > 80 {
 			t.Errorf("a line of %d columns with COLUMNS=80: %q", n, line)
 		}
-	}
-	if !strings.Contains(res.Stdout, "PROGRESS") || !strings.Contains(res.Stdout, "waiting: /nonexistent/") {
-		t.Errorf("dama status in 80 columns, want the progress and the reason:\n%s", res.Stdout)
 	}
 }
 

@@ -25,6 +25,16 @@ func Load(path string) (*Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read configuration: %w", err)
 	}
+	return LoadData(abs, data)
+}
+
+// LoadData is Load of the file at path, whose bytes the caller read:
+// data.
+func LoadData(path string, data []byte) (*Config, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, fmt.Errorf("resolve configuration path %s: %w", path, err)
+	}
 	cfg, err := Parse(data)
 	if err != nil {
 		return nil, fmt.Errorf("configuration %s: %w", abs, err)

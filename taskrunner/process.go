@@ -130,24 +130,32 @@ func runnerOptions(ctx context.Context, args []string, funcs Funcs) (Options, er
 			syscall.CloseOnExec(fd)
 		}
 	}
-	cfg, err := config.Load(os.Getenv(protocol.ConfigEnv))
-	if err != nil {
+	var (
+		cfg     *config.Config
+		secrets protocol.Secrets
+	)
+	if launch.SecretsFile != "" {
+		// A pod's: its configuration comes with its secrets.
+		if err = untraced(); err != nil {
+			return Options{}, err
+		}
+		var data []byte
+		if secrets, data, err = protocol.ReadPodFiles(launch.SecretsFile, os.Getenv(protocol.ConfigEnv), launch.SecretsDigest); err != nil {
+			return Options{}, err
+		}
+		if cfg, err = config.LoadData(os.Getenv(protocol.ConfigEnv), data); err != nil {
+			return Options{}, err
+		}
+	} else if cfg, err = config.Load(os.Getenv(protocol.ConfigEnv)); err != nil {
 		return Options{}, err
 	}
 	if launch.LogDir != "" {
 		cfg.LogDir = launch.LogDir
 	}
-	var secrets protocol.Secrets
-	switch {
-	case launch.SecretsFD > 0:
-		secrets, err = readSecrets(launch.SecretsFD)
-	case launch.SecretsFile != "":
-		if err = untraced(); err == nil {
-			secrets, err = protocol.ReadSecretsFile(launch.SecretsFile)
+	if launch.SecretsFD > 0 {
+		if secrets, err = readSecrets(launch.SecretsFD); err != nil {
+			return Options{}, err
 		}
-	}
-	if err != nil {
-		return Options{}, err
 	}
 	var (
 		launchedAt time.Time

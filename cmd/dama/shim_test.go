@@ -31,6 +31,9 @@ type podWorld struct {
 	// processes carry in their arguments, to find any left over.
 	run    string
 	marker string
+	// digest, when set, is the secrets' digest given the task process
+	// instead of theirs.
+	digest string
 }
 
 const podConfig = `
@@ -92,8 +95,16 @@ func (w *podWorld) launch(id int64) (*testenv.Proc, etlcontext.Run) {
 	if err := os.WriteFile(secretsFile, secrets, 0o600); err != nil {
 		w.T.Fatal(err)
 	}
+	cfg, err := os.ReadFile(w.cfg)
+	if err != nil {
+		w.T.Fatal(err)
+	}
+	digest := w.digest
+	if digest == "" {
+		digest = protocol.PodDigest(secrets, cfg)
+	}
 	holder := w.Start(w.cfg, "taskrunner", "--context-id", strconv.FormatInt(id, 10), "--run-id", run.ID,
-		"--secrets-file", secretsFile, "--shim-socket", filepath.Join(w.run, protocol.ShimSocket))
+		"--secrets-file", secretsFile, "--secrets-digest", digest, "--shim-socket", filepath.Join(w.run, protocol.ShimSocket))
 	return holder, run
 }
 
@@ -361,5 +372,34 @@ func TestAPodsCommandOutlivesAFullLogVolume(t *testing.T) {
 	}
 	if code := sh.exit(t, 10*time.Second); code != 3 {
 		t.Errorf("dama-shim: exit %d, want the command's 3", code)
+	}
+}
+
+func TestAPodsTaskProcessRunsOnlyItsSupervisorsSecret(t *testing.T) {
+	w := newPodWorld(t)
+	id := testenv.Atoi(t, w.Dama(w.cfg, "submit", "pod").Stdout)
+	// The pod's spec names its supervisor's Secret by digest: one that
+	// someone else made under its name first is not run.
+	w.digest = protocol.PodDigest([]byte("someone else's"), nil)
+	holder, _ := w.launch(id)
+	sh := w.startShim()
+	if code := exitOf(t, holder); code != protocol.ExitSetup {
+		t.Errorf("task process: exit %d, want %d", code, protocol.ExitSetup)
+	}
+	if out, _ := os.ReadFile(holder.Log); !strings.Contains(string(out), "not its supervisor's (their digest differs)") {
+		t.Errorf("the task process does not say why it stopped:\n%s", out)
+	}
+	// The shim waits for a socket no one listens on (it gives up after
+	// its --wait): the command never started.
+	select {
+	case <-sh.done:
+		t.Errorf("dama-shim exited: %v", sh.err)
+	default:
+	}
+	if left := w.leftOver(); len(left) > 0 {
+		t.Errorf("processes of the command run: %v", left)
+	}
+	if task, err := etlcontext.Get(context.Background(), w.Pool, id); err != nil || task.PID != nil {
+		t.Errorf("the task's process was recorded: %+v, %v", task, err)
 	}
 }

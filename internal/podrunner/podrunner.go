@@ -357,9 +357,10 @@ func (r *Runner) build(l pods.Launch) (*corev1.Pod, error) {
 	}
 	launch := protocol.Launch{
 		ContextID: l.ContextID, RunID: l.RunID, LockMode: k.lockMode,
-		SecretsFile: secretsDir + "/" + secretsKey,
-		ShimSocket:  runDir + "/" + protocol.ShimSocket,
-		LogDir:      protocol.PodLogDir,
+		SecretsFile:   secretsDir + "/" + secretsKey,
+		SecretsDigest: protocol.PodDigest(l.Secrets, l.Config),
+		ShimSocket:    runDir + "/" + protocol.ShimSocket,
+		LogDir:        protocol.PodLogDir,
 	}
 	spec.Containers = append([]corev1.Container{{
 		Name:    containerDama,

@@ -124,6 +124,9 @@ func TestALaunchIsAPodWithDamasContainersAndASecretItOwns(t *testing.T) {
 	if err != nil || dama.Command[0] != "/dama-taskrunner" || dama.Command[1] != protocol.Subcommand {
 		t.Fatalf("dama's command %q: %v", dama.Command, err)
 	}
+	if launch.SecretsDigest != protocol.PodDigest(l.Secrets, l.Config) {
+		t.Errorf("dama's launch names the digest %q, not its Secret's", launch.SecretsDigest)
+	}
 	if launch.ContextID != 42 || launch.RunID != l.RunID || launch.LockMode != config.LockModeAdvisory || launch.ShimSocket != "/dama-run/shim.sock" || launch.LogDir != protocol.PodLogDir {
 		t.Errorf("dama's launch %+v", launch)
 	}

@@ -53,6 +53,10 @@ type Launch struct {
 	// Secrets.Encode wrote them, once the process is non-dumpable: a
 	// pod's, where a Secret that only dama's container mounts holds them.
 	SecretsFile string
+	// SecretsDigest, required with SecretsFile, is PodDigest of the
+	// secrets file and the configuration's: the task process runs only
+	// the launch its supervisor made.
+	SecretsDigest string
 	// LogDir, when set, is the directory of the task's log file, over the
 	// configuration's log_dir: a pod's own volume (PodLogDir).
 	LogDir string
@@ -83,7 +87,7 @@ func (l Launch) Args() []string {
 		args = append(args, "--secrets-fd", strconv.Itoa(l.SecretsFD))
 	}
 	if l.SecretsFile != "" {
-		args = append(args, "--secrets-file", l.SecretsFile)
+		args = append(args, "--secrets-file", l.SecretsFile, "--secrets-digest", l.SecretsDigest)
 	}
 	if l.ShimSocket != "" {
 		args = append(args, "--shim-socket", l.ShimSocket)
@@ -109,6 +113,7 @@ func ParseLaunch(args []string) (Launch, error) {
 	fs.IntVar(&l.SpareFD, "spare-fd", 0, "descriptor to wait on for the launch, as a spare")
 	fs.StringVar(&lockMode, "lock-mode", "", "how to hold the lock: row (the default), advisory or host")
 	fs.StringVar(&l.SecretsFile, "secrets-file", "", "file to read the secrets from")
+	fs.StringVar(&l.SecretsDigest, "secrets-digest", "", "digest of the secrets file and the configuration's")
 	fs.StringVar(&l.ShimSocket, "shim-socket", "", "socket to run the command through, in a pod")
 	fs.StringVar(&l.LogDir, "log-dir", "", "directory of the task's log file, over the configuration's")
 	if err := fs.Parse(args); err != nil {
@@ -117,6 +122,8 @@ func ParseLaunch(args []string) (Launch, error) {
 	switch {
 	case l.SecretsFile != "" && l.SecretsFD > 0:
 		return Launch{}, errors.New("--secrets-file and --secrets-fd: the secrets come from one")
+	case (l.SecretsFile != "") != (l.SecretsDigest != ""):
+		return Launch{}, errors.New("--secrets-file and --secrets-digest go together")
 	case l.ShimSocket != "" && !filepath.IsAbs(l.ShimSocket):
 		return Launch{}, fmt.Errorf("--shim-socket %q: want an absolute path", l.ShimSocket)
 	case l.LogDir != "" && !filepath.IsAbs(l.LogDir):
@@ -143,7 +150,7 @@ func ParseLaunch(args []string) (Launch, error) {
 		var given []string
 		fs.Visit(func(f *flag.Flag) {
 			switch f.Name {
-			case "context-id", "run-id", "secrets-fd", "secrets-file":
+			case "context-id", "run-id", "secrets-fd", "secrets-file", "secrets-digest":
 				given = append(given, "--"+f.Name)
 			}
 		})

@@ -33,7 +33,9 @@ func FuzzParseLaunch(f *testing.F) {
 		{"--spare-fd\x004\x00--secrets-fd\x005", Launch{}},
 		{"--spare-fd\x004\x00--lock-mode\x00rows", Launch{}},
 		{"--spare-fd\x002", Launch{}},
-		{join(Launch{ContextID: 42, RunID: "r", LockMode: LockModeAdvisory, ShimSocket: "/dama-run/shim.sock", SecretsFile: "/var/run/dama/secrets"}), Launch{}},
+		{join(Launch{ContextID: 42, RunID: "r", LockMode: LockModeAdvisory, ShimSocket: "/dama-run/shim.sock", SecretsFile: "/var/run/dama/secrets", SecretsDigest: strings.Repeat("0a", 32)}), Launch{}},
+		{"--context-id\x0042\x00--run-id\x00r\x00--secrets-file\x00/s", Launch{}},
+		{"--context-id\x0042\x00--run-id\x00r\x00--secrets-digest\x00ab", Launch{}},
 		{"--context-id\x0042\x00--run-id\x00r\x00--shim-socket\x00shim.sock", Launch{}},
 		{"--context-id\x0042\x00--run-id\x00r\x00--shim-socket\x00/s\x00--lock-mode\x00host", Launch{}},
 		{"--context-id\x0042\x00--run-id\x00r\x00--secrets-file\x00/s\x00--secrets-fd\x005", Launch{}},
@@ -68,6 +70,8 @@ func FuzzParseLaunch(f *testing.F) {
 				t.Fatalf("ParseLaunch(%q) = %+v: a descriptor the runner must not read or close", args, l)
 			case l.SecretsFile != "" && l.SecretsFD != 0:
 				t.Fatalf("ParseLaunch(%q) = %+v: secrets from two places", args, l)
+			case (l.SecretsFile != "") != (l.SecretsDigest != ""):
+				t.Fatalf("ParseLaunch(%q) = %+v: a secrets file without its digest, or a digest without a file", args, l)
 			case l.ShimSocket != "" && (!strings.HasPrefix(l.ShimSocket, "/") || l.LockMode == LockModeHost):
 				t.Fatalf("ParseLaunch(%q) = %+v: a pod's task process with a relative socket or a keeper", args, l)
 			}

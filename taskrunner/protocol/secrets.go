@@ -1,6 +1,7 @@
 package protocol
 
 import (
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -39,19 +40,51 @@ const MaxSecrets = 16 << 10
 // Encode returns s as a pod's secrets file holds them (Launch.SecretsFile).
 func (s Secrets) Encode() ([]byte, error) { return s.encode() }
 
-// ReadSecretsFile reads the secrets in the file at path (Launch.SecretsFile).
-// Call it once the process is non-dumpable and untraced.
-func ReadSecretsFile(path string) (Secrets, error) {
+// ReadPodFiles reads a pod's secrets file (Launch.SecretsFile) and its
+// configuration's, and checks them against the digest its supervisor put
+// in the pod's spec (Launch.SecretsDigest, PodDigest): a Secret of the
+// pod's name that someone else made before the supervisor did is not
+// run. It returns the secrets and the configuration's bytes. Call it once
+// the process is non-dumpable and untraced.
+func ReadPodFiles(secretsPath, configPath, digest string) (Secrets, []byte, error) {
+	secrets, err := readBounded(secretsPath, MaxSecrets)
+	if err != nil {
+		return Secrets{}, nil, fmt.Errorf("read the secrets: %w", err)
+	}
+	cfg, err := readBounded(configPath, MaxPodConfig)
+	if err != nil {
+		return Secrets{}, nil, fmt.Errorf("read the configuration: %w", err)
+	}
+	if PodDigest(secrets, cfg) != digest {
+		return Secrets{}, nil, errors.New("the pod's secrets and configuration are not its supervisor's (their digest differs): someone else made the pod's Secret")
+	}
+	s, err := parseSecrets(secrets)
+	return s, cfg, err
+}
+
+// MaxPodConfig bounds a pod's configuration file: a Secret holds 1 MiB.
+const MaxPodConfig = 1 << 20
+
+// PodDigest is the digest of a pod's secrets and configuration, which
+// its supervisor puts in the pod's spec (Launch.SecretsDigest).
+func PodDigest(secrets, config []byte) string {
+	a, b := sha256.Sum256(secrets), sha256.Sum256(config)
+	sum := sha256.Sum256(append(a[:], b[:]...))
+	return hex.EncodeToString(sum[:])
+}
+
+// readBounded reads the file at path, refusing one over limit bytes.
+func readBounded(path string, limit int64) ([]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return Secrets{}, fmt.Errorf("read the secrets: %w", err)
+		return nil, err
 	}
 	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, MaxSecrets+1))
-	if err != nil {
-		return Secrets{}, fmt.Errorf("read the secrets: %w", err)
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err == nil && int64(len(b)) > limit {
+		err = fmt.Errorf("%s: over %d bytes", path, limit)
 	}
-	return parseSecrets(b)
+	return b, err
 }
 
 // encode returns s as the bytes parseSecrets reads: NUL-terminated

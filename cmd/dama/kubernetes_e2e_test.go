@@ -13,7 +13,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -463,85 +462,45 @@ func TestWhatKubernetesAddsOnKubernetes(t *testing.T) {
 // TestPodStartFiguresOnKubernetes measures a task's pod from its creation
 // to its lock held, beside a bare pod of the same image from its
 // creation to its container running, both as this test sees them (the
-// API's watch, the database polled every 10ms), one pod at a time.
+// API and the database polled every 10ms), one pod at a time.
 func TestPodStartFiguresOnKubernetes(t *testing.T) {
 	w := newKubeWorld(t)
 	w.deploy()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	watcher, err := w.core.Pods(w.ns).Watch(ctx, metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer watcher.Stop()
-	type seen struct{ added, running time.Time }
-	var mu sync.Mutex
-	pods := map[string]*seen{}
-	go func() {
-		for ev := range watcher.ResultChan() {
-			pod, ok := ev.Object.(*corev1.Pod)
-			if !ok {
-				continue
-			}
-			now := time.Now()
-			mu.Lock()
-			p := pods[pod.Name]
-			if p == nil {
-				p = &seen{added: now}
-				pods[pod.Name] = p
-			}
-			for _, c := range pod.Status.ContainerStatuses {
-				if (c.Name == "main" || c.Name == "dama") && c.State.Running != nil && p.running.IsZero() {
-					p.running = now
-				}
-			}
-			mu.Unlock()
-		}
-	}()
-	get := func(name string) seen {
-		mu.Lock()
-		defer mu.Unlock()
-		if p := pods[name]; p != nil {
-			return *p
-		}
-		return seen{}
-	}
+	ctx := context.Background()
+	// Polled every 10ms rather than watched: a watch that ends early
+	// (the API server may close it) would miss a pod's start.
+	const every = 10 * time.Millisecond
 	const n = 5
 	var bare, task []time.Duration
 	for i := range n {
 		name := fmt.Sprintf("bare-%d", i)
 		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.PodSpec{
 			RestartPolicy: corev1.RestartPolicyNever, AutomountServiceAccountToken: new(false),
-			// Long enough for the kubelet to report it running, which
-			// it may not of a container that ended by its next report.
 			Containers: []corev1.Container{{Name: "main", Image: "dama/task:dev", Command: []string{"sleep", "600"}}},
 		}}
+		created := time.Now()
 		if _, err := w.core.Pods(w.ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		testenv.Eventually(t, time.Minute, name+" running", func() (bool, error) { return !get(name).running.IsZero(), nil })
-		bare = append(bare, get(name).running.Sub(get(name).added))
+		testenv.EventuallyEvery(t, every, time.Minute, name+" running", func() (bool, error) {
+			p, err := w.core.Pods(w.ns).Get(ctx, name, metav1.GetOptions{})
+			return err == nil && len(p.Status.ContainerStatuses) == 1 && p.Status.ContainerStatuses[0].State.Running != nil, err
+		})
+		bare = append(bare, time.Since(created))
 		if err := w.core.Pods(w.ns).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: new(int64(0))}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for range n {
 		id := testenv.Atoi(t, w.Dama(w.cfg, "submit", "sleeper", "--args", `{"seconds": 1}`).Stdout)
-		var name string
-		testenv.Eventually(t, time.Minute, "the task's pod", func() (bool, error) {
-			if names := w.taskPods(id); len(names) == 1 {
-				name = names[0]
-			}
-			return name != "" && !get(name).added.IsZero(), nil
-		})
-		var locked time.Time
-		testenv.Eventually(t, time.Minute, "the task's lock", func() (bool, error) {
+		testenv.EventuallyEvery(t, every, time.Minute, "the task's pod", func() (bool, error) { return len(w.taskPods(id)) == 1, nil })
+		created := time.Now()
+		testenv.EventuallyEvery(t, every, time.Minute, "the task's lock", func() (bool, error) {
 			var ok bool
 			err := w.Pool.QueryRow(ctx, `SELECT pid IS NOT NULL FROM data_manager.etl_contexts WHERE etl_context_id = $1`, id).Scan(&ok)
-			locked = time.Now()
 			return ok, err
 		})
-		task = append(task, locked.Sub(get(name).added))
+		task = append(task, time.Since(created))
 		w.WaitForTask(id, time.Minute, "DONE", func(task etlcontext.Task) bool { return task.Status.Finished() })
 	}
 	slices.Sort(bare)

@@ -353,6 +353,13 @@ func (r *Runner) build(l pods.Launch) (*corev1.Pod, error) {
 				c.SecurityContext.Capabilities = &corev1.Capabilities{}
 			}
 			c.SecurityContext.Capabilities.Drop = append(c.SecurityContext.Capabilities.Drop, "NET_RAW")
+			// A process that gained another user's rights through a
+			// setuid program would outlive the shim's kill(-1), and keep
+			// the attempt from ending; a template that needs them says
+			// so.
+			if c.SecurityContext.AllowPrivilegeEscalation == nil {
+				c.SecurityContext.AllowPrivilegeEscalation = new(false)
+			}
 		}
 	}
 	launch := protocol.Launch{

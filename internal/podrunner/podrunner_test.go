@@ -139,6 +139,9 @@ func TestALaunchIsAPodWithDamasContainersAndASecretItOwns(t *testing.T) {
 	if caps := task.SecurityContext.Capabilities; caps == nil || !slices.Contains(caps.Drop, "NET_RAW") {
 		t.Errorf("the task's container keeps raw sockets on the task process's network: %+v", task.SecurityContext)
 	}
+	if e := task.SecurityContext.AllowPrivilegeEscalation; e == nil || *e {
+		t.Errorf("the task's container lets a setuid program escape the shim's kill: %+v", task.SecurityContext)
+	}
 	// Only dama's container mounts the Secret.
 	for _, c := range spec.Containers {
 		for _, m := range c.VolumeMounts {

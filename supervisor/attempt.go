@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -41,7 +42,7 @@ func (s *Supervisor) lockedElsewhere(ctx context.Context, logger *slog.Logger, t
 			s.fence.forget(id)
 		}
 		if c.PID != nil {
-			s.podStarted(id, c.ProcessStartedAt)
+			s.podStarted(id, cmp.Or(c.ProcessStartedAt, new(time.Now())))
 		}
 		return errHold
 	}
@@ -189,5 +190,5 @@ func (s *Supervisor) reportLaunchFailure(ctx context.Context, logger *slog.Logge
 		logger.Debug("launch failed again; taken back without spending an attempt", "reason", reason)
 		return
 	}
-	logger.Error("launch failed; taken back without spending an attempt, tried again every poll interval", "reason", reason)
+	logger.Error("launch failed; taken back without spending an attempt, tried again every poll interval (every 30s in a pod)", "reason", reason)
 }

@@ -75,14 +75,12 @@ func (s *Supervisor) podStarted(id int64, at *time.Time) {
 // kind's start_timeout of its creation; otherwise the pod is deleted (a
 // task process that would start in it late finds its run taken back and
 // exits), why is recorded in a WARNING, once per attempt, and nil lets the
-// launch be taken back in tx. A cancel takes it back at once.
-func (s *Supervisor) podStarting(ctx context.Context, logger *slog.Logger, tx pgx.Tx, c *etlcontext.Context, k config.Kind) error {
+// launch be taken back in tx. A cancel (requested) takes it back at once.
+func (s *Supervisor) podStarting(ctx context.Context, logger *slog.Logger, tx pgx.Tx, c *etlcontext.Context, k config.Kind, cancel bool) error {
 	st, err := s.opts.Pods.Pod(ctx, c.ID, *c.RunID)
 	if err != nil {
 		return s.transient(logger, err)
 	}
-	// Read under the lock: a cancel is requested under it too.
-	cancel := c.CancelRequestedAt != nil
 	// The pod's creation is the API server's time: a skew of the
 	// clocks moves the timeout by as much.
 	if st.Exists && !st.Ended && !cancel && time.Since(st.Created) < time.Duration(k.StartTimeout) {
@@ -191,7 +189,11 @@ func (s *Supervisor) podPruneLoop(ctx context.Context) {
 // podFinished deletes the pod of c's last run, finished, at once when it
 // was cancelled or its kind keeps no finished pod (pod_retention 0s).
 func (s *Supervisor) podFinished(ctx context.Context, logger *slog.Logger, c *etlcontext.Context) {
-	s.podStarted(c.ID, c.ProcessStartedAt)
+	var at *time.Time
+	if c.PID != nil {
+		at = cmp.Or(c.ProcessStartedAt, new(time.Now()))
+	}
+	s.podStarted(c.ID, at)
 	if k, ok := s.inPod(c); !ok || c.RunID == nil || (*k.PodRetention > 0 && c.Status != etlcontext.StatusCancelled) {
 		return
 	}

@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -132,11 +133,16 @@ func (s *Supervisor) settleRunning(ctx context.Context, logger *slog.Logger, tx 
 	id := c.ID
 	if c.PID == nil {
 		again := time.Duration(s.cfg.PollInterval)
+		cancel := false
 		if k, ok := s.inPod(c); ok {
-			if err := s.podStarting(ctx, logger, tx, c, k); err != nil {
+			var err error
+			if cancel, err = etlcontext.CancelRequestedNow(ctx, tx, id); err != nil {
+				return s.transient(logger, err)
+			}
+			if err := s.podStarting(ctx, logger, tx, c, k, cancel); err != nil {
 				return err
 			}
-			if c.CancelRequestedAt == nil {
+			if !cancel {
 				again = max(again, podRelaunchDelay)
 			}
 		}
@@ -150,7 +156,9 @@ func (s *Supervisor) settleRunning(ctx context.Context, logger *slog.Logger, tx 
 		if err := tx.Commit(ctx); err != nil {
 			return s.transient(logger, fmt.Errorf("commit abandoned launch of task %d: %w", id, err))
 		}
-		s.reportLaunchFailure(ctx, logger, c)
+		if !cancel {
+			s.reportLaunchFailure(ctx, logger, c)
+		}
 		s.wakeWaiting(ctx, c.Queue)
 		return river.JobSnooze(again)
 	}
@@ -212,7 +220,7 @@ func (s *Supervisor) settleRunning(ctx context.Context, logger *slog.Logger, tx 
 	if err := tx.Commit(ctx); err != nil {
 		return s.transient(logger, fmt.Errorf("commit death of task %d: %w", id, err))
 	}
-	s.podStarted(id, c.ProcessStartedAt)
+	s.podStarted(id, cmp.Or(c.ProcessStartedAt, new(time.Now())))
 	s.metrics.lockLosses.WithLabelValues(c.Queue, c.Kind).Inc()
 	s.metrics.attemptsFailed.WithLabelValues(c.Queue, c.Kind, failedLockLost).Inc()
 	if after.Status == etlcontext.StatusFailed {

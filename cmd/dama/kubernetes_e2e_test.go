@@ -360,14 +360,15 @@ func TestWhatKubernetesAddsOnKubernetes(t *testing.T) {
 
 	t.Run("cancel stops the command, then deletes the pod", func(t *testing.T) {
 		running(cancelled, 1)
-		if res := w.Dama(w.cfg, "cancel", strconv.FormatInt(cancelled, 10)); res.Code != 0 {
-			t.Fatalf("cancel: %d %s", res.Code, res.Stderr)
-		}
-		w.WaitForTask(cancelled, 2*time.Minute, "CANCELLED", func(task etlcontext.Task) bool { return task.Status == etlcontext.StatusCancelled })
+		// Named before the cancel, which deletes it.
 		pods := w.taskPods(cancelled)
 		if len(pods) != 1 {
 			t.Fatalf("pods %v", pods)
 		}
+		if res := w.Dama(w.cfg, "cancel", strconv.FormatInt(cancelled, 10)); res.Code != 0 {
+			t.Fatalf("cancel: %d %s", res.Code, res.Stderr)
+		}
+		w.WaitForTask(cancelled, 2*time.Minute, "CANCELLED", func(task etlcontext.Task) bool { return task.Status == etlcontext.StatusCancelled })
 		testenv.Eventually(t, time.Minute, "the cancelled task's pod to be deleted", func() (bool, error) {
 			pod, err := w.core.Pods(w.ns).Get(ctx, pods[0], metav1.GetOptions{})
 			if apierrors.IsNotFound(err) {

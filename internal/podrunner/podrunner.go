@@ -445,7 +445,7 @@ func (r *Runner) Launch(ctx context.Context, l pods.Launch) error {
 				err = errors.Join(err, derr)
 			}
 		}
-		return fmt.Errorf("create pod %s: %w", pod.Name, err)
+		return fmt.Errorf("create the task's pod: %w", &unnamed{err, pod.Name})
 	}
 	secret := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{
@@ -461,11 +461,24 @@ func (r *Runner) Launch(ctx context.Context, l pods.Launch) error {
 		if derr := r.delete(context.WithoutCancel(ctx), pod.Name); derr != nil {
 			err = errors.Join(err, derr)
 		}
-		return fmt.Errorf("create the Secret of pod %s: %w", pod.Name, err)
+		return fmt.Errorf("create the Secret of the task's pod: %w", &unnamed{err, pod.Name})
 	}
 	r.logger.Info("created pod", "pod", pod.Name, "namespace", r.namespace, "etl_context_id", l.ContextID, "kind", l.Kind)
 	return nil
 }
+
+// unnamed is err said without the pod's name, which changes with each
+// run: the same refusal (a quota, an admission policy) reads the same at
+// every launch, and is recorded once.
+type unnamed struct {
+	err  error
+	name string
+}
+
+func (e *unnamed) Error() string {
+	return strings.ReplaceAll(e.err.Error(), e.name, "dama-<task>-<run>")
+}
+func (e *unnamed) Unwrap() error { return e.err }
 
 // Pod returns what Kubernetes says of the pod of run runID of task id.
 func (r *Runner) Pod(ctx context.Context, id int64, runID string) (pods.State, error) {
@@ -496,7 +509,7 @@ func stateOf(pod *corev1.Pod) pods.State {
 		if c.Name == containerDama && (c.State.Running != nil || c.State.Terminated != nil) {
 			st.Started = true
 		}
-		if c.Name == containerDama && c.State.Terminated != nil {
+		if t := c.State.Terminated; c.Name == containerDama && t != nil && t.Reason != "ContainerStatusUnknown" {
 			st.HolderEnded = true
 		}
 	}
@@ -629,6 +642,9 @@ func (r *Runner) prune(ctx context.Context, pod *corev1.Pod) error {
 		// A pod left by a launch taken back (a creation that landed
 		// after its step gave up on it): its task process never
 		// started, and no longer can.
+	case gaveUp(pod):
+		// Its task process found its run taken back or its task
+		// finished (cancelled while the pod started): it ran nothing.
 	case !st.Over && !st.HolderEnded:
 		return nil
 	case time.Since(endOf(pod)) < max(k.retention, recordDeath):
@@ -641,6 +657,17 @@ func (r *Runner) prune(ctx context.Context, pod *corev1.Pod) error {
 		return nil
 	}
 	return r.delete(ctx, pod.Name)
+}
+
+// gaveUp reports whether pod's task process exited without running the
+// command, its run no longer current.
+func gaveUp(pod *corev1.Pod) bool {
+	for _, c := range pod.Status.ContainerStatuses {
+		if t := c.State.Terminated; c.Name == containerDama && t != nil && t.Reason != "ContainerStatusUnknown" {
+			return t.ExitCode == protocol.ExitLocked || t.ExitCode == protocol.ExitFinished
+		}
+	}
+	return false
 }
 
 // recordDeath is how long a finished pod is kept at the least, for the

@@ -269,6 +269,12 @@ func TestPruneDeletesThePodsPastTheirRetention(t *testing.T) {
 		{Phase: corev1.PodPending},
 		// Its task process ended 2h ago, a sidecar runs on: deleted.
 		{Phase: corev1.PodRunning, ContainerStatuses: append(terminated(2*time.Hour), corev1.ContainerStatus{Name: "proxy", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}})},
+		// Its task process found its task finished (cancelled while the
+		// pod started) a minute ago: it ran nothing; deleted.
+		{Phase: corev1.PodRunning, ContainerStatuses: []corev1.ContainerStatus{
+			{Name: "dama", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: protocol.ExitFinished, FinishedAt: metav1.NewTime(time.Now().Add(-time.Minute))}}},
+			{Name: "task", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}},
+		}},
 	} {
 		runID := strings.Repeat(string(rune('a'+i)), 12)
 		if err := r.Launch(ctx, pods.Launch{ContextID: int64(i + 1), RunID: runID, Kind: "load"}); err != nil {

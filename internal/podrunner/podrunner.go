@@ -162,13 +162,19 @@ func NewWith(core corev1client.CoreV1Interface, namespace string, cfg *config.Co
 	return r, nil
 }
 
+// strict decodes the JSON raw into v, refusing a field v does not have:
+// a misspelt one is an error, not a setting silently ignored.
+func strict(raw []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	return dec.Decode(v)
+}
+
 // parseTemplate reads a kind's pod template, and says what in it would
 // keep dama's part of the pod from working or from being safe.
 func parseTemplate(raw []byte) (corev1.PodTemplateSpec, error) {
 	var t corev1.PodTemplateSpec
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&t); err != nil {
+	if err := strict(raw, &t); err != nil {
 		return t, fmt.Errorf("not a PodTemplateSpec (metadata, spec): %w", err)
 	}
 	spec := &t.Spec
@@ -399,9 +405,7 @@ func (r *Runner) build(l pods.Launch) (*corev1.Pod, error) {
 // its limit, which every pod's creation would.
 func parseResources(raw []byte) (corev1.ResourceRequirements, error) {
 	var res corev1.ResourceRequirements
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&res); err != nil {
+	if err := strict(raw, &res); err != nil {
 		return res, fmt.Errorf("not a ResourceRequirements (requests, limits): %w", err)
 	}
 	if len(res.Claims) > 0 {

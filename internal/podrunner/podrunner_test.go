@@ -362,17 +362,25 @@ func TestATemplateThatWouldBreakOrExposeThePodIsRefused(t *testing.T) {
 	}
 }
 
-func TestDamasContainersTakeTheConfiguredResources(t *testing.T) {
-	yaml := strings.Replace(testConfig, "namespace: etl}", "namespace: etl, resources: {requests: {cpu: 50m, memory: 64Mi}, limits: {cpu: 1, memory: 128Mi}}}", 1)
+// launchedPod is the pod a runner of the configuration yaml creates for a
+// launch of its kind load.
+func launchedPod(t *testing.T, yaml string) *corev1.Pod {
+	t.Helper()
 	r, core := newTestRunner(t, yaml)
 	ctx := context.Background()
-	if err := r.Launch(ctx, pods.Launch{ContextID: 7, RunID: "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee", Kind: "load"}); err != nil {
+	const runID = "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"
+	if err := r.Launch(ctx, pods.Launch{ContextID: 7, RunID: runID, Kind: "load"}); err != nil {
 		t.Fatal(err)
 	}
-	pod, err := core.Pods("etl").Get(ctx, PodName(7, "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"), metav1.GetOptions{})
+	pod, err := core.Pods("etl").Get(ctx, PodName(7, runID), metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return pod
+}
+
+func TestDamasContainersTakeTheConfiguredResources(t *testing.T) {
+	pod := launchedPod(t, strings.Replace(testConfig, "namespace: etl}", "namespace: etl, resources: {requests: {cpu: 50m, memory: 64Mi}, limits: {cpu: 1, memory: 128Mi}}}", 1))
 	for _, c := range append(pod.Spec.InitContainers, pod.Spec.Containers...) {
 		res := c.Resources
 		switch c.Name {
@@ -420,15 +428,7 @@ func TestALaunchWhoseSecretSomeoneElseMadeDoesNotRun(t *testing.T) {
 }
 
 func TestOnlyDamasContainerMountsTheTLSSecret(t *testing.T) {
-	r, core := newTestRunner(t, strings.Replace(testConfig, "namespace: etl}", "namespace: etl, tls_secret: db-ca}", 1))
-	ctx := context.Background()
-	if err := r.Launch(ctx, pods.Launch{ContextID: 7, RunID: "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee", Kind: "load"}); err != nil {
-		t.Fatal(err)
-	}
-	pod, err := core.Pods("etl").Get(ctx, PodName(7, "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"), metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pod := launchedPod(t, strings.Replace(testConfig, "namespace: etl}", "namespace: etl, tls_secret: db-ca}", 1))
 	if i := slices.IndexFunc(pod.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == volumeTLS }); i < 0 || pod.Spec.Volumes[i].Secret == nil || pod.Spec.Volumes[i].Secret.SecretName != "db-ca" {
 		t.Fatalf("volumes %+v", pod.Spec.Volumes)
 	}

@@ -5,7 +5,48 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib-postgres.sh
 
+# --slow: the whole run (this script, the tests, every process and server
+# they start) in a control group of its own limited to one core's worth of
+# CPU, half this machine: how the suite fares on a slower machine of the
+# same kind, reproducibly. Needs root and the cpu controller (v1 or v2).
+slow_cg=
+go_timeout=30m
+if [ "${1:-}" = --slow ]; then
+	shift
+	[ "$(id -u)" -eq 0 ] || { echo "test.sh --slow: needs root, to make a control group" >&2; exit 1; }
+	if [ -f /sys/fs/cgroup/cgroup.controllers ] && grep -qw cpu /sys/fs/cgroup/cgroup.controllers; then
+		slow_cg=/sys/fs/cgroup/dama-test-slow.$$
+		mkdir "$slow_cg"
+		echo "100000 100000" >"$slow_cg/cpu.max"
+	elif [ -d /sys/fs/cgroup/cpu ] && [ -f /sys/fs/cgroup/cpu/cpu.cfs_quota_us ]; then
+		slow_cg=/sys/fs/cgroup/cpu/dama-test-slow.$$
+		mkdir "$slow_cg"
+		echo 100000 >"$slow_cg/cpu.cfs_period_us"
+		echo 100000 >"$slow_cg/cpu.cfs_quota_us"
+	else
+		echo "test.sh --slow: no cpu controller under /sys/fs/cgroup (v1 cpu/ or v2 cgroup.controllers)" >&2
+		exit 1
+	fi
+	echo $$ >"$slow_cg/cgroup.procs"
+	echo "test.sh --slow: one core's worth of CPU ($(nproc) here), in $slow_cg" >&2
+	# Everything runs twice as long: go test's own deadline too.
+	go_timeout=60m
+fi
+# slow_cg_remove leaves the control group once every process in it ended;
+# one still there is a process a test leaked, and is named.
+slow_cg_remove() {
+	[ -n "$slow_cg" ] || return 0
+	echo $$ >"$(dirname "$slow_cg")/cgroup.procs"
+	if [ -s "$slow_cg/cgroup.procs" ]; then
+		echo "test.sh --slow: processes left behind in $slow_cg:" >&2
+		xargs -r ps -o pid,args -p <"$slow_cg/cgroup.procs" >&2 || true
+		return 0
+	fi
+	rmdir "$slow_cg"
+}
+
 dama_pg_use TEST_DATABASE_URL
+trap 'dama_pg_stop; slow_cg_remove' EXIT
 
 # The fault tests start servers of their own (from the binaries
 # dama_pg_install provides) and silence connections with nftables, which
@@ -66,7 +107,7 @@ go vet -tags kubernetes ./cmd/dama
 # once with the race detector for every package's tests.
 DAMA_TEST_BIN_DIR=$(mktemp -d /tmp/dama-test-bin.XXXXXX)
 export DAMA_TEST_BIN_DIR
-trap 'rm -rf "$DAMA_TEST_BIN_DIR"; dama_pg_stop' EXIT
+trap 'rm -rf "$DAMA_TEST_BIN_DIR"; dama_pg_stop; slow_cg_remove' EXIT
 go build -race -ldflags "-X github.com/dama-etl/dama/version.commit=$(git rev-parse HEAD 2>/dev/null || true)" \
 	-o "$DAMA_TEST_BIN_DIR/" ./cmd/dama ./cmd/dama-taskrunner ./cmd/dama-shim ./cmd/sample-etl ./cmd/sample-embedded
 
@@ -74,7 +115,7 @@ go build -race -ldflags "-X github.com/dama-etl/dama/version.commit=$(git rev-pa
 # on the lock mode runs once per mode (row, advisory, host), in parallel
 # subtests (testenv.LockModes). Most tests wait on processes and the
 # database, not the CPU: DAMA_TEST_PARALLEL of them run at once.
-go test -race -count=1 -timeout 30m -parallel "${DAMA_TEST_PARALLEL:-8}" "$@" ./...
+go test -race -count=1 -timeout "$go_timeout" -parallel "${DAMA_TEST_PARALLEL:-8}" "$@" ./...
 
 # A short fuzz pass over the parsers of outside input, from the corpora in
 # each package's testdata/fuzz and the inputs this host's Go cache kept from

@@ -3,6 +3,7 @@ package supervisor
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/taskrunner"
@@ -65,6 +66,23 @@ func (s *Supervisor) ConnectionBudget(ctx context.Context) (Budget, error) {
 		return b, fmt.Errorf("read the server's connection limits: %w", err)
 	}
 	return b, nil
+}
+
+// reportOutageTolerance logs at start what a database restart or failover
+// costs the running tasks: nothing while it is shorter than
+// reconnect_grace, their attempts past it. The grace is also most of how
+// long a lost host's tasks wait for their retry (fence_window, from when the
+// server freed their locks): a longer grace rides out slower restarts and
+// retries a lost host's tasks later.
+func (s *Supervisor) reportOutageTolerance() {
+	grace := time.Duration(*s.cfg.ReconnectGrace)
+	fence := taskrunner.FenceWindow(time.Duration(s.cfg.HeartbeatInterval), grace, time.Duration(s.cfg.KillGrace), time.Duration(s.cfg.PollInterval))
+	if grace == 0 {
+		s.logger.Info("reconnect_grace is 0s: a database restart or failover ends every running attempt, retried from its checkpoint", "fence_window", fence)
+		return
+	}
+	s.logger.Info("a database restart or failover shorter than reconnect_grace keeps running tasks running; a longer one ends their attempts, retried from their checkpoints",
+		"reconnect_grace", grace, "fence_window", fence)
 }
 
 // reportBudget logs the connection budget at start, as a warning when the

@@ -386,6 +386,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	s.logger.Info("supervisor started", "host", s.host, "client_id", s.river.ID(), "queues", s.cfg.QueueNames(), "kinds", s.cfg.KindNames(),
 		"release", version.Release, "commit", version.Commit(), "protocol", protocol.Version, "task_program", s.opts.Executable)
 	close(s.started)
+	s.reportOutageTolerance()
 	s.reportBudget(ctx)
 	s.checkCommands()
 	bg.Go(func() { s.rescueLoop(bgCtx) })

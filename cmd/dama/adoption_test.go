@@ -21,9 +21,9 @@ func TestTasksSurviveSupervisorKillAndAreAdopted(t *testing.T) {
 func testTasksSurviveSupervisorKillAndAreAdopted(t *testing.T) {
 	w := newWorld(t, 10)
 	first := w.Start(w.cfg, "supervisor")
-	// Long enough to be seen running on a busy machine, where launches
-	// come seconds apart.
-	ids := []int64{w.submit(100, 100), w.submit(100, 100), w.submit(100, 100)}
+	// Running until the test has seen them adopted, however slow the
+	// machine.
+	ids := []int64{w.submitHeld(20, 100), w.submitHeld(20, 100), w.submitHeld(20, 100)}
 	pids := map[int64]int{}
 	for _, id := range ids {
 		pids[id] = *w.waitRunning(id).PID
@@ -46,6 +46,8 @@ func testTasksSurviveSupervisorKillAndAreAdopted(t *testing.T) {
 	}
 
 	second := w.Start(w.cfg, "supervisor")
+	second.WaitReady(t, time.Minute)
+	w.release()
 	for _, id := range ids {
 		got := w.waitSettled(id, 60*time.Second)
 		if got.Status != etlcontext.StatusDone || got.Attempt != 1 {
@@ -71,9 +73,9 @@ func TestSecondTaskrunnerExitsWithoutWriting(t *testing.T) {
 func testSecondTaskrunnerExitsWithoutWriting(t *testing.T) {
 	w := newWorld(t, 10)
 	w.Start(w.cfg, "supervisor")
-	// Long enough that the task does not end (and write its outcome)
-	// while the second taskrunner starts, however slow the machine.
-	id := w.submit(100, 100)
+	// It does not end (and write its outcome) until the second
+	// taskrunner has been refused, however slow the machine.
+	id := w.submitHeld(20, 100)
 	running := w.waitRunning(id)
 	count := func() int {
 		var n int
@@ -94,6 +96,7 @@ func testSecondTaskrunnerExitsWithoutWriting(t *testing.T) {
 		t.Errorf("the second taskrunner changed the context: pid %d -> %d, %s", *running.PID, *got.PID, got.Status)
 	}
 
+	w.release()
 	w.waitSettled(id, 60*time.Second)
 	res = w.Dama(w.cfg, "taskrunner", "--context-id", strconv.FormatInt(id, 10), "--run-id", *running.RunID)
 	if res.Code != protocol.ExitFinished {
@@ -129,7 +132,7 @@ func TestSupervisorStopsOnSIGTERMWithoutTouchingTasks(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, 10)
 	sup := w.Start(w.cfg, "supervisor")
-	id := w.submit(100, 100)
+	id := w.submitHeld(20, 100)
 	running := w.waitRunning(id)
 
 	sup.Kill(t, syscall.SIGTERM)
@@ -146,7 +149,8 @@ func TestSupervisorStopsOnSIGTERMWithoutTouchingTasks(t *testing.T) {
 	if !testenv.Alive(*running.PID) || !w.task(id).InitialEventLocked {
 		t.Fatal("the task stopped with the supervisor")
 	}
-	w.Start(w.cfg, "supervisor")
+	w.Start(w.cfg, "supervisor").WaitReady(t, time.Minute)
+	w.release()
 	if got := w.waitSettled(id, 60*time.Second); got.Status != etlcontext.StatusDone || *got.PID != *running.PID {
 		t.Errorf("%s by pid %v, want DONE by the adopted pid %d", got.Status, deref(got.PID), *running.PID)
 	}

@@ -102,7 +102,7 @@ func (w *beatWorld) killRunnerAndSettle(t *testing.T, id int64, pid int) (killed
 		t.Fatal(err)
 	}
 	killedAt = time.Now().UnixNano()
-	got = (&world{Env: w.Env}).waitSettled(id, 60*time.Second)
+	got = (&world{Env: w.Env}).waitSettled(id, 3*time.Minute)
 	if got.Status != etlcontext.StatusDone || got.Attempt != 2 {
 		t.Fatalf("%s after %d attempts, want DONE after 2", got.Status, got.Attempt)
 	}

@@ -41,8 +41,9 @@ wait
 `
 
 // Chaos parameters. A restart keeps the server down for less than
-// reconnect_grace (counting pg_ctl's own stop and start): no task process
-// gives up on its lock, and no attempt may fail for it. An outage keeps it
+// reconnect_grace: no task process gives up on its lock, and no attempt may
+// fail for it, unless pg_ctl's own stop and start made the outage, as
+// measured, longer (then it counts as a long outage). An outage keeps it
 // down for longer than a task process's detection, reconnect_grace and
 // kill_grace together: every command still running is stopped while the
 // server is away, and its attempt fails.
@@ -51,10 +52,14 @@ const (
 	chaosRounds         = 14
 	chaosRoundGap       = 1500 * time.Millisecond
 	chaosReconnectGrace = 7 * time.Second
-	chaosMinRestart     = time.Second
-	chaosMaxRestart     = 5 * time.Second
-	chaosOutage         = 10 * time.Second
-	chaosMaxOutages     = 2
+	// chaosRelockSlack is the time a task process may take, after the
+	// server is back, to take its lock again: its retries are 500 ms apart,
+	// and a busy machine's connections take a second or more.
+	chaosRelockSlack = 2 * time.Second
+	chaosMinRestart  = time.Second
+	chaosMaxRestart  = 5 * time.Second
+	chaosOutage      = 10 * time.Second
+	chaosMaxOutages  = 2
 	// A task that failed this many attempts is spared further faults:
 	// River backs off errors^4 seconds (1s, 16s, then 81s), and the test
 	// must end within a few minutes.

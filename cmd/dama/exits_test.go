@@ -73,9 +73,9 @@ func TestExitedDaemonsOfARunningCommandAreReaped(t *testing.T) {
 	t.Parallel()
 	env := testenv.New(t)
 	goFile := filepath.Join(env.Dir, "go")
-	// Twenty daemons of two seconds each, orphaned at once (their parent
+	// Twenty daemons of five seconds each, orphaned at once (their parent
 	// subshell exits), then the command waits.
-	script := `i=0; while [ $i -lt 20 ]; do (setsid /bin/sh -c 'sleep 2' &); i=$((i+1)); done
+	script := `i=0; while [ $i -lt 20 ]; do (setsid /bin/sh -c 'sleep 5' &); i=$((i+1)); done
 touch "$0/started"
 while [ ! -e ` + goFile + ` ]; do sleep 0.05; done`
 	cfg := env.WriteConfig(`

@@ -27,19 +27,27 @@ func TestPostgresRestartKillsNoTask(t *testing.T) {
 func testPostgresRestartKillsNoTask(t *testing.T) {
 	srv := testenv.NewServer(t)
 	env := testenv.NewOn(t, srv)
+	// reconnect_grace is above the slowest restart seen on this kind of
+	// machine under the suite's own load (pg_ctl took 11–35 s with the CPU
+	// halved): what is proved is that a restart within the grace kills no
+	// task, not how fast pg_ctl is. The outage is measured, and compared.
+	const grace = 60 * time.Second
 	// Every progress line is stored (progress_interval 1ms): none may be
 	// stored twice through the outage.
-	w := &world{Env: env, cfg: env.WriteConfig(strings.NewReplacer("kill_grace: 1s", "kill_grace: 1s\nreconnect_grace: 10s", "progress_interval: 100ms", "progress_interval: 1ms").Replace(sampleConfigFor(10))),
+	w := &world{Env: env, cfg: env.WriteConfig(strings.NewReplacer("kill_grace: 1s", fmt.Sprintf("kill_grace: 1s\nreconnect_grace: %s", grace), "progress_interval: 100ms", "progress_interval: 1ms").Replace(sampleConfigFor(10))),
 		startsDir: filepath.Join(env.Dir, "starts")}
 	if err := os.MkdirAll(w.startsDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	// The commands finish once the test has seen the outage through,
+	// however long it took.
+	submit := func(steps int) int64 { return w.submitHeld(steps, 100) }
 	w.Start(w.cfg, "supervisor")
 	var ids []int64
 	for range 4 {
-		// Progress and a checkpoint every 100ms, for about 30s: the
-		// commands run through the whole outage.
-		ids = append(ids, w.submit(300, 100))
+		// Progress and a checkpoint every 100ms for 30s, then a wait for
+		// the release: the commands run through the whole outage.
+		ids = append(ids, submit(300))
 	}
 	pids := map[int64]string{}
 	for _, id := range ids {
@@ -48,28 +56,48 @@ func testPostgresRestartKillsNoTask(t *testing.T) {
 		pids[id] = w.starts(id)[0][0]
 	}
 
-	doomed := w.submit(600, 100)
+	doomed := submit(600)
 	w.waitRunning(doomed)
 
 	srv.Stop(t, "fast")
 	// A cancel issued while the server is down rides out the outage.
-	cancel := w.Start(w.cfg, "cancel", strconv.FormatInt(doomed, 10), "--wait", "60s")
-	// The length of the outage: 70% of reconnect_grace, so that time lost
-	// between reconnection attempts shows.
+	cancel := w.Start(w.cfg, "cancel", strconv.FormatInt(doomed, 10), "--wait", (grace + 30*time.Second).String())
+	// 7 s of outage and what pg_ctl takes besides.
 	time.Sleep(7 * time.Second) // deliberately: the outage's length is the fault
-	srv.Start(t)
+	outage := srv.Start(t)
+	if outage.Down >= grace {
+		t.Fatalf("the server was %s: longer than reconnect_grace %s, so this machine is too slow for what this test proves (TestOutageLongerThanGraceStopsCommandsBeforeAnyRetry proves the longer outage)", outage, grace)
+	}
+	// Each task process takes its lock again as soon as it can: how long
+	// after the server was back, against the grace it had left.
+	back := time.Now()
+	testenv.Eventually(t, grace-outage.Down, fmt.Sprintf("every task to hold its lock again within reconnect_grace %s of a server %s", grace, outage), func() (bool, error) {
+		for _, id := range ids {
+			if got := w.task(id); !got.InitialEventLocked {
+				return false, fmt.Errorf("task %d: %s, not locked", id, got.Status)
+			}
+		}
+		return true, nil
+	})
+	relock := time.Since(back)
+	t.Logf("server %s; every task held its lock again %s after it was back (reconnect_grace %s)", outage, relock.Round(time.Millisecond), grace)
 	if err := cancel.Wait(); err != nil {
 		log, _ := os.ReadFile(cancel.Log)
-		t.Errorf("dama cancel during the outage: %v: %s", err, log)
+		t.Errorf("dama cancel during the outage (%s): %v: %s", outage, err, log)
 	}
 	if got := w.waitSettled(doomed, 30*time.Second); got.Status != etlcontext.StatusCancelled {
 		t.Errorf("the cancelled task is %s", got.Status)
 	}
+	w.release()
 
+	// Progress lines written while a task could not write coalesce: at
+	// most the steps of the outage and of its taking the lock again
+	// are missing, and some slack for the writes queued meanwhile.
+	mayCoalesce := int((outage.Down+relock)/(100*time.Millisecond)) + 30
 	for _, id := range ids {
 		got := w.waitSettled(id, 90*time.Second)
 		if got.Status != etlcontext.StatusDone || got.Attempt != 1 {
-			t.Errorf("context %d: %s after %d attempts, want DONE after 1", id, got.Status, got.Attempt)
+			t.Errorf("context %d: %s after %d attempts, want DONE after 1: a server %s, its locks taken again %s after, within reconnect_grace %s", id, got.Status, got.Attempt, outage, relock.Round(time.Millisecond), grace)
 		}
 		if starts := w.starts(id); len(starts) != 1 || starts[0][0] != pids[id] {
 			t.Errorf("context %d: starts %v, want the single start of pid %s", id, starts, pids[id])
@@ -99,8 +127,9 @@ func testPostgresRestartKillsNoTask(t *testing.T) {
 		}
 		// Progress reported while the server was down coalesces: the
 		// newest waiting one stands for those before it.
-		if progress > 300 || progress < 200 || lastProgress != `{"of": 300, "step": 300}` {
-			t.Errorf("context %d: %d PROGRESS events, the last %s; want at most 300, the last step 300 of 300", id, progress, lastProgress)
+		if progress > 300 || progress < 300-mayCoalesce || lastProgress != `{"of": 300, "step": 300}` {
+			t.Errorf("context %d: %d PROGRESS events, the last %s; want at most 300 and at least %d (a server %s, locks taken again %s after), the last step 300 of 300",
+				id, progress, lastProgress, 300-mayCoalesce, outage, relock.Round(time.Millisecond))
 		}
 	}
 }
@@ -249,7 +278,9 @@ func testFailoverToAStreamingReplicaKillsNoTask(t *testing.T) {
 	env.StartWith(w.cfg, viaBoth, nil, "supervisor")
 	var ids []int64
 	for range 4 {
-		args, _ := json.Marshal(map[string]any{"steps": 200, "step_ms": 100, "starts_dir": w.startsDir})
+		// 20 s of steps, then a wait for the test's release: the commands
+		// run through the failover, however long it takes.
+		args, _ := json.Marshal(map[string]any{"steps": 200, "step_ms": 100, "starts_dir": w.startsDir, "until_file": w.releaseFile()})
 		res := env.DamaWith(w.cfg, viaBoth, "submit", "sample", "--args", string(args))
 		if res.Code != 0 {
 			t.Fatalf("submit: %s", res.Stderr)
@@ -263,8 +294,23 @@ func testFailoverToAStreamingReplicaKillsNoTask(t *testing.T) {
 		pids[id] = w.starts(id)[0][0]
 	}
 
+	began := time.Now()
 	primary.Stop(t, "immediate")
 	replica.Promote(t)
+	failover := time.Since(began)
+	if failover >= 60*time.Second {
+		t.Fatalf("the failover took %s: longer than reconnect_grace 60s, so this machine is too slow for what this test proves", failover.Round(time.Millisecond))
+	}
+	testenv.Eventually(t, 60*time.Second-failover, fmt.Sprintf("every task to hold its lock again within reconnect_grace 60s of a failover of %s", failover.Round(time.Millisecond)), func() (bool, error) {
+		for _, id := range ids {
+			if got := w.task(id); !got.InitialEventLocked {
+				return false, fmt.Errorf("task %d: %s, not locked", id, got.Status)
+			}
+		}
+		return true, nil
+	})
+	t.Logf("failover in %s; every task held its lock again %s after it began", failover.Round(time.Millisecond), time.Since(began).Round(time.Millisecond))
+	w.release()
 
 	for _, id := range ids {
 		got := w.waitSettled(id, 2*time.Minute)
@@ -400,7 +446,7 @@ func TestADatabaseOutageIsTwoLinesOfLog(t *testing.T) {
 	cfg := env.WriteConfig(sampleConfigFor(2))
 	sup := env.Start(cfg, "supervisor")
 	sup.WaitReady(t, time.Minute)
-	srv.Restart(t, 4*time.Second)
+	outage := srv.Restart(t, 4*time.Second)
 	var log string
 	testenv.Eventually(t, time.Minute, "the supervisor to log the database back", func() (bool, error) {
 		out, err := os.ReadFile(sup.Log)
@@ -413,8 +459,13 @@ func TestADatabaseOutageIsTwoLinesOfLog(t *testing.T) {
 			said = append(said, line)
 		}
 		if strings.Contains(line, "database connection back") {
-			if !strings.Contains(line, " outage=4.") && !strings.Contains(line, " outage=5.") {
-				t.Errorf("the outage's end does not say it lasted 4 s and some: %s", line)
+			// From the liveness connection's loss, after the stop began,
+			// to its taking the lock again, after the start ended: within
+			// the server's outage and a reconnection's delay or two.
+			_, said, _ := strings.Cut(line, " outage=")
+			said, _, _ = strings.Cut(said, " ")
+			if d, err := time.ParseDuration(said); err != nil || d < 4*time.Second || d > outage.Down+5*time.Second {
+				t.Errorf("the outage's end says it lasted %q, want between 4s and 5s more than the server's outage, %s: %s", said, outage, line)
 			}
 			if strings.Contains(line, "warnings_muted=0") {
 				t.Errorf("nothing muted: %s", line)

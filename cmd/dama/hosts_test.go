@@ -138,10 +138,12 @@ func testCancelThenRetryWaitsOutTheFenceElsewhere(t *testing.T) {
 	testenv.Silence(t, h.srv.Port())
 	(&world{Env: env}).waitFor(id, 60*time.Second, "to have its lock freed by the server", func(t etlcontext.Task) bool { return !t.InitialEventLocked })
 	// The cancel ends once the attempt is surely over: a fencing window.
-	// A shorter wait ends first, the cancellation requested.
-	short := env.DamaWith(w.cfg, viaSocket, "cancel", strconv.FormatInt(id, 10), "--wait", "2s")
+	// A shorter wait ends first, the cancellation requested: 10 s, long
+	// enough to connect and ask on a busy machine, far shorter than the
+	// window (reconnect_grace alone is 40 s).
+	short := env.DamaWith(w.cfg, viaSocket, "cancel", strconv.FormatInt(id, 10), "--wait", "10s")
 	if short.Code != 22 || !strings.Contains(short.Stderr, "once its attempt has surely stopped") {
-		t.Fatalf("cancel --wait 2s: exit %d, %q; want 22, the cancellation pending", short.Code, short.Stderr)
+		t.Fatalf("cancel --wait 10s: exit %d, %q; want 22, the cancellation pending", short.Code, short.Stderr)
 	}
 	cancel := env.StartWith(w.cfg, viaSocket, nil, "cancel", strconv.FormatInt(id, 10), "--wait", "3m")
 	if err := cancel.Wait(); err != nil {

@@ -117,7 +117,7 @@ func TestAKilledKeeperIsRiddenOut(t *testing.T) {
 	t.Parallel()
 	w := newHostWorld(t, 4)
 	w.Start(w.cfg, "supervisor")
-	ids := []int64{w.submit(40, 100), w.submit(40, 100)}
+	ids := []int64{w.submitHeld(40, 100), w.submitHeld(40, 100)}
 	for _, id := range ids {
 		w.waitFor(id, 30*time.Second, "to run its command holding its lock", func(tk etlcontext.Task) bool {
 			return tk.InitialEventLocked && len(w.starts(id)) == 1
@@ -143,6 +143,7 @@ func TestAKilledKeeperIsRiddenOut(t *testing.T) {
 		}
 		return true, nil
 	})
+	w.release()
 	for _, id := range ids {
 		got := w.waitSettled(id, 60*time.Second)
 		if got.Status != etlcontext.StatusDone || got.Attempt != 1 || len(w.starts(id)) != 1 {

@@ -77,7 +77,7 @@ func testLockConnectionLossIsRiddenOut(t *testing.T) {
 	// As a member of dama_task, which writes only with its run's key: the
 	// connections made again hold it too.
 	w.StartWith(w.cfg, []string{"DAMA_TASK_DATABASE_URL=" + w.NewLogin(sql.RoleTask)}, nil, "supervisor")
-	id := w.submit(40, 100)
+	id := w.submitHeld(40, 100)
 	w.waitRunning(id)
 	w.waitFor(id, 20*time.Second, "to start its command", func(etlcontext.Task) bool { return len(w.starts(id)) == 1 })
 	w.terminateLockConn(id)
@@ -103,6 +103,7 @@ func testLockConnectionLossIsRiddenOut(t *testing.T) {
 		}
 		return free, err
 	})
+	w.release()
 	got := w.waitSettled(id, 60*time.Second)
 	if got.Status != etlcontext.StatusDone || got.Attempt != 1 || len(w.starts(id)) != 1 {
 		t.Errorf("%s after %d attempts, starts %v: want DONE after a single start", got.Status, got.Attempt, w.starts(id))

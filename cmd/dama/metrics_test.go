@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"net/http"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -136,8 +137,10 @@ func TestMetrics(t *testing.T) {
 	done := submit("sample", sampleArgs(t, 3, 50, nil))
 	retried := submit("sample", sampleArgs(t, 3, 50, map[string]any{"fail_at": 2}))
 	failed := submit("fragile", sampleArgs(t, 3, 50, map[string]any{"fail_at": 1}))
-	timedOut := submit("timed", sampleArgs(t, 100, 100, nil))
-	cancelled := submit("sample", sampleArgs(t, 200, 100, nil))
+	// These two run until they time out or are cancelled.
+	hold := map[string]any{"until_file": filepath.Join(env.Dir, "release")}
+	timedOut := submit("timed", sampleArgs(t, 1, 100, hold))
+	cancelled := submit("sample", sampleArgs(t, 1, 100, hold))
 	if res := env.Dama(cfg, "pause", "held"); res.Code != 0 {
 		t.Fatalf("pause: %s", res.Stderr)
 	}
@@ -193,10 +196,12 @@ func TestMetrics(t *testing.T) {
 	// and one with its cancellation requested. The next adopts the four
 	// and records the dead attempts' lost locks, the task that is FAILED
 	// for it and the one CANCELLED.
-	steady := submit("sample", sampleArgs(t, 100, 100, nil))
-	doomed := submit("sample", sampleArgs(t, 100, 100, nil))
-	lastChance := submit("fragile", sampleArgs(t, 100, 100, nil))
-	unwanted := submit("sample", sampleArgs(t, 100, 100, nil))
+	// They run until the test has read the next supervisor's metrics,
+	// however long its start takes.
+	steady := submit("sample", sampleArgs(t, 1, 100, hold))
+	doomed := submit("sample", sampleArgs(t, 1, 100, hold))
+	lastChance := submit("fragile", sampleArgs(t, 1, 100, hold))
+	unwanted := submit("sample", sampleArgs(t, 1, 100, hold))
 	var killed []int
 	for _, id := range []int64{steady, doomed, lastChance, unwanted} {
 		got := w.waitFor(id, 30*time.Second, "to run", func(t etlcontext.Task) bool {

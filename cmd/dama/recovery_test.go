@@ -22,7 +22,8 @@ func TestKilledTaskIsRetriedFromItsCheckpoint(t *testing.T) {
 func testKilledTaskIsRetriedFromItsCheckpoint(t *testing.T) {
 	w := newWorld(t, 10)
 	w.Start(w.cfg, "supervisor")
-	id := w.submit(40, 50)
+	// It runs until the test has killed it, and its retry until the end.
+	id := w.submitHeld(40, 50)
 	w.waitRunning(id)
 	running := w.waitFor(id, 30*time.Second, "to record a checkpoint past step 5", func(etlcontext.Task) bool {
 		cp, err := etlcontext.LatestPayload(context.Background(), w.Pool, id, protocol.EventCheckpoint)
@@ -44,6 +45,7 @@ func testKilledTaskIsRetriedFromItsCheckpoint(t *testing.T) {
 		return !testenv.Alive(commandPID), nil
 	})
 
+	w.release()
 	got := w.waitSettled(id, 60*time.Second)
 	if got.Status != etlcontext.StatusDone || got.Attempt != 2 {
 		t.Fatalf("after the kill: %s after %d attempts, want DONE after 2", got.Status, got.Attempt)
@@ -161,16 +163,21 @@ func testNothingIsLostWhateverIsKilled(t *testing.T) {
 			}
 		}
 	}
-	// Then calm: everything must settle.
-	testenv.Eventually(t, 90*time.Second, "every task DONE with its job completed", func() (bool, error) {
-		if allDone() {
-			return true, nil
-		}
-		var summary string
+	// Then calm: everything must settle, at the machine's pace: a task
+	// settles at least every 3 minutes (a retry may wait out a fencing
+	// window, about 2 minutes here).
+	testenv.Drains(t, 3*time.Minute, "every task DONE with its job completed", func() (int, error) {
+		var (
+			n       int
+			summary *string
+		)
 		err := w.Pool.QueryRow(context.Background(), `
-			SELECT string_agg(etl_context_id || ':' || etl_status || '/' || coalesce(job_state, '-') || '@' || attempt, ' ')
-			  FROM data_manager.dama_task_queue WHERE etl_status <> 'DONE' OR job_state IS DISTINCT FROM 'completed'`).Scan(&summary)
-		return false, fmt.Errorf("unsettled: %s (%v)", summary, err)
+			SELECT count(*), string_agg(etl_context_id || ':' || etl_status || '/' || coalesce(job_state, '-') || '@' || attempt, ' ')
+			  FROM data_manager.dama_task_queue WHERE etl_status <> 'DONE' OR job_state IS DISTINCT FROM 'completed'`).Scan(&n, &summary)
+		if err != nil {
+			return -1, err
+		}
+		return n, fmt.Errorf("unsettled: %s", deref(summary))
 	})
 	for _, id := range ids {
 		got := w.task(id)

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -55,8 +56,9 @@ func TestStatusDrawsProgressAndTimeLeft(t *testing.T) {
 	cfg := env.WriteConfig(terminalConfig)
 	env.Start(cfg, "supervisor")
 	w := &world{Env: env, cfg: cfg}
-	// 100 steps of 150ms: 15 s in all.
-	id := testenv.Atoi(t, env.Dama(cfg, "submit", "sample", "--args", sampleArgs(t, 100, 150, nil)).Stdout)
+	// 200 steps of 150ms: 30 s in all, of which the test looks during
+	// the 4.5 s to 18 s.
+	id := testenv.Atoi(t, env.Dama(cfg, "submit", "sample", "--args", sampleArgs(t, 200, 150, nil)).Stdout)
 	w.waitFor(id, 30*time.Second, "to report progress over two seconds", func(t etlcontext.Task) bool {
 		p, ok := etlcontext.ParseProgress(t.Progress)
 		return ok && p.Fraction >= 0.15 && p.Fraction < 0.6
@@ -72,7 +74,7 @@ func TestStatusDrawsProgressAndTimeLeft(t *testing.T) {
 	minutes, _ := strconv.Atoi(m[1])
 	seconds, _ := strconv.Atoi(m[2])
 	if left := 60*minutes + seconds; left < 1 || left > 120 {
-		t.Errorf("a task with 15 s of work, part done: %ds left in %q, want 1 to 120", left, row)
+		t.Errorf("a task with 30 s of work, part done: %ds left in %q, want 1 to 120", left, row)
 	}
 	if !regexp.MustCompile(`\s(\d+m)?\d+s\s+sample:`).MatchString(row) || !regexp.MustCompile(`\[#+\.+\]`).MatchString(row) {
 		t.Errorf("the running task's row %q: want how long it has run, in seconds, and a bar", row)
@@ -83,8 +85,8 @@ func TestStatusDrawsProgressAndTimeLeft(t *testing.T) {
 	}
 	w.waitSettled(id, time.Minute)
 	row = lineWith(env.Dama(cfg, "status", "-o", "wide", strconv.FormatInt(id, 10)).Stdout, "DONE")
-	if !regexp.MustCompile(`\s(1[5-9]s|[2-5]\ds|\d+m\d+s)\s+sample:FINAL \d\d:\d\d:\d\d\s+\[#{20}\] 100% 100/100\s+-$`).MatchString(row) {
-		t.Errorf("the finished task's row %q: want it took 15 s or more, its FINAL's local time, a full bar, and no time left", row)
+	if !regexp.MustCompile(`\s([3-5]\ds|\d+m\d+s)\s+sample:FINAL \d\d:\d\d:\d\d\s+\[#{20}\] 100% 200/200\s+-$`).MatchString(row) {
+		t.Errorf("the finished task's row %q: want it took 30 s or more, its FINAL's local time, a full bar, and no time left", row)
 	}
 }
 
@@ -204,7 +206,8 @@ func TestTheJobAgreesWithTheStatus(t *testing.T) {
 	if res := env.Dama(cfg, "pause", "held"); res.Code != 0 {
 		t.Fatalf("dama pause held: exit %d: %s", res.Code, res.Stderr)
 	}
-	running := w.submitOf("sample", "--args", sampleArgs(t, 600, 100, nil))
+	// Runs for as long as the test looks.
+	running := w.submitOf("sample", "--args", sampleArgs(t, 1, 100, map[string]any{"until_file": filepath.Join(env.Dir, "never")}))
 	later := w.submitOf("sample", "--delay", "1h")
 	paused := w.submitOf("held")
 	retrying := w.submitOf("patient", "--args", sampleArgs(t, 2, 10, map[string]any{"fail_at": 1}))

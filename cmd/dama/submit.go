@@ -49,8 +49,7 @@ refused.`,
 			if err := jsonObject(args); err != nil {
 				return fmt.Errorf("--args: want a JSON object, as '{\"region\": \"eu\"}'; %w", err)
 			}
-			due, err := dueAt(runAt, delay, time.Now())
-			if err != nil {
+			if _, err := dueAt(runAt, delay, time.Now()); err != nil {
 				return err
 			}
 			pool, _, err := connectMigrated(cmd.Context(), 0)
@@ -58,6 +57,9 @@ refused.`,
 				return err
 			}
 			defer pool.Close()
+			// --delay counts from the submission, not from before a
+			// connection that may have taken seconds.
+			due, _ := dueAt(runAt, delay, time.Now())
 			client, err := supervisor.NewClient(pool, cfg)
 			if err != nil {
 				return err

@@ -174,8 +174,8 @@ func TestASupervisorLaunchesTheTaskrunnerItStartedWith(t *testing.T) {
 	if err := syscall.Kill(spare, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	// Long enough to be seen running, on any machine.
-	ids := []int64{w.submit(200, 25), w.submit(200, 25)}
+	// Running until the test has looked at their runners.
+	ids := []int64{w.submitHeld(20, 25), w.submitHeld(20, 25)}
 	for _, id := range ids {
 		task := w.waitFor(id, 60*time.Second, "to run", func(c etlcontext.Task) bool {
 			return c.PID != nil && c.Status == etlcontext.StatusRunning
@@ -185,6 +185,7 @@ func TestASupervisorLaunchesTheTaskrunnerItStartedWith(t *testing.T) {
 			t.Errorf("task %d's runner runs %q (%v), want the replaced %s", id, exe, err, runner)
 		}
 	}
+	w.release()
 	for _, id := range ids {
 		if got := w.waitSettled(id, 60*time.Second); got.Status != etlcontext.StatusDone {
 			t.Errorf("task %d %s, want DONE", id, got.Status)

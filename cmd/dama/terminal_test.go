@@ -108,7 +108,8 @@ func TestSubmitWaitExitsWithTheTaskOutcome(t *testing.T) {
 		t.Errorf("CANCELLED task: exit %d, output %q: want %d and the reason", code, out, exitTaskCancelled)
 	}
 
-	waiter = env.Start(cfg, "submit", "sample", "--wait", "--args", sampleArgs(t, 200, 100, nil))
+	// Runs on after its waiter is interrupted, for as long as the test looks.
+	waiter = env.Start(cfg, "submit", "sample", "--wait", "--args", sampleArgs(t, 1, 100, map[string]any{"until_file": filepath.Join(env.Dir, "never")}))
 	interrupted := idFromLog(t, waitForLog(t, waiter, "RUNNING"))
 	waiter.Kill(t, syscall.SIGINT)
 	waitExit(t, waiter)

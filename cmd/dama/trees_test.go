@@ -32,7 +32,7 @@ kinds:
     queue: etl
     await_children: true
     max_attempts: 3
-    command: ["/bin/sh", "-c", "printf '{\"type\":\"submit\",\"payload\":{\"kind\":\"slow\",\"args\":{\"steps\":8,\"step_ms\":250}}}\n{\"type\":\"submit\",\"payload\":{\"kind\":\"bad\"}}\n' >&3"]
+    command: ["/bin/sh", "-c", "printf '{\"type\":\"submit\",\"payload\":{\"kind\":\"slow\",\"args\":{\"steps\":8,\"step_ms\":250,\"until_file\":\"{{dir}}/release\"}}}\n{\"type\":\"submit\",\"payload\":{\"kind\":\"bad\"}}\n' >&3"]
   sloppy_mapper:
     queue: etl
     await_children: true
@@ -156,6 +156,8 @@ func testFailedChildFailsItsParent(t *testing.T) {
 	if kids[0].Status.Finished() {
 		t.Errorf("the slow child was %s when its parent failed: want the parent to fail as soon as one child failed", kids[0].Status)
 	}
+	// The slow child runs until now.
+	w.release()
 	w.waitSettled(kids[0].ID, 60*time.Second)
 
 	res = w.Dama(w.cfg, "submit", "sloppy_mapper")

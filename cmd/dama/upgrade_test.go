@@ -38,6 +38,10 @@ kinds:
     lock_mode: advisory
 `
 
+// longSteps are the steps of the tasks that run through the upgrade, then
+// wait until the test releases them.
+const longSteps = 50
+
 // upgradeTask is what the test knows of a task across the upgrade.
 type upgradeTask struct {
 	id  int64
@@ -120,9 +124,16 @@ func testUpgrade(t *testing.T, prev testenv.Release, oldBin string) {
 	}
 	w := &world{Env: env, cfg: cfg, startsDir: startsDir}
 	ctx := context.Background()
+	// The long tasks run until the test has redeployed under them, however
+	// long that takes.
+	release := filepath.Join(env.Dir, "release")
 	submit := func(e *testenv.Env, kind string, steps int) int64 {
 		t.Helper()
-		args, _ := json.Marshal(map[string]any{"steps": steps, "step_ms": 100, "starts_dir": startsDir})
+		a := map[string]any{"steps": steps, "step_ms": 100, "starts_dir": startsDir}
+		if steps == longSteps {
+			a["until_file"] = release
+		}
+		args, _ := json.Marshal(a)
 		res := e.Dama(configOf(e), "submit", kind, "--args", string(args))
 		if res.Code != 0 {
 			t.Fatalf("submit with %s: exit %d: %s", e.DamaBin, res.Code, res.Stderr)
@@ -151,7 +162,7 @@ func testUpgrade(t *testing.T, prev testenv.Release, oldBin string) {
 	oldSup := old.Start(oldCfg, "supervisor")
 	var long []upgradeTask
 	for _, kind := range []string{"sample", "sample", "sample_advisory", "sample_advisory"} {
-		long = append(long, upgradeTask{id: submit(old, kind, 400)})
+		long = append(long, upgradeTask{id: submit(old, kind, longSteps)})
 	}
 	for i := range long {
 		testenv.Eventually(t, 30*time.Second, "the previous release's tasks to run", func() (bool, error) {
@@ -212,6 +223,9 @@ func testUpgrade(t *testing.T, prev testenv.Release, oldBin string) {
 		t.Fatalf("cancel a task of %s: exit %d, stdout %q, stderr %q", prev.Version, res.Code, res.Stdout, res.Stderr)
 	}
 
+	if err := os.WriteFile(release, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, task := range long {
 		got := w.waitSettled(task.id, 90*time.Second)
 		want := etlcontext.StatusDone

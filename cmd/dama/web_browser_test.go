@@ -204,9 +204,14 @@ func TestWebPageInABrowser(t *testing.T) {
 	}
 	failed := submit("fragile", sampleArgs(t, 3, 50, map[string]any{"fail_at": 2}), "")
 	done := submit("sample", sampleArgs(t, 3, 50, nil), "")
-	mover := submit("sample", sampleArgs(t, 80, 250, nil), "nightly-load-2026-11-22")
-	victim := submit("sample", sampleArgs(t, 600, 100, map[string]any{"log_steps": true}), "")
-	bystander := submit("sample", sampleArgs(t, 600, 100, nil), "")
+	// The running three run for as long as the test looks at them: the
+	// mover's bar moves for 100 s, the victim logs a line a step until it
+	// is cancelled, and the bystander waits after its step for a file
+	// that never comes.
+	hold := filepath.Join(env.Dir, "never")
+	mover := submit("sample", sampleArgs(t, 400, 250, map[string]any{"until_file": hold}), "nightly-load-2026-11-22")
+	victim := submit("sample", sampleArgs(t, 6000, 100, map[string]any{"log_steps": true, "until_file": hold}), "")
+	bystander := submit("sample", sampleArgs(t, 1, 100, map[string]any{"until_file": hold}), "")
 	web, base := startWeb(t, env, cfg, []string{webTokenEnv + "=" + webToken})
 	login := loginLink(t, web)
 	for _, id := range []int64{failed, done} {

@@ -49,8 +49,31 @@ func newWorld(t *testing.T, maxRunning int) *world {
 // submit submits a sample task that records its starts, and returns its id.
 func (w *world) submit(steps, stepMS int) int64 {
 	w.T.Helper()
-	args, _ := json.Marshal(map[string]any{"steps": steps, "step_ms": stepMS, "starts_dir": w.startsDir})
-	res := w.Dama(w.cfg, "submit", "sample", "--args", string(args))
+	return w.submitSample(map[string]any{"steps": steps, "step_ms": stepMS, "starts_dir": w.startsDir})
+}
+
+// submitHeld is submit for a task that, after its steps, runs on until the
+// test calls release: what the test must see running stays running
+// however slow the machine.
+func (w *world) submitHeld(steps, stepMS int) int64 {
+	w.T.Helper()
+	return w.submitSample(map[string]any{"steps": steps, "step_ms": stepMS, "starts_dir": w.startsDir, "until_file": w.releaseFile()})
+}
+
+// release lets the held tasks finish.
+func (w *world) release() {
+	w.T.Helper()
+	if err := os.WriteFile(w.releaseFile(), nil, 0o644); err != nil {
+		w.T.Fatal(err)
+	}
+}
+
+func (w *world) releaseFile() string { return filepath.Join(w.Dir, "release") }
+
+func (w *world) submitSample(args map[string]any) int64 {
+	w.T.Helper()
+	b, _ := json.Marshal(args)
+	res := w.Dama(w.cfg, "submit", "sample", "--args", string(b))
 	if res.Code != 0 {
 		w.T.Fatalf("submit: exit %d: %s", res.Code, res.Stderr)
 	}

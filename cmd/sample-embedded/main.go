@@ -22,7 +22,8 @@
 //	           args.ignore_cancel makes it sleep through cancellation.
 //	           args.starts_dir appends "<pid> <attempt> <first row>" to
 //	           <starts_dir>/<etl_context_id>.starts at every start;
-//	           args.env_file gets the environment of a process it starts.
+//	           args.env_file gets the environment of a process it starts;
+//	           after the last row it waits until args.until_file exists.
 //	fan_out    submits args.parts copy_rows children of args.rows rows; its
 //	           kind sets await_children, so it is DONE when they all are.
 package main
@@ -113,6 +114,9 @@ type copyArgs struct {
 	IgnoreCancel bool   `json:"ignore_cancel"`
 	StartsDir    string `json:"starts_dir"`
 	EnvFile      string `json:"env_file"`
+	// UntilFile holds the task running after its rows until the file
+	// exists: a test ends it when it is done looking.
+	UntilFile string `json:"until_file"`
 }
 
 type copyCheckpoint struct {
@@ -177,6 +181,16 @@ func copyRows(ctx context.Context, t *taskrunner.Task) error {
 		}
 		if err := t.Checkpoint(copyCheckpoint{NextRow: row + 1}); err != nil {
 			return err
+		}
+	}
+	for a.UntilFile != "" {
+		if _, err := os.Stat(a.UntilFile); err == nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("stopped waiting for %s: %w", a.UntilFile, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
 		}
 	}
 	return t.Event("rows_copied", map[string]any{"rows": a.Rows, "resumed_from": cp.NextRow})

@@ -247,7 +247,9 @@ func TestNoRetryFailsForGoodAndAPanicIsRecorded(t *testing.T) {
 func TestAFunctionTaskIsAdoptedAfterItsSupervisorIsKilled(t *testing.T) {
 	w := newWorld(t)
 	first := w.supervisor()
-	id := w.submit("copy_rows", map[string]any{"rows": 30, "step_ms": 100})
+	// It runs until the test has seen it through the kill.
+	release := filepath.Join(w.Dir, "release")
+	id := w.submit("copy_rows", map[string]any{"rows": 30, "step_ms": 100, "until_file": release})
 	running := w.waitFor(id, 30*time.Second, "to run and report progress", func(t etlcontext.Task) bool {
 		return t.Status == etlcontext.StatusRunning && t.InitialEventLocked && t.Progress != nil
 	})
@@ -265,6 +267,9 @@ func TestAFunctionTaskIsAdoptedAfterItsSupervisorIsKilled(t *testing.T) {
 	}
 
 	w.supervisor()
+	if err := os.WriteFile(release, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	got := w.waitSettled(id)
 	if got.Status != etlcontext.StatusDone || got.Attempt != 1 {
 		t.Errorf("task %s at attempt %d: want DONE at attempt 1", got.Status, got.Attempt)

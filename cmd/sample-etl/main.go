@@ -9,6 +9,7 @@
 //	step_ms     milliseconds each step takes (default 100)
 //	fail_at     exit 3 when reaching this step, on the first attempt only
 //	starts_dir  append "<pid> <attempt> <first step>" to <starts_dir>/<etl_context_id>.starts at every start
+//	until_file  after the last step, wait until this file exists before finishing
 package main
 
 import (
@@ -28,6 +29,10 @@ type args struct {
 	StartsDir string `json:"starts_dir"`
 	// LogSteps writes a line to the log at every step.
 	LogSteps bool `json:"log_steps"`
+	// UntilFile holds the task running after its steps until the file
+	// exists: a test ends it when it is done looking, however slow the
+	// machine.
+	UntilFile string `json:"until_file"`
 }
 
 type checkpoint struct {
@@ -80,6 +85,12 @@ func run() error {
 		if err := t.Checkpoint(checkpoint{NextStep: step + 1}); err != nil {
 			return err
 		}
+	}
+	for a.UntilFile != "" {
+		if _, err := os.Stat(a.UntilFile); err == nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	if err := t.Event("rows_loaded", map[string]int{"rows": a.Steps * 1000}); err != nil {
 		return err

@@ -49,10 +49,13 @@ type Outage struct {
 	held    sync.WaitGroup
 }
 
-// Begin starts muting.
+// Begin starts muting. down is set before begun moves on, and a record
+// reads begun before down (Handle): a record that read the new begun sees
+// down, and one that read the old begun and no outage is dropped when its
+// grace ends, so that none logged as the outage begins gets through.
 func (o *Outage) Begin() {
-	o.begun.Add(1)
 	o.down.Store(true)
+	o.begun.Add(1)
 }
 
 // End stops muting and returns how many records were muted since Begin.
@@ -89,6 +92,7 @@ type muted struct {
 }
 
 func (m muted) Handle(ctx context.Context, r slog.Record) error {
+	begun := m.o.begun.Load()
 	switch {
 	case r.Level < slog.LevelWarn:
 		return m.Handler.Handle(ctx, r)
@@ -107,7 +111,7 @@ func (m muted) Handle(ctx context.Context, r slog.Record) error {
 	if flushed {
 		return m.Handler.Handle(ctx, r)
 	}
-	r, begun := r.Clone(), m.o.begun.Load()
+	r = r.Clone()
 	time.AfterFunc(m.grace, func() {
 		defer m.o.held.Done()
 		if m.o.begun.Load() != begun {

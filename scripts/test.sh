@@ -5,48 +5,79 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib-postgres.sh
 
-# --slow: the whole run (this script, the tests, every process and server
-# they start) in a control group of its own limited to one core's worth of
-# CPU, half this machine: how the suite fares on a slower machine of the
-# same kind, reproducibly. Needs root and the cpu controller (v1 or v2).
-slow_cg=
+# --slow runs the whole suite with half this machine's CPU (see slow_join).
+slow=false
 go_timeout=30m
 if [ "${1:-}" = --slow ]; then
 	shift
+	slow=true
+	# Everything runs about twice as long: go test's own deadline too.
+	go_timeout=60m
+fi
+
+# One cleanup for every way the script ends: the binaries, the throwaway
+# cluster, the control group of --slow.
+slow_cg=
+cleanup() {
+	[ -z "${DAMA_TEST_BIN_DIR:-}" ] || rm -rf "$DAMA_TEST_BIN_DIR"
+	dama_pg_stop
+	slow_cg_remove
+}
+trap cleanup EXIT
+
+# slow_join moves this script into a control group of its own, a child of
+# its own in the cpu hierarchy, limited to one core's worth of CPU
+# (cpu.cfs_quota_us equal to cpu.cfs_period_us; cpu.max on cgroup v2):
+# every process and server started from here on runs in it, as on a
+# slower machine of the same kind, reproducibly. Needs root.
+slow_join() {
 	[ "$(id -u)" -eq 0 ] || { echo "test.sh --slow: needs root, to make a control group" >&2; exit 1; }
-	if [ -f /sys/fs/cgroup/cgroup.controllers ] && grep -qw cpu /sys/fs/cgroup/cgroup.controllers; then
-		slow_cg=/sys/fs/cgroup/dama-test-slow.$$
-		mkdir "$slow_cg"
-		echo "100000 100000" >"$slow_cg/cpu.max"
-	elif [ -d /sys/fs/cgroup/cpu ] && [ -f /sys/fs/cgroup/cpu/cpu.cfs_quota_us ]; then
-		slow_cg=/sys/fs/cgroup/cpu/dama-test-slow.$$
-		mkdir "$slow_cg"
-		echo 100000 >"$slow_cg/cpu.cfs_period_us"
-		echo 100000 >"$slow_cg/cpu.cfs_quota_us"
+	local base here
+	if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
+		base=/sys/fs/cgroup
+		here=$(awk -F: '$1 == "0" {print $3}' /proc/self/cgroup)
+		grep -qw cpu "$base$here/cgroup.subtree_control" 2>/dev/null ||
+			{ echo "test.sh --slow: the cpu controller is not enabled below $base$here (cgroup.subtree_control)" >&2; exit 1; }
+	elif [ -f /sys/fs/cgroup/cpu/cpu.cfs_quota_us ]; then
+		base=/sys/fs/cgroup/cpu
+		here=$(awk -F: '$2 ~ /(^|,)cpu(,|$)/ {print $3}' /proc/self/cgroup)
 	else
 		echo "test.sh --slow: no cpu controller under /sys/fs/cgroup (v1 cpu/ or v2 cgroup.controllers)" >&2
 		exit 1
 	fi
+	# Groups of earlier runs that were interrupted, if empty.
+	rmdir "$base$here"/dama-test-slow.* 2>/dev/null || true
+	slow_cg=$base$here/dama-test-slow.$$
+	mkdir "$slow_cg"
+	if [ "$base" = /sys/fs/cgroup ]; then
+		echo "100000 100000" >"$slow_cg/cpu.max"
+	else
+		echo 100000 >"$slow_cg/cpu.cfs_period_us"
+		echo 100000 >"$slow_cg/cpu.cfs_quota_us"
+	fi
 	echo $$ >"$slow_cg/cgroup.procs"
 	echo "test.sh --slow: one core's worth of CPU ($(nproc) here), in $slow_cg" >&2
-	# Everything runs twice as long: go test's own deadline too.
-	go_timeout=60m
-fi
-# slow_cg_remove leaves the control group once every process in it ended;
-# one still there is a process a test leaked, and is named.
+}
+
+# slow_cg_remove moves this script back where it was and removes the
+# group. A process still in it (the cluster is stopped by then) is one a
+# test leaked, or one of an interrupted run: it is named and killed.
 slow_cg_remove() {
 	[ -n "$slow_cg" ] || return 0
 	echo $$ >"$(dirname "$slow_cg")/cgroup.procs"
-	if [ -s "$slow_cg/cgroup.procs" ]; then
-		echo "test.sh --slow: processes left behind in $slow_cg:" >&2
-		xargs -r ps -o pid,args -p <"$slow_cg/cgroup.procs" >&2 || true
-		return 0
+	local left
+	left=$(cat "$slow_cg/cgroup.procs")
+	if [ -n "$left" ]; then
+		echo "test.sh --slow: processes left behind in $slow_cg, killed:" >&2
+		ps -o pid,args -p "$(echo $left | tr ' ' ,)" >&2 || true
+		kill -KILL $left 2>/dev/null || true
+		for _ in $(seq 50); do
+			[ -z "$(cat "$slow_cg/cgroup.procs")" ] && break
+			sleep 0.1
+		done
 	fi
-	rmdir "$slow_cg"
+	rmdir "$slow_cg" || echo "test.sh --slow: $slow_cg is left" >&2
 }
-
-dama_pg_use TEST_DATABASE_URL
-trap 'dama_pg_stop; slow_cg_remove' EXIT
 
 # The fault tests start servers of their own (from the binaries
 # dama_pg_install provides) and silence connections with nftables, which
@@ -99,6 +130,17 @@ if [ "$(git rev-parse --is-shallow-repository 2>/dev/null)" = true ]; then
 	git fetch --quiet --unshallow >&2 || echo "git fetch --unshallow failed; the upgrade test will say which commit is missing" >&2
 fi
 
+# The packages are installed; from here on, with --slow, everything runs
+# in the slow control group, the throwaway cluster included.
+if $slow; then
+	slow_join
+fi
+if [ -z "${TEST_DATABASE_URL:-}" ]; then
+	dama_pg_start
+	TEST_DATABASE_URL=$DAMA_PG_URL
+fi
+export TEST_DATABASE_URL
+
 go vet ./...
 # What only dama's image builds: its dama runs pods (-tags kubernetes).
 go vet -tags kubernetes ./cmd/dama
@@ -107,7 +149,6 @@ go vet -tags kubernetes ./cmd/dama
 # once with the race detector for every package's tests.
 DAMA_TEST_BIN_DIR=$(mktemp -d /tmp/dama-test-bin.XXXXXX)
 export DAMA_TEST_BIN_DIR
-trap 'rm -rf "$DAMA_TEST_BIN_DIR"; dama_pg_stop; slow_cg_remove' EXIT
 go build -race -ldflags "-X github.com/dama-etl/dama/version.commit=$(git rev-parse HEAD 2>/dev/null || true)" \
 	-o "$DAMA_TEST_BIN_DIR/" ./cmd/dama ./cmd/dama-taskrunner ./cmd/dama-shim ./cmd/sample-etl ./cmd/sample-embedded
 

@@ -76,7 +76,15 @@ func (s *Supervisor) ConnectionBudget(ctx context.Context) (Budget, error) {
 // retries a lost host's tasks later.
 func (s *Supervisor) reportOutageTolerance() {
 	grace := time.Duration(*s.cfg.ReconnectGrace)
-	fence := taskrunner.FenceWindow(time.Duration(s.cfg.HeartbeatInterval), grace, time.Duration(s.cfg.KillGrace), time.Duration(s.cfg.PollInterval))
+	// The longest of the kinds': each attempt's window has its kind's
+	// kill_grace.
+	kill := s.cfg.KillGrace
+	for _, k := range s.cfg.Kinds {
+		if k.KillGrace != nil {
+			kill = max(kill, *k.KillGrace)
+		}
+	}
+	fence := taskrunner.FenceWindow(time.Duration(s.cfg.HeartbeatInterval), grace, time.Duration(kill), time.Duration(s.cfg.PollInterval))
 	if grace == 0 {
 		s.logger.Info("reconnect_grace is 0s: a database restart or failover ends every running attempt, retried from its checkpoint", "fence_window", fence)
 		return

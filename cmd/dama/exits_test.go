@@ -73,9 +73,9 @@ func TestExitedDaemonsOfARunningCommandAreReaped(t *testing.T) {
 	t.Parallel()
 	env := testenv.New(t)
 	goFile := filepath.Join(env.Dir, "go")
-	// Twenty daemons of five seconds each, orphaned at once (their parent
-	// subshell exits), then the command waits.
-	script := `i=0; while [ $i -lt 20 ]; do (setsid /bin/sh -c 'sleep 5' &); i=$((i+1)); done
+	// Twenty daemons, orphaned at once (their parent subshell exits), that
+	// exit once the test has seen them; then the command waits.
+	script := `i=0; while [ $i -lt 20 ]; do (setsid /bin/sh -c 'while [ ! -e "$0/reap" ]; do sleep 0.05; done' "$0" &); i=$((i+1)); done
 touch "$0/started"
 while [ ! -e ` + goFile + ` ]; do sleep 0.05; done`
 	cfg := env.WriteConfig(`
@@ -99,6 +99,9 @@ kinds:
 		kids, err := hostproc.Children(*running.PID)
 		return len(kids) > 1, fmt.Errorf("children %v, %v", kids, err)
 	})
+	if err := os.WriteFile(filepath.Join(env.Dir, "reap"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	// Once they exited, the task process has no child but the command
 	// (and, in host lock mode, the lock keeper it started): it reaped them.
 	cmd := w.waitFor(id, 30*time.Second, "to record its command", func(t etlcontext.Task) bool { return t.CommandPGID != nil })

@@ -59,7 +59,10 @@ refused.`,
 			defer pool.Close()
 			// --delay counts from the submission, not from before a
 			// connection that may have taken seconds.
-			due, _ := dueAt(runAt, delay, time.Now())
+			due, err := dueAt(runAt, delay, time.Now())
+			if err != nil {
+				return err
+			}
 			client, err := supervisor.NewClient(pool, cfg)
 			if err != nil {
 				return err

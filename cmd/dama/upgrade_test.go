@@ -38,10 +38,6 @@ kinds:
     lock_mode: advisory
 `
 
-// longSteps are the steps of the tasks that run through the upgrade, then
-// wait until the test releases them.
-const longSteps = 50
-
 // upgradeTask is what the test knows of a task across the upgrade.
 type upgradeTask struct {
 	id  int64
@@ -124,13 +120,13 @@ func testUpgrade(t *testing.T, prev testenv.Release, oldBin string) {
 	}
 	w := &world{Env: env, cfg: cfg, startsDir: startsDir}
 	ctx := context.Background()
-	// The long tasks run until the test has redeployed under them, however
+	// Held tasks run until the test has redeployed under them, however
 	// long that takes.
 	release := filepath.Join(env.Dir, "release")
-	submit := func(e *testenv.Env, kind string, steps int) int64 {
+	submit := func(e *testenv.Env, kind string, steps int, held bool) int64 {
 		t.Helper()
 		a := map[string]any{"steps": steps, "step_ms": 100, "starts_dir": startsDir}
-		if steps == longSteps {
+		if held {
 			a["until_file"] = release
 		}
 		args, _ := json.Marshal(a)
@@ -162,7 +158,7 @@ func testUpgrade(t *testing.T, prev testenv.Release, oldBin string) {
 	oldSup := old.Start(oldCfg, "supervisor")
 	var long []upgradeTask
 	for _, kind := range []string{"sample", "sample", "sample_advisory", "sample_advisory"} {
-		long = append(long, upgradeTask{id: submit(old, kind, longSteps)})
+		long = append(long, upgradeTask{id: submit(old, kind, 50, true)})
 	}
 	for i := range long {
 		testenv.Eventually(t, 30*time.Second, "the previous release's tasks to run", func() (bool, error) {
@@ -183,7 +179,7 @@ func testUpgrade(t *testing.T, prev testenv.Release, oldBin string) {
 	// record themselves under N+1's triggers.
 	var late []int64
 	for _, kind := range []string{"sample", "sample_advisory"} {
-		id := submit(env, kind, 20)
+		id := submit(env, kind, 20, true)
 		late = append(late, id)
 		testenv.Eventually(t, 30*time.Second, "a task launched by the previous release after the migration to run", func() (bool, error) {
 			_, ok := runningPID(id)
@@ -205,7 +201,7 @@ func testUpgrade(t *testing.T, prev testenv.Release, oldBin string) {
 		if i%2 == 1 {
 			kind = "sample_advisory"
 		}
-		mixed = append(mixed, submit(env, kind, 20))
+		mixed = append(mixed, submit(env, kind, 20, false))
 	}
 
 	// The redeploy ends: N's supervisor dies hard; N+1's adopts its tasks.

@@ -23,7 +23,10 @@
 //	           args.starts_dir appends "<pid> <attempt> <first row>" to
 //	           <starts_dir>/<etl_context_id>.starts at every start;
 //	           args.env_file gets the environment of a process it starts;
-//	           after the last row it waits until args.until_file exists.
+//	           after the last row it waits until args.until_file exists
+//	           (an hour at most). Its arguments name paths it writes and
+//	           looks at: a program for demos and tests, not for a kind of a
+//	           privileged user.
 //	fan_out    submits args.parts copy_rows children of args.rows rows; its
 //	           kind sets await_children, so it is DONE when they all are.
 package main
@@ -183,13 +186,17 @@ func copyRows(ctx context.Context, t *taskrunner.Task) error {
 			return err
 		}
 	}
+	// An hour at most: a task whose test died without releasing it does
+	// not run forever.
+	wctx, cancel := context.WithTimeout(ctx, time.Hour)
+	defer cancel()
 	for a.UntilFile != "" {
 		if _, err := os.Stat(a.UntilFile); err == nil {
 			break
 		}
 		select {
-		case <-ctx.Done():
-			return fmt.Errorf("stopped waiting for %s: %w", a.UntilFile, ctx.Err())
+		case <-wctx.Done():
+			return fmt.Errorf("stopped waiting for %s: %w", a.UntilFile, wctx.Err())
 		case <-time.After(50 * time.Millisecond):
 		}
 	}

@@ -266,7 +266,7 @@ func TestAFunctionTaskIsAdoptedAfterItsSupervisorIsKilled(t *testing.T) {
 		t.Fatalf("after the supervisor's kill: %s, locked %v, pid %v: want RUNNING and locked by pid %d", now.Status, now.InitialEventLocked, now.PID, *running.PID)
 	}
 
-	w.supervisor()
+	w.supervisor().WaitReady(t, time.Minute)
 	if err := os.WriteFile(release, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}

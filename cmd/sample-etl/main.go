@@ -9,7 +9,11 @@
 //	step_ms     milliseconds each step takes (default 100)
 //	fail_at     exit 3 when reaching this step, on the first attempt only
 //	starts_dir  append "<pid> <attempt> <first step>" to <starts_dir>/<etl_context_id>.starts at every start
-//	until_file  after the last step, wait until this file exists before finishing
+//	until_file  after the last step, wait until this file exists (an hour at most) before finishing
+//
+// Its arguments name paths it writes and looks at, as the kind's user: it
+// is a program for demos and tests, not for a kind that runs as a
+// privileged user.
 package main
 
 import (
@@ -34,6 +38,13 @@ type args struct {
 	// machine.
 	UntilFile string `json:"until_file"`
 }
+
+// until_file is looked for every untilPoll, for at most untilMax: a task
+// whose test died without releasing it does not run forever.
+const (
+	untilPoll = 50 * time.Millisecond
+	untilMax  = time.Hour
+)
 
 type checkpoint struct {
 	NextStep int `json:"next_step"`
@@ -86,11 +97,14 @@ func run() error {
 			return err
 		}
 	}
-	for a.UntilFile != "" {
+	for waited := time.Duration(0); a.UntilFile != ""; waited += untilPoll {
 		if _, err := os.Stat(a.UntilFile); err == nil {
 			break
 		}
-		time.Sleep(50 * time.Millisecond)
+		if waited >= untilMax {
+			return fmt.Errorf("%s did not appear within %s", a.UntilFile, untilMax)
+		}
+		time.Sleep(untilPoll)
 	}
 	if err := t.Event("rows_loaded", map[string]int{"rows": a.Steps * 1000}); err != nil {
 		return err

@@ -219,7 +219,7 @@ func TestMetrics(t *testing.T) {
 		}
 	}
 	// With no supervisor to record it, the cancellation is only requested.
-	if res := env.Dama(cfg, "cancel", strconv.FormatInt(unwanted, 10), "--wait", "1s"); res.Code != 22 {
+	if res := env.Dama(cfg, "cancel", strconv.FormatInt(unwanted, 10), "--wait", "5s"); res.Code != 22 {
 		t.Fatalf("cancel with no supervisor: exit %d, %s; want 22, the cancellation requested", res.Code, res.Stderr)
 	}
 	_, url = startWithMetrics(t, env, cfg)

@@ -163,7 +163,7 @@ func TestASupervisorLaunchesTheTaskrunnerItStartedWith(t *testing.T) {
 	copyProgram(t, w.DamaBin, dama)
 	copyProgram(t, w.TaskRunnerBin, runner)
 	sup := w.With(dama).Start(w.cfg, "supervisor")
-	sup.WaitReady(t, 30*time.Second)
+	sup.WaitReady(t, time.Minute)
 	spare := sparePID(t, sup, 0)
 	// Another program in its place, as a redeploy puts one: renamed over.
 	copyProgram(t, w.SampleETL, runner+".new")

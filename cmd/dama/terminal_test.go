@@ -229,7 +229,7 @@ func TestProgressBarsOnATerminal(t *testing.T) {
 	w := &world{Env: env}
 	w.waitFor(id, 30*time.Second, "to report progress", func(t etlcontext.Task) bool { return t.Progress != nil })
 	// A wide terminal shows the whole table.
-	out = onTerminal(t, env, cfg, "200 50", 5*time.Second, "status", "--watch", "--interval", "200ms")
+	out = onTerminal(t, env, cfg, "200 50", 10*time.Second, "status", "--watch", "--interval", "200ms")
 	if n := strings.Count(out, clearScreen); n < 2 || !strings.Contains(out, "/100") || !strings.Contains(out, "[#") {
 		t.Errorf("status --watch on a terminal: %d screens in %q: want at least 2, with a bar", n, out)
 	}
@@ -238,7 +238,7 @@ func TestProgressBarsOnATerminal(t *testing.T) {
 	for range 6 {
 		env.Dama(cfg, "submit", "sample", "--args", sampleArgs(t, 100, 100, nil))
 	}
-	out = onTerminal(t, env, cfg, "40 6", 5*time.Second, "status", "--watch", "--interval", "200ms")
+	out = onTerminal(t, env, cfg, "40 6", 10*time.Second, "status", "--watch", "--interval", "200ms")
 	screens := strings.Split(out, clearScreen)
 	if len(screens) < 3 {
 		t.Fatalf("status --watch on a 40x6 terminal: %q: want at least 2 screens", out)

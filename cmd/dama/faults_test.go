@@ -133,8 +133,11 @@ func (w *world) waitLocked(ids []int64, within time.Duration, what string) {
 	w.T.Helper()
 	testenv.Eventually(w.T, within, "every task to hold its lock again "+what, func() (bool, error) {
 		for _, id := range ids {
-			if got := w.task(id); !got.InitialEventLocked {
-				return false, fmt.Errorf("task %d: %s, not locked", id, got.Status)
+			// A read that fails (a pooled connection to the server
+			// before its restart or failover) is waited through.
+			got, err := etlcontext.Tasks(context.Background(), w.Pool, etlcontext.TaskQuery{ID: id})
+			if err != nil || len(got) != 1 || !got[0].InitialEventLocked {
+				return false, fmt.Errorf("task %d not locked: %d rows, %v", id, len(got), err)
 			}
 		}
 		return true, nil

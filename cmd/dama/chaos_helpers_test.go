@@ -57,9 +57,11 @@ const (
 	// and a busy machine's connections take a second or more.
 	chaosRelockSlack = 2 * time.Second
 	chaosMinRestart  = time.Second
-	chaosMaxRestart  = 5 * time.Second
-	chaosOutage      = 10 * time.Second
-	chaosMaxOutages  = 2
+	// With pg_ctl's own second or so on an idle machine, a restart stays
+	// within the grace less the slack: one that spends no attempt.
+	chaosMaxRestart = 4 * time.Second
+	chaosOutage     = 10 * time.Second
+	chaosMaxOutages = 2
 	// A task that failed this many attempts is spared further faults:
 	// River backs off errors^4 seconds (1s, 16s, then 81s), and the test
 	// must end within a few minutes.

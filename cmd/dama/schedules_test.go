@@ -19,6 +19,11 @@ type scheduledTask struct {
 	created  time.Time
 	started  *time.Time
 	finished *time.Time
+	// firstEvent and finalEvent are the ids of the task's first event
+	// (written as it was submitted) and of its FINAL: ids are taken in
+	// the order the events were written, which created_at and
+	// finished_at, each its transaction's start, are not.
+	firstEvent, finalEvent *int64
 }
 
 // scheduled returns the contexts kind's ticks submitted, by tick, read
@@ -26,8 +31,10 @@ type scheduledTask struct {
 func (w *world) scheduled(kind string) []scheduledTask {
 	w.T.Helper()
 	rows, err := w.Pool.Query(context.Background(), `
-		SELECT etl_context_id, idempotency_key, etl_status, created_at, started_at, finished_at
-		  FROM data_manager.etl_contexts WHERE kind = $1 ORDER BY idempotency_key`, kind)
+		SELECT c.etl_context_id, c.idempotency_key, c.etl_status, c.created_at, c.started_at, c.finished_at,
+		       (SELECT min(e.event_id) FROM data_manager.event_store e WHERE e.etl_context_id = c.etl_context_id),
+		       (SELECT max(e.event_id) FROM data_manager.event_store e WHERE e.etl_context_id = c.etl_context_id AND e.type LIKE '%:FINAL')
+		  FROM data_manager.etl_contexts AS c WHERE c.kind = $1 ORDER BY c.idempotency_key`, kind)
 	if err != nil {
 		w.T.Fatal(err)
 	}
@@ -38,7 +45,7 @@ func (w *world) scheduled(kind string) []scheduledTask {
 			s   scheduledTask
 			key *string
 		)
-		if err := rows.Scan(&s.id, &key, &s.status, &s.created, &s.started, &s.finished); err != nil {
+		if err := rows.Scan(&s.id, &key, &s.status, &s.created, &s.started, &s.finished, &s.firstEvent, &s.finalEvent); err != nil {
 			w.T.Fatal(err)
 		}
 		prefix := "dama:schedule:" + kind + ":"
@@ -218,9 +225,15 @@ kinds:
 	if most["skipper"] != 1 || seen["skipper:skipped"] == 0 || len(skipped) > 3 {
 		t.Errorf("skip: %d running at once, skipped seen %v, %d tasks: want 1 at a time, ticks skipped", most["skipper"], seen["skipper:skipped"] > 0, len(skipped))
 	}
+	// A tick's task was submitted once the one before had finished: its
+	// first event was written after the other's FINAL. (Their times are
+	// each their transaction's start: a tick's transaction may begin
+	// before the FINAL's and read it committed.)
 	for i := 1; i < len(skipped); i++ {
-		if skipped[i-1].finished == nil || skipped[i].created.Before(*skipped[i-1].finished) {
-			t.Errorf("skip: tick %s submitted at %s, before the task of tick %s finished (%v)", skipped[i].tick, skipped[i].created, skipped[i-1].tick, deref(skipped[i-1].finished))
+		prev, next := skipped[i-1], skipped[i]
+		if prev.finalEvent == nil || next.firstEvent == nil || *next.firstEvent < *prev.finalEvent {
+			t.Errorf("skip: tick %s submitted (first event %v, at %s) before the task of tick %s finished (FINAL event %v, at %v)",
+				next.tick, deref(next.firstEvent), next.created, prev.tick, deref(prev.finalEvent), deref(prev.finished))
 		}
 	}
 	if most["queuer"] != 1 || seen["queuer:skipped"] != 0 || len(queued) < len(allowed)-2 {

@@ -100,7 +100,7 @@ func (k *lockKeeper) lock(ctx context.Context) (*etlcontext.Context, dbConn, err
 	if k.takeFirst != nil {
 		first = k.takeFirst(ctx)
 	}
-	cctx, cancel := context.WithTimeout(ctx, lockConnectTimeout(k.heartbeat))
+	cctx, cancel := context.WithTimeout(ctx, firstLockTimeout(k.heartbeat))
 	defer cancel()
 	if k.mode != config.LockModeRow {
 		var conn dbConn = pgxConn{first}

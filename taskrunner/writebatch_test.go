@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -40,13 +41,12 @@ func runningContext(t *testing.T, env *testenv.Env) (int64, string) {
 }
 
 // writeAll queues n ROWS events, payload(i) each, on a writer for the run
-// with statement timeout stmtTimeout, all before the writer starts, so
-// that they go in as few statements as it allows, and waits until they
-// are written.
-func writeAll(t *testing.T, env *testenv.Env, id int64, run string, stmtTimeout time.Duration, n int, payload func(i int) string) {
+// connected to dbURL, all before the writer starts, so that they go in as
+// few statements as it allows, and waits until they are written.
+func writeAll(t *testing.T, dbURL string, id int64, run string, n int, payload func(i int) string) {
 	t.Helper()
 	ctx := context.Background()
-	w := newWriter(env.URL, "dama-test", slog.New(slog.DiscardHandler), stmtTimeout, writerHooks{})
+	w := newWriter(dbURL, "dama-test", slog.New(slog.DiscardHandler), stmtTimeout, writerHooks{})
 	w.bind(id, run, "k")
 	for i := range n {
 		if err := w.report(ctx, "ROWS", json.RawMessage(payload(i)), nil, false, etlcontext.Replaced{}); err != nil {
@@ -63,7 +63,8 @@ func writeAll(t *testing.T, env *testenv.Env, id int64, run string, stmtTimeout 
 		stop()
 		<-done
 	}()
-	fctx, cancel := context.WithTimeout(ctx, time.Minute)
+	// A bound, not a guess: a batch tried again whole forever never ends.
+	fctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
 	if err := w.flush(fctx); err != nil {
 		t.Fatalf("flush: %v", err)
@@ -89,9 +90,11 @@ func storedRows(t *testing.T, env *testenv.Env, id int64) []string {
 	return out
 }
 
-// A batch the server cuts short (here by the statement timeout: each row
-// takes 10 ms to store and the writer allows 300 ms a statement) is
-// written in smaller batches, not tried again whole forever.
+// A batch the server cuts short (here by its statement_timeout, 300 ms,
+// while each row takes 10 ms to store) is written in smaller batches, not
+// tried again whole forever. The server cuts it, not the writer's own
+// deadline, so that the connection survives: on a busy machine a new one
+// can take longer than 300 ms to make, which would test the machine.
 func TestABatchCutShortIsWrittenSmaller(t *testing.T) {
 	t.Parallel()
 	env := testenv.New(t)
@@ -103,7 +106,14 @@ func TestABatchCutShortIsWrittenSmaller(t *testing.T) {
 		t.Fatal(err)
 	}
 	id, run := runningContext(t, env)
-	writeAll(t, env, id, run, 300*time.Millisecond, 100, func(i int) string { return fmt.Sprint(i) })
+	u, err := url.Parse(env.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("statement_timeout", "300") // a run-time parameter to pgx
+	u.RawQuery = q.Encode()
+	writeAll(t, u.String(), id, run, 100, func(i int) string { return fmt.Sprint(i) })
 	got := storedRows(t, env, id)
 	if len(got) != 100 || got[0] != "0" || got[99] != "99" {
 		t.Errorf("stored %d ROWS events (%v), want all 100, in order", len(got), got)
@@ -120,7 +130,7 @@ func TestOneRefusedEventCostsNoOther(t *testing.T) {
 		t.Fatal(err)
 	}
 	id, run := runningContext(t, env)
-	writeAll(t, env, id, run, 5*time.Second, 10, func(i int) string {
+	writeAll(t, env.URL, id, run, 10, func(i int) string {
 		if i == 6 {
 			return `{"poison": 1}`
 		}

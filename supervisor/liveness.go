@@ -118,8 +118,10 @@ func (s *Supervisor) newLiveness() *pglisten.Listener[*pgx.Conn] {
 				// Until it is back, everything that needs the database
 				// fails (River's fetches several times a second): the
 				// outage is this line and the one at its end. A server
-				// that answers (a refused password, too many clients) is
-				// no outage: what fails meanwhile is worth reading.
+				// that answers (a refused password, a revoked grant) is
+				// no outage: what fails meanwhile is worth reading. Too
+				// many clients counts as one (pgerr.ConnectionLost): no
+				// new connection can be made, as in a restart.
 				if pgerr.Unreachable(err) {
 					s.outage.Begin()
 				}

@@ -93,10 +93,10 @@ func testChaosNoOverlapWhateverIsKilledOrRestarted(t *testing.T) {
 
 	// query runs one statement with a deadline of its own; during or right
 	// after an outage it fails, and the caller skips what needed it.
-	query := func(sql string, scan func(row interface{ Scan(...any) error }) error) error {
+	query := func(sql string, scan func(row interface{ Scan(...any) error }) error, args ...any) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		defer cancel()
-		rows, err := env.Pool.Query(ctx, sql)
+		rows, err := env.Pool.Query(ctx, sql, args...)
 		if err != nil {
 			return err
 		}
@@ -139,6 +139,30 @@ func testChaosNoOverlapWhateverIsKilledOrRestarted(t *testing.T) {
 			return nil
 		})
 		return out, err
+	}
+	// aliveDuring returns the attempts whose task process ran at some
+	// moment from from to to: what a fault in that span hit, also an
+	// attempt launched between the look at what runs and the moment the
+	// fault struck (pg_ctl stop took 7.5 s to begin on a busy machine).
+	aliveDuring := func(from, to time.Time) []chaosAttempt {
+		var out []chaosAttempt
+		// Right after the fault, the pool may first meet its dead
+		// connections.
+		testenv.Eventually(t, time.Minute, "the attempts alive during the fault to be read", func() (bool, error) {
+			out = nil
+			err := query(`
+				SELECT etl_context_id, attempt FROM data_manager.etl_attempts
+				 WHERE started_at <= $2 AND (ended_at IS NULL OR ended_at >= $1)`, func(row interface{ Scan(...any) error }) error {
+				var a chaosAttempt
+				if err := row.Scan(&a.id, &a.attempt); err != nil {
+					return err
+				}
+				out = append(out, a)
+				return nil
+			}, from, to)
+			return err == nil, err
+		})
+		return out
 	}
 	// sparedFrom names the running tasks that failed chaosMaxFailures
 	// attempts already: no fault that fails attempts may hit them.
@@ -298,6 +322,9 @@ func testChaosNoOverlapWhateverIsKilledOrRestarted(t *testing.T) {
 			srv.Stop(t, "immediate")
 			replica.Promote(t)
 			srv, failedOver = replica, true
+			for _, a := range aliveDuring(start, time.Now()) {
+				restartHit[a] = true
+			}
 			counts["failover"]++
 			note("primary crashed, replica promoted in %s, %d tasks running", time.Since(start).Round(time.Millisecond), len(tasks))
 		case r < 20:
@@ -355,15 +382,20 @@ func testChaosNoOverlapWhateverIsKilledOrRestarted(t *testing.T) {
 			for _, task := range tasks {
 				restartHit[task.chaosAttempt] = true
 			}
+			from := time.Now()
 			outage := srv.Restart(t, d)
+			hit := aliveDuring(from, time.Now())
+			for _, a := range hit {
+				restartHit[a] = true
+			}
 			counts["server restart"]++
 			// pg_ctl takes its own time, 11–35 s on a busy machine: a
 			// restart whose outage, with a moment to take the lock again,
 			// passed reconnect_grace is a long outage for the attempts it
 			// hit, which may fail (and must not overlap).
 			if outage.Down+chaosRelockSlack > chaosReconnectGrace {
-				for _, task := range tasks {
-					outageHit[task.chaosAttempt] = true
+				for _, a := range hit {
+					outageHit[a] = true
 				}
 				counts["server restart past the grace"]++
 				note("server restarted for %s: %s, past reconnect_grace %s less %s to take a lock again: a long outage, %d tasks running", d.Round(time.Millisecond), outage, chaosReconnectGrace, chaosRelockSlack, len(tasks))
@@ -387,9 +419,13 @@ func testChaosNoOverlapWhateverIsKilledOrRestarted(t *testing.T) {
 				outageHit[task.chaosAttempt] = true
 				hit = append(hit, task.chaosAttempt)
 			}
+			from := time.Now()
 			srv.Stop(t, "fast")
 			time.Sleep(chaosOutage) // deliberately: the outage is the fault
 			outage := srv.Start(t)
+			for _, a := range aliveDuring(from, time.Now()) {
+				outageHit[a] = true
+			}
 			outages++
 			counts["long outage"]++
 			note("server stopped for %s: %s, running: %v", chaosOutage, outage, hit)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -311,13 +312,14 @@ func TestAPodWhoseImageLacksTheCommandIsUnfit(t *testing.T) {
 	}
 }
 
-// waitLog waits for the task's log file to hold text.
+// waitLog waits for a line that is text alone in task id's log: what the
+// command printed, not the runner's line quoting the command.
 func (w *podWorld) waitLog(id int64, text string) {
 	w.T.Helper()
 	path := protocol.LogPath(filepath.Join(w.Dir, "logs"), id)
 	testenv.Eventually(w.T, time.Minute, "the log to say "+text, func() (bool, error) {
 		b, err := os.ReadFile(path)
-		return strings.Contains(string(b), text), err
+		return slices.Contains(strings.Split(string(b), "\n"), text), err
 	})
 }
 

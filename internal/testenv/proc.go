@@ -182,9 +182,11 @@ func (e *Env) listenNotify() (string, chan struct{}) {
 	if err != nil {
 		e.T.Fatalf("listen for readiness: %v", err)
 	}
-	// A process a test runs as another user (setpriv) tells it too.
-	for _, p := range []string{dir, path} {
-		if err := os.Chmod(p, 0o777); err != nil {
+	// A process a test runs as another user (setpriv) tells it too: it
+	// may write to the socket and pass through the directory, not put a
+	// socket of its own in its place.
+	for p, mode := range map[string]os.FileMode{dir: 0o711, path: 0o777} {
+		if err := os.Chmod(p, mode); err != nil {
 			e.T.Fatal(err)
 		}
 	}

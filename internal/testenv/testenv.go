@@ -350,13 +350,16 @@ func (e *Env) Environ(configPath string) []string {
 	return env
 }
 
-// Eventually polls cond every 20ms until it returns true or timeout
-// passes, then fails the test with msg and cond's last error. timeout is
-// what the wait needs on an idle machine: on a slower one it is stretched
-// (see EventuallyEvery).
+// Eventually polls cond until it returns true or timeout passes, then
+// fails the test with msg and cond's last error. It polls after 20ms, then
+// twice as long after each poll up to every 160ms: a long wait costs a
+// busy machine 8 times fewer polls (each a query, or a read of a log).
+// timeout is what the wait needs on an idle machine: on a slower one it is
+// stretched, once, by how much slower the machine is now, up to ten times
+// in all, and the test's log says so.
 func Eventually(t testing.TB, timeout time.Duration, msg string, cond func() (bool, error)) {
 	t.Helper()
-	EventuallyEvery(t, 20*time.Millisecond, timeout, msg, cond)
+	eventually(t, 20*time.Millisecond, 160*time.Millisecond, timeout, msg, cond)
 }
 
 // EventuallyEvery is Eventually polling every interval: a benchmark polls
@@ -364,10 +367,15 @@ func Eventually(t testing.TB, timeout time.Duration, msg string, cond func() (bo
 // times, and less often where polling would load the server it measures.
 func EventuallyEvery(t testing.TB, every, timeout time.Duration, msg string, cond func() (bool, error)) {
 	t.Helper()
+	eventually(t, every, every, timeout, msg, cond)
+}
+
+// eventually polls cond after every, then twice as long after each poll up
+// to most.
+func eventually(t testing.TB, every, most, timeout time.Duration, msg string, cond func() (bool, error)) {
+	t.Helper()
 	began := time.Now()
 	deadline := began.Add(timeout)
-	tick := time.NewTicker(every)
-	defer tick.Stop()
 	var (
 		lastErr  error
 		extended bool
@@ -379,9 +387,6 @@ func EventuallyEvery(t testing.TB, every, timeout time.Duration, msg string, con
 		}
 		lastErr = err
 		if time.Now().After(deadline) {
-			// The timeout is what the wait takes on an idle machine: on
-			// a slower one, or a busy moment, it is stretched once by
-			// how much slower the machine is now, up to ten times.
 			pace := pace()
 			if ratio := float64(pace) / float64(idlePace); !extended && ratio > 1 {
 				extended = true
@@ -393,7 +398,8 @@ func EventuallyEvery(t testing.TB, every, timeout time.Duration, msg string, con
 			}
 			t.Fatalf("timed out after %s waiting for %s (last error: %v); %s", time.Since(began).Round(time.Millisecond), msg, lastErr, Pace())
 		}
-		<-tick.C
+		<-time.After(every)
+		every = min(2*every, most)
 	}
 }
 

@@ -45,6 +45,7 @@ slow_join() {
 		echo "test.sh --slow: no cpu controller under /sys/fs/cgroup (v1 cpu/ or v2 cgroup.controllers)" >&2
 		exit 1
 	fi
+	here=${here%/}
 	# Groups of earlier runs that were interrupted, if empty.
 	rmdir "$base$here"/dama-test-slow.* 2>/dev/null || true
 	slow_cg=$base$here/dama-test-slow.$$

@@ -177,14 +177,16 @@ func (e *Env) listenNotify() (string, chan struct{}) {
 	if err != nil {
 		e.T.Fatal(err)
 	}
-	path := filepath.Join(dir, "s")
+	// A random name: the directory may be passed through by anyone, and
+	// only the process told NOTIFY_SOCKET is to find the socket in it.
+	path := filepath.Join(dir, "s-"+randomHex(8))
 	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
 	if err != nil {
 		e.T.Fatalf("listen for readiness: %v", err)
 	}
 	// A process a test runs as another user (setpriv) tells it too: it
-	// may write to the socket and pass through the directory, not put a
-	// socket of its own in its place.
+	// may write to the socket and pass through the directory, not list it
+	// or put a socket of its own in its place.
 	for p, mode := range map[string]os.FileMode{dir: 0o711, path: 0o777} {
 		if err := os.Chmod(p, mode); err != nil {
 			e.T.Fatal(err)

@@ -44,7 +44,7 @@ func testCancel(t *testing.T) {
 		t.Fatalf("cancel running task: exit %d, stdout %q, stderr %q", res.Code, res.Stdout, res.Stderr)
 	}
 	w.waitSettled(id, 30*time.Second)
-	testenv.Eventually(t, 10*time.Second, "the task's processes to end", func() (bool, error) {
+	testenv.Within(t, 10*time.Second, "the task's processes to end", func() (bool, error) {
 		return !testenv.Alive(*running.PID) && !testenv.Alive(commandPID), nil
 	})
 
@@ -90,7 +90,7 @@ func testCancelledAttemptsOrphansAreStopped(t *testing.T) {
 	}
 	// And it is gone, not merely quiet.
 	attempt := hostproc.Attempt{Marker: protocol.RunIDEnv + "=" + *running.RunID}
-	testenv.Eventually(t, 10*time.Second, "no process of the cancelled attempt left", func() (bool, error) {
+	testenv.Within(t, 10*time.Second, "no process of the cancelled attempt left", func() (bool, error) {
 		pids, err := attempt.Processes()
 		return len(pids) == 0, err
 	})

@@ -201,7 +201,7 @@ func TestLiveSupervisorKeepsItsStepsWhenItsConnectionsFail(t *testing.T) {
 		t.Fatalf("terminated %d listening connections of A, want 1", n)
 	}
 	since := time.Now()
-	testenv.Eventually(t, 15*time.Second, "A's listening connection to come back, its liveness lock held all along", func() (bool, error) {
+	testenv.EventuallyEvery(t, 20*time.Millisecond, 15*time.Second, "A's listening connection to come back, its liveness lock held all along", func() (bool, error) {
 		if !w.livenessHeld(client) {
 			t.Fatalf("A's liveness lock went missing %s after its listening connection failed", time.Since(since))
 		}
@@ -217,7 +217,7 @@ func TestLiveSupervisorKeepsItsStepsWhenItsConnectionsFail(t *testing.T) {
 		t.Fatalf("terminated %d liveness connections of A, want 1", n)
 	}
 	lost := time.Now()
-	testenv.Eventually(t, 5*time.Second, "A's liveness lock to go", func() (bool, error) {
+	testenv.Within(t, 5*time.Second, "A's liveness lock to go", func() (bool, error) {
 		return !w.livenessHeld(client), nil
 	})
 	if !testenv.Holds(3*time.Second-time.Since(lost), func() bool {
@@ -227,7 +227,7 @@ func TestLiveSupervisorKeepsItsStepsWhenItsConnectionsFail(t *testing.T) {
 		t.Fatal("A took its liveness lock back while the database refused connections")
 	}
 	w.allowConnections(true)
-	testenv.Eventually(t, 5*time.Second, "A to take its liveness lock back", func() (bool, error) {
+	testenv.Within(t, 5*time.Second, "A to take its liveness lock back", func() (bool, error) {
 		return w.livenessHeld(client) && w.appConns("dama-supervisor-liveness:"+client, false) == 1, nil
 	})
 	t.Logf("A took its liveness lock back %s after losing it", time.Since(lost))

@@ -127,7 +127,7 @@ func testLockConnectionLossWithoutGraceStopsTheCommand(t *testing.T) {
 	w.waitFor(id, 20*time.Second, "to start its command", func(etlcontext.Task) bool { return len(w.starts(id)) == 1 })
 	commandPID, _ := strconv.Atoi(w.starts(id)[0][0])
 	w.terminateLockConn(id)
-	testenv.Eventually(t, 15*time.Second, "the command and its runner to stop", func() (bool, error) {
+	testenv.Within(t, 15*time.Second, "the command and its runner to stop", func() (bool, error) {
 		return !testenv.Alive(commandPID) && !testenv.Alive(*running.PID), nil
 	})
 	got := w.waitSettled(id, 90*time.Second)

@@ -41,7 +41,7 @@ func testKilledTaskIsRetriedFromItsCheckpoint(t *testing.T) {
 	if err := syscall.Kill(*running.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 10*time.Second, "the command to die with its runner", func() (bool, error) {
+	testenv.Within(t, 10*time.Second, "the command to die with its runner", func() (bool, error) {
 		return !testenv.Alive(commandPID), nil
 	})
 

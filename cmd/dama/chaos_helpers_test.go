@@ -53,8 +53,9 @@ const (
 	chaosRoundGap       = 1500 * time.Millisecond
 	chaosReconnectGrace = 7 * time.Second
 	// chaosRelockSlack is the time a task process may take, after the
-	// server is back, to take its lock again: its retries are 500 ms apart,
-	// and a busy machine's connections take a second or more.
+	// server is back, to take its lock again, besides making its two
+	// connections (measured at the time: see relockSlack): its lock's
+	// retries are 500 ms apart, its writer's a second.
 	chaosRelockSlack = 2 * time.Second
 	chaosMinRestart  = time.Second
 	// With pg_ctl's own second or so on an idle machine, a restart stays

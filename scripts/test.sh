@@ -150,12 +150,16 @@ go vet ./...
 # What only dama's image builds: its dama runs pods (-tags kubernetes).
 go vet -tags kubernetes ./cmd/dama
 
-# The binaries the tests run (dama, dama-taskrunner, dama-shim and the samples), built
-# once with the race detector for every package's tests.
+# The binaries the tests run (dama, dama-taskrunner, dama-shim and the
+# samples), built once for every package's tests: static, as
+# scripts/build.sh builds them, and again with the race detector in race/,
+# for the tests that watch them for data races (testenv.Build).
 DAMA_TEST_BIN_DIR=$(mktemp -d /tmp/dama-test-bin.XXXXXX)
 export DAMA_TEST_BIN_DIR
-go build -race -ldflags "-X github.com/dama-etl/dama/version.commit=$(git rev-parse HEAD 2>/dev/null || true)" \
-	-o "$DAMA_TEST_BIN_DIR/" ./cmd/dama ./cmd/dama-taskrunner ./cmd/dama-shim ./cmd/sample-etl ./cmd/sample-embedded
+bins=(./cmd/dama ./cmd/dama-taskrunner ./cmd/dama-shim ./cmd/sample-etl ./cmd/sample-embedded)
+ldflags="-X github.com/dama-etl/dama/version.commit=$(git rev-parse HEAD 2>/dev/null || true)"
+CGO_ENABLED=0 go build -ldflags "$ldflags" -o "$DAMA_TEST_BIN_DIR/" "${bins[@]}"
+go build -race -ldflags "$ldflags" -o "$DAMA_TEST_BIN_DIR/race/" "${bins[@]}"
 
 # Every test once, under the race detector; a test whose behaviour depends
 # on the lock mode runs once per mode (row, advisory, host), in parallel

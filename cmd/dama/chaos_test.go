@@ -46,6 +46,8 @@ func testChaosNoOverlapWhateverIsKilledOrRestarted(t *testing.T) {
 	srv := testenv.NewServer(t)
 	replica := testenv.NewReplica(t, srv)
 	base := testenv.NewOn(t, srv)
+	// Where every concurrent path runs, the race detector watches.
+	base.WithRaceDetector()
 	dbURL := testenv.FailoverURL(t, base.URL, srv, replica)
 	viaBoth := []string{"DATABASE_URL=" + dbURL}
 	pool, err := pgxpool.New(context.Background(), dbURL)

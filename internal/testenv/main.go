@@ -68,24 +68,40 @@ func runMain(m *testing.M) int {
 	return m.Run()
 }
 
-// Build builds the binaries the tests run into dir, with the race detector
-// when the tests have it: scripts/test.sh builds them once for every
-// package's tests (DAMA_TEST_BIN_DIR), rather than each package's TestMain.
+// Build builds the binaries the tests run into dir, static as
+// scripts/build.sh builds them, and, when the tests have the race
+// detector, again with it into dir/race (see Env.WithRaceDetector).
+// scripts/test.sh builds them once for every package's tests
+// (DAMA_TEST_BIN_DIR), rather than each package's TestMain.
 func Build(dir string) error {
+	if err := build(dir, false); err != nil {
+		return err
+	}
+	if raceEnabled {
+		return build(filepath.Join(dir, raceDir), true)
+	}
+	return nil
+}
+
+// raceDir is where, below the binaries' directory, those built with the
+// race detector are.
+const raceDir = "race"
+
+func build(dir string, race bool) error {
 	for _, pkg := range []string{"cmd/dama", "cmd/dama-taskrunner", "cmd/dama-shim", "cmd/sample-etl", "cmd/sample-embedded"} {
 		args := []string{"build", "-o", filepath.Join(dir, filepath.Base(pkg))}
 		if commit := headCommit(); commit != "" {
 			args = append(args, "-ldflags", "-X github.com/dama-etl/dama/version.commit="+commit)
 		}
-		if raceEnabled {
-			args = append(args, "-race")
-		}
-		cmd := exec.Command("go", append(args, "./"+pkg)...)
-		if !raceEnabled {
+		cmd := exec.Command("go", args...)
+		if race {
+			cmd.Args = append(cmd.Args, "-race")
+		} else {
 			// Static, as scripts/build.sh builds them: the tests measure
 			// what users run. (The race detector needs cgo.)
 			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		}
+		cmd.Args = append(cmd.Args, "./"+pkg)
 		cmd.Dir = moduleRoot()
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return fmt.Errorf("build %s: %v\n%s", pkg, err, out)

@@ -190,11 +190,11 @@ fuzz_targets=(
 	# What any process of the user may send a host's lock keeper.
 	"./internal/keeper FuzzSession 5000"
 	"./internal/keeper FuzzDecodeMessage 50000"
-	"./cmd/dama FuzzDueAt 50000"
-	"./cmd/dama FuzzParseID 50000"
+	"./cmd/dama FuzzDueAt 20000"
+	"./cmd/dama FuzzParseID 20000"
 	"./cmd/dama FuzzListenAddr 20000"
 	"./cmd/dama FuzzParseOlderThan 20000"
-	"./cmd/dama/internal/web FuzzParseLogPos 50000"
+	"./cmd/dama/internal/web FuzzParseLogPos 20000"
 	"./internal/hostproc FuzzParseStat 100000"
 	# What a command writes on its events pipe, and what the database is
 	# given of it: against the test server, whose jsonb is the judge.

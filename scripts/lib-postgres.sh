@@ -6,6 +6,10 @@
 # After dama_pg_start, DAMA_PG_URL names a superuser connection to the
 # cluster's "postgres" database; dama_pg_stop stops the cluster and removes it.
 
+# The cluster's own state, set by dama_pg_start: never the environment's,
+# which dama_pg_stop would otherwise run pg_ctl from and remove.
+DAMA_PG_DIR= DAMA_PG_BINDIR= DAMA_PG_USER=
+
 dama_pg_bindir() {
 	local dir
 	for dir in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V -r); do

@@ -16,7 +16,9 @@ if [ "${1:-}" = --slow ]; then
 fi
 
 # One cleanup for every way the script ends: the binaries, the throwaway
-# cluster, the control group of --slow.
+# cluster, the control group of --slow; each only once this script made
+# it, never what the environment names.
+unset DAMA_TEST_BIN_DIR
 slow_cg=
 cleanup() {
 	[ -z "${DAMA_TEST_BIN_DIR:-}" ] || rm -rf "$DAMA_TEST_BIN_DIR"
@@ -46,10 +48,11 @@ slow_join() {
 		exit 1
 	fi
 	here=${here%/}
-	# Groups of earlier runs that were interrupted, if empty.
-	rmdir "$base$here"/dama-test-slow.* 2>/dev/null || true
-	slow_cg=$base$here/dama-test-slow.$$
-	mkdir "$slow_cg"
+	# Named for this run alone: a group of another, even of a PID reused,
+	# is never taken for this one's (and emptied by slow_cg_remove).
+	local cg=$base$here/dama-test-slow.$$.$RANDOM$RANDOM
+	mkdir "$cg"
+	slow_cg=$cg
 	# 10 ms periods: with the default 100 ms, the group runs on both
 	# cores for 50 ms, then every process in it (a server's backend
 	# holding a lock among them) stops for 50 ms, which no slower CPU

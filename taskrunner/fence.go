@@ -61,11 +61,12 @@ func lockConnectTimeout(heartbeat time.Duration) time.Duration {
 	return min(max(4*heartbeat, 2*time.Second), 20*time.Second)
 }
 
-// firstLockTimeout bounds the first take of the lock. Nothing runs yet, and
-// the supervisor waits past its launch timeout, so a slow start is waited
-// on like any statement rather than given up on as a silent server: a CI
-// host at load 17 on 2 cores took 1.7 s to start a lock keeper and 2.3 s
-// to open a session with it.
+// firstLockTimeout bounds the first take of the lock. Nothing runs yet, so
+// a slow start is waited on like any statement, rather than given up on as
+// a silent server: a CI host at load 17 on 2 cores took 1.7 s to start a
+// lock keeper and 2.3 s to open a session with it. Past the supervisor's
+// launch timeout (10 s too) a step may give the launch back, under the
+// lock: the runner then finds its run is no longer current, and exits.
 func firstLockTimeout(heartbeat time.Duration) time.Duration {
 	return max(lockConnectTimeout(heartbeat), stmtTimeout)
 }

@@ -110,7 +110,10 @@ func TestAFloodDuringAnOutageLosesNothing(t *testing.T) {
 func testAFloodDuringAnOutageLosesNothing(t *testing.T) {
 	srv := testenv.NewServer(t)
 	const n = 20000
-	w, id, goFile := startFlood(t, testenv.NewOn(t, srv), n, "heartbeat_interval: 200ms\nreconnect_grace: 2m")
+	env := testenv.NewOn(t, srv)
+	// The writer under backpressure, through an outage: watched for races.
+	env.WithRaceDetector()
+	w, id, goFile := startFlood(t, env, n, "heartbeat_interval: 200ms\nreconnect_grace: 2m")
 	pgid := *w.waitFor(id, 30*time.Second, "to start its command", func(t etlcontext.Task) bool {
 		return t.Status == etlcontext.StatusRunning && t.InitialEventLocked && t.CommandPGID != nil
 	}).CommandPGID

@@ -128,10 +128,11 @@ func testPostgresRestartKillsNoTask(t *testing.T) {
 }
 
 // waitLocked waits until every task of ids holds its lock again, for at
-// most within.
+// most within: a bound the product promises (reconnect_grace), not
+// stretched on a slow machine.
 func (w *world) waitLocked(ids []int64, within time.Duration, what string) {
 	w.T.Helper()
-	testenv.Eventually(w.T, within, "every task to hold its lock again "+what, func() (bool, error) {
+	testenv.Within(w.T, within, "every task to hold its lock again "+what, func() (bool, error) {
 		for _, id := range ids {
 			// A read that fails (a pooled connection to the server
 			// before its restart or failover) is waited through.
@@ -161,7 +162,7 @@ func testOutageLongerThanGraceStopsCommandsBeforeAnyRetry(t *testing.T) {
 	stoppedAt := time.Now()
 	// Within the grace, the kill grace and a little, while the server is
 	// still down, every process of the command's group is gone.
-	testenv.Eventually(t, 20*time.Second, "attempt 1 to stop its command while the server is down", func() (bool, error) {
+	testenv.Within(t, 20*time.Second, "attempt 1 to stop its command while the server is down", func() (bool, error) {
 		return errors.Is(syscall.Kill(-*running.CommandPGID, 0), syscall.ESRCH), nil
 	})
 	t.Logf("the command's group was gone %s after the server stopped", time.Since(stoppedAt).Round(time.Millisecond))

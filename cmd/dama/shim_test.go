@@ -70,6 +70,8 @@ func newPodWorld(t *testing.T) *podWorld {
 	}
 	t.Parallel()
 	env := testenv.New(t)
+	// A pod's two processes and the shim's protocol: watched for races.
+	env.WithRaceDetector()
 	marker := "dama-pod-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	// Short: a socket's path is at most 107 bytes.
 	run, err := os.MkdirTemp("", "dama-pod-")
@@ -128,7 +130,9 @@ func (w *podWorld) startShim() *shimProc {
 	}
 	defer f.Close()
 	cmd := exec.Command(w.ShimBin, filepath.Join(w.run, protocol.ShimSocket))
-	cmd.Env = []string{"PATH=/usr/bin:/bin", "PGPASSWORD=the-users-own", w.Tag()}
+	// GORACE: the race detector's options (testenv.Main's), or its second
+	// of sleep before the shim exits.
+	cmd.Env = []string{"PATH=/usr/bin:/bin", "PGPASSWORD=the-users-own", w.Tag(), "GORACE=" + os.Getenv("GORACE")}
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID, Setpgid: true}
 	if err := cmd.Start(); err != nil {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/shirou/gopsutil/v3/process"
+	"golang.org/x/sys/unix"
 )
 
 // Result is what a finished dama command printed and returned.
@@ -143,13 +144,14 @@ func (e *Env) start(bin, configPath string, extraEnv, wrapper []string, args []s
 	defer logFile.Close()
 	argv := append(append(append([]string{}, wrapper...), bin), args...)
 	cmd := exec.Command(argv[0], argv[1:]...)
-	notifySocket, ready := e.listenNotify()
+	notifySocket, ready, from := e.listenNotify()
 	cmd.Env = append(append(e.Environ(configPath), "NOTIFY_SOCKET="+notifySocket), extraEnv...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		e.T.Fatalf("start %s %v: %v", filepath.Base(bin), args, err)
 	}
+	from <- cmd.Process.Pid
 	p := &Proc{Cmd: cmd, Log: logPath, done: make(chan struct{}), ready: ready}
 	go func() {
 		p.err = cmd.Wait()
@@ -167,9 +169,13 @@ func (e *Env) start(bin, configPath string, extraEnv, wrapper []string, args []s
 }
 
 // listenNotify opens a socket a process tells its readiness on, as to
-// systemd (sd_notify(3)), and returns its path and a channel closed once
-// READY=1 arrives. The socket is closed when the test ends.
-func (e *Env) listenNotify() (string, chan struct{}) {
+// systemd (sd_notify(3)), and returns its path, a channel closed once
+// READY=1 arrives, and one to send the process's pid on once it started:
+// only what that process sends counts, by the kernel's word
+// (SO_PASSCRED), as with systemd's NotifyAccess=main. Another user finds
+// the socket's path in /proc/net/unix, and may write to it. The socket is
+// closed when the test ends.
+func (e *Env) listenNotify() (string, chan struct{}, chan<- int) {
 	e.T.Helper()
 	// Short: a socket's path is at most 107 bytes, and a test's temporary
 	// directory is named after the test.
@@ -177,11 +183,12 @@ func (e *Env) listenNotify() (string, chan struct{}) {
 	if err != nil {
 		e.T.Fatal(err)
 	}
-	// A random name: the directory may be passed through by anyone, and
-	// only the process told NOTIFY_SOCKET is to find the socket in it.
-	path := filepath.Join(dir, "s-"+randomHex(8))
+	path := filepath.Join(dir, "notify")
 	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
 	if err != nil {
+		e.T.Fatalf("listen for readiness: %v", err)
+	}
+	if err := passCredentials(conn); err != nil {
 		e.T.Fatalf("listen for readiness: %v", err)
 	}
 	// A process a test runs as another user (setpriv) tells it too: it
@@ -193,13 +200,21 @@ func (e *Env) listenNotify() (string, chan struct{}) {
 		}
 	}
 	ready := make(chan struct{})
+	from := make(chan int, 1)
 	go func() {
-		buf := make([]byte, 4096)
+		pid, ok := <-from
+		if !ok {
+			return
+		}
+		buf, oob := make([]byte, 4096), make([]byte, unix.CmsgSpace(unix.SizeofUcred))
 		told := false
 		for {
-			n, err := conn.Read(buf)
+			n, oobn, _, _, err := conn.ReadMsgUnix(buf, oob)
 			if err != nil {
 				return
+			}
+			if sender(oob[:oobn]) != pid {
+				continue
 			}
 			for _, line := range strings.Split(string(buf[:n]), "\n") {
 				if line == "READY=1" && !told {
@@ -210,10 +225,45 @@ func (e *Env) listenNotify() (string, chan struct{}) {
 		}
 	}()
 	e.T.Cleanup(func() {
+		close(from)
 		conn.Close()
 		os.RemoveAll(dir)
 	})
-	return path, ready
+	return path, ready, from
+}
+
+// passCredentials has the kernel attach its sender's credentials to every
+// message conn receives.
+func passCredentials(conn *net.UnixConn) error {
+	raw, err := conn.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PASSCRED, 1)
+	}); err != nil {
+		return err
+	}
+	if serr != nil {
+		return fmt.Errorf("set SO_PASSCRED: %w", serr)
+	}
+	return nil
+}
+
+// sender is the pid the kernel says sent a message with control data oob;
+// 0 if it does not say.
+func sender(oob []byte) int {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return 0
+	}
+	for _, m := range msgs {
+		if cred, err := unix.ParseUnixCredentials(&m); err == nil {
+			return int(cred.Pid)
+		}
+	}
+	return 0
 }
 
 // Kill sends sig to the process (not its group).

@@ -243,8 +243,9 @@ func (e *Env) killProcesses() {
 
 // WithRaceDetector runs e's binaries, from here on, as built with the race
 // detector, when the tests have it, and watches them for data races
-// (checkRaces). The chaos tests do: every concurrent path of a supervisor,
-// a task process and a keeper runs there. Elsewhere the binaries run as
+// (checkRaces). The chaos tests do, where every concurrent path of a
+// supervisor, a task process and a keeper runs, and those of a writer
+// flooded through an outage and of a pod's shim. Elsewhere the binaries run as
 // users run them, static, which halves the suite's CPU: a sample of
 // cmd/dama's tests took 1.85 CPU-minutes with them, 3.48 with race-built
 // ones, whose every start costs 70 ms of CPU more.

@@ -56,6 +56,20 @@ func runMain(m *testing.M) int {
 		}
 		os.Setenv(binDirEnv, dir)
 	}
+	if os.Getenv(pgdataEnv) == "" {
+		dir, err := os.MkdirTemp("", "dama-pgdata-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "testenv:", err)
+			return 2
+		}
+		defer os.RemoveAll(dir)
+		// The servers' user passes through to the template.
+		if err := os.Chmod(dir, 0o755); err != nil {
+			fmt.Fprintln(os.Stderr, "testenv:", err)
+			return 2
+		}
+		os.Setenv(pgdataEnv, dir)
+	}
 	if admin := os.Getenv("TEST_DATABASE_URL"); admin != "" {
 		name, err := createTemplate(admin)
 		if err != nil {
@@ -109,6 +123,11 @@ func build(dir string, race bool) error {
 	}
 	return nil
 }
+
+// pgdataEnv names the directory where the first private server's test
+// leaves a data directory fresh from initdb, for the others to copy
+// (Server.initData).
+const pgdataEnv = "DAMA_TEST_PGDATA"
 
 // templateEnv carries the name of the migrated template database from Main
 // to New: a test's database is a copy of it, made in a fraction of the time

@@ -480,6 +480,10 @@ func testChaosNoOverlapWhateverIsKilledOrRestarted(t *testing.T) {
 	chaosEnded := time.Now()
 	t.Logf("chaos: %d rounds in %s: %v; skipped: %v",
 		rounds, chaosEnded.Sub(began).Round(time.Millisecond), counts, skipped)
+	if n := counts["server restart"]; n > 0 && n == counts["server restart past the grace"] {
+		// Said, since a busy machine may make every restart a long one.
+		t.Logf("seed %d: no restart stayed within reconnect_grace: that a short one spends no attempt went untested in this run", seed)
+	}
 
 	// Then calm: everything must settle, at the machine's pace: a task
 	// settles at least every 2 minutes (a retry waits out a fencing window

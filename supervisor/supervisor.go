@@ -21,6 +21,7 @@ import (
 	"github.com/dama-etl/dama/internal/etlcontext"
 	"github.com/dama-etl/dama/internal/hostproc"
 	"github.com/dama-etl/dama/internal/logfilter"
+	"github.com/dama-etl/dama/internal/pgerr"
 	"github.com/dama-etl/dama/internal/runas"
 	"github.com/dama-etl/dama/internal/submit"
 	"github.com/dama-etl/dama/sql"
@@ -326,12 +327,17 @@ func (s *Supervisor) newRiverClient() (*river.Client[pgx.Tx], error) {
 // Run works tasks until ctx ends, then stops River cleanly: steps in progress
 // finish, and task processes are never signalled.
 func (s *Supervisor) Run(ctx context.Context) error {
+	// Each step up to River's start waits for a database that restarts or
+	// fails over meanwhile (pgerr.WaitReachable): a supervisor started then
+	// would otherwise exit, as every one a slow chaos run started did.
 	// An older release than the schema, or one whose task processes the
 	// database no longer accepts, touches no task.
-	if err := sql.CheckMigrated(ctx, s.pool); err != nil {
-		return err
-	}
-	if err := etlcontext.CheckRunnerProtocol(ctx, s.pool, protocol.Version); err != nil {
+	if err := pgerr.WaitReachable(ctx, s.logger, func() error {
+		if err := sql.CheckMigrated(ctx, s.pool); err != nil {
+			return err
+		}
+		return etlcontext.CheckRunnerProtocol(ctx, s.pool, protocol.Version)
+	}); err != nil {
 		return err
 	}
 	published := s.publishKinds(ctx)
@@ -342,11 +348,11 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	// drops it, and is released only after River has stopped (the deferred
 	// stopBackground runs after the River.Stop below).
 	live := s.newLiveness()
-	if err := live.Open(ctx); err != nil {
+	if err := pgerr.WaitReachable(ctx, s.logger, func() error { return live.Open(ctx) }); err != nil {
 		return err
 	}
 	l := s.newListener()
-	if err := l.Open(ctx); err != nil {
+	if err := pgerr.WaitReachable(ctx, s.logger, func() error { return l.Open(ctx) }); err != nil {
 		live.Close(ctx)
 		return err
 	}

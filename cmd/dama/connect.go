@@ -80,27 +80,15 @@ func connectMigrated(ctx context.Context, minConns int32, configure ...func(*pgx
 // missing database) is an error at once; a host name that does not
 // resolve is waited for, as a failover's DNS change may need.
 func waitForDatabase(ctx context.Context, logger *slog.Logger, minConns int32) (*pgxpool.Pool, string, error) {
-	start := time.Now()
-	for tries := 1; ; tries++ {
-		pool, url, err := connectMigrated(ctx, minConns)
-		if err == nil {
-			if tries > 1 {
-				logger.Info("database reachable", "waited", time.Since(start).Round(time.Millisecond))
-			}
-			return pool, url, nil
-		}
-		if !pgerr.Unreachable(err) {
-			return nil, "", err
-		}
-		if tries == 1 || tries%30 == 0 {
-			logger.Warn("database unreachable; waiting for it", "error", err, "for", time.Since(start).Round(time.Second))
-		}
-		select {
-		case <-ctx.Done():
-			return nil, "", fmt.Errorf("database unreachable: %w", err)
-		case <-time.After(time.Second):
-		}
-	}
+	var (
+		pool *pgxpool.Pool
+		url  string
+	)
+	err := pgerr.WaitReachable(ctx, logger, func() (err error) {
+		pool, url, err = connectMigrated(ctx, minConns)
+		return err
+	})
+	return pool, url, err
 }
 
 // badURL says what is wrong with DATABASE_URL, url, that pgx refused

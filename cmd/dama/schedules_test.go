@@ -114,13 +114,22 @@ kinds:
 	w.waitScheduled("tick", 8, time.Minute)
 	// The supervisors run on, to finish these tasks and submit later ones.
 	list := w.scheduled("tick")
+	folded := 0
 	for i, s := range list {
 		if i > 0 {
-			if gap := s.tick.Sub(list[i-1].tick); gap != 3*time.Second {
-				t.Errorf("ticks %s and %s are %v apart: want one task per tick, every 3 s", list[i-1].tick, s.tick, gap)
+			// A tick no supervisor took before the next one is folded into
+			// it: a gap of several periods, never a tick off the schedule
+			// or twice.
+			gap := s.tick.Sub(list[i-1].tick)
+			if gap <= 0 || gap%(3*time.Second) != 0 {
+				t.Errorf("ticks %s and %s are %v apart: want one task per tick, on ticks 3 s apart", list[i-1].tick, s.tick, gap)
 			}
+			folded += int(gap/(3*time.Second)) - 1
 		}
 		w.waitSettled(s.id, 30*time.Second)
+	}
+	if folded > 0 {
+		t.Logf("%d ticks folded into the next: no supervisor took them within 3 s; %s", folded, testenv.Pace())
 	}
 	ids := make([]int64, len(list))
 	for i, s := range list {

@@ -8,8 +8,11 @@ package pgerr
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"log/slog"
 	"net"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -88,4 +91,32 @@ func Transient(err error) bool {
 		return true
 	}
 	return false
+}
+
+// WaitReachable runs try until it succeeds, fails for another reason than
+// the database's reach (Unreachable), or ctx ends, a second apart, and
+// says so on logger at the first failure and every 30th: what a program
+// that starts during a restart or failover does, rather than exit.
+func WaitReachable(ctx context.Context, logger *slog.Logger, try func() error) error {
+	start := time.Now()
+	for tries := 1; ; tries++ {
+		err := try()
+		if err == nil {
+			if tries > 1 {
+				logger.Info("database reachable", "waited", time.Since(start).Round(time.Millisecond))
+			}
+			return nil
+		}
+		if !Unreachable(err) {
+			return err
+		}
+		if tries == 1 || tries%30 == 0 {
+			logger.Warn("database unreachable; waiting for it", "error", err, "for", time.Since(start).Round(time.Second))
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("database unreachable: %w", err)
+		case <-time.After(time.Second):
+		}
+	}
 }

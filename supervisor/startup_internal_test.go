@@ -69,9 +69,16 @@ func TestASupervisorStartingWhileTheServerIsFullWaitsForIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	runCtx, stop := context.WithCancel(ctx)
-	defer stop()
-	ran := make(chan error, 1)
-	go func() { ran <- s.Run(runCtx) }()
+	ran, done := make(chan error, 1), make(chan struct{})
+	go func() {
+		defer close(done)
+		ran <- s.Run(runCtx)
+	}()
+	// Before the pool and the server go, whatever the outcome.
+	t.Cleanup(func() {
+		stop()
+		<-done
+	})
 	if !testenv.Holds(2*time.Second, func() bool { return len(ran) == 0 }) {
 		t.Fatalf("the supervisor gave up on a full server: %v", <-ran)
 	}

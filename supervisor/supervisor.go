@@ -327,35 +327,35 @@ func (s *Supervisor) newRiverClient() (*river.Client[pgx.Tx], error) {
 // Run works tasks until ctx ends, then stops River cleanly: steps in progress
 // finish, and task processes are never signalled.
 func (s *Supervisor) Run(ctx context.Context) error {
-	// Each step up to River's start waits for a database that restarts or
-	// fails over meanwhile (pgerr.WaitReachable): a supervisor started then
-	// would otherwise exit, as every one a slow chaos run started did.
-	// An older release than the schema, or one whose task processes the
+	// The liveness lock comes before River's start: every job River
+	// fetches from then on names this client, and others judge it by that
+	// lock. It lives on a connection of its own, so that nothing but that
+	// connection's failure drops it, and is released only after River has
+	// stopped (the deferred stopBackground runs after the River.Stop
+	// below). The start waits for a database that restarts or fails over
+	// meanwhile (pgerr.WaitReachable), as one started in a chaos run on a
+	// slow machine did not: it exited at "open liveness connection". An
+	// older release than the schema, or one whose task processes the
 	// database no longer accepts, touches no task.
+	live, l := s.newLiveness(), s.newListener()
 	if err := pgerr.WaitReachable(ctx, s.logger, func() error {
 		if err := sql.CheckMigrated(ctx, s.pool); err != nil {
 			return err
 		}
-		return etlcontext.CheckRunnerProtocol(ctx, s.pool, protocol.Version)
+		if err := etlcontext.CheckRunnerProtocol(ctx, s.pool, protocol.Version); err != nil {
+			return err
+		}
+		if err := l.Open(ctx); err != nil {
+			return err
+		}
+		return live.Open(ctx)
 	}); err != nil {
+		l.Close(ctx)
+		live.Close(ctx)
 		return err
 	}
 	published := s.publishKinds(ctx)
 	s.countAdoptions(ctx)
-	// The liveness lock comes first: every job River fetches from now on
-	// names this client, and others judge it by that lock. It lives on a
-	// connection of its own, so that nothing but that connection's failure
-	// drops it, and is released only after River has stopped (the deferred
-	// stopBackground runs after the River.Stop below).
-	live := s.newLiveness()
-	if err := pgerr.WaitReachable(ctx, s.logger, func() error { return live.Open(ctx) }); err != nil {
-		return err
-	}
-	l := s.newListener()
-	if err := pgerr.WaitReachable(ctx, s.logger, func() error { return l.Open(ctx) }); err != nil {
-		live.Close(ctx)
-		return err
-	}
 	bgCtx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
 	s.mu.Lock()
 	s.orphanCtx = bgCtx
@@ -386,7 +386,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	if err := s.rescueOrphanedSteps(ctx); err != nil {
 		s.logger.Warn("rescue orphaned steps", "error", err)
 	}
-	if err := s.river.Start(ctx); err != nil {
+	if err := pgerr.WaitReachable(ctx, s.logger, func() error { return s.river.Start(ctx) }); err != nil {
 		return fmt.Errorf("start River client: %w", err)
 	}
 	s.logger.Info("supervisor started", "host", s.host, "client_id", s.river.ID(), "queues", s.cfg.QueueNames(), "kinds", s.cfg.KindNames(),

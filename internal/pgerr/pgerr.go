@@ -107,7 +107,8 @@ func WaitReachable(ctx context.Context, logger *slog.Logger, try func() error) e
 			}
 			return nil
 		}
-		if !Unreachable(err) {
+		// A try cut short by ctx (a SIGTERM) is no sign of the database.
+		if ctx.Err() != nil || !Unreachable(err) {
 			return err
 		}
 		if tries == 1 || tries%30 == 0 {

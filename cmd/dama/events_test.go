@@ -93,7 +93,7 @@ func TestABurstOfEventsLosesNothing(t *testing.T) {
 }
 
 func testABurstOfEventsLosesNothing(t *testing.T) {
-	const n = 50000 // and as many progress lines: 100,000 in all
+	const n = 20000 // and as many progress lines: 40,000 in all
 	w, id, goFile := startFlood(t, testenv.New(t), n, "")
 	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
 		t.Fatal(err)

@@ -17,8 +17,10 @@ fi
 
 # One cleanup for every way the script ends: the binaries, the throwaway
 # cluster, the control group of --slow; each only once this script made
-# it, never what the environment names.
-unset DAMA_TEST_BIN_DIR
+# it, never what the environment names. The test binaries make the
+# directories these name themselves (testenv.Main), and chown the second
+# to the servers' user: never one the environment names.
+unset DAMA_TEST_BIN_DIR DAMA_TEST_PGDATA DAMA_TEST_TEMPLATE
 slow_cg=
 cleanup() {
 	[ -z "${DAMA_TEST_BIN_DIR:-}" ] || rm -rf "$DAMA_TEST_BIN_DIR"

@@ -55,6 +55,12 @@ func (s *Supervisor) scheduleLoop(ctx context.Context, name string, k config.Kin
 // missed while none ran give one task.
 func (s *Supervisor) takeTick(ctx context.Context, name string, k config.Kind, sched *config.Schedule) (time.Duration, error) {
 	var now, next time.Time
+	// The wait until the next tick is counted from when the database's
+	// clock was read, at the transaction's start: what the transaction
+	// then took (queued behind the other supervisors' ticks, on a busy
+	// server) comes off it, or every supervisor would wake that much after
+	// the tick, and a tick none took before the next would be folded.
+	began := time.Now()
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		row, ok, dbNow, err := etlcontext.LockSchedule(ctx, tx, name)
 		if err != nil {
@@ -113,5 +119,5 @@ func (s *Supervisor) takeTick(ctx context.Context, name string, k config.Kind, s
 	if next.IsZero() {
 		return maxTickWait, nil
 	}
-	return next.Sub(now), nil
+	return next.Sub(now) - time.Since(began), nil
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/dama-etl/dama/internal/hostproc"
 	"github.com/dama-etl/dama/internal/logfilter"
 	"github.com/dama-etl/dama/internal/pgerr"
+	"github.com/dama-etl/dama/internal/pglisten"
 	"github.com/dama-etl/dama/internal/runas"
 	"github.com/dama-etl/dama/internal/submit"
 	"github.com/dama-etl/dama/sql"
@@ -337,7 +338,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	// slow machine did not: it exited at "open liveness connection". An
 	// older release than the schema, or one whose task processes the
 	// database no longer accepts, touches no task.
-	live, l := s.newLiveness(), s.newListener()
+	var live, l *pglisten.Listener[*pgx.Conn]
 	if err := pgerr.WaitReachable(ctx, s.logger, func() error {
 		if err := sql.CheckMigrated(ctx, s.pool); err != nil {
 			return err
@@ -345,13 +346,18 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		if err := etlcontext.CheckRunnerProtocol(ctx, s.pool, protocol.Version); err != nil {
 			return err
 		}
+		// Fresh each try, and closed when the try fails: a supervisor
+		// waiting for a full server holds none of its connections meanwhile.
+		live, l = s.newLiveness(), s.newListener()
 		if err := l.Open(ctx); err != nil {
 			return err
 		}
-		return live.Open(ctx)
+		if err := live.Open(ctx); err != nil {
+			l.Close(ctx)
+			return err
+		}
+		return nil
 	}); err != nil {
-		l.Close(ctx)
-		live.Close(ctx)
 		return err
 	}
 	published := s.publishKinds(ctx)

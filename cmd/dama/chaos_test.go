@@ -499,7 +499,7 @@ func testChaosNoOverlapWhateverIsKilledOrRestarted(t *testing.T) {
 
 	// No process of any attempt remains: nothing carries a run id of this
 	// test's tasks, and no beats file grows.
-	testenv.Within(t, 5*time.Second, fmt.Sprintf("every process of every attempt to be gone (seed %d)", seed), func() (bool, error) {
+	testenv.Eventually(t, 5*time.Second, fmt.Sprintf("every process of every attempt to be gone (seed %d)", seed), func() (bool, error) {
 		left := attemptProcesses(env.Tag())
 		return len(left) == 0, fmt.Errorf("still running: %v", left)
 	})

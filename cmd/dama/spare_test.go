@@ -232,7 +232,7 @@ kinds:
 	// The connection it has no use for is closed as the task starts (its
 	// server process may outlive the close by moments), not kept for the
 	// task's 10s.
-	testenv.Within(t, 5*time.Second, "the spare's unused connection to close", func() (bool, error) {
+	testenv.Eventually(t, 5*time.Second, "the spare's unused connection to close", func() (bool, error) {
 		var open bool
 		err := w.Pool.QueryRow(context.Background(), `
 			SELECT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $1)`, spareBackend).Scan(&open)

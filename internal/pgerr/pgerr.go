@@ -94,9 +94,11 @@ func Transient(err error) bool {
 }
 
 // WaitReachable runs try until it succeeds, fails for another reason than
-// the database's reach (Unreachable), or ctx ends, a second apart, and
-// says so on logger at the first failure and every 30th: what a program
-// that starts during a restart or failover does, rather than exit.
+// the database's reach (Unreachable) or a server that takes no writes yet
+// (25006: a standby that a switchover's DNS or proxy names before its
+// promotion), or ctx ends, a second apart, and says so on logger at the
+// first failure and every 30th: what a program that starts during a
+// restart or failover does, rather than exit.
 func WaitReachable(ctx context.Context, logger *slog.Logger, try func() error) error {
 	start := time.Now()
 	for tries := 1; ; tries++ {
@@ -108,7 +110,7 @@ func WaitReachable(ctx context.Context, logger *slog.Logger, try func() error) e
 			return nil
 		}
 		// A try cut short by ctx (a SIGTERM) is no sign of the database.
-		if ctx.Err() != nil || !Unreachable(err) {
+		if ctx.Err() != nil || !Unreachable(err) && Code(err) != "25006" {
 			return err
 		}
 		if tries == 1 || tries%30 == 0 {

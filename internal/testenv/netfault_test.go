@@ -216,3 +216,27 @@ func connect(t *testing.T, url, applicationName string) *pgx.Conn {
 	})
 	return conn
 }
+
+// What the harness writes in a server's directories, it writes as the
+// server's user: a link that user planted there (any superuser of a
+// server it runs can) leads root nowhere.
+func TestAServersFilesAreWrittenAsItsUser(t *testing.T) {
+	srv := NewServer(t)
+	if srv.runAs == "" {
+		t.Skip("the server runs as this user: there is no other to plant a link")
+	}
+	target := filepath.Join(t.TempDir(), "root-only")
+	if err := os.WriteFile(target, []byte("root's\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	planted := filepath.Join(srv.dir, "planted.conf")
+	if out, err := srv.run("ln", "-s", target, planted); err != nil {
+		t.Fatalf("plant a link as %s: %v: %s", srv.runAs, err, out)
+	}
+	if err := srv.writeFile(planted, "port = 1\n", true); err == nil {
+		t.Error("writing through a link the server's user planted: no error")
+	}
+	if b, _ := os.ReadFile(target); string(b) != "root's\n" {
+		t.Errorf("the file the link leads to holds %q", b)
+	}
+}

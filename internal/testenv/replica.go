@@ -47,12 +47,12 @@ func NewReplica(t testing.TB, primary *Server) *Server {
 	// the default 5s, through which every commit on the primary waits for
 	// it: a restart keeps writes away for as long as it lasts, as a test
 	// timing a restart against reconnect_grace counts on.
-	if err := appendFile(r.confPath(), fmt.Sprintf("\nunix_socket_directories = '%s'\ncluster_name = 'replica'\nwal_retrieve_retry_interval = '100ms'\n", r.dir)); err != nil {
+	if err := r.writeFile(r.confPath(), fmt.Sprintf("\nunix_socket_directories = '%s'\ncluster_name = 'replica'\nwal_retrieve_retry_interval = '100ms'\n", r.dir), true); err != nil {
 		t.Fatalf("configure replica: %v", err)
 	}
 	r.startOnFreePort(t)
 
-	if err := appendFile(primary.confPath(), "\nsynchronous_commit = on\nsynchronous_standby_names = 'replica'\n"); err != nil {
+	if err := primary.writeFile(primary.confPath(), "\nsynchronous_commit = on\nsynchronous_standby_names = 'replica'\n", true); err != nil {
 		t.Fatalf("configure primary: %v", err)
 	}
 	if out, err := primary.run(filepath.Join(primary.bindir, "pg_ctl"), "-D", primary.dataDir(), "reload"); err != nil {

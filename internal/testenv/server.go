@@ -115,7 +115,7 @@ synchronous_commit = off
 full_page_writes = off
 %s
 `, s.dir, settings)
-	if err := appendFile(s.confPath(), conf); err != nil {
+	if err := s.writeFile(s.confPath(), conf, true); err != nil {
 		t.Fatalf("configure server: %v", err)
 	}
 	s.startOnFreePort(t)
@@ -150,8 +150,10 @@ func (s *Server) initData() error {
 			os.RemoveAll(own)
 		}
 	}
-	// -a: the owner (the server's user) and modes with the files.
-	if out, err := exec.Command("cp", "-a", src, s.dataDir()).CombinedOutput(); err != nil {
+	// As the server's user, who owns both directories: root would follow
+	// a link that user planted. -a: the modes with the files; -T: dst is
+	// the copy, never a directory to copy into.
+	if out, err := s.run("cp", "-a", "-T", src, s.dataDir()); err != nil {
 		return fmt.Errorf("copy the servers' template data directory: %v\n%s", err, out)
 	}
 	return nil
@@ -255,7 +257,7 @@ func (s *Server) startOnFreePort(t testing.TB) {
 			t.Fatal(err)
 		}
 		// The last setting in the file wins.
-		if err := appendFile(s.confPath(), fmt.Sprintf("port = %d\n", port)); err != nil {
+		if err := s.writeFile(s.confPath(), fmt.Sprintf("port = %d\n", port), true); err != nil {
 			t.Fatalf("configure server port: %v", err)
 		}
 		s.port = port
@@ -346,17 +348,22 @@ func (s *Server) killPostmaster(t testing.TB) {
 func (s *Server) run(name string, args ...string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), pgCtlTimeout)
 	defer cancel()
+	out, err := s.command(ctx, name, args...).CombinedOutput()
+	if err != nil {
+		return out, fmt.Errorf("%s: %w", filepath.Base(name), err)
+	}
+	return out, nil
+}
+
+// command is name run as the server's user, in its directory.
+func (s *Server) command(ctx context.Context, name string, args ...string) *exec.Cmd {
 	argv := append([]string{name}, args...)
 	if s.runAs != "" {
 		argv = append([]string{"runuser", "-u", s.runAs, "--"}, argv...)
 	}
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Dir = s.dir
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return out, fmt.Errorf("%s: %w", filepath.Base(name), err)
-	}
-	return out, nil
+	return cmd
 }
 
 // pgBindir finds the newest PostgreSQL server binaries, as
@@ -445,16 +452,20 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-func appendFile(path, text string) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
-	if err != nil {
-		return err
+// writeFile writes text to path, a file of the server's data directory,
+// in its place or appended, as the server's user (tee): the directory is
+// that user's, and root would follow a link that user planted in it.
+func (s *Server) writeFile(path, text string, appendTo bool) error {
+	args := []string{path}
+	if appendTo {
+		args = []string{"-a", path}
 	}
-	if _, err := f.WriteString(text); err != nil {
-		f.Close()
-		return err
+	cmd := s.command(context.Background(), "tee", args...)
+	cmd.Stdin = strings.NewReader(text)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("write %s: %v: %s", path, err, tail(string(out), 500))
 	}
-	return f.Close()
+	return nil
 }
 
 func tail(s string, n int) string {
@@ -470,14 +481,15 @@ func tail(s string, n int) string {
 func (s *Server) RequirePassword(t testing.TB, role string) {
 	t.Helper()
 	path := filepath.Join(s.dataDir(), "pg_hba.conf")
-	old, err := os.ReadFile(path)
+	// As the server's user, as writeFile.
+	old, err := s.command(context.Background(), "cat", path).Output()
 	if err != nil {
 		t.Fatalf("read pg_hba.conf: %v", err)
 	}
 	// The first line that matches decides.
 	lines := fmt.Sprintf("local all %[1]s scram-sha-256\nhost all %[1]s 127.0.0.1/32 scram-sha-256\n", role)
-	if err := os.WriteFile(path, append([]byte(lines), old...), 0o600); err != nil {
-		t.Fatalf("write pg_hba.conf: %v", err)
+	if err := s.writeFile(path, lines+string(old), false); err != nil {
+		t.Fatal(err)
 	}
 	if out, err := s.run(filepath.Join(s.bindir, "pg_ctl"), "-D", s.dataDir(), "reload"); err != nil {
 		t.Fatalf("reload the server: %v\n%s", err, out)

@@ -38,10 +38,16 @@ func TestRetentionRemovesFinishedTasksOnly(t *testing.T) {
 	t.Parallel()
 	env := testenv.New(t)
 	goFile := filepath.Join(env.Dir, "go")
+	// Long enough for this test to read a task between its finish and its
+	// removal, on this machine now: 5 s on an idle one. A --slow run's
+	// machine, 30 to 60 times slower by a fork/exec, once left this test
+	// unscheduled for the whole 5 s.
+	retention := (time.Duration(float64(5*time.Second) * testenv.Slowness())).Round(time.Second)
+	t.Logf("retention %s; %s", retention, testenv.Pace())
 	cfg := env.WriteConfig(`
 log_dir: {{dir}}/logs
 poll_interval: 300ms
-retention: 5s
+retention: ` + retention.String() + `
 kinds:
   sample: { command: ["{{sample}}"] }` + waiterKind(goFile, 1))
 	w := &world{Env: env, cfg: cfg}
@@ -56,7 +62,7 @@ kinds:
 		t.Fatalf("%s, finished at %v; want DONE", got.Status, deref(got.FinishedAt))
 	}
 	w.waitRunning(running)
-	testenv.Eventually(t, time.Minute, "the finished task to be removed past its retention", func() (bool, error) {
+	testenv.Eventually(t, retention+time.Minute, "the finished task to be removed past its retention", func() (bool, error) {
 		left := w.left(done)
 		return left == nothingLeft, fmt.Errorf("%s left", left)
 	})
@@ -66,19 +72,19 @@ kinds:
 	if err := w.Pool.QueryRow(context.Background(), `SELECT now() - $1::timestamptz`, *got.FinishedAt).Scan(&since); err != nil {
 		t.Fatal(err)
 	}
-	if since < 5*time.Second {
-		t.Errorf("the finished task was removed %s after it finished, within its retention of 5s", since)
+	if since < retention {
+		t.Errorf("the finished task was removed %s after it finished, within its retention of %s", since, retention)
 	}
 	// The running task, older than the retention too, stays whole through
 	// a later removal.
-	testenv.Eventually(t, time.Minute, "the running task to run past the retention", func() (bool, error) {
+	testenv.Eventually(t, retention+time.Minute, "the running task to run past the retention", func() (bool, error) {
 		err := w.Pool.QueryRow(context.Background(), `
 			SELECT now() - started_at FROM data_manager.etl_contexts WHERE etl_context_id = $1`, running).Scan(&since)
-		return since > 5*time.Second, err
+		return since > retention, err
 	})
 	later := w.submitOf("sample", "--args", `{"steps": 1, "step_ms": 10}`)
 	w.waitSettled(later, time.Minute)
-	testenv.Eventually(t, time.Minute, "a task finished later to be removed", func() (bool, error) {
+	testenv.Eventually(t, retention+time.Minute, "a task finished later to be removed", func() (bool, error) {
 		left := w.left(later)
 		return left == nothingLeft, fmt.Errorf("%s left", left)
 	})

@@ -416,9 +416,9 @@ func eventually(t testing.TB, every, most, timeout time.Duration, stretch bool, 
 		lastErr = err
 		if time.Now().After(deadline) {
 			pace := pace()
-			if ratio := float64(pace) / float64(idlePace); stretch && !extended && ratio > 1 {
+			if ratio := slowness(pace); stretch && !extended && ratio > 1 {
 				extended = true
-				more := time.Duration(float64(timeout) * (min(ratio, 10) - 1))
+				more := time.Duration(float64(timeout) * (ratio - 1))
 				if d, ok := t.(interface{ Deadline() (time.Time, bool) }); ok {
 					// A clean failure, not go test's panic at its -timeout.
 					if end, ok := d.Deadline(); ok {
@@ -480,6 +480,20 @@ func Pace() string {
 // idlePace is what pace measures on this project's idle 2-core VM, at the
 // top of its range.
 const idlePace = 3 * time.Millisecond
+
+// Slowness is how many times slower than this project's idle 2-core VM
+// the machine is now, by a fork/exec of /bin/true, from 1 to 10: what a
+// window the test must see into before it closes (a retention that
+// removes what the test is yet to read) is multiplied by, as Eventually
+// stretches a wait.
+func Slowness() float64 { return slowness(pace()) }
+
+func slowness(pace time.Duration) float64 {
+	if pace == 0 {
+		return 1
+	}
+	return min(max(float64(pace)/float64(idlePace), 1), 10)
+}
 
 // pace is the median time of 9 fork/execs of /bin/true; 0 if it fails.
 func pace() time.Duration {

@@ -37,9 +37,9 @@ var secret = []byte("a supervisor's random secret")
 
 // serve runs a keeper for env's database until the test ends, and returns
 // its socket.
-func serve(t *testing.T, env *testenv.Env) string {
+func serve(t *testing.T, env *testenv.Env, configure ...func(*keeper.Config)) string {
 	t.Helper()
-	socket, done, cancel := start(t, env)
+	socket, done, cancel := start(t, env, configure...)
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
@@ -51,7 +51,7 @@ func serve(t *testing.T, env *testenv.Env) string {
 
 // start starts a keeper for env's database, and returns its socket, what
 // Serve returns once it does, and what ends it.
-func start(t *testing.T, env *testenv.Env) (string, <-chan error, context.CancelFunc) {
+func start(t *testing.T, env *testenv.Env, configure ...func(*keeper.Config)) (string, <-chan error, context.CancelFunc) {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "k")
 	if err := keeper.Dir(dir); err != nil {
@@ -66,17 +66,19 @@ func start(t *testing.T, env *testenv.Env) (string, <-chan error, context.Cancel
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan struct{})
 	done := make(chan error, 1)
-	go func() {
-		done <- keeper.Serve(ctx, keeper.Config{
-			Socket: socket,
-			Secret: secret,
-			ConnectLock: func(ctx context.Context) (*pgx.Conn, error) {
-				return pgx.Connect(ctx, env.URL)
-			},
-			Pool:  pool,
-			Ready: ready,
-		})
-	}()
+	cfg := keeper.Config{
+		Socket: socket,
+		Secret: secret,
+		ConnectLock: func(ctx context.Context) (*pgx.Conn, error) {
+			return pgx.Connect(ctx, env.URL)
+		},
+		Pool:  pool,
+		Ready: ready,
+	}
+	for _, c := range configure {
+		c(&cfg)
+	}
+	go func() { done <- keeper.Serve(ctx, cfg) }()
 	select {
 	case <-ready:
 	case err := <-done:
@@ -395,10 +397,12 @@ func TestConnectionsThatProveNothingAreCapped(t *testing.T) {
 }
 
 // A reply larger than a message may be fails its statement alone: the
-// session and its lock go on, and the next statement runs.
+// session and its lock go on, and the next statement runs. Messages of
+// 1 MiB here: a reply of 64 MiB and more took 31 s of a busy run, and
+// more than the keeper's minute on a slower machine.
 func TestAReplyTooLargeFailsItsStatementOnly(t *testing.T) {
 	env := testenv.New(t)
-	socket := serve(t, env)
+	socket := serve(t, env, func(c *keeper.Config) { c.MaxMessage = 1 << 20 })
 	id, run := running(t, env)
 	ctx := context.Background()
 	c, err := dial(t, env, socket, id, run.Key)
@@ -409,8 +413,8 @@ func TestAReplyTooLargeFailsItsStatementOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	var s string
-	if err := c.QueryRow(ctx, `SELECT repeat('x', 65 << 20)`).Scan(&s); err == nil || !strings.Contains(err.Error(), "larger than the lock keeper's protocol takes") {
-		t.Fatalf("a 65 MiB reply: %v, want refused as too large", err)
+	if err := c.QueryRow(ctx, `SELECT repeat('x', 1 << 20)`).Scan(&s); err == nil || !strings.Contains(err.Error(), "larger than the lock keeper's protocol takes") {
+		t.Fatalf("a reply of 1 MiB and some: %v, want refused as too large", err)
 	}
 	var n int
 	if err := c.QueryRow(ctx, `SELECT 1`).Scan(&n); err != nil || n != 1 {

@@ -40,6 +40,11 @@ type Config struct {
 	// IdleExit is how long the keeper runs on with no session before it
 	// exits. 0 means 1 minute.
 	IdleExit time.Duration
+	// MaxMessage bounds, in bytes, one message of a session either way
+	// once its hello is taken: a statement's parameters or its rows. 0
+	// means 64 MiB, what a task process takes too; a test sets less, to
+	// make a reply too large without 64 MiB of it.
+	MaxMessage int
 	// Logger receives the keeper's log lines; nil discards them.
 	Logger *slog.Logger
 	// Ready, when set, is closed once the keeper listens.
@@ -84,6 +89,9 @@ const maxUnproven = 64
 func Serve(ctx context.Context, cfg Config) error {
 	if cfg.IdleExit == 0 {
 		cfg.IdleExit = DefaultIdleExit
+	}
+	if cfg.MaxMessage == 0 {
+		cfg.MaxMessage = maxMessage
 	}
 	if len(cfg.Secret) == 0 {
 		return errors.New("a keeper needs a secret")

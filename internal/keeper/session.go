@@ -101,7 +101,7 @@ func (sess *session) serve(ctx context.Context) {
 				return
 			}
 			sess.conn.SetReadDeadline(time.Time{})
-			sess.st.setLimit(maxMessage)
+			sess.st.setLimit(sess.s.cfg.MaxMessage)
 			continue
 		}
 		if err := sess.reply(sess.handle(ctx, &req)); err != nil {

@@ -176,15 +176,16 @@ func newStream(conn net.Conn, limit int) *stream {
 	return s
 }
 
-// setLimit changes the largest message read from now on.
+// setLimit changes the largest message read or sent from now on.
 func (s *stream) setLimit(n int) { s.limit.Store(int64(n)) }
 
 // keptBuffer is the largest send buffer a stream keeps for its next
 // message: a statement's usual size, not its largest.
 const keptBuffer = 64 << 10
 
-// errTooLarge is what sending a message larger than maxMessage fails with,
-// before anything of it is sent: the other side would end the session.
+// errTooLarge is what sending a message larger than the stream's limit
+// (maxMessage, once a session's hello is taken) fails with, before
+// anything of it is sent: the other side would end the session.
 var errTooLarge = errors.New("a message larger than the lock keeper's protocol takes")
 
 func (s *stream) send(m message) error {
@@ -195,8 +196,8 @@ func (s *stream) send(m message) error {
 	if cap(e.b) <= keptBuffer {
 		s.buf = e.b
 	}
-	if len(e.b) > maxMessage {
-		return fmt.Errorf("%w: %d bytes, at most %d", errTooLarge, len(e.b), maxMessage)
+	if limit := s.limit.Load(); int64(len(e.b)) > limit {
+		return fmt.Errorf("%w: %d bytes, at most %d", errTooLarge, len(e.b), limit)
 	}
 	var head [4]byte
 	binary.BigEndian.PutUint32(head[:], uint32(len(e.b)))

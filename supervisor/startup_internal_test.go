@@ -62,58 +62,9 @@ func TestASupervisorStartingWhileTheServerIsFullWaitsForIt(t *testing.T) {
 		}
 		held = append(held, c)
 	}
-	waiting := &waitHeard{heard: make(chan struct{})}
-	s, err := New(pool, loadTestConfig(t, env), Options{
-		DatabaseURL: env.URL,
-		Executable:  env.DamaBin,
-		Logger:      slog.New(waiting),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, stop := context.WithCancel(ctx)
-	ran, done := make(chan error, 1), make(chan struct{})
-	go func() {
-		defer close(done)
-		ran <- s.Run(runCtx)
-	}()
-	// Before the pool and the server go, whatever the outcome.
-	t.Cleanup(func() {
-		stop()
-		<-done
-	})
-	// The server is full when the supervisor first finds it so, however
-	// long a slow machine takes to get there; then two of its retries.
-	testenv.Eventually(t, time.Minute, "the supervisor to find the server full", func() (bool, error) {
-		select {
-		case <-waiting.heard:
-			return true, nil
-		case err := <-ran:
-			t.Fatalf("the supervisor gave up on a full server: %v", err)
-		default:
-		}
-		return false, nil
-	})
-	if !testenv.Holds(2*time.Second, func() bool { return len(ran) == 0 }) {
-		t.Fatalf("the supervisor gave up on a full server: %v", <-ran)
-	}
+	started := startWaiting(t, env, pool, env.URL, "the server full")
 	release()
-	released := time.Now()
-	testenv.Eventually(t, time.Minute, "the supervisor to start once the server takes connections again", func() (bool, error) {
-		select {
-		case <-s.Started():
-			return true, nil
-		case err := <-ran:
-			t.Fatalf("the supervisor stopped instead of starting: %v", err)
-		default:
-		}
-		return false, nil
-	})
-	t.Logf("started %s after the server took connections again", time.Since(released).Round(time.Millisecond))
-	stop()
-	if err := <-ran; err != nil && !errors.Is(err, context.Canceled) {
-		t.Fatalf("run: %v", err)
-	}
+	started("the server took connections again")
 }
 
 // A supervisor that starts on a standby (one that a switchover's DNS or
@@ -134,55 +85,66 @@ func TestASupervisorStartingOnAStandbyWaitsForItsPromotion(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
+	started := startWaiting(t, env, pool, u.String(), "the standby read-only")
+	primary.Stop(t, "immediate")
+	standby.Promote(t)
+	started("the promotion")
+}
+
+// startWaiting runs a supervisor of env's configuration on pool and url
+// until the test ends, waits until it finds the database as what says
+// (it logs that it waits for it), however long a slow machine takes to
+// get there, and then two of its retries, in which it must not give up.
+// started then waits for its start, once the database is back since
+// after, and stops it.
+func startWaiting(t *testing.T, env *testenv.Env, pool *pgxpool.Pool, url, what string) (started func(after string)) {
+	t.Helper()
 	waiting := &waitHeard{heard: make(chan struct{})}
 	s, err := New(pool, loadTestConfig(t, env), Options{
-		DatabaseURL: u.String(),
+		DatabaseURL: url,
 		Executable:  env.DamaBin,
 		Logger:      slog.New(waiting),
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
+	runCtx, stop := context.WithCancel(context.Background())
 	ran, done := make(chan error, 1), make(chan struct{})
 	go func() {
 		defer close(done)
 		ran <- s.Run(runCtx)
 	}()
+	// Before the pool and the server go, whatever the outcome.
 	t.Cleanup(func() {
 		stop()
 		<-done
 	})
-	testenv.Eventually(t, time.Minute, "the supervisor to find the standby read-only", func() (bool, error) {
-		select {
-		case <-waiting.heard:
-			return true, nil
-		case err := <-ran:
-			t.Fatalf("the supervisor gave up on a standby: %v", err)
-		default:
-		}
-		return false, nil
-	})
-	if !testenv.Holds(2*time.Second, func() bool { return len(ran) == 0 }) {
-		t.Fatalf("the supervisor gave up on a standby: %v", <-ran)
+	await := func(msg string, c <-chan struct{}) {
+		t.Helper()
+		testenv.Eventually(t, time.Minute, msg, func() (bool, error) {
+			select {
+			case <-c:
+				return true, nil
+			case err := <-ran:
+				t.Fatalf("the supervisor stopped, waiting for %s: %v", msg, err)
+			default:
+			}
+			return false, nil
+		})
 	}
-	primary.Stop(t, "immediate")
-	standby.Promote(t)
-	promoted := time.Now()
-	testenv.Eventually(t, time.Minute, "the supervisor to start once the standby is promoted", func() (bool, error) {
-		select {
-		case <-s.Started():
-			return true, nil
-		case err := <-ran:
-			t.Fatalf("the supervisor stopped instead of starting: %v", err)
-		default:
+	await("the supervisor to find "+what, waiting.heard)
+	if !testenv.Holds(2*time.Second, func() bool { return len(ran) == 0 }) {
+		t.Fatalf("the supervisor gave up on %s: %v", what, <-ran)
+	}
+	return func(after string) {
+		t.Helper()
+		since := time.Now()
+		await("the supervisor to start once "+after, s.Started())
+		t.Logf("started %s after %s", time.Since(since).Round(time.Millisecond), after)
+		stop()
+		if err := <-ran; err != nil && !errors.Is(err, context.Canceled) {
+			t.Fatalf("run: %v", err)
 		}
-		return false, nil
-	})
-	t.Logf("started %s after the promotion", time.Since(promoted).Round(time.Millisecond))
-	stop()
-	if err := <-ran; err != nil && !errors.Is(err, context.Canceled) {
-		t.Fatalf("run: %v", err)
 	}
 }
 

@@ -21,8 +21,13 @@ fi
 # directories these name themselves (testenv.Main), and chown the second
 # to the servers' user: never one the environment names.
 unset DAMA_TEST_BIN_DIR DAMA_TEST_PGDATA DAMA_TEST_TEMPLATE
-slow_cg=
+slow_cg= fuzz_pid= fuzz_log=
 cleanup() {
+	if [ -n "$fuzz_pid" ]; then
+		kill -TERM -- "-$fuzz_pid" 2>/dev/null || true
+		wait "$fuzz_pid" 2>/dev/null || true
+	fi
+	[ -z "$fuzz_log" ] || rm -f "$fuzz_log"
 	[ -z "${DAMA_TEST_BIN_DIR:-}" ] || rm -rf "$DAMA_TEST_BIN_DIR"
 	dama_pg_stop
 	slow_cg_remove
@@ -151,36 +156,19 @@ if [ -z "${TEST_DATABASE_URL:-}" ]; then
 fi
 export TEST_DATABASE_URL
 
-go vet ./...
-# What only dama's image builds: its dama runs pods (-tags kubernetes).
-go vet -tags kubernetes ./cmd/dama
-
-# The binaries the tests run (dama, dama-taskrunner, dama-shim and the
-# samples), built once for every package's tests: static, as
-# scripts/build.sh builds them, and again with the race detector in race/,
-# for the tests that watch them for data races (testenv.Build).
-DAMA_TEST_BIN_DIR=$(mktemp -d /tmp/dama-test-bin.XXXXXX)
-export DAMA_TEST_BIN_DIR
-bins=(./cmd/dama ./cmd/dama-taskrunner ./cmd/dama-shim ./cmd/sample-etl ./cmd/sample-embedded)
-ldflags="-X github.com/dama-etl/dama/version.commit=$(git rev-parse HEAD 2>/dev/null || true)"
-CGO_ENABLED=0 go build -ldflags "$ldflags" -o "$DAMA_TEST_BIN_DIR/" "${bins[@]}"
-go build -race -ldflags "$ldflags" -o "$DAMA_TEST_BIN_DIR/race/" "${bins[@]}"
-
-# Every test once, under the race detector; a test whose behaviour depends
-# on the lock mode runs once per mode (row, advisory, host), in parallel
-# subtests (testenv.LockModes). DAMA_TEST_PARALLEL of them run at once:
-# with 8, both cores of this project's VM stay busy. A program built with
-# the race detector sleeps a second before it exits (atexit_sleep_ms), the
-# test binaries too: not here (testenv sets it for what the tests start).
-export GORACE="${GORACE:-atexit_sleep_ms=0}"
-go test -race -count=1 -timeout "$go_timeout" -parallel "${DAMA_TEST_PARALLEL:-8}" "$@" ./...
+# Every build here and in the tests (the binaries, the test binaries, the
+# fuzz pass's, the image's, the previous release's) without the checkout's
+# path: a fresh clone elsewhere compiles none of this module's packages
+# again. Without it, the builds before the first test took 134 s and 237
+# CPU-seconds in a fresh clone, against 88 s and 151 with it.
+export GOFLAGS="-trimpath${GOFLAGS:+ $GOFLAGS}"
 
 # A short fuzz pass over the parsers of outside input, from the corpora in
 # each package's testdata/fuzz and the inputs this host's Go cache kept from
 # earlier runs. go test -fuzz takes one target per package per run, hence one
 # run per "package target executions" line; a failing input is written to
-# <package>/testdata/fuzz/<target>/ and the script stops. The budget is a
-# count of executions, not a duration: Go 1.26's fuzzer can report a bare
+# <package>/testdata/fuzz/<target>/ and the pass stops there. The budget is
+# a count of executions, not a duration: Go 1.26's fuzzer can report a bare
 # "context deadline exceeded" when a -fuzztime duration ends on a busy
 # machine (go.dev/issue/75804), which no count can.
 fuzz_targets=(
@@ -207,7 +195,59 @@ fuzz_targets=(
 	"./taskrunner FuzzPlainLineIsTheDecoders 10000"
 	"./internal/etlcontext FuzzCleanJSON 10000"
 )
-for t in "${fuzz_targets[@]}"; do
-	read -r pkg target count <<<"$t"
-	go test -run '^$' -fuzz "^${target}\$" -fuzztime "${count}x" "$pkg"
-done
+fuzz_pass() {
+	local t pkg target count
+	for t in "${fuzz_targets[@]}"; do
+		read -r pkg target count <<<"$t"
+		go test -run '^$' -fuzz "^${target}\$" -fuzztime "${count}x" "$pkg" || return
+	done
+}
+
+# The fuzz pass runs beside the tests, from here: both cores are busy from
+# the tests' first minute to their last few, and the pass's CPU fills what
+# the builds, the links and the last long tests leave idle (it took about
+# a minute after them, 20 to 26% idle). Its output follows the tests'. Its
+# own process group, for cleanup to stop it with every go test it started
+# when the script ends early. It runs no test, so the binaries below need
+# not be there yet: only their directory's name, which spares each fuzz
+# target's TestMain a build of its own (testenv.Main).
+DAMA_TEST_BIN_DIR=$(mktemp -d /tmp/dama-test-bin.XXXXXX)
+export DAMA_TEST_BIN_DIR
+fuzz_log=$(mktemp /tmp/dama-test-fuzz.XXXXXX)
+set -m
+fuzz_pass >"$fuzz_log" 2>&1 &
+fuzz_pid=$!
+set +m
+
+go vet ./...
+# What only dama's image builds: its dama runs pods (-tags kubernetes).
+go vet -tags kubernetes ./cmd/dama
+
+# The binaries the tests run (dama, dama-taskrunner, dama-shim and the
+# samples), built once for every package's tests: static, as
+# scripts/build.sh builds them, and again with the race detector in race/,
+# for the tests that watch them for data races (testenv.Build).
+bins=(./cmd/dama ./cmd/dama-taskrunner ./cmd/dama-shim ./cmd/sample-etl ./cmd/sample-embedded)
+ldflags="-X github.com/dama-etl/dama/version.commit=$(git rev-parse HEAD 2>/dev/null || true)"
+CGO_ENABLED=0 go build -ldflags "$ldflags" -o "$DAMA_TEST_BIN_DIR/" "${bins[@]}"
+go build -race -ldflags "$ldflags" -o "$DAMA_TEST_BIN_DIR/race/" "${bins[@]}"
+
+# Every test once, under the race detector; a test whose behaviour depends
+# on the lock mode runs once per mode (row, advisory, host), in parallel
+# subtests (testenv.LockModes). DAMA_TEST_PARALLEL of them run at once:
+# with 8, both cores of this project's VM stay busy. A program built with
+# the race detector sleeps a second before it exits (atexit_sleep_ms), the
+# test binaries too: not here (testenv sets it for what the tests start).
+export GORACE="${GORACE:-atexit_sleep_ms=0}"
+tests_rc=0
+go test -race -count=1 -timeout "$go_timeout" -parallel "${DAMA_TEST_PARALLEL:-8}" "$@" ./... || tests_rc=$?
+fuzz_rc=0
+wait "$fuzz_pid" || fuzz_rc=$?
+fuzz_pid=
+cat "$fuzz_log"
+[ "$fuzz_rc" -eq 0 ] || echo "test.sh: the fuzz pass failed (exit $fuzz_rc), above" >&2
+[ "$tests_rc" -eq 0 ] || echo "test.sh: go test failed (exit $tests_rc)" >&2
+if [ "$tests_rc" -ne 0 ] || [ "$fuzz_rc" -ne 0 ]; then
+	exit 1
+fi
+

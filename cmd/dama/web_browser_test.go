@@ -56,6 +56,9 @@ func newBrowser(t *testing.T) *browser {
 		chromedp.DisableGPU,
 		chromedp.WindowSize(1280, 720),
 		chromedp.UserDataDir(t.TempDir()),
+		// Its singleton's socket and cookie go in a directory of $TMPDIR
+		// that it never removes: the test's, which the test removes.
+		chromedp.Env("TMPDIR="+t.TempDir()),
 		// A process group of its own, to kill with all its helpers at the
 		// end; and, as chromedp does without this option, killed with the
 		// thread that started it.

@@ -23,8 +23,19 @@ fi
 unset DAMA_TEST_BIN_DIR DAMA_TEST_PGDATA DAMA_TEST_TEMPLATE
 slow_cg= fuzz_pid= fuzz_log=
 cleanup() {
-	if [ -n "$fuzz_pid" ]; then
-		kill -TERM -- "-$fuzz_pid" 2>/dev/null || true
+	# The fuzz pass, only while it runs (once it has ended and been reaped,
+	# its number may be another process group's): interrupted, as a
+	# Ctrl-C would, so that its test binary drops the databases it made;
+	# killed if it has not ended 10 s later.
+	if [ -n "$fuzz_pid" ] && jobs -rp | grep -qx "$fuzz_pid"; then
+		kill -INT -- "-$fuzz_pid" 2>/dev/null || true
+		for _ in $(seq 100); do
+			jobs -rp | grep -qx "$fuzz_pid" || break
+			sleep 0.1
+		done
+		if jobs -rp | grep -qx "$fuzz_pid"; then
+			kill -KILL -- "-$fuzz_pid" 2>/dev/null || true
+		fi
 		wait "$fuzz_pid" 2>/dev/null || true
 	fi
 	[ -z "$fuzz_log" ] || rm -f "$fuzz_log"
@@ -33,6 +44,11 @@ cleanup() {
 	slow_cg_remove
 }
 trap cleanup EXIT
+# A Ctrl-C ends the script once go test has ended, whatever its status,
+# rather than waiting for the fuzz pass, which runs in a process group of
+# its own that the terminal's signal does not reach.
+trap 'exit 130' INT
+trap 'exit 143' TERM HUP
 
 # slow_join moves this script into a control group of its own, a child of
 # its own in the cpu hierarchy, limited to one core's worth of CPU
@@ -161,7 +177,8 @@ export TEST_DATABASE_URL
 # path: a fresh clone elsewhere compiles none of this module's packages
 # again. Without it, the builds before the first test took 134 s and 237
 # CPU-seconds in a fresh clone, against 88 s and 151 with it.
-export GOFLAGS="-trimpath${GOFLAGS:+ $GOFLAGS}"
+GOFLAGS="-trimpath $(go env GOFLAGS)"
+export GOFLAGS
 
 # A short fuzz pass over the parsers of outside input, from the corpora in
 # each package's testdata/fuzz and the inputs this host's Go cache kept from
@@ -199,25 +216,30 @@ fuzz_pass() {
 	local t pkg target count
 	for t in "${fuzz_targets[@]}"; do
 		read -r pkg target count <<<"$t"
-		go test -run '^$' -fuzz "^${target}\$" -fuzztime "${count}x" "$pkg" || return
+		nice -n 10 go test -run '^$' -fuzz "^${target}\$" -fuzztime "${count}x" "$pkg" || return
 	done
 }
 
-# The fuzz pass runs beside the tests, from here: both cores are busy from
-# the tests' first minute to their last few, and the pass's CPU fills what
-# the builds, the links and the last long tests leave idle (it took about
-# a minute after them, 20 to 26% idle). Its output follows the tests'. Its
-# own process group, for cleanup to stop it with every go test it started
-# when the script ends early. It runs no test, so the binaries below need
-# not be there yet: only their directory's name, which spares each fuzz
-# target's TestMain a build of its own (testenv.Main).
+# The fuzz pass runs beside the builds and the tests, from here, at a
+# lower priority (nice 10): both cores are busy from the tests' first
+# minute to their last few, and the pass takes what the builds, the links
+# and the last long tests leave idle (after the tests, it took about a
+# minute, 20 to 26% idle). Its output follows the tests'. A process group
+# of its own, for cleanup to stop it with every go test it started when
+# the script ends early (killed without its trap, the pass ends by itself,
+# its counts done). It runs no test, so the binaries below need not be
+# there yet: only their directory's name, which spares each fuzz target's
+# TestMain a build of its own (testenv.Main). A run given arguments (a
+# -run of a few tests) is one of the tests alone: no fuzz pass.
 DAMA_TEST_BIN_DIR=$(mktemp -d /tmp/dama-test-bin.XXXXXX)
 export DAMA_TEST_BIN_DIR
-fuzz_log=$(mktemp /tmp/dama-test-fuzz.XXXXXX)
-set -m
-fuzz_pass >"$fuzz_log" 2>&1 &
-fuzz_pid=$!
-set +m
+if [ "$#" -eq 0 ]; then
+	fuzz_log=$(mktemp /tmp/dama-test-fuzz.XXXXXX)
+	set -m
+	fuzz_pass </dev/null >"$fuzz_log" 2>&1 &
+	fuzz_pid=$!
+	set +m
+fi
 
 go vet ./...
 # What only dama's image builds: its dama runs pods (-tags kubernetes).
@@ -242,12 +264,13 @@ export GORACE="${GORACE:-atexit_sleep_ms=0}"
 tests_rc=0
 go test -race -count=1 -timeout "$go_timeout" -parallel "${DAMA_TEST_PARALLEL:-8}" "$@" ./... || tests_rc=$?
 fuzz_rc=0
-wait "$fuzz_pid" || fuzz_rc=$?
-fuzz_pid=
-cat "$fuzz_log"
-[ "$fuzz_rc" -eq 0 ] || echo "test.sh: the fuzz pass failed (exit $fuzz_rc), above" >&2
-[ "$tests_rc" -eq 0 ] || echo "test.sh: go test failed (exit $tests_rc)" >&2
-if [ "$tests_rc" -ne 0 ] || [ "$fuzz_rc" -ne 0 ]; then
-	exit 1
+if [ -n "$fuzz_pid" ]; then
+	wait "$fuzz_pid" || fuzz_rc=$?
+	fuzz_pid=
+	cat "$fuzz_log"
+	[ "$fuzz_rc" -eq 0 ] || echo "test.sh: the fuzz pass failed (exit $fuzz_rc), above" >&2
 fi
+[ "$tests_rc" -eq 0 ] || echo "test.sh: go test failed (exit $tests_rc)" >&2
+# go test's status, or else the fuzz pass's.
+exit $((tests_rc ? tests_rc : fuzz_rc))
 

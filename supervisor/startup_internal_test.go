@@ -91,17 +91,18 @@ func TestASupervisorStartingOnAStandbyWaitsForItsPromotion(t *testing.T) {
 	started("the promotion")
 }
 
-// startWaiting runs a supervisor of env's configuration on pool and url
-// until the test ends, waits until it finds the database as what says
-// (it logs that it waits for it), however long a slow machine takes to
-// get there, and then two of its retries, in which it must not give up.
-// started then waits for its start, once the database is back since
-// after, and stops it.
-func startWaiting(t *testing.T, env *testenv.Env, pool *pgxpool.Pool, url, what string) (started func(after string)) {
+// startWaiting runs a supervisor of env's configuration on pool and
+// dbURL until the test ends, and waits until it finds the database in
+// the state what describes (it logs that it waits for it), however long
+// a slow machine takes to get there, and then for 2 s (two of its retries), in
+// which it must not give up. started, called once the database is back,
+// waits for the supervisor's start (logging how long after the event
+// named by after it came) and stops it.
+func startWaiting(t *testing.T, env *testenv.Env, pool *pgxpool.Pool, dbURL, what string) (started func(after string)) {
 	t.Helper()
 	waiting := &waitHeard{heard: make(chan struct{})}
 	s, err := New(pool, loadTestConfig(t, env), Options{
-		DatabaseURL: url,
+		DatabaseURL: dbURL,
 		Executable:  env.DamaBin,
 		Logger:      slog.New(waiting),
 	})

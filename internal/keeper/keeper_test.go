@@ -396,6 +396,40 @@ func TestConnectionsThatProveNothingAreCapped(t *testing.T) {
 	}
 }
 
+// A message bound a session could not live with is refused before the
+// keeper listens: below a notification's size, a session would stop
+// forwarding at the first long one; below zero, every reply fails; above
+// what a task process reads, a reply it cannot take ends its session.
+func TestAKeeperRefusesAMessageBoundOutOfRange(t *testing.T) {
+	for _, n := range []int{-1, 1, 8000, 64<<20 + 1} {
+		// A keeper that got past the check would find no server here and,
+		// idle, exit without an error.
+		dir := filepath.Join(t.TempDir(), "k")
+		if err := keeper.Dir(dir); err != nil {
+			t.Fatal(err)
+		}
+		pool, err := pgxpool.ParseConfig("host=" + dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err = keeper.Serve(ctx, keeper.Config{
+			Socket: keeper.SocketPath(dir, "test"),
+			Secret: secret,
+			ConnectLock: func(context.Context) (*pgx.Conn, error) {
+				return nil, errors.New("no server here")
+			},
+			Pool:       pool,
+			MaxMessage: n,
+			IdleExit:   time.Millisecond,
+		})
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), "MaxMessage") {
+			t.Errorf("MaxMessage %d: Serve returned %v; want a refusal naming MaxMessage", n, err)
+		}
+	}
+}
+
 // A reply larger than a message may be fails its statement alone: the
 // session and its lock go on, and the next statement runs. Messages of
 // 1 MiB here: a reply of 64 MiB and more took 31 s of a busy run, and

@@ -42,8 +42,10 @@ type Config struct {
 	IdleExit time.Duration
 	// MaxMessage bounds, in bytes, one message of a session either way
 	// once its hello is taken: a statement's parameters or its rows. 0
-	// means 64 MiB, what a task process takes too; a test sets less, to
-	// make a reply too large without 64 MiB of it.
+	// means 64 MiB, what a task process takes too, and the most it may
+	// be; the least is 16 KiB, a hello's bound, which a notification
+	// (8,000 bytes at most) fits in. A test sets less than 64 MiB, to make
+	// a reply too large without 64 MiB of it.
 	MaxMessage int
 	// Logger receives the keeper's log lines; nil discards them.
 	Logger *slog.Logger
@@ -95,6 +97,11 @@ func Serve(ctx context.Context, cfg Config) error {
 	}
 	if len(cfg.Secret) == 0 {
 		return errors.New("a keeper needs a secret")
+	}
+	if cfg.MaxMessage < maxHello || cfg.MaxMessage > maxMessage {
+		// Beyond either end a session would end on its first large
+		// notification or reply rather than fail that one statement.
+		return fmt.Errorf("a keeper's MaxMessage is %d bytes: want %d to %d", cfg.MaxMessage, maxHello, maxMessage)
 	}
 	logger := cfg.Logger
 	if logger == nil {

@@ -184,8 +184,9 @@ func (s *stream) setLimit(n int) { s.limit.Store(int64(n)) }
 const keptBuffer = 64 << 10
 
 // errTooLarge is what sending a message larger than the stream's limit
-// (maxMessage, once a session's hello is taken) fails with, before
-// anything of it is sent: the other side would end the session.
+// (maxHello until a session's hello is taken, then Config.MaxMessage)
+// fails with, before anything of it is sent: the other side would end
+// the session.
 var errTooLarge = errors.New("a message larger than the lock keeper's protocol takes")
 
 func (s *stream) send(m message) error {

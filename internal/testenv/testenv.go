@@ -481,13 +481,8 @@ func Pace() string {
 // top of its range.
 const idlePace = 3 * time.Millisecond
 
-// Slowness is how many times slower than this project's idle 2-core VM
-// the machine is now, by a fork/exec of /bin/true, from 1 to 10: what a
-// window the test must see into before it closes (a retention that
-// removes what the test is yet to read) is multiplied by, as Eventually
-// stretches a wait.
-func Slowness() float64 { return slowness(pace()) }
-
+// slowness is how many times slower than this project's idle 2-core VM a
+// machine is whose fork/exec of /bin/true takes pace, from 1 to 10.
 func slowness(pace time.Duration) float64 {
 	if pace == 0 {
 		return 1

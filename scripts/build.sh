@@ -25,6 +25,5 @@ export CGO_ENABLED
 # supervisor runs dama-taskrunner only when its build is dama's own (the
 # same commit, settings and dependencies; a second go build would see the
 # first's output as a change to the tree when DIR is in it).
-# -trimpath: the binaries name no path of the machine that built them.
-go build -trimpath -tags "${DAMA_BUILD_TAGS:-}" -ldflags "$ldflags" -o "$out/" ./cmd/dama ./cmd/dama-taskrunner ./cmd/dama-shim
-go build -trimpath -o "$out/sample-etl" ./cmd/sample-etl
+go build -tags "${DAMA_BUILD_TAGS:-}" -ldflags "$ldflags" -o "$out/" ./cmd/dama ./cmd/dama-taskrunner ./cmd/dama-shim
+go build -o "$out/sample-etl" ./cmd/sample-etl

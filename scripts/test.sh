@@ -176,8 +176,12 @@ export TEST_DATABASE_URL
 # fuzz pass's, the image's, the previous release's) without the checkout's
 # path: a fresh clone elsewhere compiles none of this module's packages
 # again. Without it, the builds before the first test took 134 s and 237
-# CPU-seconds in a fresh clone, against 88 s and 151 with it.
-GOFLAGS="-trimpath $(go env GOFLAGS)"
+# CPU-seconds in a fresh clone, against 88 s and 151 with it. A build
+# with -trimpath records no -ldflags (go.dev/issue/52372), so the commit
+# stamped there no longer tells two builds apart: -buildvcs=auto (after
+# what go env sets, which may turn it off) stamps the checkout's own,
+# which dama compares with its dama-taskrunner's (cmd/dama/taskprogram.go).
+GOFLAGS="$(go env GOFLAGS) -trimpath -buildvcs=auto"
 export GOFLAGS
 
 # A short fuzz pass over the parsers of outside input, from the corpora in

@@ -111,7 +111,7 @@ func TestJobFinalizedBehindDamasBackIsReconciled(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, 10)
 	w.Start(w.cfg, "supervisor")
-	id := w.submit(30, 100)
+	id := w.submitHeld(30, 100)
 	running := w.waitRunning(id)
 	// What River's own rescuer does to a job stuck 'running' for an hour on
 	// its last attempt, while the task is in fact alive.
@@ -119,6 +119,7 @@ func TestJobFinalizedBehindDamasBackIsReconciled(t *testing.T) {
 		UPDATE river_job SET state = 'discarded', finalized_at = now() WHERE id = $1`, *running.RiverJobID); err != nil {
 		t.Fatal(err)
 	}
+	w.release()
 	got := w.waitSettled(id, 60*time.Second)
 	if got.Status != etlcontext.StatusDone || *got.PID != *running.PID {
 		t.Errorf("%s, pid %d -> %d; want DONE by the same process", got.Status, *running.PID, *got.PID)

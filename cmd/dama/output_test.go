@@ -61,7 +61,9 @@ func TestLogsFollowUntilTheTaskEnds(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, 10)
 	w.Start(w.cfg, "supervisor")
-	id := w.submit(20, 100)
+	// 5 s: long enough to be seen running on a machine that stalls for a
+	// while (a task of 2 s once was not).
+	id := w.submit(50, 100)
 	w.waitRunning(id)
 	// Started while the task runs, it ends by itself when the task does,
 	// having printed the whole log.
@@ -72,7 +74,7 @@ func TestLogsFollowUntilTheTaskEnds(t *testing.T) {
 	if got := w.task(id); got.Status != etlcontext.StatusDone {
 		t.Errorf("dama logs --follow returned while the task was %s", got.Status)
 	}
-	for _, want := range []string{"command starting", fmt.Sprintf("context %d attempt 1: steps 0 to 20", id), fmt.Sprintf("context %d done", id)} {
+	for _, want := range []string{"command starting", fmt.Sprintf("context %d attempt 1: steps 0 to 50", id), fmt.Sprintf("context %d done", id)} {
 		if !strings.Contains(res.Stdout, want) {
 			t.Errorf("followed log lacks %q:\n%s", want, res.Stdout)
 		}

@@ -91,9 +91,11 @@ kinds:
 		t.Fatal(err)
 	}
 	w.Start(cfg, "supervisor")
-	first := w.submit(10, 100)
+	// Held running until the second is queued behind it.
+	first := w.submitHeld(10, 100)
 	w.waitRunning(first)
 	second := w.submit(10, 100)
+	w.release()
 	// The second task is snoozed for the 60s poll interval while the queue is
 	// full; only the wake on the first task's exit starts it sooner.
 	for _, id := range []int64{first, second} {

@@ -85,7 +85,9 @@ func testATaskStartsInTheSupervisorsSpare(t *testing.T) {
 	spare := sparePID(t, sup, 0)
 	mode := w.spareConns(w.cfg)
 
-	id := w.submit(20, 100)
+	// Held running until the test has looked: a plain run's machine once
+	// stalled (a fork/exec took 500 ms) for the 2 s the task ran.
+	id := w.submitHeld(20, 100)
 	running := w.waitRunning(id)
 	if *running.PID != spare {
 		t.Fatalf("task %d runs in process %d, want the spare %d", id, *running.PID, spare)
@@ -95,6 +97,7 @@ func testATaskStartsInTheSupervisorsSpare(t *testing.T) {
 			t.Errorf("%d connections named for task %d's lock, want 1", n, id)
 		}
 	}
+	w.release()
 	if got := w.waitSettled(id, 60*time.Second); got.Status != etlcontext.StatusDone || got.Attempt != 1 {
 		t.Fatalf("task %d: %s after %d attempts, want DONE after 1", id, got.Status, got.Attempt)
 	}

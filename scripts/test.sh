@@ -233,17 +233,14 @@ fuzz_pass() {
 # the script ends early (killed without its trap, the pass ends by itself,
 # its counts done). It runs no test, so the binaries below need not be
 # there yet: only their directory's name, which spares each fuzz target's
-# TestMain a build of its own (testenv.Main). A run given arguments (a
-# -run of a few tests) is one of the tests alone: no fuzz pass.
+# TestMain a build of its own (testenv.Main).
 DAMA_TEST_BIN_DIR=$(mktemp -d /tmp/dama-test-bin.XXXXXX)
 export DAMA_TEST_BIN_DIR
-if [ "$#" -eq 0 ]; then
-	fuzz_log=$(mktemp /tmp/dama-test-fuzz.XXXXXX)
-	set -m
-	fuzz_pass </dev/null >"$fuzz_log" 2>&1 &
-	fuzz_pid=$!
-	set +m
-fi
+fuzz_log=$(mktemp /tmp/dama-test-fuzz.XXXXXX)
+set -m
+fuzz_pass </dev/null >"$fuzz_log" 2>&1 &
+fuzz_pid=$!
+set +m
 
 go vet ./...
 # What only dama's image builds: its dama runs pods (-tags kubernetes).
@@ -268,12 +265,10 @@ export GORACE="${GORACE:-atexit_sleep_ms=0}"
 tests_rc=0
 go test -race -count=1 -timeout "$go_timeout" -parallel "${DAMA_TEST_PARALLEL:-8}" "$@" ./... || tests_rc=$?
 fuzz_rc=0
-if [ -n "$fuzz_pid" ]; then
-	wait "$fuzz_pid" || fuzz_rc=$?
-	fuzz_pid=
-	cat "$fuzz_log"
-	[ "$fuzz_rc" -eq 0 ] || echo "test.sh: the fuzz pass failed (exit $fuzz_rc), above" >&2
-fi
+wait "$fuzz_pid" || fuzz_rc=$?
+fuzz_pid=
+cat "$fuzz_log"
+[ "$fuzz_rc" -eq 0 ] || echo "test.sh: the fuzz pass failed (exit $fuzz_rc), above" >&2
 [ "$tests_rc" -eq 0 ] || echo "test.sh: go test failed (exit $tests_rc)" >&2
 # go test's status, or else the fuzz pass's.
 exit $((tests_rc ? tests_rc : fuzz_rc))

@@ -21,34 +21,13 @@ fi
 # directories these name themselves (testenv.Main), and chown the second
 # to the servers' user: never one the environment names.
 unset DAMA_TEST_BIN_DIR DAMA_TEST_PGDATA DAMA_TEST_TEMPLATE
-slow_cg= fuzz_pid= fuzz_log=
+slow_cg=
 cleanup() {
-	# The fuzz pass, only while it runs (once it has ended and been reaped,
-	# its number may be another process group's): interrupted, as a
-	# Ctrl-C would, so that its test binary drops the databases it made;
-	# killed if it has not ended 10 s later.
-	if [ -n "$fuzz_pid" ] && jobs -rp | grep -qx "$fuzz_pid"; then
-		kill -INT -- "-$fuzz_pid" 2>/dev/null || true
-		for _ in $(seq 100); do
-			jobs -rp | grep -qx "$fuzz_pid" || break
-			sleep 0.1
-		done
-		if jobs -rp | grep -qx "$fuzz_pid"; then
-			kill -KILL -- "-$fuzz_pid" 2>/dev/null || true
-		fi
-		wait "$fuzz_pid" 2>/dev/null || true
-	fi
-	[ -z "$fuzz_log" ] || rm -f "$fuzz_log"
 	[ -z "${DAMA_TEST_BIN_DIR:-}" ] || rm -rf "$DAMA_TEST_BIN_DIR"
 	dama_pg_stop
 	slow_cg_remove
 }
 trap cleanup EXIT
-# A Ctrl-C ends the script once go test has ended, whatever its status,
-# rather than waiting for the fuzz pass, which runs in a process group of
-# its own that the terminal's signal does not reach.
-trap 'exit 130' INT
-trap 'exit 143' TERM HUP
 
 # slow_join moves this script into a control group of its own, a child of
 # its own in the cpu hierarchy, limited to one core's worth of CPU
@@ -184,12 +163,36 @@ export TEST_DATABASE_URL
 GOFLAGS="$(go env GOFLAGS) -trimpath -buildvcs=auto"
 export GOFLAGS
 
+go vet ./...
+# What only dama's image builds: its dama runs pods (-tags kubernetes).
+go vet -tags kubernetes ./cmd/dama
+
+# The binaries the tests run (dama, dama-taskrunner, dama-shim and the
+# samples), built once for every package's tests: static, as
+# scripts/build.sh builds them, and again with the race detector in race/,
+# for the tests that watch them for data races (testenv.Build).
+DAMA_TEST_BIN_DIR=$(mktemp -d /tmp/dama-test-bin.XXXXXX)
+export DAMA_TEST_BIN_DIR
+bins=(./cmd/dama ./cmd/dama-taskrunner ./cmd/dama-shim ./cmd/sample-etl ./cmd/sample-embedded)
+ldflags="-X github.com/dama-etl/dama/version.commit=$(git rev-parse HEAD 2>/dev/null || true)"
+CGO_ENABLED=0 go build -ldflags "$ldflags" -o "$DAMA_TEST_BIN_DIR/" "${bins[@]}"
+go build -race -ldflags "$ldflags" -o "$DAMA_TEST_BIN_DIR/race/" "${bins[@]}"
+
+# Every test once, under the race detector; a test whose behaviour depends
+# on the lock mode runs once per mode (row, advisory, host), in parallel
+# subtests (testenv.LockModes). DAMA_TEST_PARALLEL of them run at once:
+# with 8, both cores of this project's VM stay busy. A program built with
+# the race detector sleeps a second before it exits (atexit_sleep_ms), the
+# test binaries too: not here (testenv sets it for what the tests start).
+export GORACE="${GORACE:-atexit_sleep_ms=0}"
+go test -race -count=1 -timeout "$go_timeout" -parallel "${DAMA_TEST_PARALLEL:-8}" "$@" ./...
+
 # A short fuzz pass over the parsers of outside input, from the corpora in
 # each package's testdata/fuzz and the inputs this host's Go cache kept from
 # earlier runs. go test -fuzz takes one target per package per run, hence one
 # run per "package target executions" line; a failing input is written to
-# <package>/testdata/fuzz/<target>/ and the pass stops there. The budget is
-# a count of executions, not a duration: Go 1.26's fuzzer can report a bare
+# <package>/testdata/fuzz/<target>/ and the script stops. The budget is a
+# count of executions, not a duration: Go 1.26's fuzzer can report a bare
 # "context deadline exceeded" when a -fuzztime duration ends on a busy
 # machine (go.dev/issue/75804), which no count can.
 fuzz_targets=(
@@ -216,60 +219,7 @@ fuzz_targets=(
 	"./taskrunner FuzzPlainLineIsTheDecoders 10000"
 	"./internal/etlcontext FuzzCleanJSON 10000"
 )
-fuzz_pass() {
-	local t pkg target count
-	for t in "${fuzz_targets[@]}"; do
-		read -r pkg target count <<<"$t"
-		nice -n 10 go test -run '^$' -fuzz "^${target}\$" -fuzztime "${count}x" "$pkg" || return
-	done
-}
-
-# The fuzz pass runs beside the builds and the tests, from here, at a
-# lower priority (nice 10): both cores are busy from the tests' first
-# minute to their last few, and the pass takes what the builds, the links
-# and the last long tests leave idle (after the tests, it took about a
-# minute, 20 to 26% idle). Its output follows the tests'. A process group
-# of its own, for cleanup to stop it with every go test it started when
-# the script ends early (killed without its trap, the pass ends by itself,
-# its counts done). It runs no test, so the binaries below need not be
-# there yet: only their directory's name, which spares each fuzz target's
-# TestMain a build of its own (testenv.Main).
-DAMA_TEST_BIN_DIR=$(mktemp -d /tmp/dama-test-bin.XXXXXX)
-export DAMA_TEST_BIN_DIR
-fuzz_log=$(mktemp /tmp/dama-test-fuzz.XXXXXX)
-set -m
-fuzz_pass </dev/null >"$fuzz_log" 2>&1 &
-fuzz_pid=$!
-set +m
-
-go vet ./...
-# What only dama's image builds: its dama runs pods (-tags kubernetes).
-go vet -tags kubernetes ./cmd/dama
-
-# The binaries the tests run (dama, dama-taskrunner, dama-shim and the
-# samples), built once for every package's tests: static, as
-# scripts/build.sh builds them, and again with the race detector in race/,
-# for the tests that watch them for data races (testenv.Build).
-bins=(./cmd/dama ./cmd/dama-taskrunner ./cmd/dama-shim ./cmd/sample-etl ./cmd/sample-embedded)
-ldflags="-X github.com/dama-etl/dama/version.commit=$(git rev-parse HEAD 2>/dev/null || true)"
-CGO_ENABLED=0 go build -ldflags "$ldflags" -o "$DAMA_TEST_BIN_DIR/" "${bins[@]}"
-go build -race -ldflags "$ldflags" -o "$DAMA_TEST_BIN_DIR/race/" "${bins[@]}"
-
-# Every test once, under the race detector; a test whose behaviour depends
-# on the lock mode runs once per mode (row, advisory, host), in parallel
-# subtests (testenv.LockModes). DAMA_TEST_PARALLEL of them run at once:
-# with 8, both cores of this project's VM stay busy. A program built with
-# the race detector sleeps a second before it exits (atexit_sleep_ms), the
-# test binaries too: not here (testenv sets it for what the tests start).
-export GORACE="${GORACE:-atexit_sleep_ms=0}"
-tests_rc=0
-go test -race -count=1 -timeout "$go_timeout" -parallel "${DAMA_TEST_PARALLEL:-8}" "$@" ./... || tests_rc=$?
-fuzz_rc=0
-wait "$fuzz_pid" || fuzz_rc=$?
-fuzz_pid=
-cat "$fuzz_log"
-[ "$fuzz_rc" -eq 0 ] || echo "test.sh: the fuzz pass failed (exit $fuzz_rc), above" >&2
-[ "$tests_rc" -eq 0 ] || echo "test.sh: go test failed (exit $tests_rc)" >&2
-# go test's status, or else the fuzz pass's.
-exit $((tests_rc ? tests_rc : fuzz_rc))
-
+for t in "${fuzz_targets[@]}"; do
+	read -r pkg target count <<<"$t"
+	go test -run '^$' -fuzz "^${target}\$" -fuzztime "${count}x" "$pkg"
+done

@@ -6,12 +6,17 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
+
+	"github.com/dama-etl/dama/internal/testenv"
 )
 
 // scripts/image.sh makes an OCI archive whose digests are its blobs', whose
@@ -106,7 +111,15 @@ func TestTheImageIsAnOCIArchiveOfDama(t *testing.T) {
 			if err := os.WriteFile(bin, b, 0o755); err != nil {
 				t.Fatal(err)
 			}
-			if v, err := exec.Command(bin, "version").Output(); err != nil || !strings.Contains(string(v), "protocol ") {
+			// A process this test binary forks meanwhile, for another
+			// test, holds the file open for writing until it execs:
+			// "text file busy" until then (go.dev/issue/22315).
+			var v []byte
+			testenv.Eventually(t, 10*time.Second, "the image's dama to run", func() (bool, error) {
+				v, err = exec.Command(bin, "version").Output()
+				return !errors.Is(err, syscall.ETXTBSY), err
+			})
+			if err != nil || !strings.Contains(string(v), "protocol ") {
 				t.Errorf("the image's dama version: %v: %s", err, v)
 			}
 		}

@@ -93,7 +93,9 @@ func TestABurstOfEventsLosesNothing(t *testing.T) {
 }
 
 func testABurstOfEventsLosesNothing(t *testing.T) {
-	const n = 20000 // and as many progress lines: 40,000 in all
+	// Far beyond what the task process reads ahead (maxPendingEvents, 1,000)
+	// and the pipe holds (64 KiB, some 1,500 lines).
+	const n = 5000 // and as many progress lines: 10,000 in all
 	w, id, goFile := startFlood(t, testenv.New(t), n, "")
 	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
 		t.Fatal(err)
@@ -109,7 +111,7 @@ func TestAFloodDuringAnOutageLosesNothing(t *testing.T) {
 
 func testAFloodDuringAnOutageLosesNothing(t *testing.T) {
 	srv := testenv.NewServer(t)
-	const n = 20000
+	const n = 5000
 	env := testenv.NewOn(t, srv)
 	// The writer under backpressure, through an outage: watched for races.
 	env.WithRaceDetector()

@@ -95,8 +95,12 @@ func TestSilenceTimesOutWithoutReset(t *testing.T) {
 
 	// Once restored, the client's retransmitted close reaches the server.
 	restore()
+	// Each look has a deadline of its own: octx may have run out on a slow
+	// machine, and with it every look of the wait (a --slow run did).
 	Eventually(t, 30*time.Second, "the closed connection's backend to end once restored", func() (bool, error) {
-		err := observer.QueryRow(octx, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'dama-silenced'").Scan(&n)
+		lctx, lcancel := context.WithTimeout(ctx, 5*time.Second)
+		defer lcancel()
+		err := observer.QueryRow(lctx, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'dama-silenced'").Scan(&n)
 		return err == nil && n == 0, err
 	})
 }
@@ -158,6 +162,10 @@ func TestRestartEndsConnectionsKeepsData(t *testing.T) {
 
 	srv.Restart(t, 500*time.Millisecond)
 
+	// A minute from here: the restart may have taken most of the first on
+	// a slow machine.
+	ctx, cancel = context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	if _, err := before.Exec(ctx, "SELECT 1"); err == nil {
 		t.Fatal("a connection made before the restart still works")
 	} else {
@@ -170,7 +178,9 @@ func TestRestartEndsConnectionsKeepsData(t *testing.T) {
 	}
 	// The pool drops its dead connections and recovers.
 	Eventually(t, 10*time.Second, "the pool to work after the restart", func() (bool, error) {
-		err := env.Pool.QueryRow(ctx, "SELECT x FROM kept").Scan(&x)
+		lctx, lcancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer lcancel()
+		err := env.Pool.QueryRow(lctx, "SELECT x FROM kept").Scan(&x)
 		return err == nil && x == 42, err
 	})
 }

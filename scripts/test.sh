@@ -196,28 +196,28 @@ go test -race -count=1 -timeout "$go_timeout" -parallel "${DAMA_TEST_PARALLEL:-8
 # "context deadline exceeded" when a -fuzztime duration ends on a busy
 # machine (go.dev/issue/75804), which no count can.
 fuzz_targets=(
-	"./config FuzzParse 10000"
-	"./config FuzzParseSchedule 10000"
-	"./taskrunner/protocol FuzzParseLaunch 10000"
-	"./taskrunner/protocol FuzzParseKeeperLaunch 10000"
-	"./taskrunner/protocol FuzzParseSpareLaunch 10000"
-	"./taskrunner/protocol FuzzParseSecrets 10000"
+	"./config FuzzParse 5000"
+	"./config FuzzParseSchedule 5000"
+	"./taskrunner/protocol FuzzParseLaunch 5000"
+	"./taskrunner/protocol FuzzParseKeeperLaunch 5000"
+	"./taskrunner/protocol FuzzParseSpareLaunch 5000"
+	"./taskrunner/protocol FuzzParseSecrets 5000"
 	# What a pod's two containers tell each other.
-	"./taskrunner/protocol FuzzShimReceive 10000"
+	"./taskrunner/protocol FuzzShimReceive 5000"
 	# What any process of the user may send a host's lock keeper.
-	"./internal/keeper FuzzSession 5000"
-	"./internal/keeper FuzzDecodeMessage 10000"
-	"./cmd/dama FuzzDueAt 10000"
-	"./cmd/dama FuzzParseID 10000"
-	"./cmd/dama FuzzListenAddr 10000"
-	"./cmd/dama FuzzParseOlderThan 10000"
-	"./cmd/dama/internal/web FuzzParseLogPos 10000"
-	"./internal/hostproc FuzzParseStat 20000"
+	"./internal/keeper FuzzSession 2500"
+	"./internal/keeper FuzzDecodeMessage 5000"
+	"./cmd/dama FuzzDueAt 5000"
+	"./cmd/dama FuzzParseID 5000"
+	"./cmd/dama FuzzListenAddr 5000"
+	"./cmd/dama FuzzParseOlderThan 5000"
+	"./cmd/dama/internal/web FuzzParseLogPos 5000"
+	"./internal/hostproc FuzzParseStat 10000"
 	# What a command writes on its events pipe, and what the database is
 	# given of it: against the test server, whose jsonb is the judge.
-	"./taskrunner FuzzDecodeLine 10000"
-	"./taskrunner FuzzPlainLineIsTheDecoders 10000"
-	"./internal/etlcontext FuzzCleanJSON 10000"
+	"./taskrunner FuzzDecodeLine 5000"
+	"./taskrunner FuzzPlainLineIsTheDecoders 5000"
+	"./internal/etlcontext FuzzCleanJSON 5000"
 )
 for t in "${fuzz_targets[@]}"; do
 	read -r pkg target count <<<"$t"

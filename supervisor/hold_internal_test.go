@@ -31,7 +31,7 @@ func takeOver(t *testing.T) *takenOver {
 log_dir: {{dir}}/logs
 poll_interval: 500ms
 kinds:
-  waiter: { command: ["/bin/sh", "-c", "while [ ! -e ` + o.goFile + ` ]; do sleep 0.05; done"] }
+  waiter: { command: ["/bin/sh", "-c", "while [ ! -e ` + o.goFile + ` ]; do sleep 0.2; done"] }
 `))
 	if err != nil {
 		t.Fatal(err)

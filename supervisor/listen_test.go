@@ -216,7 +216,7 @@ func TestAFloodOfExitsStepsAHoldAtMostTwiceASecond(t *testing.T) {
 log_dir: {{dir}}/logs
 poll_interval: 1h
 kinds:
-  waiter: { command: ["/bin/sh", "-c", "while [ ! -e ` + goFile + ` ]; do sleep 0.05; done"] }
+  waiter: { command: ["/bin/sh", "-c", "while [ ! -e ` + goFile + ` ]; do sleep 0.2; done"] }
 `))
 	if err != nil {
 		t.Fatal(err)

@@ -21,7 +21,7 @@ import (
 // floodScript writes n named events, each followed by a progress line, as
 // fast as the pipe takes them, once the file go exists, then exits 0.
 func floodScript(n int, goFile string) string {
-	return `while [ ! -e ` + goFile + ` ]; do sleep 0.05; done
+	return `while [ ! -e ` + goFile + ` ]; do sleep 0.2; done
 seq 1 ` + strconv.Itoa(n) + ` | sed 's/.*/{"type":"rows","payload":{"n":&}}\
 {"type":"progress","payload":{"step":&,"of":` + strconv.Itoa(n) + `}}/' >&3`
 }
@@ -290,7 +290,7 @@ log_dir: {{dir}}/logs
 poll_interval: 500ms
 kinds:
   leaky:
-    command: ["/bin/sh", "-c", "echo $$ > \"$0/pid\"; while [ ! -e \"$0/go\" ]; do sleep 0.01; done", "{{dir}}"]
+    command: ["/bin/sh", "-c", "echo $$ > \"$0/pid\"; while [ ! -e \"$0/go\" ]; do sleep 0.2; done", "{{dir}}"]
     max_attempts: 1
 `)
 	w := &world{Env: env, cfg: cfg}
@@ -366,7 +366,7 @@ func testProgressIsSampled(t *testing.T) {
   printf '{"type":"progress","payload":{"step":%d,"of":300}}\n{"type":"checkpoint","payload":{"next":%d}}\n' $i $i >&3
   sleep 0.01; i=$((i+1))
 done
-while [ ! -e ` + goFile + ` ]; do sleep 0.05; done`
+while [ ! -e ` + goFile + ` ]; do sleep 0.2; done`
 	cfg := env.WriteConfig(`
 log_dir: {{dir}}/logs
 poll_interval: 500ms

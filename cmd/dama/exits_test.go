@@ -26,7 +26,7 @@ func TestADaemonOfTheCommandEndsWithTheTask(t *testing.T) {
 	// The daemon writes its pid, then sleeps; the command exits once the
 	// test, which has read the daemon meanwhile, creates the file go.
 	script := `setsid env -u DAMA_RUN_ID /bin/sh -c 'echo $$ > "$0/daemon"; exec sleep 1000' "$0" &
-while [ ! -e "$0/go" ]; do sleep 0.01; done`
+while [ ! -e "$0/go" ]; do sleep 0.2; done`
 	cfg := env.WriteConfig(`
 log_dir: {{dir}}/logs
 poll_interval: 500ms
@@ -75,9 +75,9 @@ func TestExitedDaemonsOfARunningCommandAreReaped(t *testing.T) {
 	goFile := filepath.Join(env.Dir, "go")
 	// Twenty daemons, orphaned at once (their parent subshell exits), that
 	// exit once the test has seen them; then the command waits.
-	script := `i=0; while [ $i -lt 20 ]; do (setsid /bin/sh -c 'while [ ! -e "$0/reap" ]; do sleep 0.05; done' "$0" &); i=$((i+1)); done
+	script := `i=0; while [ $i -lt 20 ]; do (setsid /bin/sh -c 'while [ ! -e "$0/reap" ]; do sleep 0.2; done' "$0" &); i=$((i+1)); done
 touch "$0/started"
-while [ ! -e ` + goFile + ` ]; do sleep 0.05; done`
+while [ ! -e ` + goFile + ` ]; do sleep 0.2; done`
 	cfg := env.WriteConfig(`
 log_dir: {{dir}}/logs
 poll_interval: 500ms

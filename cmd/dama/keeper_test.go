@@ -66,7 +66,7 @@ func TestHostModeConnectionsDoNotGrowWithTasks(t *testing.T) {
 	env := testenv.New(t)
 	goFile := filepath.Join(env.Dir, "go")
 	// Each runs until the test lets them all end.
-	script := `echo started >> "$0/started-$DAMA_ETL_CONTEXT_ID"; while [ ! -e ` + goFile + ` ]; do sleep 0.05; done`
+	script := `echo started >> "$0/started-$DAMA_ETL_CONTEXT_ID"; while [ ! -e ` + goFile + ` ]; do sleep 0.2; done`
 	cfg := env.WriteConfig(`
 lock_mode: host
 log_dir: {{dir}}/logs

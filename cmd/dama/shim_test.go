@@ -55,7 +55,7 @@ kinds:
         sh -c 'sleep 1000' %[1]s-straggler &
         trap 'exit 143' TERM
         case "$DAMA_ARGS" in
-          *wait*) echo waiting; while :; do sleep 0.05; done ;;
+          *wait*) echo waiting; while :; do sleep 0.2; done ;;
           *flood*) yes flood | head -c 4000000 ;;
         esac
         exit 3

@@ -96,7 +96,7 @@ func (w *world) submitOf(kind string, args ...string) int64 {
 func waiterKind(goFile string, maxAttempts int) string {
 	return fmt.Sprintf(`
   waiter:
-    command: ["/bin/sh", "-c", "while [ ! -e %s ]; do sleep 0.05; done"]
+    command: ["/bin/sh", "-c", "while [ ! -e %s ]; do sleep 0.2; done"]
     max_attempts: %d
 `, goFile, maxAttempts)
 }

@@ -202,19 +202,34 @@ func testChaosNoOverlapWhateverIsKilledOrRestarted(t *testing.T) {
 		return spared
 	}
 	// A task is settled DONE with its job completed, or CANCELLED (by an
-	// operator) with its job cancelled.
+	// operator) with its job cancelled. A running job of an unsettled
+	// task also names the client that fetched it, when, and whether that
+	// client's liveness lock is held: a step nobody rescues is told from
+	// one whose supervisor died (one field each, for the count).
 	unsettled := func() (string, error) {
 		var summary []string
 		err := query(`
-			SELECT etl_context_id || ':' || etl_status || '/' || coalesce(job_state, '-') || '@' || attempt
-			  FROM data_manager.dama_task_queue
-			 WHERE NOT ((etl_status = 'DONE' AND job_state IS NOT DISTINCT FROM 'completed')
-			         OR (etl_status = 'CANCELLED' AND job_state IS NOT DISTINCT FROM 'cancelled'))
-			 ORDER BY etl_context_id`, func(row interface{ Scan(...any) error }) error {
+			SELECT q.etl_context_id || ':' || q.etl_status || '/' || coalesce(q.job_state, '-') || '@' || q.attempt
+			       || CASE WHEN j.state = 'running' THEN
+			            '[' || coalesce(j.attempted_by[array_length(j.attempted_by, 1)], '?') || '@'
+			                || to_char(j.attempted_at, 'HH24:MI:SS.MS') || ','
+			                || CASE WHEN EXISTS (
+			                     SELECT 1 FROM pg_catalog.pg_locks AS l
+			                      WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+			                        AND l.classid = $1::oid
+			                        AND l.objid = hashtext(j.attempted_by[array_length(j.attempted_by, 1)])::oid
+			                        AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d WHERE d.datname = current_database()))
+			                   THEN 'live' ELSE 'dead' END || ']'
+			          ELSE '' END
+			  FROM data_manager.dama_task_queue AS q
+			  LEFT JOIN river_job AS j ON j.id = q.river_job_id
+			 WHERE NOT ((q.etl_status = 'DONE' AND q.job_state IS NOT DISTINCT FROM 'completed')
+			         OR (q.etl_status = 'CANCELLED' AND q.job_state IS NOT DISTINCT FROM 'cancelled'))
+			 ORDER BY q.etl_context_id`, func(row interface{ Scan(...any) error }) error {
 			var s string
 			summary = append(summary, s)
 			return row.Scan(&summary[len(summary)-1])
-		})
+		}, etlcontext.ClientLockNamespace)
 		return strings.Join(summary, " "), err
 	}
 

@@ -165,34 +165,48 @@ func lostTheDatabase(r slog.Record) bool {
 	return lost
 }
 
-// suspect is a running job seen without its client's liveness lock: the job,
-// the client that last fetched it, and when (a job fetched again is another
-// suspect).
+// suspect is a running job: the job, the client that last fetched it, and
+// when (a job fetched again is another suspect).
 type suspect struct {
 	jobID       int64
 	client      string
 	attemptedAt int64 // microseconds since the epoch, as PostgreSQL stores it
 }
 
+func fetchOf(jobID int64, client string, at time.Time) suspect {
+	return suspect{jobID: jobID, client: client, attemptedAt: at.UnixMicro()}
+}
+
 // rescueOrphanedSteps makes available again the jobs that a dead supervisor
 // left 'running' mid-step, without spending an attempt, as a snooze would.
 // River's own rescuer would wait an hour and then count the step as a failed
-// attempt, or discard the job of a task that is still running.
+// attempt, or discard the job of a task that is still running. So too the
+// jobs this supervisor's River client fetched but never received: a fetch
+// whose statement committed while its answer was lost (a timeout during a
+// failover did that in a chaos run) leaves them running under a live client,
+// for nobody, until the Work timeout (over half an hour).
 //
 // A Work older than its timeout and a step's is surely dead and rescued on
 // sight. Otherwise one look at pg_locks proves nothing (the supervisor may be
 // taking its lock again after its liveness connection failed), so a job is
 // rescued only once this supervisor has seen its client's lock missing at
-// every look for s.rescueGrace. A rescued step that was in fact alive is
-// harmless (steps are idempotent, and a task's own lock keeps a second copy
-// from starting), but it wastes a step and muddles the logs.
+// every look for s.rescueGrace; its own fetch, once no Work of it has begun
+// it for as long. A rescued step that was in fact alive is harmless (steps
+// are idempotent, a Work outlives one that took its job over, and a task's
+// own lock keeps a second copy from starting), but it wastes a step and
+// muddles the logs.
 func (s *Supervisor) rescueOrphanedSteps(ctx context.Context) error {
 	s.rescueMu.Lock()
 	defer s.rescueMu.Unlock()
 	queues := map[string]bool{}
+	lost := map[int64]bool{}
 	rescued := func(jobs []etlcontext.Rescued, why string) {
 		for _, r := range jobs {
 			queues[r.Queue] = true
+			if lost[r.ID] {
+				s.logger.Warn("rescued a job this supervisor fetched but never received: its fetch's answer was lost", "job_id", r.ID, "why", fmt.Sprintf("no Work began it for %s", s.rescueGrace))
+				continue
+			}
 			s.logger.Info("rescued the step of a dead supervisor", "job_id", r.ID, "why", why)
 		}
 	}
@@ -203,10 +217,12 @@ func (s *Supervisor) rescueOrphanedSteps(ctx context.Context) error {
 	}
 	rescued(stale, "older than its timeout")
 
-	seen, err := etlcontext.AbandonedSteps(ctx, s.pool)
+	own, looked := s.river.ID(), time.Now()
+	seen, err := etlcontext.AbandonedSteps(ctx, s.pool, own)
 	if err != nil {
 		return err
 	}
+	received := s.receivedFetches(looked, own, seen)
 	// Only the suspects seen now are remembered: a job whose client's lock
 	// came back, that finished, or that was fetched again starts over. A
 	// rescued job stays until the next look, which no longer finds it
@@ -215,7 +231,10 @@ func (s *Supervisor) rescueOrphanedSteps(ctx context.Context) error {
 	next := make(map[suspect]time.Time, len(seen))
 	var due []etlcontext.Step
 	for _, step := range seen {
-		sus := suspect{jobID: step.JobID, client: step.Client, attemptedAt: step.AttemptedAt.UnixMicro()}
+		sus := fetchOf(step.JobID, step.Client, step.AttemptedAt)
+		if received[sus] {
+			continue
+		}
 		first, ok := s.suspects[sus]
 		if !ok {
 			first = now
@@ -223,11 +242,12 @@ func (s *Supervisor) rescueOrphanedSteps(ctx context.Context) error {
 		next[sus] = first
 		if now.Sub(first) >= s.rescueGrace {
 			due = append(due, step)
+			lost[step.JobID] = step.Client == own
 		}
 	}
 	s.suspects = next
 	if len(due) > 0 {
-		jobs, err := etlcontext.RescueSteps(ctx, s.pool, due)
+		jobs, err := etlcontext.RescueSteps(ctx, s.pool, own, due)
 		if err != nil {
 			return err
 		}
@@ -237,4 +257,30 @@ func (s *Supervisor) rescueOrphanedSteps(ctx context.Context) error {
 		s.notifyQueue(ctx, q)
 	}
 	return nil
+}
+
+// receivedFetches returns which of seen, the running steps a look begun at
+// looked found, are fetches of own that a Work of this supervisor began,
+// and forgets the fetches begun before that look which no longer run.
+func (s *Supervisor) receivedFetches(looked time.Time, own string, seen []etlcontext.Step) map[suspect]bool {
+	running := map[suspect]bool{}
+	for _, step := range seen {
+		if step.Client == own {
+			running[fetchOf(step.JobID, step.Client, step.AttemptedAt)] = true
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for f, began := range s.begun {
+		if !running[f] && began.Before(looked) {
+			delete(s.begun, f)
+		}
+	}
+	received := map[suspect]bool{}
+	for f := range running {
+		if _, ok := s.begun[f]; ok {
+			received[f] = true
+		}
+	}
+	return received
 }

@@ -118,6 +118,12 @@ type Supervisor struct {
 	// holds more entries than there are running jobs.
 	rescueMu sync.Mutex
 	suspects map[suspect]time.Time
+	// begun holds, under mu, the fetches of this client (a job and when it
+	// was fetched) that a Work of it began, and when it began: a job running
+	// under a fetch of this client that no Work began is a fetch whose
+	// answer was lost (rescueOrphanedSteps). An entry goes once a rescue
+	// looks and the job no longer runs under that fetch.
+	begun map[suspect]time.Time
 
 	metrics *metrics
 
@@ -190,6 +196,7 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 
 		rescueGrace: rescueGraceFor(time.Duration(cfg.PollInterval)),
 		suspects:    map[suspect]time.Time{},
+		begun:       map[suspect]time.Time{},
 		stop:        make(chan error, 1),
 		started:     make(chan struct{}),
 		controls:    make(chan struct{}, 1),

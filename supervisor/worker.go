@@ -76,6 +76,7 @@ func (w *taskWorker) Timeout(*river.Job[TaskArgs]) time.Duration {
 // watch finding the lock free each poll interval). A stopping supervisor,
 // or one holding for holdFor, gives the job back.
 func (s *Supervisor) work(ctx context.Context, job *river.Job[TaskArgs]) error {
+	s.begin(job)
 	if s.retired.Load() {
 		// Stopping because the database refused this release's task
 		// processes: leave the task to a newer supervisor.
@@ -229,6 +230,16 @@ func (s *Supervisor) take(ctx context.Context, slots chan struct{}) bool {
 	case <-ctx.Done():
 	}
 	return false
+}
+
+// begin records that a Work of this supervisor received job's fetch.
+func (s *Supervisor) begin(job *river.Job[TaskArgs]) {
+	if job.AttemptedAt == nil || len(job.AttemptedBy) == 0 {
+		return
+	}
+	s.mu.Lock()
+	s.begun[fetchOf(job.ID, job.AttemptedBy[len(job.AttemptedBy)-1], *job.AttemptedAt)] = time.Now()
+	s.mu.Unlock()
 }
 
 // holding registers a Work of context id and returns the channel that

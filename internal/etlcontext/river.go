@@ -334,7 +334,7 @@ func clientLockMissing() string {
 	SELECT 1 FROM pg_catalog.pg_locks AS l
 	 WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
 	   AND l.classid = ` + strconv.Itoa(ClientLockNamespace) + `::oid
-	   AND l.objid = hashtext(j.attempted_by[array_length(j.attempted_by, 1)])::oid
+	   AND l.objid = hashtext(` + lastClient + `)::oid
 	   AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d WHERE d.datname = current_database()))`
 }
 
@@ -363,17 +363,23 @@ func abandoned() string {
 	   AND c.etl_context_id NOT IN (` + heldLocks() + `)))`
 }
 
-// AbandonedSteps finds the running steps and holds, begun over a second
-// ago (which leaves alone a client taking its lock at startup), that
-// nobody looks after (abandoned).
-func AbandonedSteps(ctx context.Context, db DB) ([]Step, error) {
+// lastClient is the client that last fetched river_job row j.
+const lastClient = `j.attempted_by[array_length(j.attempted_by, 1)]`
+
+// AbandonedSteps finds the running steps and holds that nobody looks after
+// (abandoned), begun over a second ago (which leaves alone a client taking
+// its lock at startup), and every running step that own, the caller's
+// River client, fetched: whether a Work of its own has it, only the caller
+// can tell (a fetch whose answer was lost leaves a job running under a
+// live client that never received it).
+func AbandonedSteps(ctx context.Context, db DB, own string) ([]Step, error) {
 	rows, err := db.Query(ctx, `
-		SELECT j.id, coalesce(j.attempted_by[array_length(j.attempted_by, 1)], ''), j.attempted_at
+		SELECT j.id, coalesce(`+lastClient+`, ''), j.attempted_at
 		  FROM river_job AS j
 		 WHERE j.kind = $1
 		   AND j.state = `+jobRunning+`
-		   AND j.attempted_at < now() - interval '1 second'
-		   AND `+abandoned(), JobKind)
+		   AND (`+lastClient+` = $2
+		        OR (j.attempted_at < now() - interval '1 second' AND `+abandoned()+`))`, JobKind, own)
 	if err != nil {
 		return nil, fmt.Errorf("find running steps nobody looks after: %w", err)
 	}
@@ -389,9 +395,10 @@ func AbandonedSteps(ctx context.Context, db DB) ([]Step, error) {
 }
 
 // RescueSteps rescues those of steps that still run, under the same
-// attempt, still abandoned: that is looked at once more, in the statement
-// that rescues.
-func RescueSteps(ctx context.Context, db DB, steps []Step) ([]Rescued, error) {
+// attempt, and are still abandoned or fetched by own, the caller's River
+// client, which found that none of its Works has them: that is looked at
+// once more, in the statement that rescues.
+func RescueSteps(ctx context.Context, db DB, own string, steps []Step) ([]Rescued, error) {
 	ids := make([]int64, len(steps))
 	ats := make([]time.Time, len(steps))
 	for i, s := range steps {
@@ -405,8 +412,8 @@ func RescueSteps(ctx context.Context, db DB, steps []Step) ([]Rescued, error) {
 		   AND j.attempted_at = due.attempted_at
 		   AND j.kind = $1
 		   AND j.state = `+jobRunning+`
-		   AND `+abandoned()+`
-		RETURNING j.id, j.queue`, JobKind, ids, ats)
+		   AND (`+lastClient+` = $4 OR `+abandoned()+`)
+		RETURNING j.id, j.queue`, JobKind, ids, ats, own)
 	if err != nil {
 		return nil, fmt.Errorf("rescue steps of dead supervisors: %w", err)
 	}

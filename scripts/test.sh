@@ -229,11 +229,11 @@ declare -A fuzz_bin
 for t in "${fuzz_targets[@]}"; do
 	read -r pkg target count <<<"$t"
 	if [ -z "${fuzz_bin[$pkg]:-}" ]; then
-		fuzz_bin[$pkg]=$fuzz_dir/$(echo "$pkg" | tr ./ __).test
+		fuzz_bin[$pkg]=$fuzz_dir/${#fuzz_bin[@]}.test
 		go test -c -fuzz=. -o "${fuzz_bin[$pkg]}" "$pkg"
 	fi
 	importpath=$(go list "$pkg")
 	echo "fuzz $importpath $target: ${count} executions"
 	(cd "$pkg" && "${fuzz_bin[$pkg]}" -test.run '^$' -test.fuzz "^${target}\$" -test.fuzztime "${count}x" \
-		-test.fuzzcachedir "$go_cache/fuzz/$importpath" -test.timeout 10m)
+		-test.fuzzcachedir "$go_cache/fuzz/$importpath" -test.timeout 10m -test.paniconexit0)
 done

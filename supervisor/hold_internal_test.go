@@ -160,3 +160,28 @@ func TestATakenOverWorkCompletesNothing(t *testing.T) {
 		t.Errorf("job %s after the taken-over Work returned, want completed as the other Work left it", st)
 	}
 }
+
+// A context may have two Works on one supervisor: its own job's and that of
+// a job it left (dama retry while a killed supervisor held it; rescued, and
+// fetched here again). Both are poked, and the end of one leaves the
+// other's registered: in a run where the left job's Work ended after the
+// other began, the task was DONE with its own job held for the half hour of
+// a hold, for its pokes went nowhere.
+func TestTheEndOfAContextsOtherWorkLeavesItsHoldPoked(t *testing.T) {
+	s := &Supervisor{holds: map[int64][]chan struct{}{}}
+	own := s.holding(1)
+	left := s.holding(1)
+	s.released(1, left)
+	if !s.poke(1) {
+		t.Fatal("no Work of context 1 to poke after the left job's Work ended")
+	}
+	select {
+	case <-own:
+	default:
+		t.Fatal("the remaining Work of context 1 was not poked")
+	}
+	s.released(1, own)
+	if s.poke(1) || len(s.holds) != 0 {
+		t.Fatalf("Works still registered after both ended: %v", s.holds)
+	}
+}

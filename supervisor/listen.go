@@ -83,15 +83,10 @@ func (s *Supervisor) note(n *pgconn.Notification) string {
 	}
 	s.mu.Lock()
 	_, mine := s.children[id]
-	ch, held := s.holds[id]
 	s.mu.Unlock()
-	if mine || !held {
+	if mine || !s.poke(id) {
 		// Its reaping pokes it, or no Work holds it here.
 		return heardIgnored
-	}
-	select {
-	case ch <- struct{}{}:
-	default:
 	}
 	return heardQueued
 }

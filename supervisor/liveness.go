@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -165,6 +166,12 @@ func lostTheDatabase(r slog.Record) bool {
 	return lost
 }
 
+// fetchAnswerWait bounds how long after a fetch of this client's River
+// its answer, if it ever comes, reaches a Work: River waits 10 s for a
+// fetch (HotOperationTimeout, internal to River), from before the fetch's
+// statement takes the time it records, and a Work begins at once.
+const fetchAnswerWait = 15 * time.Second
+
 // suspect is a running job: the job, the client that last fetched it, and
 // when (a job fetched again is another suspect).
 type suspect struct {
@@ -199,14 +206,9 @@ func (s *Supervisor) rescueOrphanedSteps(ctx context.Context) error {
 	s.rescueMu.Lock()
 	defer s.rescueMu.Unlock()
 	queues := map[string]bool{}
-	lost := map[int64]bool{}
 	rescued := func(jobs []etlcontext.Rescued, why string) {
 		for _, r := range jobs {
 			queues[r.Queue] = true
-			if lost[r.ID] {
-				s.logger.Warn("rescued a job this supervisor fetched but never received: its fetch's answer was lost", "job_id", r.ID, "why", fmt.Sprintf("no Work began it for %s", s.rescueGrace))
-				continue
-			}
 			s.logger.Info("rescued the step of a dead supervisor", "job_id", r.ID, "why", why)
 		}
 	}
@@ -218,7 +220,7 @@ func (s *Supervisor) rescueOrphanedSteps(ctx context.Context) error {
 	rescued(stale, "older than its timeout")
 
 	own, looked := s.river.ID(), time.Now()
-	seen, err := etlcontext.AbandonedSteps(ctx, s.pool, own)
+	seen, err := etlcontext.AbandonedSteps(ctx, s.pool, own, fetchAnswerWait)
 	if err != nil {
 		return err
 	}
@@ -229,10 +231,12 @@ func (s *Supervisor) rescueOrphanedSteps(ctx context.Context) error {
 	// running under that attempt and drops it.
 	now := time.Now()
 	next := make(map[suspect]time.Time, len(seen))
-	var due []etlcontext.Step
+	var due, lost []etlcontext.Step
 	for _, step := range seen {
 		sus := fetchOf(step.JobID, step.Client, step.AttemptedAt)
-		if received[sus] {
+		mine := step.Client == own && !step.Abandoned
+		if mine && (received[sus] || !step.Old) {
+			// Received, or its answer may still come.
 			continue
 		}
 		first, ok := s.suspects[sus]
@@ -240,18 +244,35 @@ func (s *Supervisor) rescueOrphanedSteps(ctx context.Context) error {
 			first = now
 		}
 		next[sus] = first
-		if now.Sub(first) >= s.rescueGrace {
+		if now.Sub(first) < s.rescueGrace {
+			continue
+		}
+		if mine {
+			lost = append(lost, step)
+		} else {
 			due = append(due, step)
-			lost[step.JobID] = step.Client == own
 		}
 	}
 	s.suspects = next
-	if len(due) > 0 {
-		jobs, err := etlcontext.RescueSteps(ctx, s.pool, own, due)
+	lost = s.giveBack(own, lost)
+	if len(due)+len(lost) > 0 {
+		jobs, err := etlcontext.RescueSteps(ctx, s.pool, own, append(due, lost...))
 		if err != nil {
 			return err
 		}
-		rescued(jobs, fmt.Sprintf("nobody looked after it for %s", s.rescueGrace))
+		var found []int64
+		for _, r := range jobs {
+			if slices.ContainsFunc(lost, func(l etlcontext.Step) bool { return l.JobID == r.ID }) {
+				found = append(found, r.ID)
+				queues[r.Queue] = true
+			} else {
+				rescued([]etlcontext.Rescued{r}, fmt.Sprintf("nobody looked after it for %s", s.rescueGrace))
+			}
+		}
+		if len(found) > 0 {
+			// One line per look, however many a lost fetch held.
+			s.logger.Warn("rescued the jobs of a fetch of this supervisor whose answer was lost", "jobs", len(found), "job_ids", found[:min(len(found), 10)], "why", fmt.Sprintf("no Work of it began them for %s", s.rescueGrace))
+		}
 	}
 	for q := range queues {
 		s.notifyQueue(ctx, q)
@@ -261,7 +282,8 @@ func (s *Supervisor) rescueOrphanedSteps(ctx context.Context) error {
 
 // receivedFetches returns which of seen, the running steps a look begun at
 // looked found, are fetches of own that a Work of this supervisor began,
-// and forgets the fetches begun before that look which no longer run.
+// and forgets the fetches begun (or given back) before that look which no
+// longer run.
 func (s *Supervisor) receivedFetches(looked time.Time, own string, seen []etlcontext.Step) map[suspect]bool {
 	running := map[suspect]bool{}
 	for _, step := range seen {
@@ -278,9 +300,28 @@ func (s *Supervisor) receivedFetches(looked time.Time, own string, seen []etlcon
 	}
 	received := map[suspect]bool{}
 	for f := range running {
-		if _, ok := s.begun[f]; ok {
+		if began, ok := s.begun[f]; ok && !began.IsZero() {
 			received[f] = true
 		}
 	}
 	return received
+}
+
+// giveBack returns those of lost, fetches of own that no Work began, that
+// still none began, and marks them given back (the zero time in begun:
+// begun before any look), in one critical section
+// with begin: a Work that begins one after this writes nothing over its
+// job, one that began it before keeps it.
+func (s *Supervisor) giveBack(own string, lost []etlcontext.Step) []etlcontext.Step {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.DeleteFunc(lost, func(step etlcontext.Step) bool {
+		f := fetchOf(step.JobID, own, step.AttemptedAt)
+		if began, ok := s.begun[f]; ok && !began.IsZero() {
+			return true
+		}
+		// The zero time: given back.
+		s.begun[f] = time.Time{}
+		return false
+	})
 }

@@ -3,12 +3,15 @@ package supervisor
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -53,19 +56,17 @@ func TestAFetchWhoseAnswerWasLostIsRescued(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// Before the server goes, whatever the outcome: every waiting commit
-	// completes.
-	t.Cleanup(func() { requireStandby("") })
 
 	pool, err := pgxpool.New(ctx, env.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
+	logs := &lostHeard{}
 	s, err := New(pool, cfg, Options{
 		DatabaseURL: env.URL,
 		Executable:  env.DamaBin,
-		Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Logger:      slog.New(logs),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -79,6 +80,9 @@ func TestAFetchWhoseAnswerWasLostIsRescued(t *testing.T) {
 			t.Errorf("run: %v", err)
 		}
 	})
+	// Before the supervisor stops, whatever the outcome: every commit
+	// waiting for the standby completes.
+	t.Cleanup(func() { requireStandby("") })
 	testenv.Eventually(t, time.Minute, "the supervisor to start", func() (bool, error) {
 		select {
 		case <-s.Started():
@@ -89,12 +93,23 @@ func TestAFetchWhoseAnswerWasLostIsRescued(t *testing.T) {
 		}
 		return false, nil
 	})
-
-	requireStandby("dama_test_absent")
 	client, err := NewClient(admin, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
+
+	// A task whose job its Work holds all along, past the rescue grace:
+	// never given back.
+	until := filepath.Join(env.Dir, "held.until")
+	held, _, err := client.Submit(ctx, SubmitParams{Kind: "sample", Args: json.RawMessage(fmt.Sprintf(`{"steps": 1, "step_ms": 1, "until_file": %q}`, until))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env.WaitForTask(held, time.Minute, "the held task RUNNING", func(task etlcontext.Task) bool {
+		return task.Status == etlcontext.StatusRunning && task.PID != nil
+	})
+
+	requireStandby("dama_test_absent")
 	id, _, err := client.Submit(ctx, SubmitParams{Kind: "sample"})
 	if err != nil {
 		t.Fatal(err)
@@ -117,6 +132,13 @@ func TestAFetchWhoseAnswerWasLostIsRescued(t *testing.T) {
 		established, err := tcpEstablished(srv.Port(), clientPort)
 		return !established, err
 	})
+	s.mu.Lock()
+	for f := range s.begun {
+		if f.jobID == id {
+			t.Errorf("a Work received the fetch of job %d: its answer was not lost", f.jobID)
+		}
+	}
+	s.mu.Unlock()
 	requireStandby("")
 
 	// Fetched for nobody: running under the live supervisor's client.
@@ -135,6 +157,59 @@ func TestAFetchWhoseAnswerWasLostIsRescued(t *testing.T) {
 		return task.Status == etlcontext.StatusDone
 	})
 	t.Logf("task %d DONE %s after its lost fetch committed (rescue grace %s)", id, time.Since(began).Round(time.Millisecond), s.rescueGrace)
+
+	if err := os.WriteFile(until, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if task := env.WaitForTask(held, time.Minute, "the held task DONE", func(task etlcontext.Task) bool {
+		return task.Status == etlcontext.StatusDone
+	}); task.Attempt != 1 {
+		t.Errorf("the held task took %d attempts", task.Attempt)
+	}
+	if got := logs.jobIDs(); len(got) != 1 || got[0] != jobOf(t, admin, id) {
+		t.Errorf("jobs given back as a lost fetch's: %v, want only task %d's", got, id)
+	}
+}
+
+func jobOf(t *testing.T, db *pgxpool.Pool, id int64) int64 {
+	t.Helper()
+	var job int64
+	if err := db.QueryRow(context.Background(), `SELECT river_job_id FROM data_manager.etl_contexts WHERE etl_context_id = $1`, id).Scan(&job); err != nil {
+		t.Fatal(err)
+	}
+	return job
+}
+
+// lostHeard is a log handler that discards every record, but keeps the job
+// ids of those that give back the jobs of a lost fetch.
+type lostHeard struct {
+	mu  sync.Mutex
+	ids []int64
+}
+
+func (h *lostHeard) Enabled(context.Context, slog.Level) bool { return true }
+func (h *lostHeard) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *lostHeard) WithGroup(string) slog.Handler            { return h }
+
+func (h *lostHeard) Handle(_ context.Context, r slog.Record) error {
+	if r.Message != "rescued the jobs of a fetch of this supervisor whose answer was lost" {
+		return nil
+	}
+	r.Attrs(func(a slog.Attr) bool {
+		if ids, ok := a.Value.Any().([]int64); ok && a.Key == "job_ids" {
+			h.mu.Lock()
+			h.ids = append(h.ids, ids...)
+			h.mu.Unlock()
+		}
+		return true
+	})
+	return nil
+}
+
+func (h *lostHeard) jobIDs() []int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.ids)
 }
 
 // tcpEstablished reports whether the TCP connection on the loopback from
@@ -156,5 +231,8 @@ func tcpEstablished(serverPort, clientPort int) (bool, error) {
 			return fields[3] == "01", nil
 		}
 	}
-	return false, sc.Err()
+	if err := sc.Err(); err != nil {
+		return false, err
+	}
+	return false, fmt.Errorf("no connection %s -> %s in /proc/net/tcp", remote, local)
 }

@@ -96,9 +96,9 @@ type Supervisor struct {
 	// waking holds the queues whose waiting tasks are being woken, and
 	// whether another wake-up was asked for meanwhile (wakeWaiting).
 	waking map[string]bool
-	// holds holds, per context whose job a Work runs here, the channel
-	// that pokes it (work).
-	holds map[int64]chan struct{}
+	// holds holds, per context whose job a Work runs here, the channels
+	// that poke its Works (work).
+	holds map[int64][]chan struct{}
 	// stepSlots and holdSlots bound, per queue, the steps under way: of
 	// jobs whose task held its lock at their last step, and of the others
 	// (stepInSlot).
@@ -185,7 +185,7 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 		spawnFailures:  map[int64]string{},
 		podStarts:      map[int64]func(time.Time){},
 		waking:         map[string]bool{},
-		holds:          map[int64]chan struct{}{},
+		holds:          map[int64][]chan struct{}{},
 		stepSlots:      map[string]chan struct{}{},
 		holdSlots:      map[string]chan struct{}{},
 		txSlots:        make(chan struct{}, max(1, pool.Config().MaxConns/2)),

@@ -3,6 +3,7 @@ package supervisor
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/riverqueue/river"
@@ -76,7 +77,11 @@ func (w *taskWorker) Timeout(*river.Job[TaskArgs]) time.Duration {
 // watch finding the lock free each poll interval). A stopping supervisor,
 // or one holding for holdFor, gives the job back.
 func (s *Supervisor) work(ctx context.Context, job *river.Job[TaskArgs]) error {
-	s.begin(job)
+	if !s.begin(job) {
+		// Given back as a lost fetch's, a moment ago: another Work may
+		// hold the job now.
+		return s.outlive(ctx, job)
+	}
 	if s.retired.Load() {
 		// Stopping because the database refused this release's task
 		// processes: leave the task to a newer supervisor.
@@ -232,44 +237,57 @@ func (s *Supervisor) take(ctx context.Context, slots chan struct{}) bool {
 	return false
 }
 
-// begin records that a Work of this supervisor received job's fetch.
-func (s *Supervisor) begin(job *river.Job[TaskArgs]) {
+// begin records that a Work of this supervisor received job's fetch, and
+// reports false if a rescue gave the fetch back as lost (giveBack).
+func (s *Supervisor) begin(job *river.Job[TaskArgs]) bool {
 	if job.AttemptedAt == nil || len(job.AttemptedBy) == 0 {
-		return
+		// River records both at every fetch.
+		return true
 	}
+	f := fetchOf(job.ID, job.AttemptedBy[len(job.AttemptedBy)-1], *job.AttemptedAt)
 	s.mu.Lock()
-	s.begun[fetchOf(job.ID, job.AttemptedBy[len(job.AttemptedBy)-1], *job.AttemptedAt)] = time.Now()
-	s.mu.Unlock()
+	defer s.mu.Unlock()
+	if began, ok := s.begun[f]; ok && began.IsZero() {
+		return false
+	}
+	s.begun[f] = time.Now()
+	return true
 }
 
 // holding registers a Work of context id and returns the channel that
-// pokes it; released unregisters it.
+// pokes it; released unregisters it. A context may have two Works here at
+// once: that of a job it left (dama retry while a dead supervisor held it,
+// rescued since) beside its own, whose pokes the other's end must not
+// unregister.
 func (s *Supervisor) holding(id int64) chan struct{} {
 	ch := make(chan struct{}, 1)
 	s.mu.Lock()
-	s.holds[id] = ch
+	s.holds[id] = append(s.holds[id], ch)
 	s.mu.Unlock()
 	return ch
 }
 
 func (s *Supervisor) released(id int64, ch chan struct{}) {
 	s.mu.Lock()
-	if s.holds[id] == ch {
+	if held := slices.DeleteFunc(s.holds[id], func(c chan struct{}) bool { return c == ch }); len(held) > 0 {
+		s.holds[id] = held
+	} else {
 		delete(s.holds, id)
 	}
 	s.mu.Unlock()
 }
 
-// poke tells the Work of context id, if this supervisor runs one, to look
-// at the task again: a hint, for a step decides from the database.
-func (s *Supervisor) poke(id int64) {
+// poke tells the Works of context id that this supervisor runs, if any, to
+// look at the task again (a hint, for a step decides from the database),
+// and reports whether there were any.
+func (s *Supervisor) poke(id int64) bool {
 	s.mu.Lock()
-	ch := s.holds[id]
-	s.mu.Unlock()
-	if ch != nil {
+	defer s.mu.Unlock()
+	for _, ch := range s.holds[id] {
 		select {
 		case ch <- struct{}{}:
 		default:
 		}
 	}
+	return len(s.holds[id]) > 0
 }

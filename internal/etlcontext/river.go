@@ -344,6 +344,9 @@ type Step struct {
 	JobID       int64
 	Client      string
 	AttemptedAt time.Time
+	// Old: fetched longer ago than the caller's answer wait; Abandoned:
+	// begun over a second ago, and nobody looks after it (AbandonedSteps).
+	Old, Abandoned bool
 }
 
 // abandoned is true for a running river_job row j that nobody looks after:
@@ -371,21 +374,25 @@ const lastClient = `j.attempted_by[array_length(j.attempted_by, 1)]`
 // its lock at startup), and every running step that own, the caller's
 // River client, fetched: whether a Work of its own has it, only the caller
 // can tell (a fetch whose answer was lost leaves a job running under a
-// live client that never received it).
-func AbandonedSteps(ctx context.Context, db DB, own string) ([]Step, error) {
+// live client that never received it). A step fetched longer than
+// answerWait ago, by the database's clock, is Old; one of the former,
+// Abandoned.
+func AbandonedSteps(ctx context.Context, db DB, own string, answerWait time.Duration) ([]Step, error) {
 	rows, err := db.Query(ctx, `
-		SELECT j.id, coalesce(`+lastClient+`, ''), j.attempted_at
-		  FROM river_job AS j
-		 WHERE j.kind = $1
-		   AND j.state = `+jobRunning+`
-		   AND (`+lastClient+` = $2
-		        OR (j.attempted_at < now() - interval '1 second' AND `+abandoned()+`))`, JobKind, own)
+		SELECT *
+		  FROM (SELECT j.id, coalesce(`+lastClient+`, '') AS client, j.attempted_at,
+		               j.attempted_at < now() - $3::interval,
+		               j.attempted_at < now() - interval '1 second' AND `+abandoned()+` AS abandoned
+		          FROM river_job AS j
+		         WHERE j.kind = $1
+		           AND j.state = `+jobRunning+`) AS s
+		 WHERE s.client = $2 OR s.abandoned`, JobKind, own, answerWait)
 	if err != nil {
 		return nil, fmt.Errorf("find running steps nobody looks after: %w", err)
 	}
 	steps, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Step, error) {
 		var s Step
-		err := row.Scan(&s.JobID, &s.Client, &s.AttemptedAt)
+		err := row.Scan(&s.JobID, &s.Client, &s.AttemptedAt, &s.Old, &s.Abandoned)
 		return s, err
 	})
 	if err != nil {

@@ -110,6 +110,39 @@ func TestAFetchWhoseAnswerWasLostIsRescued(t *testing.T) {
 	})
 
 	requireStandby("dama_test_absent")
+	// The server's checkpointer, once it has read the new setting, makes
+	// commits wait: a commit of a probe's waits then.
+	probeConf, err := pgx.ParseConfig(env.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	probeConf.RuntimeParams["application_name"] = "dama-test-standby-probe"
+	// A commit that wrote nothing in the WAL waits for no standby.
+	if _, err := admin.Exec(ctx, `CREATE TABLE standby_probe (n int)`); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, time.Minute, "commits to wait for the absent standby", func() (bool, error) {
+		conn, err := pgx.ConnectConfig(ctx, probeConf)
+		if err != nil {
+			return false, err
+		}
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		_, err = conn.Exec(pctx, `INSERT INTO standby_probe VALUES (1)`)
+		conn.Close(ctx)
+		if err == nil {
+			return false, errors.New("a commit did not wait")
+		}
+		var waiting bool
+		lctx, lcancel := context.WithTimeout(ctx, 5*time.Second)
+		defer lcancel()
+		if err := admin.QueryRow(lctx, `
+			SELECT count(*) > 0 FROM pg_stat_activity
+			 WHERE application_name = 'dama-test-standby-probe' AND wait_event = 'SyncRep'`).Scan(&waiting); err != nil {
+			return false, err
+		}
+		return waiting, errors.New("the probe's commit failed without waiting for the standby")
+	})
 	id, _, err := client.Submit(ctx, SubmitParams{Kind: "sample"})
 	if err != nil {
 		t.Fatal(err)

@@ -203,7 +203,6 @@ fuzz_targets=(
 	"./config FuzzParseSchedule 5000"
 	"./taskrunner/protocol FuzzParseLaunch 5000"
 	"./taskrunner/protocol FuzzParseKeeperLaunch 5000"
-	"./taskrunner/protocol FuzzParseSpareLaunch 5000"
 	"./taskrunner/protocol FuzzParseSecrets 5000"
 	# What a pod's two containers tell each other.
 	"./taskrunner/protocol FuzzShimReceive 5000"

@@ -23,9 +23,7 @@ type Budget struct {
 	RowMode, AdvisoryMode, Configured int
 	// Supervisor is the most this supervisor holds itself: its pool, River's
 	// listener (taken from the pool and then let go of by it, so the pool
-	// may open another), its liveness connection and its own listener, and
-	// its spare task process's (one task process's, in the lock mode of
-	// most kinds).
+	// may open another), its liveness connection and its own listener.
 	Supervisor int
 	// ServerMax is the server's max_connections less the slots reserved for
 	// superusers; InUse, the client connections open now.
@@ -37,7 +35,7 @@ func (b Budget) Enough() bool { return b.Configured+b.Supervisor <= b.ServerMax 
 
 // ConnectionBudget computes the budget of cfg against the server.
 func (s *Supervisor) ConnectionBudget(ctx context.Context) (Budget, error) {
-	b := Budget{Supervisor: int(s.pool.Config().MaxConns) + 3 + s.spareMode.ConnectionsPerTask()}
+	b := Budget{Supervisor: int(s.pool.Config().MaxConns) + 3}
 	for name, q := range s.cfg.Queues {
 		perTask := 0
 		for _, k := range s.cfg.Kinds {

@@ -49,23 +49,11 @@ type child struct {
 // (so no signal for the supervisor's process group reaches it), stdio on
 // /dev/null and the task's log file, no inherited descriptor but the
 // readiness pipe and its secrets socket, and no secret in its environment or
-// arguments; or it hands the launch to the spare, started so beforehand
-// (spare.go). It waits, at most LaunchTimeout, for the runner to report that
+// arguments. It waits, at most LaunchTimeout, for the runner to report that
 // it holds the lock, or to exit. A runner that reports later (the outcome
 // is then launchPending) makes it call lateReady, if that is within
 // lateReadyWait.
-func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcontext.Context, run etlcontext.Run, sp *spare, lateReady func(time.Time)) (launchOutcome, error) {
-	var spared bool
-	if sp != nil {
-		// Let go unless it took the task, whatever happens here.
-		defer func() {
-			if spared {
-				sp.finish()
-			} else {
-				s.dropSpare(sp)
-			}
-		}()
-	}
+func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcontext.Context, run etlcontext.Run, lateReady func(time.Time)) (launchOutcome, error) {
 	if _, ok := s.inPod(c); ok {
 		return s.launchPod(ctx, logger, c, run, lateReady)
 	}
@@ -81,21 +69,9 @@ func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcont
 
 	kind, _ := s.cfg.Kind(c.Kind)
 	launch := protocol.Launch{ContextID: c.ID, RunID: run.ID, LockMode: kind.LockMode}
-	var (
-		ch     *child
-		readyR *os.File
-	)
-	if sp != nil {
-		if err := s.handOff(logger, sp, c.ID, launch, logFile); err != nil {
-			logger.Warn("the spare task process could not take the launch; starting one", "pid", sp.ch.pid, "error", err)
-		} else {
-			ch, readyR, spared = sp.ch, sp.readyR, true
-		}
-	}
-	if ch == nil {
-		if ch, readyR, err = s.spawn(c.ID, launch, run.Key, logFile); err != nil {
-			return 0, err
-		}
+	ch, readyR, err := s.spawn(c.ID, launch, run.Key, logFile)
+	if err != nil {
+		return 0, err
 	}
 	defer func() {
 		if readyR != nil {
@@ -117,7 +93,7 @@ func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcont
 		}()
 		return launchPending, nil
 	}
-	logger.Info("spawned task process", "pid", ch.pid, "kind", c.Kind, "spare", spared)
+	logger.Info("spawned task process", "pid", ch.pid, "kind", c.Kind)
 
 	_ = readyR.SetReadDeadline(time.Now().Add(s.opts.LaunchTimeout))
 	var b [1]byte
@@ -174,7 +150,7 @@ func runnerEnv(configPath string) []string {
 }
 
 // secrets returns what a task process of run key is handed on its
-// secrets socket or its spare's socket: the database URL it connects with,
+// secrets socket: the database URL it connects with,
 // the supervisor's PG* variables, and the keeper's secret.
 func (s *Supervisor) secrets(key string) protocol.Secrets {
 	env := []string{protocol.DatabaseURLEnv + "=" + s.opts.DatabaseURL}

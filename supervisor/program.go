@@ -99,7 +99,7 @@ func openProgram(path string) (p *program, err error) {
 }
 
 // minProgramFD is above the descriptors a task process is given (its
-// standard three and protocol's ReadyFD, SecretsFD, SpareFD).
+// standard three and protocol's ReadyFD and SecretsFD).
 const minProgramFD = 64
 
 // errProgramChanged is returned at a launch when the program opened was

@@ -277,26 +277,8 @@ func (s *Supervisor) startAttempt(ctx context.Context, logger *slog.Logger, tx p
 		}
 		return river.JobSnooze(parkWaiting)
 	}
-	// The spare, if one waits, is this launch's task process: the run
-	// takes the key it connected with. Until launch owns it, it is let go
-	// on any way out (the run may hold its key), or given back when no
-	// run was recorded.
-	var sp *spare
-	if _, ok := s.inPod(c); !ok {
-		// A spare is a process of this host.
-		sp = s.takeSpare()
-	}
-	var key string
-	if sp != nil {
-		key = sp.key
-	}
-	owned := sp
-	defer func() { s.dropSpare(owned) }()
-	run, err := etlcontext.StartAttempt(ctx, tx, id, max(job.Attempt, c.Attempt+1), s.host, key)
+	run, err := etlcontext.StartAttempt(ctx, tx, id, max(job.Attempt, c.Attempt+1), s.host)
 	if err != nil {
-		// Rolled back: no run holds the key.
-		s.returnSpare(owned)
-		owned = nil
 		return s.transient(logger, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -313,8 +295,7 @@ func (s *Supervisor) startAttempt(ctx context.Context, logger *slog.Logger, tx p
 			s.metrics.lockedAfterSubmit(c, at)
 		}
 	}
-	owned = nil
-	outcome, err := s.launch(ctx, logger.With("attempt", run.Attempt), c, run, sp, started)
+	outcome, err := s.launch(ctx, logger.With("attempt", run.Attempt), c, run, started)
 	if err != nil {
 		// Nothing was started: the next look finds RUNNING with a free lock
 		// and no task process, and takes the launch back.

@@ -65,14 +65,6 @@ type Supervisor struct {
 
 	mu       sync.Mutex
 	children map[int64]*child
-	// spare is the task process started ahead of its launch, nil while
-	// none waits (spare.go).
-	spare *spare
-	// sparesOver: the spares' loop ended; a spare a step gives back is
-	// let go, no longer kept.
-	sparesOver bool
-	// spareMode is the lock mode a spare connects for: that of most kinds.
-	spareMode config.LockMode
 	// stopping holds the contexts whose dead attempt's orphans are being
 	// stopped.
 	stopping map[int64]bool
@@ -179,7 +171,6 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 		host:           host,
 		hostID:         hostID,
 		children:       map[int64]*child{},
-		spareMode:      commonLockMode(cfg),
 		stopping:       map[int64]bool{},
 		launchFailures: map[int64]string{},
 		spawnFailures:  map[int64]string{},
@@ -409,10 +400,6 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	s.reportBudget(ctx)
 	s.checkCommands()
 	bg.Go(func() { s.rescueLoop(bgCtx) })
-	if s.cfg.Runs(config.RunnerHost) {
-		// A spare is a host's task process.
-		bg.Go(func() { s.spareLoop(bgCtx) })
-	}
 	bg.Go(func() { s.pruneLoop(bgCtx) })
 	if s.opts.Pods != nil {
 		bg.Go(func() { s.podPruneLoop(bgCtx) })

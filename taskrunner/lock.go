@@ -54,9 +54,6 @@ type lockKeeper struct {
 	// dial makes the connection that holds the lock in advisory and host
 	// modes (the writer's too).
 	dial func(ctx context.Context) (dbConn, error)
-	// takeFirst returns the lock connection made ahead of the launch, if
-	// there is one that works (Preconnected).
-	takeFirst func(ctx context.Context) *pgx.Conn
 
 	mu       sync.Mutex
 	state    lockState
@@ -94,21 +91,12 @@ func (k *lockKeeper) appName() string { return fmt.Sprintf("dama-task-lock:%d", 
 // holds it. In advisory mode the connection is returned too, for the
 // writer to adopt: it is the task's only connection.
 func (k *lockKeeper) lock(ctx context.Context) (*etlcontext.Context, dbConn, error) {
-	// Before the lock's own time starts: it finds out, in at most
-	// takeTimeout, whether the connection made ahead still works.
-	var first *pgx.Conn
-	if k.takeFirst != nil {
-		first = k.takeFirst(ctx)
-	}
 	cctx, cancel := context.WithTimeout(ctx, firstLockTimeout(k.heartbeat))
 	defer cancel()
 	if k.mode != config.LockModeRow {
-		var conn dbConn = pgxConn{first}
-		if first == nil {
-			var err error
-			if conn, err = k.dial(cctx); err != nil {
-				return nil, nil, err
-			}
+		conn, err := k.dial(cctx)
+		if err != nil {
+			return nil, nil, err
 		}
 		// Before the lock: a runner the database no longer accepts
 		// touches nothing.
@@ -124,12 +112,9 @@ func (k *lockKeeper) lock(ctx context.Context) (*etlcontext.Context, dbConn, err
 		k.lastPID = conn.backendPID()
 		return c, conn, nil
 	}
-	conn := first
-	if conn == nil {
-		var err error
-		if conn, err = connect(cctx, k.url, k.runKey, k.appName(), k.heartbeat); err != nil {
-			return nil, nil, err
-		}
+	conn, err := connect(cctx, k.url, k.runKey, k.appName(), k.heartbeat)
+	if err != nil {
+		return nil, nil, err
 	}
 	if err := etlcontext.CheckRunnerProtocol(cctx, conn, protocol.Version); err != nil {
 		conn.Close(context.WithoutCancel(ctx))

@@ -17,7 +17,6 @@ import (
 	"runtime"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/internal/hostproc"
@@ -85,7 +84,7 @@ func RunProcess(ctx context.Context, funcs Funcs) (code int, ok bool) {
 // arguments a supervisor gives after protocol.Subcommand, and returns the
 // process's exit code (taskrunner's Exit codes). The configuration comes
 // from the environment (protocol.ConfigEnv), the database from the
-// secrets socket or spare's socket, read once the process is non-dumpable
+// secrets socket, read once the process is non-dumpable
 // (protocol.Secrets; or the environment's protocol.DatabaseURLEnv, for a
 // runner started by hand); the runner logs to stderr, the task's log file.
 // It is `dama-taskrunner taskrunner`, or `dama taskrunner`.
@@ -95,11 +94,7 @@ func RunFromArgs(ctx context.Context, args []string, funcs Funcs) int {
 	// memory (see Run).
 	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "taskrunner")
-	opts, err := runnerOptions(ctx, args, funcs)
-	if errors.Is(err, protocol.ErrNoLaunch) {
-		// A spare whose supervisor stopped: nothing to run.
-		return protocol.ExitDone
-	}
+	opts, err := runnerOptions(args, funcs)
 	if err != nil {
 		logger.Error("taskrunner", "error", err, "exit_code", protocol.ExitSetup)
 		return protocol.ExitSetup
@@ -118,14 +113,14 @@ func RunFromArgs(ctx context.Context, args []string, funcs Funcs) int {
 	return Run(context.WithoutCancel(ctx), opts)
 }
 
-func runnerOptions(ctx context.Context, args []string, funcs Funcs) (Options, error) {
+func runnerOptions(args []string, funcs Funcs) (Options, error) {
 	launch, err := protocol.ParseLaunch(args)
 	if err != nil {
 		return Options{}, err
 	}
 	// Kept from any process the runner starts (a lock keeper before the
 	// lock is held): the supervisor waits for the ready pipe's end.
-	for _, fd := range []int{launch.ReadyFD, launch.SecretsFD, launch.SpareFD} {
+	for _, fd := range []int{launch.ReadyFD, launch.SecretsFD} {
 		if fd > 0 {
 			syscall.CloseOnExec(fd)
 		}
@@ -157,30 +152,18 @@ func runnerOptions(ctx context.Context, args []string, funcs Funcs) (Options, er
 			return Options{}, err
 		}
 	}
-	var (
-		launchedAt time.Time
-		pre        *Preconnected
-	)
-	if launch.SpareFD > 0 {
-		if cfg, pre, secrets, launchedAt, err = spareLaunch(ctx, &launch, cfg); err != nil {
-			return Options{}, err
-		}
-	}
 	url, err := setSecretEnv(secrets)
 	if err != nil {
-		pre.Close()
 		return Options{}, err
 	}
 	opts, err := runnerHost(cfg, funcs)
 	if err != nil {
-		pre.Close()
 		return Options{}, err
 	}
 	opts.LockMode = launch.LockMode
 	opts.DatabaseURL = url
 	opts.ContextID, opts.RunID = launch.ContextID, launch.RunID
 	opts.RunKey, opts.KeeperSecret = secrets.RunKey, secrets.Keeper
-	opts.LaunchedAt, opts.Preconnected = launchedAt, pre
 	if launch.ReadyFD > 0 {
 		opts.Ready = os.NewFile(uintptr(launch.ReadyFD), "ready")
 	}
@@ -202,10 +185,6 @@ func openLog(cfg *config.Config, id int64) (*os.File, error) {
 	}
 	return os.OpenFile(protocol.LogPath(cfg.LogDir, id), os.O_WRONLY|os.O_APPEND|os.O_CREATE, protocol.LogFileMode)
 }
-
-// preconnectTimeout bounds a spare's connections ahead of its launch:
-// what is not made by then is made at the launch.
-const preconnectTimeout = 10 * time.Second
 
 // readSecrets reads the secrets on fd (protocol.ReadSecrets), once the
 // process is non-dumpable, unless a process traced it before: a tracer
@@ -248,58 +227,6 @@ func setSecretEnv(secrets protocol.Secrets) (string, error) {
 	return url, nil
 }
 
-// spareLaunch is a spare's life before its launch (protocol.SpareFD): it
-// greets its supervisor, receives its secrets with its run's key,
-// connects ahead with them while it waits for its launch, and returns the
-// connections made, which hold the key, the configuration read again (the
-// file may have changed since the spare started), the secrets, and when
-// its launch came. It fills l's
-// context, run and lock mode. It returns protocol.ErrNoLaunch when the supervisor let it go,
-// and an error when it was told to stop (ctx ended) as its launch came:
-// the launch is then given back, as a runner's signalled before its
-// command started.
-func spareLaunch(ctx context.Context, l *protocol.Launch, cfg *config.Config) (*config.Config, *Preconnected, protocol.Secrets, time.Time, error) {
-	var none protocol.Secrets
-	fd := l.SpareFD
-	defer syscall.Close(fd)
-	if err := protocol.SendHello(fd); err != nil {
-		return nil, nil, none, time.Time{}, err
-	}
-	secrets, err := protocol.ReceiveSecrets(fd)
-	if err != nil {
-		return nil, nil, none, time.Time{}, err
-	}
-	url, err := setSecretEnv(secrets)
-	if err != nil {
-		return nil, nil, none, time.Time{}, err
-	}
-	pctx, stopConnecting := context.WithTimeout(ctx, preconnectTimeout)
-	defer stopConnecting()
-	connected := make(chan *Preconnected, 1)
-	go func() {
-		connected <- Preconnect(pctx, url, secrets.RunKey, l.LockMode, time.Duration(cfg.HeartbeatInterval))
-	}()
-	got, err := receiveLaunch(ctx, fd)
-	launchedAt := time.Now()
-	if err != nil {
-		// Let go, or stopped: what is being connected is not needed.
-		stopConnecting()
-		(<-connected).Close()
-		return nil, nil, none, time.Time{}, err
-	}
-	pre := <-connected
-	if ctx.Err() != nil {
-		pre.Close()
-		return nil, nil, none, time.Time{}, errors.New("signalled as its launch came: the launch is given back")
-	}
-	l.ContextID, l.RunID, l.LockMode = got.ContextID, got.RunID, got.LockMode
-	if cfg, err = config.Load(os.Getenv(protocol.ConfigEnv)); err != nil {
-		pre.Close()
-		return nil, nil, none, time.Time{}, err
-	}
-	return cfg, pre, secrets, launchedAt, nil
-}
-
 // runnerHost returns the options of a runner on this host under cfg.
 func runnerHost(cfg *config.Config, funcs Funcs) (Options, error) {
 	hostID, err := hostproc.ID()
@@ -319,37 +246,6 @@ func runnerHost(cfg *config.Config, funcs Funcs) (Options, error) {
 		// SUBMITTED event, on the task process's own connection.
 		Submit: submit.New(cfg).Child,
 	}, nil
-}
-
-// receiveLaunch waits, as a spare, for the launch on fd, and makes the
-// task's log file, which comes with it, the process's stdout and stderr,
-// as a runner started for the launch has them. A spare has no task to
-// stop: when ctx ends (SIGTERM), it stops waiting (protocol.ErrNoLaunch).
-func receiveLaunch(ctx context.Context, fd int) (protocol.Launch, error) {
-	received := make(chan struct{})
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		select {
-		case <-ctx.Done():
-			// Ends the wait as the supervisor's end closing would.
-			_ = unix.Shutdown(fd, unix.SHUT_RDWR)
-		case <-received:
-		}
-	}()
-	l, logFile, err := protocol.ReceiveLaunch(fd)
-	close(received)
-	<-stopped
-	if err != nil {
-		return protocol.Launch{}, err
-	}
-	defer logFile.Close()
-	for _, std := range []int{1, 2} {
-		if err := unix.Dup3(int(logFile.Fd()), std, 0); err != nil {
-			return protocol.Launch{}, fmt.Errorf("make the task's log file descriptor %d: %w", std, err)
-		}
-	}
-	return l, nil
 }
 
 // RunKeeperFromArgs runs the host's lock keeper of lock_mode host, with the

@@ -14,7 +14,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"golang.org/x/sys/unix"
 
 	"github.com/dama-etl/dama/config"
@@ -58,14 +57,6 @@ type Options struct {
 	// Submit records the children the command submits on its events pipe;
 	// nil refuses them (each "submit" line is then recorded as a WARNING).
 	Submit SubmitFunc
-	// LaunchedAt is when a spare task process, started ahead of its launch,
-	// received it: the attempt's start it records. Zero means the
-	// process's own start.
-	LaunchedAt time.Time
-	// Preconnected are the connections made by a spare before its launch
-	// (Preconnect), which the runner takes over: nil makes them all at the
-	// launch.
-	Preconnected *Preconnected
 	// Funcs are the functions of function kinds this program registers: a
 	// task of a function kind whose function is missing here is unfit for
 	// this host. The runner calls none of them; it starts its own program
@@ -216,12 +207,7 @@ func (r *runner) run(ctx context.Context) (int, error) {
 	if mode == "" {
 		mode = config.LockModeRow
 	}
-	pre := r.opts.Preconnected
-	defer pre.Close()
-	if err := pre.keep(time.Duration(r.opts.Config.HeartbeatInterval), mode); err != nil {
-		r.logger.Info("a connection made ahead of the launch failed; connecting now", "error", err)
-	}
-	name := r.connections(mode, pre)
+	r.connections(mode)
 	wctx, stopWriter := context.WithCancel(context.WithoutCancel(ctx))
 	writerDone := make(chan struct{})
 	startWriter := func(conn dbConn) {
@@ -238,7 +224,6 @@ func (r *runner) run(ctx context.Context) (int, error) {
 		}
 	}()
 	if mode == config.LockModeRow {
-		r.w.takeFirst = func(ctx context.Context) *pgx.Conn { return r.takeFirst(ctx, pre, true, name) }
 		// The write connection is made while the lock is taken: it is
 		// needed right after.
 		startWriter(nil)
@@ -286,33 +271,18 @@ func (r *runner) run(ctx context.Context) (int, error) {
 	return r.start(ctx)
 }
 
-// takeFirst takes the connection pre made ahead of the launch, if it
-// still works, for writes or the lock; nil to connect now.
-func (r *runner) takeFirst(ctx context.Context, pre *Preconnected, write bool, name string) *pgx.Conn {
-	conn, err := pre.take(ctx, write, name)
-	if err != nil {
-		r.logger.Info("a connection made ahead of the launch no longer works; connecting now", "error", err)
-	}
-	return conn
-}
-
-// connections sets up the lock (r.lock) and the writes (r.w) for mode,
-// and returns the name of the writes' session. In row mode they are two
+// connections sets up the lock (r.lock) and the writes (r.w) for mode.
+// In row mode they are two
 // connections; otherwise one, which holds the lock, so that every new one
 // takes the lock again before anything else is sent on it. In host mode
 // it is a session with the keeper, which holds the lock for as long as
 // the session lasts.
-func (r *runner) connections(mode config.LockMode, pre *Preconnected) string {
+func (r *runner) connections(mode config.LockMode) {
 	heartbeat := time.Duration(r.opts.Config.HeartbeatInterval)
 	r.lock = newLockKeeper(r.opts.DatabaseURL, r.opts.ContextID, r.opts.RunID, mode, heartbeat, r.logger)
 	r.lock.runKey = r.opts.RunKey
 	hooks := writerHooks{resume: r.checkCancel}
 	name := fmt.Sprintf("dama-task:%d", r.opts.ContextID)
-	if mode != config.LockModeHost {
-		// A host-mode runner's lock is the keeper's: a session of its own
-		// would hold it outside the keeper (keep closed them anyway).
-		r.lock.takeFirst = func(ctx context.Context) *pgx.Conn { return r.takeFirst(ctx, pre, false, r.lock.appName()) }
-	}
 	if mode != config.LockModeRow {
 		hooks = writerHooks{
 			resume: func(ctx context.Context, conn dbConn) error {
@@ -344,7 +314,6 @@ func (r *runner) connections(mode config.LockMode, pre *Preconnected) string {
 	r.w.heartbeat = heartbeat
 	r.w.sampleEvery = time.Duration(r.opts.Config.ProgressInterval)
 	r.lock.w = r.w
-	return name
 }
 
 // unfit ends a launch this host cannot run (err, from prepare): the
@@ -498,9 +467,6 @@ func (r *runner) recordStart(ctx context.Context) (cancelRequested bool, err err
 	var started *time.Time
 	if t, err := hostproc.StartTime(self.StartTicks); err == nil {
 		started = &t
-	}
-	if !r.opts.LaunchedAt.IsZero() {
-		started = &r.opts.LaunchedAt
 	}
 	rec := etlcontext.Runner{
 		Host: r.opts.Host, HostID: r.opts.HostID, PID: os.Getpid(), StartedAt: started,

@@ -251,12 +251,6 @@ func (w *writer) connect(ctx context.Context, channels []string, first bool) (db
 
 // open makes a connection for the writer.
 func (w *writer) open(ctx context.Context) (dbConn, error) {
-	if take := w.takeFirst; take != nil {
-		w.takeFirst = nil
-		if conn := take(ctx); conn != nil {
-			return pgxConn{conn}, nil
-		}
-	}
 	if w.dial != nil {
 		return w.dial(ctx)
 	}

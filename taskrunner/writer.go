@@ -103,9 +103,6 @@ type writer struct {
 	// dial, when set, makes the writer's connections (host lock mode);
 	// otherwise they are the writer's own, to url.
 	dial func(ctx context.Context) (dbConn, error)
-	// takeFirst, when set, returns the first connection, made ahead of
-	// the launch (Preconnected), if it works.
-	takeFirst func(ctx context.Context) *pgx.Conn
 	// connErr is why the current connection failed, for hooks.lost.
 	connErr error
 	// busySaid is when sayBusy last logged; only the writer's goroutine

@@ -124,7 +124,7 @@ func beatSpans(beats map[int][]int64) map[int]string {
 
 // isTaskrunner reports whether pid, started at ticks, is alive: the task
 // process recorded with them (and not a process that reused the pid of a
-// dead one). A spare's command line does not name its task.
+// dead one).
 func isTaskrunner(pid int, ticks uint64) bool {
 	alive, err := hostproc.Alive(pid, ticks)
 	return err == nil && alive && ticks != 0

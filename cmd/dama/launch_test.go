@@ -13,7 +13,6 @@ import (
 
 	"github.com/dama-etl/dama/internal/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
-	"github.com/dama-etl/dama/taskrunner"
 )
 
 func TestAHostThatCannotLaunchSpendsNoAttempt(t *testing.T) {
@@ -162,22 +161,12 @@ func testNoConnectionForTheTaskProcessSpendsNoAttempt(t *testing.T) {
 			return w.serverConns("dama-keeper") == 0, nil
 		})
 	}
-	// The supervisor's spare task process has its connections already:
-	// they are ended, and not counted, so that it has to connect.
-	w.spareConns(w.cfg)
 	var held int
 	if err := env.Pool.QueryRow(ctx, `
-		SELECT count(*) FROM pg_stat_activity
-		 WHERE usename = 'dama_limited' AND application_name NOT IN ($1, $2)`,
-		taskrunner.SpareLockConnName, taskrunner.SpareWriteConnName).Scan(&held); err != nil {
+		SELECT count(*) FROM pg_stat_activity WHERE usename = 'dama_limited'`).Scan(&held); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := env.Pool.Exec(ctx, fmt.Sprintf(`ALTER ROLE dama_limited CONNECTION LIMIT %d`, held)); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := env.Pool.Exec(ctx, `
-		SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name IN ($1, $2)`,
-		taskrunner.SpareLockConnName, taskrunner.SpareWriteConnName); err != nil {
 		t.Fatal(err)
 	}
 	id := w.submit(5, 50)

@@ -289,7 +289,7 @@ func testATaskProcessWritesOnlyItsOwnRun(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		run, err := etlcontext.StartAttempt(ctx, env.Pool, id, 1, "test", "")
+		run, err := etlcontext.StartAttempt(ctx, env.Pool, id, 1, "test")
 		if err != nil {
 			t.Fatal(err)
 		}

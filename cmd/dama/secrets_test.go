@@ -142,7 +142,7 @@ func tgid(tid int) int {
 // the database URLs (the supervisor's and the tasks'), libpq's password,
 // the status page's tokens. A process of the same user that reads every
 // new process's /proc/<pid>/environ and cmdline as fast as it can while
-// 30 tasks of every lock mode start (runners, spares, a lock keeper,
+// 30 tasks of every lock mode start (runners, a lock keeper,
 // commands), and opens their descriptors through /proc/<pid>/fd, reads
 // none of them, though it reads the environments of those processes: they
 // come on a socket, which /proc does not open, read once the process is
@@ -211,7 +211,7 @@ kinds:
 	for _, f := range s.found {
 		t.Errorf("a secret, in %s", f)
 	}
-	t.Logf("environments read: %d runners and spares, %d keepers, %d commands", len(s.seen["runner"]), len(s.seen["keeper"]), len(s.seen["command"]))
+	t.Logf("environments read: %d runners, %d keepers, %d commands", len(s.seen["runner"]), len(s.seen["keeper"]), len(s.seen["command"]))
 	// The spy is fast enough to have read them, had they held a secret.
 	if len(s.seen["runner"]) < 10 || len(s.seen["command"]) < 1 {
 		t.Errorf("the spy read the environments of %d task processes and %d commands of 30: too slow to prove anything (a busy machine may slow it, not this much)", len(s.seen["runner"]), len(s.seen["command"]))

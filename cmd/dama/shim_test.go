@@ -86,7 +86,7 @@ func newPodWorld(t *testing.T) *podWorld {
 // starts its task process with the attempt's secrets in a file.
 func (w *podWorld) launch(id int64) (*testenv.Proc, etlcontext.Run) {
 	w.T.Helper()
-	run, err := etlcontext.StartAttempt(context.Background(), w.Pool, id, 1, "test", "")
+	run, err := etlcontext.StartAttempt(context.Background(), w.Pool, id, 1, "test")
 	if err != nil {
 		w.T.Fatal(err)
 	}

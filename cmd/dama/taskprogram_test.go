@@ -14,13 +14,12 @@ import (
 )
 
 // A supervisor whose binary has dama-taskrunner beside it runs its task
-// processes with that program: its spare, and a task's runner.
+// processes with that program.
 func TestTaskProcessesRunTheTaskrunnerProgram(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, 4)
 	sup := w.Start(w.cfg, "supervisor")
 	sup.WaitReady(t, 30*time.Second)
-	wantProgram(t, sparePID(t, sup, 0), w.TaskRunnerBin)
 	id := w.submit(400, 25)
 	task := w.waitFor(id, 60*time.Second, "to run", func(c etlcontext.Task) bool {
 		return c.Status == etlcontext.StatusRunning && c.PID != nil
@@ -43,8 +42,13 @@ func TestADamaTaskrunnerOfAnotherBuildIsRefused(t *testing.T) {
 	alone := w.With(dama)
 	sup := alone.Start(w.cfg, "supervisor")
 	sup.WaitReady(t, 30*time.Second)
-	wantProgram(t, sparePID(t, sup, 0), dama)
-	if got := w.waitSettled(w.submit(1, 1), 60*time.Second); got.Status != etlcontext.StatusDone {
+	id := w.submitHeld(1, 1)
+	task := w.waitFor(id, 60*time.Second, "to run", func(c etlcontext.Task) bool {
+		return c.Status == etlcontext.StatusRunning && c.PID != nil
+	})
+	wantProgram(t, *task.PID, dama)
+	w.release()
+	if got := w.waitSettled(id, 60*time.Second); got.Status != etlcontext.StatusDone {
 		t.Errorf("with dama alone: %s, want DONE", got.Status)
 	}
 	sup.Kill(t, syscall.SIGTERM)
@@ -164,14 +168,9 @@ func TestASupervisorLaunchesTheTaskrunnerItStartedWith(t *testing.T) {
 	copyProgram(t, w.TaskRunnerBin, runner)
 	sup := w.With(dama).Start(w.cfg, "supervisor")
 	sup.WaitReady(t, time.Minute)
-	spare := sparePID(t, sup, 0)
 	// Another program in its place, as a redeploy puts one: renamed over.
 	copyProgram(t, w.SampleETL, runner+".new")
 	if err := os.Rename(runner+".new", runner); err != nil {
-		t.Fatal(err)
-	}
-	// The spare, started before, is let go: the next is started after.
-	if err := syscall.Kill(spare, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	// Running until the test has looked at their runners.

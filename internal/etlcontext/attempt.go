@@ -246,8 +246,8 @@ type Run struct {
 // key its session holds (migration 19).
 const RunKeySetting = "dama.run_key"
 
-// NewRunKey makes a run's key: 32 random bytes, in hex.
-func NewRunKey() (string, error) {
+// newRunKey makes a run's key: 32 random bytes, in hex.
+func newRunKey() (string, error) {
 	var secret [32]byte
 	if _, err := rand.Read(secret[:]); err != nil {
 		return "", fmt.Errorf("make a run key: %w", err)
@@ -256,19 +256,15 @@ func NewRunKey() (string, error) {
 }
 
 // StartAttempt marks context id RUNNING for a new attempt with a fresh run
-// id, launched by host, whose key is key: one NewRunKey made ahead, for a
-// task process that connected with it before it had a task (a spare), or
-// a fresh one when key is empty. The caller holds the lock.
-func StartAttempt(ctx context.Context, db DB, id int64, attempt int, launchedBy, key string) (Run, error) {
-	if key == "" {
-		var err error
-		if key, err = NewRunKey(); err != nil {
-			return Run{}, fmt.Errorf("start attempt of task %d: %w", id, err)
-		}
+// id and key, launched by host. The caller holds the lock.
+func StartAttempt(ctx context.Context, db DB, id int64, attempt int, launchedBy string) (Run, error) {
+	key, err := newRunKey()
+	if err != nil {
+		return Run{}, fmt.Errorf("start attempt of task %d: %w", id, err)
 	}
 	run := Run{Key: key}
 	hash := sha256.Sum256([]byte(run.Key))
-	err := db.QueryRow(ctx, `
+	err = db.QueryRow(ctx, `
 		UPDATE data_manager.etl_contexts
 		   SET etl_status = `+sqlRunning+`, attempt = $2, run_id = gen_random_uuid(), launched_by = $3,
 		       runner_key_hash = $4, started_at = coalesce(started_at, now()),
@@ -460,24 +456,6 @@ func WithRole(ctx context.Context, db DB, by string) (string, error) {
 		return "", fmt.Errorf("read the database role: %w", err)
 	}
 	return named, nil
-}
-
-// WarmRunner runs, on db, for no context, the statements a task process
-// makes first (the protocol check, its context, its record): a connection
-// made ahead of its launch (a spare's) then has them prepared, and the
-// catalogs they read in its server session's caches.
-func WarmRunner(ctx context.Context, db DB) error {
-	if _, err := ReadCompatibility(ctx, db); err != nil {
-		return err
-	}
-	if _, err := Get(ctx, db, 0); err != nil && !errors.Is(err, ErrNotFound) {
-		return err
-	}
-	// Of no run: it matches no row.
-	if _, err := RecordRunner(ctx, db, 0, "00000000-0000-0000-0000-000000000000", Runner{}); err != nil && !errors.Is(err, ErrStaleRun) {
-		return err
-	}
-	return nil
 }
 
 // RunSessions counts the sessions of the server, in any of its databases,

@@ -26,7 +26,7 @@ func TestTheLogTailRolls(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	taken, err := etlcontext.StartAttempt(ctx, env.Pool, id, 1, "test", "")
+	taken, err := etlcontext.StartAttempt(ctx, env.Pool, id, 1, "test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +41,7 @@ func TestTheLogTailRolls(t *testing.T) {
 	if err := etlcontext.AbandonLaunch(ctx, env.Pool, c); err != nil {
 		t.Fatal(err)
 	}
-	run, err := etlcontext.StartAttempt(ctx, env.Pool, id, 1, "test", "")
+	run, err := etlcontext.StartAttempt(ctx, env.Pool, id, 1, "test")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -104,7 +104,7 @@ func running(t *testing.T, env *testenv.Env) (int64, etlcontext.Run) {
 	if _, err := etlcontext.Append(ctx, env.Pool, etlcontext.NewEvent{ContextID: id, Type: "k:INITIAL", Payload: map[string]int{}}); err != nil {
 		t.Fatal(err)
 	}
-	run, err := etlcontext.StartAttempt(ctx, env.Pool, id, 1, "test", "")
+	run, err := etlcontext.StartAttempt(ctx, env.Pool, id, 1, "test")
 	if err != nil {
 		t.Fatal(err)
 	}

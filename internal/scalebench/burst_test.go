@@ -187,9 +187,7 @@ type counts struct {
 // cpuShares is CPU time by who spent it: the machine, PostgreSQL (its
 // postmaster, its backends, those that exited included), and for dama the
 // supervisor itself and its task processes: those it reaped with their
-// commands, and those alive (spares, a lock keeper). A spare alive at the
-// start and reaped by the end moves from one to the other: only their sum
-// is a share.
+// commands, and those alive (a lock keeper).
 type cpuShares struct {
 	machine, postgres, supervisor, reaped, alive time.Duration
 }
@@ -303,7 +301,7 @@ func perTask(b *testing.B, pool *pgxpool.Pool, who string, n int, sup int, from 
 		who, ms(now.machine-from.cpu.machine), float64(transactions(b, pool)-from.xacts-1)/float64(n))
 	fmt.Printf("%s: CPU per task by process: PostgreSQL %.1f ms", who, ms(now.postgres-from.cpu.postgres))
 	if sup != 0 {
-		fmt.Printf(", supervisor %.1f ms, task processes and their commands (spares and the lock keeper included) %.1f ms",
+		fmt.Printf(", supervisor %.1f ms, task processes and their commands (the lock keeper included) %.1f ms",
 			ms(now.supervisor-from.cpu.supervisor), ms(now.reaped+now.alive-from.cpu.reaped-from.cpu.alive))
 	}
 	fmt.Println()

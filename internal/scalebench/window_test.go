@@ -139,20 +139,9 @@ func measureWindow(b *testing.B, p params, r *result, srv *testenv.Server, env *
 	}
 	self := os.Getpid()
 	keepers := keeperPIDs(filepath.Join(env.Dir, "logs"))
-	// The supervisor's spare task process: its child that runs no task.
-	var spares []int
-	for _, pid := range scalebench.Children(supPID) {
-		if !slices.Contains(runners, pid) {
-			spares = append(spares, pid)
-		}
-	}
-	conns, err := scalebench.ConnectionsTo(srv.Port(), slices.Concat([]int{self, supPID}, runners, keepers, spares))
+	conns, err := scalebench.ConnectionsTo(srv.Port(), slices.Concat([]int{self, supPID}, runners, keepers))
 	if err != nil {
 		b.Fatal(err)
-	}
-	spareConns := 0
-	for _, pid := range spares {
-		spareConns += conns[pid]
 	}
 	tasks := 0
 	for _, pid := range append(slices.Clone(runners), keepers...) {
@@ -163,8 +152,8 @@ func measureWindow(b *testing.B, p params, r *result, srv *testenv.Server, env *
 	if r.n > 0 {
 		r.m["conns_task"] = float64(tasks) / float64(r.n)
 	}
-	r.say("server connections: %d client backends: supervisor %d, its spare task process %d, task processes and lock keeper (%d) %d (%.2f per task), the bench's own %d, other %d",
-		total, conns[supPID], spareConns, len(keepers), tasks, r.m["conns_task"], conns[self], total-conns[self]-conns[supPID]-spareConns-tasks)
+	r.say("server connections: %d client backends: supervisor %d, task processes and lock keeper (%d) %d (%.2f per task), the bench's own %d, other %d",
+		total, conns[supPID], len(keepers), tasks, r.m["conns_task"], conns[self], total-conns[self]-conns[supPID]-tasks)
 
 	vacuum(b, r, env.URL)
 }

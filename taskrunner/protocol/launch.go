@@ -8,13 +8,11 @@ import (
 	"io"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"time"
 )
 
 // Subcommand is the first argument of a runner's command line: a runner
-// shows as "dama taskrunner --context-id 42 ..." in a process listing, a
-// spare, and the runner it becomes, as "dama taskrunner --spare-fd 4 ...".
+// shows as "dama taskrunner --context-id 42 ..." in a process listing.
 const Subcommand = "taskrunner"
 
 // Launch is what a supervisor tells the runner it starts, on its command
@@ -37,13 +35,6 @@ type Launch struct {
 	// neither the command nor a function process inherits it. Without
 	// one, a runner started by hand connects with its environment.
 	SecretsFD int
-	// SpareFD, when above 0, makes the task process a spare, started ahead
-	// of its launch (see SpareFD): ContextID, RunID and the secrets are
-	// not on its command line or a socket but come on this descriptor, with
-	// the lock mode and the task's log file, once its supervisor has a
-	// task for it (ReceiveSecrets, ReceiveLaunch). LockMode is then the mode
-	// it connects for beforehand.
-	SpareFD int
 	// ShimSocket, when set, makes the task process a pod's: the command
 	// runs in another container, under dama's shim, which connects to
 	// this socket, an absolute path on a volume the two share (see
@@ -71,15 +62,10 @@ const (
 
 // Args returns the runner's command line after the program name.
 func (l Launch) Args() []string {
-	args := []string{Subcommand}
-	if l.SpareFD > 0 {
-		args = append(args, "--spare-fd", strconv.Itoa(l.SpareFD))
-	} else {
-		args = append(args,
-			"--context-id", strconv.FormatInt(l.ContextID, 10),
-			"--run-id", l.RunID)
-	}
-	args = append(args, "--lock-mode", string(l.LockMode))
+	args := []string{Subcommand,
+		"--context-id", strconv.FormatInt(l.ContextID, 10),
+		"--run-id", l.RunID,
+		"--lock-mode", string(l.LockMode)}
 	if l.ReadyFD > 0 {
 		args = append(args, "--ready-fd", strconv.Itoa(l.ReadyFD))
 	}
@@ -110,7 +96,6 @@ func ParseLaunch(args []string) (Launch, error) {
 	fs.StringVar(&l.RunID, "run-id", "", "run id prepared by the supervisor")
 	fs.IntVar(&l.ReadyFD, "ready-fd", 0, "descriptor to write one byte to once the lock is held")
 	fs.IntVar(&l.SecretsFD, "secrets-fd", 0, "descriptor to read the secrets from")
-	fs.IntVar(&l.SpareFD, "spare-fd", 0, "descriptor to wait on for the launch, as a spare")
 	fs.StringVar(&lockMode, "lock-mode", "", "how to hold the lock: row (the default), advisory or host")
 	fs.StringVar(&l.SecretsFile, "secrets-file", "", "file to read the secrets from")
 	fs.StringVar(&l.SecretsDigest, "secrets-digest", "", "digest of the secrets file and the configuration's")
@@ -128,8 +113,6 @@ func ParseLaunch(args []string) (Launch, error) {
 		return Launch{}, fmt.Errorf("--shim-socket %q: want an absolute path", l.ShimSocket)
 	case l.LogDir != "" && !filepath.IsAbs(l.LogDir):
 		return Launch{}, fmt.Errorf("--log-dir %q: want an absolute path", l.LogDir)
-	case l.ShimSocket != "" && l.SpareFD > 0:
-		return Launch{}, errors.New("--shim-socket: a pod's task process is no spare")
 	case l.ShimSocket != "" && lockMode == string(LockModeHost):
 		return Launch{}, errors.New("--shim-socket: a pod's task process holds its own lock, in lock mode row or advisory")
 	}
@@ -142,31 +125,9 @@ func ParseLaunch(args []string) (Launch, error) {
 	if err := checkFD("--secrets-fd", l.SecretsFD); err != nil {
 		return Launch{}, err
 	}
-	if err := checkFD("--spare-fd", l.SpareFD); err != nil {
-		return Launch{}, err
-	}
-	if l.SpareFD > 0 {
-		// The launch comes later, on the descriptor.
-		var given []string
-		fs.Visit(func(f *flag.Flag) {
-			switch f.Name {
-			case "context-id", "run-id", "secrets-fd", "secrets-file", "secrets-digest":
-				given = append(given, "--"+f.Name)
-			}
-		})
-		if len(given) > 0 {
-			return Launch{}, fmt.Errorf("--spare-fd: a spare's launch comes on its descriptor, not %s", strings.Join(given, ", "))
-		}
-		if l.SpareFD == l.ReadyFD {
-			return Launch{}, errors.New("--spare-fd and --ready-fd name the same descriptor")
-		}
-	}
 	l.LockMode = LockMode(cmp.Or(lockMode, string(LockModeRow)))
 	if !l.LockMode.Valid() {
 		return Launch{}, fmt.Errorf("--lock-mode %q: want %q, %q or %q", l.LockMode, LockModeRow, LockModeAdvisory, LockModeHost)
-	}
-	if l.SpareFD > 0 {
-		return l, nil
 	}
 	if err := l.validate(); err != nil {
 		return Launch{}, err

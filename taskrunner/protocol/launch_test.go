@@ -27,20 +27,12 @@ func FuzzParseLaunch(f *testing.F) {
 		{"--context-id\x0042\x00--run-id\x00r\x00--\x00extra", Launch{}},
 		{"--context-id\x0099999999999999999999\x00--run-id\x00r", Launch{}},
 		{"--context-id", Launch{}},
-		{join(Launch{SpareFD: 4, ReadyFD: 3, LockMode: LockModeAdvisory}), Launch{}},
-		{"--spare-fd\x004\x00--context-id\x0042", Launch{}},
-		{"--spare-fd\x003\x00--ready-fd\x003", Launch{}},
-		{"--spare-fd\x004\x00--secrets-fd\x005", Launch{}},
-		{"--spare-fd\x004\x00--lock-mode\x00rows", Launch{}},
-		{"--spare-fd\x002", Launch{}},
 		{join(Launch{ContextID: 42, RunID: "r", LockMode: LockModeAdvisory, ShimSocket: "/dama-run/shim.sock", SecretsFile: "/var/run/dama/secrets", SecretsDigest: strings.Repeat("0a", 32)}), Launch{}},
 		{"--context-id\x0042\x00--run-id\x00r\x00--secrets-file\x00/s", Launch{}},
 		{"--context-id\x0042\x00--run-id\x00r\x00--secrets-digest\x00ab", Launch{}},
 		{"--context-id\x0042\x00--run-id\x00r\x00--shim-socket\x00shim.sock", Launch{}},
 		{"--context-id\x0042\x00--run-id\x00r\x00--shim-socket\x00/s\x00--lock-mode\x00host", Launch{}},
 		{"--context-id\x0042\x00--run-id\x00r\x00--secrets-file\x00/s\x00--secrets-fd\x005", Launch{}},
-		{"--spare-fd\x004\x00--shim-socket\x00/s", Launch{}},
-		{"--spare-fd\x004\x00--secrets-file\x00/s", Launch{}},
 		{"-h", Launch{}},
 		{"--unknown", Launch{}},
 		{"", Launch{}},
@@ -59,9 +51,6 @@ func FuzzParseLaunch(f *testing.F) {
 			}
 		} else {
 			switch {
-			case l.SpareFD != 0 && (l.SpareFD < 3 || l.SpareFD == l.ReadyFD || l.SecretsFD != 0 || l.ContextID != 0 || l.RunID != "" || !l.LockMode.Valid()):
-				t.Fatalf("ParseLaunch(%q) = %+v: a spare with a launch, or a descriptor it must not read", args, l)
-			case l.SpareFD != 0:
 			case l.ContextID <= 0 || l.RunID == "":
 				t.Fatalf("ParseLaunch(%q) = %+v: want a context and a run", args, l)
 			case !l.LockMode.Valid():
@@ -183,40 +172,6 @@ func FuzzParseKeeperLaunch(f *testing.F) {
 		}
 		if !valid && err == nil {
 			t.Fatalf("%+v, not a keeper's, reads back as %+v", l, got)
-		}
-	})
-}
-
-func FuzzParseSpareLaunch(f *testing.F) {
-	for _, m := range []string{
-		`{"context_id":42,"run_id":"7f3c9a12-0b1e-4c55-9d0e-2a6f1e8b4c01","lock_mode":"host"}`,
-		`{"context_id":42,"run_id":"r","lock_mode":"row"}`,
-		`{"context_id":0,"run_id":"r","lock_mode":"row"}`,
-		`{"context_id":42,"run_id":"","lock_mode":"advisory"}`,
-		`{"context_id":42,"run_id":"r","lock_mode":"ROW"}`,
-		`{"context_id":42,"run_id":"r","lock_mode":"row","key":"k"}`,
-		`{"context_id":42,"run_id":"r","lock_mode":"row"} {}`,
-		`{"context_id":1e3,"run_id":"r","lock_mode":"row"}`,
-		`{"context_id":99999999999999999999,"run_id":"r","lock_mode":"row"}`,
-		`{"context_id":"42","run_id":"r","lock_mode":"row"}`,
-		`null`,
-		``,
-	} {
-		f.Add([]byte(m))
-	}
-	f.Fuzz(func(t *testing.T, msg []byte) {
-		l, err := ParseSpareLaunch(msg)
-		if err != nil {
-			if l != (Launch{}) || err.Error() == "" {
-				t.Fatalf("ParseSpareLaunch(%q) = %+v, %q: want nothing and a message", msg, l, err)
-			}
-			return
-		}
-		switch {
-		case l.ContextID <= 0 || l.RunID == "" || !l.LockMode.Valid():
-			t.Fatalf("ParseSpareLaunch(%q) = %+v: want a context, a run and a lock mode", msg, l)
-		case l.ReadyFD != 0 || l.SecretsFD != 0 || l.SpareFD != 0:
-			t.Fatalf("ParseSpareLaunch(%q) = %+v: descriptors from a message", msg, l)
 		}
 	})
 }

@@ -16,9 +16,8 @@ import (
 // user may read: never in its environment or its arguments, which such a
 // process can read in /proc in the task process's first milliseconds,
 // before it has made itself non-dumpable, but on a socket it reads after
-// (Launch.SecretsFD, KeeperLaunch.SecretsFD), or on a spare's socket
-// (SendSecrets). A supervisor hands them to its runners and spares, a
-// runner to the lock keeper it starts.
+// (Launch.SecretsFD, KeeperLaunch.SecretsFD). A supervisor hands them to
+// its runners, a runner to the lock keeper it starts.
 type Secrets struct {
 	// Env holds the variables a task process connects to the database
 	// with: DatabaseURLEnv and libpq's PG* variables, each "NAME=value".

@@ -67,12 +67,12 @@ func restartAndSettle(b *testing.B, p params, r *result, env *testenv.Env, sup *
 			signalled++
 		}
 	}
-	// The fallback for a command not found (it looks once a second).
+	// The fallback for a command not found (it looks once a minute).
 	if err := os.WriteFile(release, nil, 0o644); err != nil {
 		b.Fatal(err)
 	}
 	if signalled != r.n {
-		r.say("WARNING: signalled %d commands of %d; the others exit within a second of the release file", signalled, r.n)
+		r.say("WARNING: signalled %d commands of %d; the others exit within a minute of the release file", signalled, r.n)
 	}
 	lastReport := t0
 	testenv.Eventually(b, 10*time.Minute-time.Since(t0), "every quiet task DONE with its job completed, after their commands exited", func() (bool, error) {

@@ -121,8 +121,14 @@ func newEnv(t testing.TB, admin string, srv *Server, migrate bool) *Env {
 	if fileCopy {
 		create += " STRATEGY FILE_COPY"
 	}
+	began := time.Now()
 	if _, err := adminConn.Exec(ctx, create); err != nil {
 		t.Fatalf("create database %s: %v", name, err)
+	}
+	// What a slow test spent before it began (its checkpoints wait for
+	// every other test's dirty pages).
+	if took := time.Since(began); took > 2*time.Second {
+		t.Logf("testenv: creating database %s took %s", name, took.Round(time.Millisecond))
 	}
 	dbURL, err := withDatabase(admin, name)
 	if err != nil {

@@ -133,7 +133,7 @@ log_dir: {{dir}}/logs
 poll_interval: 300ms
 kinds:
   load:
-    command: ["/bin/sh", "-c", "` + pgbench + ` -i -s 10 -I dtGvp -q \"$DATABASE_URL\"; echo loaded"]
+    command: ["/bin/sh", "-c", "` + pgbench + ` -i -s 3 -I dtGvp -q \"$DATABASE_URL\"; echo loaded"]
     pass_env: [DATABASE_URL]
     max_attempts: 4
     retry: { backoff: fixed, delay: 1s }
@@ -151,8 +151,8 @@ kinds:
 		t.Errorf("the load: %s at attempt %d, want DONE at 4", got.Status, got.Attempt)
 	}
 	var rows int
-	if err := env.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pgbench_accounts`).Scan(&rows); err != nil || rows != 1_000_000 {
-		t.Errorf("pgbench_accounts holds %d rows (%v), want 1,000,000", rows, err)
+	if err := env.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pgbench_accounts`).Scan(&rows); err != nil || rows != 300_000 {
+		t.Errorf("pgbench_accounts holds %d rows (%v), want 300,000", rows, err)
 	}
 	watch.check(t)
 }

@@ -195,13 +195,13 @@ kinds:
 	w.startedOnce(ids)
 }
 
-// One kind with a thousand tasks waiting does not hold back another kind
+// One kind with hundreds of tasks waiting does not hold back another kind
 // of the same queue (the seeds' head-of-line blocking), and the waiting
 // tasks are parked: not fetched again at every poll.
 //
 // Both are counted in tasks started, not in seconds, and every wait is
 // given time in proportion to the tasks it awaits: on a busy machine the
-// steps that park the thousand tasks and the tasks themselves are all
+// steps that park the hundreds of tasks and the tasks themselves are all
 // slower, and the counts hold all the same.
 func TestBusyKindDoesNotStarveAnother(t *testing.T) {
 	t.Parallel()
@@ -215,7 +215,7 @@ kinds:
   urgent: { queue: etl, command: ["{{sample}}"] }
 `)
 	const (
-		bulk = 1000
+		bulk = 300
 		// perTask is a generous allowance for one more bulk task started
 		// (under a second when idle, with -race) on a loaded machine: it
 		// only bounds waits that would otherwise hang, scaled by the

@@ -18,7 +18,7 @@ if [ -n "$commit" ]; then
 fi
 # Static (no libc): a task process starts without the dynamic loader, and
 # holds none of libc's pages; DNS and user lookups are Go's own (see
-# docs/operations.md, "Installing").
+# docs/operations.md "Installing").
 : "${CGO_ENABLED:=0}"
 export CGO_ENABLED
 # dama and the task processes' program beside it, in one build: a

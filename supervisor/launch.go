@@ -69,7 +69,7 @@ func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcont
 
 	kind, _ := s.cfg.Kind(c.Kind)
 	launch := protocol.Launch{ContextID: c.ID, RunID: run.ID, LockMode: kind.LockMode}
-	ch, readyR, err := s.spawn(c.ID, launch, run.Key, logFile)
+	ch, readyR, err := s.spawn(launch, run.Key, logFile)
 	if err != nil {
 		return 0, err
 	}
@@ -163,10 +163,10 @@ func (s *Supervisor) secrets(key string) protocol.Secrets {
 	return protocol.Secrets{Env: env, RunKey: key, Keeper: s.keeperSecret}
 }
 
-// spawn starts `dama taskrunner` for launch l of context id, with its
+// spawn starts `dama taskrunner` for launch l, with its
 // secrets (the run's key among them) on its secrets socket, and returns it
 // with the read end of its ready pipe.
-func (s *Supervisor) spawn(id int64, l protocol.Launch, key string, logFile *os.File) (*child, *os.File, error) {
+func (s *Supervisor) spawn(l protocol.Launch, key string, logFile *os.File) (*child, *os.File, error) {
 	if err := s.program.check(); err != nil {
 		return nil, nil, err
 	}
@@ -197,11 +197,11 @@ func (s *Supervisor) spawn(id int64, l protocol.Launch, key string, logFile *os.
 	}
 	ch := &child{pid: cmd.Process.Pid, exited: make(chan struct{})}
 	s.mu.Lock()
-	s.children[id] = ch
+	s.children[l.ContextID] = ch
 	s.mu.Unlock()
 	go func() {
 		wait(cmd, ch)
-		s.reaped(id, ch)
+		s.reaped(l.ContextID, ch)
 	}()
 	return ch, readyR, nil
 }

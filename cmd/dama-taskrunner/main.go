@@ -42,8 +42,9 @@ func main() {
 	if name, err := unix.BytePtrFromString("dama-taskrunner"); err == nil {
 		_ = unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(name)), 0, 0, 0)
 	}
-	// As dama's own: a signal ends a runner's wait before its command
-	// starts (after, the runner stops its command itself).
+	// As dama's own. A runner and a lock keeper hear their signals
+	// themselves (taskrunner.Run, RunKeeper): this context is a function
+	// process's.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	code, ok := taskrunner.RunProcess(ctx, nil)
 	stop()

@@ -108,7 +108,7 @@ func TestSteadyStateCostsNothingPerTask(t *testing.T) {
 
 			// The budget at start: max_running 100 against the private
 			// server's 200 connections (197 for non-superusers), which row
-			// mode, with the supervisor's own 22, exceeds.
+			// mode, with the supervisor's own 23, exceeds.
 			testenv.Eventually(t, 30*time.Second, "the supervisor to log its connection budget", func() (bool, error) {
 				log, err := os.ReadFile(sup.Log)
 				return strings.Contains(string(log), "need_row_mode=200"), err

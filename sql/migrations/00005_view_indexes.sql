@@ -1,4 +1,4 @@
--- The view stays cheap on millions of contexts (README "Status with SQL",
+-- The view stays cheap on millions of contexts (docs/operations.md "Status with SQL",
 -- scripts/bench-view.sh). Additive: an index and the same view.
 --
 -- Without a transaction, so that the index is built CONCURRENTLY: a plain

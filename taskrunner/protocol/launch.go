@@ -125,6 +125,11 @@ func ParseLaunch(args []string) (Launch, error) {
 	if err := checkFD("--secrets-fd", l.SecretsFD); err != nil {
 		return Launch{}, err
 	}
+	if l.ReadyFD > 0 && l.ReadyFD == l.SecretsFD {
+		// The secrets' descriptor is closed once read: its number would be
+		// another file's by the time the lock is held.
+		return Launch{}, errors.New("--ready-fd and --secrets-fd name the same descriptor")
+	}
 	l.LockMode = LockMode(cmp.Or(lockMode, string(LockModeRow)))
 	if !l.LockMode.Valid() {
 		return Launch{}, fmt.Errorf("--lock-mode %q: want %q, %q or %q", l.LockMode, LockModeRow, LockModeAdvisory, LockModeHost)

@@ -27,6 +27,7 @@ func FuzzParseLaunch(f *testing.F) {
 		{"--context-id\x0042\x00--run-id\x00r\x00--\x00extra", Launch{}},
 		{"--context-id\x0099999999999999999999\x00--run-id\x00r", Launch{}},
 		{"--context-id", Launch{}},
+		{"--context-id\x0042\x00--run-id\x00r\x00--ready-fd\x004\x00--secrets-fd\x004", Launch{}},
 		{join(Launch{ContextID: 42, RunID: "r", LockMode: LockModeAdvisory, ShimSocket: "/dama-run/shim.sock", SecretsFile: "/var/run/dama/secrets", SecretsDigest: strings.Repeat("0a", 32)}), Launch{}},
 		{"--context-id\x0042\x00--run-id\x00r\x00--secrets-file\x00/s", Launch{}},
 		{"--context-id\x0042\x00--run-id\x00r\x00--secrets-digest\x00ab", Launch{}},
@@ -57,6 +58,8 @@ func FuzzParseLaunch(f *testing.F) {
 				t.Fatalf("ParseLaunch(%q) = %+v: lock mode %q", args, l, l.LockMode)
 			case l.ReadyFD != 0 && l.ReadyFD < 3, l.SecretsFD != 0 && l.SecretsFD < 3:
 				t.Fatalf("ParseLaunch(%q) = %+v: a descriptor the runner must not read or close", args, l)
+			case l.ReadyFD != 0 && l.ReadyFD == l.SecretsFD:
+				t.Fatalf("ParseLaunch(%q) = %+v: one descriptor for the ready byte and the secrets", args, l)
 			case l.SecretsFile != "" && l.SecretsFD != 0:
 				t.Fatalf("ParseLaunch(%q) = %+v: secrets from two places", args, l)
 			case (l.SecretsFile != "") != (l.SecretsDigest != ""):

@@ -3,7 +3,7 @@
 // (looked for once a minute, a fallback: a Go process woken once a second
 // costs this project's 2-vCPU VM about 0.8 ms of CPU a wake, which 1000
 // such commands made most of a core, and a task process's start three
-// times as slow; inotify allows 128 watchers a user by default). "quiet
+// times as slow; inotify allows 128 instances a user by default). "quiet
 // -for DURATION" exits 0 after DURATION.
 package main
 

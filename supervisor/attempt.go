@@ -157,6 +157,15 @@ func (s *Supervisor) noteLaunchFailure(id int64, reason string) {
 	s.mu.Unlock()
 }
 
+// spawnFailure returns why this supervisor could not spawn the task
+// process of context id, if it could not.
+func (s *Supervisor) spawnFailure(id int64) (string, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	why, ok := s.spawnFailures[id]
+	return why, ok
+}
+
 // forgetLaunchFailure is called when a launch of context id succeeded.
 func (s *Supervisor) forgetLaunchFailure(id int64) {
 	s.mu.Lock()

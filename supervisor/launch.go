@@ -13,6 +13,7 @@ import (
 
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/internal/etlcontext"
+	"github.com/dama-etl/dama/internal/logdir"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
@@ -57,13 +58,14 @@ func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcont
 	if _, ok := s.inPod(c); ok {
 		return s.launchPod(ctx, logger, c, run, lateReady)
 	}
-	if err := protocol.PrepareLogDir(s.cfg.LogDir, s.cfg.LogGroup); err != nil {
+	logs, err := logdir.Open(s.cfg.LogDir, s.cfg.LogGroup)
+	if err != nil {
 		return 0, err
 	}
-	logPath := protocol.LogPath(s.cfg.LogDir, c.ID)
-	logFile, err := os.OpenFile(logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, protocol.LogFileMode)
+	logFile, err := logs.Append(c.ID)
+	logs.Close()
 	if err != nil {
-		return 0, fmt.Errorf("open log file: %w", err)
+		return 0, err
 	}
 	defer logFile.Close()
 
@@ -123,7 +125,7 @@ func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcont
 		// It recorded why (reportLaunchFailure logs it once).
 		return launchExited, nil
 	}
-	logger.Warn("task process exited before taking its lock", "pid", ch.pid, "exit_code", ch.exitCode, "log", logPath)
+	logger.Warn("task process exited before taking its lock", "pid", ch.pid, "exit_code", ch.exitCode, "log", logFile.Name())
 	return launchExited, nil
 }
 

@@ -92,9 +92,7 @@ func (s *Supervisor) podStarting(ctx context.Context, logger *slog.Logger, tx pg
 	case cancel:
 		why = ""
 	case !st.Exists:
-		s.mu.Lock()
-		failed, ok := s.spawnFailures[c.ID]
-		s.mu.Unlock()
+		failed, ok := s.spawnFailure(c.ID)
 		if !ok {
 			// Its task process gave the launch back, and it is gone.
 			return nil
@@ -117,27 +115,35 @@ func (s *Supervisor) podStarting(ctx context.Context, logger *slog.Logger, tx pg
 	if why == "" {
 		return nil
 	}
+	// An ended pod's task process may have said why, better than the
+	// pod's end.
+	if err := s.warnUnfit(ctx, tx, c, why, st.Ended); err != nil {
+		return s.transient(logger, err)
+	}
+	return nil
+}
+
+// warnUnfit records in tx that this host could not start c's attempt, and
+// why, in a WARNING (etlcontext.UnfitHostMeta): the reason the status
+// shows. Once per attempt and reason, and not at all with ifUntold when
+// the attempt's task process said why itself.
+func (s *Supervisor) warnUnfit(ctx context.Context, tx pgx.Tx, c *etlcontext.Context, why string, ifUntold bool) error {
 	reason, _ := etlcontext.CleanText(etlcontext.UnfitPrefix + why)
 	warned, err := etlcontext.WarnedThisAttempt(ctx, tx, c.ID, reason)
-	if err == nil && !warned && st.Ended {
-		// Its task process said why, better than the pod's end.
+	if err == nil && !warned && ifUntold {
 		var told string
 		told, err = etlcontext.LatestUnfitHost(ctx, tx, c.ID, c.Attempt)
 		warned = told != ""
 	}
-	if err != nil {
-		return s.transient(logger, err)
+	if err != nil || warned {
+		return err
 	}
-	if !warned {
-		if _, err := etlcontext.Append(ctx, tx, etlcontext.NewEvent{
-			ContextID: c.ID, Type: protocol.EventType(c.Kind, protocol.EventWarning), RunID: c.RunID,
-			Payload: map[string]any{"reason": reason, "host": s.host},
-			Meta:    map[string]any{etlcontext.UnfitHostMeta: reason},
-		}); err != nil {
-			return s.transient(logger, err)
-		}
-	}
-	return nil
+	_, err = etlcontext.Append(ctx, tx, etlcontext.NewEvent{
+		ContextID: c.ID, Type: protocol.EventType(c.Kind, protocol.EventWarning), RunID: c.RunID,
+		Payload: map[string]any{"reason": reason, "host": s.host},
+		Meta:    map[string]any{etlcontext.UnfitHostMeta: reason},
+	})
+	return err
 }
 
 // podOver reports whether Kubernetes says every process of the pod of

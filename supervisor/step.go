@@ -145,6 +145,12 @@ func (s *Supervisor) settleRunning(ctx context.Context, logger *slog.Logger, tx 
 			if !cancel {
 				again = max(again, podRelaunchDelay)
 			}
+		} else if why, ok := s.spawnFailure(id); ok {
+			// No task process started to say why (a log file that is a
+			// link, a program that is gone): the status shows it.
+			if err := s.warnUnfit(ctx, tx, c, why, false); err != nil {
+				return s.transient(logger, err)
+			}
 		}
 		// The launch never got as far as a command: its task process
 		// failed to start, to connect, or found this host unfit, or the

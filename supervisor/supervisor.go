@@ -20,6 +20,7 @@ import (
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/internal/etlcontext"
 	"github.com/dama-etl/dama/internal/hostproc"
+	"github.com/dama-etl/dama/internal/logdir"
 	"github.com/dama-etl/dama/internal/logfilter"
 	"github.com/dama-etl/dama/internal/pgerr"
 	"github.com/dama-etl/dama/internal/pglisten"
@@ -148,6 +149,14 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 	if err := check(cfg, opts); err != nil {
 		return nil, err
 	}
+	// Checked again at each launch, and by each task process: a
+	// directory the operator moved is followed, and one another user
+	// controls is refused.
+	logs, err := logdir.Open(cfg.LogDir, cfg.LogGroup)
+	if err != nil {
+		return nil, err
+	}
+	logs.Close()
 	prog, err := taskProgram(opts)
 	if err != nil {
 		return nil, err

@@ -83,7 +83,7 @@ func (r *runner) dialKeeper(ctx context.Context) (dbConn, error) {
 // is the runner's child but not its command's: the runner leaves it
 // running when it ends (keepers).
 func (r *runner) startKeeper(socket string) error {
-	logFile, err := os.OpenFile(strings.TrimSuffix(socket, ".sock")+".log", os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	logFile, err := os.OpenFile(strings.TrimSuffix(socket, ".sock")+".log", os.O_WRONLY|os.O_APPEND|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return fmt.Errorf("open the keeper's log: %w", err)
 	}

@@ -56,16 +56,16 @@ type logTail struct {
 	off bool
 }
 
-// openLogTail opens path, the log file, to keep what is written to it
-// from now on, keep bytes of it, every interval; nil when keep is not
-// positive.
-func openLogTail(path string, keep int64, every time.Duration) (*logTail, error) {
+// openLogTail opens the attempt's log file again, to keep what is written
+// to it from now on, keep bytes of it, every interval; nil when keep is
+// not positive.
+func (r *runner) openLogTail(keep int64, every time.Duration) (*logTail, error) {
 	if keep <= 0 {
 		return nil, nil
 	}
-	f, err := os.Open(path)
+	f, err := r.logs.Reader(r.ctx.ID, r.logFile)
 	if err != nil {
-		return nil, fmt.Errorf("open log file to keep its tail: %w", err)
+		return nil, fmt.Errorf("keep the log's tail: %w", err)
 	}
 	info, err := f.Stat()
 	if err != nil {

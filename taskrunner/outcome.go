@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -144,10 +143,10 @@ func exitFields(err error) []any {
 	return []any{"exit_code", exitCodeOf(err)}
 }
 
-// tail returns at most the last n bytes of the file at path, starting at a
+// tailOfLog returns at most the last n bytes of the attempt's log file, starting at a
 // line boundary, cleaned for the database, and what was replaced.
-func tail(path string, n int64) (string, etlcontext.Replaced) {
-	f, err := os.Open(path)
+func (r *runner) tailOfLog(n int64) (string, etlcontext.Replaced) {
+	f, err := r.logs.Reader(r.ctx.ID, r.logFile)
 	if err != nil {
 		return "", etlcontext.Replaced{}
 	}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/internal/hostproc"
+	"github.com/dama-etl/dama/internal/logdir"
 	"github.com/dama-etl/dama/internal/submit"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 	"golang.org/x/sys/unix"
@@ -178,12 +179,23 @@ func runnerOptions(args []string, funcs Funcs) (Options, error) {
 }
 
 // openLog opens the log file of context id under cfg for appending, in
-// a pod's log directory, a volume of its dama container alone.
+// a pod's log directory.
 func openLog(cfg *config.Config, id int64) (*os.File, error) {
-	if err := os.MkdirAll(cfg.LogDir, 0o750); err != nil {
+	logs, err := openLogs(cfg, true)
+	if err != nil {
 		return nil, err
 	}
-	return os.OpenFile(protocol.LogPath(cfg.LogDir, id), os.O_WRONLY|os.O_APPEND|os.O_CREATE, protocol.LogFileMode)
+	defer logs.Close()
+	return logs.Append(id)
+}
+
+// openLogs opens cfg's log directory, or with inPod a pod's, a volume of
+// its dama container alone, whose mode is the kubelet's.
+func openLogs(cfg *config.Config, inPod bool) (*logdir.Dir, error) {
+	if inPod {
+		return logdir.OpenVolume(cfg.LogDir)
+	}
+	return logdir.Open(cfg.LogDir, cfg.LogGroup)
 }
 
 // readSecrets reads the secrets on fd (protocol.ReadSecrets), once the

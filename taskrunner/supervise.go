@@ -316,7 +316,7 @@ func (r *runner) commandEnded(ctx context.Context, w *commandWatch, waitErr erro
 	if reason == "" {
 		reason = describeExit(waitErr)
 	}
-	logTail, replaced := tail(r.logPath, 4096)
+	logTail, replaced := r.tailOfLog(4096)
 	if replaced.Any() {
 		r.w.replacedIn(protocol.EventError+" log tail", replaced)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/internal/etlcontext"
 	"github.com/dama-etl/dama/internal/hostproc"
+	"github.com/dama-etl/dama/internal/logdir"
 	"github.com/dama-etl/dama/internal/runas"
 	"github.com/dama-etl/dama/taskrunner/protocol"
 	"github.com/dama-etl/dama/version"
@@ -129,8 +130,10 @@ type runner struct {
 	// events reader, guarded by failureMu.
 	failure   *protocol.Failure
 	failureMu sync.Mutex
-	logPath   string
-	logFile   *os.File
+	// logs is the log directory, logFile the attempt's log, open to append.
+	logs    *logdir.Dir
+	logPath string
+	logFile *os.File
 	// args and checkpoint are handed to the command.
 	args, checkpoint json.RawMessage
 	w                *writer
@@ -267,6 +270,7 @@ func (r *runner) run(ctx context.Context) (int, error) {
 	if err := r.prepare(); err != nil {
 		return r.unfit(ctx, err)
 	}
+	defer r.logs.Close()
 	defer r.logFile.Close()
 	return r.start(ctx)
 }
@@ -430,24 +434,17 @@ func (r *runner) prepare() error {
 		return fmt.Errorf("kind %s: %w", r.ctx.Kind, err)
 	}
 	r.runAs = id
-	if r.shim != nil {
-		// A pod's log directory is a volume of its dama container alone,
-		// whose mode is the kubelet's.
-		if err := os.MkdirAll(cfg.LogDir, 0o750); err != nil {
-			return fmt.Errorf("create the log directory: %w", err)
-		}
-	} else if err := protocol.PrepareLogDir(cfg.LogDir, cfg.LogGroup); err != nil {
+	if r.logs, err = openLogs(cfg, r.shim != nil); err != nil {
 		return err
 	}
-	r.logPath = protocol.LogPath(cfg.LogDir, r.ctx.ID)
-	f, err := os.OpenFile(r.logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, protocol.LogFileMode)
-	if err != nil {
-		return fmt.Errorf("open log file: %w", err)
+	r.logPath = r.logs.Path(r.ctx.ID)
+	if r.logFile, err = r.logs.Append(r.ctx.ID); err != nil {
+		r.logs.Close()
+		return err
 	}
-	r.logFile = f
 	// Without the tail in the database, the file still has the log: a
 	// host that cannot read what it writes runs the task all the same.
-	tail, err := openLogTail(r.logPath, cfg.LogTailBytes, time.Duration(cfg.LogTailInterval))
+	tail, err := r.openLogTail(cfg.LogTailBytes, time.Duration(cfg.LogTailInterval))
 	if err != nil {
 		r.logger.Warn("the database keeps no tail of this attempt's log", "error", err)
 	}

@@ -21,13 +21,14 @@ func TestAHostThatCannotLaunchSpendsNoAttempt(t *testing.T) {
 
 func testAHostThatCannotLaunchSpendsNoAttempt(t *testing.T) {
 	env := testenv.New(t)
-	// log_dir lies under a file: no process of this host can create it.
-	blocker := filepath.Join(env.Dir, "blocker")
-	if err := os.WriteFile(blocker, nil, 0o644); err != nil {
+	// The first task's log file is a directory: no process of this host
+	// can write it.
+	blocker := filepath.Join(env.Dir, "logs", "1.log")
+	if err := os.MkdirAll(blocker, 0o700); err != nil {
 		t.Fatal(err)
 	}
 	cfg := env.WriteConfig(`
-log_dir: {{dir}}/blocker/logs
+log_dir: {{dir}}/logs
 poll_interval: 200ms
 kinds:
   sample: { command: ["{{sample}}"], max_attempts: 1 }
@@ -40,6 +41,9 @@ kinds:
 		t.Fatalf("submit: %s", res.Stderr)
 	}
 	id := testenv.Atoi(t, res.Stdout)
+	if id != 1 {
+		t.Fatalf("the first task is %d, want 1, whose log file is a directory", id)
+	}
 	testenv.Eventually(t, 20*time.Second, "the supervisor to report the failed launch", func() (bool, error) {
 		log, err := os.ReadFile(sup.Log)
 		return strings.Count(string(log), "launch failed") >= 1, err
@@ -70,6 +74,10 @@ kinds:
 	log, _ := os.ReadFile(sup.Log)
 	if n := strings.Count(string(log), `level=ERROR msg="launch failed`); n != 1 {
 		t.Errorf("the repeated launch failure was logged as an error %d times, want once", n)
+	}
+	// The status says why, though no task process started to.
+	if got := w.Dama(cfg, "status", fmt.Sprint(id)).Stdout; !strings.Contains(got, "this host cannot run the task: open the log file "+blocker+": is a directory") {
+		t.Errorf("dama status 1 does not say why the task cannot start:\n%s", got)
 	}
 	// The operator repairs the host: the task runs, as its first attempt.
 	if err := os.Remove(blocker); err != nil {

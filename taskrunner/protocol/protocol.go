@@ -14,7 +14,6 @@ package protocol
 import (
 	"fmt"
 	"os"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -178,56 +177,6 @@ func OpenLog(path string, id int64) (*os.File, error) {
 		return nil, fmt.Errorf("the log of task %d, %s, is not a regular file", id, path)
 	}
 	return f, nil
-}
-
-// LogFileMode is the mode a task's log file is created with: closed to
-// other users, open to the log directory's group (PrepareLogDir).
-const LogFileMode = 0o640
-
-// PrepareLogDir makes logDir, the directory of the tasks' logs, if it is
-// missing, and closes it to other users (0750): what a command prints is
-// for dama's user and its operators. With group (a group's name or
-// number, the configuration's log_group), the directory is that group's,
-// and set-group-ID, so that every log file made in it is the group's too.
-func PrepareLogDir(logDir, group string) error {
-	if err := os.MkdirAll(logDir, 0o750); err != nil {
-		return fmt.Errorf("create the log directory: %w", err)
-	}
-	info, err := os.Stat(logDir)
-	if err != nil {
-		return fmt.Errorf("read the log directory: %w", err)
-	}
-	mode := info.Mode() &^ 0o007
-	gid := -1
-	if group != "" {
-		if gid, err = lookupGroup(group); err != nil {
-			return err
-		}
-		mode |= os.ModeSetgid
-		if st, ok := info.Sys().(*syscall.Stat_t); ok && int(st.Gid) != gid {
-			if err := os.Chown(logDir, -1, gid); err != nil {
-				return fmt.Errorf("give the log directory %s to group %s: %w", logDir, group, err)
-			}
-		}
-	}
-	if mode != info.Mode() {
-		if err := os.Chmod(logDir, mode&(os.ModePerm|os.ModeSetgid|os.ModeSticky)); err != nil {
-			return fmt.Errorf("close the log directory %s to other users (mode %o): %w", logDir, info.Mode().Perm(), err)
-		}
-	}
-	return nil
-}
-
-// lookupGroup returns the id of group, a name or a number.
-func lookupGroup(group string) (int, error) {
-	if gid, err := strconv.Atoi(group); err == nil && gid >= 0 {
-		return gid, nil
-	}
-	g, err := user.LookupGroup(group)
-	if err != nil {
-		return 0, fmt.Errorf("log_group %s: %w", group, err)
-	}
-	return strconv.Atoi(g.Gid)
 }
 
 // LockMode says how a task process holds the lock that proves it runs.

@@ -151,12 +151,15 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 	}
 	// Checked again at each launch, and by each task process: a
 	// directory the operator moved is followed, and one another user
-	// controls is refused.
-	logs, err := logdir.Open(cfg.LogDir, cfg.LogGroup)
-	if err != nil {
-		return nil, err
+	// controls is refused. A task pod keeps its log in a volume of its
+	// own, not here.
+	if cfg.Runs(config.RunnerHost) {
+		logs, err := logdir.Open(cfg.LogDir, cfg.LogGroup)
+		if err != nil {
+			return nil, err
+		}
+		logs.Close()
 	}
-	logs.Close()
 	prog, err := taskProgram(opts)
 	if err != nil {
 		return nil, err

@@ -300,6 +300,12 @@ type Kind struct {
 	// process waits, holding the lock, on the database's announcements.
 	// Default false: the task is DONE when its command succeeds.
 	AwaitChildren bool `yaml:"await_children"`
+	// Children names the kinds the kind's tasks may submit as children
+	// (a submit line, task.Submit): the kind's command, which may run as
+	// another user than theirs, chooses their arguments. A child of any
+	// other kind is refused, by the task process and by the database, with
+	// a WARNING; the task goes on. Empty, the default, allows none.
+	Children []string `yaml:"children"`
 	// PassEnv names variables that the command gets from its task
 	// process's environment although dama withholds them by default:
 	// DATABASE_URL and libpq's PG* variables (PGPASSWORD among them),
@@ -563,6 +569,7 @@ func (k Kind) Settings() (json.RawMessage, error) {
 		Overlap          Overlap         `json:"overlap,omitempty"`
 		ScheduleArgs     json.RawMessage `json:"schedule_args,omitempty"`
 		AwaitChildren    bool            `json:"await_children,omitempty"`
+		Children         []string        `json:"children,omitempty"`
 		PassEnv          []string        `json:"pass_env,omitempty"`
 		SessionFence     bool            `json:"session_fence"`
 		User             string          `json:"user,omitempty"`
@@ -570,7 +577,7 @@ func (k Kind) Settings() (json.RawMessage, error) {
 	}{
 		k.Queue, k.Command, k.Function, k.MaxAttempts, retry, k.RetryOnExitCodes, k.FailOnExitCodes,
 		duration(&k.Timeout), k.OnTimeout, duration(k.KillGrace), k.LockMode, k.MaxRunning, k.ConcurrencyKey,
-		k.MaxRunningPerKey, k.Schedule, k.Timezone, k.Overlap, json.RawMessage(k.ScheduleArgs), k.AwaitChildren, k.PassEnv,
+		k.MaxRunningPerKey, k.Schedule, k.Timezone, k.Overlap, json.RawMessage(k.ScheduleArgs), k.AwaitChildren, k.Children, k.PassEnv,
 		k.FencesSessions(), k.User, k.Group,
 	})
 	if err != nil {

@@ -83,6 +83,11 @@ func (c *Config) Validate() error {
 		if err := k.validate(); err != nil {
 			return fmt.Errorf("kind %s: %w", name, err)
 		}
+		for _, child := range k.Children {
+			if _, ok := c.Kinds[child]; !ok {
+				return fmt.Errorf("kind %s: children: %q is not a kind of this configuration (%s)", name, child, strings.Join(c.KindNames(), ", "))
+			}
+		}
 		if k.Runner == RunnerKubernetes && c.Kubernetes.Image == "" {
 			return fmt.Errorf("kind %s runs on kubernetes: kubernetes.image, dama's image for its pods, is required", name)
 		}

@@ -367,6 +367,37 @@ $$;
 
 
 --
+-- Name: etl_contexts_child_allowed(); Type: FUNCTION; Schema: data_manager; Owner: -
+--
+
+CREATE FUNCTION data_manager.etl_contexts_child_allowed() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    parent_kind text;
+    named       text[];
+BEGIN
+    SELECT c.kind INTO parent_kind FROM data_manager.etl_contexts AS c WHERE c.etl_context_id = NEW.parent_context_id;
+    -- A parent that does not exist is the foreign key's to refuse.
+    IF NOT FOUND THEN
+        RETURN NEW;
+    END IF;
+    SELECT k.children INTO named FROM data_manager.kinds AS k WHERE k.kind = parent_kind;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'kind % may not submit kind %: no supervisor has published kind % with its children:', parent_kind, NEW.kind, parent_kind
+            USING ERRCODE = 'DMARG';
+    END IF;
+    IF NOT NEW.kind = ANY (named) THEN
+        RAISE EXCEPTION 'kind % may not submit kind %: its children: are %', parent_kind, NEW.kind, named
+            USING ERRCODE = 'DMARG';
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+
+--
 -- Name: etl_contexts_guard(); Type: FUNCTION; Schema: data_manager; Owner: -
 --
 
@@ -1508,6 +1539,7 @@ CREATE TABLE data_manager.kinds (
     published_by text NOT NULL,
     release text NOT NULL,
     published_at timestamp with time zone DEFAULT now() NOT NULL,
+    children text[] DEFAULT '{}'::text[] NOT NULL,
     CONSTRAINT kinds_kind_check CHECK ((kind ~ '^[A-Za-z][A-Za-z0-9_.-]{0,62}$'::text)),
     CONSTRAINT kinds_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 32767)))
 );
@@ -2017,6 +2049,13 @@ CREATE TRIGGER etl_attempts_withdrawn AFTER UPDATE OF pid ON data_manager.etl_co
 --
 
 CREATE TRIGGER etl_contexts_announce_finished AFTER UPDATE OF etl_status ON data_manager.etl_contexts FOR EACH ROW WHEN ((data_manager.is_finished(new.etl_status) AND (NOT data_manager.is_finished(old.etl_status)))) EXECUTE FUNCTION data_manager.etl_contexts_announce_finished();
+
+
+--
+-- Name: etl_contexts etl_contexts_child_allowed; Type: TRIGGER; Schema: data_manager; Owner: -
+--
+
+CREATE TRIGGER etl_contexts_child_allowed BEFORE INSERT ON data_manager.etl_contexts FOR EACH ROW WHEN ((new.parent_context_id IS NOT NULL)) EXECUTE FUNCTION data_manager.etl_contexts_child_allowed();
 
 
 --

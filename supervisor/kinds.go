@@ -44,7 +44,7 @@ func (s *Supervisor) publishKinds(ctx context.Context) error {
 		}
 		kinds = append(kinds, etlcontext.PublishedKind{
 			Kind: name, Queue: k.Queue, MaxAttempts: k.MaxAttempts, ConcurrencyKey: k.ConcurrencyKey, Queues: s.cfg.QueueNames(),
-			Settings: settings, PublishedBy: s.host, Release: version.Release,
+			Children: k.Children, Settings: settings, PublishedBy: s.host, Release: version.Release,
 		})
 	}
 	changed, err := etlcontext.PublishKinds(ctx, s.pool, kinds)

@@ -23,6 +23,10 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 func TestAChildIsSubmittedOnlyByTheCurrentRun(t *testing.T) {
 	env := testenv.New(t)
 	ctx := context.Background()
+	// Whose tasks may submit children of kind c (migration 33).
+	if _, err := etlcontext.PublishKinds(ctx, env.Pool, []etlcontext.PublishedKind{{Kind: "k", Queue: "q", MaxAttempts: 3, Children: []string{"c"}, PublishedBy: "test", Release: "test"}}); err != nil {
+		t.Fatal(err)
+	}
 	var id int64
 	if err := env.Pool.QueryRow(ctx, `
 		INSERT INTO data_manager.etl_contexts (kind, queue, max_attempts) VALUES ('k', 'q', 3)

@@ -10,10 +10,12 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"golang.org/x/sys/unix"
 
 	"github.com/dama-etl/dama/config"
@@ -390,6 +392,18 @@ func (r *runner) prepare() error {
 		return fmt.Errorf("kind %s is not in the configuration %s", r.ctx.Kind, cfg.Path)
 	}
 	r.kind = kind
+	// Its command, which may run as another user than a child's kind,
+	// chooses a child's arguments: only the kinds it names are submitted.
+	// The database checks it too, for whatever else writes through this
+	// login. Set before the command starts, whose lines alone submit.
+	if submit := r.w.submit; submit != nil {
+		r.w.submit = func(ctx context.Context, tx pgx.Tx, c protocol.Child) (int64, bool, error) {
+			if !slices.Contains(kind.Children, c.Kind) {
+				return 0, false, fmt.Errorf("kind %s may not submit kind %s: its children: are %v", r.ctx.Kind, c.Kind, kind.Children)
+			}
+			return submit(ctx, tx, c)
+		}
+	}
 	switch {
 	case r.shim != nil && kind.Function != "":
 		return fmt.Errorf("kind %s calls a function, which a pod's container does not have", r.ctx.Kind)

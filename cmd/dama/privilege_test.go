@@ -96,6 +96,7 @@ kinds:
   sample: { command: ["{{sample}}"] }
   parent:
     command: ["/bin/sh", "-c", "echo '{\"type\":\"submit\",\"payload\":{\"kind\":\"sample\"}}' >&3"]
+    children: [sample]
     await_children: true` + waiterKind(goFile, 1))
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -283,6 +284,10 @@ func TestATaskProcessWritesOnlyItsOwnRun(t *testing.T) {
 func testATaskProcessWritesOnlyItsOwnRun(t *testing.T) {
 	env := testenv.New(t)
 	ctx := context.Background()
+	// Whose tasks may submit children of their own kind (migration 33).
+	if _, err := etlcontext.PublishKinds(ctx, env.Pool, []etlcontext.PublishedKind{{Kind: "k", Queue: "q", MaxAttempts: 1, Children: []string{"k"}, PublishedBy: "test", Release: "test"}}); err != nil {
+		t.Fatal(err)
+	}
 	launch := func() (int64, etlcontext.Run) {
 		t.Helper()
 		id, _, err := etlcontext.CreateTask(ctx, env.Pool, etlcontext.NewTask{Kind: "k", Queue: "q", MaxAttempts: 1})

@@ -30,6 +30,7 @@ kinds:
     queue: etl
     command: ["{{sample}}"]
     max_attempts: 2
+    children: [regional]
   regional:
     queue: etl
     command: ["{{sample}}"]

@@ -32,6 +32,11 @@ func TestIdempotencyKey(t *testing.T) {
 	}
 
 	parent := testenv.Atoi(t, a.Stdout)
+	// As a supervisor whose sample kind names sample in children: would
+	// have published it (migration 33).
+	if _, err := etlcontext.PublishKinds(context.Background(), w.Pool, []etlcontext.PublishedKind{{Kind: "sample", Queue: "default", MaxAttempts: 3, Children: []string{"sample"}, PublishedBy: "test", Release: "test"}}); err != nil {
+		t.Fatal(err)
+	}
 	child := w.Dama(w.cfg, "submit", "sample", "--parent", strconv.FormatInt(parent, 10))
 	if child.Code != 0 {
 		t.Fatalf("submit a child: %s", child.Stderr)

@@ -28,10 +28,12 @@ kinds:
   mapper:
     queue: etl
     await_children: true
+    children: [piece]
     command: ["/bin/sh", "-c", "for i in 1 2 3; do printf '{\"type\":\"submit\",\"payload\":{\"kind\":\"piece\",\"idempotency_key\":\"part-%s\",\"args\":{\"steps\":4,\"step_ms\":250,\"starts_dir\":\"{{dir}}/starts\"}}}\n' $i >&3; done"]
   failing_mapper:
     queue: etl
     await_children: true
+    children: [slow, bad]
     max_attempts: 3
     command: ["/bin/sh", "-c", "printf '{\"type\":\"submit\",\"payload\":{\"kind\":\"slow\",\"args\":{\"steps\":8,\"step_ms\":250,\"until_file\":\"{{dir}}/release\"}}}\n{\"type\":\"submit\",\"payload\":{\"kind\":\"bad\"}}\n' >&3"]
   sloppy_mapper:

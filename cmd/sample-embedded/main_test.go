@@ -39,6 +39,7 @@ kinds:
   fan_out:
     function: fan_out
     await_children: true
+    children: [copy_rows]
 `
 
 type world struct {

@@ -21,6 +21,8 @@ type PublishedKind struct {
 	// Queues are the queues the publishing supervisor serves: those a
 	// submission of the kind may name instead of Queue.
 	Queues []string `json:"queues"`
+	// Children are the kinds its tasks may submit as children.
+	Children []string `json:"children"`
 	// Settings are the kind's whole configuration, for readers.
 	Settings json.RawMessage `json:"settings"`
 	// PublishedBy names the supervisor that published it last (its host),
@@ -36,7 +38,7 @@ type PublishedKind struct {
 // that disagree about a kind submit its tasks differently, which the caller
 // says.
 func PublishKinds(ctx context.Context, db DB, kinds []PublishedKind) (changed []PublishedKind, err error) {
-	var names, queues, fields, settings, by, releases, served []string
+	var names, queues, fields, settings, by, releases, served, children []string
 	var attempts []int32
 	for _, k := range kinds {
 		s := k.Settings
@@ -47,6 +49,11 @@ func PublishKinds(ctx context.Context, db DB, kinds []PublishedKind) (changed []
 		if err != nil || k.Queues == nil {
 			q = []byte("[]")
 		}
+		c, err := json.Marshal(k.Children)
+		if err != nil || k.Children == nil {
+			c = []byte("[]")
+		}
+		children = append(children, string(c))
 		names, queues, fields, settings = append(names, k.Kind), append(queues, k.Queue), append(fields, k.ConcurrencyKey), append(settings, string(s))
 		by, releases, attempts, served = append(by, k.PublishedBy), append(releases, k.Release), append(attempts, int32(k.MaxAttempts)), append(served, string(q))
 	}
@@ -54,20 +61,20 @@ func PublishKinds(ctx context.Context, db DB, kinds []PublishedKind) (changed []
 	// its insert.
 	rows, err := db.Query(ctx, `
 		WITH new AS (
-		    SELECT * FROM unnest($1::text[], $2::text[], $3::integer[], $4::text[], $5::jsonb[], $6::text[], $7::text[], $8::jsonb[])
-		        AS n(kind, queue, max_attempts, concurrency_key, settings, published_by, release, queues)
+		    SELECT * FROM unnest($1::text[], $2::text[], $3::integer[], $4::text[], $5::jsonb[], $6::text[], $7::text[], $8::jsonb[], $9::jsonb[])
+		        AS n(kind, queue, max_attempts, concurrency_key, settings, published_by, release, queues, children)
 		), published AS (
-		    INSERT INTO data_manager.kinds AS k (kind, queue, max_attempts, concurrency_key, queues, settings, published_by, release)
+		    INSERT INTO data_manager.kinds AS k (kind, queue, max_attempts, concurrency_key, queues, children, settings, published_by, release)
 		    SELECT kind, queue, max_attempts, nullif(concurrency_key, ''), ARRAY(SELECT jsonb_array_elements_text(queues)),
-		           settings, published_by, release FROM new
+		           ARRAY(SELECT jsonb_array_elements_text(children)), settings, published_by, release FROM new
 		    ON CONFLICT (kind) DO UPDATE SET queue = excluded.queue, max_attempts = excluded.max_attempts,
-		        concurrency_key = excluded.concurrency_key, queues = excluded.queues, settings = excluded.settings,
-		        published_by = excluded.published_by, release = excluded.release, published_at = now()
+		        concurrency_key = excluded.concurrency_key, queues = excluded.queues, children = excluded.children,
+		        settings = excluded.settings, published_by = excluded.published_by, release = excluded.release, published_at = now()
 		)
-		SELECT k.kind, k.queue, k.max_attempts, coalesce(k.concurrency_key, ''), k.queues, k.settings, k.published_by, k.release, k.published_at
+		SELECT k.kind, k.queue, k.max_attempts, coalesce(k.concurrency_key, ''), k.queues, k.children, k.settings, k.published_by, k.release, k.published_at
 		  FROM data_manager.kinds AS k JOIN new AS n ON n.kind = k.kind
 		 WHERE (k.queue, k.max_attempts, coalesce(k.concurrency_key, '')) IS DISTINCT FROM (n.queue, n.max_attempts, n.concurrency_key)
-		 ORDER BY k.kind`, names, queues, attempts, fields, settings, by, releases, served)
+		 ORDER BY k.kind`, names, queues, attempts, fields, settings, by, releases, served, children)
 	if err != nil {
 		return nil, fmt.Errorf("publish kinds: %w", err)
 	}
@@ -80,14 +87,14 @@ func PublishKinds(ctx context.Context, db DB, kinds []PublishedKind) (changed []
 
 func scanPublishedKind(row pgx.CollectableRow) (PublishedKind, error) {
 	var k PublishedKind
-	err := row.Scan(&k.Kind, &k.Queue, &k.MaxAttempts, &k.ConcurrencyKey, &k.Queues, &k.Settings, &k.PublishedBy, &k.Release, &k.PublishedAt)
+	err := row.Scan(&k.Kind, &k.Queue, &k.MaxAttempts, &k.ConcurrencyKey, &k.Queues, &k.Children, &k.Settings, &k.PublishedBy, &k.Release, &k.PublishedAt)
 	return k, err
 }
 
 // Kinds returns the published kinds, by name.
 func Kinds(ctx context.Context, db DB) ([]PublishedKind, error) {
 	rows, err := db.Query(ctx, `
-		SELECT kind, queue, max_attempts, coalesce(concurrency_key, ''), queues, settings, published_by, release, published_at
+		SELECT kind, queue, max_attempts, coalesce(concurrency_key, ''), queues, children, settings, published_by, release, published_at
 		  FROM data_manager.kinds ORDER BY kind`)
 	if err != nil {
 		return nil, fmt.Errorf("read published kinds: %w", err)

@@ -6,7 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -411,6 +414,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	s.reportOutageTolerance()
 	s.reportBudget(ctx)
 	s.checkCommands()
+	s.checkSharedUsers()
 	bg.Go(func() { s.rescueLoop(bgCtx) })
 	bg.Go(func() { s.pruneLoop(bgCtx) })
 	if s.opts.Pods != nil {
@@ -533,6 +537,46 @@ func checkUsers(cfg *config.Config) error {
 		}
 	}
 	return nil
+}
+
+// checkSharedUsers logs, in one WARNING, the kinds whose commands run as
+// one user where this kernel lets a process trace any other of its user
+// (no Yama, or its ptrace_scope 0): a command of one can take another's
+// events descriptor (pidfd_getfd) and forge its task's reports. Root's
+// kinds are left out: a command run as root can do that whatever Yama
+// says, and user: root says so on purpose.
+func (s *Supervisor) checkSharedUsers() {
+	if scope, err := os.ReadFile("/proc/sys/kernel/yama/ptrace_scope"); err == nil && strings.TrimSpace(string(scope)) != "0" {
+		return
+	}
+	byUser := map[uint32][]string{}
+	for _, name := range s.cfg.KindNames() {
+		k := s.cfg.Kinds[name]
+		if k.Runner != config.RunnerHost || k.Function != "" {
+			continue
+		}
+		id, err := runas.Resolve(k.User, k.Group)
+		uid := uint32(os.Geteuid())
+		switch {
+		case err != nil:
+			continue
+		case id != nil:
+			uid = id.UID
+		}
+		if uid != 0 {
+			byUser[uid] = append(byUser[uid], name)
+		}
+	}
+	var shared []string
+	for _, uid := range slices.Sorted(maps.Keys(byUser)) {
+		if kinds := byUser[uid]; len(kinds) > 1 {
+			shared = append(shared, fmt.Sprintf("uid %d: %s", uid, strings.Join(kinds, ", ")))
+		}
+	}
+	if len(shared) > 0 {
+		s.logger.Warn("kinds share a user, and this kernel lets a process trace another of its user (kernel.yama.ptrace_scope absent or 0): a command of one can forge another's reports; give each kind a user of its own (docs/security.md)",
+			"shared", strings.Join(shared, "; "))
+	}
 }
 
 // checkCommands logs, once per kind, a command this host cannot run: its

@@ -95,6 +95,13 @@ func RunFromArgs(ctx context.Context, args []string, funcs Funcs) int {
 	// memory (see Run).
 	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "taskrunner")
+	// A command gets its stdio and its events pipe, not what this process
+	// inherited (its descriptors on the command line are kept: they are
+	// read, not handed on).
+	if err := hostproc.CloseInheritedOnExec(); err != nil {
+		logger.Error("taskrunner", "error", err, "exit_code", protocol.ExitSetup)
+		return protocol.ExitSetup
+	}
 	opts, err := runnerOptions(args, funcs)
 	if err != nil {
 		logger.Error("taskrunner", "error", err, "exit_code", protocol.ExitSetup)

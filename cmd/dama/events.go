@@ -32,7 +32,7 @@ func newEventsCommand() *cobra.Command {
 			}
 			out := cmd.OutOrStdout()
 			if asJSON {
-				enc := json.NewEncoder(out)
+				enc := json.NewEncoder(jsonShown{out})
 				enc.SetIndent("", "  ")
 				return enc.Encode(events)
 			}
@@ -43,7 +43,7 @@ func newEventsCommand() *cobra.Command {
 				if payload == "" {
 					payload = string(e.Meta)
 				}
-				fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\n", e.ID, e.CreatedAt.Local().Format(time.DateTime), e.Attempt, e.Type, oneLine(payload))
+				fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\n", e.ID, e.CreatedAt.Local().Format(time.DateTime), e.Attempt, shownText(e.Type), shownText(payload))
 			}
 			return tw.Flush()
 		},

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 	"unicode"
+	"unicode/utf16"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
@@ -57,7 +59,9 @@ rather than acted on, unless --raw.`,
 			}
 			out := cmd.OutOrStdout()
 			if _, _, tty := terminalSize(out); tty && !raw {
-				out = &controlShown{w: out}
+				shown := &controlShown{w: out}
+				defer shown.Close()
+				out = shown
 			}
 			f, err := openLocalLog(c)
 			if err != nil {
@@ -79,45 +83,91 @@ rather than acted on, unless --raw.`,
 	return cmd
 }
 
-// controlShown writes what is written to it with the control characters
-// a terminal would act on shown instead: C0 but tab, newline and carriage
-// return, and DEL, in caret notation (ESC as ^[); C1, as UTF-8 encodes it,
-// as U+FFFD. A log is anyone's command's output: on an operator's
-// terminal, an escape sequence could set its title, write its clipboard
-// or make it answer as if typed.
+// controlShown writes what is written to it with the characters a
+// terminal would act on shown instead: C0 but tab, newline and carriage
+// return, and DEL, in caret notation (ESC as ^[); C1 controls, format
+// characters (a bidi override reverses what follows it, a zero-width one
+// hides) and bytes that are not UTF-8, as U+FFFD. A log is anyone's
+// command's output: on an operator's terminal, an escape sequence could
+// set its title, write its clipboard or make it answer as if typed.
 type controlShown struct {
 	w io.Writer
-	// lead is a C1 sequence's first byte that ended the last write.
-	lead bool
+	// carry is the start of a character the last write cut.
+	carry []byte
 }
 
 func (c *controlShown) Write(p []byte) (int, error) {
-	out := make([]byte, 0, len(p)+8)
-	for _, b := range p {
-		switch {
-		case c.lead:
-			c.lead = false
-			if b >= 0x80 && b <= 0x9f {
-				out = append(out, "\uFFFD"...)
-				continue
+	in := append(c.carry, p...)
+	out := make([]byte, 0, len(in)+8)
+	i := 0
+	for i < len(in) {
+		if b := in[i]; b < utf8.RuneSelf {
+			switch {
+			case b < 0x20 && b != '\t' && b != '\n' && b != '\r':
+				out = append(out, '^', b+0x40)
+			case b == 0x7f:
+				out = append(out, '^', '?')
+			default:
+				out = append(out, b)
 			}
-			out = append(out, 0xc2)
-			if b == 0xc2 {
-				c.lead = true
-				continue
-			}
-			out = append(out, b)
-		case b == 0xc2:
-			c.lead = true
-		case b < 0x20 && b != '\t' && b != '\n' && b != '\r':
-			out = append(out, '^', b+0x40)
-		case b == 0x7f:
-			out = append(out, '^', '?')
-		default:
-			out = append(out, b)
+			i++
+			continue
 		}
+		if !utf8.FullRune(in[i:]) {
+			break
+		}
+		r, size := utf8.DecodeRune(in[i:])
+		if r == utf8.RuneError || moves(r) {
+			out = append(out, "\uFFFD"...)
+		} else {
+			out = append(out, in[i:i+size]...)
+		}
+		i += size
 	}
+	c.carry = append([]byte(nil), in[i:]...)
 	if _, err := c.w.Write(out); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// Close shows a character the last write cut, which will not be finished.
+func (c *controlShown) Close() error {
+	if len(c.carry) == 0 {
+		return nil
+	}
+	c.carry = nil
+	_, err := io.WriteString(c.w, "\uFFFD")
+	return err
+}
+
+// moves reports whether a terminal acts on r, or shows what follows it
+// elsewhere than where it is: a C1 control or a format character.
+func moves(r rune) bool {
+	return r >= 0x80 && r <= 0x9f || r > 0x9f && unicode.Is(unicode.Cf, r)
+}
+
+// jsonShown writes JSON with the characters that moves reports escaped
+// (\u202e): the same JSON, which encoding/json leaves them raw in, whose
+// C0 controls it escapes already. A json.Encoder writes each value whole.
+type jsonShown struct{ w io.Writer }
+
+func (j jsonShown) Write(p []byte) (int, error) {
+	out := make([]byte, 0, len(p))
+	for i := 0; i < len(p); {
+		r, size := utf8.DecodeRune(p[i:])
+		switch {
+		case !moves(r):
+			out = append(out, p[i:i+size]...)
+		case r > 0xffff:
+			r1, r2 := utf16.EncodeRune(r)
+			out = fmt.Appendf(out, `\u%04x\u%04x`, r1, r2)
+		default:
+			out = fmt.Appendf(out, `\u%04x`, r)
+		}
+		i += size
+	}
+	if _, err := j.w.Write(out); err != nil {
 		return 0, err
 	}
 	return len(p), nil
@@ -145,22 +195,13 @@ func openLocalLog(c *etlcontext.Context) (*os.File, error) {
 func shownText(s string) string {
 	var b strings.Builder
 	c := controlShown{w: &b}
-	// One line, that no character of the text's moves about: no line
-	// feed, carriage return or tab, no format character (a bidi override
-	// reverses what follows it, a zero-width one hides).
-	s = strings.Map(func(r rune) rune {
-		switch {
-		case r == '\n' || r == '\r' || r == '\t':
+	_, _ = c.Write([]byte(strings.Map(func(r rune) rune {
+		if r == '\n' || r == '\r' || r == '\t' {
 			return ' '
-		case unicode.Is(unicode.Cf, r):
-			return '\uFFFD'
 		}
 		return r
-	}, s)
-	_, _ = c.Write([]byte(s))
-	if c.lead {
-		b.WriteByte(0xc2)
-	}
+	}, s)))
+	_ = c.Close()
 	return b.String()
 }
 

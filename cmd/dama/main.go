@@ -20,11 +20,17 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
+	"github.com/dama-etl/dama/internal/hostproc"
 	"github.com/dama-etl/dama/version"
 )
 
 func main() {
 	hideEnvironment()
+	// What this process inherited reaches none of its task processes.
+	if err := hostproc.CloseInheritedOnExec(); err != nil {
+		fmt.Fprintln(os.Stderr, "dama: "+err.Error())
+		os.Exit(1)
+	}
 	os.Exit(run(os.Args[1:]))
 }
 

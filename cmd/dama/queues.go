@@ -172,7 +172,7 @@ func newQueuesCommand() *cobra.Command {
 			}
 			out := cmd.OutOrStdout()
 			if asJSON {
-				enc := json.NewEncoder(out)
+				enc := json.NewEncoder(jsonShown{out})
 				enc.SetIndent("", "  ")
 				return enc.Encode(stats)
 			}
@@ -234,7 +234,7 @@ tick. A kind appears once a supervisor configuring it has run.`,
 			}
 			out := cmd.OutOrStdout()
 			if asJSON {
-				enc := json.NewEncoder(out)
+				enc := json.NewEncoder(jsonShown{out})
 				enc.SetIndent("", "  ")
 				return enc.Encode(list)
 			}

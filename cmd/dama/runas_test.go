@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"os/user"
@@ -219,5 +220,80 @@ kinds:
 	lines := strings.Split(strings.TrimSpace(res.Stderr), "\n")
 	if res.Code == 0 || len(lines) != 1 || !strings.Contains(lines[0], "kind nameless: this supervisor runs as root") {
 		t.Errorf("a root supervisor with a kind without user: exit %d, stderr %q; want one line refusing it", res.Code, res.Stderr)
+	}
+}
+
+// A command holds its stdio and its events pipe, and nothing its
+// supervisor inherited: a descriptor the supervisor was started with,
+// left open across exec (as a harness's pipe was, as fd 251), reaches
+// neither the task process nor its command.
+func TestACommandGetsNoDescriptorItsSupervisorInherited(t *testing.T) {
+	t.Parallel()
+	env := testenv.New(t)
+	marker := filepath.Join(env.Dir, "inherited-descriptor")
+	if err := os.WriteFile(marker, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := env.WriteConfig(`
+log_dir: {{dir}}/logs
+poll_interval: 300ms
+kinds:
+  fds: { command: ["/bin/sh", "-c", "ls -l /proc/self/fd/ /proc/$PPID/fd/"] }
+`)
+	// The shell opens fd 7 without close-on-exec and execs the supervisor.
+	w := &world{Env: env, cfg: cfg}
+	sup := env.StartWith(cfg, nil, []string{"/bin/sh", "-c", `exec 7<"$0"; exec "$@"`, marker}, "supervisor")
+	sup.WaitReady(t, 30*time.Second)
+	if out, err := exec.Command("ls", "-l", fmt.Sprintf("/proc/%d/fd/", sup.Cmd.Process.Pid)).CombinedOutput(); err != nil || !strings.Contains(string(out), marker) {
+		t.Fatalf("the supervisor does not hold the inherited descriptor (%v):\n%s", err, out)
+	}
+	id := w.submitOf("fds")
+	if got := w.waitSettled(id, time.Minute); got.Status != etlcontext.StatusDone {
+		t.Fatalf("the task: %s, want DONE", got.Status)
+	}
+	b, err := os.ReadFile(protocol.LogPath(filepath.Join(env.Dir, "logs"), id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), "/proc/self/fd/:") || strings.Contains(string(b), marker) {
+		t.Errorf("the command's and its task process's descriptors name what the supervisor inherited, or are not listed:\n%s", b)
+	}
+}
+
+// Kinds whose commands run as one user can forge each other's reports
+// where the kernel lets a process trace another of its user (no Yama, or
+// its ptrace_scope 0): a command of one took another's events descriptor
+// with pidfd_getfd and recorded a CHECKPOINT, a child and a final ERROR
+// for it. A supervisor says so once, at its start, naming them; root's
+// kinds aside.
+func TestKindsSharingAUserAreWarnedOf(t *testing.T) {
+	t.Parallel()
+	if scope, err := os.ReadFile("/proc/sys/kernel/yama/ptrace_scope"); err == nil && strings.TrimSpace(string(scope)) != "0" {
+		t.Skipf("Yama's ptrace_scope is %s here: a process traces only its descendants, nothing to warn of", strings.TrimSpace(string(scope)))
+	}
+	ensureUser(t, commandUser)
+	env := testenv.New(t)
+	cfg := env.WriteConfig(`
+log_dir: {{dir}}/logs
+kinds:
+  extract: { user: ` + commandUser + `, command: ["/bin/true"] }
+  load: { user: ` + commandUser + `, command: ["/bin/true"] }
+  rooted: { command: ["/bin/true"] }
+  alone: { command: ["/bin/true"] }
+`)
+	sup := env.Start(cfg, "supervisor")
+	sup.WaitReady(t, 30*time.Second)
+	var log string
+	testenv.Eventually(t, 30*time.Second, "the supervisor to warn of kinds sharing a user", func() (bool, error) {
+		b, err := os.ReadFile(sup.Log)
+		log = string(b)
+		return strings.Contains(log, "kinds share a user"), err
+	})
+	u, err := user.Lookup(commandUser)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `shared="uid ` + u.Uid + `: extract, load"`; strings.Count(log, "kinds share a user") != 1 || !strings.Contains(log, want) {
+		t.Errorf("the supervisor's log, want one WARNING with %s:\n%s", want, log)
 	}
 }

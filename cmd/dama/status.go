@@ -91,7 +91,7 @@ the time and the kind, never the progress. -o wide shows every column.`,
 			}
 			out := cmd.OutOrStdout()
 			if asJSON {
-				enc := json.NewEncoder(out)
+				enc := json.NewEncoder(jsonShown{out})
 				enc.SetIndent("", "  ")
 				if id != 0 {
 					return enc.Encode(tasks[0])
@@ -269,8 +269,8 @@ func printWide(w io.Writer, tasks []etlcontext.Task, paces map[int64]etlcontext.
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\t%s\t%s\t%t\t%s\t%s\t%s\t%s\n",
 			t.ID, t.Kind, t.Queue, t.Status, t.Attempt, t.MaxAttempts,
-			orDash(t.JobState), waiting(t), t.Children.String(), orDash(t.Host), intOrDash(t.PID), t.InitialEventLocked,
-			ranFor(t, pace, running, now), latest, shown, reason(t, troubles[t.ID], now))
+			orDash(t.JobState), waiting(t), t.Children.String(), shownText(orDash(t.Host)), intOrDash(t.PID), t.InitialEventLocked,
+			ranFor(t, pace, running, now), shownText(latest), shown, reason(t, troubles[t.ID], now))
 	}
 	return tw.Flush()
 }

@@ -73,19 +73,19 @@ func fit(s string, n int) string {
 }
 
 // bar draws progress as "[#######.............] 35% 7/20", or the payload
-// itself when it is not one of the forms dama reads.
+// itself when it is not one of the forms dama reads, shown (shownText).
 func bar(payload []byte, width int) string {
 	if len(payload) == 0 {
 		return "-"
 	}
 	p, ok := etlcontext.ParseProgress(payload)
 	if !ok {
-		return string(payload)
+		return shownText(string(payload))
 	}
 	filled := int(p.Fraction*float64(width) + 0.5)
 	s := "[" + strings.Repeat("#", filled) + strings.Repeat(".", width-filled) + "]" + fmt.Sprintf(" %3.0f%%", p.Fraction*100)
 	if !strings.HasSuffix(p.Label, "%") {
-		s += " " + p.Label
+		s += " " + shownText(p.Label)
 	}
 	return s
 }

@@ -310,3 +310,29 @@ func threadTracer(pid int, status string) (int, error) {
 	}
 	return 0, fmt.Errorf("status of process %d: no TracerPid", pid)
 }
+
+// CloseInheritedOnExec marks every descriptor of this process above 2
+// close-on-exec: whatever this process was started with that its starter
+// left open (a harness's pipe, a shell's redirection) reaches none of the
+// programs it starts, a task's command among them, which get only what
+// they are handed.
+func CloseInheritedOnExec() error {
+	err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC)
+	if err == nil || !errors.Is(err, unix.ENOSYS) && !errors.Is(err, unix.EINVAL) {
+		return err
+	}
+	// Before Linux 5.11: each descriptor open now.
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return fmt.Errorf("list this process's descriptors: %w", err)
+	}
+	for _, e := range entries {
+		if fd, err := strconv.Atoi(e.Name()); err == nil && fd > 2 {
+			// The directory's own descriptor is closed by now: EBADF.
+			if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFD, unix.FD_CLOEXEC); err != nil && !errors.Is(err, unix.EBADF) {
+				return fmt.Errorf("keep descriptor %d from the programs this process starts: %w", fd, err)
+			}
+		}
+	}
+	return nil
+}

@@ -105,7 +105,7 @@ func TestIdempotencyKeyBelongsToOneKindAndDamasPrefixToDama(t *testing.T) {
 	// A task process submits its children with keys of dama's own, by the
 	// function runnerOptions gives the runner, of the kinds its kind's
 	// published children name (migration 33).
-	if _, err := etlcontext.PublishKinds(ctx, env.Pool, []etlcontext.PublishedKind{{Kind: "sample", Queue: "etl", MaxAttempts: 3, Children: []string{"other"}, PublishedBy: "test", Release: "test"}}); err != nil {
+	if _, err := etlcontext.PublishKinds(ctx, env.Pool, []etlcontext.PublishedKind{{Kind: "sample", Queue: "etl", MaxAttempts: 3, Children: []string{"other", "sample"}, PublishedBy: "test", Release: "test"}}); err != nil {
 		t.Fatal(err)
 	}
 	var submit taskrunner.SubmitFunc = client.submit.Child

@@ -157,6 +157,9 @@ func NewWith(core corev1client.CoreV1Interface, namespace string, cfg *config.Co
 		if err != nil {
 			return nil, fmt.Errorf("kind %s: pod: %w", name, err)
 		}
+		for _, c := range keepNetRaw(t.Spec) {
+			logger.Warn("a container of a kind's pod template keeps NET_RAW, with which it could read and forge the task process's packets to the database in the pod's network: drop it (securityContext.capabilities.drop: [NET_RAW])", "kind", name, "container", c)
+		}
 		r.kinds[name] = kind{template: t, lockMode: k.LockMode, killGrace: time.Duration(*k.KillGrace), retention: time.Duration(*k.PodRetention), startTimeout: time.Duration(k.StartTimeout)}
 	}
 	return r, nil
@@ -224,6 +227,34 @@ func parseTemplate(raw []byte) (corev1.PodTemplateSpec, error) {
 		}
 	}
 	return t, nil
+}
+
+// keepNetRaw returns the containers of spec, but the task's, whose
+// runtime's default NET_RAW their security context does not drop (adding
+// it leaves the Baseline standard, which checkIsolation refuses): a
+// sidecar shares the pod's network with the task process as the command
+// does, whose container dama makes drop it.
+func keepNetRaw(spec corev1.PodSpec) []string {
+	var keep []string
+	for _, c := range append(slices.Clone(spec.InitContainers), spec.Containers...) {
+		if c.Name == containerTask {
+			continue
+		}
+		var caps corev1.Capabilities
+		if c.SecurityContext != nil && c.SecurityContext.Capabilities != nil {
+			caps = *c.SecurityContext.Capabilities
+		}
+		netRaw := func(list []corev1.Capability) bool {
+			return slices.ContainsFunc(list, func(c corev1.Capability) bool {
+				name := strings.TrimPrefix(strings.ToUpper(string(c)), "CAP_")
+				return name == "ALL" || name == "NET_RAW"
+			})
+		}
+		if !netRaw(caps.Drop) {
+			keep = append(keep, c.Name)
+		}
+	}
+	return keep
 }
 
 // checkIsolation refuses what would let a process of the pod other than

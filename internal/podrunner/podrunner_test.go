@@ -441,3 +441,33 @@ func TestOnlyDamasContainerMountsTheTLSSecret(t *testing.T) {
 		}
 	}
 }
+
+// A sidecar shares the pod's network with the task process, as the
+// command does: one that keeps the runtime's NET_RAW is warned of at the
+// start, once per container; one that drops it is not. (One that adds it
+// leaves the Baseline standard, and is refused.)
+func TestASidecarKeepingNetRawIsWarnedOf(t *testing.T) {
+	cfg := "log_dir: /l\nkubernetes: {image: d}\nkinds:\n  k: {command: [x], runner: kubernetes, pod: {spec: " +
+		`{initContainers: [{name: fetch, image: y}], containers: [{name: task, image: x},` +
+		` {name: proxy, image: y, securityContext: {capabilities: {drop: [CHOWN]}}},` +
+		` {name: quiet, image: y, securityContext: {capabilities: {drop: [NET_RAW]}}},` +
+		` {name: none, image: y, securityContext: {capabilities: {drop: [all]}}}]}` + "}}\n"
+	parsed, err := config.Parse([]byte(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var log strings.Builder
+	if _, err := NewWith(fakeCore(t), "default", parsed, slog.New(slog.NewTextHandler(&log, nil))); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []string{"fetch", "proxy"} {
+		if n := strings.Count(log.String(), "container="+c+"\n"); n != 1 {
+			t.Errorf("container %s warned of %d times, want once:\n%s", c, n, log.String())
+		}
+	}
+	for _, c := range []string{"task", "quiet", "none"} {
+		if strings.Contains(log.String(), "container="+c+"\n") {
+			t.Errorf("container %s warned of, want not:\n%s", c, log.String())
+		}
+	}
+}

@@ -388,7 +388,7 @@ BEGIN
         RAISE EXCEPTION 'kind % may not submit kind %: no supervisor has published kind % with its children:', parent_kind, NEW.kind, parent_kind
             USING ERRCODE = 'DMARG';
     END IF;
-    IF NOT NEW.kind = ANY (named) THEN
+    IF array_position(named, NEW.kind) IS NULL THEN
         RAISE EXCEPTION 'kind % may not submit kind %: its children: are %', parent_kind, NEW.kind, named
             USING ERRCODE = 'DMARG';
     END IF;
@@ -1729,6 +1729,14 @@ ALTER TABLE ONLY data_manager.etl_contexts
 
 ALTER TABLE ONLY data_manager.etl_contexts
     ADD CONSTRAINT etl_contexts_pkey PRIMARY KEY (etl_context_id);
+
+
+--
+-- Name: etl_contexts etl_contexts_queue_check; Type: CHECK CONSTRAINT; Schema: data_manager; Owner: -
+--
+
+ALTER TABLE data_manager.etl_contexts
+    ADD CONSTRAINT etl_contexts_queue_check CHECK (((length(queue) <= 64) AND (queue ~ '^[a-z0-9]+([_|-]?[a-z0-9]+)*$'::text))) NOT VALID;
 
 
 --

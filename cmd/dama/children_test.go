@@ -86,6 +86,11 @@ kinds:
 			t.Errorf("%s of a high task under task %d: %v; want %q", who, id, err, dbRefusal)
 		}
 	}
+	// A task's queue is River's kind of name, however it is inserted: a
+	// forged one of escape sequences would reach dama status.
+	if _, err := op.Exec(ctx, `INSERT INTO data_manager.etl_contexts (kind, queue, max_attempts) VALUES ('piece', E'q\x1b]0;pwned\x07', 1)`); err == nil || !strings.Contains(err.Error(), "etl_contexts_queue_check") {
+		t.Errorf("an operator's INSERT of a task whose queue is escape sequences: %v; want it refused by etl_contexts_queue_check", err)
+	}
 	var highs int
 	if err := w.Pool.QueryRow(ctx, `SELECT count(*) FROM data_manager.etl_contexts WHERE kind = 'high'`).Scan(&highs); err != nil || highs != 0 {
 		t.Errorf("%d tasks of kind high (%v), want none", highs, err)

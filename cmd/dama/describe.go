@@ -70,7 +70,7 @@ func describeTask(ctx context.Context, db etlcontext.DB, w io.Writer, t etlconte
 	kv := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(kv, "Reason:\t%s\n", reason(t, troubles[t.ID], now))
 	fmt.Fprintf(kv, "Progress:\t%s\n", progress)
-	fmt.Fprintf(kv, "Queue:\t%s\n", t.Queue)
+	fmt.Fprintf(kv, "Queue:\t%s\n", shownText(t.Queue))
 	fmt.Fprintf(kv, "Submitted:\t%s\n", localTime(t.CreatedAt, now))
 	fmt.Fprintf(kv, "Started:\t%s\n", at(t.StartedAt))
 	fmt.Fprintf(kv, "Finished:\t%s\n", at(t.FinishedAt))

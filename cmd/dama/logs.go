@@ -157,6 +157,9 @@ func (j jsonShown) Write(p []byte) (int, error) {
 	for i := 0; i < len(p); {
 		r, size := utf8.DecodeRune(p[i:])
 		switch {
+		case r == utf8.RuneError && size == 1:
+			// A byte that is not UTF-8 (a database of another encoding).
+			out = append(out, `\ufffd`...)
 		case !moves(r):
 			out = append(out, p[i:i+size]...)
 		case r > 0xffff:

@@ -166,6 +166,12 @@ func TestJSONIsShownEscaped(t *testing.T) {
 	if want := `{"m":"\u001b]0;t\u0007 \u009b31m \u202eevil \udb40\udc41 é"}` + "\n"; out.String() != want {
 		t.Errorf("jsonShown: %s, want %s", out.String(), want)
 	}
+	// A byte that is not UTF-8, as a database of another encoding may
+	// give: escaped too.
+	out.Reset()
+	if _, err := (jsonShown{&out}).Write([]byte("\"a\x9bb\"")); err != nil || out.String() != `"a\ufffdb"` {
+		t.Errorf("jsonShown of a byte that is not UTF-8: %s, %v; want %s", out.String(), err, `"a\ufffdb"`)
+	}
 }
 
 // On a terminal, dama logs shows the escape sequences a command wrote

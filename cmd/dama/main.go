@@ -48,9 +48,9 @@ func run(args []string) int {
 	if err != nil {
 		if g.logFormat == "json" {
 			// The last line of a JSON log is JSON too.
-			slog.New(slog.NewJSONHandler(os.Stderr, nil)).Error("dama: " + oneLine(err.Error()))
+			slog.New(slog.NewJSONHandler(os.Stderr, nil)).Error("dama: " + shownText(oneLine(err.Error())))
 		} else {
-			fmt.Fprintln(os.Stderr, "dama: "+oneLine(err.Error()))
+			fmt.Fprintln(os.Stderr, "dama: "+shownText(oneLine(err.Error())))
 		}
 		if code == 0 {
 			return 1

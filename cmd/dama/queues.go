@@ -199,7 +199,7 @@ func printQueueStats(w io.Writer, stats []etlcontext.QueueStat) error {
 			blocked = "yes" + quoted(s.BlockReason)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n",
-			orDash(s.Queue), orDash(s.Kind), s.Queued, s.Scheduled, s.Running, s.Retrying,
+			shownText(orDash(s.Queue)), shownText(orDash(s.Kind)), s.Queued, s.Scheduled, s.Running, s.Retrying,
 			s.Done24h, s.Failed24h, s.Cancelled24h, oldest, paused, blocked)
 	}
 	return tw.Flush()

@@ -268,7 +268,7 @@ func printWide(w io.Writer, tasks []etlcontext.Task, paces map[int64]etlcontext.
 			}
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\t%s\t%s\t%t\t%s\t%s\t%s\t%s\n",
-			t.ID, t.Kind, t.Queue, t.Status, t.Attempt, t.MaxAttempts,
+			t.ID, t.Kind, shownText(t.Queue), t.Status, t.Attempt, t.MaxAttempts,
 			orDash(t.JobState), waiting(t), t.Children.String(), shownText(orDash(t.Host)), intOrDash(t.PID), t.InitialEventLocked,
 			ranFor(t, pace, running, now), shownText(latest), shown, reason(t, troubles[t.ID], now))
 	}

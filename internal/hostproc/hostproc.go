@@ -318,10 +318,11 @@ func threadTracer(pid int, status string) (int, error) {
 // they are handed.
 func CloseInheritedOnExec() error {
 	err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC)
-	if err == nil || !errors.Is(err, unix.ENOSYS) && !errors.Is(err, unix.EINVAL) {
+	if err == nil || !errors.Is(err, unix.ENOSYS) && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.EPERM) {
 		return err
 	}
-	// Before Linux 5.11: each descriptor open now.
+	// Before Linux 5.11, or under a seccomp profile that predates
+	// close_range: each descriptor open now.
 	entries, err := os.ReadDir("/proc/self/fd")
 	if err != nil {
 		return fmt.Errorf("list this process's descriptors: %w", err)

@@ -16,6 +16,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -42,27 +43,41 @@ type Dir struct {
 // another user's than root's or this process's, or that another may write
 // to: whoever can rename or write in it can point a task's log anywhere.
 // Above it, a directory others may write to is fine if it is sticky (as
-// /tmp), where they cannot rename what is not theirs.
+// /tmp), where they cannot rename what is not theirs. It refuses a path
+// through a symbolic link, which another user may have made where a
+// directory was, or may point elsewhere later.
 func Open(path, group string) (*Dir, error) {
-	if err := os.MkdirAll(path, 0o750); err != nil {
-		return nil, fmt.Errorf("create the log directory: %w", err)
+	abs, err := filepath.Abs(path)
+	if err != nil || abs == "/" {
+		return nil, fmt.Errorf("log_dir %q: want a directory of its own", path)
 	}
-	resolved, err := filepath.EvalSymlinks(path)
-	if err != nil {
-		return nil, fmt.Errorf("read the log directory: %w", err)
-	}
-	if resolved, err = filepath.Abs(resolved); err != nil {
-		return nil, fmt.Errorf("read the log directory: %w", err)
-	}
-	for dir := filepath.Dir(resolved); ; dir = filepath.Dir(dir) {
+	// From the root down, each directory is checked before anything is
+	// looked up, or made, in it: only root and dama's user can have put
+	// there what is found next.
+	dir := "/"
+	for _, name := range strings.Split(abs[1:], "/") {
 		if err := checkParent(dir, path); err != nil {
 			return nil, err
 		}
-		if dir == "/" {
-			break
+		next := filepath.Join(dir, name)
+		var st unix.Stat_t
+		err := unix.Lstat(next, &st)
+		if errors.Is(err, unix.ENOENT) {
+			if err = unix.Mkdir(next, 0o750); err == nil || errors.Is(err, unix.EEXIST) {
+				err = unix.Lstat(next, &st)
+			}
 		}
+		switch {
+		case err != nil:
+			return nil, fmt.Errorf("log_dir %s: make or read %s: %w", path, next, err)
+		case st.Mode&unix.S_IFMT == unix.S_IFLNK:
+			return nil, fmt.Errorf("log_dir %s: %s is a symbolic link: name the directory it leads to, by a path without links", path, next)
+		case st.Mode&unix.S_IFMT != unix.S_IFDIR:
+			return nil, fmt.Errorf("log_dir %s: %s is not a directory", path, next)
+		}
+		dir = next
 	}
-	d, err := openDir(resolved, path)
+	d, err := openDir(dir, path)
 	if err != nil {
 		return nil, err
 	}
@@ -82,8 +97,8 @@ func OpenVolume(path string) (*Dir, error) {
 	return openDir(path, path)
 }
 
-func openDir(resolved, path string) (*Dir, error) {
-	fd, err := unix.Open(resolved, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+func openDir(dir, path string) (*Dir, error) {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open the log directory %s: %w", path, err)
 	}
@@ -101,7 +116,7 @@ func owned(st *unix.Stat_t) string {
 // checkParent checks dir, a directory above the log directory path.
 func checkParent(dir, path string) error {
 	var st unix.Stat_t
-	if err := unix.Stat(dir, &st); err != nil {
+	if err := unix.Lstat(dir, &st); err != nil {
 		return fmt.Errorf("log_dir %s: read %s: %w", path, dir, err)
 	}
 	if why := owned(&st); why != "" {

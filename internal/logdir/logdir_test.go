@@ -196,3 +196,40 @@ func TestReaderReadsTheFileItWasGiven(t *testing.T) {
 		t.Error("Reader: opened the file put in the log's place, want it refused")
 	}
 }
+
+// A path through a symbolic link is refused, wherever the link is, and
+// nothing is made or changed through it: a link that another user put
+// where log_dir was (mv logs logs.old; ln -s /etc/logrotate.d logs) would
+// have root make its logs, and set its modes, in the link's target.
+func TestOpenRefusesAPathThroughALink(t *testing.T) {
+	dir := t.TempDir()
+	target := filepath.Join(dir, "etc")
+	if err := os.Mkdir(target, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, path := range map[string]string{
+		"log_dir itself":                        filepath.Join(dir, "logs"),
+		"a directory above it, to make logs in": filepath.Join(dir, "srv", "new"),
+	} {
+		link := path
+		if filepath.Base(path) == "new" {
+			link = filepath.Dir(path)
+		}
+		if err := os.Symlink(target, link); err != nil {
+			t.Fatal(err)
+		}
+		d, err := logdir.Open(path, "")
+		if err == nil {
+			d.Close()
+		}
+		if err == nil || !strings.Contains(err.Error(), link+" is a symbolic link") {
+			t.Errorf("%s a link: Open: %v, want it refused as a link", name, err)
+		}
+	}
+	if info, err := os.Stat(target); err != nil || info.Mode().Perm() != 0o755 {
+		t.Errorf("the links' target: %v, %v; want it as it was, 0755", info.Mode(), err)
+	}
+	if entries, _ := os.ReadDir(target); len(entries) != 0 {
+		t.Errorf("the links' target holds %d entries, want none made through a link", len(entries))
+	}
+}

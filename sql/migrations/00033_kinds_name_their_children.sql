@@ -9,6 +9,11 @@
 -- INSERT through a task's login forged by its command), whoever inserts
 -- it. It reads the published kinds, which a task's login may not: it runs
 -- as the schema's owner, and tells the caller only yes or no.
+--
+-- A task's queue is held to River's rule for a queue's name (as
+-- create_task holds it) whoever inserts it: a forged insert through a
+-- task's login gave its child a queue named by escape sequences, which
+-- dama status then printed. NOT VALID: rows already there are not read.
 
 -- +goose Up
 ALTER TABLE data_manager.kinds ADD COLUMN children text[] NOT NULL DEFAULT '{}';
@@ -30,7 +35,7 @@ BEGIN
         RAISE EXCEPTION 'kind % may not submit kind %: no supervisor has published kind % with its children:', parent_kind, NEW.kind, parent_kind
             USING ERRCODE = 'DMARG';
     END IF;
-    IF NOT NEW.kind = ANY (named) THEN
+    IF array_position(named, NEW.kind) IS NULL THEN
         RAISE EXCEPTION 'kind % may not submit kind %: its children: are %', parent_kind, NEW.kind, named
             USING ERRCODE = 'DMARG';
     END IF;
@@ -43,7 +48,11 @@ CREATE TRIGGER etl_contexts_child_allowed BEFORE INSERT ON data_manager.etl_cont
     FOR EACH ROW WHEN (NEW.parent_context_id IS NOT NULL)
     EXECUTE FUNCTION data_manager.etl_contexts_child_allowed();
 
+ALTER TABLE data_manager.etl_contexts ADD CONSTRAINT etl_contexts_queue_check
+    CHECK (length(queue) <= 64 AND queue ~ '^[a-z0-9]+([_|-]?[a-z0-9]+)*$') NOT VALID;
+
 -- +goose Down
+ALTER TABLE data_manager.etl_contexts DROP CONSTRAINT etl_contexts_queue_check;
 DROP TRIGGER etl_contexts_child_allowed ON data_manager.etl_contexts;
 DROP FUNCTION data_manager.etl_contexts_child_allowed();
 ALTER TABLE data_manager.kinds DROP COLUMN children;

@@ -381,18 +381,18 @@ BEGIN
     SELECT c.kind INTO parent_kind FROM data_manager.etl_contexts AS c WHERE c.etl_context_id = NEW.parent_context_id;
     -- A parent that does not exist is the foreign key's to refuse.
     IF NOT FOUND THEN
-        RETURN NEW;
+        RETURN NULL;
     END IF;
     SELECT k.children INTO named FROM data_manager.kinds AS k WHERE k.kind = parent_kind;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'kind % may not submit kind %: no supervisor has published kind % with its children:', parent_kind, NEW.kind, parent_kind
             USING ERRCODE = 'DMARG';
     END IF;
-    IF array_position(named, NEW.kind) IS NULL THEN
+    IF named IS NOT NULL AND array_position(named, NEW.kind) IS NULL THEN
         RAISE EXCEPTION 'kind % may not submit kind %: its children: are %', parent_kind, NEW.kind, named
             USING ERRCODE = 'DMARG';
     END IF;
-    RETURN NEW;
+    RETURN NULL;
 END
 $$;
 
@@ -1539,7 +1539,7 @@ CREATE TABLE data_manager.kinds (
     published_by text NOT NULL,
     release text NOT NULL,
     published_at timestamp with time zone DEFAULT now() NOT NULL,
-    children text[] DEFAULT '{}'::text[] NOT NULL,
+    children text[],
     CONSTRAINT kinds_kind_check CHECK ((kind ~ '^[A-Za-z][A-Za-z0-9_.-]{0,62}$'::text)),
     CONSTRAINT kinds_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 32767)))
 );
@@ -1729,14 +1729,6 @@ ALTER TABLE ONLY data_manager.etl_contexts
 
 ALTER TABLE ONLY data_manager.etl_contexts
     ADD CONSTRAINT etl_contexts_pkey PRIMARY KEY (etl_context_id);
-
-
---
--- Name: etl_contexts etl_contexts_queue_check; Type: CHECK CONSTRAINT; Schema: data_manager; Owner: -
---
-
-ALTER TABLE data_manager.etl_contexts
-    ADD CONSTRAINT etl_contexts_queue_check CHECK (((length(queue) <= 64) AND (queue ~ '^[a-z0-9]+([_|-]?[a-z0-9]+)*$'::text))) NOT VALID;
 
 
 --
@@ -2063,7 +2055,7 @@ CREATE TRIGGER etl_contexts_announce_finished AFTER UPDATE OF etl_status ON data
 -- Name: etl_contexts etl_contexts_child_allowed; Type: TRIGGER; Schema: data_manager; Owner: -
 --
 
-CREATE TRIGGER etl_contexts_child_allowed BEFORE INSERT ON data_manager.etl_contexts FOR EACH ROW WHEN ((new.parent_context_id IS NOT NULL)) EXECUTE FUNCTION data_manager.etl_contexts_child_allowed();
+CREATE TRIGGER etl_contexts_child_allowed AFTER INSERT ON data_manager.etl_contexts FOR EACH ROW WHEN ((new.parent_context_id IS NOT NULL)) EXECUTE FUNCTION data_manager.etl_contexts_child_allowed();
 
 
 --

@@ -157,6 +157,29 @@ func (s *Supervisor) noteLaunchFailure(id int64, reason string) {
 	s.mu.Unlock()
 }
 
+// warnUnfit records in tx that this host could not start c's attempt, and
+// why, in a WARNING (etlcontext.UnfitHostMeta): the reason the status
+// shows. Once per attempt and reason, and not at all with ifUntold when
+// the attempt's task process said why itself.
+func (s *Supervisor) warnUnfit(ctx context.Context, tx pgx.Tx, c *etlcontext.Context, why string, ifUntold bool) error {
+	reason, _ := etlcontext.CleanText(etlcontext.UnfitPrefix + why)
+	warned, err := etlcontext.WarnedThisAttempt(ctx, tx, c.ID, reason)
+	if err == nil && !warned && ifUntold {
+		var told string
+		told, err = etlcontext.LatestUnfitHost(ctx, tx, c.ID, c.Attempt)
+		warned = told != ""
+	}
+	if err != nil || warned {
+		return err
+	}
+	_, err = etlcontext.Append(ctx, tx, etlcontext.NewEvent{
+		ContextID: c.ID, Type: protocol.EventType(c.Kind, protocol.EventWarning), RunID: c.RunID,
+		Payload: map[string]any{"reason": reason, "host": s.host},
+		Meta:    map[string]any{etlcontext.UnfitHostMeta: reason},
+	})
+	return err
+}
+
 // spawnFailure returns why this supervisor could not spawn the task
 // process of context id, if it could not.
 func (s *Supervisor) spawnFailure(id int64) (string, bool) {

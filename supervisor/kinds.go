@@ -27,8 +27,9 @@ func (s *Supervisor) publishLoop(ctx context.Context, err error) {
 
 // publishKinds records the configuration's kinds in data_manager.kinds,
 // which data_manager.submit submits, and says which of them another
-// supervisor had published with another queue, attempts or concurrency
-// key: until they agree, a task's settings depend on who submits it.
+// supervisor had published with another queue, attempts, concurrency key
+// or children: until they agree, a task's settings (and which children
+// its tasks may submit) depend on who published last.
 func (s *Supervisor) publishKinds(ctx context.Context) error {
 	var kinds []etlcontext.PublishedKind
 	for _, name := range s.cfg.KindNames() {
@@ -54,8 +55,8 @@ func (s *Supervisor) publishKinds(ctx context.Context) error {
 	for _, k := range changed {
 		now := s.cfg.Kinds[k.Kind]
 		s.logger.Warn("kind published otherwise before; now as this configuration says", "kind", k.Kind,
-			"queue", now.Queue, "max_attempts", now.MaxAttempts, "concurrency_key", now.ConcurrencyKey,
-			"was_queue", k.Queue, "was_max_attempts", k.MaxAttempts, "was_concurrency_key", k.ConcurrencyKey,
+			"queue", now.Queue, "max_attempts", now.MaxAttempts, "concurrency_key", now.ConcurrencyKey, "children", now.Children,
+			"was_queue", k.Queue, "was_max_attempts", k.MaxAttempts, "was_concurrency_key", k.ConcurrencyKey, "was_children", k.Children,
 			"was_published_by", k.PublishedBy, "was_release", k.Release, "was_published_at", k.PublishedAt)
 	}
 	return nil

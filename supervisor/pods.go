@@ -14,7 +14,6 @@ import (
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/internal/etlcontext"
 	"github.com/dama-etl/dama/internal/pods"
-	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 // A kubernetes kind's attempt runs in a pod of its own (Options.Pods):
@@ -121,29 +120,6 @@ func (s *Supervisor) podStarting(ctx context.Context, logger *slog.Logger, tx pg
 		return s.transient(logger, err)
 	}
 	return nil
-}
-
-// warnUnfit records in tx that this host could not start c's attempt, and
-// why, in a WARNING (etlcontext.UnfitHostMeta): the reason the status
-// shows. Once per attempt and reason, and not at all with ifUntold when
-// the attempt's task process said why itself.
-func (s *Supervisor) warnUnfit(ctx context.Context, tx pgx.Tx, c *etlcontext.Context, why string, ifUntold bool) error {
-	reason, _ := etlcontext.CleanText(etlcontext.UnfitPrefix + why)
-	warned, err := etlcontext.WarnedThisAttempt(ctx, tx, c.ID, reason)
-	if err == nil && !warned && ifUntold {
-		var told string
-		told, err = etlcontext.LatestUnfitHost(ctx, tx, c.ID, c.Attempt)
-		warned = told != ""
-	}
-	if err != nil || warned {
-		return err
-	}
-	_, err = etlcontext.Append(ctx, tx, etlcontext.NewEvent{
-		ContextID: c.ID, Type: protocol.EventType(c.Kind, protocol.EventWarning), RunID: c.RunID,
-		Payload: map[string]any{"reason": reason, "host": s.host},
-		Meta:    map[string]any{etlcontext.UnfitHostMeta: reason},
-	})
-	return err
 }
 
 // podOver reports whether Kubernetes says every process of the pod of

@@ -540,16 +540,17 @@ func checkUsers(cfg *config.Config) error {
 }
 
 // checkSharedUsers logs, in one WARNING, the kinds whose commands run as
-// one user that can forge each other's reports: a command can take
-// another's events descriptor with pidfd_getfd where this kernel lets a
-// process trace any other of its user (no Yama, or its ptrace_scope 0),
-// and open it through /proc/<pid>/fd, whatever Yama says, when it is the
-// pipe's owner, the task processes' user (dama's). Root's kinds are left
-// out: a command run as root can do that anyway, and user: root says so
-// on purpose.
+// one user where this kernel lets a process trace any other of its user
+// (no Yama, or its ptrace_scope 0): a command of one can take another's
+// events descriptor (pidfd_getfd) and forge its task's reports. Root's
+// kinds are left out: a command run as root can do that whatever Yama
+// says, and user: root says so on purpose. (Commands of dama's own user
+// can open each other's pipes through /proc whatever Yama says, and do
+// more to dama's processes: docs/security.md says to give them users.)
 func (s *Supervisor) checkSharedUsers() {
-	scope, err := os.ReadFile("/proc/sys/kernel/yama/ptrace_scope")
-	traced := err != nil || strings.TrimSpace(string(scope)) == "0"
+	if scope, err := os.ReadFile("/proc/sys/kernel/yama/ptrace_scope"); err == nil && strings.TrimSpace(string(scope)) != "0" {
+		return
+	}
 	byUser := map[uint32][]string{}
 	for _, name := range s.cfg.KindNames() {
 		k := s.cfg.Kinds[name]
@@ -570,12 +571,12 @@ func (s *Supervisor) checkSharedUsers() {
 	}
 	var shared []string
 	for _, uid := range slices.Sorted(maps.Keys(byUser)) {
-		if kinds := byUser[uid]; len(kinds) > 1 && (traced || int(uid) == os.Geteuid()) {
+		if kinds := byUser[uid]; len(kinds) > 1 {
 			shared = append(shared, fmt.Sprintf("uid %d: %s", uid, strings.Join(kinds, ", ")))
 		}
 	}
 	if len(shared) > 0 {
-		s.logger.Warn("kinds share a user, as which a command of one can forge another's reports (dama's user, or kernel.yama.ptrace_scope absent or 0); give each kind a user of its own (docs/security.md)",
+		s.logger.Warn("kinds share a user, and this kernel lets a process trace another of its user (kernel.yama.ptrace_scope absent or 0): a command of one can forge another's reports; give each kind a user of its own (docs/security.md)",
 			"shared", strings.Join(shared, "; "))
 	}
 }

@@ -16,7 +16,7 @@ import (
 
 	"github.com/dama-etl/dama/internal/etlcontext"
 	"github.com/dama-etl/dama/internal/hostproc"
-	"github.com/dama-etl/dama/taskrunner/protocol"
+	"github.com/dama-etl/dama/internal/logdir"
 )
 
 func newLogsCommand() *cobra.Command {
@@ -189,7 +189,7 @@ func openLocalLog(c *etlcontext.Context) (*os.File, error) {
 	if (c.HostID == nil || *c.HostID != id) && (c.Host == nil || *c.Host != name) {
 		return nil, fmt.Errorf("the log of task %d is on host %s", c.ID, host)
 	}
-	return protocol.OpenLog(*c.LogPath, c.ID)
+	return logdir.OpenLog(*c.LogPath, c.ID)
 }
 
 // shownText is s on one line with its control characters shown

@@ -19,8 +19,9 @@ func TestNothingACommandWritesDrivesATerminal(t *testing.T) {
 	t.Parallel()
 	env := testenv.New(t)
 	// As JSON on the events pipe, and as bytes on stdout: ESC ] (OSC), a
-	// C1 CSI, a right-to-left override, a zero-width space.
-	const evil = `\u001b]52;c;aGk=\u0007\u001b]0;pwned\u0007\u009b2J\u202eevil\u200b`
+	// CSI dama never writes itself (reverse video), a C1 CSI, a
+	// right-to-left override, a zero-width space.
+	const evil = `\u001b]52;c;aGk=\u0007\u001b]0;pwned\u0007\u001b[7m\u009b2J\u202eevil\u200b`
 	cfg := env.WriteConfig(`
 log_dir: {{dir}}/logs
 poll_interval: 200ms
@@ -34,7 +35,7 @@ kinds:
         printf '%s\n' '{"type": "note", "payload": {"m": "` + evil + `"}}' >&3
         printf '%s\n' '{"type": "progress", "payload": {"stage": "` + evil + `"}}' >&3
         printf '%s\n' '{"type": "failure", "payload": {"error": "` + evil + `"}}' >&3
-        printf 'out \033]0;pwned\007 \302\233 \342\200\256 end\n'
+        printf 'out \033]0;pwned\007 \033[7m \302\233 \342\200\256 end\n'
         exit 3
 `)
 	w := &world{Env: env, cfg: cfg}
@@ -49,6 +50,8 @@ kinds:
 		switch {
 		case strings.Contains(out, "\x1b]"):
 			return "an OSC sequence"
+		case strings.Contains(out, "\x1b[7m"):
+			return "the command's CSI sequence"
 		case !tty && strings.Contains(out, "\x1b"):
 			return "an ESC"
 		case strings.ContainsAny(out, "\u009b\u0090\u009d\u202e\u200b"):

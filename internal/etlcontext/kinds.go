@@ -21,7 +21,9 @@ type PublishedKind struct {
 	// Queues are the queues the publishing supervisor serves: those a
 	// submission of the kind may name instead of Queue.
 	Queues []string `json:"queues"`
-	// Children are the kinds its tasks may submit as children.
+	// Children are the kinds its tasks may submit as children, in order;
+	// nil when a release before children: published it (its tasks submit
+	// any, as then).
 	Children []string `json:"children"`
 	// Settings are the kind's whole configuration, for readers.
 	Settings json.RawMessage `json:"settings"`
@@ -34,7 +36,7 @@ type PublishedKind struct {
 
 // PublishKinds records kinds in data_manager.kinds, each replacing what an
 // earlier publication of it said, and returns the kinds whose queue,
-// attempts or concurrency key were published otherwise before: supervisors
+// attempts, concurrency key or children were published otherwise before: supervisors
 // that disagree about a kind submit its tasks differently, which the caller
 // says.
 func PublishKinds(ctx context.Context, db DB, kinds []PublishedKind) (changed []PublishedKind, err error) {
@@ -66,7 +68,7 @@ func PublishKinds(ctx context.Context, db DB, kinds []PublishedKind) (changed []
 		), published AS (
 		    INSERT INTO data_manager.kinds AS k (kind, queue, max_attempts, concurrency_key, queues, children, settings, published_by, release)
 		    SELECT kind, queue, max_attempts, nullif(concurrency_key, ''), ARRAY(SELECT jsonb_array_elements_text(queues)),
-		           ARRAY(SELECT jsonb_array_elements_text(children)), settings, published_by, release FROM new
+		           ARRAY(SELECT c FROM jsonb_array_elements_text(children) AS c ORDER BY c), settings, published_by, release FROM new
 		    ON CONFLICT (kind) DO UPDATE SET queue = excluded.queue, max_attempts = excluded.max_attempts,
 		        concurrency_key = excluded.concurrency_key, queues = excluded.queues, children = excluded.children,
 		        settings = excluded.settings, published_by = excluded.published_by, release = excluded.release, published_at = now()
@@ -74,6 +76,7 @@ func PublishKinds(ctx context.Context, db DB, kinds []PublishedKind) (changed []
 		SELECT k.kind, k.queue, k.max_attempts, coalesce(k.concurrency_key, ''), k.queues, k.children, k.settings, k.published_by, k.release, k.published_at
 		  FROM data_manager.kinds AS k JOIN new AS n ON n.kind = k.kind
 		 WHERE (k.queue, k.max_attempts, coalesce(k.concurrency_key, '')) IS DISTINCT FROM (n.queue, n.max_attempts, n.concurrency_key)
+		    OR k.children IS DISTINCT FROM ARRAY(SELECT c FROM jsonb_array_elements_text(n.children) AS c ORDER BY c) AND k.children IS NOT NULL
 		 ORDER BY k.kind`, names, queues, attempts, fields, settings, by, releases, served, children)
 	if err != nil {
 		return nil, fmt.Errorf("publish kinds: %w", err)

@@ -48,7 +48,10 @@ type Dir struct {
 // directory was, or may point elsewhere later.
 func Open(path, group string) (*Dir, error) {
 	abs, err := filepath.Abs(path)
-	if err != nil || abs == "/" {
+	if err != nil {
+		return nil, fmt.Errorf("log_dir %q: %w", path, err)
+	}
+	if abs == "/" {
 		return nil, fmt.Errorf("log_dir %q: want a directory of its own", path)
 	}
 	// From the root down, each directory is checked before anything is
@@ -105,8 +108,9 @@ func openDir(dir, path string) (*Dir, error) {
 	return &Dir{path: path, fd: os.NewFile(uintptr(fd), path)}, nil
 }
 
-// owned says why a file of st is not root's or this process's, or "".
-func owned(st *unix.Stat_t) string {
+// foreignOwner says why a file of st is not root's or this process's, or
+// "".
+func foreignOwner(st *unix.Stat_t) string {
 	if st.Uid != 0 && int(st.Uid) != os.Geteuid() {
 		return fmt.Sprintf("belongs to uid %d, not to root or dama's user (uid %d)", st.Uid, os.Geteuid())
 	}
@@ -119,7 +123,7 @@ func checkParent(dir, path string) error {
 	if err := unix.Lstat(dir, &st); err != nil {
 		return fmt.Errorf("log_dir %s: read %s: %w", path, dir, err)
 	}
-	if why := owned(&st); why != "" {
+	if why := foreignOwner(&st); why != "" {
 		return fmt.Errorf("log_dir %s: %s, above it, %s: another user could put any file in the log directory's place", path, dir, why)
 	}
 	if st.Mode&0o022 != 0 && st.Mode&unix.S_ISVTX == 0 {
@@ -134,8 +138,13 @@ func (d *Dir) prepare(group string) error {
 	if err := unix.Fstat(int(d.fd.Fd()), &st); err != nil {
 		return fmt.Errorf("read the log directory: %w", err)
 	}
-	if why := owned(&st); why != "" {
+	if why := foreignOwner(&st); why != "" {
 		return fmt.Errorf("log_dir %s %s: that user could make dama write to any file: chown it", d.path, why)
+	}
+	// Every refusal before any change: a directory refused is left as it
+	// was.
+	if st.Mode&0o020 != 0 {
+		return fmt.Errorf("log_dir %s may be written by its group (mode %o): any of them could make dama write to any file: chmod g-w it", d.path, st.Mode&0o7777)
 	}
 	mode := st.Mode & 0o7777 &^ 0o007
 	if group != "" {
@@ -149,9 +158,6 @@ func (d *Dir) prepare(group string) error {
 				return fmt.Errorf("give the log directory %s to group %s: %w", d.path, group, err)
 			}
 		}
-	}
-	if mode&0o020 != 0 {
-		return fmt.Errorf("log_dir %s may be written by its group (mode %o): any of them could make dama write to any file: chmod g-w it", d.path, st.Mode&0o7777)
 	}
 	if mode != st.Mode&0o7777 {
 		if err := unix.Fchmod(int(d.fd.Fd()), mode); err != nil {
@@ -229,7 +235,11 @@ func (d *Dir) Reader(id int64, w *os.File) (*os.File, error) {
 	if err == nil {
 		err = unix.Fstat(int(w.Fd()), &ws)
 	}
-	if err != nil || rs.Dev != ws.Dev || rs.Ino != ws.Ino {
+	switch {
+	case err != nil:
+		r.Close()
+		return nil, fmt.Errorf("read the log file %s: %w", d.Path(id), err)
+	case rs.Dev != ws.Dev || rs.Ino != ws.Ino:
 		r.Close()
 		return nil, fmt.Errorf("the log file %s was replaced since it was opened", d.Path(id))
 	}
@@ -251,4 +261,24 @@ func (d *Dir) check(f *os.File) error {
 		return fmt.Errorf("the log file %s has %d names: dama writes no log that is another file's name too", f.Name(), st.Nlink)
 	}
 	return nil
+}
+
+// OpenLog opens path, which a context names as task id's log, to read it.
+// A task may have put anything at its log's path, and its readers (dama
+// logs, the status page) read for whoever asks: so only a regular file
+// named as dama names logs, opened without following a link and without
+// blocking on a FIFO.
+func OpenLog(path string, id int64) (*os.File, error) {
+	if filepath.Base(path) != protocol.LogName(id) {
+		return nil, fmt.Errorf("the log of task %d, %s, is not a dama log", id, path)
+	}
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open the log of task %d: %w", id, err)
+	}
+	if info, err := f.Stat(); err != nil || !info.Mode().IsRegular() {
+		f.Close()
+		return nil, fmt.Errorf("the log of task %d, %s, is not a regular file", id, path)
+	}
+	return f, nil
 }

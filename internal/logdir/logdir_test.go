@@ -77,6 +77,9 @@ func TestOpenRefusesADirectoryAnotherUserControls(t *testing.T) {
 				d.Close()
 				t.Fatalf("Open: nil, want %q", c.want)
 			}
+			if info, err := os.Stat(logs); err != nil || info.Mode().Perm() != c.logsMode.Perm() {
+				t.Errorf("the refused directory: %v, %v; want it left as it was, %v", info.Mode(), err, c.logsMode.Perm())
+			}
 			if !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "\n") {
 				t.Errorf("Open: %q, want one line saying %q", err, c.want)
 			}

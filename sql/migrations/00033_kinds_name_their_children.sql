@@ -8,15 +8,17 @@
 -- task made under a parent, however it is inserted (create_task, or an
 -- INSERT through a task's login forged by its command), whoever inserts
 -- it. It reads the published kinds, which a task's login may not: it runs
--- as the schema's owner, and tells the caller only yes or no.
+-- as the schema's owner.
 --
--- A task's queue is held to River's rule for a queue's name (as
--- create_task holds it) whoever inserts it: a forged insert through a
--- task's login gave its child a queue named by escape sequences, which
--- dama status then printed. NOT VALID: rows already there are not read.
+-- AFTER INSERT: a child found by its idempotency key (a retried parent's)
+-- is not inserted again, and not judged again; and the key checks of
+-- etl_contexts_held_to_its_run, BEFORE, come first. children is NULL for a
+-- kind that a release before this one published, which named none: its
+-- tasks submit as before until a supervisor of this release publishes
+-- the kind, so that an upgrade fails no tree on its way.
 
 -- +goose Up
-ALTER TABLE data_manager.kinds ADD COLUMN children text[] NOT NULL DEFAULT '{}';
+ALTER TABLE data_manager.kinds ADD COLUMN children text[];
 
 -- +goose StatementBegin
 CREATE FUNCTION data_manager.etl_contexts_child_allowed() RETURNS trigger
@@ -28,31 +30,27 @@ BEGIN
     SELECT c.kind INTO parent_kind FROM data_manager.etl_contexts AS c WHERE c.etl_context_id = NEW.parent_context_id;
     -- A parent that does not exist is the foreign key's to refuse.
     IF NOT FOUND THEN
-        RETURN NEW;
+        RETURN NULL;
     END IF;
     SELECT k.children INTO named FROM data_manager.kinds AS k WHERE k.kind = parent_kind;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'kind % may not submit kind %: no supervisor has published kind % with its children:', parent_kind, NEW.kind, parent_kind
             USING ERRCODE = 'DMARG';
     END IF;
-    IF array_position(named, NEW.kind) IS NULL THEN
+    IF named IS NOT NULL AND array_position(named, NEW.kind) IS NULL THEN
         RAISE EXCEPTION 'kind % may not submit kind %: its children: are %', parent_kind, NEW.kind, named
             USING ERRCODE = 'DMARG';
     END IF;
-    RETURN NEW;
+    RETURN NULL;
 END
 $$;
 -- +goose StatementEnd
 
-CREATE TRIGGER etl_contexts_child_allowed BEFORE INSERT ON data_manager.etl_contexts
+CREATE TRIGGER etl_contexts_child_allowed AFTER INSERT ON data_manager.etl_contexts
     FOR EACH ROW WHEN (NEW.parent_context_id IS NOT NULL)
     EXECUTE FUNCTION data_manager.etl_contexts_child_allowed();
 
-ALTER TABLE data_manager.etl_contexts ADD CONSTRAINT etl_contexts_queue_check
-    CHECK (length(queue) <= 64 AND queue ~ '^[a-z0-9]+([_|-]?[a-z0-9]+)*$') NOT VALID;
-
 -- +goose Down
-ALTER TABLE data_manager.etl_contexts DROP CONSTRAINT etl_contexts_queue_check;
 DROP TRIGGER etl_contexts_child_allowed ON data_manager.etl_contexts;
 DROP FUNCTION data_manager.etl_contexts_child_allowed();
 ALTER TABLE data_manager.kinds DROP COLUMN children;

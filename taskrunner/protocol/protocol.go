@@ -12,12 +12,9 @@
 package protocol
 
 import (
-	"fmt"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 )
 
 // Version is the version of what a task process and the rest of dama rely
@@ -158,26 +155,6 @@ const MaxLogChunk = 256 << 10
 
 // LogName is the base name of LogPath.
 func LogName(id int64) string { return strconv.FormatInt(id, 10) + ".log" }
-
-// OpenLog opens path, which a context names as task id's log, to read it.
-// A task may have put anything at its log's path, and its readers (dama
-// logs, the status page) read for whoever asks: so only a regular file
-// named as dama names logs, opened without following a link and without
-// blocking on a FIFO.
-func OpenLog(path string, id int64) (*os.File, error) {
-	if filepath.Base(path) != LogName(id) {
-		return nil, fmt.Errorf("the log of task %d, %s, is not a dama log", id, path)
-	}
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		return nil, fmt.Errorf("open the log of task %d: %w", id, err)
-	}
-	if info, err := f.Stat(); err != nil || !info.Mode().IsRegular() {
-		f.Close()
-		return nil, fmt.Errorf("the log of task %d, %s, is not a regular file", id, path)
-	}
-	return f, nil
-}
 
 // LockMode says how a task process holds the lock that proves it runs.
 type LockMode string

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/dama-etl/dama/internal/etlcontext"
-	"github.com/dama-etl/dama/taskrunner/protocol"
+	"github.com/dama-etl/dama/internal/logdir"
 )
 
 // config tells the page what it may offer: the actions, the queues of the
@@ -317,7 +317,7 @@ func (s *Server) log(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if s.logHere(t) {
-		if f, err := protocol.OpenLog(*t.LogPath, t.ID); err == nil {
+		if f, err := logdir.OpenLog(*t.LogPath, t.ID); err == nil {
 			defer f.Close()
 			s.fileLog(w, r, t, f)
 			return

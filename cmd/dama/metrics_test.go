@@ -218,8 +218,10 @@ func TestMetrics(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// With no supervisor to record it, the cancellation is only requested.
-	if res := env.Dama(cfg, "cancel", strconv.FormatInt(unwanted, 10), "--wait", "5s"); res.Code != 22 {
+	// With no supervisor to record it, the cancellation is only requested:
+	// the wait ends at its deadline, long enough for the request on a
+	// stalled host (5 s was not, in a --slow run).
+	if res := env.Dama(cfg, "cancel", strconv.FormatInt(unwanted, 10), "--wait", "20s"); res.Code != 22 {
 		t.Fatalf("cancel with no supervisor: exit %d, %s; want 22, the cancellation requested", res.Code, res.Stderr)
 	}
 	_, url = startWithMetrics(t, env, cfg)

@@ -22,7 +22,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/dama-etl/dama/taskrunner/protocol"
+	"github.com/dama-etl/dama/protocol"
 )
 
 // attemptsLimit bounds max_attempts: River keeps a job's max_attempts in a

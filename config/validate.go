@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/dama-etl/dama/taskrunner/protocol"
+	"github.com/dama-etl/dama/protocol"
 )
 
 // Validate reports the first setting of c that is wrong, in one line that

@@ -201,11 +201,11 @@ go test -race -count=1 -timeout "$go_timeout" -parallel "${DAMA_TEST_PARALLEL:-8
 fuzz_targets=(
 	"./config FuzzParse 5000"
 	"./config FuzzParseSchedule 5000"
-	"./taskrunner/protocol FuzzParseLaunch 5000"
-	"./taskrunner/protocol FuzzParseKeeperLaunch 5000"
-	"./taskrunner/protocol FuzzParseSecrets 5000"
+	"./protocol FuzzParseLaunch 5000"
+	"./protocol FuzzParseKeeperLaunch 5000"
+	"./protocol FuzzParseSecrets 5000"
 	# What a pod's two containers tell each other.
-	"./taskrunner/protocol FuzzShimReceive 5000"
+	"./protocol FuzzShimReceive 5000"
 	# What any process of the user may send a host's lock keeper.
 	"./internal/keeper FuzzSession 2500"
 	"./internal/keeper FuzzDecodeMessage 5000"
@@ -219,7 +219,7 @@ fuzz_targets=(
 	# given of it: against the test server, whose jsonb is the judge.
 	"./taskrunner FuzzDecodeLine 5000"
 	"./taskrunner FuzzPlainLineIsTheDecoders 5000"
-	"./internal/etlcontext FuzzCleanJSON 5000"
+	"./etlcontext FuzzCleanJSON 5000"
 )
 fuzz_dir=$DAMA_TEST_BIN_DIR/fuzz
 mkdir -p "$fuzz_dir"

@@ -23,8 +23,8 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
 
-	"github.com/dama-etl/dama/internal/etlcontext"
-	"github.com/dama-etl/dama/taskrunner/protocol"
+	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/protocol"
 	"github.com/dama-etl/dama/version"
 )
 

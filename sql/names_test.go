@@ -7,9 +7,9 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/dama-etl/dama/internal/etlcontext"
+	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
-	"github.com/dama-etl/dama/taskrunner/protocol"
+	"github.com/dama-etl/dama/protocol"
 )
 
 // TestTheDatabaseSpellsNamesAsGoDoes checks the names the schema spells

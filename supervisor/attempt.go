@@ -10,10 +10,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
 
-	"github.com/dama-etl/dama/internal/etlcontext"
+	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/hostproc"
+	"github.com/dama-etl/dama/protocol"
 	"github.com/dama-etl/dama/taskrunner"
-	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 // lockedElsewhere decides a step that found the lock of context id held.

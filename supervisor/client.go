@@ -14,10 +14,10 @@ import (
 	"github.com/riverqueue/river"
 
 	"github.com/dama-etl/dama/config"
-	"github.com/dama-etl/dama/internal/etlcontext"
+	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/pglisten"
 	"github.com/dama-etl/dama/internal/submit"
-	"github.com/dama-etl/dama/taskrunner/protocol"
+	"github.com/dama-etl/dama/protocol"
 )
 
 // Client submits and cancels tasks. It does not run them: that is the

@@ -10,10 +10,10 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/dama-etl/dama/config"
-	"github.com/dama-etl/dama/internal/etlcontext"
+	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
+	"github.com/dama-etl/dama/protocol"
 	"github.com/dama-etl/dama/taskrunner"
-	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 const idempotencyTestConfig = `

@@ -11,9 +11,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/dama-etl/dama/internal/etlcontext"
+	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/pglisten"
-	"github.com/dama-etl/dama/taskrunner/protocol"
+	"github.com/dama-etl/dama/protocol"
 )
 
 // newListener is the supervisor's connection that hears runners announce

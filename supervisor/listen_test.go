@@ -16,10 +16,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dama-etl/dama/config"
-	"github.com/dama-etl/dama/internal/etlcontext"
+	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
+	"github.com/dama-etl/dama/protocol"
 	"github.com/dama-etl/dama/supervisor"
-	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 // startSupervisor runs a supervisor of cfg on pool, registering its

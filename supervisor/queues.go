@@ -10,7 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/dama-etl/dama/config"
-	"github.com/dama-etl/dama/internal/etlcontext"
+	"github.com/dama-etl/dama/etlcontext"
 )
 
 // ErrUnknownQueue is returned for a queue that neither the client's

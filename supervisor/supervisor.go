@@ -21,7 +21,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/dama-etl/dama/config"
-	"github.com/dama-etl/dama/internal/etlcontext"
+	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/hostproc"
 	"github.com/dama-etl/dama/internal/logdir"
 	"github.com/dama-etl/dama/internal/logfilter"
@@ -29,8 +29,8 @@ import (
 	"github.com/dama-etl/dama/internal/pglisten"
 	"github.com/dama-etl/dama/internal/runas"
 	"github.com/dama-etl/dama/internal/submit"
+	"github.com/dama-etl/dama/protocol"
 	"github.com/dama-etl/dama/sql"
-	"github.com/dama-etl/dama/taskrunner/protocol"
 	"github.com/dama-etl/dama/version"
 )
 

@@ -1,9 +1,9 @@
 package supervisor
 
-import "github.com/dama-etl/dama/internal/etlcontext"
+import "github.com/dama-etl/dama/etlcontext"
 
 // What a Client returns, named here: the machinery that reads and writes
-// dama's tables is internal (internal/etlcontext), and a program reads a
+// dama's tables is internal (etlcontext), and a program reads a
 // task's status from these, or with SQL from data_manager.dama_task_queue.
 type (
 	// Context is a task as data_manager.etl_contexts holds it.

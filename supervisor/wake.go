@@ -5,7 +5,7 @@ import (
 	"errors"
 	"time"
 
-	"github.com/dama-etl/dama/internal/etlcontext"
+	"github.com/dama-etl/dama/etlcontext"
 )
 
 // wakeTimeout bounds a wake-up of waiting tasks.

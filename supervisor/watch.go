@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 
-	"github.com/dama-etl/dama/internal/etlcontext"
+	"github.com/dama-etl/dama/etlcontext"
 )
 
 // watch is the supervisor's look at every task, once per poll interval, in

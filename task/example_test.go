@@ -9,8 +9,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/dama-etl/dama/protocol"
 	"github.com/dama-etl/dama/task"
-	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 // A task's program reads its task from the environment its task process

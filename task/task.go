@@ -23,7 +23,7 @@ import (
 	"syscall"
 	"unicode/utf8"
 
-	"github.com/dama-etl/dama/taskrunner/protocol"
+	"github.com/dama-etl/dama/protocol"
 )
 
 // Task is a task as its program sees it. Its methods are safe for

@@ -8,8 +8,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/dama-etl/dama/internal/etlcontext"
-	"github.com/dama-etl/dama/taskrunner/protocol"
+	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/protocol"
 )
 
 // awaitRecount bounds how long an awaiting task process goes without

@@ -9,8 +9,8 @@ import (
 	"io"
 	"strings"
 
-	"github.com/dama-etl/dama/internal/etlcontext"
-	"github.com/dama-etl/dama/taskrunner/protocol"
+	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/protocol"
 )
 
 // reported is one line the command wrote on its events pipe, decoded.

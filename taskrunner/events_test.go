@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/dama-etl/dama/internal/testenv"
-	"github.com/dama-etl/dama/taskrunner/protocol"
+	"github.com/dama-etl/dama/protocol"
 )
 
 func TestDecodeLine(t *testing.T) {

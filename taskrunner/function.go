@@ -11,8 +11,8 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/dama-etl/dama/protocol"
 	"github.com/dama-etl/dama/task"
-	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 // Func is the body of a function kind: it runs one attempt of a task, in a

@@ -24,7 +24,7 @@ import (
 	"github.com/dama-etl/dama/internal/hostproc"
 	"github.com/dama-etl/dama/internal/keeper"
 	"github.com/dama-etl/dama/internal/pgsession"
-	"github.com/dama-etl/dama/taskrunner/protocol"
+	"github.com/dama-etl/dama/protocol"
 )
 
 // The application names of a lock keeper's connections, which

@@ -22,7 +22,7 @@ import (
 	"github.com/dama-etl/dama/internal/hostproc"
 	"github.com/dama-etl/dama/internal/logdir"
 	"github.com/dama-etl/dama/internal/submit"
-	"github.com/dama-etl/dama/taskrunner/protocol"
+	"github.com/dama-etl/dama/protocol"
 	"golang.org/x/sys/unix"
 )
 

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/dama-etl/dama/config"
-	"github.com/dama-etl/dama/internal/etlcontext"
+	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/pglisten"
 	"github.com/jackc/pgx/v5"
 )

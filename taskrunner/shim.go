@@ -13,7 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/dama-etl/dama/taskrunner/protocol"
+	"github.com/dama-etl/dama/protocol"
 )
 
 // tee writes to each of its writers whatever the others did, and never

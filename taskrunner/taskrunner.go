@@ -19,11 +19,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dama-etl/dama/config"
-	"github.com/dama-etl/dama/internal/etlcontext"
+	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/hostproc"
 	"github.com/dama-etl/dama/internal/logdir"
 	"github.com/dama-etl/dama/internal/runas"
-	"github.com/dama-etl/dama/taskrunner/protocol"
+	"github.com/dama-etl/dama/protocol"
 	"github.com/dama-etl/dama/version"
 )
 

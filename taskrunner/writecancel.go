@@ -8,8 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/dama-etl/dama/internal/etlcontext"
-	"github.com/dama-etl/dama/taskrunner/protocol"
+	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/protocol"
 )
 
 // hear passes notification n on to the runner. A cancellation is a hint,

@@ -8,8 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/dama-etl/dama/internal/etlcontext"
-	"github.com/dama-etl/dama/taskrunner/protocol"
+	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/protocol"
 )
 
 // serveEvents writes the events at the head of the queue: a child alone,

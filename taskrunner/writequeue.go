@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/dama-etl/dama/internal/etlcontext"
-	"github.com/dama-etl/dama/taskrunner/protocol"
+	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/protocol"
 )
 
 // event queues an event of the runner's own; it never blocks, and it is

@@ -6,9 +6,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/dama-etl/dama/internal/etlcontext"
+	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/pgerr"
-	"github.com/dama-etl/dama/taskrunner/protocol"
+	"github.com/dama-etl/dama/protocol"
 )
 
 // A command may report its progress fifty times a second for days: stored

@@ -22,8 +22,8 @@ import (
 	// has.
 	_ "time/tzdata"
 
+	"github.com/dama-etl/dama/protocol"
 	"github.com/dama-etl/dama/taskrunner"
-	"github.com/dama-etl/dama/taskrunner/protocol"
 	"github.com/dama-etl/dama/version"
 	"golang.org/x/sys/unix"
 )

@@ -26,7 +26,7 @@ import (
 	policyv1client "k8s.io/client-go/kubernetes/typed/policy/v1"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/dama-etl/dama/internal/etlcontext"
+	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/podrunner"
 	"github.com/dama-etl/dama/internal/testenv"
 )

@@ -15,10 +15,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/dama-etl/dama/internal/etlcontext"
+	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
+	"github.com/dama-etl/dama/protocol"
 	"github.com/dama-etl/dama/sql"
-	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 // A member of dama_reader reads everything dama shows, with dama's

@@ -14,10 +14,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dama-etl/dama/internal/etlcontext"
+	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/shim"
 	"github.com/dama-etl/dama/internal/testenv"
-	"github.com/dama-etl/dama/taskrunner/protocol"
+	"github.com/dama-etl/dama/protocol"
 )
 
 // A pod's two containers, on this host: the task process (dama's

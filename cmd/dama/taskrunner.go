@@ -3,8 +3,8 @@ package main
 import (
 	"github.com/spf13/cobra"
 
+	"github.com/dama-etl/dama/protocol"
 	"github.com/dama-etl/dama/supervisor"
-	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 // newTaskrunnerCommand is the task process a supervisor starts; its

@@ -11,10 +11,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/dama-etl/dama/internal/etlcontext"
+	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/pgerr"
+	"github.com/dama-etl/dama/protocol"
 	"github.com/dama-etl/dama/supervisor"
-	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 // Exit codes of `dama submit --wait` once the task is submitted, beside 0

@@ -7,8 +7,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/dama-etl/dama/protocol"
 	"github.com/dama-etl/dama/sql"
-	"github.com/dama-etl/dama/taskrunner/protocol"
 	"github.com/dama-etl/dama/version"
 )
 

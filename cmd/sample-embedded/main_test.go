@@ -13,9 +13,9 @@ import (
 	"time"
 
 	"github.com/dama-etl/dama/config"
-	"github.com/dama-etl/dama/internal/etlcontext"
+	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
-	"github.com/dama-etl/dama/taskrunner/protocol"
+	"github.com/dama-etl/dama/protocol"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

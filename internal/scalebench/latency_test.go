@@ -19,8 +19,8 @@ import (
 
 	"github.com/dama-etl/dama/internal/scalebench"
 	"github.com/dama-etl/dama/internal/testenv"
+	"github.com/dama-etl/dama/protocol"
 	"github.com/dama-etl/dama/supervisor"
-	"github.com/dama-etl/dama/taskrunner/protocol"
 )
 
 // probes are the submit→lock samples of one probe run.

@@ -14,7 +14,7 @@ import (
 
 	"github.com/dama-etl/dama/internal/scalebench"
 	"github.com/dama-etl/dama/internal/testenv"
-	"github.com/dama-etl/dama/taskrunner/protocol"
+	"github.com/dama-etl/dama/protocol"
 )
 
 // restartAndSettle SIGKILLs the supervisor, starts another, lets it adopt

@@ -23,7 +23,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/dama-etl/dama/taskrunner/protocol"
+	"github.com/dama-etl/dama/protocol"
 	"golang.org/x/sys/unix"
 )
 

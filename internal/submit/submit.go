@@ -20,8 +20,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/dama-etl/dama/config"
-	"github.com/dama-etl/dama/internal/etlcontext"
-	"github.com/dama-etl/dama/taskrunner/protocol"
+	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/protocol"
 )
 
 // ErrUnknownKind is returned for a kind the configuration does not name.

@@ -24,7 +24,7 @@ import (
 
 	"bytes"
 	"github.com/dama-etl/dama/config"
-	"github.com/dama-etl/dama/internal/etlcontext"
+	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/sql"
 )
 

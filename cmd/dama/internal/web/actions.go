@@ -14,7 +14,7 @@ import (
 	"time"
 	"unicode"
 
-	"github.com/dama-etl/dama/internal/etlcontext"
+	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/supervisor"
 )
 

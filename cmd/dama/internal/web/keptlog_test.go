@@ -13,7 +13,7 @@ import (
 
 	"github.com/dama-etl/dama/cmd/dama/internal/web"
 	"github.com/dama-etl/dama/config"
-	"github.com/dama-etl/dama/internal/etlcontext"
+	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
 )
 

@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/dama-etl/dama/internal/etlcontext"
+	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/logdir"
 )
 

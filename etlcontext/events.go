@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/dama-etl/dama/taskrunner/protocol"
+	"github.com/dama-etl/dama/protocol"
 	"github.com/jackc/pgx/v5"
 )
 

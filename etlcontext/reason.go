@@ -5,7 +5,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/dama-etl/dama/taskrunner/protocol"
+	"github.com/dama-etl/dama/protocol"
 )
 
 // Reason says in a few words why a task is where it is, for the status

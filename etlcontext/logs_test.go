@@ -8,9 +8,9 @@ import (
 	"testing"
 
 	"github.com/dama-etl/dama/config"
-	"github.com/dama-etl/dama/internal/etlcontext"
+	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
-	"github.com/dama-etl/dama/taskrunner/protocol"
+	"github.com/dama-etl/dama/protocol"
 )
 
 // A run's output is kept as a rolling tail: chunks appended, those out of

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/dama-etl/dama/taskrunner/protocol"
+	"github.com/dama-etl/dama/protocol"
 	"github.com/jackc/pgx/v5"
 )
 

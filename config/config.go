@@ -56,7 +56,7 @@ func validLockMode(m LockMode) error {
 // something) gets it from WithDefaults, the one place defaults are
 // applied, and Validate, the one place settings are checked, refuses what
 // is wrong. Parse and Load do both; a hand-built Config is given both by
-// supervisor.New and supervisor.NewClient.
+// supervisor.New and dama.NewClient.
 type Config struct {
 	// Path is the absolute path of the file the configuration was read
 	// from (Load sets it). A supervisor needs it: its task processes read

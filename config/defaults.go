@@ -30,7 +30,7 @@ const (
 // WithDefaults returns a copy of c with every field left unset given its
 // default, as each field's comment says: the one place defaults are
 // applied, so that a hand-built Config behaves like a parsed one. Parse
-// applies it; supervisor.New and supervisor.NewClient apply it to the
+// applies it; supervisor.New and dama.NewClient apply it to the
 // Config they are given. Values that are set are left as they are, wrong
 // ones too: Validate tells those.
 func (c *Config) WithDefaults() *Config {

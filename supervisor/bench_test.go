@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/dama-etl/dama"
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/internal/testenv"
 	"github.com/dama-etl/dama/supervisor"
@@ -67,7 +68,7 @@ kinds:
 	}
 	done := make(chan error, 1)
 	go func() { done <- sup.Run(ctx) }()
-	client, err := supervisor.NewClient(env.Pool, cfg)
+	client, err := dama.NewClient(env.Pool, cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -80,7 +81,7 @@ kinds:
 	starts := make([]time.Duration, 0, b.N)
 	b.ResetTimer()
 	for range b.N {
-		id, _, err := client.Submit(ctx, supervisor.SubmitParams{Kind: "noop"})
+		id, _, err := client.Submit(ctx, dama.SubmitParams{Kind: "noop"})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -29,10 +29,9 @@
 //
 // # Submitting and cancelling
 //
-// A [Client] submits tasks (a QUEUED context, its INITIAL event and its River
-// job in one transaction) and cancels them, wherever they run. Only the kinds
-// of the [config.Config] can be submitted, and only the kinds of a
-// supervisor's configuration run under it.
+// Package dama's Client submits tasks (a QUEUED context, its INITIAL event
+// and its River job in one transaction) and cancels them, wherever they
+// run. Only the kinds of a supervisor's [config.Config] run under it.
 //
 // # Nothing is lost
 //

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/dama-etl/dama"
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/internal/testenv"
 	"github.com/dama-etl/dama/supervisor"
@@ -95,11 +96,11 @@ func runExample(yaml, kind, args string) {
 	stopped := make(chan error, 1)
 	go func() { stopped <- sup.Run(ctx) }()
 
-	client, err := supervisor.NewClient(env.Pool, cfg)
+	client, err := dama.NewClient(env.Pool, cfg)
 	if err != nil {
 		panic(err)
 	}
-	id, _, err := client.Submit(ctx, supervisor.SubmitParams{Kind: kind, Args: []byte(args)})
+	id, _, err := client.Submit(ctx, dama.SubmitParams{Kind: kind, Args: []byte(args)})
 	if err != nil {
 		panic(err)
 	}

@@ -2,8 +2,6 @@ package supervisor_test
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -11,63 +9,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/dama-etl/dama"
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/internal/testenv"
 	"github.com/dama-etl/dama/supervisor"
 )
-
-// Submitting records a QUEUED context with its INITIAL event and enqueues
-// its River job in one transaction. An idempotency key makes a repeated
-// submission return the first one's id.
-func ExampleClient_Submit() {
-	env, done := testenv.ForExample()
-	defer done()
-	ctx := context.Background()
-
-	cfg, err := config.Parse([]byte(`
-log_dir: /tmp/dama-example-logs
-kinds:
-  conflation:
-    command: ["/opt/etl/conflation"]
-`))
-	if err != nil {
-		panic(err)
-	}
-	client, err := supervisor.NewClient(env.Pool, cfg)
-	if err != nil {
-		panic(err)
-	}
-	params := supervisor.SubmitParams{
-		Kind:           "conflation",
-		Args:           json.RawMessage(`{"year": 2026}`),
-		IdempotencyKey: "conflation-2026",
-	}
-	id, created, err := client.Submit(ctx, params)
-	if err != nil {
-		panic(err)
-	}
-	again, createdAgain, err := client.Submit(ctx, params)
-	if err != nil {
-		panic(err)
-	}
-	fmt.Println("same id:", id == again, "created:", created, createdAgain)
-
-	// Any program reads a task from the view, with plain SQL.
-	var kind, status, job string
-	if err := env.Pool.QueryRow(ctx, `
-		SELECT kind, etl_status, job_state FROM data_manager.dama_task_queue
-		 WHERE etl_context_id = $1`, id).Scan(&kind, &status, &job); err != nil {
-		panic(err)
-	}
-	fmt.Println(kind, status, job)
-
-	_, _, err = client.Submit(ctx, supervisor.SubmitParams{Kind: "rm-rf"})
-	fmt.Println(err)
-	// Output:
-	// same id: true created: true false
-	// conflation QUEUED available
-	// unknown kind "rm-rf": the configuration has [conflation]
-}
 
 // A supervisor runs each task as a detached process that reports events on
 // descriptor 3; the context's status follows from the events.
@@ -97,11 +43,11 @@ kinds:
 	stopped := make(chan error, 1)
 	go func() { stopped <- sup.Run(ctx) }()
 
-	client, err := supervisor.NewClient(env.Pool, cfg)
+	client, err := dama.NewClient(env.Pool, cfg)
 	if err != nil {
 		panic(err)
 	}
-	id, _, err := client.Submit(ctx, supervisor.SubmitParams{Kind: "report"})
+	id, _, err := client.Submit(ctx, dama.SubmitParams{Kind: "report"})
 	if err != nil {
 		panic(err)
 	}
@@ -146,51 +92,4 @@ kinds:
 	// 0 report:INITIAL
 	// 1 report:PROGRESS
 	// 1 report:FINAL
-}
-
-// Wait follows a task to its end on the database's announcement (LISTEN
-// dama_task_finished), from any host and without polling; here a task
-// cancelled before any supervisor ran it.
-func ExampleClient_Wait() {
-	env, done := testenv.ForExample()
-	defer done()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-
-	cfg, err := config.Parse([]byte(`
-log_dir: /tmp/dama-example-logs
-kinds:
-  conflation:
-    command: ["/opt/etl/conflation"]
-`))
-	if err != nil {
-		panic(err)
-	}
-	client, err := supervisor.NewClient(env.Pool, cfg)
-	if err != nil {
-		panic(err)
-	}
-	id, _, err := client.Submit(ctx, supervisor.SubmitParams{Kind: "conflation"})
-	if err != nil {
-		panic(err)
-	}
-	ended := make(chan *supervisor.Context)
-	go func() {
-		c, err := client.Wait(ctx, id)
-		if err != nil {
-			panic(err)
-		}
-		ended <- c
-	}()
-	if _, err := client.Cancel(ctx, id); err != nil {
-		panic(err)
-	}
-	c := <-ended
-	fmt.Println(c.ID == id, c.Status)
-
-	_, err = client.Wait(ctx, id+1000)
-	fmt.Println(errors.Is(err, supervisor.ErrNotFound))
-	// Output:
-	// true CANCELLED
-	// true
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dama-etl/dama"
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
@@ -46,11 +47,11 @@ kinds:
 	t.Cleanup(stop)
 	o.stop = stop
 	go func() { o.ran <- s.Run(runCtx) }()
-	client, err := NewClient(env.Pool, cfg)
+	client, err := dama.NewClient(env.Pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.id, _, err = client.Submit(ctx, SubmitParams{Kind: "waiter"}); err != nil {
+	if o.id, _, err = client.Submit(ctx, dama.SubmitParams{Kind: "waiter"}); err != nil {
 		t.Fatal(err)
 	}
 	// The task ends with the test, whatever happens.

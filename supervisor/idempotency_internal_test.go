@@ -9,8 +9,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/dama-etl/dama"
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/submit"
 	"github.com/dama-etl/dama/internal/testenv"
 	"github.com/dama-etl/dama/protocol"
 	"github.com/dama-etl/dama/taskrunner"
@@ -38,42 +40,42 @@ func counts(t *testing.T, env *testenv.Env) (contexts, jobs int) {
 
 // newTestClient returns a database for t and a Client of
 // idempotencyTestConfig's kinds over it.
-func newTestClient(t *testing.T) (*testenv.Env, *Client) {
+func newTestClient(t *testing.T) (*testenv.Env, *config.Config, *dama.Client) {
 	t.Helper()
 	env := testenv.New(t)
 	cfg, err := config.Load(env.WriteConfig(idempotencyTestConfig))
 	if err != nil {
 		t.Fatal(err)
 	}
-	client, err := NewClient(env.Pool, cfg)
+	client, err := dama.NewClient(env.Pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return env, client
+	return env, cfg, client
 }
 
 func TestIdempotencyKeyBelongsToOneKindAndDamasPrefixToDama(t *testing.T) {
-	env, client := newTestClient(t)
+	env, cfg, client := newTestClient(t)
 	ctx := context.Background()
 
-	id, created, err := client.Submit(ctx, SubmitParams{Kind: "sample", IdempotencyKey: "nightly"})
+	id, created, err := client.Submit(ctx, dama.SubmitParams{Kind: "sample", IdempotencyKey: "nightly"})
 	if err != nil || !created {
 		t.Fatalf("first submission: created %v, %v", created, err)
 	}
-	again, created, err := client.Submit(ctx, SubmitParams{Kind: "sample", IdempotencyKey: "nightly", Args: []byte(`{"steps": 9}`)})
+	again, created, err := client.Submit(ctx, dama.SubmitParams{Kind: "sample", IdempotencyKey: "nightly", Args: []byte(`{"steps": 9}`)})
 	if err != nil || created || again != id {
 		t.Errorf("same kind again: id %d, created %v, %v; want %d, false, nil", again, created, err, id)
 	}
-	other, created, err := client.Submit(ctx, SubmitParams{Kind: "other", IdempotencyKey: "nightly"})
-	if !errors.Is(err, ErrIdempotencyKeyOtherKind) || !errors.Is(err, etlcontext.ErrIdempotencyKeyOtherKind) || other != 0 || created {
-		t.Errorf("another kind: id %d, created %v, %v; want ErrIdempotencyKeyOtherKind", other, created, err)
+	other, created, err := client.Submit(ctx, dama.SubmitParams{Kind: "other", IdempotencyKey: "nightly"})
+	if !errors.Is(err, dama.ErrIdempotencyKeyOtherKind) || !errors.Is(err, etlcontext.ErrIdempotencyKeyOtherKind) || other != 0 || created {
+		t.Errorf("another kind: id %d, created %v, %v; want dama.ErrIdempotencyKeyOtherKind", other, created, err)
 	}
 	// Refused in a savepoint: the caller's transaction goes on.
 	err = pgx.BeginFunc(ctx, env.Pool, func(tx pgx.Tx) error {
-		if _, _, err := client.SubmitTx(ctx, tx, SubmitParams{Kind: "other", IdempotencyKey: "nightly"}); !errors.Is(err, ErrIdempotencyKeyOtherKind) {
-			t.Errorf("SubmitTx of another kind: %v, want ErrIdempotencyKeyOtherKind", err)
+		if _, _, err := client.SubmitTx(ctx, tx, dama.SubmitParams{Kind: "other", IdempotencyKey: "nightly"}); !errors.Is(err, dama.ErrIdempotencyKeyOtherKind) {
+			t.Errorf("SubmitTx of another kind: %v, want dama.ErrIdempotencyKeyOtherKind", err)
 		}
-		_, _, err := client.SubmitTx(ctx, tx, SubmitParams{Kind: "other", IdempotencyKey: "nightly-other"})
+		_, _, err := client.SubmitTx(ctx, tx, dama.SubmitParams{Kind: "other", IdempotencyKey: "nightly-other"})
 		return err
 	})
 	if err != nil {
@@ -86,16 +88,16 @@ func TestIdempotencyKeyBelongsToOneKindAndDamasPrefixToDama(t *testing.T) {
 	tick := time.Date(2026, 11, 21, 2, 0, 0, 0, time.UTC)
 	childKey := "dama:child:1:part-1"
 	for _, key := range []string{"dama:", "dama:mine", TickKey("ticked", tick), childKey} {
-		_, _, err := client.Submit(ctx, SubmitParams{Kind: "sample", IdempotencyKey: key})
-		if !errors.Is(err, ErrReservedIdempotencyKey) {
-			t.Errorf("Submit with key %q: %v, want ErrReservedIdempotencyKey", key, err)
+		_, _, err := client.Submit(ctx, dama.SubmitParams{Kind: "sample", IdempotencyKey: key})
+		if !errors.Is(err, dama.ErrReservedIdempotencyKey) {
+			t.Errorf("Submit with key %q: %v, want dama.ErrReservedIdempotencyKey", key, err)
 		}
 		err = pgx.BeginFunc(ctx, env.Pool, func(tx pgx.Tx) error {
-			_, _, err := client.SubmitTx(ctx, tx, SubmitParams{Kind: "sample", IdempotencyKey: key})
+			_, _, err := client.SubmitTx(ctx, tx, dama.SubmitParams{Kind: "sample", IdempotencyKey: key})
 			return err
 		})
-		if !errors.Is(err, ErrReservedIdempotencyKey) {
-			t.Errorf("SubmitTx with key %q: %v, want ErrReservedIdempotencyKey", key, err)
+		if !errors.Is(err, dama.ErrReservedIdempotencyKey) {
+			t.Errorf("SubmitTx with key %q: %v, want dama.ErrReservedIdempotencyKey", key, err)
 		}
 	}
 	if c, j := counts(t, env); c != 2 || j != 2 {
@@ -108,12 +110,12 @@ func TestIdempotencyKeyBelongsToOneKindAndDamasPrefixToDama(t *testing.T) {
 	if _, err := etlcontext.PublishKinds(ctx, env.Pool, []etlcontext.PublishedKind{{Kind: "sample", Queue: "etl", MaxAttempts: 3, Children: []string{"other", "sample"}, PublishedBy: "test", Release: "test"}}); err != nil {
 		t.Fatal(err)
 	}
-	var submit taskrunner.SubmitFunc = client.submit.Child
+	var submitChild taskrunner.SubmitFunc = submit.New(cfg).Child
 	child := protocol.Child{Kind: "other", IdempotencyKey: childKey, ParentID: id}
 	var childID int64
 	for i, wantCreated := range []bool{true, false} {
 		err := pgx.BeginFunc(ctx, env.Pool, func(tx pgx.Tx) error {
-			got, created, err := submit(ctx, tx, child)
+			got, created, err := submitChild(ctx, tx, child)
 			if err == nil && (created != wantCreated || (i > 0 && got != childID)) {
 				t.Errorf("child submission %d: id %d, created %v; want created %v and the first id %d", i+1, got, created, wantCreated, childID)
 			}
@@ -126,15 +128,14 @@ func TestIdempotencyKeyBelongsToOneKindAndDamasPrefixToDama(t *testing.T) {
 	}
 	child.Kind = "sample"
 	err = pgx.BeginFunc(ctx, env.Pool, func(tx pgx.Tx) error {
-		_, _, err := submit(ctx, tx, child)
+		_, _, err := submitChild(ctx, tx, child)
 		return err
 	})
-	if !errors.Is(err, ErrIdempotencyKeyOtherKind) {
-		t.Errorf("child key again with another kind: %v, want ErrIdempotencyKeyOtherKind", err)
+	if !errors.Is(err, dama.ErrIdempotencyKeyOtherKind) {
+		t.Errorf("child key again with another kind: %v, want dama.ErrIdempotencyKeyOtherKind", err)
 	}
 
 	// A schedule's tick submits with its TickKey.
-	cfg := client.cfg
 	s := newTestSupervisor(t, env, env.Pool, cfg)
 	k := cfg.Kinds["ticked"]
 	sched, err := k.ScheduleOf()

@@ -1,13 +1,7 @@
 package supervisor
 
 import (
-	"fmt"
 	"time"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/dama-etl/dama/etlcontext"
 )
@@ -27,18 +21,8 @@ type TaskArgs struct {
 // Kind is the River job kind of every dama task.
 func (TaskArgs) Kind() string { return etlcontext.JobKind }
 
-// fetchCooldown is the River clients' FetchCooldown. River sends at most
+// fetchCooldown is the River client's FetchCooldown. River sends at most
 // one insert notification per queue per FetchCooldown from a client; its
 // default (100ms) would leave tasks submitted in a burst waiting for the
 // supervisors' next fetch poll.
 const fetchCooldown = 10 * time.Millisecond
-
-// newRiverClient returns a River client on pool that works no job: a
-// Client cancels a task's job with it.
-func newRiverClient(pool *pgxpool.Pool) (*river.Client[pgx.Tx], error) {
-	rc, err := river.NewClient(riverpgxv5.New(pool), &river.Config{FetchCooldown: fetchCooldown})
-	if err != nil {
-		return nil, fmt.Errorf("create River client: %w", err)
-	}
-	return rc, nil
-}

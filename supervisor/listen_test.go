@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/dama-etl/dama"
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
@@ -125,11 +126,11 @@ kinds:
 		t.Errorf("exits heard: %v; want 50,000 ignored", exits)
 	}
 
-	client, err := supervisor.NewClient(env.Pool, cfg)
+	client, err := dama.NewClient(env.Pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	id, _, err := client.Submit(ctx, supervisor.SubmitParams{Kind: "quick"})
+	id, _, err := client.Submit(ctx, dama.SubmitParams{Kind: "quick"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,10 +182,10 @@ kinds:
 		t.Fatal(err)
 	}
 	// The wake-ups of waiting tasks (etlcontext.WakeWaitingJobs).
-	pool, wakes := countingPool(t, env, "SELECT count(*) FROM woken")
+	pool, wakes := testenv.CountingPool(t, env, "SELECT count(*) FROM woken")
 	reg := prometheus.NewRegistry()
 	startSupervisor(ctx, t, env, pool, cfg, reg)
-	base, start := wakes.n.Load(), time.Now()
+	base, start := wakes.Load(), time.Now()
 	for range 300 {
 		if _, err := env.Pool.Exec(ctx, `SELECT pg_notify($1, '{"queue": "default"}')`, etlcontext.ControlChannel); err != nil {
 			t.Fatal(err)
@@ -193,7 +194,7 @@ kinds:
 	testenv.Eventually(t, time.Minute, "the listener to take the flood in", func() (bool, error) {
 		return heard(t, reg, etlcontext.ControlChannel)["queued"] >= 300, nil
 	})
-	n, elapsed := wakes.n.Load()-base, time.Since(start)
+	n, elapsed := wakes.Load()-base, time.Since(start)
 	t.Logf("%d wake-ups in %s for 300 announced controls", n, elapsed.Round(time.Millisecond))
 	if limit := int64(elapsed/(100*time.Millisecond)) + 1; n > limit {
 		t.Errorf("%d wake-ups in %s, want at most %d", n, elapsed, limit)
@@ -221,7 +222,7 @@ kinds:
 	if err != nil {
 		t.Fatal(err)
 	}
-	client, err := supervisor.NewClient(env.Pool, cfg)
+	client, err := dama.NewClient(env.Pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,7 +235,7 @@ kinds:
 		return held, err
 	}
 	stopFirst := startSupervisor(ctx, t, env, env.Pool, cfg, prometheus.NewRegistry())
-	id, _, err := client.Submit(ctx, supervisor.SubmitParams{Kind: "waiter"})
+	id, _, err := client.Submit(ctx, dama.SubmitParams{Kind: "waiter"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,15 +244,15 @@ kinds:
 	stopFirst()
 
 	// The steps' tries of the task's lock (etlcontext.Lock).
-	pool, steps := countingPool(t, env, "pg_try_advisory_xact_lock")
+	pool, steps := testenv.CountingPool(t, env, "pg_try_advisory_xact_lock")
 	reg := prometheus.NewRegistry()
 	startSupervisor(ctx, t, env, pool, cfg, reg)
 	testenv.Eventually(t, time.Minute, "the second supervisor to hold the task's job", func() (bool, error) {
 		ok, err := held(id)
-		return ok && steps.n.Load() > 0, err
+		return ok && steps.Load() > 0, err
 	})
 
-	base, start := steps.n.Load(), time.Now()
+	base, start := steps.Load(), time.Now()
 	for range 5 {
 		// Distinct (the server sends a transaction's equal notifications
 		// once), by their leading zeros.
@@ -263,7 +264,7 @@ kinds:
 	testenv.Eventually(t, time.Minute, "the listener to take the flood in", func() (bool, error) {
 		return heard(t, reg, protocol.ExitedChannel)["queued"] >= 10000, nil
 	})
-	n, elapsed := steps.n.Load()-base, time.Since(start)
+	n, elapsed := steps.Load()-base, time.Since(start)
 	t.Logf("%d steps in %s for 10,000 announced exits", n, elapsed.Round(time.Millisecond))
 	if limit := 2*int64(elapsed/time.Second) + 2; n > limit {
 		t.Errorf("%d steps in %s, want at most %d", n, elapsed, limit)

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/dama-etl/dama"
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
@@ -53,13 +54,13 @@ func loadTestConfig(t *testing.T, env *testenv.Env) *config.Config {
 
 func submitN(t *testing.T, env *testenv.Env, cfg *config.Config, n int) []int64 {
 	t.Helper()
-	client, err := NewClient(env.Pool, cfg)
+	client, err := dama.NewClient(env.Pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ids := make([]int64, 0, n)
 	for range n {
-		id, _, err := client.Submit(context.Background(), SubmitParams{Kind: "sample"})
+		id, _, err := client.Submit(context.Background(), dama.SubmitParams{Kind: "sample"})
 		if err != nil {
 			t.Fatal(err)
 		}

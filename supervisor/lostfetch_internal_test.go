@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/dama-etl/dama"
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
 )
@@ -93,7 +94,7 @@ func TestAFetchWhoseAnswerWasLostIsRescued(t *testing.T) {
 		}
 		return false, nil
 	})
-	client, err := NewClient(admin, cfg)
+	client, err := dama.NewClient(admin, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +102,7 @@ func TestAFetchWhoseAnswerWasLostIsRescued(t *testing.T) {
 	// A task whose job its Work holds all along, past the rescue grace:
 	// never given back.
 	until := filepath.Join(env.Dir, "held.until")
-	held, _, err := client.Submit(ctx, SubmitParams{Kind: "sample", Args: json.RawMessage(fmt.Sprintf(`{"steps": 1, "step_ms": 1, "until_file": %q}`, until))})
+	held, _, err := client.Submit(ctx, dama.SubmitParams{Kind: "sample", Args: json.RawMessage(fmt.Sprintf(`{"steps": 1, "step_ms": 1, "until_file": %q}`, until))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,7 +144,7 @@ func TestAFetchWhoseAnswerWasLostIsRescued(t *testing.T) {
 		}
 		return waiting, errors.New("the probe's commit failed without waiting for the standby")
 	})
-	id, _, err := client.Submit(ctx, SubmitParams{Kind: "sample"})
+	id, _, err := client.Submit(ctx, dama.SubmitParams{Kind: "sample"})
 	if err != nil {
 		t.Fatal(err)
 	}

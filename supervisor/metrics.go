@@ -174,7 +174,7 @@ type statsCollector struct {
 //	dama_tasks_finished_24h{queue,kind,status}       tasks finished in the last 24 h: DONE, FAILED, CANCELLED
 //	dama_queue_oldest_waiting_seconds{queue,kind}    how long the oldest due task has waited to start
 //	dama_queue_paused{queue}, dama_kind_blocked{kind} 1 when paused or blocked
-func NewStatsCollector(db DB) prometheus.Collector {
+func NewStatsCollector(db etlcontext.DB) prometheus.Collector {
 	qk := []string{"queue", "kind"}
 	return &statsCollector{
 		db:          db,

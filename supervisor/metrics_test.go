@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/dama-etl/dama"
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
@@ -92,11 +93,11 @@ kinds:
 			t.Error(err)
 		}
 	}()
-	client, err := supervisor.NewClient(env.Pool, cfg)
+	client, err := dama.NewClient(env.Pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	id, _, err := client.Submit(ctx, supervisor.SubmitParams{Kind: "late"})
+	id, _, err := client.Submit(ctx, dama.SubmitParams{Kind: "late"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -94,7 +94,7 @@ func TestCreateTaskInsertsTheJobRiverWould(t *testing.T) {
 	}
 	fromSQL, sqlNote := row(sqlJob), notified()
 
-	rc, err := newRiverClient(env.Pool)
+	rc, err := river.NewClient(riverpgxv5.New(env.Pool), &river.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/submit"
 )
 
 // Bounds of the wait between two looks at a periodic kind's schedule. The
@@ -100,8 +101,8 @@ func (s *Supervisor) takeTick(ctx context.Context, name string, k config.Kind, s
 				return etlcontext.RecordTick(ctx, tx, rec)
 			}
 		}
-		// The tick's key is one of dama's own, which SubmitTx refuses.
-		id, _, err := s.client.submitTx(ctx, tx, SubmitParams{
+		// The tick's key is one of dama's own, which dama.Client.SubmitTx refuses.
+		id, _, err := s.submit.Tx(ctx, tx, submit.Params{
 			Kind:           name,
 			Args:           []byte(k.ScheduleArgs),
 			IdempotencyKey: TickKey(name, tick),

@@ -14,9 +14,8 @@ import (
 // not that much after it: the wait is counted from when the database's
 // clock was read.
 func TestAScheduleLookThatWaitedWakesAtTheNextTick(t *testing.T) {
-	env, client := newTestClient(t)
+	env, cfg, _ := newTestClient(t)
 	ctx := context.Background()
-	cfg := client.cfg
 	s := newTestSupervisor(t, env, env.Pool, cfg)
 	k := cfg.Kinds["ticked"]
 	sched, err := k.ScheduleOf()

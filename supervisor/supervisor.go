@@ -50,7 +50,7 @@ type Supervisor struct {
 	pool    *pgxpool.Pool
 	river   *river.Client[pgx.Tx]
 	// client submits the tasks of periodic kinds' ticks.
-	client *Client
+	submit *submit.Submitter
 	// logger is Options.Logger, muted while outage lasts (from the
 	// liveness connection's loss to its return).
 	logger *slog.Logger
@@ -215,7 +215,7 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 	if s.river, err = s.newRiverClient(); err != nil {
 		return nil, err
 	}
-	s.client = &Client{pool: pool, cfg: cfg, river: s.river, submit: submit.New(cfg)}
+	s.submit = submit.New(cfg)
 	return s, nil
 }
 

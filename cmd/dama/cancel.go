@@ -9,7 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/dama-etl/dama/supervisor"
+	"github.com/dama-etl/dama"
 )
 
 func newCancelCommand(g *globals, code *exitCode) *cobra.Command {
@@ -32,12 +32,12 @@ func newCancelCommand(g *globals, code *exitCode) *cobra.Command {
 				return err
 			}
 			defer pool.Close()
-			client, err := supervisor.NewClient(pool, nil)
+			client, err := dama.NewClient(pool, nil)
 			if err != nil {
 				return err
 			}
 			status, err := client.Cancel(ctx, id)
-			if errors.Is(err, supervisor.ErrCancelPending) {
+			if errors.Is(err, dama.ErrCancelPending) {
 				*code = exitCancelPending
 			}
 			if err != nil {

@@ -18,10 +18,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/dama-etl/dama"
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
-	"github.com/dama-etl/dama/supervisor"
 )
 
 func TestChaosNoOverlapWhateverIsKilledOrRestarted(t *testing.T) {
@@ -80,13 +80,13 @@ func testChaosNoOverlapWhateverIsKilledOrRestarted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	client, err := supervisor.NewClient(env.Pool, cfg)
+	client, err := dama.NewClient(env.Pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var ids []int64
 	for range chaosTasks {
-		id, _, err := client.Submit(context.Background(), supervisor.SubmitParams{Kind: "chaos"})
+		id, _, err := client.Submit(context.Background(), dama.SubmitParams{Kind: "chaos"})
 		if err != nil {
 			t.Fatalf("seed %d: submit: %v", seed, err)
 		}

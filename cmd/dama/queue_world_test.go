@@ -9,14 +9,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dama-etl/dama"
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/internal/testenv"
-	"github.com/dama-etl/dama/supervisor"
 )
 
 // queueWorld is a world whose configuration the test writes, with a Go
 // client for submitting many tasks quickly.
-func queueWorld(t *testing.T, body string) (*world, *supervisor.Client) {
+func queueWorld(t *testing.T, body string) (*world, *dama.Client) {
 	t.Helper()
 	env := testenv.New(t)
 	w := &world{Env: env, cfg: env.WriteConfig(body), startsDir: filepath.Join(env.Dir, "starts")}
@@ -27,7 +27,7 @@ func queueWorld(t *testing.T, body string) (*world, *supervisor.Client) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	client, err := supervisor.NewClient(env.Pool, cfg)
+	client, err := dama.NewClient(env.Pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,14 +36,14 @@ func queueWorld(t *testing.T, body string) (*world, *supervisor.Client) {
 
 // submitKind submits a sample task of kind with extra arguments through the
 // Go API and returns its id.
-func (w *world) submitKind(client *supervisor.Client, kind string, steps, stepMS int, extra map[string]any) int64 {
+func (w *world) submitKind(client *dama.Client, kind string, steps, stepMS int, extra map[string]any) int64 {
 	w.T.Helper()
 	args := map[string]any{"steps": steps, "step_ms": stepMS, "starts_dir": w.startsDir}
 	for k, v := range extra {
 		args[k] = v
 	}
 	raw, _ := json.Marshal(args)
-	id, _, err := client.Submit(context.Background(), supervisor.SubmitParams{Kind: kind, Args: raw})
+	id, _, err := client.Submit(context.Background(), dama.SubmitParams{Kind: kind, Args: raw})
 	if err != nil {
 		w.T.Fatal(err)
 	}

@@ -10,15 +10,15 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/dama-etl/dama"
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
-	"github.com/dama-etl/dama/supervisor"
 )
 
 // controlClient connects and returns a client for pause, resume, block and
 // unblock: with the configuration when one is given, which then names the
 // queues and kinds, else checking names against the database.
-func controlClient(cmd *cobra.Command, g *globals) (*supervisor.Client, func(), error) {
+func controlClient(cmd *cobra.Command, g *globals) (*dama.Client, func(), error) {
 	var cfg *config.Config
 	if g.configPath != "" {
 		var err error
@@ -30,7 +30,7 @@ func controlClient(cmd *cobra.Command, g *globals) (*supervisor.Client, func(), 
 	if err != nil {
 		return nil, nil, err
 	}
-	client, err := supervisor.NewClient(pool, cfg)
+	client, err := dama.NewClient(pool, cfg)
 	if err != nil {
 		pool.Close()
 		return nil, nil, err

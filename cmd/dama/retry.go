@@ -5,9 +5,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/dama-etl/dama"
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
-	"github.com/dama-etl/dama/supervisor"
 )
 
 func newRetryCommand(g *globals) *cobra.Command {
@@ -33,7 +33,7 @@ records who retried it. Prints QUEUED.`,
 				return err
 			}
 			defer pool.Close()
-			client, err := supervisor.NewClient(pool, cfg)
+			client, err := dama.NewClient(pool, cfg)
 			if err != nil {
 				return err
 			}

@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dama-etl/dama"
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
-	"github.com/dama-etl/dama/supervisor"
 )
 
 func TestTwoSupervisorsShareTheQueueWithinMaxRunning(t *testing.T) {
@@ -164,7 +164,7 @@ kinds:
 		region := []string{"eu", "us", "ap"}[i%3]
 		ids = append(ids, w.submitKind(client, "regional", 3, 40, map[string]any{"source": map[string]any{"region": region}}))
 	}
-	if _, _, err := client.Submit(context.Background(), supervisor.SubmitParams{Kind: "regional", Args: json.RawMessage(`{"source": {}}`)}); err == nil || !strings.Contains(err.Error(), "source.region") {
+	if _, _, err := client.Submit(context.Background(), dama.SubmitParams{Kind: "regional", Args: json.RawMessage(`{"source": {}}`)}); err == nil || !strings.Contains(err.Error(), "source.region") {
 		t.Errorf("a submission without the concurrency key: %v, want refused naming source.region", err)
 	}
 	perKey := w.sample(`
@@ -238,7 +238,7 @@ kinds:
 		t.Fatal(err)
 	}
 	for _, args := range batch {
-		if _, _, err := client.SubmitTx(context.Background(), tx, supervisor.SubmitParams{Kind: "bulk", Args: json.RawMessage(args)}); err != nil {
+		if _, _, err := client.SubmitTx(context.Background(), tx, dama.SubmitParams{Kind: "bulk", Args: json.RawMessage(args)}); err != nil {
 			t.Fatal(err)
 		}
 	}

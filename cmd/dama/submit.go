@@ -11,8 +11,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/dama-etl/dama"
 	"github.com/dama-etl/dama/config"
-	"github.com/dama-etl/dama/supervisor"
 )
 
 func newSubmitCommand(g *globals, code *exitCode) *cobra.Command {
@@ -63,11 +63,11 @@ refused.`,
 			if err != nil {
 				return err
 			}
-			client, err := supervisor.NewClient(pool, cfg)
+			client, err := dama.NewClient(pool, cfg)
 			if err != nil {
 				return err
 			}
-			p := supervisor.SubmitParams{Kind: argv[0], Args: json.RawMessage(args), IdempotencyKey: key, ParentID: parent, ScheduledAt: due}
+			p := dama.SubmitParams{Kind: argv[0], Args: json.RawMessage(args), IdempotencyKey: key, ParentID: parent, ScheduledAt: due}
 			id, _, err := client.Submit(cmd.Context(), p)
 			if err != nil {
 				return err

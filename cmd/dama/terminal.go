@@ -11,10 +11,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/dama-etl/dama"
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/pgerr"
 	"github.com/dama-etl/dama/protocol"
-	"github.com/dama-etl/dama/supervisor"
 )
 
 // Exit codes of `dama submit --wait` once the task is submitted, beside 0
@@ -117,7 +117,7 @@ func describe(t etlcontext.Task) string {
 // finds it at rest. It returns the exit code: 0 for DONE, exitTaskFailed
 // or exitTaskCancelled with the last error as the error, exitTaskUnknown
 // when the wait ended first.
-func waitForTask(ctx context.Context, client *supervisor.Client, db etlcontext.DB, id int64, w io.Writer) (int, error) {
+func waitForTask(ctx context.Context, client *dama.Client, db etlcontext.DB, id int64, w io.Writer) (int, error) {
 	cols, _, tty := terminalSize(w)
 	interval := time.Second
 	if tty {

@@ -9,7 +9,7 @@
 // migrates the database and runs the supervisor until SIGINT or SIGTERM;
 // the tasks it started run on, and the next supervisor adopts them. Submit
 // tasks with `dama submit copy_rows --args '{"rows": 20}'` on the same
-// configuration, with supervisor.Client, or from SQL's point of view with
+// configuration, with dama.Client, or from SQL's point of view with
 // nothing else: dama's views show them like any other.
 //
 // Its functions:

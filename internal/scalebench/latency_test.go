@@ -17,10 +17,10 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
+	"github.com/dama-etl/dama"
 	"github.com/dama-etl/dama/internal/scalebench"
 	"github.com/dama-etl/dama/internal/testenv"
 	"github.com/dama-etl/dama/protocol"
-	"github.com/dama-etl/dama/supervisor"
 )
 
 // probes are the submit→lock samples of one probe run.
@@ -53,11 +53,11 @@ func (p probes) say(r *result, key, what string) {
 // which it does once it holds its lock; the lock is then looked for in
 // pg_locks. Only conn polls, every millisecond, and only while a probe
 // starts.
-func probe(b *testing.B, client *supervisor.Client, conn *pgx.Conn, n int) (st probes) {
+func probe(b *testing.B, client *dama.Client, conn *pgx.Conn, n int) (st probes) {
 	ctx := context.Background()
 	const warmup = 2
 	for i := range n + warmup {
-		id, _, err := client.Submit(ctx, supervisor.SubmitParams{Kind: probeKind})
+		id, _, err := client.Submit(ctx, dama.SubmitParams{Kind: probeKind})
 		if err != nil {
 			b.Fatal(err)
 		}

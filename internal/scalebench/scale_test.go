@@ -15,10 +15,10 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/dama-etl/dama"
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/internal/scalebench"
 	"github.com/dama-etl/dama/internal/testenv"
-	"github.com/dama-etl/dama/supervisor"
 )
 
 // TestMain builds dama only when a benchmark runs: `go test ./...` runs
@@ -168,7 +168,7 @@ kinds:
 	waitStarted(b, sup)
 
 	pool := newPool(b, env.URL, "dama-scalebench-submit")
-	client, err := supervisor.NewClient(pool, cfg)
+	client, err := dama.NewClient(pool, cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -180,7 +180,7 @@ kinds:
 	// N quiet tasks.
 	submitted := time.Now()
 	for range r.n {
-		if _, _, err := client.Submit(ctx, supervisor.SubmitParams{Kind: quietKind}); err != nil {
+		if _, _, err := client.Submit(ctx, dama.SubmitParams{Kind: quietKind}); err != nil {
 			b.Fatal(err)
 		}
 	}

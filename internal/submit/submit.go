@@ -27,7 +27,7 @@ import (
 // ErrUnknownKind is returned for a kind the configuration does not name.
 var ErrUnknownKind = errors.New("unknown kind")
 
-// Params describe a task to submit (supervisor.SubmitParams).
+// Params describe a task to submit (dama.SubmitParams).
 type Params struct {
 	Kind           string
 	Args           json.RawMessage

@@ -14,12 +14,12 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/dama-etl/dama"
 	"github.com/dama-etl/dama/etlcontext"
-	"github.com/dama-etl/dama/supervisor"
 )
 
 // actionFunc does an action for the client c, which records who asked.
-type actionFunc func(ctx context.Context, c *supervisor.Client, r *http.Request, reason string) (any, error)
+type actionFunc func(ctx context.Context, c *dama.Client, r *http.Request, reason string) (any, error)
 
 // action guards an action: actions on, the token given, the request from
 // this page. The optional JSON body {"reason": ...} gives a pause's or a
@@ -107,7 +107,7 @@ func (s *Server) actor(r *http.Request) string {
 	return fmt.Sprintf("%q via dama web on %s from %s", name, s.host, from)
 }
 
-func (s *Server) cancel(ctx context.Context, c *supervisor.Client, r *http.Request, _ string) (any, error) {
+func (s *Server) cancel(ctx context.Context, c *dama.Client, r *http.Request, _ string) (any, error) {
 	id, err := pathID(r)
 	if err != nil {
 		return nil, err
@@ -117,7 +117,7 @@ func (s *Server) cancel(ctx context.Context, c *supervisor.Client, r *http.Reque
 	return map[string]any{"status": status}, err
 }
 
-func (s *Server) retry(ctx context.Context, c *supervisor.Client, r *http.Request, _ string) (any, error) {
+func (s *Server) retry(ctx context.Context, c *dama.Client, r *http.Request, _ string) (any, error) {
 	id, err := pathID(r)
 	if err != nil {
 		return nil, err
@@ -128,23 +128,23 @@ func (s *Server) retry(ctx context.Context, c *supervisor.Client, r *http.Reques
 	return map[string]any{"status": etlcontext.StatusQueued}, nil
 }
 
-func (s *Server) pause(ctx context.Context, c *supervisor.Client, r *http.Request, reason string) (any, error) {
+func (s *Server) pause(ctx context.Context, c *dama.Client, r *http.Request, reason string) (any, error) {
 	return c.PauseQueue(ctx, r.PathValue("queue"), reason)
 }
 
-func (s *Server) resume(ctx context.Context, c *supervisor.Client, r *http.Request, _ string) (any, error) {
+func (s *Server) resume(ctx context.Context, c *dama.Client, r *http.Request, _ string) (any, error) {
 	resumed, err := c.ResumeQueue(ctx, r.PathValue("queue"))
 	return map[string]any{"resumed": resumed}, err
 }
 
-func (s *Server) block(ctx context.Context, c *supervisor.Client, r *http.Request, reason string) (any, error) {
+func (s *Server) block(ctx context.Context, c *dama.Client, r *http.Request, reason string) (any, error) {
 	if reason == "" {
 		return nil, fmt.Errorf("%w: a block needs a reason", errInvalid)
 	}
 	return c.BlockKind(ctx, r.PathValue("kind"), reason)
 }
 
-func (s *Server) unblock(ctx context.Context, c *supervisor.Client, r *http.Request, _ string) (any, error) {
+func (s *Server) unblock(ctx context.Context, c *dama.Client, r *http.Request, _ string) (any, error) {
 	unblocked, err := c.UnblockKind(ctx, r.PathValue("kind"))
 	return map[string]any{"unblocked": unblocked}, err
 }

@@ -8,10 +8,11 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/dama-etl/dama"
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/pgerr"
-	"github.com/dama-etl/dama/supervisor"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // bufferedReply is a reply made in memory, to write later.
@@ -91,7 +92,7 @@ func actionError(w http.ResponseWriter, err error) {
 	switch {
 	case errors.Is(err, errInvalid):
 		writeError(w, http.StatusBadRequest, err)
-	case errors.Is(err, etlcontext.ErrNotFound), errors.Is(err, supervisor.ErrUnknownQueue):
+	case errors.Is(err, etlcontext.ErrNotFound), errors.Is(err, dama.ErrUnknownQueue):
 		writeError(w, http.StatusNotFound, err)
 	case errors.Is(err, context.DeadlineExceeded), pgerr.Unreachable(err), isConnectError(err):
 		writeError(w, http.StatusServiceUnavailable, err)

@@ -20,9 +20,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/dama-etl/dama"
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/internal/hostproc"
-	"github.com/dama-etl/dama/supervisor"
 )
 
 //go:embed assets
@@ -135,7 +135,7 @@ type Options struct {
 type Server struct {
 	pool   *pgxpool.Pool
 	cfg    *config.Config
-	client *supervisor.Client
+	client *dama.Client
 	opts   Options
 	hostID string
 	host   string
@@ -160,7 +160,7 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Server, error) 
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	client, err := supervisor.NewClient(pool, cfg)
+	client, err := dama.NewClient(pool, cfg)
 	if err != nil {
 		return nil, err
 	}

@@ -1,4 +1,4 @@
-package supervisor
+package dama
 
 import (
 	"context"
@@ -21,7 +21,7 @@ var ErrUnknownQueue = errors.New("unknown queue")
 // any supervisor, until ResumeQueue. Its running tasks go on and are still
 // watched and completed; submissions are accepted and wait. Pausing a
 // paused queue changes nothing and returns the pause in force.
-func (c *Client) PauseQueue(ctx context.Context, queue, reason string) (QueuePause, error) {
+func (c *Client) PauseQueue(ctx context.Context, queue, reason string) (etlcontext.QueuePause, error) {
 	if err := checkReason(reason); err != nil {
 		return etlcontext.QueuePause{}, fmt.Errorf("pause queue %s: %w", queue, err)
 	}
@@ -60,7 +60,7 @@ func (c *Client) ResumeQueue(ctx context.Context, queue string) (bool, error) {
 // tasks starts, on any supervisor, until UnblockKind. Submissions are
 // accepted and kept. Blocking a blocked kind changes nothing and returns
 // the block in force.
-func (c *Client) BlockKind(ctx context.Context, kind, reason string) (KindBlock, error) {
+func (c *Client) BlockKind(ctx context.Context, kind, reason string) (etlcontext.KindBlock, error) {
 	if strings.TrimSpace(reason) == "" {
 		return etlcontext.KindBlock{}, errors.New("block kind: a reason is required")
 	}
@@ -85,7 +85,7 @@ func (c *Client) UnblockKind(ctx context.Context, kind string) (bool, error) {
 // QueueStats reads data_manager.dama_queue_stats: per queue and kind, the
 // tasks queued, scheduled, running and retrying, those finished in the last
 // 24 hours, the oldest due task's wait, and the pauses and blocks.
-func (c *Client) QueueStats(ctx context.Context) ([]QueueStat, error) {
+func (c *Client) QueueStats(ctx context.Context) ([]etlcontext.QueueStat, error) {
 	return etlcontext.QueueStats(ctx, c.pool)
 }
 
@@ -152,6 +152,6 @@ func defaultActor() string {
 // Schedules reads data_manager.dama_schedules: per periodic kind, the last
 // tick taken and what it did, the status of the task it submitted, and the
 // next tick.
-func (c *Client) Schedules(ctx context.Context) ([]Schedule, error) {
+func (c *Client) Schedules(ctx context.Context) ([]etlcontext.Schedule, error) {
 	return etlcontext.Schedules(ctx, c.pool)
 }

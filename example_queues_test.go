@@ -1,13 +1,13 @@
-package supervisor_test
+package dama_test
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
 
+	"github.com/dama-etl/dama"
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/internal/testenv"
-	"github.com/dama-etl/dama/supervisor"
 )
 
 // SubmitTx enqueues a task in the caller's own transaction: the task exists
@@ -25,7 +25,7 @@ kinds:
 	if err != nil {
 		panic(err)
 	}
-	client, err := supervisor.NewClient(env.Pool, cfg)
+	client, err := dama.NewClient(env.Pool, cfg)
 	if err != nil {
 		panic(err)
 	}
@@ -38,7 +38,7 @@ kinds:
 			panic(err)
 		}
 		name := fmt.Sprintf("upload-%t.csv", commit)
-		id, _, err := client.SubmitTx(ctx, tx, supervisor.SubmitParams{Kind: "import", Args: json.RawMessage(fmt.Sprintf(`{"file": %q}`, name))})
+		id, _, err := client.SubmitTx(ctx, tx, dama.SubmitParams{Kind: "import", Args: json.RawMessage(fmt.Sprintf(`{"file": %q}`, name))})
 		if err != nil {
 			panic(err)
 		}
@@ -92,7 +92,7 @@ kinds:
 	if err != nil {
 		panic(err)
 	}
-	client, err := supervisor.NewClient(env.Pool, cfg)
+	client, err := dama.NewClient(env.Pool, cfg)
 	if err != nil {
 		panic(err)
 	}
@@ -102,10 +102,10 @@ kinds:
 	if _, err := client.BlockKind(ctx, "export", "the bucket is full"); err != nil {
 		panic(err)
 	}
-	if _, _, err := client.Submit(ctx, supervisor.SubmitParams{Kind: "regional", Args: json.RawMessage(`{"region": "eu"}`)}); err != nil {
+	if _, _, err := client.Submit(ctx, dama.SubmitParams{Kind: "regional", Args: json.RawMessage(`{"region": "eu"}`)}); err != nil {
 		panic(err)
 	}
-	_, _, err = client.Submit(ctx, supervisor.SubmitParams{Kind: "regional", Args: json.RawMessage(`{}`)})
+	_, _, err = client.Submit(ctx, dama.SubmitParams{Kind: "regional", Args: json.RawMessage(`{}`)})
 	fmt.Println(err)
 
 	stats, err := client.QueueStats(ctx)

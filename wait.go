@@ -1,4 +1,4 @@
-package supervisor
+package dama
 
 import (
 	"context"
@@ -33,7 +33,7 @@ const finishedHinted = 100 * time.Millisecond
 //
 // It returns an error wrapping ErrNotFound for a context that
 // does not exist, and one wrapping ctx's error when ctx ends first.
-func (c *Client) Wait(ctx context.Context, id int64) (*Context, error) {
+func (c *Client) Wait(ctx context.Context, id int64) (*etlcontext.Context, error) {
 	var (
 		finished    *etlcontext.Context
 		unreachable error

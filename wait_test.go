@@ -1,54 +1,15 @@
-package supervisor_test
+package dama_test
 
 import (
 	"context"
-	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-
+	"github.com/dama-etl/dama"
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
-	"github.com/dama-etl/dama/supervisor"
 )
-
-// queryCounter counts the statements containing sql that go through the
-// connections it traces.
-type queryCounter struct {
-	sql string
-	n   atomic.Int64
-}
-
-func (c *queryCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
-	if strings.Contains(data.SQL, c.sql) {
-		c.n.Add(1)
-	}
-	return ctx
-}
-
-func (c *queryCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
-// countingPool returns a pool of env's database that counts its statements
-// containing sql.
-func countingPool(t *testing.T, env *testenv.Env, sql string) (*pgxpool.Pool, *queryCounter) {
-	t.Helper()
-	pcfg, err := pgxpool.ParseConfig(env.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &queryCounter{sql: sql}
-	pcfg.ConnConfig.Tracer = c
-	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool, c
-}
 
 // Anyone who can connect may announce a context's end: 20,000 false
 // announcements cost Client.Wait a read of the context per 100 ms at
@@ -70,27 +31,27 @@ kinds:
 		t.Fatal(err)
 	}
 	// Context id's reads (etlcontext.Get).
-	pool, looks := countingPool(t, env, "WHERE c.etl_context_id = $1")
-	client, err := supervisor.NewClient(pool, cfg)
+	pool, looks := testenv.CountingPool(t, env, "WHERE c.etl_context_id = $1")
+	client, err := dama.NewClient(pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// No supervisor runs: the task waits until it is cancelled.
-	id, _, err := client.Submit(ctx, supervisor.SubmitParams{Kind: "quick"})
+	id, _, err := client.Submit(ctx, dama.SubmitParams{Kind: "quick"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ended := make(chan error, 1)
 	go func() {
 		c, err := client.Wait(ctx, id)
-		if err == nil && c.Status != supervisor.StatusCancelled {
+		if err == nil && c.Status != etlcontext.StatusCancelled {
 			t.Errorf("Wait returned %s, want CANCELLED", c.Status)
 		}
 		ended <- err
 	}()
-	testenv.Eventually(t, time.Minute, "Wait's first read", func() (bool, error) { return looks.n.Load() > 0, nil })
+	testenv.Eventually(t, time.Minute, "Wait's first read", func() (bool, error) { return looks.Load() > 0, nil })
 
-	base, start := looks.n.Load(), time.Now()
+	base, start := looks.Load(), time.Now()
 	for range 5 {
 		if _, err := env.Pool.Exec(ctx, `
 			SELECT pg_notify($1, json_build_object('etl_context_id', $2::bigint, 'n', g)::text)
@@ -99,7 +60,7 @@ kinds:
 		}
 	}
 	// Through a client of its own, whose reads are not counted.
-	operator, err := supervisor.NewClient(env.Pool, cfg)
+	operator, err := dama.NewClient(env.Pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +79,7 @@ kinds:
 	if waited != nil {
 		t.Fatal(waited)
 	}
-	elapsed, n := time.Since(start), looks.n.Load()-base
+	elapsed, n := time.Since(start), looks.Load()-base
 	t.Logf("%d reads in %s for 20,000 false announcements and the true one", n, elapsed.Round(time.Millisecond))
 	// One per 100 ms, the recheck every 10 s, and the one that finds it
 	// cancelled.

@@ -1,4 +1,4 @@
-package supervisor
+package dama
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
@@ -151,7 +152,7 @@ var ErrCancelPending = errors.New("cancellation requested, not yet recorded")
 // SIGKILL after the kill grace) and records the cancellation. Cancel waits
 // as Wait does, on the database's announcement of the context's end, and
 // rides out a database restart within ctx.
-func (c *Client) Cancel(ctx context.Context, id int64) (Status, error) {
+func (c *Client) Cancel(ctx context.Context, id int64) (etlcontext.Status, error) {
 	var (
 		requested   bool
 		status      etlcontext.Status
@@ -206,7 +207,7 @@ func (c *Client) Cancel(ctx context.Context, id int64) (Status, error) {
 // ctx ends: otherwise a task waiting out a retry's backoff would be
 // cancelled only at its next step, maybe hours later. When ctx ends first,
 // the request stands and RequestCancel returns the status with no error.
-func (c *Client) RequestCancel(ctx context.Context, id int64) (Status, error) {
+func (c *Client) RequestCancel(ctx context.Context, id int64) (etlcontext.Status, error) {
 	requested := false
 	for {
 		status, done, err := c.tryCancel(ctx, id, &requested)
@@ -319,4 +320,14 @@ func finishedError(id int64, s etlcontext.Status) error {
 		return nil
 	}
 	return fmt.Errorf("task %d is %s: %w", id, s, ErrAlreadyFinished)
+}
+
+// newRiverClient returns a River client on pool that works no job: a
+// Client cancels a task's job with it (the database inserts the jobs).
+func newRiverClient(pool *pgxpool.Pool) (*river.Client[pgx.Tx], error) {
+	rc, err := river.NewClient(riverpgxv5.New(pool), &river.Config{})
+	if err != nil {
+		return nil, fmt.Errorf("create River client: %w", err)
+	}
+	return rc, nil
 }

@@ -159,7 +159,7 @@ export TEST_DATABASE_URL
 # with -trimpath records no -ldflags (go.dev/issue/52372), so the commit
 # stamped there no longer tells two builds apart: -buildvcs=auto (after
 # what go env sets, which may turn it off) stamps the checkout's own,
-# which dama compares with its dama-taskrunner's (cmd/dama/taskprogram.go).
+# which dama compares with its dama-taskrunner's (cmd/dama/damacli/taskprogram.go).
 GOFLAGS="$(go env GOFLAGS) -trimpath -buildvcs=auto"
 export GOFLAGS
 
@@ -209,10 +209,10 @@ fuzz_targets=(
 	# What any process of the user may send a host's lock keeper.
 	"./internal/keeper FuzzSession 2500"
 	"./internal/keeper FuzzDecodeMessage 5000"
-	"./cmd/dama FuzzDueAt 5000"
-	"./cmd/dama FuzzParseID 5000"
-	"./cmd/dama FuzzListenAddr 5000"
-	"./cmd/dama FuzzParseOlderThan 5000"
+	"./cmd/dama/damacli FuzzDueAt 5000"
+	"./cmd/dama/damacli FuzzParseID 5000"
+	"./cmd/dama/damacli FuzzListenAddr 5000"
+	"./cmd/dama/damacli FuzzParseOlderThan 5000"
 	"./cmd/dama/internal/web FuzzParseLogPos 5000"
 	"./internal/hostproc FuzzParseStat 10000"
 	# What a command writes on its events pipe, and what the database is

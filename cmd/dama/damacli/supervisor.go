@@ -1,4 +1,4 @@
-package main
+package damacli
 
 import (
 	"context"
@@ -94,8 +94,10 @@ running.`,
 			if reg != nil {
 				opts.Registerer = reg
 			}
-			if opts.Pods, err = podRunner(cfg, logger); err != nil {
-				return err
+			if g.opts.Pods != nil {
+				if opts.Pods, err = g.opts.Pods(cfg, logger); err != nil {
+					return err
+				}
 			}
 			s, err := supervisor.New(pool, cfg, opts)
 			if err != nil {

@@ -42,7 +42,7 @@ func (s *Supervisor) lockedElsewhere(ctx context.Context, logger *slog.Logger, t
 			s.fence.forget(id)
 		}
 		if c.PID != nil {
-			s.podStarted(id, cmp.Or(c.ProcessStartedAt, new(time.Now())))
+			s.startedLate(id, cmp.Or(c.ProcessStartedAt, new(time.Now())))
 		}
 		return errHold
 	}
@@ -51,49 +51,30 @@ func (s *Supervisor) lockedElsewhere(ctx context.Context, logger *slog.Logger, t
 
 // attemptAlive tells, for c RUNNING with a free lock and a recorded task
 // process, how long to wait before looking again (0: every process of the
-// attempt is surely gone).
+// attempt is surely gone), with what its launcher knows of it.
 //
-// On this host (same boot and pid namespace) the processes are looked at:
-// the task process by pid and start time, the command's process group, and
-// any process carrying the attempt's run id in its environment. Orphans of a
-// dead task process (a forking command's children) are stopped: SIGTERM,
-// SIGKILL after kill_grace. A process that cannot be read counts as alive.
+// Its launcher looks first: on this host the processes themselves
+// (hostLauncher.Gone), in a pod the kubelet's word.
 //
-// On another host nothing can be looked at: the task process stops its
+// Where nothing can be looked at (another host): the task process stops its
 // command within its fencing window of the lock's release, so no attempt
 // starts before that window has passed since this supervisor first found
 // the lock free, on its own monotonic clock: a clock that can jump (the
 // database's, or this host's wall clock) could end the wait early. Another
 // supervisor, or this one restarted, waits its own window again.
-func (s *Supervisor) attemptAlive(ctx context.Context, logger *slog.Logger, tx pgx.Tx, c *etlcontext.Context) (time.Duration, error) {
+func (s *Supervisor) attemptAlive(ctx context.Context, tx pgx.Tx, c *etlcontext.Context) (wait time.Duration, gone Gone, ended string, err error) {
 	const recheck = time.Second
-	if c.HostID != nil && *c.HostID == s.hostID && c.RunnerStartTicks != nil {
-		alive, err := hostproc.Alive(*c.PID, uint64(*c.RunnerStartTicks))
-		if err != nil {
-			logger.Warn("read task process; counting it alive", "pid", *c.PID, "error", err)
-		}
-		if alive {
-			return recheck, nil
-		}
-		procs, err := s.attemptProcesses(c).Processes()
-		if err != nil {
-			logger.Warn("look for the processes of a dead attempt; counting them alive", "error", err)
-			return recheck, nil
-		}
-		if len(procs) > 0 {
-			s.stopOrphans(c.ID)
-			return recheck, nil
-		}
-		return 0, nil
-	}
-	if over, _ := s.podOver(ctx, logger, c); over {
-		// Its kubelet saw every container of its pod end.
+	gone, ended = s.launcherOf(c).Gone(ctx, c)
+	switch gone {
+	case GoneNot:
+		return recheck, gone, ended, nil
+	case GoneSurely:
 		s.fence.forget(c.ID)
-		return 0, nil
+		return 0, gone, ended, nil
 	}
 	mark, err := etlcontext.MarkLockLost(ctx, tx, c.ID)
 	if err != nil {
-		return 0, err
+		return 0, gone, ended, err
 	}
 	freeFor := s.fence.freeFor(c.ID, mark)
 	window := taskrunner.FenceWindow(time.Duration(s.cfg.HeartbeatInterval), time.Duration(*s.cfg.ReconnectGrace), time.Duration(s.cfg.KillGrace), time.Duration(s.cfg.PollInterval))
@@ -101,10 +82,10 @@ func (s *Supervisor) attemptAlive(ctx context.Context, logger *slog.Logger, tx p
 		window = *c.FenceWindow
 	}
 	if freeFor < window {
-		return min(window-freeFor, recheck), nil
+		return min(window-freeFor, recheck), gone, ended, nil
 	}
 	s.fence.forget(c.ID)
-	return 0, nil
+	return 0, gone, ended, nil
 }
 
 // attemptProcesses names the processes of c's current attempt on this host.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"os/exec"
 	"strings"
@@ -12,32 +11,14 @@ import (
 	"time"
 
 	"github.com/dama-etl/dama/config"
-	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/logdir"
 	"github.com/dama-etl/dama/protocol"
 )
-
-type launchOutcome int
 
 // lateReadyWait bounds how long a supervisor listens for the report of a
 // runner that did not report within the launch timeout: the runner holds
 // its lock by then, or has failed to for good.
 const lateReadyWait = 10 * time.Minute
-
-const (
-	// launchReady: the runner holds the lock and runs the command.
-	launchReady launchOutcome = iota
-	// launchPending: the runner did not report within the launch timeout; it
-	// may still take its lock.
-	launchPending
-	// launchLocked: the runner found another process holding the lock.
-	launchLocked
-	// launchExited: the runner exited before holding its lock.
-	launchExited
-	// launchRefused: the database no longer accepts this release's task
-	// processes (protocol.ExitRefused).
-	launchRefused
-)
 
 // child is a runner this supervisor spawned and reaps.
 type child struct {
@@ -46,18 +27,17 @@ type child struct {
 	exitCode int
 }
 
-// launch spawns `dama taskrunner` for c, detached: in a session of its own
+// Launch spawns `dama taskrunner` for l, detached: in a session of its own
 // (so no signal for the supervisor's process group reaches it), stdio on
 // /dev/null and the task's log file, no inherited descriptor but the
 // readiness pipe and its secrets socket, and no secret in its environment or
 // arguments. It waits, at most LaunchTimeout, for the runner to report that
 // it holds the lock, or to exit. A runner that reports later (the outcome
-// is then launchPending) makes it call lateReady, if that is within
+// is then LaunchPending) is counted started then, if that is within
 // lateReadyWait.
-func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcontext.Context, run etlcontext.Run, lateReady func(time.Time)) (launchOutcome, error) {
-	if _, ok := s.inPod(c); ok {
-		return s.launchPod(ctx, logger, c, run, lateReady)
-	}
+func (h hostLauncher) Launch(ctx context.Context, l Launch) (LaunchOutcome, error) {
+	s, c := h.s, l.Task
+	logger := l.Logger
 	logs, err := logdir.Open(s.cfg.LogDir, s.cfg.LogGroup)
 	if err != nil {
 		return 0, err
@@ -70,8 +50,8 @@ func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcont
 	defer logFile.Close()
 
 	kind, _ := s.cfg.Kind(c.Kind)
-	launch := protocol.Launch{ContextID: c.ID, RunID: run.ID, LockMode: kind.LockMode}
-	ch, readyR, err := s.spawn(launch, run.Key, logFile)
+	launch := protocol.Launch{ContextID: c.ID, RunID: l.Run.ID, LockMode: kind.LockMode}
+	ch, readyR, err := s.spawn(launch, l.Secrets, logFile)
 	if err != nil {
 		return 0, err
 	}
@@ -81,7 +61,7 @@ func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcont
 		}
 	}()
 	// pending hands the open pipe to a goroutine that hears a late report.
-	pending := func(logger *slog.Logger, pid int) (launchOutcome, error) {
+	pending := func(pid int) (LaunchOutcome, error) {
 		r, since := readyR, time.Now()
 		readyR = nil
 		go func() {
@@ -90,10 +70,10 @@ func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcont
 			var b [1]byte
 			if n, _ := r.Read(b[:]); n == 1 {
 				logger.Info("task process took its lock after the launch timeout", "pid", pid, "later_by", time.Since(since))
-				lateReady(time.Now())
+				s.startedLate(c.ID, new(time.Now()))
 			}
 		}()
-		return launchPending, nil
+		return LaunchPending, nil
 	}
 	logger.Info("spawned task process", "pid", ch.pid, "kind", c.Kind)
 
@@ -102,31 +82,31 @@ func (s *Supervisor) launch(ctx context.Context, logger *slog.Logger, c *etlcont
 	n, err := readyR.Read(b[:])
 	switch {
 	case n == 1:
-		return launchReady, nil
+		return LaunchReady, nil
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		logger.Warn("task process has not taken its lock yet", "pid", ch.pid, "waited", s.opts.LaunchTimeout)
-		return pending(logger, ch.pid)
+		return pending(ch.pid)
 	}
 	// The pipe closed without a byte: the runner is exiting, and will not
 	// report.
 	select {
 	case <-ch.exited:
 	case <-time.After(s.opts.LaunchTimeout):
-		return launchPending, nil
+		return LaunchPending, nil
 	case <-ctx.Done():
-		return launchPending, nil
+		return LaunchPending, nil
 	}
 	switch ch.exitCode {
 	case protocol.ExitLocked:
-		return launchLocked, nil
+		return LaunchLocked, nil
 	case protocol.ExitRefused:
-		return launchRefused, nil
+		return LaunchRefused, nil
 	case protocol.ExitUnfit:
 		// It recorded why (reportLaunchFailure logs it once).
-		return launchExited, nil
+		return LaunchExited, nil
 	}
 	logger.Warn("task process exited before taking its lock", "pid", ch.pid, "exit_code", ch.exitCode, "log", logFile.Name())
-	return launchExited, nil
+	return LaunchExited, nil
 }
 
 // runnerEnv is the supervisor's environment less what dama withholds from
@@ -168,11 +148,11 @@ func (s *Supervisor) secrets(key string) protocol.Secrets {
 // spawn starts `dama taskrunner` for launch l, with its
 // secrets (the run's key among them) on its secrets socket, and returns it
 // with the read end of its ready pipe.
-func (s *Supervisor) spawn(l protocol.Launch, key string, logFile *os.File) (*child, *os.File, error) {
+func (s *Supervisor) spawn(l protocol.Launch, secrets protocol.Secrets, logFile *os.File) (*child, *os.File, error) {
 	if err := s.program.check(); err != nil {
 		return nil, nil, err
 	}
-	secretsR, err := protocol.SecretsSocket(s.secrets(key))
+	secretsR, err := protocol.SecretsSocket(secrets)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -8,8 +8,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/dama-etl/dama/internal/pods"
-
 	"github.com/dama-etl/dama/taskrunner"
 )
 
@@ -68,11 +66,11 @@ type Options struct {
 	// registry. nil (an untyped nil: a nil *prometheus.Registry is not
 	// one) means none are registered.
 	Registerer prometheus.Registerer
-	// Pods runs the tasks of the configuration's kubernetes kinds
-	// (config.RunnerKubernetes), each attempt in a pod of its own: dama's
-	// internal/podrunner, in the programs built with -tags kubernetes.
-	// nil refuses a configuration with such kinds.
-	Pods pods.Runner
+	// Pods launches the tasks of the configuration's kubernetes kinds
+	// (config.RunnerKubernetes), each attempt in a pod of its own: the
+	// Kubernetes module's launcher, in its dama. nil refuses a
+	// configuration with such kinds.
+	Pods Launcher
 }
 
 // withDefaults is o with every field left unset given its default, as each

@@ -88,7 +88,7 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], holding
 // it.
 func (s *Supervisor) settleFinished(ctx context.Context, logger *slog.Logger, tx pgx.Tx, job *river.Job[TaskArgs], c *etlcontext.Context) error {
 	id := c.ID
-	s.podFinished(ctx, logger, c)
+	s.finished(ctx, c)
 	switch c.Status {
 	case etlcontext.StatusDone:
 		// Completing in the step's own transaction settles the job now,
@@ -132,26 +132,28 @@ func (s *Supervisor) settleFinished(ctx context.Context, logger *slog.Logger, tx
 func (s *Supervisor) settleRunning(ctx context.Context, logger *slog.Logger, tx pgx.Tx, c *etlcontext.Context) error {
 	id := c.ID
 	if c.PID == nil {
-		again := time.Duration(s.cfg.PollInterval)
-		cancel := false
-		if k, ok := s.inPod(c); ok {
-			var err error
-			if cancel, err = etlcontext.CancelRequestedNow(ctx, tx, id); err != nil {
-				return s.transient(logger, err)
-			}
-			if err := s.podStarting(ctx, logger, tx, c, k, cancel); err != nil {
-				return err
-			}
-			if !cancel {
-				again = max(again, podRelaunchDelay)
-			}
-		} else if why, ok := s.spawnFailure(id); ok {
-			// No task process started to say why (a log file that is a
-			// link, a program that is gone): the status shows it.
-			if err := s.warnUnfit(ctx, tx, c, why, false); err != nil {
+		cancel, err := etlcontext.CancelRequestedNow(ctx, tx, id)
+		if err != nil {
+			return s.transient(logger, err)
+		}
+		// Why this supervisor's launch failed, if it did: no task
+		// process started to say why (a log file that is a link, a
+		// program that is gone, a pod the API refused).
+		failed, _ := s.spawnFailure(id)
+		start, err := s.launcherOf(c).Starting(ctx, c, failed, cancel)
+		switch {
+		case err != nil:
+			return s.transient(logger, err)
+		case start.Hold:
+			return errHold
+		}
+		s.startedLate(id, nil)
+		if start.Why != "" {
+			if err := s.warnUnfit(ctx, tx, c, start.Why, start.WhyIfUntold); err != nil {
 				return s.transient(logger, err)
 			}
 		}
+		again := max(time.Duration(s.cfg.PollInterval), start.Again)
 		// The launch never got as far as a command: its task process
 		// failed to start, to connect, or found this host unfit, or the
 		// supervisor died in between. That says nothing about the task:
@@ -172,7 +174,7 @@ func (s *Supervisor) settleRunning(ctx context.Context, logger *slog.Logger, tx 
 	// gone without reporting a result, or it lost its lock and is taking
 	// it again or stopping its command. No new attempt may start before
 	// every process of that attempt is surely gone.
-	wait, err := s.attemptAlive(ctx, logger, tx, c)
+	wait, gone, ended, err := s.attemptAlive(ctx, tx, c)
 	if err != nil {
 		return s.transient(logger, err)
 	}
@@ -205,14 +207,14 @@ func (s *Supervisor) settleRunning(ctx context.Context, logger *slog.Logger, tx 
 		return river.JobCancel(fmt.Errorf("task %d was cancelled", id))
 	}
 	reason := "the task process exited without reporting a result"
-	if over, why := s.podOver(ctx, logger, c); over && why != "" {
+	if gone == GoneSurely && ended != "" {
 		// OOMKilled, Evicted, deleted...: Kubernetes' reason.
-		reason = "the task's pod ended without a result: " + why
-	} else if why != "" {
+		reason = "the task's pod ended without a result: " + ended
+	} else if ended != "" {
 		// Its node stopped reporting, or it is being deleted: its
 		// processes may run on, cut off, which the fence window waited
 		// out.
-		reason = "the task process was lost without a result: " + why
+		reason = "the task process was lost without a result: " + ended
 	}
 	if err := s.recordEnd(ctx, tx, c, protocol.EventError, reason); err != nil {
 		return s.transient(logger, err)
@@ -226,7 +228,7 @@ func (s *Supervisor) settleRunning(ctx context.Context, logger *slog.Logger, tx 
 	if err := tx.Commit(ctx); err != nil {
 		return s.transient(logger, fmt.Errorf("commit death of task %d: %w", id, err))
 	}
-	s.podStarted(id, cmp.Or(c.ProcessStartedAt, new(time.Now())))
+	s.startedLate(id, cmp.Or(c.ProcessStartedAt, new(time.Now())))
 	s.metrics.lockLosses.WithLabelValues(c.Queue, c.Kind).Inc()
 	s.metrics.attemptsFailed.WithLabelValues(c.Queue, c.Kind, failedLockLost).Inc()
 	if after.Status == etlcontext.StatusFailed {
@@ -301,23 +303,31 @@ func (s *Supervisor) startAttempt(ctx context.Context, logger *slog.Logger, tx p
 			s.metrics.lockedAfterSubmit(c, at)
 		}
 	}
-	outcome, err := s.launch(ctx, logger.With("attempt", run.Attempt), c, run, started)
+	s.mu.Lock()
+	s.pendingStarts[id] = started
+	s.mu.Unlock()
+	outcome, err := s.launcherOf(c).Launch(ctx, Launch{Task: c, Run: run, Secrets: s.secrets(run.Key), Logger: logger.With("attempt", run.Attempt)})
 	if err != nil {
 		// Nothing was started: the next look finds RUNNING with a free lock
 		// and no task process, and takes the launch back.
 		s.noteLaunchFailure(c.ID, err.Error())
-		outcome = launchExited
+		outcome = LaunchExited
+	}
+	if outcome != LaunchPending {
+		// Known now: started, or never to be.
+		var at *time.Time
+		if outcome == LaunchReady {
+			at = new(time.Now())
+		}
+		s.startedLate(id, at)
 	}
 	// The job is held while the attempt runs: its exit, or the watch
 	// finding its lock free (a runner that never took it, or died), pokes
 	// it.
 	switch outcome {
-	case launchReady:
-		started(time.Now())
+	case LaunchReady, LaunchPending, LaunchLocked:
 		return errHold
-	case launchPending, launchLocked:
-		return errHold
-	case launchRefused:
+	case LaunchRefused:
 		s.retire(ctx)
 		// The runner wrote nothing: the next look takes the launch back
 		// without spending an attempt, and leaves the task to a newer

@@ -83,11 +83,11 @@ type Supervisor struct {
 	// spawnFailures holds why this supervisor could not spawn a context's
 	// task process, until the failure is reported.
 	spawnFailures map[int64]string
-	// podStarts holds, for each task whose pod this supervisor created
-	// and whose task process has not recorded its start yet, what counts
-	// the attempt started (the launch's started, called by the step that
-	// finds the start recorded).
-	podStarts map[int64]func(time.Time)
+	// pendingStarts holds, for each task this supervisor launched whose
+	// task process has not held its lock yet, what counts the attempt
+	// started (called once, by whoever learns of the start first:
+	// startedLate).
+	pendingStarts map[int64]func(time.Time)
 
 	// waking holds the queues whose waiting tasks are being woken, and
 	// whether another wake-up was asked for meanwhile (wakeWaiting).
@@ -189,7 +189,7 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 		stopping:       map[int64]bool{},
 		launchFailures: map[int64]string{},
 		spawnFailures:  map[int64]string{},
-		podStarts:      map[int64]func(time.Time){},
+		pendingStarts:  map[int64]func(time.Time){},
 		waking:         map[string]bool{},
 		holds:          map[int64][]chan struct{}{},
 		stepSlots:      map[string]chan struct{}{},
@@ -417,8 +417,8 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	s.checkSharedUsers()
 	bg.Go(func() { s.rescueLoop(bgCtx) })
 	bg.Go(func() { s.pruneLoop(bgCtx) })
-	if s.opts.Pods != nil {
-		bg.Go(func() { s.podPruneLoop(bgCtx) })
+	if p, ok := s.opts.Pods.(Pruner); ok {
+		bg.Go(func() { s.pruneLauncherLoop(bgCtx, p) })
 	}
 	if published != nil {
 		bg.Go(func() { s.publishLoop(bgCtx, published) })

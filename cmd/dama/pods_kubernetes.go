@@ -7,12 +7,12 @@ import (
 
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/internal/podrunner"
-	"github.com/dama-etl/dama/internal/pods"
+	"github.com/dama-etl/dama/supervisor"
 )
 
 // podRunner is the runner of cfg's kubernetes kinds, nil when it has
 // none.
-func podRunner(cfg *config.Config, logger *slog.Logger) (pods.Runner, error) {
+func podRunner(cfg *config.Config, logger *slog.Logger) (supervisor.Launcher, error) {
 	if !cfg.Runs(config.RunnerKubernetes) {
 		return nil, nil
 	}

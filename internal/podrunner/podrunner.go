@@ -34,8 +34,8 @@ import (
 	"k8s.io/pod-security-admission/policy"
 
 	"github.com/dama-etl/dama/config"
-	"github.com/dama-etl/dama/internal/pods"
 	"github.com/dama-etl/dama/protocol"
+	"github.com/dama-etl/dama/supervisor"
 )
 
 // Labels of a task's pod and Secret.
@@ -73,11 +73,13 @@ const (
 type Runner struct {
 	core      corev1client.CoreV1Interface
 	namespace string
-	image     string
-	tlsSecret string
-	resources corev1.ResourceRequirements
-	kinds     map[string]kind
-	logger    *slog.Logger
+	// configPath is the configuration's file, which each pod is given.
+	configPath string
+	image      string
+	tlsSecret  string
+	resources  corev1.ResourceRequirements
+	kinds      map[string]kind
+	logger     *slog.Logger
 }
 
 // kind is what a kubernetes kind's pods are made from.
@@ -89,7 +91,7 @@ type kind struct {
 	startTimeout time.Duration
 }
 
-var _ pods.Runner = (*Runner)(nil)
+var _ supervisor.Launcher = (*Runner)(nil)
 
 // New returns the Runner of cfg's kubernetes kinds, talking to the cluster
 // the process runs in (its service account), or else the one $KUBECONFIG
@@ -138,7 +140,7 @@ func clusterConfig() (*rest.Config, string, error) {
 // creates in namespace. It checks each kind's template.
 func NewWith(core corev1client.CoreV1Interface, namespace string, cfg *config.Config, logger *slog.Logger) (*Runner, error) {
 	cfg = cfg.WithDefaults()
-	r := &Runner{core: core, namespace: namespace, image: cfg.Kubernetes.Image, tlsSecret: cfg.Kubernetes.TLSSecret, resources: damaResources(), kinds: map[string]kind{}, logger: logger}
+	r := &Runner{core: core, namespace: namespace, configPath: cfg.Path, image: cfg.Kubernetes.Image, tlsSecret: cfg.Kubernetes.TLSSecret, resources: damaResources(), kinds: map[string]kind{}, logger: logger}
 	if len(cfg.Kubernetes.Resources) > 0 {
 		var err error
 		if r.resources, err = parseResources(cfg.Kubernetes.Resources); err != nil {
@@ -326,7 +328,7 @@ func restricted() *corev1.SecurityContext {
 }
 
 // build returns the pod of l.
-func (r *Runner) build(l pods.Launch) (*corev1.Pod, error) {
+func (r *Runner) build(l launch) (*corev1.Pod, error) {
 	k, ok := r.kinds[l.Kind]
 	if !ok {
 		return nil, fmt.Errorf("kind %s does not run on kubernetes here", l.Kind)
@@ -463,10 +465,21 @@ func (r *Runner) labels(id int64, runID, kind string) map[string]string {
 	return map[string]string{LabelManagedBy: managedBy, LabelTask: strconv.FormatInt(id, 10), LabelRun: runID, LabelKind: kind}
 }
 
-// Launch creates the pod of l, then its Secret, owned by the pod so that
+// launch is one attempt of a task to run in a pod.
+type launch struct {
+	ContextID int64
+	RunID     string
+	Kind      string
+	// Secrets is what the pod's task process reads from its secrets file
+	// (protocol.Secrets.Encode), and Config the configuration it runs
+	// under (the supervisor's file).
+	Secrets, Config []byte
+}
+
+// create creates the pod of l, then its Secret, owned by the pod so that
 // Kubernetes deletes it with the pod. The kubelet starts the pod's
 // containers once the Secret is there.
-func (r *Runner) Launch(ctx context.Context, l pods.Launch) error {
+func (r *Runner) create(ctx context.Context, l launch) error {
 	pod, err := r.build(l)
 	if err != nil {
 		return err
@@ -516,20 +529,20 @@ func (e *unnamed) Error() string {
 func (e *unnamed) Unwrap() error { return e.err }
 
 // Pod returns what Kubernetes says of the pod of run runID of task id.
-func (r *Runner) Pod(ctx context.Context, id int64, runID string) (pods.State, error) {
+func (r *Runner) Pod(ctx context.Context, id int64, runID string) (State, error) {
 	pod, err := r.core.Pods(r.namespace).Get(ctx, PodName(id, runID), metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
-		return pods.State{}, nil
+		return State{}, nil
 	case err != nil:
-		return pods.State{}, fmt.Errorf("read pod %s: %w", PodName(id, runID), err)
+		return State{}, fmt.Errorf("read pod %s: %w", PodName(id, runID), err)
 	}
 	return stateOf(pod), nil
 }
 
 // stateOf is what pod's status says.
-func stateOf(pod *corev1.Pod) pods.State {
-	st := pods.State{Exists: true, Created: pod.CreationTimestamp.Time, Node: pod.Spec.NodeName,
+func stateOf(pod *corev1.Pod) State {
+	st := State{Exists: true, Created: pod.CreationTimestamp.Time, Node: pod.Spec.NodeName,
 		Ended: pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed}
 	// The phase alone is not the kubelet's word: the pod garbage
 	// collector marks Failed the pods of a node that was deleted, whose

@@ -19,7 +19,6 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/dama-etl/dama/config"
-	"github.com/dama-etl/dama/internal/pods"
 	"github.com/dama-etl/dama/protocol"
 )
 
@@ -81,12 +80,12 @@ func newTestRunner(t *testing.T, yaml string) (*Runner, *fakecorev1.FakeCoreV1) 
 func TestALaunchIsAPodWithDamasContainersAndASecretItOwns(t *testing.T) {
 	r, core := newTestRunner(t, testConfig)
 	ctx := context.Background()
-	l := pods.Launch{ContextID: 42, RunID: "7f3c9a12-0b1e-4c55-9d0e-2a6f1e8b4c01", Kind: "load", Secrets: []byte("s\x00"), Config: []byte("log_dir: /l")}
-	if err := r.Launch(ctx, l); err != nil {
+	l := launch{ContextID: 42, RunID: "7f3c9a12-0b1e-4c55-9d0e-2a6f1e8b4c01", Kind: "load", Secrets: []byte("s\x00"), Config: []byte("log_dir: /l")}
+	if err := r.create(ctx, l); err != nil {
 		t.Fatal(err)
 	}
 	// A run is launched once: again, it is refused, and its pod stays.
-	if err := r.Launch(ctx, l); !apierrors.IsAlreadyExists(errors.Unwrap(err)) {
+	if err := r.create(ctx, l); !apierrors.IsAlreadyExists(errors.Unwrap(err)) {
 		t.Fatalf("a launch made again: %v", err)
 	}
 	pod, err := core.Pods("etl").Get(ctx, "dama-42-7f3c9a120b1e", metav1.GetOptions{})
@@ -166,7 +165,7 @@ func TestAPodsStateSaysWhyItWaitsOrEnded(t *testing.T) {
 	if st, err := r.Pod(ctx, 7, runID); err != nil || st.Exists {
 		t.Fatalf("before its launch: %+v, %v", st, err)
 	}
-	if err := r.Launch(ctx, pods.Launch{ContextID: 7, RunID: runID, Kind: "load"}); err != nil {
+	if err := r.create(ctx, launch{ContextID: 7, RunID: runID, Kind: "load"}); err != nil {
 		t.Fatal(err)
 	}
 	pods := core.Pods("etl")
@@ -277,7 +276,7 @@ func TestPruneDeletesThePodsPastTheirRetention(t *testing.T) {
 		}},
 	} {
 		runID := strings.Repeat(string(rune('a'+i)), 12)
-		if err := r.Launch(ctx, pods.Launch{ContextID: int64(i + 1), RunID: runID, Kind: "load"}); err != nil {
+		if err := r.create(ctx, launch{ContextID: int64(i + 1), RunID: runID, Kind: "load"}); err != nil {
 			t.Fatal(err)
 		}
 		pod, _ := core.Pods("etl").Get(ctx, PodName(int64(i+1), runID), metav1.GetOptions{})
@@ -369,7 +368,7 @@ func launchedPod(t *testing.T, yaml string) *corev1.Pod {
 	r, core := newTestRunner(t, yaml)
 	ctx := context.Background()
 	const runID = "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"
-	if err := r.Launch(ctx, pods.Launch{ContextID: 7, RunID: runID, Kind: "load"}); err != nil {
+	if err := r.create(ctx, launch{ContextID: 7, RunID: runID, Kind: "load"}); err != nil {
 		t.Fatal(err)
 	}
 	pod, err := core.Pods("etl").Get(ctx, PodName(7, runID), metav1.GetOptions{})
@@ -414,12 +413,12 @@ func TestDamasContainersTakeTheConfiguredResources(t *testing.T) {
 func TestALaunchWhoseSecretSomeoneElseMadeDoesNotRun(t *testing.T) {
 	r, core := newTestRunner(t, testConfig)
 	ctx := context.Background()
-	l := pods.Launch{ContextID: 42, RunID: "7f3c9a12-0b1e-4c55-9d0e-2a6f1e8b4c01", Kind: "load"}
+	l := launch{ContextID: 42, RunID: "7f3c9a12-0b1e-4c55-9d0e-2a6f1e8b4c01", Kind: "load"}
 	planted := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: PodName(l.ContextID, l.RunID), Namespace: "etl"}, Data: map[string][]byte{"dama.yaml": []byte("kinds: {load: {command: [steal]}}")}}
 	if _, err := core.Secrets("etl").Create(ctx, planted, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Launch(ctx, l); err == nil || !strings.Contains(err.Error(), "create the Secret") {
+	if err := r.create(ctx, l); err == nil || !strings.Contains(err.Error(), "create the Secret") {
 		t.Fatalf("launch: %v, want the Secret refused", err)
 	}
 	if _, err := core.Pods("etl").Get(ctx, planted.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {

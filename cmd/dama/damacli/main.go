@@ -22,7 +22,7 @@ import (
 
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/internal/hostproc"
-	"github.com/dama-etl/dama/internal/pods"
+	"github.com/dama-etl/dama/supervisor"
 	"github.com/dama-etl/dama/version"
 )
 
@@ -32,7 +32,7 @@ type Options struct {
 	// (config.RunnerKubernetes), or returns nil when it has none. Nil
 	// (the default): a supervisor refuses a configuration with
 	// kubernetes kinds.
-	Pods func(*config.Config, *slog.Logger) (pods.Runner, error)
+	Pods func(*config.Config, *slog.Logger) (supervisor.Launcher, error)
 }
 
 // Main runs the dama command on the process's arguments, and exits.

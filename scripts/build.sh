@@ -2,12 +2,14 @@
 # Builds dama (and the sample ETL program) into DIR (default ./bin), with the
 # commit stamped in: `dama version` prints it. The Go toolchain stamps it by
 # itself only with -buildvcs, which some environments turn off (GOFLAGS).
-# DAMA_BUILD_TAGS=kubernetes builds a dama that runs pods (kinds with
-# runner: kubernetes), as the image's is.
+# DAMA_BUILD_KUBERNETES=1 builds them from the Kubernetes module
+# (kubernetes/), whose dama runs pods too (kinds with runner: kubernetes),
+# as the image's does.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-bin}
 mkdir -p "$out"
+out=$(cd "$out" && pwd)
 commit=$(git rev-parse HEAD 2>/dev/null || true)
 if [ -n "$commit" ] && ! git diff --quiet HEAD 2>/dev/null; then
 	commit=$commit-dirty
@@ -25,5 +27,9 @@ export CGO_ENABLED
 # supervisor runs dama-taskrunner only when its build is dama's own (the
 # same commit, settings and dependencies; a second go build would see the
 # first's output as a change to the tree when DIR is in it).
-go build -tags "${DAMA_BUILD_TAGS:-}" -ldflags "$ldflags" -o "$out/" ./cmd/dama ./cmd/dama-taskrunner ./cmd/dama-shim
+if [ "${DAMA_BUILD_KUBERNETES:-}" = 1 ]; then
+	(cd kubernetes && go build -ldflags "$ldflags" -o "$out/" ./cmd/dama github.com/dama-etl/dama/cmd/dama-taskrunner github.com/dama-etl/dama/cmd/dama-shim)
+else
+	go build -ldflags "$ldflags" -o "$out/" ./cmd/dama ./cmd/dama-taskrunner ./cmd/dama-shim
+fi
 go build -o "$out/sample-etl" ./cmd/sample-etl

@@ -2,7 +2,7 @@
 # scripts/image.sh [OUT] [NAME]: dama's container image, from scratch, as an
 # OCI archive: OUT (default bin/dama-image.tar), named NAME (default
 # docker.io/library/dama:dev, which a pod names dama:dev). No base image,
-# no registry, no Docker: the static dama (built to run pods too),
+# no registry, no Docker: the static dama of the Kubernetes module (which runs pods too),
 # dama-taskrunner and dama-shim of scripts/build.sh, a passwd naming the user it runs as (65532, "dama"),
 # and the host's CA bundle, for a DATABASE_URL with sslmode=verify-full.
 # Load it with `ctr -n k8s.io images import OUT` (a node's containerd),
@@ -16,7 +16,7 @@ name=${2:-docker.io/library/dama:dev}
 root=$(mktemp -d)
 trap 'rm -rf "$root"' EXIT
 # The image's dama runs pods too.
-DAMA_BUILD_TAGS=kubernetes scripts/build.sh "$root/bin" >/dev/null
+DAMA_BUILD_KUBERNETES=1 scripts/build.sh "$root/bin" >/dev/null
 mkdir -p "$root/rootfs/etc/ssl/certs" "$root/rootfs/tmp"
 chmod 1777 "$root/rootfs/tmp"
 install -m 0755 "$root/bin/dama" "$root/bin/dama-taskrunner" "$root/bin/dama-shim" "$root/rootfs/"

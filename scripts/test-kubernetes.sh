@@ -74,9 +74,9 @@ fi
 version=$(psql "$DAMA_PG_URL" -Atc "SELECT max(version_id) FROM data_manager.schema_migrations")
 echo "ok: a pod of dama:dev migrated the database to version $version through $node_ip"
 
-# The tests on the cluster (cmd/dama's *OnKubernetes, built with -tags
-# kubernetes): each makes a database of its own on this server and a
-# namespace of its own, and deploys the supervisor there with
-# deploy/kubernetes. The password reaches them in their environment.
-DAMA_TEST_KUBE_DB_ADDR="$node_ip:$pg_port" DAMA_TEST_KUBE_DB_PASSWORD="$password" TEST_DATABASE_URL="$DAMA_PG_URL" \
-	go test -tags kubernetes -count=1 -timeout 30m -v -run 'OnKubernetes$' ./cmd/dama "$@"
+# The tests on the cluster (the Kubernetes module's *OnKubernetes): each
+# makes a database of its own on this server and a namespace of its own,
+# and deploys the supervisor there with deploy/kubernetes. The password
+# reaches them in their environment.
+export DAMA_TEST_KUBE_DB_ADDR="$node_ip:$pg_port" DAMA_TEST_KUBE_DB_PASSWORD="$password" TEST_DATABASE_URL="$DAMA_PG_URL"
+(cd kubernetes && go test -count=1 -timeout 30m -v -run 'OnKubernetes$' . "$@")

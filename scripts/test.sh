@@ -164,8 +164,7 @@ GOFLAGS="$(go env GOFLAGS) -trimpath -buildvcs=auto"
 export GOFLAGS
 
 go vet ./...
-# What only dama's image builds: its dama runs pods (-tags kubernetes).
-go vet -tags kubernetes ./cmd/dama
+(cd kubernetes && go vet ./...)
 
 # The binaries the tests run (dama, dama-taskrunner, dama-shim and the
 # samples), built once for every package's tests: static, as
@@ -186,6 +185,9 @@ go build -race -ldflags "$ldflags" -o "$DAMA_TEST_BIN_DIR/race/" "${bins[@]}"
 # test binaries too: not here (testenv sets it for what the tests start).
 export GORACE="${GORACE:-atexit_sleep_ms=0}"
 go test -race -count=1 -timeout "$go_timeout" -parallel "${DAMA_TEST_PARALLEL:-8}" "$@" ./...
+# The Kubernetes module: its launcher and dama's image, which is built from
+# it; its tests on a cluster are skipped here (scripts/test-kubernetes.sh).
+(cd kubernetes && go test -race -count=1 -timeout "$go_timeout" "$@" ./...)
 
 # A short fuzz pass over the parsers of outside input, from the corpora in
 # each package's testdata/fuzz and the inputs this host's Go cache kept from

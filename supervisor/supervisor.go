@@ -240,7 +240,7 @@ func check(cfg *config.Config, opts Options) error {
 		return err
 	}
 	if cfg.Runs(config.RunnerKubernetes) && opts.Pods == nil {
-		return errors.New("the configuration's kinds run on kubernetes, which this program was built without: run dama's image, or build dama with -tags kubernetes")
+		return errors.New("the configuration's kinds run on kubernetes, which this program cannot launch: run dama's image, whose dama is the Kubernetes module's (kubernetes/cmd/dama)")
 	}
 	for _, name := range cfg.Functions() {
 		if opts.Funcs[name] == nil {

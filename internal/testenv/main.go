@@ -102,7 +102,9 @@ func Build(dir string) error {
 const raceDir = "race"
 
 func build(dir string, race bool) error {
-	for _, pkg := range []string{"cmd/dama", "cmd/dama-taskrunner", "cmd/dama-shim", "cmd/sample-etl", "cmd/sample-embedded"} {
+	// dama is the module's own (the Kubernetes module's runs pods too), the
+	// rest the core module's.
+	for _, pkg := range []string{"./cmd/dama", "github.com/dama-etl/dama/cmd/dama-taskrunner", "github.com/dama-etl/dama/cmd/dama-shim", "github.com/dama-etl/dama/cmd/sample-etl", "github.com/dama-etl/dama/cmd/sample-embedded"} {
 		args := []string{"build", "-o", filepath.Join(dir, filepath.Base(pkg))}
 		if commit := headCommit(); commit != "" {
 			args = append(args, "-ldflags", "-X github.com/dama-etl/dama/version.commit="+commit)
@@ -115,7 +117,7 @@ func build(dir string, race bool) error {
 			// what users run. (The race detector needs cgo.)
 			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		}
-		cmd.Args = append(cmd.Args, "./"+pkg)
+		cmd.Args = append(cmd.Args, pkg)
 		cmd.Dir = moduleRoot()
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return fmt.Errorf("build %s: %v\n%s", pkg, err, out)

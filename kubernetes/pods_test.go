@@ -1,4 +1,4 @@
-package podrunner
+package kubernetes
 
 import (
 	"context"

@@ -1,11 +1,11 @@
-// Package podrunner runs the tasks of kubernetes kinds (config.RunnerKubernetes)
+// Package kubernetes runs the tasks of kubernetes kinds (config.RunnerKubernetes)
 // in pods, with client-go: one bare pod per attempt, made from the kind's
 // template, with no owner (a supervisor's redeploy leaves it running), and
 // a Secret beside it that only dama's container mounts (see
 // docs/kubernetes.md). The task process in the pod holds the task's lock
 // as on a host, and the supervisors adopt it through that lock: the pod
 // is only where it lives.
-package podrunner
+package kubernetes
 
 import (
 	"bytes"

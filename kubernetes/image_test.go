@@ -1,4 +1,4 @@
-package main
+package kubernetes_test
 
 import (
 	"archive/tar"
@@ -25,7 +25,7 @@ func TestTheImageIsAnOCIArchiveOfDama(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	out := filepath.Join(dir, "image.tar")
-	script, err := filepath.Abs(filepath.Join("..", "..", "scripts", "image.sh"))
+	script, err := filepath.Abs(filepath.Join("..", "scripts", "image.sh"))
 	if err != nil {
 		t.Fatal(err)
 	}

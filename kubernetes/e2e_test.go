@@ -1,6 +1,4 @@
-//go:build kubernetes
-
-package main
+package kubernetes_test
 
 import (
 	"cmp"
@@ -27,13 +25,13 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/dama-etl/dama/etlcontext"
-	"github.com/dama-etl/dama/internal/podrunner"
 	"github.com/dama-etl/dama/internal/testenv"
+	"github.com/dama-etl/dama/kubernetes"
 )
 
 // The tests on a real cluster: scripts/test-kubernetes.sh starts one
 // (scripts/kube.sh), with the test server on the node's address, and
-// runs them with go test -tags kubernetes. Elsewhere they are skipped.
+// runs them. Elsewhere they are skipped.
 const (
 	// kubeDBAddrEnv is where the pods reach the test server (host:port);
 	// kubeDBPasswordEnv, its postgres role's password.
@@ -179,7 +177,7 @@ func (w *kubeWorld) deploy() {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		w.T.Fatal(err)
 	}
-	base, err := filepath.Abs("../../deploy/kubernetes")
+	base, err := filepath.Abs("../deploy/kubernetes")
 	if err != nil {
 		w.T.Fatal(err)
 	}
@@ -216,7 +214,7 @@ func (w *kubeWorld) rolledOut() {
 // taskPods returns the names of task id's pods.
 func (w *kubeWorld) taskPods(id int64) []string {
 	w.T.Helper()
-	list, err := w.core.Pods(w.ns).List(context.Background(), metav1.ListOptions{LabelSelector: podrunner.LabelTask + "=" + strconv.FormatInt(id, 10)})
+	list, err := w.core.Pods(w.ns).List(context.Background(), metav1.ListOptions{LabelSelector: kubernetes.LabelTask + "=" + strconv.FormatInt(id, 10)})
 	if err != nil {
 		w.T.Fatal(err)
 	}
@@ -396,7 +394,7 @@ func TestWhatKubernetesAddsOnKubernetes(t *testing.T) {
 			ObjectMeta: metav1.ObjectMeta{Name: "dama-tasks"},
 			Spec: policyv1.PodDisruptionBudgetSpec{
 				MaxUnavailable: new(intstr.FromInt32(0)),
-				Selector:       &metav1.LabelSelector{MatchLabels: map[string]string{podrunner.LabelManagedBy: "dama"}},
+				Selector:       &metav1.LabelSelector{MatchLabels: map[string]string{kubernetes.LabelManagedBy: "dama"}},
 			},
 		}
 		if _, err := w.policy.PodDisruptionBudgets(w.ns).Create(ctx, budget, metav1.CreateOptions{}); err != nil {
@@ -619,7 +617,7 @@ func (w *kubeWorld) stopKubelet() {
 func (w *kubeWorld) startKubelet() {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	if out, err := exec.CommandContext(ctx, "bash", "../../scripts/kube.sh", "node").CombinedOutput(); err != nil {
+	if out, err := exec.CommandContext(ctx, "bash", "../scripts/kube.sh", "node").CombinedOutput(); err != nil {
 		w.T.Errorf("start the kubelet again: %v\n%s", err, out)
 	}
 }

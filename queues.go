@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"os/user"
 	"strings"
 	"unicode/utf8"
 
@@ -134,19 +132,6 @@ func (c *Client) checkKind(ctx context.Context, kind string) error {
 		return err
 	}
 	return fmt.Errorf("%w %q: no supervisor published it, and no task of it was ever submitted (give the configuration to name a kind before its first task)", ErrUnknownKind, kind)
-}
-
-// defaultActor names who acts, for the record: user@host.
-func defaultActor() string {
-	name := "unknown"
-	if u, err := user.Current(); err == nil {
-		name = u.Username
-	}
-	host, err := os.Hostname()
-	if err != nil {
-		host = "unknown"
-	}
-	return name + "@" + host
 }
 
 // Schedules reads data_manager.dama_schedules: per periodic kind, the last

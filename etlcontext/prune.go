@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/dama-etl/dama/internal/pgerr"
 )
 
 // Pruned counts what one Prune removed.
@@ -174,7 +172,7 @@ func pruneOnce(ctx context.Context, db Beginner, olderThan time.Duration, limits
 			return nil
 		}
 		if err := tx.QueryRow(ctx, `SELECT tasks, events, attempts FROM data_manager.remove_tasks($1)`, remove).Scan(&p.Tasks, &p.Events, &p.Attempts); err != nil {
-			if pgerr.Code(err) == "DMPRU" {
+			if ErrCode(err) == "DMPRU" {
 				p = Pruned{}
 				return errPruneRace
 			}

@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/dama-etl/dama/etlcontext"
-	"github.com/dama-etl/dama/internal/pgerr"
 	"github.com/dama-etl/dama/internal/pglisten"
 	"github.com/dama-etl/dama/internal/pgsession"
 )
@@ -121,9 +120,9 @@ func (s *Supervisor) newLiveness() *pglisten.Listener[*pgx.Conn] {
 				// outage is this line and the one at its end. A server
 				// that answers (a refused password, a revoked grant) is
 				// no outage: what fails meanwhile is worth reading. Too
-				// many clients counts as one (pgerr.ConnectionLost): no
+				// many clients counts as one (etlcontext.ConnectionLost): no
 				// new connection can be made, as in a restart.
-				if pgerr.Unreachable(err) {
+				if etlcontext.Unreachable(err) {
 					s.outage.Begin()
 				}
 				return true
@@ -157,7 +156,7 @@ const outageGrace = time.Second
 func lostTheDatabase(r slog.Record) bool {
 	lost := false
 	r.Attrs(func(a slog.Attr) bool {
-		if err, ok := a.Value.Any().(error); ok && pgerr.Unreachable(err) {
+		if err, ok := a.Value.Any().(error); ok && etlcontext.Unreachable(err) {
 			lost = true
 			return false
 		}

@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/dama-etl/dama/internal/pgerr"
+	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
 )
 
@@ -55,7 +55,7 @@ func TestASupervisorStartingWhileTheServerIsFullWaitsForIt(t *testing.T) {
 	for {
 		c, err := pgx.Connect(ctx, env.URL)
 		if err != nil {
-			if !pgerr.Unreachable(err) {
+			if !etlcontext.Unreachable(err) {
 				t.Fatal(err)
 			}
 			break
@@ -151,7 +151,7 @@ func startWaiting(t *testing.T, env *testenv.Env, pool *pgxpool.Pool, dbURL, wha
 
 // waitHeard is a log handler that discards every record, and closes heard
 // at the first that says the database is unreachable and waited for
-// (pgerr.WaitReachable).
+// (etlcontext.WaitReachable).
 type waitHeard struct {
 	once  sync.Once
 	heard chan struct{}

@@ -24,8 +24,6 @@ import (
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/hostproc"
 	"github.com/dama-etl/dama/internal/logdir"
-	"github.com/dama-etl/dama/internal/logfilter"
-	"github.com/dama-etl/dama/internal/pgerr"
 	"github.com/dama-etl/dama/internal/pglisten"
 	"github.com/dama-etl/dama/internal/runas"
 	"github.com/dama-etl/dama/internal/submit"
@@ -54,7 +52,7 @@ type Supervisor struct {
 	// logger is Options.Logger, muted while outage lasts (from the
 	// liveness connection's loss to its return).
 	logger *slog.Logger
-	outage logfilter.Outage
+	outage outageMuter
 	host   string
 	hostID string
 	// keeperSecret is what its task processes and their host's lock
@@ -318,7 +316,7 @@ func (s *Supervisor) newRiverClient() (*river.Client[pgx.Tx], error) {
 		Workers: workers,
 		// River reports every retry and snooze at info level; dama logs
 		// what matters about a task itself.
-		Logger:            slog.New(logfilter.Floor{Handler: s.outage.Handler(s.opts.Logger.Handler(), outageGrace, nil), Min: slog.LevelWarn}),
+		Logger:            slog.New(levelFloor{Handler: s.outage.Handler(s.opts.Logger.Handler(), outageGrace, nil), Min: slog.LevelWarn}),
 		FetchCooldown:     s.opts.FetchCooldown,
 		FetchPollInterval: s.opts.FetchPollInterval,
 		JobTimeout:        stepTimeout(s.opts.LaunchTimeout),
@@ -347,12 +345,12 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	// connection's failure drops it, and is released only after River has
 	// stopped (the deferred stopBackground runs after the River.Stop
 	// below). The start waits for a database that restarts or fails over
-	// meanwhile (pgerr.WaitReachable), as one started in a chaos run on a
+	// meanwhile (etlcontext.WaitReachable), as one started in a chaos run on a
 	// slow machine did not: it exited at "open liveness connection". An
 	// older release than the schema, or one whose task processes the
 	// database no longer accepts, touches no task.
 	var live, l *pglisten.Listener[*pgx.Conn]
-	if err := pgerr.WaitReachable(ctx, s.logger, func() error {
+	if err := etlcontext.WaitReachable(ctx, s.logger, func() error {
 		if err := sql.CheckMigrated(ctx, s.pool); err != nil {
 			return err
 		}
@@ -405,7 +403,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	if err := s.rescueOrphanedSteps(ctx); err != nil {
 		s.logger.Warn("rescue orphaned steps", "error", err)
 	}
-	if err := pgerr.WaitReachable(ctx, s.logger, func() error { return s.river.Start(ctx) }); err != nil {
+	if err := etlcontext.WaitReachable(ctx, s.logger, func() error { return s.river.Start(ctx) }); err != nil {
 		return fmt.Errorf("start River client: %w", err)
 	}
 	s.logger.Info("supervisor started", "host", s.host, "client_id", s.river.ID(), "queues", s.cfg.QueueNames(), "kinds", s.cfg.KindNames(),

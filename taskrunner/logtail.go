@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/dama-etl/dama/etlcontext"
-	"github.com/dama-etl/dama/internal/pgerr"
 	"github.com/dama-etl/dama/protocol"
 )
 
@@ -272,7 +271,7 @@ func retriable(err error, conn dbConn) bool {
 	case connectionLost:
 		return true
 	case serverBusy:
-		return !strings.HasPrefix(pgerr.Code(err), "42")
+		return !strings.HasPrefix(etlcontext.ErrCode(err), "42")
 	}
 	return false
 }

@@ -5,8 +5,8 @@ import (
 	"errors"
 	"time"
 
+	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/keeper"
-	"github.com/dama-etl/dama/internal/pgerr"
 )
 
 // retry reports whether the write that failed with err is to be tried
@@ -64,11 +64,11 @@ func classifyWriteError(err error, conn dbConn) writeError {
 		// lock it holds, are fine.
 		return serverBusy
 	}
-	if code := pgerr.Code(err); code != "" {
+	if code := etlcontext.ErrCode(err); code != "" {
 		switch {
-		case conn == nil || conn.IsClosed(), pgerr.ConnectionLost(code):
+		case conn == nil || conn.IsClosed(), etlcontext.ConnectionLost(code):
 			return connectionLost
-		case pgerr.Refused(code):
+		case etlcontext.RequestRefused(code):
 			// The write itself is refused: what the database cannot
 			// store, or one of dama's guards.
 			return statementError
@@ -79,7 +79,7 @@ func classifyWriteError(err error, conn dbConn) writeError {
 		// inside. The same write may pass next time.
 		return serverBusy
 	}
-	if conn == nil || conn.IsClosed() || pgerr.Unreachable(err) || errors.Is(err, context.DeadlineExceeded) {
+	if conn == nil || conn.IsClosed() || etlcontext.Unreachable(err) || errors.Is(err, context.DeadlineExceeded) {
 		return connectionLost
 	}
 	return statementError

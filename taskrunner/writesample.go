@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/dama-etl/dama/etlcontext"
-	"github.com/dama-etl/dama/internal/pgerr"
 	"github.com/dama-etl/dama/protocol"
 )
 
@@ -222,11 +221,11 @@ func (w *writer) serveProgress(ctx context.Context) bool {
 	case kind == connectionLost:
 		w.retry(ctx, err) // closes the connection, to be made again
 		again(true)
-	case kind == serverBusy && !strings.HasPrefix(pgerr.Code(err), "42"):
+	case kind == serverBusy && !strings.HasPrefix(etlcontext.ErrCode(err), "42"):
 		// Refused for now (a timeout, a read-only server): set a second
 		// later.
 		again(false)
-	case kind == statementError && !strings.HasPrefix(pgerr.Code(err), "42"):
+	case kind == statementError && !strings.HasPrefix(etlcontext.ErrCode(err), "42"):
 		// This payload is refused: the next one may not be.
 		w.logger.Warn("the database refused the task's latest progress", "error", err)
 	default:

@@ -16,7 +16,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dama-etl/dama/etlcontext"
-	"github.com/dama-etl/dama/internal/pgerr"
 )
 
 // Config configures a keeper (Serve).
@@ -376,9 +375,9 @@ func (s *server) drop(sess *session) bool {
 func unavailable(err error) bool {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		return pgerr.ConnectionLost(pgErr.Code)
+		return etlcontext.ConnectionLost(pgErr.Code)
 	}
-	return pgerr.Unreachable(err) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, syscall.EPIPE)
+	return etlcontext.Unreachable(err) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, syscall.EPIPE)
 }
 
 // toWire turns err into what the session is told.

@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/dama-etl/dama/internal/pgerr"
+	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/pgsession"
 	"github.com/dama-etl/dama/sql"
 )
@@ -74,7 +74,7 @@ func connectMigrated(ctx context.Context, minConns int32, configure ...func(*pgx
 
 // waitForDatabase is connectMigrated that waits, until ctx ends, for a
 // database that restarts or fails over (a supervisor that systemd restarts
-// meanwhile, say), reporting the wait: whatever pgerr.Unreachable says a
+// meanwhile, say), reporting the wait: whatever etlcontext.Unreachable says a
 // later connection may cure, a full server among them. An unmigrated
 // database, a malformed URL or a login the server refuses (a password, a
 // missing database) is an error at once; a host name that does not
@@ -84,7 +84,7 @@ func waitForDatabase(ctx context.Context, logger *slog.Logger, minConns int32) (
 		pool *pgxpool.Pool
 		url  string
 	)
-	err := pgerr.WaitReachable(ctx, logger, func() (err error) {
+	err := etlcontext.WaitReachable(ctx, logger, func() (err error) {
 		pool, url, err = connectMigrated(ctx, minConns)
 		return err
 	})
@@ -107,7 +107,7 @@ var urlScheme = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.-]*$`)
 
 // connectError is a failed connection in one line: what was tried and the
 // server's or the network's answer, once. Its chain is pgx's, which
-// pgerr.Unreachable reads.
+// etlcontext.Unreachable reads.
 type connectError struct {
 	msg string
 	err error

@@ -13,7 +13,6 @@ import (
 
 	"github.com/dama-etl/dama"
 	"github.com/dama-etl/dama/etlcontext"
-	"github.com/dama-etl/dama/internal/pgerr"
 	"github.com/dama-etl/dama/protocol"
 )
 
@@ -150,7 +149,7 @@ func waitForTask(ctx context.Context, client *dama.Client, db etlcontext.DB, id 
 		case ctx.Err() != nil:
 			newline()
 			return exitTaskUnknown, fmt.Errorf("stopped waiting; task %d goes on", id)
-		case err != nil && !pgerr.Transient(err):
+		case err != nil && !etlcontext.Transient(err):
 			newline()
 			return exitTaskUnknown, fmt.Errorf("follow task %d: %w", id, err)
 		case err != nil:
@@ -254,7 +253,7 @@ func watchTasks(ctx context.Context, db etlcontext.DB, q etlcontext.TaskQuery, w
 		switch {
 		case ctx.Err() != nil:
 			return nil
-		case err != nil && !pgerr.Transient(err):
+		case err != nil && !etlcontext.Transient(err):
 			return err
 		case err != nil:
 			table.Reset()

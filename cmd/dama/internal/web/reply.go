@@ -12,7 +12,6 @@ import (
 
 	"github.com/dama-etl/dama"
 	"github.com/dama-etl/dama/etlcontext"
-	"github.com/dama-etl/dama/internal/pgerr"
 )
 
 // bufferedReply is a reply made in memory, to write later.
@@ -94,7 +93,7 @@ func actionError(w http.ResponseWriter, err error) {
 		writeError(w, http.StatusBadRequest, err)
 	case errors.Is(err, etlcontext.ErrNotFound), errors.Is(err, dama.ErrUnknownQueue):
 		writeError(w, http.StatusNotFound, err)
-	case errors.Is(err, context.DeadlineExceeded), pgerr.Unreachable(err), isConnectError(err):
+	case errors.Is(err, context.DeadlineExceeded), etlcontext.Unreachable(err), isConnectError(err):
 		writeError(w, http.StatusServiceUnavailable, err)
 	default:
 		writeError(w, http.StatusConflict, err)

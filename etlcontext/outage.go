@@ -1,9 +1,10 @@
-// Package pgerr sorts the errors of a PostgreSQL connection by what cures
-// them: waiting for the server (it restarts, fails over, is full or out of
+package etlcontext
+
+// The errors of a PostgreSQL connection, sorted by what cures them:
+// waiting for the server (it restarts, fails over, is full or out of
 // reach), trying the same request again (the server turned it away for
-// now), or nothing (the request itself is refused). Every part of dama that
-// rides out a database outage asks here, so that they all agree.
-package pgerr
+// now), or nothing (the request itself is refused). Every part of dama
+// that rides out a database outage asks here, so that they all agree.
 
 import (
 	"context"
@@ -17,8 +18,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// Code is err's SQLSTATE, or "" when the server did not answer with one.
-func Code(err error) string {
+// ErrCode is err's SQLSTATE, or "" when the server did not answer with one.
+func ErrCode(err error) string {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		return pgErr.Code
@@ -34,11 +35,11 @@ func ConnectionLost(code string) bool {
 	return len(code) == 5 && (code[:2] == "08" || code[:3] == "57P" || code == "53300")
 }
 
-// Refused reports a SQLSTATE that the request itself causes, which no
+// RequestRefused reports a SQLSTATE that the request itself causes, which no
 // retry cures: data the database cannot store (class 22), a broken
 // constraint (23), a program limit (54), or one of dama's guards (class
 // DM, raised by its triggers).
-func Refused(code string) bool {
+func RequestRefused(code string) bool {
 	if len(code) != 5 {
 		return false
 	}
@@ -59,7 +60,7 @@ func Unreachable(err error) bool {
 	if err == nil {
 		return false
 	}
-	if code := Code(err); code != "" {
+	if code := ErrCode(err); code != "" {
 		return ConnectionLost(code)
 	}
 	var (
@@ -79,7 +80,7 @@ func Transient(err error) bool {
 	if Unreachable(err) {
 		return true
 	}
-	code := Code(err)
+	code := ErrCode(err)
 	if len(code) != 5 {
 		return errors.Is(err, context.DeadlineExceeded)
 	}
@@ -110,7 +111,7 @@ func WaitReachable(ctx context.Context, logger *slog.Logger, try func() error) e
 			return nil
 		}
 		// A try cut short by ctx (a SIGTERM) is no sign of the database.
-		if ctx.Err() != nil || !Unreachable(err) && Code(err) != "25006" {
+		if ctx.Err() != nil || !Unreachable(err) && ErrCode(err) != "25006" {
 			return err
 		}
 		if tries == 1 || tries%30 == 0 {

@@ -1,4 +1,4 @@
-package pgerr_test
+package etlcontext
 
 import (
 	"context"
@@ -9,8 +9,6 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
-
-	"github.com/dama-etl/dama/internal/pgerr"
 )
 
 func TestErrorsAreSortedByWhatCuresThem(t *testing.T) {
@@ -38,13 +36,13 @@ func TestErrorsAreSortedByWhatCuresThem(t *testing.T) {
 		{"nil", nil, false, false, false},
 		{"refused dial", refusedDial(t), true, true, false},
 	} {
-		if got := pgerr.Unreachable(c.err); got != c.unreachable {
+		if got := Unreachable(c.err); got != c.unreachable {
 			t.Errorf("%s: Unreachable = %v, want %v", c.name, got, c.unreachable)
 		}
-		if got := pgerr.Transient(c.err); got != c.transient {
+		if got := Transient(c.err); got != c.transient {
 			t.Errorf("%s: Transient = %v, want %v", c.name, got, c.transient)
 		}
-		if got := pgerr.Refused(pgerr.Code(c.err)); got != c.refused {
+		if got := RequestRefused(ErrCode(c.err)); got != c.refused {
 			t.Errorf("%s: Refused = %v, want %v", c.name, got, c.refused)
 		}
 	}

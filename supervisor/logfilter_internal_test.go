@@ -1,4 +1,4 @@
-package logfilter_test
+package supervisor
 
 import (
 	"bytes"
@@ -7,8 +7,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/dama-etl/dama/internal/logfilter"
 )
 
 // syncBuffer is a buffer that the timers' goroutines write to.
@@ -31,7 +29,7 @@ func (s *syncBuffer) String() string {
 
 // logger logs the records of "held..." messages through o held for grace,
 // the others at once, as text without times.
-func logger(o *logfilter.Outage, grace time.Duration) (*slog.Logger, *syncBuffer) {
+func logger(o *outageMuter, grace time.Duration) (*slog.Logger, *syncBuffer) {
 	out := &syncBuffer{}
 	text := slog.NewTextHandler(out, &slog.HandlerOptions{ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
 		if a.Key == slog.TimeKey {
@@ -50,7 +48,7 @@ func TestOutageHoldsMutesAndFlushes(t *testing.T) {
 	t.Parallel()
 	t.Run("held until the grace ends", func(t *testing.T) {
 		t.Parallel()
-		var o logfilter.Outage
+		var o outageMuter
 		log, out := logger(&o, time.Hour)
 		log.Warn("held for an hour")
 		log.Warn("not held")
@@ -61,7 +59,7 @@ func TestOutageHoldsMutesAndFlushes(t *testing.T) {
 	})
 	t.Run("flushed", func(t *testing.T) {
 		t.Parallel()
-		var o logfilter.Outage
+		var o outageMuter
 		log, out := logger(&o, 10*time.Millisecond)
 		log.Warn("held, then written")
 		o.Flush()
@@ -71,7 +69,7 @@ func TestOutageHoldsMutesAndFlushes(t *testing.T) {
 	})
 	t.Run("dropped for an outage", func(t *testing.T) {
 		t.Parallel()
-		var o logfilter.Outage
+		var o outageMuter
 		// Its grace is the time between the warning and Begin, on a busy
 		// machine too.
 		log, out := logger(&o, 2*time.Second)
@@ -93,7 +91,7 @@ func TestOutageHoldsMutesAndFlushes(t *testing.T) {
 	// handled, between its look at the outage and its being held.
 	t.Run("dropped when the outage begins as it is handled", func(t *testing.T) {
 		t.Parallel()
-		var o logfilter.Outage
+		var o outageMuter
 		out := &syncBuffer{}
 		log := slog.New(o.Handler(slog.NewTextHandler(out, nil), 10*time.Millisecond, func(slog.Record) bool {
 			o.Begin()

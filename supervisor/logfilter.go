@@ -1,7 +1,8 @@
-// Package logfilter holds the slog handlers that keep dama's logs quiet:
-// a level floor for the libraries' chatter, and the muting of what an
-// outage of the database makes everything fail with.
-package logfilter
+package supervisor
+
+// The slog handlers that keep a supervisor's log quiet: a level floor for
+// River's chatter, and the muting of what an outage of the database makes
+// everything fail with.
 
 import (
 	"context"
@@ -11,33 +12,33 @@ import (
 	"time"
 )
 
-// Floor passes on Handler's records from Min up.
-type Floor struct {
+// levelFloor passes on Handler's records from Min up.
+type levelFloor struct {
 	slog.Handler
 	Min slog.Level
 }
 
 // Enabled reports whether l is at least Min and Handler takes it.
-func (f Floor) Enabled(ctx context.Context, l slog.Level) bool {
+func (f levelFloor) Enabled(ctx context.Context, l slog.Level) bool {
 	return l >= f.Min && f.Handler.Enabled(ctx, l)
 }
 
 // WithAttrs returns the floor over Handler.WithAttrs.
-func (f Floor) WithAttrs(attrs []slog.Attr) slog.Handler {
-	return Floor{Handler: f.Handler.WithAttrs(attrs), Min: f.Min}
+func (f levelFloor) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return levelFloor{Handler: f.Handler.WithAttrs(attrs), Min: f.Min}
 }
 
 // WithGroup returns the floor over Handler.WithGroup.
-func (f Floor) WithGroup(name string) slog.Handler {
-	return Floor{Handler: f.Handler.WithGroup(name), Min: f.Min}
+func (f levelFloor) WithGroup(name string) slog.Handler {
+	return levelFloor{Handler: f.Handler.WithGroup(name), Min: f.Min}
 }
 
-// Outage mutes warnings and errors while the database is known to be
+// outageMuter mutes warnings and errors while the database is known to be
 // unreachable: every statement fails then, and each failure would say so
 // again (River's fetches alone, several a second). Whoever notices the
 // outage logs it once and calls Begin, and at its end calls End and logs
-// how many records were muted. The zero Outage is ready, and not muting.
-type Outage struct {
+// how many records were muted. The zero outageMuter is ready, and not muting.
+type outageMuter struct {
 	down  atomic.Bool
 	muted atomic.Int64
 	// begun counts the outages, for the held records.
@@ -53,13 +54,13 @@ type Outage struct {
 // reads begun before down (Handle): a record that read the new begun sees
 // down, and one that read the old begun and no outage is dropped when its
 // grace ends, so that none logged as the outage begins gets through.
-func (o *Outage) Begin() {
+func (o *outageMuter) Begin() {
 	o.down.Store(true)
 	o.begun.Add(1)
 }
 
 // End stops muting and returns how many records were muted since Begin.
-func (o *Outage) End() int64 {
+func (o *outageMuter) End() int64 {
 	o.down.Store(false)
 	return o.muted.Swap(0)
 }
@@ -67,7 +68,7 @@ func (o *Outage) End() int64 {
 // Flush waits for the records held (see Handler) to be written or
 // dropped, at most their grace, and holds none from then on, for good: a
 // program calls it once, before it exits, lest its last warnings be lost.
-func (o *Outage) Flush() {
+func (o *outageMuter) Flush() {
 	o.mu.Lock()
 	o.flushed = true
 	o.mu.Unlock()
@@ -80,13 +81,13 @@ func (o *Outage) Flush() {
 // calls Begin notices at the same instant (River's fetches and notifier, a
 // listening connection, any statement cut off by the server's restart),
 // which would otherwise say so first.
-func (o *Outage) Handler(h slog.Handler, grace time.Duration, held func(slog.Record) bool) slog.Handler {
+func (o *outageMuter) Handler(h slog.Handler, grace time.Duration, held func(slog.Record) bool) slog.Handler {
 	return muted{Handler: h, o: o, grace: grace, held: held}
 }
 
 type muted struct {
 	slog.Handler
-	o     *Outage
+	o     *outageMuter
 	grace time.Duration
 	held  func(slog.Record) bool
 }

@@ -102,9 +102,9 @@ func Build(dir string) error {
 const raceDir = "race"
 
 func build(dir string, race bool) error {
-	// dama is the module's own (the Kubernetes module's runs pods too), the
-	// rest the core module's.
-	for _, pkg := range []string{"./cmd/dama", "github.com/dama-etl/dama/cmd/dama-taskrunner", "github.com/dama-etl/dama/cmd/dama-shim", "github.com/dama-etl/dama/cmd/sample-etl", "github.com/dama-etl/dama/cmd/sample-embedded"} {
+	// dama and dama-taskrunner are the module's own (the Kubernetes
+	// module's dama runs pods too), the rest the core module's.
+	for _, pkg := range []string{"./cmd/dama", "./cmd/dama-taskrunner", "github.com/dama-etl/dama/cmd/dama-shim", "github.com/dama-etl/dama/cmd/sample-etl", "github.com/dama-etl/dama/cmd/sample-embedded"} {
 		args := []string{"build", "-o", filepath.Join(dir, filepath.Base(pkg))}
 		if commit := headCommit(); commit != "" {
 			args = append(args, "-ldflags", "-X github.com/dama-etl/dama/version.commit="+commit)

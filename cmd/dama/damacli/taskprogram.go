@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"runtime/debug"
 	"slices"
@@ -15,9 +16,6 @@ import (
 // taskProgramName is the program of the task processes (cmd/dama-taskrunner)
 // that a supervisor looks for beside its own binary.
 const taskProgramName = "dama-taskrunner"
-
-// taskProgramPath is the package path dama-taskrunner is built from.
-const taskProgramPath = "github.com/dama-etl/dama/cmd/" + taskProgramName
 
 // taskProgram returns the program the supervisor's task processes run
 // (supervisor.Options.Executable): dama-taskrunner beside this binary, the
@@ -57,12 +55,15 @@ func checkTaskProgram(program *os.File) error {
 }
 
 // sameBuild tells whether theirs is dama-taskrunner built as ours was:
-// from the same module at the same version and commit, with the same Go
-// and settings, and each dependency it has at the version ours has.
+// beside dama's own package (cmd/dama-taskrunner of the core module, or of
+// the Kubernetes module), from the same module at the same version and
+// commit, with the same Go and settings, and each dependency it has at the
+// version ours has.
 func sameBuild(ours, theirs *debug.BuildInfo) error {
+	want := path.Join(path.Dir(ours.Path), taskProgramName)
 	switch {
-	case theirs.Path != taskProgramPath:
-		return fmt.Errorf("it is %q, not %s", theirs.Path, taskProgramPath)
+	case theirs.Path != want:
+		return fmt.Errorf("it is %q, not %s", theirs.Path, want)
 	case theirs.GoVersion != ours.GoVersion:
 		return fmt.Errorf("built with %s, dama with %s", theirs.GoVersion, ours.GoVersion)
 	case theirs.Main != ours.Main:

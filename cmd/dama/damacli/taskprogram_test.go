@@ -21,12 +21,24 @@ func TestSameBuildTellsTheDifference(t *testing.T) {
 	}
 	theirs := func() *debug.BuildInfo {
 		b := ours()
-		b.Path = taskProgramPath
+		b.Path = "github.com/dama-etl/dama/cmd/dama-taskrunner"
 		b.Deps = b.Deps[:1]
 		return b
 	}
 	if err := sameBuild(ours(), theirs()); err != nil {
 		t.Fatalf("the same build: %v", err)
+	}
+	// The Kubernetes module's dama runs its own dama-taskrunner, not the
+	// core module's.
+	kube := func(b *debug.BuildInfo, pkg string) *debug.BuildInfo {
+		b.Path, b.Main.Path = "github.com/dama-etl/dama/kubernetes/cmd/"+pkg, "github.com/dama-etl/dama/kubernetes"
+		return b
+	}
+	if err := sameBuild(kube(ours(), "dama"), kube(theirs(), "dama-taskrunner")); err != nil {
+		t.Errorf("the Kubernetes module's pair: %v", err)
+	}
+	if err := sameBuild(kube(ours(), "dama"), theirs()); err == nil {
+		t.Error("the core's dama-taskrunner taken for the Kubernetes module's")
 	}
 	// Builds that name neither a version nor a commit cannot be told apart.
 	anonymous := func(b *debug.BuildInfo) *debug.BuildInfo {

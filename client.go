@@ -141,12 +141,6 @@ func (c *Client) SubmitTx(ctx context.Context, tx pgx.Tx, p SubmitParams) (id in
 	if len(p.IdempotencyKey) > protocol.MaxIdempotencyKey {
 		return 0, false, fmt.Errorf("submit %s task: idempotency key of %d bytes: at most %d", p.Kind, len(p.IdempotencyKey), protocol.MaxIdempotencyKey)
 	}
-	return c.submitTx(ctx, tx, p)
-}
-
-// submitTx is SubmitTx for dama's own submissions, whose keys start with
-// reservedKeyPrefix: it takes any key.
-func (c *Client) submitTx(ctx context.Context, tx pgx.Tx, p SubmitParams) (id int64, created bool, err error) {
 	return c.submit.Tx(ctx, tx, submit.Params(p))
 }
 

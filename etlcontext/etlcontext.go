@@ -8,6 +8,15 @@
 // database refuses any event for a finished context and any event that does
 // not carry the run id of the current attempt, so a task process that lost its
 // lock can no longer write.
+//
+// Its functions are dama's own door to the tables, for the supervisor,
+// the task process and the dama command: a program uses package dama's
+// Client, whose checks (a queue's name, a reason's length, the keys dama
+// keeps for itself) come before these. The database's roles and
+// triggers are what holds against anyone else. Its statements follow
+// dama's schema and River's, release by release: they carry no promise
+// of compatibility; its types (Context, Status, ...) are what a Client
+// returns.
 package etlcontext
 
 import (

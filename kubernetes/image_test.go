@@ -105,6 +105,12 @@ func TestTheImageIsAnOCIArchiveOfDama(t *testing.T) {
 			t.Fatal(err)
 		}
 		names = append(names, h.Name)
+		if h.Name == "./dama-taskrunner" {
+			b, _ := io.ReadAll(layer)
+			if err := os.WriteFile(filepath.Join(dir, "dama-taskrunner"), b, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
 		if h.Name == "./dama" {
 			bin := filepath.Join(dir, "dama")
 			b, _ := io.ReadAll(layer)
@@ -126,7 +132,18 @@ func TestTheImageIsAnOCIArchiveOfDama(t *testing.T) {
 	}
 	for _, want := range []string{"./dama", "./dama-taskrunner", "./dama-shim", "./etc/passwd", "./tmp/"} {
 		if !strings.Contains(strings.Join(names, " ")+" ", want+" ") {
-			t.Errorf("the layer has no %s: %v", want, names)
+			t.Fatalf("the layer has no %s: %v", want, names)
 		}
 	}
+	// Its supervisor runs its task processes with the dama-taskrunner
+	// beside it, which it checks is of its own build.
+	env := testenv.New(t)
+	cfg := env.WriteConfig(`
+log_dir: {{dir}}/logs
+kinds:
+  hello: { command: ["{{sample}}"] }
+`)
+	p := env.StartProgram(filepath.Join(dir, "dama"), cfg, "supervisor")
+	p.WaitReady(t, time.Minute)
+	p.Kill(t, syscall.SIGTERM)
 }

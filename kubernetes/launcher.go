@@ -45,7 +45,7 @@ const relaunchDelay = 30 * time.Second
 // Launch creates the pod of l, with the configuration as its file is now:
 // the pod's task process reads it as a host's would. The pod's task
 // process takes the lock when the pod starts (LaunchPending).
-func (r *Runner) Launch(ctx context.Context, l supervisor.Launch) (supervisor.LaunchOutcome, error) {
+func (r *Launcher) Launch(ctx context.Context, l supervisor.Launch) (supervisor.LaunchOutcome, error) {
 	cfgFile, err := os.ReadFile(r.configPath)
 	if err != nil {
 		return 0, fmt.Errorf("read the configuration for the pod: %w", err)
@@ -68,14 +68,18 @@ func (r *Runner) Launch(ctx context.Context, l supervisor.Launch) (supervisor.La
 // kind's start_timeout of its creation; otherwise it deletes the pod (a
 // task process that would start in it late finds its run taken back and
 // exits) and says why. A cancel takes it back at once.
-func (r *Runner) Starting(ctx context.Context, c *etlcontext.Context, failed string, cancel bool) (supervisor.Start, error) {
+func (r *Launcher) Starting(ctx context.Context, c *etlcontext.Context, failed string, cancel bool) (supervisor.Start, error) {
+	k, ok := r.kinds[c.Kind]
+	if !ok {
+		return supervisor.Start{}, fmt.Errorf("kind %s does not run on kubernetes here", c.Kind)
+	}
 	st, err := r.Pod(ctx, c.ID, *c.RunID)
 	if err != nil {
 		return supervisor.Start{}, err
 	}
 	// The pod's creation is the API server's time: a skew of the
 	// clocks moves the timeout by as much.
-	if st.Exists && !st.Ended && !cancel && time.Since(st.Created) < r.kinds[c.Kind].startTimeout {
+	if st.Exists && !st.Ended && !cancel && time.Since(st.Created) < k.startTimeout {
 		return supervisor.Start{Hold: true}, nil
 	}
 	start := supervisor.Start{Again: relaunchDelay, WhyIfUntold: st.Ended}
@@ -89,7 +93,7 @@ func (r *Runner) Starting(ctx context.Context, c *etlcontext.Context, failed str
 	case st.Ended:
 		start.Why = "its pod ended before the command started"
 	default:
-		start.Why = fmt.Sprintf("its pod did not start the command within start_timeout (%s)", r.kinds[c.Kind].startTimeout)
+		start.Why = fmt.Sprintf("its pod did not start the command within start_timeout (%s)", k.startTimeout)
 	}
 	if st.Reason != "" && start.Why != "" && st.Exists {
 		start.Why += ": " + st.Reason
@@ -104,11 +108,12 @@ func (r *Runner) Starting(ctx context.Context, c *etlcontext.Context, failed str
 }
 
 // Gone is GoneSurely when the kubelet reported every container of the pod
-// of c's current run terminated, and says what Kubernetes says of the
-// pod's end, or of its node. A pod missing, or the API away, proves
-// nothing (a forced deletion removes the object before its node stops
-// it): GoneUnknown.
-func (r *Runner) Gone(ctx context.Context, c *etlcontext.Context) (supervisor.Gone, string) {
+// of c's current run terminated, with what Kubernetes says of the pod's
+// end (OOMKilled, Evicted, deleted...). A pod missing, or the API away,
+// proves nothing (a forced deletion removes the object before its node
+// stops it): GoneUnknown, with what Kubernetes says of its node, whose
+// processes may run on, cut off, until the fence window has passed.
+func (r *Launcher) Gone(ctx context.Context, c *etlcontext.Context) (supervisor.Gone, string) {
 	if c.RunID == nil {
 		return supervisor.GoneUnknown, ""
 	}
@@ -118,16 +123,21 @@ func (r *Runner) Gone(ctx context.Context, c *etlcontext.Context) (supervisor.Go
 		return supervisor.GoneUnknown, ""
 	}
 	why, _ := etlcontext.CleanText(st.Reason)
-	if st.Over {
-		return supervisor.GoneSurely, why
+	switch {
+	case st.Over && why != "":
+		return supervisor.GoneSurely, "the task's pod ended without a result: " + why
+	case st.Over:
+		return supervisor.GoneSurely, ""
+	case why != "":
+		return supervisor.GoneUnknown, "the task process was lost without a result: " + why
 	}
-	return supervisor.GoneUnknown, why
+	return supervisor.GoneUnknown, ""
 }
 
 // Finished deletes the pod of c's last run at once when c was cancelled
 // or its kind keeps no finished pod (pod_retention 0s); Prune deletes the
 // others.
-func (r *Runner) Finished(ctx context.Context, c *etlcontext.Context) {
+func (r *Launcher) Finished(ctx context.Context, c *etlcontext.Context) {
 	k, ok := r.kinds[c.Kind]
 	if !ok || c.RunID == nil || (k.retention > 0 && c.Status != etlcontext.StatusCancelled) {
 		return

@@ -68,9 +68,9 @@ const (
 	imageUser = 65532
 )
 
-// Runner creates, reads and deletes the pods of one configuration's
+// Launcher creates, reads and deletes the pods of one configuration's
 // kubernetes kinds in one namespace.
-type Runner struct {
+type Launcher struct {
 	core      corev1client.CoreV1Interface
 	namespace string
 	// configPath is the configuration's file, which each pod is given.
@@ -91,12 +91,12 @@ type kind struct {
 	startTimeout time.Duration
 }
 
-var _ supervisor.Launcher = (*Runner)(nil)
+var _ supervisor.Launcher = (*Launcher)(nil)
 
-// New returns the Runner of cfg's kubernetes kinds, talking to the cluster
+// New returns the Launcher of cfg's kubernetes kinds, talking to the cluster
 // the process runs in (its service account), or else the one $KUBECONFIG
 // (or ~/.kube/config) names.
-func New(cfg *config.Config, logger *slog.Logger) (*Runner, error) {
+func New(cfg *config.Config, logger *slog.Logger) (*Launcher, error) {
 	rc, namespace, err := clusterConfig()
 	if err != nil {
 		return nil, err
@@ -136,11 +136,11 @@ func clusterConfig() (*rest.Config, string, error) {
 	return rc, ns, nil
 }
 
-// NewWith returns the Runner of cfg's kubernetes kinds, whose pods core
+// NewWith returns the Launcher of cfg's kubernetes kinds, whose pods core
 // creates in namespace. It checks each kind's template.
-func NewWith(core corev1client.CoreV1Interface, namespace string, cfg *config.Config, logger *slog.Logger) (*Runner, error) {
+func NewWith(core corev1client.CoreV1Interface, namespace string, cfg *config.Config, logger *slog.Logger) (*Launcher, error) {
 	cfg = cfg.WithDefaults()
-	r := &Runner{core: core, namespace: namespace, configPath: cfg.Path, image: cfg.Kubernetes.Image, tlsSecret: cfg.Kubernetes.TLSSecret, resources: damaResources(), kinds: map[string]kind{}, logger: logger}
+	r := &Launcher{core: core, namespace: namespace, configPath: cfg.Path, image: cfg.Kubernetes.Image, tlsSecret: cfg.Kubernetes.TLSSecret, resources: damaResources(), kinds: map[string]kind{}, logger: logger}
 	if len(cfg.Kubernetes.Resources) > 0 {
 		var err error
 		if r.resources, err = parseResources(cfg.Kubernetes.Resources); err != nil {
@@ -328,7 +328,7 @@ func restricted() *corev1.SecurityContext {
 }
 
 // build returns the pod of l.
-func (r *Runner) build(l launch) (*corev1.Pod, error) {
+func (r *Launcher) build(l launch) (*corev1.Pod, error) {
 	k, ok := r.kinds[l.Kind]
 	if !ok {
 		return nil, fmt.Errorf("kind %s does not run on kubernetes here", l.Kind)
@@ -461,7 +461,7 @@ func damaResources() corev1.ResourceRequirements {
 	}
 }
 
-func (r *Runner) labels(id int64, runID, kind string) map[string]string {
+func (r *Launcher) labels(id int64, runID, kind string) map[string]string {
 	return map[string]string{LabelManagedBy: managedBy, LabelTask: strconv.FormatInt(id, 10), LabelRun: runID, LabelKind: kind}
 }
 
@@ -479,7 +479,7 @@ type launch struct {
 // create creates the pod of l, then its Secret, owned by the pod so that
 // Kubernetes deletes it with the pod. The kubelet starts the pod's
 // containers once the Secret is there.
-func (r *Runner) create(ctx context.Context, l launch) error {
+func (r *Launcher) create(ctx context.Context, l launch) error {
 	pod, err := r.build(l)
 	if err != nil {
 		return err
@@ -529,7 +529,7 @@ func (e *unnamed) Error() string {
 func (e *unnamed) Unwrap() error { return e.err }
 
 // Pod returns what Kubernetes says of the pod of run runID of task id.
-func (r *Runner) Pod(ctx context.Context, id int64, runID string) (State, error) {
+func (r *Launcher) Pod(ctx context.Context, id int64, runID string) (State, error) {
 	pod, err := r.core.Pods(r.namespace).Get(ctx, PodName(id, runID), metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
@@ -643,11 +643,11 @@ func nodeSilent(pod *corev1.Pod) (time.Time, bool) {
 
 // Delete deletes the pod of run runID of task id, if it is there; its
 // Secret goes with it.
-func (r *Runner) Delete(ctx context.Context, id int64, runID string) error {
+func (r *Launcher) Delete(ctx context.Context, id int64, runID string) error {
 	return r.delete(ctx, PodName(id, runID))
 }
 
-func (r *Runner) delete(ctx context.Context, name string) error {
+func (r *Launcher) delete(ctx context.Context, name string) error {
 	err := r.core.Pods(r.namespace).Delete(ctx, name, metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("delete pod %s: %w", name, err)
@@ -657,7 +657,7 @@ func (r *Runner) delete(ctx context.Context, name string) error {
 
 // Prune deletes the pods of this configuration's kinds that ended longer
 // ago than their kind's pod_retention.
-func (r *Runner) Prune(ctx context.Context) error {
+func (r *Launcher) Prune(ctx context.Context) error {
 	var errs []error
 	opts := metav1.ListOptions{LabelSelector: LabelManagedBy + "=" + managedBy, Limit: 500}
 	for {
@@ -679,7 +679,7 @@ func (r *Runner) Prune(ctx context.Context) error {
 
 // prune deletes pod if it is past its kind's pod_retention, or was left
 // by a launch taken back.
-func (r *Runner) prune(ctx context.Context, pod *corev1.Pod) error {
+func (r *Launcher) prune(ctx context.Context, pod *corev1.Pod) error {
 	k, ok := r.kinds[pod.Labels[LabelKind]]
 	if !ok || pod.DeletionTimestamp != nil {
 		return nil

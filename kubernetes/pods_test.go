@@ -5,6 +5,8 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -19,7 +21,9 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/dama-etl/dama/config"
+	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/protocol"
+	"github.com/dama-etl/dama/supervisor"
 )
 
 // fakeCore is client-go's fake of the core API, over an object tracker:
@@ -63,7 +67,7 @@ kinds:
     command: [/bin/true]
 `
 
-func newTestRunner(t *testing.T, yaml string) (*Runner, *fakecorev1.FakeCoreV1) {
+func newTestRunner(t *testing.T, yaml string) (*Launcher, *fakecorev1.FakeCoreV1) {
 	t.Helper()
 	cfg, err := config.Parse([]byte(yaml))
 	if err != nil {
@@ -468,5 +472,46 @@ func TestASidecarKeepingNetRawIsWarnedOf(t *testing.T) {
 		if strings.Contains(log.String(), "container="+c+"\n") {
 			t.Errorf("container %s warned of, want not:\n%s", c, log.String())
 		}
+	}
+}
+
+// A pod's task process is given what it needs of its supervisor's
+// secrets and not the host's lock keeper's, which would let a pod's
+// process speak for the tasks of the supervisor's host.
+func TestAPodIsGivenNoSecretOfTheHostsLockKeeper(t *testing.T) {
+	r, core := newTestRunner(t, testConfig)
+	ctx := context.Background()
+	r.configPath = filepath.Join(t.TempDir(), "dama.yaml")
+	if err := os.WriteFile(r.configPath, []byte(testConfig), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	runID := "7f3c9a12-0b1e-4c55-9d0e-2a6f1e8b4c01"
+	given := protocol.Secrets{Env: []string{"DATABASE_URL=postgres://x"}, RunKey: "run-key", Keeper: []byte("the keeper's")}
+	outcome, err := r.Launch(ctx, supervisor.Launch{
+		Task: &etlcontext.Context{ID: 42, Kind: "load"}, Run: etlcontext.Run{ID: runID},
+		Secrets: given, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil || outcome != supervisor.LaunchPending {
+		t.Fatalf("launch: %v, %v", outcome, err)
+	}
+	if given.Keeper == nil {
+		t.Error("the caller's secrets were changed")
+	}
+	secret, err := core.Secrets("etl").Get(ctx, PodName(42, runID), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for name, b := range secret.Data {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, _, err := protocol.ReadPodFiles(filepath.Join(dir, secretsKey), filepath.Join(dir, configKey), protocol.PodDigest(secret.Data[secretsKey], secret.Data[configKey]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Keeper) != 0 || got.RunKey != "run-key" || !slices.Equal(got.Env, given.Env) {
+		t.Errorf("the pod's secrets: a keeper's of %d bytes, run key %q, %d variables; want the run key and the database's, and no keeper's", len(got.Keeper), got.RunKey, len(got.Env))
 	}
 }

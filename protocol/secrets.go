@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"strings"
 
@@ -35,6 +36,13 @@ type Secrets struct {
 // MaxSecrets bounds the encoding of Secrets: well within a socket's
 // buffer, so that they are written whole before their reader starts.
 const MaxSecrets = 16 << 10
+
+// String, GoString and LogValue show no secret: a Secrets printed or
+// logged, alone or in a struct (supervisor.Launch), says only that it is
+// there.
+func (Secrets) String() string       { return "[secrets]" }
+func (Secrets) GoString() string     { return "[secrets]" }
+func (Secrets) LogValue() slog.Value { return slog.StringValue("[secrets]") }
 
 // Encode returns s as a pod's secrets file holds them (Launch.SecretsFile).
 func (s Secrets) Encode() ([]byte, error) { return s.encode() }

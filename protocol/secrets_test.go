@@ -1,6 +1,9 @@
 package protocol
 
 import (
+	"bytes"
+	"fmt"
+	"log/slog"
 	"reflect"
 	"strings"
 	"syscall"
@@ -68,4 +71,18 @@ func FuzzParseSecrets(f *testing.F) {
 			t.Fatalf("parseSecrets(%q) = %+v, which reads back as %+v, %v", msg, s, again, err)
 		}
 	})
+}
+
+// A Secrets printed or logged, alone or in a struct, shows none of them.
+func TestSecretsShowNothingPrintedOrLogged(t *testing.T) {
+	s := Secrets{Env: []string{"DATABASE_URL=postgres://u:hunter2@h/db"}, RunKey: "runkey", Keeper: []byte("keeper")}
+	var logged bytes.Buffer
+	slog.New(slog.NewTextHandler(&logged, nil)).Info("launch", "secrets", s, "in", struct{ S Secrets }{s})
+	for _, shown := range []string{fmt.Sprint(s), fmt.Sprintf("%+v %#v", struct{ S Secrets }{s}, s), logged.String()} {
+		for _, secret := range []string{"hunter2", "runkey", "keeper", "107 101"} {
+			if strings.Contains(shown, secret) {
+				t.Errorf("%q shows %q", shown, secret)
+			}
+		}
+	}
 }

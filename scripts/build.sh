@@ -7,9 +7,12 @@
 # as the image's does.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The modules of this checkout, whatever Go workspace is around it: one
+# would swap the core the Kubernetes module's binaries are built from.
+export GOWORK=off
 out=${1:-bin}
 mkdir -p "$out"
-out=$(cd "$out" && pwd)
+out=$(CDPATH='' cd -P -- "$out" && pwd -P)
 commit=$(git rev-parse HEAD 2>/dev/null || true)
 if [ -n "$commit" ] && ! git diff --quiet HEAD 2>/dev/null; then
 	commit=$commit-dirty

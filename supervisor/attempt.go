@@ -62,19 +62,24 @@ func (s *Supervisor) lockedElsewhere(ctx context.Context, logger *slog.Logger, t
 // the lock free, on its own monotonic clock: a clock that can jump (the
 // database's, or this host's wall clock) could end the wait early. Another
 // supervisor, or this one restarted, waits its own window again.
-func (s *Supervisor) attemptAlive(ctx context.Context, tx pgx.Tx, c *etlcontext.Context) (wait time.Duration, gone Gone, ended string, err error) {
+func (s *Supervisor) attemptAlive(ctx context.Context, tx pgx.Tx, c *etlcontext.Context) (wait time.Duration, ended string, err error) {
 	const recheck = time.Second
-	gone, ended = s.launcherOf(c).Gone(ctx, c)
+	// An attempt that ran on this host is looked at here first, whatever
+	// its kind's runner says now.
+	gone, ended := hostLauncher{s}.Gone(ctx, c)
+	if l := s.launcherOf(c); gone == GoneUnknown && l != (hostLauncher{s}) {
+		gone, ended = l.Gone(ctx, c)
+	}
 	switch gone {
 	case GoneNot:
-		return recheck, gone, ended, nil
+		return recheck, ended, nil
 	case GoneSurely:
 		s.fence.forget(c.ID)
-		return 0, gone, ended, nil
+		return 0, ended, nil
 	}
 	mark, err := etlcontext.MarkLockLost(ctx, tx, c.ID)
 	if err != nil {
-		return 0, gone, ended, err
+		return 0, ended, err
 	}
 	freeFor := s.fence.freeFor(c.ID, mark)
 	window := taskrunner.FenceWindow(time.Duration(s.cfg.HeartbeatInterval), time.Duration(*s.cfg.ReconnectGrace), time.Duration(s.cfg.KillGrace), time.Duration(s.cfg.PollInterval))
@@ -82,10 +87,10 @@ func (s *Supervisor) attemptAlive(ctx context.Context, tx pgx.Tx, c *etlcontext.
 		window = *c.FenceWindow
 	}
 	if freeFor < window {
-		return min(window-freeFor, recheck), gone, ended, nil
+		return min(window-freeFor, recheck), ended, nil
 	}
 	s.fence.forget(c.ID)
-	return 0, gone, ended, nil
+	return 0, ended, nil
 }
 
 // attemptProcesses names the processes of c's current attempt on this host.
@@ -162,12 +167,15 @@ func (s *Supervisor) warnUnfit(ctx context.Context, tx pgx.Tx, c *etlcontext.Con
 }
 
 // spawnFailure returns why this supervisor could not spawn the task
-// process of context id, if it could not.
-func (s *Supervisor) spawnFailure(id int64) (string, bool) {
+// process of context id ("" if it could), and forget forgets it.
+func (s *Supervisor) spawnFailure(id int64) (why string, forget func()) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	why, ok := s.spawnFailures[id]
-	return why, ok
+	return s.spawnFailures[id], func() {
+		s.mu.Lock()
+		delete(s.spawnFailures, id)
+		s.mu.Unlock()
+	}
 }
 
 // forgetLaunchFailure is called when a launch of context id succeeded.
@@ -182,12 +190,8 @@ func (s *Supervisor) forgetLaunchFailure(id int64) {
 // first time a context's launch fails for a given reason, at debug level
 // while it keeps failing for that reason (it is tried again every poll
 // interval, and the reason is also in the task's WARNING events or log).
-func (s *Supervisor) reportLaunchFailure(ctx context.Context, logger *slog.Logger, c *etlcontext.Context) {
-	s.mu.Lock()
-	reason, spawnFailed := s.spawnFailures[c.ID]
-	delete(s.spawnFailures, c.ID)
-	s.mu.Unlock()
-	if !spawnFailed {
+func (s *Supervisor) reportLaunchFailure(ctx context.Context, logger *slog.Logger, c *etlcontext.Context, reason string) {
+	if reason == "" {
 		reason = "the task process stopped before it took its lock (see " +
 			protocol.LogPath(s.cfg.LogDir, c.ID) + " on " + deref(c.LaunchedBy) + ")"
 		// The task process says why once per attempt, not at every launch.
@@ -203,5 +207,5 @@ func (s *Supervisor) reportLaunchFailure(ctx context.Context, logger *slog.Logge
 		logger.Debug("launch failed again; taken back without spending an attempt", "reason", reason)
 		return
 	}
-	logger.Error("launch failed; taken back without spending an attempt, tried again every poll interval (every 30s in a pod)", "reason", reason)
+	logger.Error("launch failed; taken back without spending an attempt, tried again every poll interval or as its launcher says", "reason", reason)
 }

@@ -41,8 +41,9 @@ type Launcher interface {
 	// cannot be told here (GoneUnknown: the fencing window is waited
 	// out), and what the launcher knows of its end, in its words.
 	Gone(ctx context.Context, c *etlcontext.Context) (Gone, string)
-	// Finished is told that c, whose attempts it launched, is finished:
-	// what is left of its last attempt may go.
+	// Finished is told that c, a task of its kinds, is finished (whoever
+	// launched it: adopted tasks too): what is left of its last attempt
+	// may go.
 	Finished(ctx context.Context, c *etlcontext.Context)
 }
 
@@ -61,10 +62,11 @@ type Launch struct {
 type LaunchOutcome int
 
 const (
+	// LaunchPending: the task process has not taken its lock yet; it may
+	// (a pod's launcher's only outcome).
+	LaunchPending LaunchOutcome = iota
 	// LaunchReady: the task process holds the lock and runs the command.
-	LaunchReady LaunchOutcome = iota
-	// LaunchPending: the task process has not taken its lock yet; it may.
-	LaunchPending
+	LaunchReady
 	// LaunchLocked: the task process found another holding the lock.
 	LaunchLocked
 	// LaunchExited: the task process exited before holding its lock.
@@ -181,13 +183,13 @@ type Pruner interface {
 	Prune(ctx context.Context) error
 }
 
-// pruneEveryMinute is how often a Pruner prunes.
-const pruneEveryMinute = time.Minute
+// launcherPruneEvery is how often a Pruner prunes.
+const launcherPruneEvery = time.Minute
 
 // pruneLauncherLoop prunes what p's attempts left, every minute, until
 // ctx ends.
 func (s *Supervisor) pruneLauncherLoop(ctx context.Context, p Pruner) {
-	ticker := time.NewTicker(pruneEveryMinute)
+	ticker := time.NewTicker(launcherPruneEvery)
 	defer ticker.Stop()
 	for {
 		if err := p.Prune(ctx); err != nil && !errors.Is(err, context.Canceled) {

@@ -139,7 +139,7 @@ func (s *Supervisor) settleRunning(ctx context.Context, logger *slog.Logger, tx 
 		// Why this supervisor's launch failed, if it did: no task
 		// process started to say why (a log file that is a link, a
 		// program that is gone, a pod the API refused).
-		failed, _ := s.spawnFailure(id)
+		failed, forget := s.spawnFailure(id)
 		start, err := s.launcherOf(c).Starting(ctx, c, failed, cancel)
 		switch {
 		case err != nil:
@@ -147,7 +147,6 @@ func (s *Supervisor) settleRunning(ctx context.Context, logger *slog.Logger, tx 
 		case start.Hold:
 			return errHold
 		}
-		s.startedLate(id, nil)
 		if start.Why != "" {
 			if err := s.warnUnfit(ctx, tx, c, start.Why, start.WhyIfUntold); err != nil {
 				return s.transient(logger, err)
@@ -164,8 +163,10 @@ func (s *Supervisor) settleRunning(ctx context.Context, logger *slog.Logger, tx 
 		if err := tx.Commit(ctx); err != nil {
 			return s.transient(logger, fmt.Errorf("commit abandoned launch of task %d: %w", id, err))
 		}
+		s.startedLate(id, nil)
+		forget()
 		if !cancel {
-			s.reportLaunchFailure(ctx, logger, c)
+			s.reportLaunchFailure(ctx, logger, c, failed)
 		}
 		s.wakeWaiting(ctx, c.Queue)
 		return river.JobSnooze(again)
@@ -174,7 +175,7 @@ func (s *Supervisor) settleRunning(ctx context.Context, logger *slog.Logger, tx 
 	// gone without reporting a result, or it lost its lock and is taking
 	// it again or stopping its command. No new attempt may start before
 	// every process of that attempt is surely gone.
-	wait, gone, ended, err := s.attemptAlive(ctx, tx, c)
+	wait, ended, err := s.attemptAlive(ctx, tx, c)
 	if err != nil {
 		return s.transient(logger, err)
 	}
@@ -206,16 +207,8 @@ func (s *Supervisor) settleRunning(ctx context.Context, logger *slog.Logger, tx 
 		logger.Info("cancelled task's attempt is over", "attempt", c.Attempt)
 		return river.JobCancel(fmt.Errorf("task %d was cancelled", id))
 	}
-	reason := "the task process exited without reporting a result"
-	if gone == GoneSurely && ended != "" {
-		// OOMKilled, Evicted, deleted...: Kubernetes' reason.
-		reason = "the task's pod ended without a result: " + ended
-	} else if ended != "" {
-		// Its node stopped reporting, or it is being deleted: its
-		// processes may run on, cut off, which the fence window waited
-		// out.
-		reason = "the task process was lost without a result: " + ended
-	}
+	// Its launcher's words when it has some (OOMKilled, Evicted: a pod's).
+	reason := cmp.Or(ended, "the task process exited without reporting a result")
 	if err := s.recordEnd(ctx, tx, c, protocol.EventError, reason); err != nil {
 		return s.transient(logger, err)
 	}
@@ -306,7 +299,12 @@ func (s *Supervisor) startAttempt(ctx context.Context, logger *slog.Logger, tx p
 	s.mu.Lock()
 	s.pendingStarts[id] = started
 	s.mu.Unlock()
-	outcome, err := s.launcherOf(c).Launch(ctx, Launch{Task: c, Run: run, Secrets: s.secrets(run.Key), Logger: logger.With("attempt", run.Attempt)})
+	l, secrets := s.launcherOf(c), s.secrets(run.Key)
+	if l != (hostLauncher{s}) {
+		// The host's lock keeper serves this host's task processes only.
+		secrets.Keeper = nil
+	}
+	outcome, err := l.Launch(ctx, Launch{Task: c, Run: run, Secrets: secrets, Logger: logger.With("attempt", run.Attempt)})
 	if err != nil {
 		// Nothing was started: the next look finds RUNNING with a free lock
 		// and no task process, and takes the launch back.

@@ -26,9 +26,13 @@ import (
 	"github.com/dama-etl/dama/version"
 )
 
-// Options are what a program running the dama command adds to it.
+// Options are what a program running the dama command adds to it. Such a
+// program is built with a cmd/dama-taskrunner of its own module beside its
+// main package, whose main calls taskrunner.Main: a supervisor runs its
+// task processes with that program when it is installed beside it, and
+// refuses one of another build (the core's, say).
 type Options struct {
-	// Pods makes the runner of the configuration's kubernetes kinds
+	// Pods makes the launcher of the configuration's kubernetes kinds
 	// (config.RunnerKubernetes), or returns nil when it has none. Nil
 	// (the default): a supervisor refuses a configuration with
 	// kubernetes kinds.

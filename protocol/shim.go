@@ -16,7 +16,7 @@ import (
 // In a pod, a task runs in two containers (see docs/kubernetes.md): the
 // task process in dama's, which alone holds the database's secrets and the
 // lock, and the kind's command in the user's, under dama's shim
-// (cmd/dama-shim), its first process. The shim knows nothing of the
+// (the Kubernetes module's cmd/dama-shim), its first process. The shim knows nothing of the
 // database: it connects to the task process's socket on a volume the two
 // containers share, and does what it is told there (ShimRequest): find
 // the command, start it with the task process's events and output pipes

@@ -31,8 +31,8 @@ export CGO_ENABLED
 # same commit, settings and dependencies; a second go build would see the
 # first's output as a change to the tree when DIR is in it).
 if [ "${DAMA_BUILD_KUBERNETES:-}" = 1 ]; then
-	(cd kubernetes && go build -ldflags "$ldflags" -o "$out/" ./cmd/dama ./cmd/dama-taskrunner github.com/dama-etl/dama/cmd/dama-shim)
+	(cd kubernetes && go build -ldflags "$ldflags" -o "$out/" ./cmd/dama ./cmd/dama-taskrunner ./cmd/dama-shim)
 else
-	go build -ldflags "$ldflags" -o "$out/" ./cmd/dama ./cmd/dama-taskrunner ./cmd/dama-shim
+	go build -ldflags "$ldflags" -o "$out/" ./cmd/dama ./cmd/dama-taskrunner
 fi
 go build -o "$out/sample-etl" ./cmd/sample-etl

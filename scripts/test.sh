@@ -172,10 +172,13 @@ go vet ./...
 # for the tests that watch them for data races (testenv.Build).
 DAMA_TEST_BIN_DIR=$(mktemp -d /tmp/dama-test-bin.XXXXXX)
 export DAMA_TEST_BIN_DIR
-bins=(./cmd/dama ./cmd/dama-taskrunner ./cmd/dama-shim ./cmd/sample-etl ./cmd/sample-embedded)
+bins=(./cmd/dama ./cmd/dama-taskrunner ./cmd/sample-etl ./cmd/sample-embedded)
 ldflags="-X github.com/dama-etl/dama/version.commit=$(git rev-parse HEAD 2>/dev/null || true)"
 CGO_ENABLED=0 go build -ldflags "$ldflags" -o "$DAMA_TEST_BIN_DIR/" "${bins[@]}"
 go build -race -ldflags "$ldflags" -o "$DAMA_TEST_BIN_DIR/race/" "${bins[@]}"
+# The shim of a pod's task container is the Kubernetes module's.
+(cd kubernetes && CGO_ENABLED=0 go build -ldflags "$ldflags" -o "$DAMA_TEST_BIN_DIR/" ./cmd/dama-shim &&
+	go build -race -ldflags "$ldflags" -o "$DAMA_TEST_BIN_DIR/race/" ./cmd/dama-shim)
 
 # Every test once, under the race detector; a test whose behaviour depends
 # on the lock mode runs once per mode (row, advisory, host), in parallel

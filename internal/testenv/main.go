@@ -103,8 +103,14 @@ const raceDir = "race"
 
 func build(dir string, race bool) error {
 	// dama and dama-taskrunner are the module's own (the Kubernetes
-	// module's dama runs pods too), the rest the core module's.
-	for _, pkg := range []string{"./cmd/dama", "./cmd/dama-taskrunner", "github.com/dama-etl/dama/cmd/dama-shim", "github.com/dama-etl/dama/cmd/sample-etl", "github.com/dama-etl/dama/cmd/sample-embedded"} {
+	// module's dama runs pods too), the rest the core module's, but for
+	// the shim of a pod's task container: the Kubernetes module's, built
+	// where it is there.
+	pkgs := []string{"./cmd/dama", "./cmd/dama-taskrunner", "github.com/dama-etl/dama/cmd/sample-etl", "github.com/dama-etl/dama/cmd/sample-embedded"}
+	if _, err := os.Stat(filepath.Join(moduleRoot(), "cmd", "dama-shim")); err == nil {
+		pkgs = append(pkgs, "./cmd/dama-shim")
+	}
+	for _, pkg := range pkgs {
 		args := []string{"build", "-o", filepath.Join(dir, filepath.Base(pkg))}
 		if commit := headCommit(); commit != "" {
 			args = append(args, "-ldflags", "-X github.com/dama-etl/dama/version.commit="+commit)

@@ -39,8 +39,8 @@ type Env struct {
 	Dir string
 	// DamaBin, SampleETL and SampleEmbedded are the built binaries;
 	// TaskRunnerBin is cmd/dama-taskrunner, beside DamaBin, which DamaBin's
-	// supervisors run their task processes with; ShimBin is
-	// cmd/dama-shim.
+	// supervisors run their task processes with; ShimBin is the
+	// Kubernetes module's cmd/dama-shim.
 	DamaBin, TaskRunnerBin, ShimBin, SampleETL, SampleEmbedded string
 	// Server is the private server the database is on (NewOn), or nil for
 	// the shared server named by TEST_DATABASE_URL.

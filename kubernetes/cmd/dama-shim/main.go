@@ -18,7 +18,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/dama-etl/dama/internal/shim"
+	"github.com/dama-etl/dama/kubernetes/shim"
 )
 
 func main() {

@@ -1,4 +1,4 @@
-package main
+package kubernetes_test
 
 import (
 	"context"
@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/dama-etl/dama/etlcontext"
-	"github.com/dama-etl/dama/internal/shim"
 	"github.com/dama-etl/dama/internal/testenv"
+	"github.com/dama-etl/dama/kubernetes/shim"
 	"github.com/dama-etl/dama/protocol"
 )
 
@@ -170,10 +170,14 @@ func (p *shimProc) exit(t *testing.T, within time.Duration) int {
 	return 0
 }
 
-// exitOf waits for p's exit (waitExit) and returns its code.
+// exitOf waits, at most a minute, for p's exit and returns its code.
 func exitOf(t *testing.T, p *testenv.Proc) int {
 	t.Helper()
-	waitExit(t, p)
+	select {
+	case <-p.Done():
+	case <-time.After(time.Minute):
+		t.Fatalf("%v still runs after a minute", p.Cmd.Args)
+	}
 	return p.Cmd.ProcessState.ExitCode()
 }
 

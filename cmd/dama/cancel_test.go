@@ -35,7 +35,9 @@ func testCancel(t *testing.T) {
 	}
 
 	w.Start(w.cfg, "supervisor")
-	id := w.submit(200, 100)
+	// Held until cancelled: on a stalled machine (a --slow run's fork/exec
+	// took 450 ms) a task of 20 s ended before its cancel.
+	id := w.submitHeld(200, 100)
 	running := w.waitRunning(id)
 	w.waitFor(id, 20*time.Second, "to start its command", func(etlcontext.Task) bool { return len(w.starts(id)) == 1 })
 	commandPID, _ := strconv.Atoi(w.starts(id)[0][0])

@@ -13,8 +13,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
-
-	"github.com/dama-etl/dama/protocol"
 )
 
 // Conn is a task process's session with its host's keeper: it stands for
@@ -56,9 +54,10 @@ func Dial(ctx context.Context, socket string, secret []byte, id int64, runKey st
 		st, err := handshake(ctx, socket, secret)
 		if err == nil {
 			c := newConn(st)
-			if err := c.hello(ctx, id, runKey); err != nil {
+			hello := &request{Op: opHello, Version: Version, ContextID: id, RunKey: runKey}
+			if _, err := c.request(ctx, hello); err != nil {
 				c.Close(context.WithoutCancel(ctx))
-				return nil, err
+				return nil, fmt.Errorf("open a session with the lock keeper: %w", err)
 			}
 			return c, nil
 		}
@@ -135,25 +134,25 @@ func (c *Conn) read() {
 	for {
 		r := new(reply)
 		if err := c.st.receive(r); err != nil {
-			c.end(fmt.Errorf("%w: %w", ErrClosed, eofOr(err)))
+			if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
+				// What a reader of the error needs: the connection ended.
+				err = io.ErrUnexpectedEOF
+			}
+			c.end(fmt.Errorf("%w: %w", ErrClosed, err))
 			return
 		}
 		if r.Notification != nil {
 			select {
 			case c.notes <- r.Notification:
 			default:
-				// Nobody reads them: one with an empty payload stands for
-				// the channel's, as the keeper does.
+				// Nobody reads them: the oldest makes way for a stand-in of
+				// this one, as at the keeper.
 				select {
 				case <-c.notes:
 				default:
 				}
-				standIn := &pgconn.Notification{Channel: r.Notification.Channel}
-				if standIn.Channel == protocol.CancelChannel {
-					standIn.Payload = r.Notification.Payload
-				}
 				select {
-				case c.notes <- standIn:
+				case c.notes <- standIn(r.Notification):
 				default:
 				}
 			}
@@ -165,15 +164,6 @@ func (c *Conn) read() {
 			return
 		}
 	}
-}
-
-// eofOr keeps what a reader of the error needs: that the session's
-// connection ended.
-func eofOr(err error) error {
-	if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
-		return io.ErrUnexpectedEOF
-	}
-	return err
 }
 
 func (c *Conn) end(err error) {
@@ -209,13 +199,12 @@ func (c *Conn) request(ctx context.Context, req *request) (*reply, error) {
 	if c.IsClosed() {
 		return nil, c.closeErr
 	}
+	req.Timeout = maxTimeout
 	if d, ok := ctx.Deadline(); ok {
 		req.Timeout = time.Until(d)
-		if req.Timeout <= 0 {
-			return nil, context.DeadlineExceeded
-		}
-	} else {
-		req.Timeout = maxTimeout
+	}
+	if req.Timeout <= 0 {
+		return nil, context.DeadlineExceeded
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -228,10 +217,7 @@ func (c *Conn) request(ctx context.Context, req *request) (*reply, error) {
 	}
 	select {
 	case r := <-c.replies:
-		if err := r.Err.err(); err != nil {
-			return r, err
-		}
-		return r, nil
+		return r, r.Err.err()
 	case <-c.closed:
 		return nil, c.closeErr
 	case <-ctx.Done():
@@ -240,39 +226,27 @@ func (c *Conn) request(ctx context.Context, req *request) (*reply, error) {
 	}
 }
 
-func (c *Conn) hello(ctx context.Context, id int64, runKey string) error {
-	_, err := c.request(ctx, &request{Op: opHello, Version: Version, ContextID: id, RunKey: runKey})
-	if err != nil {
-		return fmt.Errorf("open a session with the lock keeper: %w", err)
-	}
-	return nil
+// do is request for a request whose reply says nothing but its error.
+func (c *Conn) do(ctx context.Context, req *request) error {
+	_, err := c.request(ctx, req)
+	return err
 }
 
 // Lock has the keeper hold the session's context's lock for as long as
 // the session lasts; it fails with an error wrapping etlcontext.ErrLocked
 // when another session of the keeper, or another process, holds it.
-func (c *Conn) Lock(ctx context.Context) error {
-	_, err := c.request(ctx, &request{Op: opLock})
-	return err
-}
+func (c *Conn) Lock(ctx context.Context) error { return c.do(ctx, &request{Op: opLock}) }
 
 // Unlock has the keeper release the session's context's lock.
-func (c *Conn) Unlock(ctx context.Context) error {
-	_, err := c.request(ctx, &request{Op: opUnlock})
-	return err
-}
+func (c *Conn) Unlock(ctx context.Context) error { return c.do(ctx, &request{Op: opUnlock}) }
 
 // Listen has the keeper pass on channel's notifications from now on.
 func (c *Conn) Listen(ctx context.Context, channel string) error {
-	_, err := c.request(ctx, &request{Op: opListen, Channel: channel})
-	return err
+	return c.do(ctx, &request{Op: opListen, Channel: channel})
 }
 
 // Ping checks that the keeper serves and holds its lock session.
-func (c *Conn) Ping(ctx context.Context) error {
-	_, err := c.request(ctx, &request{Op: opPing})
-	return err
-}
+func (c *Conn) Ping(ctx context.Context) error { return c.do(ctx, &request{Op: opPing}) }
 
 // WaitForNotification waits for a notification of a channel listened to,
 // until ctx ends or the session does.
@@ -321,23 +295,20 @@ const maxDescriptions = 256
 // Query runs sql with args and returns its rows, all read.
 func (c *Conn) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	r, err := c.exec(ctx, sql, args)
-	if err == nil && len(r.Rows) > 0 {
-		data := make([][][]byte, len(r.Rows))
-		for i, packed := range r.Rows {
-			if data[i], err = unpackValues(packed, len(r.Fields)); err != nil {
-				err = fmt.Errorf("%w: a row: %w", ErrClosed, err)
+	if err == nil {
+		for _, values := range r.Rows {
+			// rows index a row's values by its fields.
+			if len(values) != len(r.Fields) {
+				err = fmt.Errorf("%w: a row of %d values for %d fields", ErrClosed, len(values), len(r.Fields))
 				c.end(err)
 				break
 			}
-		}
-		if err == nil {
-			return &rows{fields: r.Fields, data: data, tag: pgconn.NewCommandTag(r.Tag), m: c.typeMap}, nil
 		}
 	}
 	if err != nil {
 		return &rows{err: err, m: c.typeMap, closed: true}, err
 	}
-	return &rows{fields: r.Fields, tag: pgconn.NewCommandTag(r.Tag), m: c.typeMap}, nil
+	return &rows{fields: r.Fields, data: r.Rows, tag: pgconn.NewCommandTag(r.Tag), m: c.typeMap}, nil
 }
 
 // QueryRow runs sql with args; its row is read by Scan.
@@ -374,13 +345,13 @@ func (c *Conn) exec(ctx context.Context, sql string, args []any) (*reply, error)
 		return nil, err
 	}
 	return c.request(ctx, &request{Op: opExec, SQL: sql, ParamOIDs: sd.ParamOIDs,
-		Params: packValues(eqb.ParamValues), ParamFormats: eqb.ParamFormats, ResultFormats: eqb.ResultFormats})
+		Params: eqb.ParamValues, ParamFormats: eqb.ParamFormats, ResultFormats: eqb.ResultFormats})
 }
 
 // Begin opens a transaction that holds the run's key, on a connection the
 // keeper sets aside for it until it ends.
 func (c *Conn) Begin(ctx context.Context) (pgx.Tx, error) {
-	if _, err := c.request(ctx, &request{Op: opBegin}); err != nil {
+	if err := c.do(ctx, &request{Op: opBegin}); err != nil {
 		return nil, err
 	}
 	return &tx{c: c}, nil

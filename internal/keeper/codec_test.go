@@ -1,9 +1,11 @@
 package keeper
 
 import (
+	"encoding/json"
 	"math"
 	"reflect"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,13 +13,13 @@ import (
 )
 
 // sampleMessages are messages with every field set, at the edges of their
-// ranges where there are edges.
-func sampleMessages() []message {
-	return []message{
+// ranges where there are edges, and values both NULL and empty.
+func sampleMessages() []any {
+	return []any{
 		&request{Op: opHello, Version: Version, ContextID: math.MaxInt64, RunKey: "9f86d081884c7d65"},
 		&request{
 			Op: opExec, SQL: "SELECT $1::bigint, $2::text", ParamOIDs: []uint32{20, math.MaxUint32},
-			Params: packValues([][]byte{[]byte("42"), nil, {}}), ParamFormats: []int16{0, 1, math.MinInt16},
+			Params: [][]byte{[]byte("42"), nil, {}}, ParamFormats: []int16{0, 1, math.MinInt16},
 			ResultFormats: []int16{math.MaxInt16}, Timeout: -time.Second, Depth: math.MaxInt32, Channel: "dama_cancel",
 		},
 		&request{Op: opPing, ContextID: math.MinInt64, Timeout: math.MaxInt64, Depth: math.MinInt32},
@@ -28,7 +30,7 @@ func sampleMessages() []message {
 				{Name: "id", TableOID: math.MaxUint32, TableAttributeNumber: math.MaxUint16, DataTypeOID: 20, DataTypeSize: 8, TypeModifier: -1, Format: 1},
 				{Name: "ünïcode\x00", DataTypeSize: math.MinInt16, TypeModifier: math.MaxInt32, Format: math.MinInt16},
 			},
-			Rows: [][]byte{packValues([][]byte{[]byte("1"), nil}), packValues([][]byte{{}, []byte("x")})},
+			Rows: [][][]byte{{[]byte("1"), nil}, {{}, []byte("x")}},
 			Tag:  "SELECT 2",
 		},
 		&reply{Err: &wireError{Kind: errLocked, Message: "held"}},
@@ -41,30 +43,32 @@ func sampleMessages() []message {
 	}
 }
 
-func encoded(m message) []byte {
-	var e encoder
-	m.encode(&e)
-	return e.b
+func encoded(m any) []byte {
+	b, err := json.Marshal(m)
+	if err != nil {
+		panic(err)
+	}
+	return b
 }
 
-func decodedLike(m message, b []byte) (message, error) {
-	out := reflect.New(reflect.TypeOf(m).Elem()).Interface().(message)
-	d := decoder{b: b}
-	out.decode(&d)
-	return out, d.end()
+func decodedLike(m any, b []byte) (any, error) {
+	out := reflect.New(reflect.TypeOf(m).Elem()).Interface()
+	return out, json.Unmarshal(b, out)
 }
 
+// reflect.DeepEqual tells a nil value (NULL) from an empty one: JSON keeps
+// them apart, as null and "".
 func TestMessagesDecodeToWhatWasEncoded(t *testing.T) {
 	for _, m := range sampleMessages() {
 		b := encoded(m)
 		got, err := decodedLike(m, b)
 		if err != nil || !reflect.DeepEqual(got, m) {
-			t.Errorf("%+v encodes to %x, which decodes to %+v, %v", m, b, got, err)
+			t.Errorf("%+v encodes to %s, which decodes to %+v, %v", m, b, got, err)
 		}
 		// A message cut short, or with a byte more, is refused.
 		for _, bad := range [][]byte{b[:len(b)-1], append(b[:len(b):len(b)], 0)} {
 			if got, err := decodedLike(m, bad); err == nil {
-				t.Errorf("%x decoded as %T to %+v", bad, m, got)
+				t.Errorf("%s decoded as %T to %+v", bad, m, got)
 			}
 		}
 	}
@@ -104,46 +108,36 @@ func FuzzDecodeMessage(f *testing.F) {
 	f.Add([]byte{})
 	f.Add([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		for _, like := range []message{&request{}, &reply{}} {
+		for _, like := range []any{&request{}, &reply{}} {
 			m, err := decodedLike(like, b)
 			if err != nil {
 				continue
 			}
 			again, err := decodedLike(like, encoded(m))
 			if err != nil || !reflect.DeepEqual(again, m) {
-				t.Fatalf("%x decodes as %T to %+v, which encodes and decodes to %+v, %v", b, like, m, again, err)
+				t.Fatalf("%q decodes as %T to %+v, which encodes and decodes to %+v, %v", b, like, m, again, err)
 			}
 		}
 	})
 }
 
-// A message that claims more elements than it can hold is refused before
-// anything is allocated for them: a field takes 7 bytes at the least, an
-// OID or a row 1.
+// A message that claims more elements than it holds, an array cut short,
+// is refused before anything is allocated for them: json.Unmarshal checks
+// the whole message before it decodes any of it.
 func TestAMessageClaimingMoreThanItHoldsAllocatesNothingForIt(t *testing.T) {
 	const size = 1 << 20
-	filler := make([]byte, size)
-	for i := range filler {
-		filler[i] = 1 // a valid one-byte varint, so decoding goes on
-	}
-	claim := func(prefix []byte, count uint64) []byte {
-		var e encoder
-		e.b = append(e.b, prefix...)
-		e.uint(count)
-		return append(e.b, filler...)
+	claim := func(prefix, element string) []byte {
+		return append([]byte(prefix), strings.Repeat(element, size/len(element))...)
 	}
 	for _, c := range []struct {
 		name string
-		like message
+		like any
 		msg  []byte
 	}{
-		// A reply: no error, then the parameters' OIDs, then the fields,
-		// then the rows.
-		{"param OIDs", &reply{}, claim([]byte{0}, size+1)},
-		{"fields", &reply{}, claim([]byte{0, 0}, size/2)},
-		{"rows", &reply{}, claim([]byte{0, 0, 0}, size+1)},
-		// A request: op, version, context, run key, SQL, then the OIDs.
-		{"request OIDs", &request{}, claim([]byte{byte(opExec), 2, 2, 0, 0}, size+1)},
+		{"param OIDs", &reply{}, claim(`{"ParamOIDs":[`, "1,")},
+		{"fields", &reply{}, claim(`{"Fields":[`, "{},")},
+		{"rows", &reply{}, claim(`{"Rows":[`, "[],")},
+		{"request OIDs", &request{}, claim(`{"Op":3,"ParamOIDs":[`, "1,")},
 	} {
 		var before, after runtime.MemStats
 		runtime.ReadMemStats(&before)

@@ -17,6 +17,6 @@
 // connection would; a task process whose keeper died finds or starts
 // another and takes its lock again within reconnect_grace.
 //
-// The messages are encoded by hand (codec.go) and fuzzed: any process of
-// the user may write to the socket.
+// The messages are JSON in frames of a bounded length (stream.go), and
+// fuzzed: any process of the user may write to the socket.
 package keeper

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -37,24 +39,13 @@ type lockSession struct {
 	ended chan struct{}
 }
 
-type lockOpKind int
-
-const (
-	opKindLock lockOpKind = iota
-	opKindUnlock
-	opKindListen
-	opKindPing
-	// opKindReset ends the lock session, and every lock on it.
-	opKindReset
-)
-
+// lockOp is an operation of a session on the lock session's connection.
 type lockOp struct {
-	kind    lockOpKind
-	id      int64
-	gen     uint64
-	channel string
-	ctx     context.Context
-	done    chan lockResult
+	// run carries it out on conn, of generation gen.
+	run func(ctx context.Context, conn *pgx.Conn, gen uint64) error
+	// reset ends the lock session, and every lock on it, once run.
+	reset bool
+	done  chan lockResult
 
 	// mu is held while the operation runs, and guards abandoned (its
 	// caller gave up waiting before it ran: it never runs) and answered
@@ -91,40 +82,63 @@ func newLockSession(connect func(context.Context) (*pgx.Conn, error), logger *sl
 // lock takes context id's session lock and returns the generation of the
 // connection that holds it.
 func (l *lockSession) lock(ctx context.Context, id int64) (uint64, error) {
-	return l.do(ctx, &lockOp{kind: opKindLock, id: id})
+	return l.do(ctx, &lockOp{run: func(ctx context.Context, conn *pgx.Conn, _ uint64) error {
+		return etlcontext.TryLockSession(ctx, conn, id)
+	}})
 }
 
 // unlock releases context id's session lock, if the connection of
 // generation gen, which took it, still holds it.
 func (l *lockSession) unlock(ctx context.Context, id int64, gen uint64) error {
-	_, err := l.do(ctx, &lockOp{kind: opKindUnlock, id: id, gen: gen})
+	_, err := l.do(ctx, &lockOp{run: func(ctx context.Context, conn *pgx.Conn, connGen uint64) error {
+		if connGen != gen {
+			// Taken on a connection that is gone, and the lock with it.
+			return nil
+		}
+		return etlcontext.UnlockSession(ctx, conn, id)
+	}})
 	return err
 }
 
 // listen listens to channel from now on, on this connection and every
 // later one.
 func (l *lockSession) listen(ctx context.Context, channel string) error {
-	_, err := l.do(ctx, &lockOp{kind: opKindListen, channel: channel})
+	_, err := l.do(ctx, &lockOp{run: func(ctx context.Context, conn *pgx.Conn, _ uint64) error {
+		l.mu.Lock()
+		known := l.channels[channel]
+		l.mu.Unlock()
+		if known {
+			return nil
+		}
+		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
+			return fmt.Errorf("listen on %s: %w", channel, err)
+		}
+		l.mu.Lock()
+		l.channels[channel] = true
+		l.mu.Unlock()
+		return nil
+	}})
 	return err
 }
 
 // ping checks that the lock session is open.
 func (l *lockSession) ping(ctx context.Context) error {
-	_, err := l.do(ctx, &lockOp{kind: opKindPing})
+	_, err := l.do(ctx, &lockOp{run: func(ctx context.Context, conn *pgx.Conn, _ uint64) error {
+		return conn.Ping(ctx)
+	}})
 	return err
 }
 
-// reset ends the lock session, and with it every lock it holds: their
-// sessions end, and their task processes take them again through a new
-// one.
+// reset ends the lock session, and every lock it holds, as a failure of
+// its connection would.
 func (l *lockSession) reset() {
 	ctx, cancel := context.WithTimeout(context.Background(), lockOpTimeout)
 	defer cancel()
-	l.do(ctx, &lockOp{kind: opKindReset})
+	l.do(ctx, &lockOp{reset: true, run: func(context.Context, *pgx.Conn, uint64) error { return nil }})
 }
 
 func (l *lockSession) do(ctx context.Context, op *lockOp) (uint64, error) {
-	op.ctx, op.done = ctx, make(chan lockResult, 1)
+	op.done = make(chan lockResult, 1)
 	l.mu.Lock()
 	l.ops = append(l.ops, op)
 	l.mu.Unlock()
@@ -206,8 +220,13 @@ func (l *lockSession) applyAll(conn *pgx.Conn, gen uint64) error {
 			})
 			continue
 		}
-		reset = op.kind == opKindReset
-		l.answer(op, func() lockResult { return lockResult{gen: gen, err: l.apply(conn, gen, op)} })
+		reset = op.reset
+		l.answer(op, func() lockResult {
+			// Not the caller's context: once it runs, it runs to its end.
+			ctx, cancel := context.WithTimeout(context.Background(), lockOpTimeout)
+			defer cancel()
+			return lockResult{gen: gen, err: op.run(ctx, conn, gen)}
+		})
 	}
 	if reset {
 		return errors.New("a lock could not be released")
@@ -247,10 +266,7 @@ func (l *lockSession) open(ctx context.Context, last backend) (*pgx.Conn, backen
 		}
 	}
 	l.mu.Lock()
-	var channels []string
-	for ch := range l.channels {
-		channels = append(channels, ch)
-	}
+	channels := slices.Collect(maps.Keys(l.channels))
 	l.mu.Unlock()
 	for _, ch := range channels {
 		if _, err := conn.Exec(cctx, "LISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
@@ -259,40 +275,4 @@ func (l *lockSession) open(ctx context.Context, last backend) (*pgx.Conn, backen
 		}
 	}
 	return conn, self, nil
-}
-
-// apply runs op on conn, of generation gen.
-func (l *lockSession) apply(conn *pgx.Conn, gen uint64, op *lockOp) error {
-	// Not the caller's context: once it runs, it runs to its end.
-	ctx, cancel := context.WithTimeout(context.Background(), lockOpTimeout)
-	defer cancel()
-	switch op.kind {
-	case opKindLock:
-		return etlcontext.TryLockSession(ctx, conn, op.id)
-	case opKindUnlock:
-		if op.gen != gen {
-			// Taken on a connection that is gone, and the lock with it.
-			return nil
-		}
-		return etlcontext.UnlockSession(ctx, conn, op.id)
-	case opKindListen:
-		l.mu.Lock()
-		known := l.channels[op.channel]
-		l.mu.Unlock()
-		if known {
-			return nil
-		}
-		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{op.channel}.Sanitize()); err != nil {
-			return fmt.Errorf("listen on %s: %w", op.channel, err)
-		}
-		l.mu.Lock()
-		l.channels[op.channel] = true
-		l.mu.Unlock()
-		return nil
-	case opKindPing:
-		return conn.Ping(ctx)
-	case opKindReset:
-		return nil
-	}
-	return fmt.Errorf("unknown lock operation %d", op.kind)
 }

@@ -38,17 +38,15 @@ func (r *rows) Next() bool {
 	return true
 }
 
-func (r *rows) current() [][]byte {
+func (r *rows) RawValues() [][]byte {
 	if r.i == 0 || r.i > len(r.data) {
 		return nil
 	}
 	return r.data[r.i-1]
 }
 
-func (r *rows) RawValues() [][]byte { return r.current() }
-
 func (r *rows) Scan(dest ...any) error {
-	values := r.current()
+	values := r.RawValues()
 	if values == nil {
 		return errors.New("no row to scan: call Next first")
 	}
@@ -61,7 +59,7 @@ func (r *rows) Scan(dest ...any) error {
 }
 
 func (r *rows) Values() ([]any, error) {
-	values := r.current()
+	values := r.RawValues()
 	if values == nil {
 		return nil, errors.New("no row: call Next first")
 	}
@@ -96,9 +94,6 @@ func (r *row) Scan(dest ...any) error {
 		return rs.err
 	}
 	if !rs.Next() {
-		if rs.err != nil {
-			return rs.err
-		}
 		return pgx.ErrNoRows
 	}
 	err := rs.Scan(dest...)
@@ -117,7 +112,7 @@ func (t *tx) Begin(ctx context.Context) (pgx.Tx, error) {
 	if t.done {
 		return nil, pgx.ErrTxClosed
 	}
-	if _, err := t.c.request(ctx, &request{Op: opBegin, Depth: t.depth + 1}); err != nil {
+	if err := t.c.do(ctx, &request{Op: opBegin, Depth: t.depth + 1}); err != nil {
 		return nil, err
 	}
 	return &tx{c: t.c, depth: t.depth + 1}, nil
@@ -131,8 +126,7 @@ func (t *tx) end(ctx context.Context, o op) error {
 		return pgx.ErrTxClosed
 	}
 	t.done = true
-	_, err := t.c.request(ctx, &request{Op: o, Depth: t.depth})
-	return err
+	return t.c.do(ctx, &request{Op: o, Depth: t.depth})
 }
 
 var errUnsupported = errors.New("not supported by a lock keeper's session")

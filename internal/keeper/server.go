@@ -42,9 +42,8 @@ type Config struct {
 	// MaxMessage bounds, in bytes, one message of a session either way
 	// once its hello is taken: a statement's parameters or its rows. 0
 	// means 64 MiB, what a task process takes too, and the most it may
-	// be; the least is 16 KiB, a hello's bound, which a notification
-	// (8,000 bytes at most) fits in. A test sets less than 64 MiB, to make
-	// a reply too large without 64 MiB of it.
+	// be; the least is 64 KiB, which any notification fits in. A test sets
+	// less than 64 MiB, to make a reply too large without 64 MiB of it.
 	MaxMessage int
 	// Logger receives the keeper's log lines; nil discards them.
 	Logger *slog.Logger
@@ -79,7 +78,8 @@ type server struct {
 }
 
 // maxUnproven bounds the connections that have not proved the secret
-// yet, each for at most handshakeTimeout: a task process proves it in
+// yet, each held at most handshakeTimeout, against a process of the user
+// that opens connections and proves nothing. A task process proves it in
 // its first round trip, so even all of a host's task processes dialling
 // again at once, after a keeper's restart, pass through them in turn (a
 // connection refused for it is dialled again: Dial).
@@ -97,10 +97,10 @@ func Serve(ctx context.Context, cfg Config) error {
 	if len(cfg.Secret) == 0 {
 		return errors.New("a keeper needs a secret")
 	}
-	if cfg.MaxMessage < maxHello || cfg.MaxMessage > maxMessage {
+	if cfg.MaxMessage < minMessage || cfg.MaxMessage > maxMessage {
 		// Beyond either end a session would end on its first large
 		// notification or reply rather than fail that one statement.
-		return fmt.Errorf("a keeper's MaxMessage is %d bytes: want %d to %d", cfg.MaxMessage, maxHello, maxMessage)
+		return fmt.Errorf("a keeper's MaxMessage is %d bytes: want %d to %d", cfg.MaxMessage, minMessage, maxMessage)
 	}
 	logger := cfg.Logger
 	if logger == nil {
@@ -137,14 +137,9 @@ func Serve(ctx context.Context, cfg Config) error {
 		idle:     time.Now(),
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	s.lock = newLockSession(cfg.ConnectLock, logger, s.lockLost, s.notify)
-	lockDone := make(chan struct{})
-	go func() {
-		defer close(lockDone)
-		s.lock.run(ctx)
-	}()
-	defer func() { <-lockDone }()
+	go s.lock.run(ctx)
+	defer func() { <-s.lock.ended }()
 	defer cancel()
 
 	if cfg.Ready != nil {
@@ -198,9 +193,6 @@ func (s *server) accept(ctx context.Context, ln *net.UnixListener) {
 		select {
 		case s.unproven <- struct{}{}:
 		default:
-			// A process of the user that opens connections and proves
-			// nothing holds no more than maxUnproven of them, each for
-			// at most handshakeTimeout.
 			conn.Close()
 			if !refusing {
 				s.logger.Warn("refused connections: too many have not opened their session yet", "at_most", maxUnproven)
@@ -209,12 +201,12 @@ func (s *server) accept(ctx context.Context, ln *net.UnixListener) {
 			continue
 		}
 		refusing = false
-		sess := s.open(conn)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sess.serve(ctx)
-		}()
+		sess := &session{s: s, conn: conn, notes: make(chan *pgconn.Notification, notifyBuffer),
+			channels: make(map[string]bool), missed: make(map[string]*pgconn.Notification)}
+		s.mu.Lock()
+		s.sessions[sess] = struct{}{}
+		s.mu.Unlock()
+		wg.Go(func() { sess.serve(ctx) })
 	}
 }
 
@@ -222,50 +214,36 @@ func (s *server) accept(ctx context.Context, ln *net.UnixListener) {
 // no session for IdleExit, or once its socket or lock file is no longer
 // the one it holds (removed, or replaced by another process): task
 // processes would not find it, and a second keeper might serve beside it.
-// Its sessions then end, and their task processes take their locks again
-// through the keeper they find.
 func (s *server) watch(ctx context.Context, ln *net.UnixListener, socket, lock *[2]uint64, idleExit chan<- struct{}) {
+	defer ln.Close()
 	t := time.NewTicker(min(s.cfg.IdleExit/4, time.Second))
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			ln.Close()
 			return
 		case <-t.C:
 		}
 		if id := fileID(s.cfg.Socket); socket == nil || id == nil || *id != *socket {
 			s.logger.Warn("lock keeper exits: its socket was removed or replaced", "socket", s.cfg.Socket)
-			ln.Close()
 			return
 		}
 		if id := fileID(s.cfg.Socket + ".lock"); lock == nil || id == nil || *id != *lock {
 			s.logger.Warn("lock keeper exits: its lock file was removed or replaced", "lock", s.cfg.Socket+".lock")
-			ln.Close()
 			return
 		}
 		s.mu.Lock()
-		idle := len(s.sessions) == 0 && time.Since(s.idle) >= s.cfg.IdleExit
-		if idle {
+		if len(s.sessions) == 0 && time.Since(s.idle) >= s.cfg.IdleExit {
 			// No session opens from here on: one that connects now finds the
 			// socket closed and starts another keeper.
 			close(idleExit)
 			ln.Close()
-		}
-		s.mu.Unlock()
-		if idle {
+			s.mu.Unlock()
 			s.logger.Info("lock keeper exits: no session", "idle_exit", s.cfg.IdleExit)
 			return
 		}
+		s.mu.Unlock()
 	}
-}
-
-func (s *server) open(conn *net.UnixConn) *session {
-	sess := &session{s: s, conn: conn, notes: make(chan *pgconn.Notification, notifyBuffer)}
-	s.mu.Lock()
-	s.sessions[sess] = struct{}{}
-	s.mu.Unlock()
-	return sess
 }
 
 // closed forgets sess, and releases its lock.
@@ -275,9 +253,8 @@ func (s *server) closed(sess *session) {
 	if len(s.sessions) == 0 {
 		s.idle = time.Now()
 	}
-	held := sess.contextID != 0 && s.holders[sess.contextID] == sess
 	s.mu.Unlock()
-	if !held {
+	if !s.holds(sess) {
 		return
 	}
 	// The session stays the holder until its lock is released: the next
@@ -358,16 +335,13 @@ func (s *server) holds(sess *session) bool {
 	return sess.contextID != 0 && s.holders[sess.contextID] == sess
 }
 
-// drop records that sess no longer holds its lock; it reports whether it
-// did.
-func (s *server) drop(sess *session) bool {
+// drop records that sess no longer holds its lock.
+func (s *server) drop(sess *session) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.holders[sess.contextID] != sess {
-		return false
+	if s.holders[sess.contextID] == sess {
+		delete(s.holders, sess.contextID)
 	}
-	delete(s.holders, sess.contextID)
-	return true
 }
 
 // unavailable reports whether err says the keeper could not reach the

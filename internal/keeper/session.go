@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -16,8 +18,8 @@ import (
 	"github.com/dama-etl/dama/protocol"
 )
 
-// notifyBuffer bounds the notifications waiting to be sent to a session;
-// beyond it, one with an empty payload stands for those dropped.
+// notifyBuffer bounds the notifications waiting to be sent to a session
+// (pass) or read from one (Conn.read).
 const notifyBuffer = 64
 
 // lockOpTimeout bounds an operation on the lock session.
@@ -51,10 +53,10 @@ type session struct {
 
 	mu       sync.Mutex
 	channels map[string]bool
-	// notes holds the notifications waiting to be sent; missed, the
-	// channels of those dropped.
+	// notes holds the notifications waiting to be sent; missed, the last
+	// dropped of each channel.
 	notes  chan *pgconn.Notification
-	missed map[string]bool
+	missed map[string]*pgconn.Notification
 }
 
 func (sess *session) serve(ctx context.Context) {
@@ -71,16 +73,14 @@ func (sess *session) serve(ctx context.Context) {
 		return
 	}
 	sess.st = st
-	done := make(chan struct{})
-	defer close(done)
-	go sess.forward(ctx, done)
+	fctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go sess.forward(fctx)
 	defer func() {
 		if sess.tx != nil {
 			rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			sess.tx.Exec(rctx, "ROLLBACK")
-			cancel()
-			sess.tx.Release()
-			sess.tx = nil
+			defer cancel()
+			sess.dropTx(rctx)
 		}
 	}()
 	// Nor one that says no hello.
@@ -91,17 +91,13 @@ func (sess *session) serve(ctx context.Context) {
 			return
 		}
 		if sess.contextID == 0 {
-			if req.Op != opHello {
-				sess.reply(&reply{Err: &wireError{Kind: errRefused, Message: "a session begins with its hello"}})
-				return
-			}
 			err := sess.hello(ctx, &req)
 			sess.reply(&reply{Err: toWire(err)})
 			if err != nil {
 				return
 			}
 			sess.conn.SetReadDeadline(time.Time{})
-			sess.st.setLimit(sess.s.cfg.MaxMessage)
+			sess.st.limit.Store(int64(sess.s.cfg.MaxMessage))
 			continue
 		}
 		if err := sess.reply(sess.handle(ctx, &req)); err != nil {
@@ -120,8 +116,8 @@ func (sess *session) reply(r *reply) error {
 	return err
 }
 
-// forward sends the notifications waiting for the session until done.
-func (sess *session) forward(ctx context.Context, done <-chan struct{}) {
+// forward sends the notifications waiting for the session until ctx ends.
+func (sess *session) forward(ctx context.Context) {
 	for {
 		select {
 		case n := <-sess.notes:
@@ -129,21 +125,17 @@ func (sess *session) forward(ctx context.Context, done <-chan struct{}) {
 				return
 			}
 			sess.mu.Lock()
-			var missed []string
+			var missed []*pgconn.Notification
 			if len(sess.notes) == 0 {
-				for ch := range sess.missed {
-					missed = append(missed, ch)
-				}
+				missed = slices.Collect(maps.Values(sess.missed))
 				clear(sess.missed)
 			}
 			sess.mu.Unlock()
-			for _, ch := range missed {
-				if err := sess.st.send(&reply{Notification: sess.standIn(ch)}); err != nil {
+			for _, n := range missed {
+				if err := sess.st.send(&reply{Notification: standIn(n)}); err != nil {
 					return
 				}
 			}
-		case <-done:
-			return
 		case <-ctx.Done():
 			return
 		}
@@ -169,33 +161,33 @@ func (sess *session) pass(n *pgconn.Notification) {
 	case sess.notes <- n:
 	default:
 		sess.mu.Lock()
-		if sess.missed == nil {
-			sess.missed = make(map[string]bool)
-		}
-		sess.missed[n.Channel] = true
+		sess.missed[n.Channel] = n
 		sess.mu.Unlock()
 		// A notification is sent after the missed are noted: the
 		// forwarder, woken by none, would sit on them.
 		select {
-		case sess.notes <- sess.standIn(n.Channel):
+		case sess.notes <- standIn(n):
 		default:
 		}
 	}
 }
 
-// standIn is the notification that stands for those of channel that were
-// dropped: an empty payload, which the task process reads as "look again";
-// a cancellation names the session's context, the only one it is passed.
-func (sess *session) standIn(channel string) *pgconn.Notification {
-	if channel == protocol.CancelChannel {
-		return &pgconn.Notification{Channel: channel, Payload: strconv.FormatInt(sess.contextID, 10)}
+// standIn is the notification that stands for n and the others of its
+// channel that were dropped: an empty payload, which the task process
+// reads as "look again"; a cancellation is passed to its context's
+// session only, and kept whole.
+func standIn(n *pgconn.Notification) *pgconn.Notification {
+	if n.Channel == protocol.CancelChannel {
+		return n
 	}
-	return &pgconn.Notification{Channel: channel}
+	return &pgconn.Notification{Channel: n.Channel}
 }
 
 // hello opens the session for the run whose key it holds.
 func (sess *session) hello(ctx context.Context, req *request) error {
 	switch {
+	case req.Op != opHello:
+		return fmt.Errorf("%w: a session begins with its hello", ErrRefused)
 	case req.Version != Version:
 		return fmt.Errorf("%w: protocol version %d, this keeper speaks %d", ErrRefused, req.Version, Version)
 	case req.ContextID <= 0:
@@ -217,8 +209,7 @@ func (sess *session) hello(ctx context.Context, req *request) error {
 }
 
 func (sess *session) handle(ctx context.Context, req *request) *reply {
-	timeout := min(max(req.Timeout, time.Second), maxTimeout)
-	rctx, cancel := context.WithTimeout(ctx, timeout)
+	rctx, cancel := context.WithTimeout(ctx, min(max(req.Timeout, time.Second), maxTimeout))
 	defer cancel()
 	switch req.Op {
 	case opDescribe:
@@ -275,19 +266,19 @@ func (sess *session) onConn(ctx context.Context, fn func(context.Context, *pgcon
 // its own that holds the run's key, sent with the statement in one round
 // trip.
 func (sess *session) exec(ctx context.Context, req *request) *reply {
-	params, err := unpackValues(req.Params, len(req.ParamOIDs))
-	if err != nil {
-		return &reply{Err: &wireError{Kind: errStatement, Message: "parameters: " + err.Error()}}
+	if len(req.Params) != len(req.ParamOIDs) {
+		msg := fmt.Sprintf("parameters: %d values where %d are expected", len(req.Params), len(req.ParamOIDs))
+		return &reply{Err: &wireError{Kind: errStatement, Message: msg}}
 	}
 	var res *pgconn.Result
-	err = sess.onConn(ctx, func(ctx context.Context, pc *pgconn.PgConn) error {
+	err := sess.onConn(ctx, func(ctx context.Context, pc *pgconn.PgConn) error {
 		if sess.tx != nil {
-			res = pc.ExecParams(ctx, req.SQL, params, req.ParamOIDs, req.ParamFormats, req.ResultFormats).Read()
+			res = pc.ExecParams(ctx, req.SQL, req.Params, req.ParamOIDs, req.ParamFormats, req.ResultFormats).Read()
 			return res.Err
 		}
 		b := &pgconn.Batch{}
 		b.ExecParams("SELECT set_config($1, $2, true)", [][]byte{[]byte(etlcontext.RunKeySetting), []byte(sess.runKey)}, []uint32{25, 25}, nil, nil)
-		b.ExecParams(req.SQL, params, req.ParamOIDs, req.ParamFormats, req.ResultFormats)
+		b.ExecParams(req.SQL, req.Params, req.ParamOIDs, req.ParamFormats, req.ResultFormats)
 		results, err := pc.ExecBatch(ctx, b).ReadAll()
 		if err != nil {
 			return err
@@ -302,16 +293,11 @@ func (sess *session) exec(ctx context.Context, req *request) *reply {
 		if sess.tx != nil && sess.tx.Conn().IsClosed() {
 			// The transaction died with its connection: the task process's
 			// next Begin starts afresh.
-			sess.tx.Release()
-			sess.tx, sess.depth = nil, 0
+			sess.dropTx(ctx)
 		}
 		return &reply{Err: toWire(err)}
 	}
-	rows := make([][]byte, len(res.Rows))
-	for i, r := range res.Rows {
-		rows[i] = packValues(r)
-	}
-	return &reply{Fields: res.FieldDescriptions, Rows: rows, Tag: res.CommandTag.String()}
+	return &reply{Fields: res.FieldDescriptions, Rows: res.Rows, Tag: res.CommandTag.String()}
 }
 
 // begin opens the session's transaction, holding the run's key, or a
@@ -339,12 +325,11 @@ func (sess *session) begin(ctx context.Context, depth int) error {
 		conn.Release()
 		return err
 	}
+	sess.tx, sess.depth = conn, 0
 	if _, err := conn.Exec(ctx, "SELECT set_config($1, $2, true)", etlcontext.RunKeySetting, sess.runKey); err != nil {
-		conn.Exec(ctx, "ROLLBACK")
-		conn.Release()
+		sess.dropTx(ctx)
 		return err
 	}
-	sess.tx, sess.depth = conn, 0
 	return nil
 }
 
@@ -443,9 +428,6 @@ func (sess *session) listen(ctx context.Context, channel string) error {
 		return err
 	}
 	sess.mu.Lock()
-	if sess.channels == nil {
-		sess.channels = make(map[string]bool)
-	}
 	sess.channels[channel] = true
 	sess.mu.Unlock()
 	return nil

@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -57,22 +58,10 @@ func proof(secret []byte, side string, nc, ns []byte, keeper, task int32) []byte
 // not prove it knows the secret.
 var ErrHandshake = errors.New("the other side of the keeper's socket does not know its supervisor's secret")
 
-// peerPID returns the pid of the process at the other end of conn, as the
-// kernel saw it when it connected (or listened).
-func peerPID(conn net.Conn) (int32, error) {
-	cred, err := peerCred(conn)
-	if err != nil {
-		return 0, err
-	}
-	return cred.Pid, nil
-}
-
 // peerCred returns the credentials of the process at the other end of
-// conn.
+// conn, as the kernel saw it when it connected (or listened).
 func peerCred(conn net.Conn) (*unix.Ucred, error) {
-	sc, ok := conn.(interface {
-		SyscallConn() (syscall.RawConn, error)
-	})
+	sc, ok := conn.(syscall.Conn)
 	if !ok {
 		return nil, fmt.Errorf("a %T is no Unix socket", conn)
 	}
@@ -98,11 +87,11 @@ func peerCred(conn net.Conn) (*unix.Ucred, error) {
 // clientHandshake proves the secret to the keeper on conn, and checks the
 // keeper's proof, before anything is sent.
 func clientHandshake(conn net.Conn, secret []byte, deadline time.Time) (*stream, error) {
-	keeper, err := peerPID(conn)
+	peer, err := peerCred(conn)
 	if err != nil {
 		return nil, err
 	}
-	task := int32(os.Getpid())
+	keeper, task := peer.Pid, int32(os.Getpid())
 	conn.SetDeadline(deadline)
 	defer conn.SetDeadline(time.Time{})
 	nc := make([]byte, nonceSize)
@@ -127,11 +116,11 @@ func clientHandshake(conn net.Conn, secret []byte, deadline time.Time) (*stream,
 // serverHandshake checks a task process's proof of the secret on conn and
 // gives the keeper's.
 func serverHandshake(conn net.Conn, secret []byte, deadline time.Time) (*stream, error) {
-	task, err := peerPID(conn)
+	peer, err := peerCred(conn)
 	if err != nil {
 		return nil, err
 	}
-	keeper := int32(os.Getpid())
+	task, keeper := peer.Pid, int32(os.Getpid())
 	conn.SetDeadline(deadline)
 	defer conn.SetDeadline(time.Time{})
 	in := make([]byte, len(handshakeMagic)+nonceSize)
@@ -157,31 +146,24 @@ func serverHandshake(conn net.Conn, secret []byte, deadline time.Time) (*stream,
 	return newStream(conn, maxHello), nil
 }
 
-// stream carries messages over a connection: each a frame of its own (its
-// length, then the encoding of one message, codec.go), whose length is
-// checked before it is read, decoded alone.
+// stream carries messages over a connection: each a frame of its own, its
+// length then the message in JSON, whose length is checked before it is
+// read. json.Unmarshal checks the whole frame before it decodes anything,
+// and refuses what is left over and values out of their field's range.
 type stream struct {
-	conn  net.Conn
-	r     *bufio.Reader
+	conn net.Conn
+	r    *bufio.Reader
+	// limit bounds the messages read and sent, and changes once a
+	// session's hello is taken.
 	limit atomic.Int64
-
-	mu  sync.Mutex
-	bw  *bufio.Writer
-	buf []byte
+	mu    sync.Mutex // one frame written at a time
 }
 
 func newStream(conn net.Conn, limit int) *stream {
-	s := &stream{conn: conn, r: bufio.NewReader(conn), bw: bufio.NewWriter(conn)}
+	s := &stream{conn: conn, r: bufio.NewReader(conn)}
 	s.limit.Store(int64(limit))
 	return s
 }
-
-// setLimit changes the largest message read or sent from now on.
-func (s *stream) setLimit(n int) { s.limit.Store(int64(n)) }
-
-// keptBuffer is the largest send buffer a stream keeps for its next
-// message: a statement's usual size, not its largest.
-const keptBuffer = 64 << 10
 
 // errTooLarge is what sending a message larger than the stream's limit
 // (maxHello until a session's hello is taken, then Config.MaxMessage)
@@ -189,27 +171,23 @@ const keptBuffer = 64 << 10
 // the session.
 var errTooLarge = errors.New("a message larger than the lock keeper's protocol takes")
 
-func (s *stream) send(m message) error {
+func (s *stream) send(m any) error {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	if limit := s.limit.Load(); int64(len(b)) > limit {
+		return fmt.Errorf("%w: %d bytes, at most %d", errTooLarge, len(b), limit)
+	}
+	frame := net.Buffers{binary.BigEndian.AppendUint32(nil, uint32(len(b))), b}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e := encoder{b: s.buf[:0]}
-	m.encode(&e)
-	if cap(e.b) <= keptBuffer {
-		s.buf = e.b
-	}
-	if limit := s.limit.Load(); int64(len(e.b)) > limit {
-		return fmt.Errorf("%w: %d bytes, at most %d", errTooLarge, len(e.b), limit)
-	}
-	var head [4]byte
-	binary.BigEndian.PutUint32(head[:], uint32(len(e.b)))
-	s.bw.Write(head[:])
-	s.bw.Write(e.b)
-	return s.bw.Flush()
+	_, err = frame.WriteTo(s.conn)
+	return err
 }
 
-// receive reads the next message into m; one goroutine at a time. What m
-// holds of bytes is the message's own, never reused.
-func (s *stream) receive(m message) error {
+// receive reads the next message into m; one goroutine at a time.
+func (s *stream) receive(m any) error {
 	var head [4]byte
 	if _, err := io.ReadFull(s.r, head[:]); err != nil {
 		return err
@@ -222,7 +200,5 @@ func (s *stream) receive(m message) error {
 	if _, err := io.ReadFull(s.r, body); err != nil {
 		return err
 	}
-	d := decoder{b: body}
-	m.decode(&d)
-	return d.end()
+	return json.Unmarshal(body, m)
 }

@@ -34,14 +34,14 @@ func BenchmarkStream(b *testing.B) {
 		Op:            opExec,
 		SQL:           "INSERT INTO data_manager.event_store (context_id, run_id, seq, event_type, payload) SELECT $1, $2, s, t, p FROM unnest($3::int[], $4::text[], $5::jsonb[]) AS e(s, t, p)" + strings.Repeat(" ", 40),
 		ParamOIDs:     []uint32{20, 20, 1007, 1009, 3807},
-		Params:        packValues([][]byte{[]byte("123456"), []byte("7"), []byte("{41}"), []byte(`{"ETL:PROGRESS"}`), []byte(`{"{\"done\": 4100, \"total\": 100000}"}`)}),
+		Params:        [][]byte{[]byte("123456"), []byte("7"), []byte("{41}"), []byte(`{"ETL:PROGRESS"}`), []byte(`{"{\"done\": 4100, \"total\": 100000}"}`)},
 		ParamFormats:  []int16{0, 0, 0, 0, 0},
 		ResultFormats: []int16{0},
 		Timeout:       30 * time.Second,
 	}
 	rep := &reply{
 		Fields: []pgconn.FieldDescription{{Name: "seq", DataTypeOID: 23, DataTypeSize: 4, TypeModifier: -1}},
-		Rows:   [][]byte{packValues([][]byte{[]byte("41")})},
+		Rows:   [][][]byte{{[]byte("41")}},
 		Tag:    "INSERT 0 1",
 	}
 	done := make(chan error, 1)

@@ -34,6 +34,7 @@ import (
 	"k8s.io/pod-security-admission/policy"
 
 	"github.com/dama-etl/dama/config"
+	"github.com/dama-etl/dama/kubernetes/shim"
 	"github.com/dama-etl/dama/protocol"
 	"github.com/dama-etl/dama/supervisor"
 )
@@ -63,7 +64,13 @@ const (
 	secretsKey     = "secrets"
 	configKey      = "dama.yaml"
 	shimName       = "dama-shim"
+	shimSocket     = runDir + "/" + shim.Socket
 	taskRunnerPath = "/dama-taskrunner"
+	// logDir is where a pod's task process keeps the task's log file
+	// (protocol.Launch.LogDir), a volume of dama's container alone,
+	// whatever the configuration's log_dir, which is its supervisor's
+	// host's.
+	logDir = "/var/log/dama"
 	// imageUser is the image's user (scripts/image.sh), which owns nothing.
 	imageUser = 65532
 )
@@ -380,7 +387,7 @@ func (r *Launcher) build(l launch) (*corev1.Pod, error) {
 	}}, spec.InitContainers...)
 	for i := range spec.Containers {
 		if c := &spec.Containers[i]; c.Name == containerTask {
-			c.Command = []string{runDir + "/" + shimName, runDir + "/" + protocol.ShimSocket}
+			c.Command = []string{runDir + "/" + shimName, shimSocket}
 			c.VolumeMounts = append(c.VolumeMounts, runMount)
 			// The command shares the pod's network with the task process:
 			// raw sockets would let it read and forge the task process's
@@ -405,20 +412,19 @@ func (r *Launcher) build(l launch) (*corev1.Pod, error) {
 		ContextID: l.ContextID, RunID: l.RunID, LockMode: k.lockMode,
 		SecretsFile:   secretsDir + "/" + secretsKey,
 		SecretsDigest: protocol.PodDigest(l.Secrets, l.Config),
-		ShimSocket:    runDir + "/" + protocol.ShimSocket,
-		LogDir:        protocol.PodLogDir,
+		LogDir:        logDir,
 	}
 	spec.Containers = append([]corev1.Container{{
 		Name:    containerDama,
 		Image:   r.image,
-		Command: append([]string{taskRunnerPath}, launch.Args()...),
+		Command: slices.Concat([]string{taskRunnerPath}, launch.Args(), []string{shim.SocketFlag, shimSocket}),
 		Env: []corev1.EnvVar{
 			{Name: protocol.ProcessEnv, Value: protocol.ProcessRunner},
 			{Name: protocol.ConfigEnv, Value: secretsDir + "/" + configKey},
 		},
 		VolumeMounts: []corev1.VolumeMount{
 			runMount,
-			{Name: volumeLogs, MountPath: protocol.PodLogDir},
+			{Name: volumeLogs, MountPath: logDir},
 			{Name: volumeSecrets, MountPath: secretsDir, ReadOnly: true},
 		},
 		SecurityContext: restricted(),

@@ -123,14 +123,16 @@ func TestALaunchIsAPodWithDamasContainersAndASecretItOwns(t *testing.T) {
 		t.Fatalf("containers %v", got)
 	}
 	dama, task := spec.Containers[0], spec.Containers[1]
-	launch, err := protocol.ParseLaunch(dama.Command[2:])
-	if err != nil || dama.Command[0] != "/dama-taskrunner" || dama.Command[1] != protocol.Subcommand {
+	n := len(dama.Command)
+	launch, err := protocol.ParseLaunch(dama.Command[2 : n-2])
+	if err != nil || dama.Command[0] != "/dama-taskrunner" || dama.Command[1] != protocol.Subcommand ||
+		!slices.Equal(dama.Command[n-2:], []string{"--shim-socket", "/dama-run/shim.sock"}) {
 		t.Fatalf("dama's command %q: %v", dama.Command, err)
 	}
 	if launch.SecretsDigest != protocol.PodDigest(l.Secrets, l.Config) {
 		t.Errorf("dama's launch names the digest %q, not its Secret's", launch.SecretsDigest)
 	}
-	if launch.ContextID != 42 || launch.RunID != l.RunID || launch.LockMode != config.LockModeAdvisory || launch.ShimSocket != "/dama-run/shim.sock" || launch.LogDir != protocol.PodLogDir {
+	if launch.ContextID != 42 || launch.RunID != l.RunID || launch.LockMode != config.LockModeAdvisory || launch.LogDir != "/var/log/dama" {
 		t.Errorf("dama's launch %+v", launch)
 	}
 	if dama.Image != "registry.example/dama:1.0" || *dama.SecurityContext.RunAsNonRoot != true || *dama.SecurityContext.AllowPrivilegeEscalation || dama.SecurityContext.Capabilities.Drop[0] != "ALL" {

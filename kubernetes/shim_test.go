@@ -83,7 +83,8 @@ func newPodWorld(t *testing.T) *podWorld {
 }
 
 // launch prepares an attempt of task id as a supervisor's step does, and
-// starts its task process with the attempt's secrets in a file.
+// starts its task process as a pod's dama container does, with the
+// attempt's secrets in a file.
 func (w *podWorld) launch(id int64) (*testenv.Proc, etlcontext.Run) {
 	w.T.Helper()
 	run, err := etlcontext.StartAttempt(context.Background(), w.Pool, id, 1, "test")
@@ -106,8 +107,9 @@ func (w *podWorld) launch(id int64) (*testenv.Proc, etlcontext.Run) {
 	if digest == "" {
 		digest = protocol.PodDigest(secrets, cfg)
 	}
-	holder := w.Start(w.cfg, "taskrunner", "--context-id", strconv.FormatInt(id, 10), "--run-id", run.ID,
-		"--secrets-file", secretsFile, "--secrets-digest", digest, "--shim-socket", filepath.Join(w.run, protocol.ShimSocket))
+	holder := w.StartProgramWith(w.TaskRunnerBin, w.cfg, []string{protocol.ProcessEnv + "=" + protocol.ProcessRunner},
+		"taskrunner", "--context-id", strconv.FormatInt(id, 10), "--run-id", run.ID,
+		"--secrets-file", secretsFile, "--secrets-digest", digest, shim.SocketFlag, filepath.Join(w.run, shim.Socket))
 	return holder, run
 }
 
@@ -129,7 +131,7 @@ func (w *podWorld) startShim() *shimProc {
 		w.T.Fatal(err)
 	}
 	defer f.Close()
-	cmd := exec.Command(w.ShimBin, filepath.Join(w.run, protocol.ShimSocket))
+	cmd := exec.Command(w.ShimBin, filepath.Join(w.run, shim.Socket))
 	// GORACE: the race detector's options (testenv.Main's), or its second
 	// of sleep before the shim exits.
 	cmd.Env = []string{"PATH=/usr/bin:/bin", "PGPASSWORD=the-users-own", w.Tag(), "GORACE=" + os.Getenv("GORACE")}
@@ -244,7 +246,7 @@ func TestAPodsCommandRunsUnderTheShimWithoutTheSecrets(t *testing.T) {
 			t.Errorf("%s lacks the task process's own lines:\n%s", name, out)
 		}
 	}
-	if _, err := os.Stat(filepath.Join(w.run, protocol.ShimSocket)); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(w.run, shim.Socket)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the socket is still there once the shim connected: %v", err)
 	}
 }

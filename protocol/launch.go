@@ -35,11 +35,6 @@ type Launch struct {
 	// neither the command nor a function process inherits it. Without
 	// one, a runner started by hand connects with its environment.
 	SecretsFD int
-	// ShimSocket, when set, makes the task process a pod's: the command
-	// runs in another container, under dama's shim, which connects to
-	// this socket, an absolute path on a volume the two share (see
-	// ShimRequest).
-	ShimSocket string
 	// SecretsFile, when set, is a file to read the Secrets from, as
 	// Secrets.Encode wrote them, once the process is non-dumpable: a
 	// pod's, where a Secret that only dama's container mounts holds them.
@@ -49,7 +44,8 @@ type Launch struct {
 	// the launch its supervisor made.
 	SecretsDigest string
 	// LogDir, when set, is the directory of the task's log file, over the
-	// configuration's log_dir: a pod's own volume (PodLogDir).
+	// configuration's log_dir: a volume of the task process's own (a
+	// pod's).
 	LogDir string
 }
 
@@ -75,9 +71,6 @@ func (l Launch) Args() []string {
 	if l.SecretsFile != "" {
 		args = append(args, "--secrets-file", l.SecretsFile, "--secrets-digest", l.SecretsDigest)
 	}
-	if l.ShimSocket != "" {
-		args = append(args, "--shim-socket", l.ShimSocket)
-	}
 	if l.LogDir != "" {
 		args = append(args, "--log-dir", l.LogDir)
 	}
@@ -99,7 +92,6 @@ func ParseLaunch(args []string) (Launch, error) {
 	fs.StringVar(&lockMode, "lock-mode", "", "how to hold the lock: row (the default), advisory or host")
 	fs.StringVar(&l.SecretsFile, "secrets-file", "", "file to read the secrets from")
 	fs.StringVar(&l.SecretsDigest, "secrets-digest", "", "digest of the secrets file and the configuration's")
-	fs.StringVar(&l.ShimSocket, "shim-socket", "", "socket to run the command through, in a pod")
 	fs.StringVar(&l.LogDir, "log-dir", "", "directory of the task's log file, over the configuration's")
 	if err := fs.Parse(args); err != nil {
 		return Launch{}, fmt.Errorf("%s arguments: %w", Subcommand, err)
@@ -109,12 +101,8 @@ func ParseLaunch(args []string) (Launch, error) {
 		return Launch{}, errors.New("--secrets-file and --secrets-fd: the secrets come from one")
 	case (l.SecretsFile != "") != (l.SecretsDigest != ""):
 		return Launch{}, errors.New("--secrets-file and --secrets-digest go together")
-	case l.ShimSocket != "" && !filepath.IsAbs(l.ShimSocket):
-		return Launch{}, fmt.Errorf("--shim-socket %q: want an absolute path", l.ShimSocket)
 	case l.LogDir != "" && !filepath.IsAbs(l.LogDir):
 		return Launch{}, fmt.Errorf("--log-dir %q: want an absolute path", l.LogDir)
-	case l.ShimSocket != "" && lockMode == string(LockModeHost):
-		return Launch{}, errors.New("--shim-socket: a pod's task process holds its own lock, in lock mode row or advisory")
 	}
 	if fs.NArg() > 0 {
 		return Launch{}, fmt.Errorf("%s arguments: unexpected %q", Subcommand, fs.Arg(0))

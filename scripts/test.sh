@@ -166,8 +166,8 @@ export GOFLAGS
 go vet ./...
 (cd kubernetes && go vet ./...)
 
-# The binaries the tests run (dama, dama-taskrunner, dama-shim and the
-# samples), built once for every package's tests: static, as
+# The binaries the tests run (dama, dama-taskrunner and the samples),
+# built once for every package's tests: static, as
 # scripts/build.sh builds them, and again with the race detector in race/,
 # for the tests that watch them for data races (testenv.Build).
 DAMA_TEST_BIN_DIR=$(mktemp -d /tmp/dama-test-bin.XXXXXX)
@@ -176,9 +176,6 @@ bins=(./cmd/dama ./cmd/dama-taskrunner ./cmd/sample-etl ./cmd/sample-embedded)
 ldflags="-X github.com/dama-etl/dama/version.commit=$(git rev-parse HEAD 2>/dev/null || true)"
 CGO_ENABLED=0 go build -ldflags "$ldflags" -o "$DAMA_TEST_BIN_DIR/" "${bins[@]}"
 go build -race -ldflags "$ldflags" -o "$DAMA_TEST_BIN_DIR/race/" "${bins[@]}"
-# The shim of a pod's task container is the Kubernetes module's.
-(cd kubernetes && CGO_ENABLED=0 go build -ldflags "$ldflags" -o "$DAMA_TEST_BIN_DIR/" ./cmd/dama-shim &&
-	go build -race -ldflags "$ldflags" -o "$DAMA_TEST_BIN_DIR/race/" ./cmd/dama-shim)
 
 # Every test once, under the race detector; a test whose behaviour depends
 # on the lock mode runs once per mode (row, advisory, host), in parallel
@@ -188,9 +185,11 @@ go build -race -ldflags "$ldflags" -o "$DAMA_TEST_BIN_DIR/race/" "${bins[@]}"
 # test binaries too: not here (testenv sets it for what the tests start).
 export GORACE="${GORACE:-atexit_sleep_ms=0}"
 go test -race -count=1 -timeout "$go_timeout" -parallel "${DAMA_TEST_PARALLEL:-8}" "$@" ./...
-# The Kubernetes module: its launcher and dama's image, which is built from
-# it; its tests on a cluster are skipped here (scripts/test-kubernetes.sh).
-(cd kubernetes && go test -race -count=1 -timeout "$go_timeout" "$@" ./...)
+# The Kubernetes module: its launcher, a pod's task process under its shim
+# and dama's image, which is built from it; its tests on a cluster are
+# skipped here (scripts/test-kubernetes.sh). They run the module's own
+# binaries, which its TestMain builds (testenv.Main).
+(cd kubernetes && env -u DAMA_TEST_BIN_DIR go test -race -count=1 -timeout "$go_timeout" "$@" ./...)
 
 # A short fuzz pass over the parsers of outside input, from the corpora in
 # each package's testdata/fuzz and the inputs this host's Go cache kept from
@@ -210,7 +209,7 @@ fuzz_targets=(
 	"./protocol FuzzParseKeeperLaunch 5000"
 	"./protocol FuzzParseSecrets 5000"
 	# What a pod's two containers tell each other.
-	"./protocol FuzzShimReceive 5000"
+	"./kubernetes/shim FuzzReceive 5000"
 	# What any process of the user may send a host's lock keeper.
 	"./internal/keeper FuzzSession 2500"
 	"./internal/keeper FuzzDecodeMessage 5000"
@@ -233,11 +232,14 @@ declare -A fuzz_bin=()
 fuzz_runs=()
 for t in "${fuzz_targets[@]}"; do
 	read -r pkg target count <<<"$t"
+	# A package of the Kubernetes module is built in its module.
+	mod=. rel=$pkg
+	if [[ $pkg == ./kubernetes/* ]]; then mod=kubernetes rel=./${pkg#./kubernetes/}; fi
 	if [ -z "${fuzz_bin[$pkg]:-}" ]; then
 		fuzz_bin[$pkg]=$fuzz_dir/${#fuzz_bin[@]}.test
-		go test -c -fuzz=. -o "${fuzz_bin[$pkg]}" "$pkg"
+		go -C "$mod" test -c -fuzz=. -o "${fuzz_bin[$pkg]}" "$rel"
 	fi
-	fuzz_runs+=("$pkg" "$(go list "$pkg")" "${fuzz_bin[$pkg]}" "$target" "$count")
+	fuzz_runs+=("$pkg" "$(go -C "$mod" list "$rel")" "${fuzz_bin[$pkg]}" "$target" "$count")
 done
 # Three runs at once, one worker each: a run of a few thousand executions
 # spends most of its time starting and replaying its corpus, one process

@@ -23,7 +23,9 @@
 // DAMA_RUN_ID. When the lock connection
 // fails, the command runs on for at most reconnect_grace while the lock is
 // taken again under the same run, then its process group is stopped: it
-// runs unlocked for at most FenceWindow.
+// runs unlocked for at most FenceWindow. A Starter (Options.Starter)
+// starts the command elsewhere instead: the Kubernetes module's, in the
+// user's container of the task's pod.
 //
 // A function kind's command is the runner's own program, started again to
 // call the kind's Func with a Task (see RunFunction): everything above

@@ -21,8 +21,9 @@ import (
 
 // Main is the task processes' own program (cmd/dama-taskrunner, and the
 // Kubernetes module's beside its dama): it runs the task process its
-// environment names, and exits.
-func Main() {
+// environment names, a runner with starter (Options.Starter) unless nil,
+// and exits.
+func Main(starter Starter) {
 	// First thing, as every dama program: the environment holds the
 	// database URL, which the task's command, of the same user, must not
 	// read (see Run).
@@ -39,7 +40,7 @@ func Main() {
 	// As dama's own. A runner and a lock keeper hear their signals
 	// themselves (Run, RunKeeper): this context is a function process's.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	code, ok := RunProcess(ctx, nil)
+	code, ok := runProcess(ctx, nil, starter)
 	stop()
 	if ok {
 		os.Exit(code)

@@ -97,42 +97,37 @@ func exitCodeOf(err error) int {
 // waitStatus is the wait status of a command that ended with err.
 func waitStatus(err error) (syscall.WaitStatus, bool) {
 	var (
-		exitErr *exec.ExitError
-		shimErr *commandExit
+		exitErr    *exec.ExitError
+		startedErr *ExitError
 	)
 	switch {
 	case errors.As(err, &exitErr):
 		ws, ok := exitErr.Sys().(syscall.WaitStatus)
 		return ws, ok
-	case errors.As(err, &shimErr):
-		return shimErr.status, true
+	case errors.As(err, &startedErr):
+		return startedErr.Status, true
 	}
 	return 0, false
 }
 
 func describeExit(err error) string {
-	var shimErr *commandExit
-	if errors.As(err, &shimErr) {
-		return shimErr.Error()
+	var startedErr *ExitError
+	if errors.As(err, &startedErr) {
+		return startedErr.Error()
 	}
 	if ws, ok := waitStatus(err); ok {
-		return describeStatus(ws, 0)
+		return describeStatus(ws)
 	}
 	return fmt.Sprintf("command failed: %v", err)
 }
 
-// describeStatus says how a command ended, and that the kernel killed
-// processes of its container for want of memory, if it did.
-func describeStatus(ws syscall.WaitStatus, oomKills int) string {
-	s := fmt.Sprintf("command exited with code %d", ws.ExitStatus())
+// describeStatus says how a command ended.
+func describeStatus(ws syscall.WaitStatus) string {
 	if ws.Signaled() {
 		// SIGKILL, not Go's "killed": "command killed by killed".
-		s = "command killed by " + unix.SignalName(ws.Signal())
+		return "command killed by " + unix.SignalName(ws.Signal())
 	}
-	if oomKills > 0 {
-		s += fmt.Sprintf(" (out of memory: the kernel killed %d of its container's processes)", oomKills)
-	}
-	return s
+	return fmt.Sprintf("command exited with code %d", ws.ExitStatus())
 }
 
 // exitFields are the log's fields for a command that ended with err.

@@ -45,6 +45,11 @@ import (
 // program lacks its kind's function leaves the task to another host, and
 // no host would have it.
 func RunProcess(ctx context.Context, funcs Funcs) (code int, ok bool) {
+	return runProcess(ctx, funcs, nil)
+}
+
+// runProcess is RunProcess with a runner's Starter.
+func runProcess(ctx context.Context, funcs Funcs, starter Starter) (code int, ok bool) {
 	switch role, set := os.LookupEnv(protocol.ProcessEnv); {
 	case !set:
 		return 0, false
@@ -64,7 +69,7 @@ func RunProcess(ctx context.Context, funcs Funcs) (code int, ok bool) {
 		if len(args) > 0 && args[0] == protocol.Subcommand {
 			args = args[1:]
 		}
-		return RunFromArgs(ctx, args, funcs), true
+		return runFromArgs(ctx, args, funcs, starter), true
 	case role == protocol.ProcessFunction:
 		return RunFunction(ctx, funcs), true
 	case role == protocol.ProcessKeeper:
@@ -90,6 +95,10 @@ func RunProcess(ctx context.Context, funcs Funcs) (code int, ok bool) {
 // runner started by hand); the runner logs to stderr, the task's log file.
 // It is `dama-taskrunner taskrunner`, or `dama taskrunner`.
 func RunFromArgs(ctx context.Context, args []string, funcs Funcs) int {
+	return runFromArgs(ctx, args, funcs, nil)
+}
+
+func runFromArgs(ctx context.Context, args []string, funcs Funcs, starter Starter) int {
 	// Before anything else, and before the secrets are read: the
 	// command's processes, of the same user, must not read this one's
 	// memory (see Run).
@@ -107,10 +116,9 @@ func RunFromArgs(ctx context.Context, args []string, funcs Funcs) int {
 		logger.Error("taskrunner", "error", err, "exit_code", protocol.ExitSetup)
 		return protocol.ExitSetup
 	}
-	opts.Logger = logger
-	if opts.ShimListener != nil {
-		// A pod's log file is where dama logs reads it from; the
-		// container's log, where kubectl logs does.
+	opts.Logger, opts.Starter = logger, starter
+	if starter != nil {
+		// Its stderr is not the log file (see Options.Starter).
 		if f, err := openLog(opts.Config, opts.ContextID); err == nil {
 			defer f.Close()
 			opts.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(os.Stderr, f), nil)).With("component", "taskrunner")
@@ -175,18 +183,11 @@ func runnerOptions(args []string, funcs Funcs) (Options, error) {
 	if launch.ReadyFD > 0 {
 		opts.Ready = os.NewFile(uintptr(launch.ReadyFD), "ready")
 	}
-	if launch.ShimSocket != "" {
-		// Listening before anything else is tried, so that the shim
-		// does not wait long for a task process that failed.
-		if opts.ShimListener, err = ListenShim(launch.ShimSocket); err != nil {
-			return Options{}, err
-		}
-	}
 	return opts, nil
 }
 
-// openLog opens the log file of context id under cfg for appending, in
-// a pod's log directory.
+// openLog opens the log file of context id for appending, in the log
+// volume of cfg (see Options.Starter).
 func openLog(cfg *config.Config, id int64) (*os.File, error) {
 	logs, err := openLogs(cfg, true)
 	if err != nil {
@@ -196,10 +197,10 @@ func openLog(cfg *config.Config, id int64) (*os.File, error) {
 	return logs.Append(id)
 }
 
-// openLogs opens cfg's log directory, or with inPod a pod's, a volume of
-// its dama container alone, whose mode is the kubelet's.
-func openLogs(cfg *config.Config, inPod bool) (*logdir.Dir, error) {
-	if inPod {
+// openLogs opens cfg's log directory, or with volume the task process's
+// own volume (see Options.Starter).
+func openLogs(cfg *config.Config, volume bool) (*logdir.Dir, error) {
+	if volume {
 		return logdir.OpenVolume(cfg.LogDir)
 	}
 	return logdir.Open(cfg.LogDir, cfg.LogGroup)

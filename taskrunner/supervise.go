@@ -88,13 +88,13 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 	return r.commandEnded(ctx, w, waitErr)
 }
 
-// started is the kind's command once started: on this host, the runner's
-// child; in a pod, the shim's in the user's container.
+// started is the kind's command once started: the runner's child, or a
+// Starter's.
 type started struct {
-	// pid is the command's, in its container's PID namespace in a pod.
+	// pid is the command's, where it runs.
 	pid int
 	// pgid is its process group on this host, whose orphans the runner
-	// reaps; 0 in a pod.
+	// reaps; 0 for a Starter's.
 	pgid   int
 	exited <-chan error
 	// signal sends a signal to its processes.
@@ -106,25 +106,21 @@ type started struct {
 	done  func()
 }
 
-// startCommand starts the command with its events pipe, through the shim
-// in a pod, as a child on a host.
+// startCommand starts the command with its events pipe, through the
+// Starter, or as a child.
 func (r *runner) startCommand(eventsR, eventsW *os.File) (*started, error) {
 	p := &started{ended: make(chan struct{})}
-	if r.shim != nil {
-		c, err := r.startInShim(eventsR, eventsW)
+	if s := r.opts.Starter; s != nil {
+		c, err := s.Start(Command{
+			Argv: r.argv, Env: r.commandEnv(r.args, r.checkpoint), KillGrace: time.Duration(*r.kind.KillGrace),
+			EventsR: eventsR, EventsW: eventsW, Output: r.logFile,
+		})
 		if err != nil {
 			return nil, err
 		}
-		p.pid, p.exited, p.signal = c.pid, c.exited, c.signal
+		p.pid, p.exited, p.signal = c.Pid, c.Exited, c.Signal
 		p.done = func() {
-			// The shim told the exit once every process of its container
-			// was gone: the output pipe has no writer left. (Bounded all
-			// the same: the outcome is not to wait on the pipe.)
-			select {
-			case <-c.output:
-			case <-time.After(stmtTimeout):
-				r.logger.Warn("the command's output did not end with its container's processes")
-			}
+			c.Done()
 			close(p.ended)
 		}
 		return p, nil
@@ -238,10 +234,8 @@ func (w *commandWatch) wait(exited <-chan error) error {
 			w.stop(fmt.Sprintf("the lock was not taken again within reconnect_grace (%s)", *r.opts.Config.ReconnectGrace), protocol.ExitLockLost)
 		case sig := <-signals:
 			reason := "runner received " + sig.String()
-			if r.shim != nil {
-				// Only the kubelet signals a pod's task process, in its
-				// own PID namespace: the pod is being stopped.
-				reason = "its pod is stopping (deleted, evicted, or its node drained): the task process received " + sig.String()
+			if r.opts.Starter != nil {
+				reason = r.opts.Starter.SignalReason(sig)
 			}
 			w.stop(reason, protocol.ExitFailed)
 		}
@@ -368,13 +362,8 @@ func (r *runner) commandEnv(args, checkpoint json.RawMessage) []string {
 	env := make([]string, 0, len(os.Environ())+9)
 	for _, kv := range os.Environ() {
 		name, _, _ := strings.Cut(kv, "=")
-		switch {
-		case config.Withheld(name) && (strings.HasPrefix(name, "DAMA_") || !slices.Contains(r.kind.PassEnv, name)):
+		if config.Withheld(name) && (strings.HasPrefix(name, "DAMA_") || !slices.Contains(r.kind.PassEnv, name)) {
 			// dama's credentials reach a command only when its kind asks.
-			continue
-		case r.shim != nil && !config.Withheld(name):
-			// A pod's command has its own container's environment, set
-			// over by dama's variables alone.
 			continue
 		}
 		env = append(env, kv)

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"os/signal"
 	"slices"
@@ -65,10 +64,12 @@ type Options struct {
 	// this host. The runner calls none of them; it starts its own program
 	// again as the task's function process (see RunFunction).
 	Funcs Funcs
-	// ShimListener, when set, makes the runner a pod's task process: its
-	// command runs in the user's container, started by dama's shim, which
-	// connects here (protocol.Launch.ShimSocket).
-	ShimListener *net.UnixListener
+	// Starter, when set, starts the command elsewhere than as the
+	// runner's child. Such a runner is not its supervisor's child either:
+	// its log directory is a volume of its own, whose owner and mode are
+	// not dama's, and its stderr is not the task's log file (a
+	// container's log), which gets its lines too.
+	Starter Starter
 }
 
 // selfExe names the file the running program started from, even once a
@@ -141,9 +142,6 @@ type runner struct {
 	w                *writer
 	writerStarted    bool
 	lock             *lockKeeper
-	// shim is the connection to the shim that runs the command in a pod;
-	// nil on a host.
-	shim *protocol.ShimConn
 	// subreaper: the runner is its command's subreaper, and finds the
 	// attempt's processes in its own tree (reap.go).
 	subreaper bool
@@ -151,33 +149,6 @@ type runner struct {
 	// not its command's processes, left running when it ends.
 	keepersMu sync.Mutex
 	keepers   map[process]bool
-}
-
-// podLockPatience is how long a pod's task process tries its lock
-// again while another holds it.
-const podLockPatience = 30 * time.Second
-
-// lockInPod tries the lock again, after the first try found it held, for
-// up to podLockPatience: a supervisor's step holds it for as long as it
-// reads the pod from Kubernetes, and a pod that gave up at once would cost
-// the launch a new pod. A host's supervisor launches its task process
-// again in milliseconds instead. A signal (the pod's deletion) stops the
-// tries: the launch is given back.
-func (r *runner) lockInPod(ctx context.Context) (*etlcontext.Context, dbConn, error) {
-	deadline := time.Now().Add(podLockPatience)
-	r.logger.Info("another process holds the lock of this context; trying again", "for", podLockPatience)
-	for wait := 200 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
-		select {
-		case sig := <-r.signals:
-			r.logger.Info("signalled before the command started: the launch is given back", "signal", sig.String())
-			return nil, nil, fmt.Errorf("signalled (%s) while waiting for the lock: %w", sig, etlcontext.ErrLocked)
-		case <-time.After(wait):
-		}
-		c, conn, err := r.lock.lock(ctx)
-		if !errors.Is(err, etlcontext.ErrLocked) || time.Now().After(deadline) {
-			return c, conn, err
-		}
-	}
 }
 
 // checkCancel runs first on every new write connection but the first: a
@@ -195,18 +166,8 @@ func (r *runner) checkCancel(ctx context.Context, conn dbConn) error {
 }
 
 func (r *runner) run(ctx context.Context) (int, error) {
-	if r.opts.ShimListener != nil {
-		if !surelyTheServer(r.opts.DatabaseURL) {
-			r.logger.Warn("the database URL names its server without verifying it (sslmode=verify-full, kubernetes.tls_secret): the command, in the same pod, could redirect this process's connections (see docs/kubernetes.md)")
-		}
-		// Before the lock: a pod whose user's container does not start
-		// (its image cannot be pulled) holds no lock, so that the
-		// supervisor sees it waiting, and deletes it after the kind's
-		// start_timeout.
-		if code, ok := r.awaitShim(); !ok {
-			return code, nil
-		}
-		defer r.shim.Close()
+	if s := r.opts.Starter; s != nil && !s.Attach(r.opts, r.logger, r.signals) {
+		return protocol.ExitSetup, nil
 	}
 	mode := r.opts.LockMode
 	if mode == "" {
@@ -235,8 +196,8 @@ func (r *runner) run(ctx context.Context) (int, error) {
 	}
 
 	c, conn, err := r.lock.lock(ctx)
-	if r.shim != nil && errors.Is(err, etlcontext.ErrLocked) {
-		c, conn, err = r.lockInPod(ctx)
+	for errors.Is(err, etlcontext.ErrLocked) && r.opts.Starter != nil && r.opts.Starter.RetryLock() {
+		c, conn, err = r.lock.lock(ctx)
 	}
 	switch {
 	case errors.Is(err, etlcontext.ErrLocked):
@@ -405,10 +366,8 @@ func (r *runner) prepare() error {
 		}
 	}
 	switch {
-	case r.shim != nil && kind.Function != "":
-		return fmt.Errorf("kind %s calls a function, which a pod's container does not have", r.ctx.Kind)
-	case r.shim != nil:
-		path, err := r.findInShim(kind.Command[0])
+	case r.opts.Starter != nil:
+		path, err := r.opts.Starter.Find(r.ctx.Kind, kind)
 		if err != nil {
 			return err
 		}
@@ -426,12 +385,13 @@ func (r *runner) prepare() error {
 		r.path, r.argv = path, kind.Command
 	}
 	// The configuration may have changed since the supervisor checked it.
-	// A pod's command runs as its container's user.
+	// A Starter's command runs as the user of wherever it runs (a pod's
+	// container's).
 	var (
 		id  *runas.Identity
 		err error
 	)
-	if r.shim == nil {
+	if r.opts.Starter == nil {
 		id, err = runas.Resolve(kind.User, kind.Group)
 	}
 	if errors.Is(err, runas.ErrRootByDefault) && r.opts.RunKey == "" {
@@ -448,7 +408,7 @@ func (r *runner) prepare() error {
 		return fmt.Errorf("kind %s: %w", r.ctx.Kind, err)
 	}
 	r.runAs = id
-	if r.logs, err = openLogs(cfg, r.shim != nil); err != nil {
+	if r.logs, err = openLogs(cfg, r.opts.Starter != nil); err != nil {
 		return err
 	}
 	r.logPath = r.logs.Path(r.ctx.ID)

@@ -12,5 +12,5 @@ package main
 import "github.com/dama-etl/dama/taskrunner"
 
 func main() {
-	taskrunner.Main()
+	taskrunner.Main(nil)
 }

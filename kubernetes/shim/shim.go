@@ -1,8 +1,9 @@
 // Package shim is dama's shim: the first process of the user's container
 // in a task's pod, which starts the kind's command when the task process
 // in dama's container tells it to, and stops it when that task process is
-// gone (see protocol.ShimRequest). It holds no secret and no connection to
-// the database: whatever it is asked to do, the command could do itself.
+// gone; and the messages the two exchange on their socket (Request,
+// Reply, Conn). The shim holds no secret and no connection to the
+// database: whatever it is asked to do, the command could do itself.
 package shim
 
 import (
@@ -23,7 +24,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/dama-etl/dama/protocol"
 	"golang.org/x/sys/unix"
 )
 
@@ -79,7 +79,7 @@ func Run(ctx context.Context, opts Options) int {
 		opts.Logger.Error("dama-shim", "error", err)
 		return ExitNoCommand
 	}
-	s := &shim{conn: protocol.NewShimConn(conn), logger: opts.Logger, pid: -1}
+	s := &shim{conn: NewConn(conn), logger: opts.Logger, pid: -1}
 	defer s.conn.Close()
 	return s.serve(stopping, children)
 }
@@ -116,7 +116,7 @@ func dial(ctx context.Context, path string, wait time.Duration) (*net.UnixConn, 
 }
 
 type shim struct {
-	conn   *protocol.ShimConn
+	conn   *Conn
 	logger *slog.Logger
 	// pid is the command's, -1 before it starts; status is its wait
 	// status once it exited.
@@ -132,7 +132,7 @@ type shim struct {
 }
 
 type received struct {
-	req protocol.ShimRequest
+	req Request
 	fds []int
 	err error
 }
@@ -197,9 +197,9 @@ func (s *shim) handle(r received, killGrace *time.Duration) error {
 	case req.Find != "":
 		path, err := find(req.Find)
 		if err != nil {
-			return s.conn.Send(protocol.ShimReply{Error: err.Error()})
+			return s.conn.Send(Reply{Error: err.Error()})
 		}
-		return s.conn.Send(protocol.ShimReply{Found: path})
+		return s.conn.Send(Reply{Found: path})
 	case req.Start != nil && s.pid < 0:
 		if len(r.fds) != 4 {
 			return fmt.Errorf("a start with %d descriptors, want 4", len(r.fds))
@@ -210,10 +210,10 @@ func (s *shim) handle(r received, killGrace *time.Duration) error {
 		r.fds = r.fds[:2]
 		pid, err := s.start(req.Start, r.fds[0], r.fds[1])
 		if err != nil {
-			return s.conn.Send(protocol.ShimReply{Error: err.Error()})
+			return s.conn.Send(Reply{Error: err.Error()})
 		}
 		s.pid = pid
-		return s.conn.Send(protocol.ShimReply{Started: pid})
+		return s.conn.Send(Reply{Started: pid})
 	case req.Signal == syscall.SIGTERM || req.Signal == syscall.SIGKILL:
 		if s.pid > 0 && !s.exited {
 			signalAll(req.Signal)
@@ -242,7 +242,7 @@ func find(name string) (string, error) {
 
 // start starts the command with the events pipe's write end on
 // protocol.EventsFD and the output's on stdout and stderr.
-func (s *shim) start(st *protocol.ShimStart, events, output int) (int, error) {
+func (s *shim) start(st *Start, events, output int) (int, error) {
 	if len(st.Argv) == 0 {
 		return 0, errors.New("no command to start")
 	}
@@ -301,9 +301,9 @@ func (s *shim) end() int {
 			break
 		}
 	}
-	exit := &protocol.ShimExit{Status: uint32(s.status), OOMKills: max(oomKills()-s.oomBefore, 0)}
+	exit := &Exit{Status: uint32(s.status), OOMKills: max(oomKills()-s.oomBefore, 0)}
 	if !s.gone {
-		if err := s.conn.Send(protocol.ShimReply{Exited: exit}); err != nil {
+		if err := s.conn.Send(Reply{Exited: exit}); err != nil {
 			s.logger.Error("tell the task process how the command ended", "error", err)
 		}
 	}

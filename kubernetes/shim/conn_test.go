@@ -1,4 +1,4 @@
-package protocol
+package shim
 
 import (
 	"encoding/binary"
@@ -13,12 +13,12 @@ import (
 
 // shimPair returns the two ends of a socket like a task process's and its
 // shim's.
-func shimPair(t testing.TB) (*ShimConn, *ShimConn) {
+func shimPair(t testing.TB) (*Conn, *Conn) {
 	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ends [2]*ShimConn
+	var ends [2]*Conn
 	for i, fd := range fds {
 		f := os.NewFile(uintptr(fd), "shim")
 		c, err := net.FileConn(f)
@@ -26,7 +26,7 @@ func shimPair(t testing.TB) (*ShimConn, *ShimConn) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ends[i] = NewShimConn(c.(*net.UnixConn))
+		ends[i] = NewConn(c.(*net.UnixConn))
 	}
 	t.Cleanup(func() { ends[0].Close(); ends[1].Close() })
 	return ends[0], ends[1]
@@ -44,10 +44,10 @@ func TestShimConnPassesMessagesAndDescriptors(t *testing.T) {
 	for i := range big {
 		big[i] = 'a' + byte(i%26)
 	}
-	sent := ShimRequest{Start: &ShimStart{Argv: []string{"/bin/true"}, Env: []string{"DAMA_ARGS=" + string(big)}, KillGrace: 7}}
+	sent := Request{Start: &Start{Argv: []string{"/bin/true"}, Env: []string{"DAMA_ARGS=" + string(big)}, KillGrace: 7}}
 	done := make(chan error, 1)
 	go func() { done <- holder.Send(sent, int(w.Fd()), int(r.Fd())) }()
-	var got ShimRequest
+	var got Request
 	fds, err := shim.Receive(&got)
 	if err != nil {
 		t.Fatal(err)
@@ -78,10 +78,10 @@ func TestShimConnPassesMessagesAndDescriptors(t *testing.T) {
 	}
 }
 
-// FuzzShimReceive: whatever bytes come on the socket, Receive returns a
+// FuzzReceive: whatever bytes come on the socket, Receive returns a
 // message or an error, never more than was sent, and what it decodes
 // goes back and forth unchanged.
-func FuzzShimReceive(f *testing.F) {
+func FuzzReceive(f *testing.F) {
 	frame := func(s string) []byte {
 		return append(binary.BigEndian.AppendUint32(nil, uint32(len(s))), s...)
 	}
@@ -104,7 +104,7 @@ func FuzzShimReceive(f *testing.F) {
 			a.c.CloseWrite()
 		}()
 		for range 8 {
-			var req ShimRequest
+			var req Request
 			if _, err := b.Receive(&req); err != nil {
 				return
 			}
@@ -112,7 +112,7 @@ func FuzzShimReceive(f *testing.F) {
 			if err := c.Send(req); err != nil {
 				t.Fatalf("%+v does not encode again: %v", req, err)
 			}
-			var again ShimRequest
+			var again Request
 			if _, err := d.Receive(&again); err != nil || !reflect.DeepEqual(again, req) {
 				t.Fatalf("%+v came back as %+v, %v", req, again, err)
 			}

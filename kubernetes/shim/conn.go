@@ -1,4 +1,4 @@
-package protocol
+package shim
 
 import (
 	"encoding/binary"
@@ -16,34 +16,35 @@ import (
 // In a pod, a task runs in two containers (see docs/kubernetes.md): the
 // task process in dama's, which alone holds the database's secrets and the
 // lock, and the kind's command in the user's, under dama's shim
-// (the Kubernetes module's cmd/dama-shim), its first process. The shim knows nothing of the
+// (cmd/dama-shim), its first process. The shim knows nothing of the
 // database: it connects to the task process's socket on a volume the two
-// containers share, and does what it is told there (ShimRequest): find
+// containers share, and does what it is told there (Request): find
 // the command, start it with the task process's events and output pipes
 // (passed on the socket), signal it. It tells what happened
-// (ShimReply), and when the task process is gone, it stops the command.
+// (Reply), and when the task process is gone, it stops the command.
 // The socket takes one connection, the shim's: the command starts only
 // after it, and the task process removes the socket once connected.
 
-// ShimRequest is a message from the task process to its shim: exactly one
+// Request is a message from the task process to its shim: exactly one
 // of its fields is set.
-type ShimRequest struct {
+type Request struct {
 	// Find asks whether the command's program (its argv[0]) is found and
 	// executable in the shim's container, as exec.LookPath finds it.
 	Find string `json:"find,omitempty"`
 	// Start starts the command; the message carries the write ends of
 	// the events pipe and of the output's, then their read ends, which the
 	// shim drains once the task process is gone: a command that writes
-	// while it stops then neither dies of SIGPIPE nor blocks (ShimStart).
-	Start *ShimStart `json:"start,omitempty"`
+	// while it stops then neither dies of SIGPIPE nor blocks (Start).
+	Start *Start `json:"start,omitempty"`
 	// Signal is sent to the command's processes: SIGTERM or SIGKILL.
 	Signal syscall.Signal `json:"signal,omitempty"`
 }
 
-// ShimStart is how the shim starts the command: Argv with the shim's
-// environment, Env set over it, the events pipe on EventsFD, its output
-// on stdout and stderr, stdin on /dev/null, in a process group of its own.
-type ShimStart struct {
+// Start is how the shim starts the command: Argv with the shim's
+// environment, Env set over it, the events pipe on protocol.EventsFD, its
+// output on stdout and stderr, stdin on /dev/null, in a process group of
+// its own.
+type Start struct {
 	Argv []string `json:"argv"`
 	Env  []string `json:"env"`
 	// KillGrace is how long the shim waits, when the task process is
@@ -51,8 +52,8 @@ type ShimStart struct {
 	KillGrace time.Duration `json:"kill_grace"`
 }
 
-// ShimReply is a message from the shim to its task process.
-type ShimReply struct {
+// Reply is a message from the shim to its task process.
+type Reply struct {
 	// Found answers Find: the path of the program.
 	Found string `json:"found,omitempty"`
 	// Started answers Start: the command's pid, in the shim's container.
@@ -61,11 +62,11 @@ type ShimReply struct {
 	Error string `json:"error,omitempty"`
 	// Exited says the command exited, and every process of the shim's
 	// container is gone.
-	Exited *ShimExit `json:"exited,omitempty"`
+	Exited *Exit `json:"exited,omitempty"`
 }
 
-// ShimExit is how the command ended.
-type ShimExit struct {
+// Exit is how the command ended.
+type Exit struct {
 	// Status is its wait status (syscall.WaitStatus).
 	Status uint32 `json:"status"`
 	// OOMKills is how many processes the kernel killed for want of
@@ -73,23 +74,22 @@ type ShimExit struct {
 	OOMKills int `json:"oom_kills,omitempty"`
 }
 
-// ShimSocket is the name of the task process's socket in the volume it
-// shares with the shim.
-const ShimSocket = "shim.sock"
+// Socket is the name of the task process's socket in the volume it
+// shares with the shim; SocketFlag names its path on the task process's
+// command line, after its launch's arguments (protocol.Launch.Args).
+const (
+	Socket     = "shim.sock"
+	SocketFlag = "--shim-socket"
+)
 
-// PodLogDir is where a pod's task process keeps the task's log file
-// (Launch.LogDir), a volume of dama's container alone, whatever the
-// configuration's log_dir, which is its supervisor's host's.
-const PodLogDir = "/var/log/dama"
+// maxMessage bounds a message: a Start carries the arguments and the
+// checkpoint (protocol.MaxEnvPayload each) in its environment.
+const maxMessage = 1 << 20
 
-// maxShimMessage bounds a message: a Start carries the arguments and the
-// checkpoint (MaxEnvPayload each) in its environment.
-const maxShimMessage = 1 << 20
-
-// ShimConn is one end of the socket between a task process and its shim.
+// Conn is one end of the socket between a task process and its shim.
 // Its methods are not safe for concurrent use but for one reader beside
 // one writer.
-type ShimConn struct {
+type Conn struct {
 	c *net.UnixConn
 	// buf holds what was read and not yet returned; fds, the descriptors
 	// that came with it.
@@ -97,11 +97,11 @@ type ShimConn struct {
 	fds []int
 }
 
-// NewShimConn wraps c.
-func NewShimConn(c *net.UnixConn) *ShimConn { return &ShimConn{c: c} }
+// NewConn wraps c.
+func NewConn(c *net.UnixConn) *Conn { return &Conn{c: c} }
 
 // Close closes the connection and any descriptor received and not taken.
-func (s *ShimConn) Close() error {
+func (s *Conn) Close() error {
 	for _, fd := range s.fds {
 		unix.Close(fd)
 	}
@@ -110,7 +110,7 @@ func (s *ShimConn) Close() error {
 }
 
 // Send writes msg, with files passed alongside.
-func (s *ShimConn) Send(msg any, files ...int) error {
+func (s *Conn) Send(msg any, files ...int) error {
 	body, err := json.Marshal(msg)
 	if err != nil {
 		return fmt.Errorf("encode a message to the shim: %w", err)
@@ -136,10 +136,10 @@ func (s *ShimConn) Send(msg any, files ...int) error {
 // Receive reads the next message into msg, and returns the descriptors
 // that came with it (the receiver owns them). It returns io.EOF when the
 // other end closed between messages.
-func (s *ShimConn) Receive(msg any) ([]int, error) {
+func (s *Conn) Receive(msg any) ([]int, error) {
 	for len(s.buf) < 4 || len(s.buf) < 4+int(binary.BigEndian.Uint32(s.buf)) {
-		if len(s.buf) >= 4 && binary.BigEndian.Uint32(s.buf) > maxShimMessage {
-			return nil, fmt.Errorf("a message on the shim's socket of %d bytes, over %d", binary.BigEndian.Uint32(s.buf), maxShimMessage)
+		if len(s.buf) >= 4 && binary.BigEndian.Uint32(s.buf) > maxMessage {
+			return nil, fmt.Errorf("a message on the shim's socket of %d bytes, over %d", binary.BigEndian.Uint32(s.buf), maxMessage)
 		}
 		if err := s.fill(); err != nil {
 			if errors.Is(err, io.EOF) && len(s.buf) > 0 {
@@ -163,7 +163,7 @@ func (s *ShimConn) Receive(msg any) ([]int, error) {
 	return fds, nil
 }
 
-func (s *ShimConn) fill() error {
+func (s *Conn) fill() error {
 	var b [64 << 10]byte
 	oob := make([]byte, unix.CmsgSpace(4*4))
 	n, oobn, _, _, err := s.c.ReadMsgUnix(b[:], oob)

@@ -1,4 +1,4 @@
-package taskrunner
+package main
 
 import "testing"
 

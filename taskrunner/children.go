@@ -6,25 +6,26 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/protocol"
 )
 
-// awaitRecount bounds how long an awaiting task process goes without
-// counting its children, should an announcement be lost.
-const awaitRecount = time.Minute
-
-// awaitHinted is the least time between two counts that announcements of
-// a child's end ask for.
-const awaitHinted = 100 * time.Millisecond
+const (
+	// awaitRecount bounds how long an awaiting task process goes without
+	// counting its children, should an announcement be lost.
+	awaitRecount = time.Minute
+	// awaitHinted is the least time between two counts that announcements
+	// of a child's end ask for.
+	awaitHinted = 100 * time.Millisecond
+)
 
 // awaitChildren follows the success of the command of a kind with
-// await_children: holding the lock, the task process waits for the
-// database's announcements of its children's ends, and records DONE once
-// every child is DONE, or an ERROR that fails the task for good as soon as
-// one is FAILED or CANCELLED. A cancellation ends the wait.
+// await_children: holding the lock, it waits for the announcements of its
+// children's ends, and records DONE once every child is DONE, or an ERROR
+// that fails the task for good once one is FAILED or CANCELLED.
 func (r *runner) awaitChildren(ctx context.Context, signals <-chan os.Signal) (int, error) {
 	// The children submitted last must be written before they are counted.
 	fctx, cancel := context.WithTimeout(ctx, time.Duration(*r.opts.Config.ReconnectGrace)+stmtTimeout)
@@ -46,14 +47,11 @@ func (r *runner) awaitChildren(ctx context.Context, signals <-chan os.Signal) (i
 	}
 
 	watchCtx, stopWatch := context.WithCancel(ctx)
-	watchDone := make(chan struct{})
-	go func() {
-		defer close(watchDone)
-		r.lock.watch(watchCtx)
-	}()
+	var watching sync.WaitGroup
+	watching.Go(func() { r.lock.watch(watchCtx) })
 	stop := func() {
 		stopWatch()
-		<-watchDone
+		watching.Wait()
 	}
 	defer stop()
 	// The outcome releases the lock: the watch of its connection ends
@@ -71,12 +69,12 @@ func (r *runner) awaitChildren(ctx context.Context, signals <-chan os.Signal) (i
 		// A recount a notification asks for comes awaitHinted after the
 		// last one ended at the soonest: anyone who can connect may send
 		// them.
-		var hinted <-chan time.Time
-		cctx, cancel := context.WithTimeout(ctx, 2*stmtTimeout)
 		var (
+			hinted    <-chan time.Time
 			counts    etlcontext.Children
 			cancelled bool
 		)
+		cctx, cancel := context.WithTimeout(ctx, 2*stmtTimeout)
 		err := r.w.do(cctx, func(ctx context.Context, conn dbConn) error {
 			var err error
 			if counts, err = etlcontext.ChildCounts(ctx, conn, self); err != nil {

@@ -12,22 +12,17 @@ import (
 	"github.com/dama-etl/dama/protocol"
 )
 
-// eventsReader reads the command's events pipe and queues what it reports,
-// blocking while the writer is at its bounds.
+// eventsReader queues what the command reports on its events pipe.
 type eventsReader struct {
-	r      *runner
-	pipe   *os.File
-	ctx    context.Context
-	cancel context.CancelFunc
-	done   chan error
-	// lines counts the lines handed on; waiting is set while the reader
-	// waits for room in the writer.
-	lines   atomic.Int64
-	waiting atomic.Bool
-	// lost counts the lines not queued because the run ended first.
-	lost atomic.Int64
-	// read counts the bytes read from the pipe.
-	read atomic.Int64
+	r       *runner
+	pipe    *os.File
+	ctx     context.Context
+	cancel  context.CancelFunc
+	done    chan error
+	lines   atomic.Int64 // lines handed on
+	waiting atomic.Bool  // set while the reader waits for room in the writer
+	lost    atomic.Int64 // lines not queued because the run ended first
+	read    atomic.Int64 // bytes read from the pipe
 }
 
 // countingReader counts what is read through it.
@@ -61,21 +56,20 @@ func (r *runner) readEvents(ctx context.Context, pipe *os.File) *eventsReader {
 		var stopped error
 		er.done <- readEvents(countingReader{pipe, &er.read}, func(rep reported) {
 			defer er.lines.Add(1)
-			if stopped != nil {
-				// Why the command fails needs no room: it is never lost.
-				if rep.failure != nil {
-					r.setFailure(rep.failure)
+			switch {
+			case stopped == nil:
+				er.waiting.Store(true)
+				stopped = r.report(er.ctx, rep)
+				er.waiting.Store(false)
+				if stopped == nil {
 					return
 				}
-				er.lost.Add(1)
+			case rep.failure != nil:
+				// Why the command fails needs no room: it is never lost.
+				r.setFailure(rep.failure)
 				return
 			}
-			er.waiting.Store(true)
-			stopped = r.report(er.ctx, rep)
-			er.waiting.Store(false)
-			if stopped != nil {
-				er.lost.Add(1)
-			}
+			er.lost.Add(1)
 		})
 	}()
 	return er
@@ -86,25 +80,20 @@ func (r *runner) report(ctx context.Context, rep reported) error {
 	switch {
 	case rep.failure != nil:
 		r.setFailure(rep.failure)
-		if rep.replaced.Any() {
-			r.w.replacedIn(protocol.TypeFailure, rep.replaced)
-		}
+		r.w.replacedIn(protocol.TypeFailure, rep.replaced)
 		return nil
 	case rep.child != nil:
-		if rep.replaced.Any() {
-			r.w.replacedIn(protocol.TypeSubmit, rep.replaced)
-		}
+		r.w.replacedIn(protocol.TypeSubmit, rep.replaced)
 		return r.w.submitChild(ctx, *rep.child)
 	}
 	return r.w.report(ctx, rep.suffix, rep.payload, rep.meta, rep.isError, rep.replaced)
 }
 
-// drain waits until everything the command wrote is queued. Once its
-// processes are gone the pipe ends, unless a process that escaped them
-// holds it open: that is not waited for once the pipe has been quiet for
-// 2 s. While the writer is behind, the wait goes on for as long as it
-// makes progress, and for up to wait without any. Lines not stored are
-// counted in a WARNING, queued ahead of the outcome.
+// drain waits until everything the command wrote is queued: once its
+// processes are gone, for the pipe to end or be quiet for 2 s (an escaped
+// process holds it open); while the writer is behind, for as long as it
+// makes progress, and up to wait without any. A WARNING, queued ahead of
+// the outcome, counts the lines not stored.
 func (er *eventsReader) drain(ctx context.Context, wait time.Duration) {
 	defer er.cancel()
 	tick := time.NewTicker(100 * time.Millisecond)

@@ -19,12 +19,11 @@ type reported struct {
 	payload json.RawMessage
 	meta    any
 	isError bool
-	// child, when set, is a child to submit (a "submit" line); it is
-	// recorded as a SUBMITTED event.
+	// child, when set, is a child to submit (a "submit" line), recorded as
+	// a SUBMITTED event.
 	child *protocol.Child
 	// failure, when set, is why the command is about to fail (a "failure"
-	// line); it is recorded in the attempt's ERROR event, not as an event
-	// of its own.
+	// line), recorded in the attempt's ERROR event.
 	failure *protocol.Failure
 	// replaced is what was replaced in the line so that the database takes
 	// it (see etlcontext.CleanJSON); a WARNING says so.
@@ -65,8 +64,7 @@ func decodeCleanLine(line []byte) reported {
 		Type    string          `json:"type"`
 		Payload json.RawMessage `json:"payload"`
 	}
-	dec := json.NewDecoder(bytes.NewReader(line))
-	dec.DisallowUnknownFields()
+	dec := strictDecoder(line)
 	if err := dec.Decode(&msg); err != nil {
 		return warning(fmt.Sprintf("malformed event line: %v", err), line)
 	}
@@ -74,6 +72,12 @@ func decodeCleanLine(line []byte) reported {
 		return warning("malformed event line: more than one JSON value", line)
 	}
 	return decodeFields(msg.Type, msg.Payload, line)
+}
+
+func strictDecoder(data []byte) *json.Decoder {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	return dec
 }
 
 // decodeFields decodes a line's type and payload.
@@ -93,9 +97,8 @@ func decodeFields(typ string, payload json.RawMessage, line []byte) reported {
 		return decodeChild(payload, line)
 	case protocol.TypeFailure:
 		return decodeFailure(payload, line)
-	}
-	// Measured as the database gives it back, which is what a retry gets.
-	if suffix == protocol.EventCheckpoint {
+	case protocol.EventCheckpoint:
+		// Measured as the database gives it back, which is what a retry gets.
 		if err := protocol.CheckCheckpoint(payload); err != nil {
 			return warning(err.Error()+"; the previous checkpoint stands", line)
 		}
@@ -105,9 +108,7 @@ func decodeFields(typ string, payload json.RawMessage, line []byte) reported {
 
 func decodeChild(payload json.RawMessage, line []byte) reported {
 	var c protocol.Child
-	dec := json.NewDecoder(bytes.NewReader(payload))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&c); err != nil {
+	if err := strictDecoder(payload).Decode(&c); err != nil {
 		return warning(fmt.Sprintf(`submit: want {"kind": ..., "args": {...}, "idempotency_key": ...}: %v`, err), line)
 	}
 	if err := c.Check(); err != nil {
@@ -121,9 +122,7 @@ func decodeChild(payload json.RawMessage, line []byte) reported {
 
 func decodeFailure(payload json.RawMessage, line []byte) reported {
 	var f protocol.Failure
-	dec := json.NewDecoder(bytes.NewReader(payload))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&f); err != nil {
+	if err := strictDecoder(payload).Decode(&f); err != nil {
 		return warning(fmt.Sprintf(`failure: want {"error": "...", "retry": true|false}: %v`, err), line)
 	}
 	if f.Error == "" {
@@ -134,22 +133,16 @@ func decodeFailure(payload json.RawMessage, line []byte) reported {
 }
 
 func warning(problem string, line []byte) reported {
-	const keep = 512
-	excerpt := string(line)
-	if len(excerpt) > keep {
-		excerpt = excerpt[:keep]
-	}
+	excerpt := string(line[:min(len(line), 512)])
 	return reported{
-		suffix:  protocol.EventWarning,
-		meta:    map[string]any{"problem": problem, "line": strings.ToValidUTF8(excerpt, "\uFFFD"), "line_bytes": len(line)},
-		isError: false,
+		suffix: protocol.EventWarning,
+		meta:   map[string]any{"problem": problem, "line": strings.ToValidUTF8(excerpt, "\uFFFD"), "line_bytes": len(line)},
 	}
 }
 
-// readEvents reads newline-delimited JSON from r until EOF and hands each
-// decoded line to emit, which may block: the pipe is then not read, and
-// the command blocks on its writes. Oversized lines are skipped up to their
-// newline and reported; nothing the command writes can stop the reader.
+// readEvents hands each line of r, decoded, to emit, which may block (the
+// command then blocks on its writes). Oversized lines are skipped up to
+// their newline and reported: nothing the command writes stops the reader.
 func readEvents(r io.Reader, emit func(reported)) error {
 	br := bufio.NewReaderSize(r, 64<<10)
 	var buf []byte
@@ -197,9 +190,8 @@ func readEvents(r io.Reader, emit func(reported)) error {
 
 // plainLine reads line, one valid JSON value (what etlcontext.CleanJSON
 // returns; other bytes go to the decoder, or may read wrong), when it is
-// the common line:
-// an object of "type", a string of ASCII letters, digits and '_', and
-// optionally "payload", each once, spelled so. It returns what
+// the common line: an object of "type", a string of ASCII letters, digits
+// and '_', and optionally "payload", each once, spelled so. It returns what
 // decodeCleanLine's decoder would, without the decoder's reflection, whose
 // code would stay in the resident set of a runner relaying many lines a
 // second; ok false leaves the line to the decoder.
@@ -236,8 +228,7 @@ func plainLine(line []byte) (typ string, payload json.RawMessage, ok bool) {
 			}
 			typ, seenType = string(v[1:len(v)-1]), true
 		case string(key) == "payload" && !seenPayload:
-			// A copy, as the decoder's: the line's buffer is read into
-			// again.
+			// A copy, as the decoder's: the line's buffer is read into again.
 			payload, seenPayload = append(json.RawMessage(nil), line[i:end]...), true
 		default:
 			return "", nil, false
@@ -262,8 +253,7 @@ func skipSpace(b []byte, i int) int {
 	return i
 }
 
-// stringEnd returns the end of the JSON string starting at b[i] ('"'); b
-// is valid JSON.
+// stringEnd returns the end of the JSON string starting at b[i]; b is valid JSON.
 func stringEnd(b []byte, i int) int {
 	for i++; i < len(b) && b[i] != '"'; i++ {
 		if b[i] == '\\' {
@@ -273,8 +263,7 @@ func stringEnd(b []byte, i int) int {
 	return min(i+1, len(b))
 }
 
-// valueEnd returns the end of the JSON value starting at b[i]; b is valid
-// JSON.
+// valueEnd returns the end of the JSON value starting at b[i]; b is valid JSON.
 func valueEnd(b []byte, i int) int {
 	if i >= len(b) {
 		return i

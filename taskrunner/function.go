@@ -16,22 +16,17 @@ import (
 )
 
 // Func is the body of a function kind: it runs one attempt of a task, in a
-// process of its own that the task's runner started (see RunFunction), and
-// returns nil when the task is done. A returned error fails the attempt,
-// retried under the kind's retry policy unless it is NoRetry's.
-//
-// ctx is cancelled when dama stops the attempt: the task is cancelled, its
-// timeout passed, its lock was lost, or its runner was signalled. A
-// function that does not return then is killed with its process group
-// after the kind's kill_grace, like a command.
+// process of its own (see RunFunction), and returns nil when the task is
+// done; an error fails the attempt, retried unless it is NoRetry's. ctx is
+// cancelled when dama stops the attempt (cancelled, timed out, lock lost);
+// a function that does not return then is killed after the kind's
+// kill_grace, like a command.
 type Func func(ctx context.Context, t *Task) error
 
-// Funcs maps the names that kinds give in their `function` setting to
-// their functions.
+// Funcs maps the names that kinds give in their `function` setting to functions.
 type Funcs map[string]Func
 
-// NoRetry marks err as final: a function that returns it fails its task for
-// good, whatever attempts remain.
+// NoRetry marks err as final: it fails its task for good, whatever attempts remain.
 func NoRetry(err error) error {
 	if err == nil {
 		return nil
@@ -46,23 +41,17 @@ func (e noRetryError) Unwrap() error { return e.err }
 
 // Task is what a function gets of its task: its arguments and last
 // checkpoint, and the means to report progress, checkpoints, events and
-// children, exactly as a command's program does with package task. What it
-// reports goes to the task process on the events pipe, and is recorded
-// only while this attempt is the task's current one.
+// children, exactly as a command's program does with package task; what it
+// reports is recorded only while this attempt is the task's current one.
 type Task = task.Task
 
-// RunFunction is the main of a function process: a runner of a function
-// kind starts its own program again with protocol.ProcessEnv set to protocol.ProcessFunction,
-// and supervisor.RunTaskProcess calls this. It calls the function
-// protocol.FunctionEnv names with a Task read from the environment, and returns the
-// process's exit code: 0 when the function returned nil; 1 when it
-// returned an error, which it reports to the runner first; 2 when it
-// panicked.
-//
-// The function runs in a process of its own, not in the runner, so that
-// whatever it does (block in a system call, ignore ctx, call os.Exit, leave
-// goroutines or processes behind) the runner stops it like any command and
-// records the outcome, holding the lock throughout.
+// RunFunction is the main of a function process, which a runner of a
+// function kind starts from its own program (supervisor.RunTaskProcess
+// calls this). It calls the function protocol.FunctionEnv names with a Task
+// from the environment, and returns the exit code: 0 when it returned nil;
+// 1 when it returned an error, reported to the runner first; 2 when it
+// panicked. Whatever the function does (block in a system call, ignore ctx,
+// call os.Exit), the runner stops it like any command, holding the lock.
 func RunFunction(ctx context.Context, funcs Funcs) int {
 	name := os.Getenv(protocol.FunctionEnv)
 	t, err := task.FromEnv()
@@ -92,9 +81,7 @@ func RunFunction(ctx context.Context, funcs Funcs) int {
 	if err == nil {
 		return 0
 	}
-	var final noRetryError
-	retry := !errors.As(err, &final)
-	if ferr := t.Fail(err.Error(), retry); ferr != nil {
+	if ferr := t.Fail(err.Error(), !errors.As(err, new(noRetryError))); ferr != nil {
 		fmt.Fprintln(os.Stderr, "dama:", ferr)
 	}
 	if panicked {
@@ -105,8 +92,8 @@ func RunFunction(ctx context.Context, funcs Funcs) int {
 }
 
 // call runs fn, turning a panic in its goroutine into an error with the
-// stack written to the log. A panic in a goroutine fn started still ends
-// the process, with exit code 2 and the stack in the log.
+// stack written to the log (a panic in a goroutine fn started still ends
+// the process, with exit code 2).
 func call(ctx context.Context, fn Func, t *Task) (panicked bool, err error) {
 	defer func() {
 		if v := recover(); v != nil {
@@ -121,9 +108,8 @@ func call(ctx context.Context, fn Func, t *Task) (panicked bool, err error) {
 	return false, fn(ctx, t)
 }
 
-// panicSite names the function and line that panicked, called from the
-// deferred function that recovered: the first frame below the runtime's
-// panic machinery.
+// panicSite names the function and line that panicked: the first frame
+// below the runtime's panic machinery, called from the deferred recover.
 func panicSite() string {
 	pcs := make([]uintptr, 32)
 	frames := runtime.CallersFrames(pcs[:runtime.Callers(3, pcs)])

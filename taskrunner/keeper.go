@@ -1,6 +1,7 @@
 package taskrunner
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -27,37 +28,34 @@ import (
 	"github.com/dama-etl/dama/protocol"
 )
 
-// The application names of a lock keeper's connections, which
-// pg_stat_activity shows.
+// The application names of a lock keeper's connections (pg_stat_activity).
 const (
 	KeeperLockName = "dama-keeper-lock"
 	KeeperPoolName = "dama-keeper-pool"
 )
 
-// KeeperPoolSize bounds the connections a lock keeper opens for the
-// statements of the task processes it serves, beside its lock session.
-const KeeperPoolSize = 4
+const (
+	// KeeperPoolSize bounds the connections a lock keeper opens for the
+	// statements of the task processes it serves, beside its lock session.
+	KeeperPoolSize = 4
+	// KeeperConnections is how many server connections a host's lock
+	// keeper holds at most: its lock session and its pool.
+	KeeperConnections = KeeperPoolSize + 1
+)
 
-// KeeperConnections is how many server connections a host's lock keeper
-// holds at most: its lock session and its pool.
-const KeeperConnections = KeeperPoolSize + 1
-
-// keeperDir is the directory of the sockets of the lock keepers of the
-// task processes that log in logDir.
+// keeperDir holds the lock keepers' sockets of the task processes logging in logDir.
 func keeperDir(logDir string) string { return filepath.Join(logDir, ".keeper") }
 
-// KeeperSocket is the socket of the lock keeper that serves the task
-// processes that log in logDir and were handed secret by their supervisor
-// (protocol.Secrets.Keeper): one per supervisor's start, host and log
-// directory, and keeper protocol version. Its name is a hash of the
-// secret, random, which shows nothing of it or of the database.
+// KeeperSocket is the socket of the lock keeper serving the task processes
+// that log in logDir and were handed secret (protocol.Secrets.Keeper): one
+// per supervisor's start, host, log directory and keeper protocol version.
+// Its name, a hash of the secret, shows nothing of it or of the database.
 func KeeperSocket(logDir string, secret []byte) string {
 	sum := sha256.Sum256(append([]byte("dama lock keeper socket\x00"), secret...))
 	return keeper.SocketPath(keeperDir(logDir), hex.EncodeToString(sum[:8])+"-v"+strconv.Itoa(keeper.Version))
 }
 
-// dialKeeper opens the runner's session with its host's lock keeper,
-// starting the keeper if none serves.
+// dialKeeper opens a session with the host's lock keeper, started if none serves.
 func (r *runner) dialKeeper(ctx context.Context) (dbConn, error) {
 	switch {
 	case r.opts.RunKey == "":
@@ -65,8 +63,7 @@ func (r *runner) dialKeeper(ctx context.Context) (dbConn, error) {
 	case len(r.opts.KeeperSecret) == 0:
 		return nil, errors.New("lock_mode host needs the keeper's secret, which the supervisor did not give")
 	}
-	dir := keeperDir(r.opts.Config.LogDir)
-	if err := keeper.Dir(dir); err != nil {
+	if err := keeper.Dir(keeperDir(r.opts.Config.LogDir)); err != nil {
 		return nil, err
 	}
 	socket := KeeperSocket(r.opts.Config.LogDir, r.opts.KeeperSecret)
@@ -79,9 +76,8 @@ func (r *runner) dialKeeper(ctx context.Context) (dbConn, error) {
 	return keeperConn{conn}, nil
 }
 
-// startKeeper starts a lock keeper on socket, in a session of its own. It
-// is the runner's child but not its command's: the runner leaves it
-// running when it ends (keepers).
+// startKeeper starts a lock keeper on socket, in a session of its own: the
+// runner's child but not its command's, left running when the runner ends.
 func (r *runner) startKeeper(socket string) error {
 	logFile, err := os.OpenFile(strings.TrimSuffix(socket, ".sock")+".log", os.O_WRONLY|os.O_APPEND|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
@@ -134,10 +130,9 @@ func (r *runner) isKeeper(p process) bool {
 	return r.keepers[p]
 }
 
-// keeperEnv splits what a keeper gets of the runner's environment: the
-// database URL and libpq's PG* variables go on its secrets socket; the rest
-// but what dama withholds from commands (config.Withheld: DAMA_*) in its
-// environment (HOME, for libpq's password file).
+// keeperEnv splits the runner's environment for a keeper: the database URL
+// and libpq's PG* variables go on its secrets socket; the rest but DAMA_*
+// (config.Withheld) in its environment (HOME, for libpq's password file).
 func keeperEnv(url string, environ []string) (env []string, secrets protocol.Secrets) {
 	env = []string{protocol.ProcessEnv + "=" + protocol.ProcessKeeper}
 	secrets.Env = []string{protocol.DatabaseURLEnv + "=" + url}
@@ -155,18 +150,11 @@ func keeperEnv(url string, environ []string) (env []string, secrets protocol.Sec
 
 // KeeperOptions configure a lock keeper process (RunKeeper).
 type KeeperOptions struct {
-	// DatabaseURL names the database; it comes from the secrets socket.
-	DatabaseURL string
-	// Secret is what the keeper and its task processes prove to each
-	// other (protocol.Secrets.Keeper).
-	Secret []byte
-	// Launch is what the task process that started the keeper said.
-	Launch protocol.KeeperLaunch
-	// IdleExit is how long the keeper runs on without a session; 0 means
-	// keeper.DefaultIdleExit.
-	IdleExit time.Duration
-	// Logger receives the keeper's log lines.
-	Logger *slog.Logger
+	DatabaseURL string                // from the secrets socket
+	Secret      []byte                // protocol.Secrets.Keeper
+	Launch      protocol.KeeperLaunch // what the task process that started the keeper said
+	IdleExit    time.Duration         // how long it runs on without a session; 0: keeper.DefaultIdleExit
+	Logger      *slog.Logger
 }
 
 // RunKeeper runs a lock keeper until it has had no session for a while,
@@ -178,10 +166,7 @@ func RunKeeper(ctx context.Context, opts KeeperOptions) int {
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	signal.Ignore(syscall.SIGHUP)
-	logger := opts.Logger
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
+	logger := cmp.Or(opts.Logger, slog.New(slog.DiscardHandler))
 	heartbeat := opts.Launch.Heartbeat
 	pool, err := pgxpool.ParseConfig(opts.DatabaseURL)
 	if err != nil {

@@ -2,9 +2,9 @@ package taskrunner
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,26 +22,22 @@ import (
 type lockState int
 
 const (
-	// lockHeld: the lock is held (again, after a loss).
-	lockHeld lockState = iota
-	// lockLost: the lock connection failed; the keeper is trying to take
-	// the lock again.
+	lockHeld lockState = iota // (again, after a loss)
+	// lockLost: the lock connection failed; the keeper takes it again.
 	lockLost
-	// lockSuperseded: the run is no longer current (or the context
-	// finished): the command must stop. It is final.
+	// lockSuperseded, final: the run is no longer current (or the context
+	// finished): the command must stop.
 	lockSuperseded
 )
 
 // lockKeeper holds the task's lock and tells the runner's main loop, through
 // its state and the changed channel, when it is lost, taken again or
-// superseded. A state rather than a stream of events: the main loop only
-// needs the latest, and whoever reports never waits for it.
-//
-// In row mode it owns a connection of its own, with the lock transaction
-// left open on it, and watches it (watch). In advisory mode the lock is a
-// session lock on the writer's connection, which the writer watches: the
-// writer tells the keeper when that connection fails (lost) and has the
-// keeper take the lock again first thing on every new one (resume).
+// superseded: a state, not a stream of events, so that whoever reports
+// never waits. In row mode it owns a connection with the lock transaction
+// left open on it, and watches it. In advisory mode the lock is a session
+// lock on the writer's connection: the writer tells the keeper when that
+// fails (lost) and has it take the lock again first on every new one
+// (resume).
 type lockKeeper struct {
 	url       string
 	runKey    string // see Options.RunKey
@@ -71,9 +67,7 @@ type lockKeeper struct {
 	// lastPID is the backend of the session that last held the lock (0 in
 	// host mode: the keeper's).
 	lastPID uint32
-	// released is set by the first release (the runner's goroutine only);
-	// releasing too, for the writer's goroutine to read.
-	released  bool
+	// releasing is set by the first release.
 	releasing atomic.Bool
 }
 
@@ -87,12 +81,12 @@ func newLockKeeper(url string, contextID int64, runID string, mode config.LockMo
 func (k *lockKeeper) appName() string { return fmt.Sprintf("dama-task-lock:%d", k.contextID) }
 
 // lock takes the context's lock on a new connection and returns the context
-// as it stands under the lock; etlcontext.ErrLocked when another process
-// holds it. In advisory mode the connection is returned too, for the
-// writer to adopt: it is the task's only connection.
+// under it (etlcontext.ErrLocked when another process holds it) and, in
+// advisory mode, the connection, the task's only one, for the writer.
 func (k *lockKeeper) lock(ctx context.Context) (*etlcontext.Context, dbConn, error) {
 	cctx, cancel := context.WithTimeout(ctx, firstLockTimeout(k.heartbeat))
 	defer cancel()
+	var c *etlcontext.Context
 	if k.mode != config.LockModeRow {
 		conn, err := k.dial(cctx)
 		if err != nil {
@@ -100,11 +94,9 @@ func (k *lockKeeper) lock(ctx context.Context) (*etlcontext.Context, dbConn, err
 		}
 		// Before the lock: a runner the database no longer accepts
 		// touches nothing.
-		if err := etlcontext.CheckRunnerProtocol(cctx, conn, protocol.Version); err != nil {
-			conn.Close(context.WithoutCancel(ctx))
-			return nil, nil, err
+		if err = etlcontext.CheckRunnerProtocol(cctx, conn, protocol.Version); err == nil {
+			c, err = conn.lockSession(cctx, k.contextID)
 		}
-		c, err := conn.lockSession(cctx, k.contextID)
 		if err != nil {
 			conn.Close(context.WithoutCancel(ctx))
 			return nil, nil, err
@@ -116,11 +108,10 @@ func (k *lockKeeper) lock(ctx context.Context) (*etlcontext.Context, dbConn, err
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := etlcontext.CheckRunnerProtocol(cctx, conn, protocol.Version); err != nil {
-		conn.Close(context.WithoutCancel(ctx))
-		return nil, nil, err
+	var tx pgx.Tx
+	if err = etlcontext.CheckRunnerProtocol(cctx, conn, protocol.Version); err == nil {
+		c, tx, err = lockOn(cctx, conn, k.contextID, k.runKey != "")
 	}
-	c, tx, err := lockOn(cctx, conn, k.contextID, k.runKey != "")
 	if err != nil {
 		conn.Close(context.WithoutCancel(ctx))
 		return nil, nil, err
@@ -129,9 +120,8 @@ func (k *lockKeeper) lock(ctx context.Context) (*etlcontext.Context, dbConn, err
 	return c, nil, nil
 }
 
-// lockOn opens the row-mode lock transaction on conn: the context's
-// advisory lock, then its INITIAL event row FOR UPDATE, in a transaction
-// that stays open.
+// lockOn opens the row-mode lock transaction on conn, left open: the
+// context's advisory lock, then its INITIAL event row FOR UPDATE.
 func lockOn(ctx context.Context, conn *pgx.Conn, id int64, byKey bool) (*etlcontext.Context, pgx.Tx, error) {
 	tx, err := conn.Begin(ctx)
 	if err != nil {
@@ -153,28 +143,18 @@ func lockOn(ctx context.Context, conn *pgx.Conn, id int64, byKey bool) (*etlcont
 	}
 	// The server keeps the last query's portal, and with it a snapshot,
 	// until the next statement: left alone for days, it would make every
-	// CREATE INDEX CONCURRENTLY wait for the task to end.
-	if err := dropSnapshot(ctx, tx); err != nil {
-		return nil, nil, err
+	// CREATE INDEX CONCURRENTLY wait for the task to end. A statement
+	// without parameters (simple protocol) runs without one.
+	if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
+		return nil, nil, fmt.Errorf("end the lock query: %w", err)
 	}
 	return c, tx, nil
 }
 
-// dropSnapshot ends the portal of the transaction's last query, which
-// holds a snapshot: a statement without parameters (simple protocol) runs
-// without one.
-func dropSnapshot(ctx context.Context, tx pgx.Tx) error {
-	if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
-		return fmt.Errorf("end the lock query: %w", err)
-	}
-	return nil
-}
-
 // check makes sure, right before the command starts, that the lock is
-// still held, and takes it again within grace if it was lost: nothing runs
-// yet, so the runner may simply wait. It returns the losses counted up to
-// the moment the lock was last seen held: any later one is the command's
-// to ride out.
+// still held, and takes it again within grace if it was lost. It returns
+// the losses counted up to the moment the lock was last seen held: any
+// later one is the command's to ride out.
 func (k *lockKeeper) check(ctx context.Context, grace time.Duration) (int, error) {
 	if k.mode != config.LockModeRow {
 		// The writer takes the lock again on a new connection before it
@@ -205,8 +185,7 @@ func (k *lockKeeper) check(ctx context.Context, grace time.Duration) (int, error
 	return losses, ln.Reopen(rctx)
 }
 
-// set records the lock's state and wakes the main loop; a superseded run
-// stays superseded.
+// set records the lock's state, but past lockSuperseded, and wakes the main loop.
 func (k *lockKeeper) set(state lockState, err error) {
 	k.mu.Lock()
 	if k.state != lockSuperseded {
@@ -216,14 +195,10 @@ func (k *lockKeeper) set(state lockState, err error) {
 		}
 	}
 	k.mu.Unlock()
-	select {
-	case k.changed <- struct{}{}:
-	default:
-	}
+	offer(k.changed, struct{}{})
 }
 
-// get returns the lock's state, how many times the lock was lost so far,
-// and what caused the state.
+// get returns the lock's state, the losses so far, and the state's cause.
 func (k *lockKeeper) get() (lockState, int, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -234,11 +209,9 @@ func (k *lockKeeper) get() (lockState, int, error) {
 // server: row mode ends the lock transaction and its connection; advisory
 // mode releases the session lock on the writer's connection.
 func (k *lockKeeper) release(ctx context.Context, timeout time.Duration) error {
-	if k.released {
+	if k.releasing.Swap(true) {
 		return nil
 	}
-	k.released = true
-	k.releasing.Store(true)
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
 	if k.mode != config.LockModeRow {
@@ -260,47 +233,157 @@ func (k *lockKeeper) release(ctx context.Context, timeout time.Duration) error {
 	return nil
 }
 
-// connect opens a connection named for pg_stat_activity, so that an operator
-// can tell a task's lock connection from its write connection, holding
-// runKey, when set, for the rest of the session. With
-// heartbeat > 0 it asks the server for keepalives, so that the server
-// releases the lock of a host that vanished, and has the kernel probe it,
-// so that the runner notices a server that went silent (a lost write
-// connection would lose cancellations).
-func connect(ctx context.Context, url, runKey, name string, heartbeat time.Duration) (*pgx.Conn, error) {
-	cfg, err := pgx.ParseConfig(url)
+// watch watches the row-mode lock connection until ctx ends (the writer, in advisory mode).
+func (k *lockKeeper) watch(ctx context.Context) {
+	if k.mode != config.LockModeRow {
+		return
+	}
+	_ = k.listener().Serve(ctx)
+}
+
+// listener is the row-mode lock connection's: connecting again takes the
+// lock again, tried until the main loop ends it (after reconnect_grace) or
+// the run is no longer current.
+func (k *lockKeeper) listener() *pglisten.Listener[*pgx.Conn] {
+	if k.ln != nil {
+		return k.ln
+	}
+	k.ln = &pglisten.Listener[*pgx.Conn]{
+		Connect: k.retake,
+		Lost:    k.lost,
+		Failed: func(err error) bool {
+			if permanent(err) {
+				k.set(lockSuperseded, err)
+				return false
+			}
+			k.logger.Warn("take the lock again", "error", err)
+			return true
+		},
+		Reconnected: func() {
+			k.logger.Info("lock taken again")
+			k.set(lockHeld, nil)
+		},
+		// Short: the grace is what bounds the whole attempt, and a server
+		// that is back should be found at once.
+		RetryDelay: 500 * time.Millisecond,
+		// The lock outlives the watch: release ends it.
+		KeepOpen: true,
+	}
+	k.ln.Use(k.conn)
+	return k.ln
+}
+
+// permanent reports an error that says the run is no longer current.
+func permanent(err error) bool {
+	return errors.Is(err, etlcontext.ErrStaleRun) || errors.Is(err, etlcontext.ErrFinished) || errors.Is(err, etlcontext.ErrNotFound)
+}
+
+// retake takes the row-mode lock again, on a new connection.
+func (k *lockKeeper) retake(ctx context.Context) (*pgx.Conn, error) {
+	// Connecting to a silent server must fail fast, to be tried again; the
+	// statements after it may wait for a write connection that is being
+	// made again too.
+	dctx, dcancel := context.WithTimeout(ctx, lockConnectTimeout(k.heartbeat))
+	conn, err := connect(dctx, k.url, k.runKey, k.appName(), k.heartbeat)
+	dcancel()
 	if err != nil {
-		return nil, fmt.Errorf("parse database URL: %w", err)
+		return nil, err
 	}
-	cfg.RuntimeParams["application_name"] = name
-	if runKey != "" {
-		// In the startup packet: no statement log shows it.
-		cfg.RuntimeParams[etlcontext.RunKeySetting] = runKey
-	}
-	setKeepalives(cfg, heartbeat)
-	conn, err := pgx.ConnectConfig(ctx, cfg)
+	cctx, cancel := context.WithTimeout(ctx, stmtTimeout)
+	defer cancel()
+	ok := false
+	defer func() {
+		if !ok {
+			conn.Close(context.WithoutCancel(ctx))
+		}
+	}()
+	k.endLostSession(cctx, conn)
+	c, tx, err := lockOn(cctx, conn, k.contextID, k.runKey != "")
 	if err != nil {
-		return nil, fmt.Errorf("connect as %s: %w", name, err)
+		return nil, err
 	}
-	if err := pgsession.KeepIdle(ctx, conn); err != nil {
-		conn.Close(context.WithoutCancel(ctx))
-		return nil, fmt.Errorf("%s: %w", name, err)
+	if err := k.current(c); err != nil {
+		return nil, err
 	}
+	// Until a supervisor's mark of the loss is cleared, the loss counts: a
+	// later loss must not be timed from this one.
+	if err := k.w.do(cctx, func(ctx context.Context, conn dbConn) error {
+		return etlcontext.ClearLockLost(ctx, conn, k.contextID, k.runID)
+	}); err != nil {
+		return nil, err
+	}
+	ok = true
+	k.conn, k.tx, k.lastPID = conn, tx, conn.PgConn().PID()
 	return conn, nil
 }
 
-// setKeepalives, with heartbeat > 0, asks the server for keepalives on
-// cfg's connections, so that it releases the locks of a host that
-// vanished, and has the kernel probe them (see connect).
-func setKeepalives(cfg *pgx.ConnConfig, heartbeat time.Duration) {
-	if heartbeat <= 0 {
+// endLostSession ends the backend that held the lock before the connection
+// failed, if it is still this task's: a connection that went silent may
+// still hold the lock on the server until its keepalives give up.
+func (k *lockKeeper) endLostSession(ctx context.Context, conn etlcontext.DB) {
+	if k.lastPID == 0 {
+		// Host mode: the keeper ends its own.
 		return
 	}
-	cfg.RuntimeParams["tcp_keepalives_idle"] = strconv.Itoa(int(keepaliveIdle.Seconds()))
-	cfg.RuntimeParams["tcp_keepalives_interval"] = strconv.Itoa(int(keepaliveInterval.Seconds()))
-	cfg.RuntimeParams["tcp_keepalives_count"] = strconv.Itoa(keepaliveCount)
-	// Data the server sent that stays unacknowledged this long also ends
-	// the session.
-	cfg.RuntimeParams["tcp_user_timeout"] = strconv.Itoa(int(LockReleaseBound.Milliseconds()))
-	cfg.DialFunc = probingDialer(heartbeat).DialContext
+	if _, err := conn.Exec(ctx, `
+		SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		 WHERE pid = $1 AND application_name = $2 AND datname = current_database()`,
+		int32(k.lastPID), k.appName()); err != nil {
+		k.logger.Warn("end the lost lock session", "backend_pid", k.lastPID, "error", err)
+	}
+}
+
+// current checks that c, read under the lock, is still this run's.
+func (k *lockKeeper) current(c *etlcontext.Context) error {
+	if c.Status.Finished() {
+		return fmt.Errorf("task %d is %s: %w", c.ID, c.Status, etlcontext.ErrFinished)
+	}
+	if c.Status != etlcontext.StatusRunning || c.RunID == nil || *c.RunID != k.runID {
+		return fmt.Errorf("task %d is %s under run %s: %w", c.ID, c.Status, deref(c.RunID), etlcontext.ErrStaleRun)
+	}
+	return nil
+}
+
+// lost is told that the connection holding the lock failed.
+func (k *lockKeeper) lost(err error) { k.set(lockLost, err) }
+
+// resume runs first on every new connection of an advisory- or host-mode
+// writer: it takes the lock again and clears the loss mark. A permanent
+// error supersedes the run; any other is tried on another connection.
+func (k *lockKeeper) resume(ctx context.Context, conn dbConn) error {
+	if k.releasing.Load() {
+		// The runner is ending: a lock taken now would outlive it.
+		return fmt.Errorf("task %d: the runner released its lock: %w", k.contextID, etlcontext.ErrStaleRun)
+	}
+	k.endLostSession(ctx, conn)
+	c, err := conn.lockSession(ctx, k.contextID)
+	if errors.Is(err, etlcontext.ErrLocked) {
+		// The lost session is still ending, or a supervisor looks at the
+		// context for a moment, or another attempt holds it: which one,
+		// the context says.
+		cur, gerr := etlcontext.Get(ctx, conn, k.contextID)
+		if gerr == nil {
+			if cerr := k.current(cur); cerr != nil {
+				err = cerr
+			}
+		}
+	}
+	if err == nil {
+		if err = k.current(c); err != nil {
+			err = errors.Join(err, conn.unlockSession(ctx, k.contextID))
+		}
+	}
+	if err == nil {
+		err = etlcontext.ClearLockLost(ctx, conn, k.contextID, k.runID)
+	}
+	if err != nil {
+		if permanent(err) {
+			k.set(lockSuperseded, err)
+		}
+		return err
+	}
+	k.lastPID = conn.backendPID()
+	k.logger.Info("lock taken again")
+	k.set(lockHeld, nil)
+	return nil
 }

@@ -14,17 +14,14 @@ import (
 )
 
 // A task's log file lives on the host that ran it. So that dama logs and
-// the status page read it from any host, and a host that vanished still
-// leaves it, the attempt's output is also kept in the database as a
-// rolling tail of config.LogTailBytes (migration 25): every
-// config.LogTailInterval the writer reads what the log file gained since
-// the attempt started and appends it; the database drops what falls out of
-// the tail. The command writes to the file itself, as before: nothing
+// the status page read it from any host, even one that vanished, the
+// attempt's output is also kept in the database as a rolling tail of
+// config.LogTailBytes: every config.LogTailInterval the writer appends what
+// the log file gained. The command writes to the file itself: nothing
 // stands between it and its output, and a runner that dies loses at most
 // the last interval of the tail, never the file.
 
-// logTail is the attempt's log file as the writer reads it; only the
-// writer's goroutine uses it, but for due.
+// logTail is the log file as the writer reads it, on its goroutine (but due).
 type logTail struct {
 	f *os.File
 	// pos is how far the file was read; passed is how much of the
@@ -50,14 +47,12 @@ type logTail struct {
 	// due: every has passed since the last write; set by the timer.
 	due   atomic.Bool
 	timer *time.Timer
-	// off: the database refused the tail for good (a schema not yet
-	// migrated, a role without the right, a run that is over).
+	// off: the database refused the tail for good.
 	off bool
 }
 
-// openLogTail opens the attempt's log file again, to keep what is written
-// to it from now on, keep bytes of it, every interval; nil when keep is
-// not positive.
+// openLogTail opens the attempt's log file again, to keep keep bytes of what
+// is written to it from now on, every interval; nil when keep is not positive.
 func (r *runner) openLogTail(keep int64, every time.Duration) (*logTail, error) {
 	if keep <= 0 {
 		return nil, nil
@@ -74,7 +69,6 @@ func (r *runner) openLogTail(keep int64, every time.Duration) (*logTail, error) 
 	return &logTail{f: f, pos: info.Size(), keep: keep, every: every}, nil
 }
 
-// close stops the timer and closes the file.
 func (t *logTail) close() {
 	if t.timer != nil {
 		t.timer.Stop()
@@ -96,8 +90,7 @@ func (t *logTail) arm(w *writer) {
 
 // read returns the next chunk to write and where it starts in the
 // attempt's output: the one whose write failed, or what the file gained
-// since, at most the last keep bytes of it, protocol.MaxLogChunk at a time:
-// a longer gain is written in chunks, one after the other.
+// since, at most the last keep bytes of it, protocol.MaxLogChunk at a time.
 func (t *logTail) read() (chunk []byte, start int64, err error) {
 	if t.unsent != nil {
 		return t.unsent, t.passed, nil
@@ -106,16 +99,12 @@ func (t *logTail) read() (chunk []byte, start int64, err error) {
 	if err != nil {
 		return nil, 0, err
 	}
-	size := info.Size()
-	if size < t.pos {
+	if info.Size() < t.pos {
 		// Truncated (copytruncate): the file starts again, and so does
 		// reading it; the output's offsets go on.
 		t.pos = 0
 	}
-	if t.bounded {
-		size = min(size, t.until)
-	}
-	n := size - t.pos
+	n := t.end(info.Size()) - t.pos
 	if n > t.keep {
 		// More than the tail keeps: the older part would be dropped at once.
 		t.pos += n - t.keep
@@ -138,50 +127,31 @@ func (t *logTail) read() (chunk []byte, start int64, err error) {
 	return t.unsent, t.passed, nil
 }
 
-// wrote records that the chunk read was written.
-func (t *logTail) wrote() {
-	t.passed += int64(len(t.unsent))
-	t.unsent = nil
+// end is where reading a file of size stops: before until, once bounded.
+func (t *logTail) end(size int64) int64 {
+	if t.bounded {
+		return min(size, t.until)
+	}
+	return size
 }
 
-// more reports whether the file holds what was not read yet (before
-// until, once bounded).
+// more reports whether the file holds what was not read yet.
 func (t *logTail) more() bool {
 	info, err := t.f.Stat()
-	if err != nil {
-		return false
-	}
-	size := info.Size()
-	if t.bounded {
-		size = min(size, t.until)
-	}
-	return size > t.pos
+	return err == nil && t.end(info.Size()) > t.pos
 }
 
-// keepTail makes the writer keep t, the attempt's log file, in the
-// database; nil keeps nothing.
+// keepTail makes the writer keep t in the database; nil keeps nothing.
 func (w *writer) keepTail(t *logTail) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	// Armed under mu: the writer's goroutine reads the tail, and its
-	// timer, under mu first.
 	if t != nil {
-		t.arm(w)
+		t.arm(w) // before the writer's goroutine loads t
 	}
-	w.tail = t
+	w.tail.Store(t)
 }
 
-// tailKept returns the tail the writer keeps, nil for none.
-func (w *writer) tailKept() *logTail {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.tail
-}
-
-// serveTail appends what the log file gained, once its interval is up
-// and nothing else waits; it reports false when there was nothing to do.
+// serveTail appends what the log file gained once its interval is up; false: nothing to do.
 func (w *writer) serveTail(ctx context.Context) bool {
-	t := w.tailKept()
+	t := w.tail.Load()
 	if t == nil || t.off || !t.due.Load() {
 		return false
 	}
@@ -196,8 +166,7 @@ func (w *writer) serveTail(ctx context.Context) bool {
 		t.due.Store(true)
 		return true
 	case err == nil && wrote && t.more():
-		// A gain longer than a chunk: the next one at the writer's next
-		// chance, up to where the file was when the interval was up.
+		// A gain longer than a chunk: the next one at the writer's next chance.
 		t.due.Store(true)
 		return true
 	}
@@ -215,10 +184,9 @@ func (t *logTail) bound() {
 }
 
 // flushTail queues the last append of the log file ahead of the events,
-// which the attempt's outcome is among: the tail ends where the
-// attempt did, on any host.
+// the attempt's outcome among them: the tail ends where the attempt did.
 func (w *writer) flushTail(ctx context.Context) {
-	t := w.tailKept()
+	t := w.tail.Load()
 	if t == nil {
 		return
 	}
@@ -239,8 +207,7 @@ func (w *writer) flushTail(ctx context.Context) {
 	})
 }
 
-// appendTail appends what t's file gained, if anything, and reports
-// whether it wrote.
+// appendTail appends what t's file gained, and reports whether it wrote.
 func (w *writer) appendTail(ctx context.Context, t *logTail) (bool, error) {
 	chunk, start, err := t.read()
 	if err != nil {
@@ -259,25 +226,19 @@ func (w *writer) appendTail(ctx context.Context, t *logTail) (bool, error) {
 	}); err != nil {
 		return false, err
 	}
-	t.wrote()
+	t.passed += int64(len(chunk))
+	t.unsent = nil
 	return true, nil
 }
 
-// retriable reports a write the same write may pass later: the connection
-// was lost, or the server refused it for now (not for a right it lacks,
-// which no retry gives).
+// retriable reports a write that may pass later: the connection was lost, or
+// the server refused it for now (not for a right it lacks, class 42).
 func retriable(err error, conn dbConn) bool {
-	switch classifyWriteError(err, conn) {
-	case connectionLost:
-		return true
-	case serverBusy:
-		return !strings.HasPrefix(etlcontext.ErrCode(err), "42")
-	}
-	return false
+	kind := classifyWriteError(err, conn)
+	return kind == connectionLost || kind == serverBusy && !strings.HasPrefix(etlcontext.ErrCode(err), "42")
 }
 
-// tailRefused says why the database did not take t, unless it did or will
-// next time; a refusal for good stops the tail.
+// tailRefused stops the tail, saying why, when the database refused it for good.
 func (w *writer) tailRefused(t *logTail, err error) {
 	switch {
 	case err == nil, retriable(err, w.conn):

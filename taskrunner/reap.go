@@ -13,17 +13,15 @@ import (
 
 // The runner is its command's subreaper (hostproc.BecomeSubreaper): every
 // process the command starts stays below the runner, whatever group or
-// session it moves to, so the runner finds its attempt's processes by
-// walking its own tree, at the cost of that tree. Without the kernel's
-// children lists it reads every process of the host instead, looking for
-// the command's group and DAMA_RUN_ID.
+// session it moves to, so the runner finds its attempt's processes in its
+// own tree. Without the kernel's children lists it reads every process of
+// the host instead, looking for the command's group and DAMA_RUN_ID.
 
 // stopDescendants kills what remains of the attempt's processes and waits
-// for them to be gone, however long that takes (a process in uninterruptible
-// sleep dies late): the outcome is recorded, and the lock released, only
-// once no process of the attempt is left to meet the next one. A process
-// the runner may not signal or read (another user's: a setuid program the
-// command ran) is said once and not waited for.
+// for them to be gone, however long that takes (uninterruptible sleep): the
+// outcome is recorded, and the lock released, only once none is left to meet
+// the next attempt. A process the runner may not signal or read (another
+// user's: a setuid program the command ran) is said once and not waited for.
 func (r *runner) stopDescendants(a hostproc.Attempt) {
 	nextReport := time.Now().Add(30 * time.Second)
 	unkillable := map[process]bool{}
@@ -34,10 +32,8 @@ func (r *runner) stopDescendants(a hostproc.Attempt) {
 		)
 		if r.subreaper {
 			pids, err = r.killTree(unkillable)
-		} else {
-			if pids, err = a.Processes(); len(pids) > 0 {
-				_ = a.Signal(syscall.SIGKILL)
-			}
+		} else if pids, err = a.Processes(); len(pids) > 0 {
+			_ = a.Signal(syscall.SIGKILL)
 		}
 		if err == nil && len(pids) == 0 {
 			return
@@ -50,8 +46,7 @@ func (r *runner) stopDescendants(a hostproc.Attempt) {
 	}
 }
 
-// process names a process by its pid and start time (0 when it cannot be
-// read).
+// process names a process by its pid and start time (0 when unreadable).
 type process struct {
 	pid   int
 	ticks uint64
@@ -59,11 +54,10 @@ type process struct {
 
 // killTree reaps the runner's exited children, sends SIGKILL to each live
 // process below the runner but those in unkillable (to which it adds those
-// it may not signal or read), and returns the runner's children left: once
-// the command is reaped, the runner, their subreaper, has a child for as
-// long as any process of the attempt lives (but below one it may not
-// signal). A process below that cannot be read is left to the next walk,
-// where it is the runner's child once its parent is killed.
+// it may not signal or read), and returns the runner's children left: the
+// runner, their subreaper, has a child for as long as any process of the
+// attempt lives (but below one it may not signal). A process that cannot be
+// read is left to the next walk: the runner's child once its parent is killed.
 func (r *runner) killTree(unkillable map[process]bool) ([]int, error) {
 	self := os.Getpid()
 	tree, _ := hostproc.Descendants(self)
@@ -109,8 +103,7 @@ func (r *runner) killTree(unkillable map[process]bool) ([]int, error) {
 	return left, nil
 }
 
-// markUnkillable notes p as a process of the attempt the runner may not
-// stop, and says so once.
+// markUnkillable notes, and says once, that the runner may not stop p.
 func (r *runner) markUnkillable(unkillable map[process]bool, p process) {
 	if !unkillable[p] {
 		unkillable[p] = true
@@ -118,10 +111,8 @@ func (r *runner) markUnkillable(unkillable map[process]bool, p process) {
 	}
 }
 
-// reapOrphans reaps the runner's exited children but skip (the command,
-// which its own wait reaps): descendants of the command orphaned, then
-// exited, while it runs. Without it a command that starts daemons would
-// leave the runner a zombie each.
+// reapOrphans reaps the runner's exited children but skip (the command): a
+// command's orphans that exited, else a zombie for each daemon it starts.
 func (r *runner) reapOrphans(skip int) {
 	kids, err := hostproc.Children(os.Getpid())
 	if err != nil {
@@ -138,11 +129,10 @@ func (r *runner) reapOrphans(skip int) {
 }
 
 // signalExactly sends sig to the process st names, and to no other: a pid
-// reused since st was read (its process reaped by its parent, a descendant
-// of the runner's) has another start time. A pidfd holds the process from
-// before that check on; where pidfds are refused (a kernel before 5.3, a
-// seccomp filter) a plain kill follows the check. It returns the signal's
-// error; a process gone is none.
+// reused since st was read has another start time. A pidfd holds the
+// process from before that check on; where pidfds are refused (a kernel
+// before 5.3, a seccomp filter) a plain kill follows the check. A process
+// gone is no error.
 func signalExactly(st hostproc.Stat, sig syscall.Signal) error {
 	same := func() bool {
 		now, err := hostproc.ReadStat(st.PID)

@@ -2,18 +2,23 @@ package taskrunner
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
+	"strconv"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/keeper"
 	"github.com/dama-etl/dama/internal/pglisten"
+	"github.com/dama-etl/dama/protocol"
 )
 
-// listenToo listens on channel from now on, on this connection and every
-// later one. After a new connection, a notification with channel and an
-// empty payload stands for those that may have been missed meanwhile.
+// listenToo listens on channel from now on, on every connection. After a
+// new one, a notification with an empty payload stands for those missed.
 func (w *writer) listenToo(ctx context.Context, channel string) error {
 	w.mu.Lock()
 	w.alsoListen = append(w.alsoListen, channel)
@@ -24,8 +29,7 @@ func (w *writer) listenToo(ctx context.Context, channel string) error {
 }
 
 // call queues fn ahead of the events and returns a channel that receives its
-// result. fn may run more than once (after a lost connection): it must be
-// idempotent.
+// result. fn may run again after a lost connection: it must be idempotent.
 func (w *writer) call(fn func(context.Context, dbConn) error) <-chan error {
 	return w.enqueue(context.Background(), fn).done
 }
@@ -51,7 +55,7 @@ func (w *writer) do(ctx context.Context, fn func(context.Context, dbConn) error)
 	case <-ctx.Done():
 		err = ctx.Err()
 	case <-w.superseded:
-		// Nothing more runs for this run (the writer stopped connecting).
+		// The writer stopped connecting.
 		err = etlcontext.ErrStaleRun
 	}
 	w.mu.Lock()
@@ -79,50 +83,37 @@ func (w *writer) over() bool {
 	}
 }
 
-// flush waits until everything queued so far is written, or ctx ends,
-// the sampled lines held back included. It reports the last event the
+// flush waits until everything queued so far, the sampled lines held back
+// included, is written, or ctx ends. It reports the last outcome the
 // database refused for good since the previous flush.
 func (w *writer) flush(ctx context.Context) error {
 	w.mu.Lock()
-	w.releaseAll()
-	w.mu.Unlock()
-	for {
-		w.mu.Lock()
-		empty := len(w.calls) == 0 && len(w.events) == 0
+	defer w.mu.Unlock()
+	w.releaseHeld(sampled...)
+	for len(w.calls) > 0 || len(w.events) > 0 {
 		idle := w.idle
-		eventErr := w.eventErr
-		if empty {
-			w.eventErr = nil
-		}
 		w.mu.Unlock()
-		if empty {
-			return eventErr
-		}
 		select {
 		case <-idle:
-		case <-w.superseded:
-			// What was queued may have been found written as the run
-			// ended (dropStored), which emptied the queue and closed idle
-			// as well.
 			w.mu.Lock()
-			written := w.endedByOwnWrite && len(w.calls) == 0 && len(w.events) == 0
-			w.mu.Unlock()
-			if !written {
+		case <-w.superseded:
+			w.mu.Lock()
+			// dropStored may have found the queue written as the run
+			// ended, which closed idle as well.
+			if !w.endedByOwnWrite || len(w.calls) > 0 || len(w.events) > 0 {
 				return etlcontext.ErrStaleRun
 			}
 		case <-ctx.Done():
 			w.mu.Lock()
-			n := len(w.events)
-			w.mu.Unlock()
-			return fmt.Errorf("%d events not written: %w", n, ctx.Err())
+			return fmt.Errorf("%d events not written: %w", len(w.events), ctx.Err())
 		}
 	}
+	err := w.eventErr
+	w.eventErr = nil
+	return err
 }
 
-// run serves the queues and delivers notifications until ctx ends. conn,
-// when not nil, is the writer's first connection, made by the caller (in
-// advisory lock mode, the one that took the lock); otherwise the writer
-// makes it.
+// run serves the queues and notifications until ctx ends; conn, if any, is the first connection.
 func (w *writer) run(ctx context.Context, conn dbConn, channels ...string) {
 	first := conn == nil
 	l := &pglisten.Listener[dbConn]{
@@ -133,9 +124,8 @@ func (w *writer) run(ctx context.Context, conn dbConn, channels ...string) {
 		},
 		Look:   w.serveAll,
 		Notify: func(_ context.Context, n *pgconn.Notification) error { w.hear(n); return nil },
-		// A queued write cuts any wait short, the wait to connect again
-		// included: the lock keeper waits on this connection to finish
-		// taking its lock again.
+		// A queued write cuts any wait short, to connect again included:
+		// the lock keeper waits on this connection to take its lock again.
 		Wake: w.wake,
 		Lost: func(err error) {
 			if w.connErr != nil {
@@ -160,7 +150,7 @@ func (w *writer) run(ctx context.Context, conn dbConn, channels ...string) {
 		KeepOpen: true,
 	}
 	defer func() {
-		if t := w.tailKept(); t != nil {
+		if t := w.tail.Load(); t != nil {
 			t.close()
 		}
 		l.Close(ctx)
@@ -182,9 +172,8 @@ func (w *writer) run(ctx context.Context, conn dbConn, channels ...string) {
 // maxServedPerLook bounds the writes and calls of one look (serveAll).
 const maxServedPerLook = 64
 
-// serveAll confirms a hinted cancellation, and runs the calls and writes
-// the events queued, until nothing is left to do, maxServedPerLook are
-// done, or the connection failed (the listener then makes it again).
+// serveAll confirms a hinted cancellation, and serves the queues until
+// they are empty, maxServedPerLook are done, or the connection failed.
 func (w *writer) serveAll(ctx context.Context, conn dbConn) error {
 	if w.cancelHinted {
 		w.confirmCancel(ctx)
@@ -194,9 +183,8 @@ func (w *writer) serveAll(ctx context.Context, conn dbConn) error {
 			return pglisten.ErrStop
 		}
 		if served == maxServedPerLook {
-			// Back after the notifications that wait: a command that
-			// writes as fast as it is written must not hold off a
-			// cancellation, nor leave them to pile up.
+			// Back after the notifications: a command that writes as fast
+			// as it is written must not hold off a cancellation.
 			w.signal()
 			return nil
 		}
@@ -205,6 +193,88 @@ func (w *writer) serveAll(ctx context.Context, conn dbConn) error {
 		}
 	}
 	return nil
+}
+
+// hear passes notification n on to the runner. A cancellation is a hint
+// anyone who can connect may send: one naming this run's context is passed
+// on once the database's record confirms it (confirmCancel). The rest are
+// wake-ups whose receiver reads the database: the ends of contexts that are
+// not this one's children are dropped, lest a flood of them crowd out one
+// that is, and when one is already waiting, n adds nothing.
+func (w *writer) hear(n *pgconn.Notification) {
+	w.mu.Lock()
+	id := w.contextID
+	w.mu.Unlock()
+	switch n.Channel {
+	case protocol.CancelChannel:
+		if id != 0 && n.Payload == strconv.FormatInt(id, 10) {
+			w.cancelHinted = true
+			// Confirmed by the writer's next look.
+			w.signal()
+		}
+		return
+	case etlcontext.FinishedChannel:
+		var f etlcontext.Finished
+		// An empty payload stands for announcements missed while the
+		// connection was made again.
+		if n.Payload != "" && json.Unmarshal([]byte(n.Payload), &f) == nil && (f.ParentID == nil || *f.ParentID != id) {
+			return
+		}
+	}
+	offer(w.notify, n)
+}
+
+// confirmInterval is the least time between two reads of a hinted
+// cancellation: the most a false one just before may delay a true one.
+const confirmInterval = 100 * time.Millisecond
+
+// confirmCancel passes a hinted cancellation on to the runner once it reads
+// it recorded. A new connection reads the record anew (hooks.resume).
+func (w *writer) confirmCancel(ctx context.Context) {
+	if wait := confirmInterval - time.Since(w.confirmedAt); wait > 0 {
+		w.signalIn(wait)
+		return
+	}
+	w.confirmedAt = time.Now()
+	w.mu.Lock()
+	id, runID := w.contextID, w.runID
+	w.mu.Unlock()
+	var requested bool
+	err := w.exec(ctx, func(ctx context.Context, conn dbConn) (err error) {
+		requested, err = etlcontext.CancelRequested(ctx, conn, id, runID)
+		return err
+	})
+	confirmed := &pgconn.Notification{Channel: protocol.CancelChannel, Payload: strconv.FormatInt(id, 10)}
+	switch {
+	case err == nil && !requested:
+		w.cancelHinted = false
+		w.ignored++
+		if time.Since(w.ignoredSaid) >= time.Minute {
+			w.logger.Warn("ignored announced cancellations that the database does not record", "count", w.ignored)
+			w.ignored, w.ignoredSaid = 0, time.Now()
+		}
+	case err == nil && offer(w.notify, confirmed):
+		w.cancelHinted = false
+	case err == nil:
+		// The runner has yet to take what waits: look again soon.
+		w.signalIn(confirmInterval)
+	case permanent(err):
+		w.cancelHinted = false
+	case w.conn.IsClosed():
+	default:
+		w.sayBusy("read the announced cancellation; tried again in a second", err)
+		w.signalIn(time.Second)
+	}
+}
+
+// signalIn wakes the writer's loop after d; one wake-up waits at a time.
+func (w *writer) signalIn(d time.Duration) {
+	if w.wakeSet.CompareAndSwap(false, true) {
+		time.AfterFunc(d, func() {
+			w.wakeSet.Store(false)
+			w.signal()
+		})
+	}
 }
 
 func (w *writer) connect(ctx context.Context, channels []string, first bool) (dbConn, error) {
@@ -221,15 +291,12 @@ func (w *writer) connect(ctx context.Context, channels []string, first bool) (db
 	w.mu.Lock()
 	also := slices.Clone(w.alsoListen)
 	w.mu.Unlock()
-	if err := listen(cctx, conn, append(slices.Clone(channels), also...)); err != nil {
+	if err := listen(cctx, conn, slices.Concat(channels, also)); err != nil {
 		conn.Close(ctx)
 		return nil, err
 	}
 	for _, ch := range also {
-		select {
-		case w.notify <- &pgconn.Notification{Channel: ch}:
-		default:
-		}
+		offer(w.notify, &pgconn.Notification{Channel: ch})
 	}
 	if !first && w.hooks.resume != nil {
 		if err := w.hooks.resume(cctx, conn); err != nil {
@@ -270,8 +337,7 @@ func listen(ctx context.Context, conn dbConn, channels []string) error {
 	return nil
 }
 
-// serveOne runs the next call or writes the next event; it reports false
-// when there was nothing to do.
+// serveOne runs the next call or write; it reports false when there was none.
 func (w *writer) serveOne(ctx context.Context) bool {
 	w.mu.Lock()
 	switch {
@@ -285,29 +351,7 @@ func (w *writer) serveOne(ctx context.Context) bool {
 		}
 		c.started = true
 		w.mu.Unlock()
-		callCtx, stop := context.WithCancel(c.ctx)
-		defer context.AfterFunc(ctx, stop)()
-		defer stop()
-		err := w.exec(callCtx, c.fn)
-		if callCtx.Err() == nil && w.retry(ctx, err) {
-			w.mu.Lock()
-			if c.ctx.Err() == nil {
-				c.started = false
-				w.mu.Unlock()
-				return true
-			}
-			// Its caller gave up meanwhile and waits for this answer.
-			w.calls = w.calls[1:]
-			w.markIdle()
-			w.mu.Unlock()
-			c.done <- c.ctx.Err()
-			return true
-		}
-		w.mu.Lock()
-		w.calls = w.calls[1:]
-		w.markIdle()
-		w.mu.Unlock()
-		c.done <- err
+		w.serveCall(ctx, c)
 		return true
 	case len(w.events) > 0:
 		w.mu.Unlock()
@@ -315,6 +359,30 @@ func (w *writer) serveOne(ctx context.Context) bool {
 	}
 	w.mu.Unlock()
 	return w.serveProgress(ctx) || w.serveTail(ctx)
+}
+
+// serveCall runs c, started, under its caller's ctx and the writer's.
+func (w *writer) serveCall(ctx context.Context, c *writeCall) {
+	callCtx, stop := context.WithCancel(c.ctx)
+	defer context.AfterFunc(ctx, stop)()
+	defer stop()
+	err := w.exec(callCtx, c.fn)
+	if callCtx.Err() == nil && w.retry(ctx, err) {
+		w.mu.Lock()
+		if c.ctx.Err() == nil {
+			c.started = false
+			w.mu.Unlock()
+			return
+		}
+		w.mu.Unlock()
+		// Its caller gave up meanwhile and waits for this answer.
+		err = c.ctx.Err()
+	}
+	w.mu.Lock()
+	w.calls = w.calls[1:]
+	w.markIdle()
+	w.mu.Unlock()
+	c.done <- err
 }
 
 // markIdle wakes flush when the queues are empty; w.mu is held.
@@ -329,4 +397,80 @@ func (w *writer) exec(ctx context.Context, fn func(context.Context, dbConn) erro
 	sctx, cancel := context.WithTimeout(ctx, w.stmtTimeout)
 	defer cancel()
 	return fn(sctx, w.conn)
+}
+
+// retry reports whether the write that failed with err is to be tried
+// again: after a failure of the connection (dropped, to be made again), or
+// when the server refused it for now (the connection, which may hold the
+// lock, is kept).
+func (w *writer) retry(ctx context.Context, err error) bool {
+	if err == nil || ctx.Err() != nil {
+		return false
+	}
+	switch classifyWriteError(err, w.conn) {
+	case connectionLost:
+		w.logger.Warn("write connection lost; the write is kept and tried again", "error", err)
+		w.connErr = err
+		w.conn.Close(context.WithoutCancel(ctx))
+		return true
+	case serverBusy:
+		w.sayBusy("the server refused a write for now; it is kept and tried again", err)
+		pause(ctx, time.Second)
+		return true
+	}
+	return false
+}
+
+// pause waits d, or until ctx ends.
+func pause(ctx context.Context, d time.Duration) {
+	select {
+	case <-time.After(d):
+	case <-ctx.Done():
+	}
+}
+
+// sayBusy logs a write refused for now once a minute, so that a server
+// read-only for an hour does not fill the task's log.
+func (w *writer) sayBusy(msg string, err error) {
+	if now := time.Now(); now.Sub(w.busySaid) >= time.Minute {
+		w.logger.Warn(msg, "error", err)
+		w.busySaid = now
+	}
+}
+
+type writeError int
+
+const (
+	// statementError: the write itself is wrong; trying again would not help.
+	statementError writeError = iota
+	// connectionLost: the connection broke or timed out, or its session ended.
+	connectionLost
+	// serverBusy: the server refused the write for now (see
+	// classifyWriteError); the connection is fine.
+	serverBusy
+)
+
+func classifyWriteError(err error, conn dbConn) writeError {
+	if errors.Is(err, keeper.ErrUnavailable) {
+		// The keeper could not reach the server; its lock session is fine.
+		return serverBusy
+	}
+	if code := etlcontext.ErrCode(err); code != "" {
+		switch {
+		case conn == nil || conn.IsClosed(), etlcontext.ConnectionLost(code):
+			return connectionLost
+		case etlcontext.RequestRefused(code):
+			// What the database cannot store, or one of dama's guards.
+			return statementError
+		}
+		// Anything else says nothing of the write: the server is short
+		// of resources, cut it short, rolled it back, is read-only for
+		// a switchover, lacks a grant being restored, or failed
+		// inside. The same write may pass next time.
+		return serverBusy
+	}
+	if conn == nil || conn.IsClosed() || etlcontext.Unreachable(err) || errors.Is(err, context.DeadlineExceeded) {
+		return connectionLost
+	}
+	return statementError
 }

@@ -16,11 +16,10 @@ import (
 	"github.com/dama-etl/dama/taskrunner"
 )
 
-// lockedElsewhere decides a step that found the lock of context id held.
-// A RUNNING context's task process holds it, whoever started it: the job is
-// held (this is adoption, from any host) until the task ends or the watch
-// finds the lock free. Otherwise someone looks at the context for a moment
-// (`dama cancel`, another supervisor stopping orphans): look again soon.
+// lockedElsewhere decides a step that found the lock of context id held:
+// by a RUNNING context's task process, whoever started it, and the job is
+// held (adoption, from any host); or by someone looking at the context for
+// a moment (`dama cancel`, a supervisor stopping orphans).
 func (s *Supervisor) lockedElsewhere(ctx context.Context, logger *slog.Logger, tx pgx.Tx, job *river.Job[TaskArgs]) error {
 	id := job.Args.ETLContextID
 	// On the step's own connection: a step that waited for a second one
@@ -30,14 +29,11 @@ func (s *Supervisor) lockedElsewhere(ctx context.Context, logger *slog.Logger, t
 		return s.transient(logger, err)
 	}
 	if c.RiverJobID != nil && *c.RiverJobID != job.ID {
-		// Left for another job (dama retry) while a dead supervisor held
-		// it: hold nothing.
+		// Left for another job (dama retry): hold nothing.
 		return river.JobCancel(fmt.Errorf("task %d is stepped by job %d now", id, *c.RiverJobID))
 	}
 	if c.Status == etlcontext.StatusRunning {
-		// Held again by its task process, which cleared the loss's mark: a
-		// later loss is timed anew. (Held for a moment by someone else, the
-		// mark stays, and so does the sighting.)
+		// Held again by its task process: a later loss is timed anew.
 		if c.LockLostAt == nil {
 			s.fence.forget(id)
 		}
@@ -51,21 +47,14 @@ func (s *Supervisor) lockedElsewhere(ctx context.Context, logger *slog.Logger, t
 
 // attemptAlive tells, for c RUNNING with a free lock and a recorded task
 // process, how long to wait before looking again (0: every process of the
-// attempt is surely gone), with what its launcher knows of it.
-//
-// Its launcher looks first: on this host the processes themselves
-// (hostLauncher.Gone), in a pod the kubelet's word.
-//
-// Where nothing can be looked at (another host): the task process stops its
-// command within its fencing window of the lock's release, so no attempt
-// starts before that window has passed since this supervisor first found
-// the lock free, on its own monotonic clock: a clock that can jump (the
-// database's, or this host's wall clock) could end the wait early. Another
-// supervisor, or this one restarted, waits its own window again.
+// attempt is surely gone), with what its launcher knows of it. Where its
+// launcher cannot tell, that is the fencing window since this supervisor
+// first found the lock free, on its own monotonic clock (the database's, or
+// the wall clock, can jump).
 func (s *Supervisor) attemptAlive(ctx context.Context, tx pgx.Tx, c *etlcontext.Context) (wait time.Duration, ended string, err error) {
 	const recheck = time.Second
-	// An attempt that ran on this host is looked at here first, whatever
-	// its kind's runner says now.
+	// An attempt that ran on this host is looked at here, whatever its
+	// kind's runner says now.
 	gone, ended := hostLauncher{s}.Gone(ctx, c)
 	if l := s.launcherOf(c); gone == GoneUnknown && l != (hostLauncher{s}) {
 		gone, ended = l.Gone(ctx, c)
@@ -106,9 +95,8 @@ func (s *Supervisor) attemptProcesses(c *etlcontext.Context) hostproc.Attempt {
 }
 
 // recordEnd ends the current attempt of c, surely over, with an event of
-// suffix written in the attempt's name: an ERROR for a death (the database
-// makes the context RETRYING or, when its attempts are used up, FAILED), a
-// CANCELLED for a cancel requested meanwhile. The caller holds the lock.
+// suffix in the attempt's name: an ERROR for a death, a CANCELLED for a
+// cancel requested meanwhile. The caller holds the lock.
 func (s *Supervisor) recordEnd(ctx context.Context, tx pgx.Tx, c *etlcontext.Context, suffix, reason string) error {
 	payload := map[string]any{"reason": reason, etlcontext.DetectedBy: s.host}
 	if c.PID != nil {
@@ -135,18 +123,9 @@ func lastFailure(ctx context.Context, db etlcontext.DB, c *etlcontext.Context) e
 	return f
 }
 
-// noteLaunchFailure remembers why this supervisor could not spawn the task
-// process of context id, for reportLaunchFailure.
-func (s *Supervisor) noteLaunchFailure(id int64, reason string) {
-	s.mu.Lock()
-	s.spawnFailures[id] = reason
-	s.mu.Unlock()
-}
-
-// warnUnfit records in tx that this host could not start c's attempt, and
-// why, in a WARNING (etlcontext.UnfitHostMeta): the reason the status
-// shows. Once per attempt and reason, and not at all with ifUntold when
-// the attempt's task process said why itself.
+// warnUnfit records why this host could not start c's attempt in a WARNING
+// (etlcontext.UnfitHostMeta): once per attempt and reason, and with ifUntold
+// only if the task process said nothing.
 func (s *Supervisor) warnUnfit(ctx context.Context, tx pgx.Tx, c *etlcontext.Context, why string, ifUntold bool) error {
 	reason, _ := etlcontext.CleanText(etlcontext.UnfitPrefix + why)
 	warned, err := etlcontext.WarnedThisAttempt(ctx, tx, c.ID, reason)
@@ -178,18 +157,8 @@ func (s *Supervisor) spawnFailure(id int64) (why string, forget func()) {
 	}
 }
 
-// forgetLaunchFailure is called when a launch of context id succeeded.
-func (s *Supervisor) forgetLaunchFailure(id int64) {
-	s.mu.Lock()
-	delete(s.spawnFailures, id)
-	delete(s.launchFailures, id)
-	s.mu.Unlock()
-}
-
 // reportLaunchFailure logs a launch that was taken back: as an error the
-// first time a context's launch fails for a given reason, at debug level
-// while it keeps failing for that reason (it is tried again every poll
-// interval, and the reason is also in the task's WARNING events or log).
+// first time a context's launch fails for a given reason, then at debug level.
 func (s *Supervisor) reportLaunchFailure(ctx context.Context, logger *slog.Logger, c *etlcontext.Context, reason string) {
 	if reason == "" {
 		reason = "the task process stopped before it took its lock (see " +

@@ -13,17 +13,15 @@ import (
 // connections, against what the server allows.
 type Budget struct {
 	// MaxTasks is the most tasks that run at once: the sum of the queues'
-	// max_running (it holds across every supervisor sharing the queues).
+	// max_running (across every supervisor sharing the queues).
 	MaxTasks int
 	// RowMode and AdvisoryMode are the connections MaxTasks task processes
-	// hold in each lock mode; Configured, with each kind's own lock_mode
-	// (a queue counts at its most demanding kind), and the lock keeper of
-	// this host when a kind uses lock_mode host (its task processes hold
-	// none of their own; each other host running them has a keeper too).
+	// hold in each lock mode; Configured, with each kind's own lock_mode (a
+	// queue counts at its most demanding kind), and this host's lock keeper
+	// when a kind uses lock_mode host.
 	RowMode, AdvisoryMode, Configured int
 	// Supervisor is the most this supervisor holds itself: its pool, River's
-	// listener (taken from the pool and then let go of by it, so the pool
-	// may open another), its liveness connection and its own listener.
+	// listener, its liveness connection and its own.
 	Supervisor int
 	// ServerMax is the server's max_connections less the slots reserved for
 	// superusers; InUse, the client connections open now.
@@ -67,15 +65,9 @@ func (s *Supervisor) ConnectionBudget(ctx context.Context) (Budget, error) {
 }
 
 // reportOutageTolerance logs at start what a database restart or failover
-// costs the running tasks: nothing while it is shorter than
-// reconnect_grace, their attempts past it. The grace is also most of how
-// long a lost host's tasks wait for their retry (fence_window, from when the
-// server freed their locks): a longer grace rides out slower restarts and
-// retries a lost host's tasks later.
+// costs the running tasks, and the fence window.
 func (s *Supervisor) reportOutageTolerance() {
 	grace := time.Duration(*s.cfg.ReconnectGrace)
-	// The longest of the kinds': each attempt's window has its kind's
-	// kill_grace.
 	kill := s.cfg.KillGrace
 	for _, k := range s.cfg.Kinds {
 		if k.KillGrace != nil {
@@ -92,8 +84,7 @@ func (s *Supervisor) reportOutageTolerance() {
 }
 
 // reportBudget logs the connection budget at start, as a warning when the
-// server does not allow it: a task process that cannot connect spends no
-// attempt, but waits for a free connection.
+// server does not allow it.
 func (s *Supervisor) reportBudget(ctx context.Context) {
 	b, err := s.ConnectionBudget(ctx)
 	if err != nil {

@@ -1,6 +1,8 @@
 package supervisor
 
 import (
+	"cmp"
+	"maps"
 	"sync"
 	"time"
 )
@@ -10,13 +12,12 @@ import (
 // window of an attempt on another host.
 type fenceClock struct {
 	mu sync.Mutex
-	// seen holds, per context, the database's mark of the loss (which
-	// changes when the task process takes its lock again and loses it
-	// anew) and when this process first saw it.
+	// seen holds, per context, the database's mark of the loss (new at each
+	// loss) and when this process first saw it.
 	seen map[int64]fenceSighting
-	// idle is how long a sighting no step looked at is kept: one whose
-	// context another supervisor settled would stay forever. Default
-	// fenceIdle. Dropping one that matters only makes a wait longer.
+	// idle is how long a sighting no step looked at is kept (fenceIdle by
+	// default): one whose context another supervisor settled would stay
+	// forever. Dropping one that matters only makes a wait longer.
 	idle      time.Duration
 	lastSweep time.Time
 }
@@ -40,17 +41,10 @@ func (f *fenceClock) freeFor(id int64, mark time.Time) time.Duration {
 		f.seen = make(map[int64]fenceSighting)
 	}
 	now := time.Now()
-	idle := f.idle
-	if idle == 0 {
-		idle = fenceIdle
-	}
+	idle := cmp.Or(f.idle, fenceIdle)
 	if now.Sub(f.lastSweep) >= idle {
 		f.lastSweep = now
-		for other, s := range f.seen {
-			if now.Sub(s.lastLook) >= idle {
-				delete(f.seen, other)
-			}
-		}
+		maps.DeleteFunc(f.seen, func(_ int64, s fenceSighting) bool { return now.Sub(s.lastLook) >= idle })
 	}
 	s, ok := f.seen[id]
 	if !ok || !s.mark.Equal(mark) {

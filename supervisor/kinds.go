@@ -10,16 +10,13 @@ import (
 )
 
 // publishLoop publishes the configuration's kinds again, every
-// poll_interval, until the database takes them: a supervisor that could
-// not at its start (err) runs its tasks all the same, and data_manager.submit
-// takes its kinds once they are there.
+// poll_interval, until the database takes them: a supervisor that could not
+// at its start (err) runs its tasks all the same.
 func (s *Supervisor) publishLoop(ctx context.Context, err error) {
 	for err != nil {
 		s.logger.Warn("publish kinds; data_manager.submit refuses those no supervisor published until then", "error", err, "retry_in", s.cfg.PollInterval)
-		select {
-		case <-ctx.Done():
+		if !sleep(ctx, time.Duration(s.cfg.PollInterval)) {
 			return
-		case <-time.After(time.Duration(s.cfg.PollInterval)):
 		}
 		err = s.publishKinds(ctx)
 	}
@@ -27,9 +24,8 @@ func (s *Supervisor) publishLoop(ctx context.Context, err error) {
 
 // publishKinds records the configuration's kinds in data_manager.kinds,
 // which data_manager.submit submits, and says which of them another
-// supervisor had published with another queue, attempts, concurrency key
-// or children: until they agree, a task's settings (and which children
-// its tasks may submit) depend on who published last.
+// supervisor had published otherwise: until they agree, a task's settings
+// depend on who published last.
 func (s *Supervisor) publishKinds(ctx context.Context) error {
 	var kinds []etlcontext.PublishedKind
 	for _, name := range s.cfg.KindNames() {

@@ -16,8 +16,7 @@ import (
 )
 
 // lateReadyWait bounds how long a supervisor listens for the report of a
-// runner that did not report within the launch timeout: the runner holds
-// its lock by then, or has failed to for good.
+// runner that did not report within the launch timeout.
 const lateReadyWait = 10 * time.Minute
 
 // child is a runner this supervisor spawned and reaps.
@@ -27,14 +26,10 @@ type child struct {
 	exitCode int
 }
 
-// Launch spawns `dama taskrunner` for l, detached: in a session of its own
-// (so no signal for the supervisor's process group reaches it), stdio on
-// /dev/null and the task's log file, no inherited descriptor but the
-// readiness pipe and its secrets socket, and no secret in its environment or
-// arguments. It waits, at most LaunchTimeout, for the runner to report that
-// it holds the lock, or to exit. A runner that reports later (the outcome
-// is then LaunchPending) is counted started then, if that is within
-// lateReadyWait.
+// Launch spawns `dama taskrunner` for l, detached (docs/architecture.md:
+// "Detached launch"), and waits, at most LaunchTimeout, for the runner to
+// report that it holds the lock, or to exit. A runner that reports later
+// (LaunchPending) is counted started then, within lateReadyWait.
 func (h hostLauncher) Launch(ctx context.Context, l Launch) (LaunchOutcome, error) {
 	s, c := h.s, l.Task
 	logger := l.Logger
@@ -55,40 +50,28 @@ func (h hostLauncher) Launch(ctx context.Context, l Launch) (LaunchOutcome, erro
 	if err != nil {
 		return 0, err
 	}
-	defer func() {
-		if readyR != nil {
-			readyR.Close()
-		}
-	}()
-	// pending hands the open pipe to a goroutine that hears a late report.
-	pending := func(pid int) (LaunchOutcome, error) {
-		r, since := readyR, time.Now()
-		readyR = nil
+	logger.Info("spawned task process", "pid", ch.pid, "kind", c.Kind)
+	_ = readyR.SetReadDeadline(time.Now().Add(s.opts.LaunchTimeout))
+	var b [1]byte
+	n, err := readyR.Read(b[:])
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		logger.Warn("task process has not taken its lock yet", "pid", ch.pid, "waited", s.opts.LaunchTimeout)
+		since := time.Now()
 		go func() {
-			defer r.Close()
-			_ = r.SetReadDeadline(time.Now().Add(lateReadyWait))
-			var b [1]byte
-			if n, _ := r.Read(b[:]); n == 1 {
-				logger.Info("task process took its lock after the launch timeout", "pid", pid, "later_by", time.Since(since))
+			defer readyR.Close()
+			_ = readyR.SetReadDeadline(time.Now().Add(lateReadyWait))
+			if n, _ := readyR.Read(b[:]); n == 1 {
+				logger.Info("task process took its lock after the launch timeout", "pid", ch.pid, "later_by", time.Since(since))
 				s.startedLate(c.ID, new(time.Now()))
 			}
 		}()
 		return LaunchPending, nil
 	}
-	logger.Info("spawned task process", "pid", ch.pid, "kind", c.Kind)
-
-	_ = readyR.SetReadDeadline(time.Now().Add(s.opts.LaunchTimeout))
-	var b [1]byte
-	n, err := readyR.Read(b[:])
-	switch {
-	case n == 1:
+	readyR.Close()
+	if n == 1 {
 		return LaunchReady, nil
-	case errors.Is(err, os.ErrDeadlineExceeded):
-		logger.Warn("task process has not taken its lock yet", "pid", ch.pid, "waited", s.opts.LaunchTimeout)
-		return pending(ch.pid)
 	}
-	// The pipe closed without a byte: the runner is exiting, and will not
-	// report.
+	// The pipe closed without a byte: the runner is exiting.
 	select {
 	case <-ch.exited:
 	case <-time.After(s.opts.LaunchTimeout):
@@ -110,11 +93,9 @@ func (h hostLauncher) Launch(ctx context.Context, l Launch) (LaunchOutcome, erro
 }
 
 // runnerEnv is the supervisor's environment less what dama withholds from
-// commands (config.Withheld: the database URL, libpq's PG* variables,
-// DAMA_*), which a process of the same user could read in a task
-// process's first milliseconds: the database settings go on its secrets
-// socket instead (secrets). It adds the configuration's path, and the
-// process it is to be, for a program embedding the supervisor.
+// commands (config.Withheld), which a process of the same user could read
+// in a task process's first milliseconds (secrets has them instead), plus
+// the configuration's path and the process it is to be.
 func runnerEnv(configPath string) []string {
 	env := make([]string, 0, len(os.Environ())+2)
 	for _, kv := range os.Environ() {
@@ -131,9 +112,9 @@ func runnerEnv(configPath string) []string {
 		protocol.ProcessEnv+"="+protocol.ProcessRunner)
 }
 
-// secrets returns what a task process of run key is handed on its
-// secrets socket: the database URL it connects with,
-// the supervisor's PG* variables, and the keeper's secret.
+// secrets returns what a task process of run key is handed on its secrets
+// socket: the database URL it connects with, the supervisor's PG*
+// variables, and the keeper's secret.
 func (s *Supervisor) secrets(key string) protocol.Secrets {
 	env := []string{protocol.DatabaseURLEnv + "=" + s.opts.DatabaseURL}
 	for _, kv := range os.Environ() {
@@ -145,9 +126,8 @@ func (s *Supervisor) secrets(key string) protocol.Secrets {
 	return protocol.Secrets{Env: env, RunKey: key, Keeper: s.keeperSecret}
 }
 
-// spawn starts `dama taskrunner` for launch l, with its
-// secrets (the run's key among them) on its secrets socket, and returns it
-// with the read end of its ready pipe.
+// spawn starts `dama taskrunner` for launch l, with its secrets on its
+// secrets socket, and returns it with the read end of its ready pipe.
 func (s *Supervisor) spawn(l protocol.Launch, secrets protocol.Secrets, logFile *os.File) (*child, *os.File, error) {
 	if err := s.program.check(); err != nil {
 		return nil, nil, err
@@ -169,8 +149,7 @@ func (s *Supervisor) spawn(l protocol.Launch, secrets protocol.Secrets, logFile 
 	cmd.Env = runnerEnv(s.cfg.Path)
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile
-	// ExtraFiles start at descriptor 3: protocol.ReadyFD, then
-	// protocol.SecretsFD.
+	// protocol.ReadyFD and SecretsFD: ExtraFiles start at descriptor 3.
 	cmd.ExtraFiles = []*os.File{readyW, secretsR}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
@@ -182,29 +161,21 @@ func (s *Supervisor) spawn(l protocol.Launch, secrets protocol.Secrets, logFile 
 	s.children[l.ContextID] = ch
 	s.mu.Unlock()
 	go func() {
-		wait(cmd, ch)
+		// Reaped, so that it does not linger as a zombie.
+		var exitErr *exec.ExitError
+		if err := cmd.Wait(); errors.As(err, &exitErr) {
+			ch.exitCode = exitErr.ExitCode()
+		} else if err != nil {
+			ch.exitCode = -1
+		}
+		close(ch.exited)
 		s.reaped(l.ContextID, ch)
 	}()
 	return ch, readyR, nil
 }
 
-// wait waits for a runner so that it does not linger as a zombie, and
-// records its exit code in ch.
-func wait(cmd *exec.Cmd, ch *child) {
-	err := cmd.Wait()
-	ch.exitCode = 0
-	var exitErr *exec.ExitError
-	if errors.As(err, &exitErr) {
-		ch.exitCode = exitErr.ExitCode()
-	} else if err != nil {
-		ch.exitCode = -1
-	}
-	close(ch.exited)
-}
-
 // reaped follows the exit of context id's runner ch: it pokes the Work
-// holding the context's job, so the outcome is settled at once rather than
-// a poll interval later.
+// holding the context's job, so the outcome is settled at once.
 func (s *Supervisor) reaped(id int64, ch *child) {
 	s.mu.Lock()
 	if s.children[id] == ch {

@@ -81,13 +81,10 @@ type Start struct {
 	// Hold: the task process may still start; look again later.
 	Hold bool
 	// Why it did not start, for the task's WARNING; empty when there is
-	// nothing to tell (a cancel, or a task process that said why itself).
-	Why string
-	// WhyIfUntold: Why only if the attempt's task process did not say why
-	// itself, which it knows better.
+	// nothing to tell. WhyIfUntold: only if its task process said nothing.
+	Why         string
 	WhyIfUntold bool
-	// Again is how long to wait before the next launch; 0 means the poll
-	// interval.
+	// Again is how long to wait before the next launch; 0: the poll interval.
 	Again time.Duration
 }
 
@@ -111,21 +108,17 @@ func (s *Supervisor) launcherOf(c *etlcontext.Context) Launcher {
 	return hostLauncher{s}
 }
 
-// hostLauncher runs task processes on this host, as children it spawns
-// detached and reaps.
+// hostLauncher runs task processes on this host.
 type hostLauncher struct{ s *Supervisor }
 
-// Starting: a host's launch is over once Launch returned; its task
-// process said why it stopped, unless it never started.
+// Starting: a host's launch is over once Launch returned.
 func (h hostLauncher) Starting(_ context.Context, _ *etlcontext.Context, failed string, _ bool) (Start, error) {
 	return Start{Why: failed}, nil
 }
 
-// Gone reads the processes of an attempt that ran on this host: its task
-// process by its PID and start time, and every process its command
-// started, by process group and by the run's marker in their environment.
-// Those that remain are stopped (stopOrphans). Another host's attempt is
-// GoneUnknown.
+// Gone reads the processes of an attempt that ran on this host (its task
+// process, and every process its command started), and stops those that
+// remain. Another host's attempt is GoneUnknown.
 func (h hostLauncher) Gone(_ context.Context, c *etlcontext.Context) (Gone, string) {
 	s := h.s
 	if c.HostID == nil || *c.HostID != s.hostID || c.RunnerStartTicks == nil {
@@ -153,10 +146,8 @@ func (h hostLauncher) Gone(_ context.Context, c *etlcontext.Context) (Gone, stri
 // Finished: nothing of a host's attempt outlives it.
 func (hostLauncher) Finished(context.Context, *etlcontext.Context) {}
 
-// startedLate counts the attempt of task id started, once, when its launch
-// returned before its task process held the lock (LaunchPending) and at,
-// when that process started, is known; with at nil, it forgets the launch
-// (taken back) without counting it.
+// startedLate counts the attempt of task id launched here started, once,
+// at at; with at nil, it forgets the launch (taken back) without counting it.
 func (s *Supervisor) startedLate(id int64, at *time.Time) {
 	s.mu.Lock()
 	started, ok := s.pendingStarts[id]
@@ -178,7 +169,7 @@ func (s *Supervisor) finished(ctx context.Context, c *etlcontext.Context) {
 }
 
 // A Pruner is a Launcher that deletes, every minute, what its attempts
-// left past their retention (the Kubernetes module's: finished pods).
+// left past their retention (finished pods).
 type Pruner interface {
 	Prune(ctx context.Context) error
 }
@@ -186,19 +177,11 @@ type Pruner interface {
 // launcherPruneEvery is how often a Pruner prunes.
 const launcherPruneEvery = time.Minute
 
-// pruneLauncherLoop prunes what p's attempts left, every minute, until
-// ctx ends.
-func (s *Supervisor) pruneLauncherLoop(ctx context.Context, p Pruner) {
-	ticker := time.NewTicker(launcherPruneEvery)
-	defer ticker.Stop()
-	for {
+// pruneLauncher returns what prunes what p's attempts left.
+func (s *Supervisor) pruneLauncher(p Pruner) func(context.Context) {
+	return func(ctx context.Context) {
 		if err := p.Prune(ctx); err != nil && !errors.Is(err, context.Canceled) {
 			s.logger.Warn("delete what finished attempts left past their retention", "error", err)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-ticker.C:
 		}
 	}
 }

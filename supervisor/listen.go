@@ -18,11 +18,9 @@ import (
 
 // newListener is the supervisor's connection that hears runners announce
 // their exit, and operators resume queues and unblock kinds. It holds no
-// lock: the liveness lock has a connection of its own (newLiveness), so
-// that the listener can fail and reconnect without anyone taking the
-// supervisor for dead. What it hears is a hint: a poked hold's step looks
-// at the context itself, and the watch looks at every task each poll
-// interval, so nothing heard while it reconnects is lost.
+// lock, so that it can fail and reconnect without anyone taking the
+// supervisor for dead. What it hears is a hint: the watch looks at every
+// task each poll interval, so nothing missed while it reconnects is lost.
 func (s *Supervisor) newListener() *pglisten.Listener[*pgx.Conn] {
 	return &pglisten.Listener[*pgx.Conn]{
 		Connect: func(ctx context.Context) (*pgx.Conn, error) {
@@ -53,18 +51,16 @@ const (
 	heardIgnored = "ignored"
 )
 
-// heard acts on a notification of the listener, which anyone who can
-// connect may send, so that a flood costs a map lookup each: an announced
-// exit pokes the Work holding that context's job here, if one does (it
-// steps the context, which decides from the database); a resumed queue or
-// an unblocked kind is passed to controlLoop, many coalescing into one.
+// heard counts a notification of the listener as note handles it.
 func (s *Supervisor) heard(_ context.Context, n *pgconn.Notification) error {
-	outcome := s.note(n)
-	s.metrics.heard.WithLabelValues(n.Channel, outcome).Inc()
+	s.metrics.heard.WithLabelValues(n.Channel, s.note(n)).Inc()
 	return nil
 }
 
-// note acts on notification n and says what became of it.
+// note acts on notification n, which anyone who can connect may send, so
+// that a flood costs a map lookup each, and says what became of it: an
+// announced exit pokes the Work holding that context's job here, if one
+// does; a resumed queue or an unblocked kind is passed to controlLoop.
 func (s *Supervisor) note(n *pgconn.Notification) string {
 	if n.Channel == etlcontext.ControlChannel {
 		var c etlcontext.Control
@@ -92,12 +88,11 @@ func (s *Supervisor) note(n *pgconn.Notification) string {
 }
 
 // controlGap is the least time between two wake-ups of every queue that
-// announced controls ask for.
+// announced controls, which anyone who can connect may send, ask for.
 const controlGap = 100 * time.Millisecond
 
-// controlLoop wakes, until ctx ends, the tasks waiting for a slot in every
-// queue of the supervisor once a queue was resumed or a kind unblocked, at
-// most once per controlGap: anyone who can connect may announce a control.
+// controlLoop wakes the tasks waiting for a slot in every queue once a
+// queue was resumed or a kind unblocked, until ctx ends.
 func (s *Supervisor) controlLoop(ctx context.Context) {
 	var woke time.Time
 	for {
@@ -106,14 +101,8 @@ func (s *Supervisor) controlLoop(ctx context.Context) {
 			return
 		case <-s.controls:
 		}
-		if wait := time.Until(woke.Add(controlGap)); wait > 0 {
-			t := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return
-			case <-t.C:
-			}
+		if wait := time.Until(woke.Add(controlGap)); wait > 0 && !sleep(ctx, wait) {
+			return
 		}
 		for _, q := range s.cfg.QueueNames() {
 			s.wakeWaiting(ctx, q)

@@ -1,9 +1,5 @@
 package supervisor
 
-// The slog handlers that keep a supervisor's log quiet: a level floor for
-// River's chatter, and the muting of what an outage of the database makes
-// everything fail with.
-
 import (
 	"context"
 	"log/slog"
@@ -18,26 +14,22 @@ type levelFloor struct {
 	Min slog.Level
 }
 
-// Enabled reports whether l is at least Min and Handler takes it.
 func (f levelFloor) Enabled(ctx context.Context, l slog.Level) bool {
 	return l >= f.Min && f.Handler.Enabled(ctx, l)
 }
 
-// WithAttrs returns the floor over Handler.WithAttrs.
 func (f levelFloor) WithAttrs(attrs []slog.Attr) slog.Handler {
 	return levelFloor{Handler: f.Handler.WithAttrs(attrs), Min: f.Min}
 }
 
-// WithGroup returns the floor over Handler.WithGroup.
 func (f levelFloor) WithGroup(name string) slog.Handler {
 	return levelFloor{Handler: f.Handler.WithGroup(name), Min: f.Min}
 }
 
 // outageMuter mutes warnings and errors while the database is known to be
-// unreachable: every statement fails then, and each failure would say so
-// again (River's fetches alone, several a second). Whoever notices the
-// outage logs it once and calls Begin, and at its end calls End and logs
-// how many records were muted. The zero outageMuter is ready, and not muting.
+// unreachable: every statement fails then (River's fetches alone, several a
+// second). Whoever notices the outage logs it once and calls Begin, and at
+// its end End. The zero outageMuter is ready, and not muting.
 type outageMuter struct {
 	down  atomic.Bool
 	muted atomic.Int64
@@ -77,10 +69,8 @@ func (o *outageMuter) Flush() {
 
 // Handler returns h, muted during an outage. The warnings and errors for
 // which held reports true (nil: all of them) are held for grace first, and
-// dropped if an outage began meanwhile: those are the failures that whoever
-// calls Begin notices at the same instant (River's fetches and notifier, a
-// listening connection, any statement cut off by the server's restart),
-// which would otherwise say so first.
+// dropped if an outage began meanwhile: those that whoever calls Begin may
+// notice at the same instant would otherwise say so first.
 func (o *outageMuter) Handler(h slog.Handler, grace time.Duration, held func(slog.Record) bool) slog.Handler {
 	return muted{Handler: h, o: o, grace: grace, held: held}
 }

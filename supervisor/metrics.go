@@ -12,11 +12,10 @@ import (
 	"github.com/dama-etl/dama/protocol"
 )
 
-// metrics are what a supervisor counts of its own work, for Prometheus.
-// A counter counts what this supervisor did or saw; the sum over every
-// supervisor is the cluster's (a step retried after a lost connection may
-// count an outcome twice). What the database holds (tasks by status, the
-// oldest wait) is read at each scrape by [NewStatsCollector] instead.
+// metrics are what a supervisor counts of its own work, for Prometheus:
+// summed over every supervisor, the cluster's (a step retried after a lost
+// connection may count an outcome twice). What the database holds is read
+// at each scrape by [NewStatsCollector] instead.
 type metrics struct {
 	attemptsStarted *prometheus.CounterVec
 	attemptsFailed  *prometheus.CounterVec
@@ -40,19 +39,16 @@ const (
 
 func newMetrics() *metrics {
 	qk := []string{"queue", "kind"}
+	counter := func(name string, labels []string, help string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
+	}
 	return &metrics{
-		attemptsStarted: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "dama_attempts_started_total",
-			Help: "Attempts whose task process this supervisor launched and heard take its lock (within the launch timeout, or up to 10 minutes after it).",
-		}, qk),
-		attemptsFailed: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "dama_attempts_failed_total",
-			Help: "Failed attempts this supervisor settled, by reason: error (the command failed), timed_out, lock_lost (the task process died or lost its lock).",
-		}, append(qk, "reason")),
-		tasksFinished: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "dama_tasks_finished_total",
-			Help: "Tasks this supervisor settled as finished, by status (DONE, FAILED, CANCELLED); a task cancelled by dama cancel before any supervisor looked at it is not counted.",
-		}, append(qk, "status")),
+		attemptsStarted: counter("dama_attempts_started_total", qk,
+			"Attempts whose task process this supervisor launched and heard take its lock (within the launch timeout, or up to 10 minutes after it)."),
+		attemptsFailed: counter("dama_attempts_failed_total", append(qk, "reason"),
+			"Failed attempts this supervisor settled, by reason: error (the command failed), timed_out, lock_lost (the task process died or lost its lock)."),
+		tasksFinished: counter("dama_tasks_finished_total", append(qk, "status"),
+			"Tasks this supervisor settled as finished, by status (DONE, FAILED, CANCELLED); a task cancelled by dama cancel before any supervisor looked at it is not counted."),
 		runSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "dama_task_run_seconds",
 			Help: "Time from a finished task's first start to its end, by status.",
@@ -69,26 +65,18 @@ func newMetrics() *metrics {
 			Name: "dama_adopted_tasks",
 			Help: "Tasks running in this supervisor's queues when it started, which it adopted (after a redeploy, the tasks that ran through it).",
 		}, qk),
-		lockLosses: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "dama_lock_losses_total",
-			Help: "Attempts this supervisor recorded dead: their lock was free while they were recorded running (the task process died, or lost its lock and stopped), a cancelled attempt included.",
-		}, qk),
-		reconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "dama_reconnects_total",
-			Help: "Reconnections of this supervisor's own connections after they failed, by connection (liveness, listener).",
-		}, []string{"connection"}),
-		heard: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "dama_notifications_total",
-			Help: "Notifications this supervisor's listener heard, by channel and what became of them: queued for a worker, dropped (a flood past 10,000 pending: the poll interval's watch makes up for them), or ignored (its own task's, or not dama's).",
-		}, []string{"channel", "outcome"}),
+		lockLosses: counter("dama_lock_losses_total", qk,
+			"Attempts this supervisor recorded dead: their lock was free while they were recorded running (the task process died, or lost its lock and stopped), a cancelled attempt included."),
+		reconnects: counter("dama_reconnects_total", []string{"connection"},
+			"Reconnections of this supervisor's own connections after they failed, by connection (liveness, listener)."),
+		heard: counter("dama_notifications_total", []string{"channel", "outcome"},
+			"Notifications this supervisor's listener heard, by channel and what became of them: queued for a worker, dropped (a flood past 10,000 pending: the poll interval's watch makes up for them), or ignored (its own task's, or not dama's)."),
 		stepErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "dama_step_errors_total",
 			Help: "Steps that failed for a reason that says nothing about the task (the database was unreachable, a statement timed out) and were tried again.",
 		}),
-		pruned: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "dama_pruned_total",
-			Help: "What this supervisor removed of the finished tasks older than retention, by what: tasks, events, attempts, jobs (River's).",
-		}, []string{"what"}),
+		pruned: counter("dama_pruned_total", []string{"what"},
+			"What this supervisor removed of the finished tasks older than retention, by what: tasks, events, attempts, jobs (River's)."),
 	}
 }
 
@@ -98,8 +86,7 @@ func (m *metrics) collectors() []prometheus.Collector {
 }
 
 // zero creates the counters of every configured queue and kind at 0: a
-// series that first appears at 1 would hide that first increase from
-// increase() and rate().
+// series that first appears at 1 hides that increase from increase().
 func (m *metrics) zero(cfg *config.Config) {
 	for _, name := range cfg.KindNames() {
 		k := cfg.Kinds[name]
@@ -113,7 +100,7 @@ func (m *metrics) zero(cfg *config.Config) {
 			m.tasksFinished.WithLabelValues(k.Queue, name, string(st))
 		}
 	}
-	for _, what := range prunedWhat() {
+	for _, what := range []string{"tasks", "events", "attempts", "jobs"} {
 		m.pruned.WithLabelValues(what)
 	}
 	for _, conn := range []string{"liveness", "listener"} {
@@ -154,9 +141,6 @@ func (m *metrics) failed(c *etlcontext.Context, f etlcontext.Failure) {
 	m.attemptsFailed.WithLabelValues(c.Queue, c.Kind, reason).Inc()
 }
 
-// statsTimeout bounds the statistics query of a scrape.
-const statsTimeout = 5 * time.Second
-
 // statsCollector reads the tasks' statistics from the database at each
 // scrape (data_manager.dama_queue_stats, indexed to be read every second).
 type statsCollector struct {
@@ -194,7 +178,7 @@ func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), statsTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
@@ -267,11 +251,8 @@ func NewPoolCollector(pool *pgxpool.Pool) prometheus.Collector {
 	}
 }
 
-func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.conns, c.maxConns, c.acquires, c.acquireWait, c.emptyAcquires, c.canceledAcquires} {
-		ch <- d
-	}
-}
+// Describe collects once: the pool's statistics cost nothing to read.
+func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) { prometheus.DescribeByCollect(c, ch) }
 
 func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	st := c.pool.Stat()

@@ -14,8 +14,7 @@ import (
 )
 
 // runnerMayLive reports whether c's task process, on this host, may still
-// run: an error reading it, or a start time it never recorded (a task
-// process of an older release), counts as alive.
+// run: an error reading it, or no recorded start time, counts as alive.
 func runnerMayLive(c *etlcontext.Context) bool {
 	if c.RunnerStartTicks == nil {
 		return true
@@ -30,21 +29,18 @@ const maxOrphanStoppers = 4
 
 // stopOrphans stops, in the background and once at a time per context, the
 // processes that a dead task process of context id left behind on this
-// host: SIGTERM, then SIGKILL after kill_grace, then it waits for them to be
-// gone. It holds the context's lock meanwhile, so that no supervisor, on any
-// host, judges the attempt over before they are gone.
+// host: SIGTERM, then SIGKILL after kill_grace. It holds the context's lock
+// until they are gone, so that no supervisor, on any host, judges the
+// attempt over before.
 func (s *Supervisor) stopOrphans(id int64) {
 	s.mu.Lock()
-	if s.stopping[id] || s.orphanCtx == nil || s.orphanCtx.Err() != nil {
-		s.mu.Unlock()
+	defer s.mu.Unlock()
+	ctx := s.orphanCtx
+	if s.stopping[id] || ctx == nil || ctx.Err() != nil {
 		return
 	}
 	s.stopping[id] = true
-	ctx := s.orphanCtx
-	s.orphans.Add(1)
-	s.mu.Unlock()
-	go func() {
-		defer s.orphans.Done()
+	s.orphans.Go(func() {
 		defer func() {
 			s.mu.Lock()
 			delete(s.stopping, id)
@@ -59,7 +55,7 @@ func (s *Supervisor) stopOrphans(id int64) {
 		if err := s.stopOrphansLocked(ctx, id); err != nil && ctx.Err() == nil {
 			s.logger.Error("stop the processes of a dead attempt", "etl_context_id", id, "error", err)
 		}
-	}()
+	})
 }
 
 func (s *Supervisor) stopOrphansLocked(ctx context.Context, id int64) error {
@@ -74,21 +70,17 @@ func (s *Supervisor) stopOrphansLocked(ctx context.Context, id int64) error {
 		if err != nil {
 			return fmt.Errorf("begin: %w", err)
 		}
-		c, err = etlcontext.Lock(ctx, tx, id)
-		if err == nil {
+		if c, err = etlcontext.Lock(ctx, tx, id); err == nil {
 			break
 		}
 		_ = tx.Rollback(ctx)
-		if !errors.Is(err, etlcontext.ErrLocked) || try == 30 {
-			if errors.Is(err, etlcontext.ErrLocked) {
-				return nil // a task process, or a step that will look again
-			}
+		switch {
+		case !errors.Is(err, etlcontext.ErrLocked):
 			return err
-		}
-		select {
-		case <-ctx.Done():
+		case try == 30:
+			return nil // a task process, or a step that will look again
+		case !sleep(ctx, 100*time.Millisecond):
 			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
 		}
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
@@ -111,16 +103,12 @@ func (s *Supervisor) stopOrphansLocked(ctx context.Context, id int64) error {
 	if err := a.Signal(syscall.SIGTERM); err != nil {
 		logger.Warn("signal the processes of a dead attempt", "signal", "SIGTERM", "error", err)
 	}
-	// The lock is held until they are gone, however long that takes (a
-	// process in uninterruptible sleep dies late): while it is held, no
-	// supervisor on any host starts another attempt.
+	// However long that takes: a process in uninterruptible sleep dies late.
 	deadline := time.Now().Add(time.Duration(s.cfg.KillGrace))
 	nextReport := time.Now().Add(30 * time.Second)
 	for {
-		select {
-		case <-ctx.Done():
+		if !sleep(ctx, 100*time.Millisecond) {
 			return fmt.Errorf("processes %v still alive: %w", pids, ctx.Err())
-		case <-time.After(100 * time.Millisecond):
 		}
 		pids, err = a.Processes()
 		if err == nil && len(pids) == 0 {

@@ -15,9 +15,8 @@ import (
 const selfExe = "/proc/self/exe"
 
 // program is the file a supervisor's task processes are executed from: the
-// one there when New ran, even after the file at its path was replaced (a
-// redeploy), so that they are of the release the supervisor checked the
-// schema for.
+// one there when New ran, even after the file at its path was replaced (see
+// Options.Executable).
 type program struct {
 	// path names it in process listings (argv[0]).
 	path string
@@ -25,17 +24,14 @@ type program struct {
 	// by its descriptor (/proc/self/fd/N), or, without /proc, path.
 	spawn string
 	// file is the opened program (Options.Executable), nil for this
-	// process's own; it stays open, as the Supervisor that holds it
-	// stays reachable.
-	file *os.File
-	// opened is file's identity when it was opened.
+	// process's own; opened is its identity when it was opened.
+	file   *os.File
 	opened unix.Stat_t
 }
 
 // selfProgram is the binary this process started from, which the kernel
 // keeps from being written while it runs: the forked child's
-// /proc/self/exe is that file, even once the one at its path is replaced
-// or deleted.
+// /proc/self/exe is that file, even once the one at its path is replaced.
 func selfProgram() (*program, error) {
 	exe, err := os.Executable()
 	if err != nil {

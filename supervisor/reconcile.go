@@ -10,12 +10,10 @@ import (
 )
 
 // reconcile repairs the disagreements a step cannot see, because no step
-// runs once a job is finished: a context that is not finished while its River
-// job is, or a finished context whose job ended in a state that says
-// otherwise. They happen only behind dama's back (River's own rescuer after
-// all supervisors were down for an hour, a job cancelled or deleted by hand);
-// the job is retried, or a new one enqueued, and the next step settles the
-// context like any other.
+// runs once a job is finished: a context that is not finished while its
+// River job is, or a finished context whose job ended in a state that says
+// otherwise (River's own rescuer, or a job cancelled or deleted by hand).
+// The job is retried, or a new one enqueued.
 func (s *Supervisor) reconcile(ctx context.Context) error {
 	found, err := etlcontext.Disagreements(ctx, s.pool, s.cfg.QueueNames())
 	if err != nil {
@@ -45,10 +43,9 @@ func (s *Supervisor) reconcile(ctx context.Context) error {
 	return nil
 }
 
-// enqueueMissingJob inserts a River job for context d, whose job was gone
-// when reconcile looked, and returns its id; or returns 0 when the context
-// has a job by now (another supervisor reconciling at the same time gave it
-// one: see etlcontext.LockJobless).
+// enqueueMissingJob inserts a River job for context d, whose job was gone,
+// and returns its id; or 0 when another supervisor's reconcile gave it one
+// meanwhile (etlcontext.LockJobless).
 func (s *Supervisor) enqueueMissingJob(ctx context.Context, d etlcontext.Disagreement) (int64, error) {
 	var inserted int64
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
@@ -59,8 +56,5 @@ func (s *Supervisor) enqueueMissingJob(ctx context.Context, d etlcontext.Disagre
 		inserted, err = etlcontext.EnqueueJob(ctx, tx, d.ID)
 		return err
 	})
-	if err != nil {
-		return 0, err
-	}
-	return inserted, nil
+	return inserted, err
 }

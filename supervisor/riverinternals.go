@@ -23,42 +23,23 @@ import (
 //     steps and holds of dead or cut-off supervisors without spending an
 //     attempt, deleting pruned tasks' jobs, and the reads that join
 //     river_job with dama's tables.
-//   - A task waiting for a slot has its job parked (snoozed for
-//     parkWaiting), and woken by one of those statements when a slot
-//     frees. A running task's job is not parked: a Work holds it (work),
-//     relying on River's snooze giving the attempt back (a zero snooze
-//     makes the job available at once), on a Work's timeout keeping
-//     River's rescuer away, and on River's Stop waiting for Work to return.
-//   - data_manager.enqueue_job (migration 27), which create_task (migration
-//     24) calls for every task, and dama retry and reconcile for a task's
-//     new job, is the one INSERT into river_job. It inserts as River's
-//     InsertTx inserts a TaskArgs job: args {"etl_context_id", "kind"},
-//     kind dama_task, priority 1, metadata and tags empty, state available
-//     (scheduled until the task is due), the id from River's sequence (the
-//     column's default), and River's insert notification on "<River's
-//     schema>.river_insert" with {"queue": ...}, which River's producers
-//     listen to; but at the context's attempt, which InsertOpts cannot
-//     set. So a program in any language submits without a River client.
-//
-// And in the schema, on River's table: migration 19 puts a trigger on
-// river_job (BEFORE INSERT OR UPDATE OF kind) that keeps a member of
-// dama_task to inserting its own children's jobs, as River inserts them,
-// and changing none. Its right to update kind is what River's InsertTx
-// asks for (INSERT ... ON CONFLICT DO UPDATE SET kind): dama's jobs carry
-// no unique key, so that update never happens. For every other role the
-// trigger asks who writes, once per job inserted. (Not row-level
-// security: that made River's fetch, whose state condition is not
-// leakproof, scan the whole table, and refused COPY.) An upgrade of River
-// must check that its inserts still set what the trigger reads (kind,
-// state, attempt, attempted_at, args.etl_context_id), and still draw a
-// job's id with nextval in the inserting statement (River v0.51.1:
-// coalesce(nullif(id, 0), nextval(...))), which the trigger compares with
-// currval. The trigger asks who writes of pg_catalog alone, so another
-// program's River client with no right on data_manager still inserts; a
-// COPY into river_job (InsertManyFast) then inserts row by row.
+//   - A running task's job is held by a Work (work), relying on a zero
+//     snooze giving the attempt back and making the job available at once,
+//     on a Work's timeout keeping River's rescuer away, and on River's Stop
+//     waiting for Work to return.
+//   - data_manager.enqueue_job (migration 27), the one INSERT into
+//     river_job, inserts as River's InsertTx inserts a TaskArgs job, and
+//     sends River's insert notification, but at the context's attempt,
+//     which InsertOpts cannot set: so a program in any language submits
+//     without a River client.
+//   - Migration 19's trigger on river_job keeps a member of dama_task to
+//     inserting its own children's jobs, as River's InsertTx inserts them.
+//     River's inserts must still set what it reads (kind, state, attempt,
+//     attempted_at, args.etl_context_id), and draw a job's id with nextval
+//     in the inserting statement (v0.51.1: coalesce(nullif(id, 0),
+//     nextval(...))), which it compares with currval.
 
-// riverChecked is the River release the internals below were checked
-// against.
+// riverChecked is the River release the internals here were checked against.
 const riverChecked = "v0.51.1"
 
 // notifyQueue tells every supervisor's River producer of the queue that a job
@@ -72,8 +53,6 @@ func (s *Supervisor) notifyQueue(ctx context.Context, queue string) {
 	}
 }
 
-// parkWaiting is how long the job of a task waiting for a slot is snoozed.
-// Nothing needs the job meanwhile: a freed slot wakes it (wakeWaiting, also
-// every poll interval), so the snooze's end is only a backstop, costing
-// each waiting task one step an hour.
+// parkWaiting is how long the job of a task waiting for a slot is snoozed:
+// a freed slot wakes it (wakeWaiting), so this is only a backstop.
 const parkWaiting = time.Hour

@@ -12,8 +12,7 @@ import (
 	"github.com/dama-etl/dama/internal/submit"
 )
 
-// Bounds of the wait between two looks at a periodic kind's schedule. The
-// wait is until the next tick by the database's clock; the floor keeps a
+// Bounds of the wait until a periodic kind's next tick: the floor keeps a
 // supervisor whose clock runs ahead from spinning, and the ceiling catches
 // up on a clock jump or a host that slept.
 const (
@@ -32,19 +31,12 @@ func TickKey(kind string, tick time.Time) string {
 func (s *Supervisor) scheduleLoop(ctx context.Context, name string, k config.Kind, sched *config.Schedule) {
 	for {
 		wait, err := s.takeTick(ctx, name, k, sched)
-		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
+		if err != nil && ctx.Err() == nil {
 			s.logger.Warn("take a tick of the schedule", "kind", name, "error", err)
 			wait = time.Duration(s.cfg.PollInterval)
 		}
-		t := time.NewTimer(min(max(wait, minTickWait), maxTickWait))
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !sleep(ctx, min(max(wait, minTickWait), maxTickWait)) {
 			return
-		case <-t.C:
 		}
 	}
 }
@@ -56,11 +48,10 @@ func (s *Supervisor) scheduleLoop(ctx context.Context, name string, k config.Kin
 // missed while none ran give one task.
 func (s *Supervisor) takeTick(ctx context.Context, name string, k config.Kind, sched *config.Schedule) (time.Duration, error) {
 	var now, next time.Time
-	// The wait until the next tick is counted from when the database's
-	// clock was read, at the transaction's start: what the transaction
-	// then took (queued behind the other supervisors' ticks, on a busy
-	// server) comes off it, or every supervisor would wake that much after
-	// the tick, and a tick none took before the next would be folded.
+	// The wait until the next tick is counted from the transaction's start,
+	// when the database's clock was read: what it then took (queued behind
+	// the other supervisors' ticks) comes off it, or every supervisor would
+	// wake that much late, and a tick none took before the next be folded.
 	began := time.Now()
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		row, ok, dbNow, err := etlcontext.LockSchedule(ctx, tx, name)
@@ -102,11 +93,8 @@ func (s *Supervisor) takeTick(ctx context.Context, name string, k config.Kind, s
 			}
 		}
 		// The tick's key is one of dama's own, which dama.Client.SubmitTx refuses.
-		id, _, err := s.submit.Tx(ctx, tx, submit.Params{
-			Kind:           name,
-			Args:           []byte(k.ScheduleArgs),
-			IdempotencyKey: TickKey(name, tick),
-		})
+		params := submit.Params{Kind: name, Args: []byte(k.ScheduleArgs), IdempotencyKey: TickKey(name, tick)}
+		id, _, err := s.submit.Tx(ctx, tx, params)
 		if err != nil {
 			return err
 		}

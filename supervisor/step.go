@@ -13,18 +13,15 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
-	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/protocol"
 )
 
-// step is one short, idempotent step of a context's state machine.
-// Unless holding (its task held its lock at the Work's last step), its
-// transaction takes one of the supervisor's transaction slots: a start
-// waits its turn at its queue's lock inside it, and at most half of the
-// pool's connections wait so, whatever the queues, so that the steps that
-// complete ended tasks' jobs find one (in bursts of 300 short tasks, host
-// mode, their p90 fell from 184-303 ms to 79-126 ms).
+// step is one short, idempotent step of a context's state machine. Unless
+// holding (its task held its lock at the Work's last step), its transaction
+// takes a transaction slot: a start waits for its queue's lock inside it, and
+// the steps that complete ended tasks' jobs must find a connection (in bursts
+// of 300 short tasks, their p90 fell from 184-303 ms to 79-126 ms).
 func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], holding bool) error {
 	id := job.Args.ETLContextID
 	logger := s.logger.With("etl_context_id", id, "job_id", job.ID, "job_attempt", job.Attempt)
@@ -56,13 +53,10 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], holding
 	}
 
 	if c.RiverJobID != nil && *c.RiverJobID != job.ID {
-		// A job the task has left: dama retry gave it a new one while this
-		// one waited, parked or in a dead supervisor's step. One job steps
-		// a task.
+		// A job the task has left: dama retry gave it a new one meanwhile.
 		return river.JobCancel(fmt.Errorf("task %d is stepped by job %d now", id, *c.RiverJobID))
 	}
 	if c.Status != etlcontext.StatusRunning {
-		// No attempt of it may run: nothing to time.
 		s.fence.forget(id)
 	}
 	switch c.Status {
@@ -84,8 +78,7 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], holding
 	return s.startAttempt(ctx, logger, tx, txDone, job, c)
 }
 
-// settleFinished settles the job of c, a finished context, to agree with
-// it.
+// settleFinished settles the job of c, a finished context, to agree with it.
 func (s *Supervisor) settleFinished(ctx context.Context, logger *slog.Logger, tx pgx.Tx, job *river.Job[TaskArgs], c *etlcontext.Context) error {
 	id := c.ID
 	s.finished(ctx, c)
@@ -107,8 +100,7 @@ func (s *Supervisor) settleFinished(ctx context.Context, logger *slog.Logger, tx
 	case etlcontext.StatusFailed:
 		f := lastFailure(ctx, tx, c)
 		if !f.Died {
-			// A death, and the FAILED it led to, were counted when it was
-			// recorded.
+			// A death, and the FAILED it led to, were counted when recorded.
 			s.metrics.failed(c, f)
 			s.metrics.finished(c)
 		}
@@ -116,19 +108,17 @@ func (s *Supervisor) settleFinished(ctx context.Context, logger *slog.Logger, tx
 		if job.Attempt >= job.MaxAttempts {
 			return failure
 		}
-		// The task failed for good before its attempts were used up (an
-		// exit code or a timeout its kind does not retry), or the job was
-		// retried by hand after it failed: River cannot discard a job
-		// early, so it is cancelled.
+		// Failed for good before its attempts were used up, or retried by
+		// hand after it failed: River cannot discard a job early.
 		return river.JobCancel(failure)
 	}
 	return fmt.Errorf("task %d is %s, not finished", id, c.Status)
 }
 
-// settleRunning decides a step of c, RUNNING while its lock is free (the
-// step holds it): a launch that never got as far as a command is taken
-// back; an attempt whose processes may still run is waited out; one surely
-// over is recorded as cancelled or dead.
+// settleRunning decides a step of c, RUNNING while the step holds its lock:
+// a launch that never got as far as a command is taken back; an attempt
+// that may still run is waited out; one surely over is recorded as
+// cancelled or dead.
 func (s *Supervisor) settleRunning(ctx context.Context, logger *slog.Logger, tx pgx.Tx, c *etlcontext.Context) error {
 	id := c.ID
 	if c.PID == nil {
@@ -137,8 +127,7 @@ func (s *Supervisor) settleRunning(ctx context.Context, logger *slog.Logger, tx 
 			return s.transient(logger, err)
 		}
 		// Why this supervisor's launch failed, if it did: no task
-		// process started to say why (a log file that is a link, a
-		// program that is gone, a pod the API refused).
+		// process started to say why.
 		failed, forget := s.spawnFailure(id)
 		start, err := s.launcherOf(c).Starting(ctx, c, failed, cancel)
 		switch {
@@ -153,10 +142,8 @@ func (s *Supervisor) settleRunning(ctx context.Context, logger *slog.Logger, tx 
 			}
 		}
 		again := max(time.Duration(s.cfg.PollInterval), start.Again)
-		// The launch never got as far as a command: its task process
-		// failed to start, to connect, or found this host unfit, or the
-		// supervisor died in between. That says nothing about the task:
-		// take the launch back without spending an attempt.
+		// The launch never got as far as a command, which says nothing
+		// about the task: take it back without spending an attempt.
 		if err := etlcontext.AbandonLaunch(ctx, tx, c); err != nil {
 			return s.transient(logger, err)
 		}
@@ -171,10 +158,8 @@ func (s *Supervisor) settleRunning(ctx context.Context, logger *slog.Logger, tx 
 		s.wakeWaiting(ctx, c.Queue)
 		return river.JobSnooze(again)
 	}
-	// RUNNING recorded but the lock is free: the attempt's process is
-	// gone without reporting a result, or it lost its lock and is taking
-	// it again or stopping its command. No new attempt may start before
-	// every process of that attempt is surely gone.
+	// The attempt died, or lost its lock and is taking it again or stopping
+	// its command: no new attempt may start before all of it is surely gone.
 	wait, ended, err := s.attemptAlive(ctx, tx, c)
 	if err != nil {
 		return s.transient(logger, err)
@@ -185,57 +170,48 @@ func (s *Supervisor) settleRunning(ctx context.Context, logger *slog.Logger, tx 
 		}
 		return river.JobSnooze(wait)
 	}
-	cancelRequested, err := etlcontext.CancelRequestedNow(ctx, tx, id)
+	cancelled, err := etlcontext.CancelRequestedNow(ctx, tx, id)
 	if err != nil {
 		return s.transient(logger, err)
 	}
-	if cancelRequested {
-		// Asked to stop, and now surely stopped: the request's outcome.
-		if err := s.recordEnd(ctx, tx, c, protocol.EventCancelled, "cancel requested; the task process had exited or lost its lock"); err != nil {
-			return s.transient(logger, err)
-		}
-		after, err := etlcontext.Get(ctx, tx, id)
-		if err != nil {
-			return s.transient(logger, err)
-		}
-		if err := tx.Commit(ctx); err != nil {
-			return s.transient(logger, fmt.Errorf("commit cancellation of task %d: %w", id, err))
-		}
-		s.metrics.lockLosses.WithLabelValues(c.Queue, c.Kind).Inc()
-		s.metrics.finished(after)
-		s.wakeWaiting(ctx, c.Queue)
-		logger.Info("cancelled task's attempt is over", "attempt", c.Attempt)
-		return river.JobCancel(fmt.Errorf("task %d was cancelled", id))
+	// Asked to stop, and now surely stopped: the request's outcome. Else a
+	// death, in its launcher's words when it has some (OOMKilled, Evicted: a
+	// pod's), which may have been the last attempt's: the task is FAILED,
+	// and River discards the job without another step.
+	suffix, reason, what := protocol.EventError, cmp.Or(ended, "the task process exited without reporting a result"), "death"
+	if cancelled {
+		suffix, reason, what = protocol.EventCancelled, "cancel requested; the task process had exited or lost its lock", "cancellation"
 	}
-	// Its launcher's words when it has some (OOMKilled, Evicted: a pod's).
-	reason := cmp.Or(ended, "the task process exited without reporting a result")
-	if err := s.recordEnd(ctx, tx, c, protocol.EventError, reason); err != nil {
+	if err := s.recordEnd(ctx, tx, c, suffix, reason); err != nil {
 		return s.transient(logger, err)
 	}
-	// The death may have been the last attempt's: the task is FAILED
-	// now, and River discards the job without another step.
 	after, err := etlcontext.Get(ctx, tx, id)
 	if err != nil {
 		return s.transient(logger, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return s.transient(logger, fmt.Errorf("commit death of task %d: %w", id, err))
+		return s.transient(logger, fmt.Errorf("commit %s of task %d: %w", what, id, err))
 	}
 	s.startedLate(id, cmp.Or(c.ProcessStartedAt, new(time.Now())))
 	s.metrics.lockLosses.WithLabelValues(c.Queue, c.Kind).Inc()
-	s.metrics.attemptsFailed.WithLabelValues(c.Queue, c.Kind, failedLockLost).Inc()
-	if after.Status == etlcontext.StatusFailed {
+	if !cancelled {
+		s.metrics.attemptsFailed.WithLabelValues(c.Queue, c.Kind, failedLockLost).Inc()
+	}
+	if after.Status.Finished() {
 		s.metrics.finished(after)
 	}
 	s.wakeWaiting(ctx, c.Queue)
+	if cancelled {
+		logger.Info("cancelled task's attempt is over", "attempt", c.Attempt)
+		return river.JobCancel(fmt.Errorf("task %d was cancelled", id))
+	}
 	logger.Warn("task attempt died", "attempt", c.Attempt, "reason", reason)
 	return fmt.Errorf("attempt %d of task %d died: %s", c.Attempt, id, reason)
 }
 
-// startAttempt launches an attempt of c, QUEUED, or RETRYING with River on a new
-// attempt, unless it is to be cancelled, its kind is not configured here,
-// the previous attempt's processes live on here, or it must wait for a
-// slot.
+// startAttempt launches an attempt of c, QUEUED, or RETRYING with River on
+// a new attempt, unless it is to be cancelled, its kind is not configured
+// here, the previous attempt lives on, or it must wait for a slot.
 func (s *Supervisor) startAttempt(ctx context.Context, logger *slog.Logger, tx pgx.Tx, txDone func(), job *river.Job[TaskArgs], c *etlcontext.Context) error {
 	id := c.ID
 	if c.CancelRequestedAt != nil {
@@ -253,8 +229,7 @@ func (s *Supervisor) startAttempt(ctx context.Context, logger *slog.Logger, tx p
 		return river.JobCancel(fmt.Errorf("task %d was cancelled", id))
 	}
 	if _, ok := s.cfg.Kind(c.Kind); !ok {
-		// Only configured kinds run here. Another supervisor serving this
-		// queue may run the kind: leave the task to it, spending nothing.
+		// Another supervisor serving this queue may run the kind.
 		logger.Warn("kind not in this supervisor's configuration; leaving the task to another supervisor", "kind", c.Kind)
 		return river.JobSnooze(time.Duration(s.cfg.PollInterval))
 	}
@@ -266,10 +241,7 @@ func (s *Supervisor) startAttempt(ctx context.Context, logger *slog.Logger, tx p
 		return s.transient(logger, err)
 	}
 	if wait != etlcontext.WaitNone {
-		// Parked until a slot frees (a task of the queue or kind ends, the
-		// queue is resumed, the kind unblocked): see wakeWaiting. Parking
-		// costs nothing while it waits, however many tasks wait, and holds
-		// none of River's workers.
+		// Parked until a slot frees (wakeWaiting).
 		if _, err := etlcontext.MarkWaiting(ctx, tx, id, wait); err != nil {
 			return s.transient(logger, err)
 		}
@@ -287,10 +259,13 @@ func (s *Supervisor) startAttempt(ctx context.Context, logger *slog.Logger, tx p
 	}
 	txDone()
 
-	// started counts the attempt once its task process holds its lock,
+	// The attempt counts as started once its task process holds its lock,
 	// which it may report after the launch timeout.
 	started := func(at time.Time) {
-		s.forgetLaunchFailure(c.ID)
+		s.mu.Lock()
+		delete(s.spawnFailures, id)
+		delete(s.launchFailures, id)
+		s.mu.Unlock()
 		s.metrics.attemptsStarted.WithLabelValues(c.Queue, c.Kind).Inc()
 		if run.Attempt == 1 {
 			s.metrics.lockedAfterSubmit(c, at)
@@ -306,42 +281,34 @@ func (s *Supervisor) startAttempt(ctx context.Context, logger *slog.Logger, tx p
 	}
 	outcome, err := l.Launch(ctx, Launch{Task: c, Run: run, Secrets: secrets, Logger: logger.With("attempt", run.Attempt)})
 	if err != nil {
-		// Nothing was started: the next look finds RUNNING with a free lock
-		// and no task process, and takes the launch back.
-		s.noteLaunchFailure(c.ID, err.Error())
+		// Nothing was started: the next look takes the launch back, and
+		// says why (spawnFailure).
+		s.mu.Lock()
+		s.spawnFailures[id] = err.Error()
+		s.mu.Unlock()
 		outcome = LaunchExited
 	}
 	if outcome != LaunchPending {
-		// Known now: started, or never to be.
 		var at *time.Time
 		if outcome == LaunchReady {
 			at = new(time.Now())
 		}
 		s.startedLate(id, at)
 	}
-	// The job is held while the attempt runs: its exit, or the watch
-	// finding its lock free (a runner that never took it, or died), pokes
-	// it.
 	switch outcome {
 	case LaunchReady, LaunchPending, LaunchLocked:
 		return errHold
 	case LaunchRefused:
 		s.retire(ctx)
-		// The runner wrote nothing: the next look takes the launch back
-		// without spending an attempt, and leaves the task to a newer
-		// supervisor.
-		return errStepAgain
-	default:
-		// The runner exited before holding its lock; what it recorded (or
-		// failed to) decides, so look again.
-		return errStepAgain
 	}
+	// The runner exited before holding its lock (or, refused, wrote
+	// nothing): the next look decides, or takes the launch back.
+	return errStepAgain
 }
 
 // lingering returns the snooze of a task whose previous attempt lives on,
-// which the next one must not meet: its processes, if it ran here, or its
-// command's statements, which its server may run on after the client
-// died. It returns nil when nothing does.
+// as its processes, if it ran here, or its command's statements, which the
+// server may run on after the client died; nil when nothing does.
 func (s *Supervisor) lingering(ctx context.Context, logger *slog.Logger, tx pgx.Tx, c *etlcontext.Context) error {
 	if c.RunID == nil {
 		return nil
@@ -377,17 +344,15 @@ func deref(s *string) string {
 	return *s
 }
 
-// transient reports an error that says nothing about the task (the database
-// is unreachable, a statement timed out): the step is tried again later
-// without spending one of River's attempts, which count task attempts.
+// transient reports an error that says nothing about the task: the step is
+// tried again later without spending one of River's attempts.
 func (s *Supervisor) transient(logger *slog.Logger, err error) error {
 	s.metrics.stepErrors.Inc()
 	logger.Warn("step failed; trying again", "error", err)
 	return river.JobSnooze(time.Duration(s.cfg.PollInterval))
 }
 
-// admit decides, under the locks of c's queue, kind and key held for the
-// rest of tx, whether c may start now (see etlcontext.Admit).
+// admit decides whether c may start now (etlcontext.Admit).
 func (s *Supervisor) admit(ctx context.Context, tx pgx.Tx, c *etlcontext.Context) (etlcontext.Wait, error) {
 	q, ok := s.cfg.Queues[c.Queue]
 	if !ok {
@@ -396,11 +361,10 @@ func (s *Supervisor) admit(ctx context.Context, tx pgx.Tx, c *etlcontext.Context
 	k, _ := s.cfg.Kind(c.Kind)
 	key := c.ConcurrencyKey
 	if k.ConcurrencyKey != "" && key == nil {
-		// Submitted without the key (before the kind had one, or by a
-		// client whose configuration lacks it): take it from the arguments
-		// now, or count the task with the others that lack it.
+		// Submitted without the key (before the kind had one): record it,
+		// from the arguments, or "" when they lack the field.
 		var err error
-		if key, err = s.deriveKey(ctx, tx, c, k); err != nil {
+		if key, err = etlcontext.DeriveConcurrencyKey(ctx, tx, c.ID, k.ConcurrencyKey); err != nil {
 			return etlcontext.WaitNone, err
 		}
 	}
@@ -411,26 +375,16 @@ func (s *Supervisor) admit(ctx context.Context, tx pgx.Tx, c *etlcontext.Context
 	})
 }
 
-// deriveKey records on c the concurrency key of kind k taken from its
-// arguments, by the database's one rule of a key, or "" when they lack the
-// field, and returns it.
-func (s *Supervisor) deriveKey(ctx context.Context, tx pgx.Tx, c *etlcontext.Context, k config.Kind) (*string, error) {
-	return etlcontext.DeriveConcurrencyKey(ctx, tx, c.ID, k.ConcurrencyKey)
-}
-
 // maxSessionWait bounds how long after a run ended a supervisor waits for
-// its sessions to end before it starts the next attempt anyway, with a
-// WARNING: a statement whose client is gone ends within a second of its
-// server's next look (protocol.SessionCheckOption), but a pooler keeps a
-// server session under the name its client gave, a command may keep
-// one open in a process that left its tree, and any role that can connect
-// may name a session so: none of them holds the task back for longer.
+// its sessions to end (protocol.SessionCheckOption) before it starts the next
+// attempt anyway: a pooler keeps a server session under its client's name, a
+// command may keep one open in a process that left its tree, and any role
+// that can connect may name a session so.
 const maxSessionWait = 10 * time.Minute
 
-// sessionsLeft reports whether a session of c's previous run (its
-// command's, named by it: protocol.SessionName) is left on this
-// supervisor's server, so that the next attempt must wait, and records
-// that the task waits for it; not once the run ended maxSessionWait ago.
+// sessionsLeft reports whether a session of c's previous run
+// (protocol.SessionName) is left on the server, and records that the task
+// waits for it; not once the run ended maxSessionWait ago.
 func (s *Supervisor) sessionsLeft(ctx context.Context, logger *slog.Logger, tx pgx.Tx, c *etlcontext.Context) (bool, error) {
 	name := protocol.SessionName(*c.RunID)
 	n, overdue, err := etlcontext.RunSessions(ctx, tx, c.ID, *c.RunID, name, maxSessionWait)

@@ -16,7 +16,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
@@ -33,9 +32,11 @@ import (
 )
 
 // River's fetch settings: every task start and finish goes through a fetch,
-// so dama's defaults are tighter than River's own (100ms and 1s).
+// so dama's are tighter than River's own (100ms and 1s). River sends one
+// insert notification per queue per FetchCooldown from a client at most:
+// River's would leave the tasks of a burst waiting for the next fetch poll.
 const (
-	defaultFetchCooldown     = fetchCooldown
+	defaultFetchCooldown     = 10 * time.Millisecond
 	defaultFetchPollInterval = 250 * time.Millisecond
 )
 
@@ -47,91 +48,56 @@ type Supervisor struct {
 	program *program
 	pool    *pgxpool.Pool
 	river   *river.Client[pgx.Tx]
-	// client submits the tasks of periodic kinds' ticks.
+	// submit submits the tasks of periodic kinds' ticks.
 	submit *submit.Submitter
-	// logger is Options.Logger, muted while outage lasts (from the
-	// liveness connection's loss to its return).
+	// logger is Options.Logger, muted during an outage of the database.
 	logger *slog.Logger
 	outage outageMuter
 	host   string
 	hostID string
-	// keeperSecret is what its task processes and their host's lock
-	// keeper prove to each other (internal/keeper), made at random here:
-	// it reaches them on their secrets sockets, and names their keeper's
-	// socket, so that each supervisor's task processes have a keeper of
-	// their own.
+	// keeperSecret is what its task processes and their host's lock keeper
+	// prove to each other (internal/keeper); naming the keeper's socket, it
+	// gives each supervisor's task processes a keeper of their own.
 	keeperSecret []byte
-
 	// fence times the fencing windows of attempts on other hosts.
-	fence fenceClock
+	fence   fenceClock
+	metrics *metrics
 
 	mu       sync.Mutex
 	children map[int64]*child
-	// stopping holds the contexts whose dead attempt's orphans are being
-	// stopped.
-	stopping map[int64]bool
-	// orphans tracks the goroutines stopping them, which Run waits for;
-	// orphanCtx (nil outside Run) ends them, and orphanSlots bounds them.
+	// stopping holds the contexts whose orphans are being stopped
+	// (stopOrphans); orphanCtx is nil outside Run.
+	stopping    map[int64]bool
 	orphans     sync.WaitGroup
 	orphanCtx   context.Context
 	orphanSlots chan struct{}
-	// launchFailures holds, per context, the last failed launch reported, so
-	// that a failure repeating at every poll is logged as an error once.
-	launchFailures map[int64]string
-	// spawnFailures holds why this supervisor could not spawn a context's
-	// task process, until the failure is reported.
-	spawnFailures map[int64]string
-	// pendingStarts holds, for each task this supervisor launched whose
-	// task process has not held its lock yet, what counts the attempt
-	// started (called once, by whoever learns of the start first:
-	// startedLate).
-	pendingStarts map[int64]func(time.Time)
-
-	// waking holds the queues whose waiting tasks are being woken, and
-	// whether another wake-up was asked for meanwhile (wakeWaiting).
-	waking map[string]bool
-	// holds holds, per context whose job a Work runs here, the channels
-	// that poke its Works (work).
-	holds map[int64][]chan struct{}
-	// stepSlots and holdSlots bound, per queue, the steps under way: of
-	// jobs whose task held its lock at their last step, and of the others
-	// (stepInSlot).
+	// launchFailures holds the last failed launch reported per context
+	// (reportLaunchFailure); spawnFailures why this supervisor could not
+	// spawn a context's task process, until it is reported.
+	launchFailures, spawnFailures map[int64]string
+	pendingStarts                 map[int64]func(time.Time) // see startedLate
+	waking                        map[string]bool           // see wakeWaiting
+	holds                         map[int64][]chan struct{} // see work
+	// stepSlots and holdSlots bound each queue's steps under way
+	// (stepInSlot); txSlots the transactions of the former (step).
 	stepSlots, holdSlots map[string]chan struct{}
-	// txSlots bound the transactions of the latter: half the pool's
-	// connections (step).
-	txSlots chan struct{}
+	txSlots              chan struct{}
 	// draining is closed when Run stops: every hold gives its job back.
 	draining chan struct{}
 
-	// rescueGrace is how long a running job's client lock must be seen
-	// missing before the job's step is rescued (see rescueGraceFor).
+	// rescueMu serializes rescues (rescueOrphanedSteps) and guards suspects;
+	// begun (under mu) holds the fetches of this client a Work began.
 	rescueGrace time.Duration
-	// rescueMu serializes rescues and guards suspects: for each job seen
-	// 'running' without its client's liveness lock, when this supervisor
-	// first saw it so. Only the current candidates are kept, so it never
-	// holds more entries than there are running jobs.
-	rescueMu sync.Mutex
-	suspects map[suspect]time.Time
-	// begun holds, under mu, the fetches of this client (a job and when it
-	// was fetched) that a Work of it began, and when it began: a job running
-	// under a fetch of this client that no Work began is a fetch whose
-	// answer was lost (rescueOrphanedSteps). An entry goes once a rescue
-	// looks and the job no longer runs under that fetch.
-	begun map[suspect]time.Time
-
-	metrics *metrics
+	rescueMu    sync.Mutex
+	suspects    map[suspect]time.Time
+	begun       map[suspect]time.Time
 
 	// retired is set, and why sent on stop, once the database refused
-	// this release's task processes: Run then stops the supervisor.
-	retired atomic.Bool
-	stop    chan error
-
-	// controls has a token once the listener heard a queue resumed or a
-	// kind unblocked (controlLoop).
-	controls chan struct{}
-
-	// started is closed once Run works (Started).
-	started chan struct{}
+	// this release's task processes (retire).
+	retired  atomic.Bool
+	stop     chan error
+	controls chan struct{} // see controlLoop
+	started  chan struct{} // see Started
 }
 
 // Started is closed once Run works: it holds its liveness lock, listens,
@@ -150,10 +116,8 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 	if err := check(cfg, opts); err != nil {
 		return nil, err
 	}
-	// Checked again at each launch, and by each task process: a
-	// directory the operator moved is followed, and one another user
-	// controls is refused. A task pod keeps its log in a volume of its
-	// own, not here.
+	// Checked again at each launch, and by each task process. A task pod
+	// keeps its log in a volume of its own, not here.
 	if cfg.Runs(config.RunnerHost) {
 		logs, err := logdir.Open(cfg.LogDir, cfg.LogGroup)
 		if err != nil {
@@ -195,15 +159,13 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 		txSlots:        make(chan struct{}, max(1, pool.Config().MaxConns/2)),
 		draining:       make(chan struct{}),
 		orphanSlots:    make(chan struct{}, maxOrphanStoppers),
-
-		metrics: newMetrics(),
-
-		rescueGrace: rescueGraceFor(time.Duration(cfg.PollInterval)),
-		suspects:    map[suspect]time.Time{},
-		begun:       map[suspect]time.Time{},
-		stop:        make(chan error, 1),
-		started:     make(chan struct{}),
-		controls:    make(chan struct{}, 1),
+		metrics:        newMetrics(),
+		rescueGrace:    rescueGraceFor(time.Duration(cfg.PollInterval)),
+		suspects:       map[suspect]time.Time{},
+		begun:          map[suspect]time.Time{},
+		stop:           make(chan error, 1),
+		started:        make(chan struct{}),
+		controls:       make(chan struct{}, 1),
 	}
 	s.logger = slog.New(s.outage.Handler(opts.Logger.Handler(), outageGrace, lostTheDatabase))
 	s.metrics.zero(cfg)
@@ -217,8 +179,7 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 	return s, nil
 }
 
-// check refuses, in one line, what a supervisor cannot run: a wrong
-// configuration, or options that do not fit it.
+// check refuses a configuration, or options, that a supervisor cannot run.
 func check(cfg *config.Config, opts Options) error {
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("configuration: %w", err)
@@ -256,19 +217,14 @@ func check(cfg *config.Config, opts Options) error {
 // taskProgram opens the program the task processes run
 // (Options.Executable, or this one) and checks it.
 func taskProgram(opts Options) (*program, error) {
-	var (
-		prog *program
-		err  error
-	)
-	if opts.Executable != "" {
-		prog, err = openProgram(opts.Executable)
-	} else {
-		prog, err = selfProgram()
+	if opts.Executable == "" {
+		return selfProgram()
 	}
+	prog, err := openProgram(opts.Executable)
 	if err != nil {
 		return nil, err
 	}
-	if opts.CheckExecutable != nil && prog.file != nil {
+	if opts.CheckExecutable != nil {
 		if err := opts.CheckExecutable(prog.file); err != nil {
 			prog.file.Close()
 			return nil, err
@@ -283,15 +239,14 @@ func (s *Supervisor) registerMetrics() error {
 	if s.opts.Registerer == nil {
 		return nil
 	}
-	var registered []prometheus.Collector
-	for _, c := range append(s.metrics.collectors(), NewPoolCollector(s.pool), NewStatsCollector(s.pool)) {
+	all := append(s.metrics.collectors(), NewPoolCollector(s.pool), NewStatsCollector(s.pool))
+	for i, c := range all {
 		if err := s.opts.Registerer.Register(c); err != nil {
-			for _, r := range registered {
+			for _, r := range all[:i] {
 				s.opts.Registerer.Unregister(r)
 			}
 			return fmt.Errorf("register metrics: %w", err)
 		}
-		registered = append(registered, c)
 	}
 	return nil
 }
@@ -304,9 +259,8 @@ func (s *Supervisor) newRiverClient() (*river.Client[pgx.Tx], error) {
 	}
 	queues := map[string]river.QueueConfig{}
 	for _, name := range s.cfg.QueueNames() {
-		// A Work holds the job of each running task (work), on top of the
-		// steps: the queue's running tasks, however many of them this
-		// supervisor holds, leave room for its steps.
+		// A Work holds the job of each running task (work): however many
+		// this supervisor holds, they leave room for its steps.
 		queues[name] = river.QueueConfig{MaxWorkers: min(s.cfg.Queues[name].MaxRunning+s.opts.MaxWorkers, river.QueueNumWorkersMax)}
 		s.stepSlots[name] = make(chan struct{}, s.opts.MaxWorkers)
 		s.holdSlots[name] = make(chan struct{}, s.opts.MaxWorkers)
@@ -320,12 +274,10 @@ func (s *Supervisor) newRiverClient() (*river.Client[pgx.Tx], error) {
 		FetchCooldown:     s.opts.FetchCooldown,
 		FetchPollInterval: s.opts.FetchPollInterval,
 		JobTimeout:        stepTimeout(s.opts.LaunchTimeout),
-		// dama rescues the steps of dead supervisors itself, within a poll
-		// interval and without spending an attempt (rescueOrphanedSteps);
-		// River's rescuer is only the last resort.
+		// dama rescues the steps of dead supervisors itself
+		// (rescueOrphanedSteps); River's rescuer is only the last resort.
 		RescueStuckJobsAfter: time.Hour,
-		// A finished task's job is kept as long as the task, and goes
-		// with it (pruneLoop).
+		// A finished task's job goes with the task (prune).
 		CompletedJobRetentionPeriod: jobRetention(s.cfg, 24*time.Hour),
 		CancelledJobRetentionPeriod: jobRetention(s.cfg, 24*time.Hour),
 		DiscardedJobRetentionPeriod: jobRetention(s.cfg, 7*24*time.Hour),
@@ -339,16 +291,12 @@ func (s *Supervisor) newRiverClient() (*river.Client[pgx.Tx], error) {
 // Run works tasks until ctx ends, then stops River cleanly: steps in progress
 // finish, and task processes are never signalled.
 func (s *Supervisor) Run(ctx context.Context) error {
-	// The liveness lock comes before River's start: every job River
-	// fetches from then on names this client, and others judge it by that
-	// lock. It lives on a connection of its own, so that nothing but that
-	// connection's failure drops it, and is released only after River has
-	// stopped (the deferred stopBackground runs after the River.Stop
-	// below). The start waits for a database that restarts or fails over
-	// meanwhile (etlcontext.WaitReachable), as one started in a chaos run on a
-	// slow machine did not: it exited at "open liveness connection". An
-	// older release than the schema, or one whose task processes the
-	// database no longer accepts, touches no task.
+	// The liveness lock comes before River's start, as every job River
+	// fetches names this client and others judge it by that lock, and is
+	// released after River stopped (the deferred stopBackground). The start
+	// waits for a database that restarts or fails over meanwhile: one
+	// started in a chaos run on a slow machine exited at "open liveness
+	// connection".
 	var live, l *pglisten.Listener[*pgx.Conn]
 	if err := etlcontext.WaitReachable(ctx, s.logger, func() error {
 		if err := sql.CheckMigrated(ctx, s.pool); err != nil {
@@ -413,14 +361,14 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	s.reportBudget(ctx)
 	s.checkCommands()
 	s.checkSharedUsers()
-	bg.Go(func() { s.rescueLoop(bgCtx) })
-	bg.Go(func() { s.pruneLoop(bgCtx) })
+	bg.Go(func() { every(bgCtx, time.Duration(s.cfg.PollInterval), s.tend) })
+	if s.cfg.Retention >= 0 {
+		bg.Go(func() { every(bgCtx, pruneEvery(s.cfg), s.prune) })
+	}
 	if p, ok := s.opts.Pods.(Pruner); ok {
-		bg.Go(func() { s.pruneLauncherLoop(bgCtx, p) })
+		bg.Go(func() { every(bgCtx, launcherPruneEvery, s.pruneLauncher(p)) })
 	}
-	if published != nil {
-		bg.Go(func() { s.publishLoop(bgCtx, published) })
-	}
+	bg.Go(func() { s.publishLoop(bgCtx, published) })
 	for _, name := range s.cfg.KindNames() {
 		k := s.cfg.Kinds[name]
 		if sched, _ := k.ScheduleOf(); sched != nil {
@@ -434,7 +382,6 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		s.logger.Error("supervisor stopping", "error", stopErr)
 	}
 
-	// Holds give their jobs back at once; steps under way finish.
 	close(s.draining)
 	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stepTimeout(s.opts.LaunchTimeout))
 	defer cancel()
@@ -465,8 +412,7 @@ func (s *Supervisor) retire(ctx context.Context) {
 }
 
 // countAdoptions counts the tasks running in this supervisor's queues as it
-// starts: it adopts them, watching their locks from now on (after a
-// redeploy, the tasks that ran through it).
+// starts, which it adopts.
 func (s *Supervisor) countAdoptions(ctx context.Context) {
 	stats, err := etlcontext.QueueStats(ctx, s.pool)
 	if err != nil {
@@ -488,37 +434,54 @@ func (s *Supervisor) countAdoptions(ctx context.Context) {
 	}
 }
 
-// rescueLoop rescues the steps of dead supervisors, reconciles contexts with
-// their jobs and watches the running tasks (see watch), every poll
-// interval: a constant number of statements, however many tasks run.
-func (s *Supervisor) rescueLoop(ctx context.Context) {
-	ticker := time.NewTicker(time.Duration(s.cfg.PollInterval))
+// every calls f now and then every d until ctx ends.
+func every(ctx context.Context, d time.Duration, f func(context.Context)) {
+	ticker := time.NewTicker(d)
 	defer ticker.Stop()
 	for {
+		f(ctx)
 		select {
 		case <-ctx.Done():
 			return
 		case <-ticker.C:
 		}
-		if err := s.rescueOrphanedSteps(ctx); err != nil && ctx.Err() == nil {
-			s.logger.Warn("rescue orphaned steps", "error", err)
-		}
-		if err := s.reconcile(ctx); err != nil && ctx.Err() == nil {
-			s.logger.Warn("reconcile contexts with their jobs", "error", err)
-		}
-		if err := s.watch(ctx); err != nil && ctx.Err() == nil {
-			s.logger.Warn("watch the running tasks", "error", err)
-		}
-		for _, q := range s.cfg.QueueNames() {
-			s.wakeWaiting(ctx, q)
-		}
 	}
 }
 
-// checkUsers refuses, in one line, a kind whose command would run as root
-// without the configuration saying so (runas.Resolve), as a user this
-// supervisor cannot become, or as one of a group that may read every
-// task's log (runas.Identity.Check). Its task processes check again.
+// sleep waits d, and reports false if ctx ended first.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// tend rescues the steps of dead supervisors, reconciles contexts with
+// their jobs, watches the running tasks and wakes the waiting ones, every
+// poll interval: a constant number of statements, however many tasks run.
+func (s *Supervisor) tend(ctx context.Context) {
+	if err := s.rescueOrphanedSteps(ctx); err != nil && ctx.Err() == nil {
+		s.logger.Warn("rescue orphaned steps", "error", err)
+	}
+	if err := s.reconcile(ctx); err != nil && ctx.Err() == nil {
+		s.logger.Warn("reconcile contexts with their jobs", "error", err)
+	}
+	if err := s.watch(ctx); err != nil && ctx.Err() == nil {
+		s.logger.Warn("watch the running tasks", "error", err)
+	}
+	for _, q := range s.cfg.QueueNames() {
+		s.wakeWaiting(ctx, q)
+	}
+}
+
+// checkUsers refuses a kind whose command would run as root without the
+// configuration saying so (runas.Resolve), as a user this supervisor cannot
+// become, or in a group that may read every task's log
+// (runas.Identity.Check). Its task processes check again.
 func checkUsers(cfg *config.Config) error {
 	for _, name := range cfg.KindNames() {
 		k, _ := cfg.Kind(name)
@@ -541,10 +504,8 @@ func checkUsers(cfg *config.Config) error {
 // one user where this kernel lets a process trace any other of its user
 // (no Yama, or its ptrace_scope 0): a command of one can take another's
 // events descriptor (pidfd_getfd) and forge its task's reports. Root's
-// kinds are left out: a command run as root can do that whatever Yama
-// says, and user: root says so on purpose. (Commands of dama's own user
-// can open each other's pipes through /proc whatever Yama says, and do
-// more to dama's processes: docs/security.md says to give them users.)
+// kinds are left out: root can do that whatever Yama says, and user: root
+// says so on purpose.
 func (s *Supervisor) checkSharedUsers() {
 	if scope, err := os.ReadFile("/proc/sys/kernel/yama/ptrace_scope"); err == nil && strings.TrimSpace(string(scope)) != "0" {
 		return
@@ -580,8 +541,7 @@ func (s *Supervisor) checkSharedUsers() {
 }
 
 // checkCommands logs, once per kind, a command this host cannot run: its
-// tasks wait, QUEUED, for a host that can (each task process checks again
-// at its launch, and records why in a WARNING event).
+// tasks wait, QUEUED, for a host that can (each task process checks again).
 func (s *Supervisor) checkCommands() {
 	for _, name := range s.cfg.KindNames() {
 		k, _ := s.cfg.Kind(name)

@@ -8,40 +8,29 @@ import (
 	"github.com/dama-etl/dama/etlcontext"
 )
 
-// wakeTimeout bounds a wake-up of waiting tasks.
-const wakeTimeout = 10 * time.Second
-
 // wakeWaiting wakes the parked jobs of the queue's due tasks that wait for
-// a slot and would find one now, as many as the queue has free slots, the
-// kinds taking turns (etlcontext.WakeWaitingJobs), so that a slot freed by a
-// task's end, a resumed queue or an unblocked kind is taken at once. It is
-// also the backstop, every poll interval, for a wake-up that came while the
-// task's step was still parking it. A woken task that finds no slot after
-// all (another supervisor's start took it) is parked again.
-//
-// Wake-ups of one queue are coalesced: while one runs, those asked for
-// meanwhile (500 tasks ending at once) make it run once more, not 500
-// times at once.
+// a slot and would find one now, the kinds taking turns
+// (etlcontext.WakeWaitingJobs). It is also the backstop, every poll
+// interval, for a wake-up that came while a task's step was still parking
+// it. Wake-ups of one queue are coalesced: while one runs, those asked for
+// meanwhile (500 tasks ending at once) make it run once more.
 func (s *Supervisor) wakeWaiting(ctx context.Context, queue string) {
 	s.mu.Lock()
-	if again, running := s.waking[queue]; running {
-		if !again {
-			s.waking[queue] = true
-		}
+	if _, running := s.waking[queue]; running {
+		s.waking[queue] = true
 		s.mu.Unlock()
 		return
 	}
 	s.waking[queue] = false
 	s.mu.Unlock()
-	for {
+	for again := true; again; {
 		s.wakeOnce(ctx, queue)
 		s.mu.Lock()
-		if !s.waking[queue] {
+		if again = s.waking[queue]; again {
+			s.waking[queue] = false
+		} else {
 			delete(s.waking, queue)
-			s.mu.Unlock()
-			return
 		}
-		s.waking[queue] = false
 		s.mu.Unlock()
 	}
 }
@@ -58,7 +47,7 @@ func (s *Supervisor) wakeOnce(ctx context.Context, queue string) {
 		k, _ := s.cfg.Kind(name)
 		room.KindMax[i], room.KindKeyMax[i] = int32(k.MaxRunning), int32(k.MaxRunningPerKey)
 	}
-	ctx, cancel := context.WithTimeout(ctx, wakeTimeout)
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	n, err := etlcontext.WakeWaitingJobs(ctx, s.pool, room)
 	if err != nil {

@@ -8,19 +8,11 @@ import (
 )
 
 // watch is the supervisor's look at every task, once per poll interval, in
-// one statement that writes nothing: a running task's job is held by a
-// Work that waits on no connection, so a quiet task costs nothing. From
-// pg_locks it finds the contexts whose lock is free while they are
-// RUNNING, or while their job still runs:
-//
-//   - in this supervisor's queues, their Work, if it runs here, is poked,
-//     so that a step looks at the attempt (it died, lost its lock, never
-//     started, or ended unheard);
-//   - on this host, whoever steps them, the processes their dead task
-//     process left behind are stopped (see stopOrphans).
-//
-// A task's exit is otherwise pushed, not polled: the supervisor reaps the
-// runners it spawned and hears the others' NOTIFY (see listen).
+// one statement that writes nothing (etlcontext.Watch). It finds the
+// contexts whose lock is free while they are RUNNING, or while their job
+// still runs: in this supervisor's queues, it pokes their Work, if it runs
+// here; on this host, whoever steps them, it stops the processes their
+// dead task process left behind (stopOrphans).
 func (s *Supervisor) watch(ctx context.Context) error {
 	w, err := etlcontext.Watch(ctx, s.pool, s.cfg.QueueNames(), s.hostID)
 	if err != nil {

@@ -15,7 +15,7 @@ import (
 )
 
 // Runner is what a task process records about itself once it holds the
-// lock: where it runs and how to tell it, for sure, from any other process.
+// lock: where it runs and how to tell it from any other process.
 type Runner struct {
 	Host        string
 	HostID      string
@@ -26,28 +26,24 @@ type Runner struct {
 	FenceWindow time.Duration
 	// LockMode is how the task process holds its lock: "row" or "advisory".
 	LockMode string
-	// Release and Protocol name the task process's release of dama and the
-	// protocol.Version it speaks.
+	// Release and Protocol are its release of dama and protocol.Version.
 	Release  string
 	Protocol int
 }
 
 // Recorded is what RecordRunner read of the task it recorded.
 type Recorded struct {
-	// CancelRequested says the task was cancelled in the meantime.
 	CancelRequested bool
-	// Args and Checkpoint are the task's arguments and its latest
-	// CHECKPOINT payload (nil when there is none), as Payloads reads them.
+	// Args and Checkpoint are as Payloads reads them.
 	Args, Checkpoint json.RawMessage
 }
 
 // RecordRunner records the task process of run runID on context id and
-// returns, in the same round trip, the task's arguments and whether it
-// was cancelled in the meantime. It returns ErrStaleRun when the run is no
-// longer the context's current launch, another task process is recorded,
-// or the context has no arguments (no INITIAL event). The same task process may record itself again, before its
-// command is recorded: a write whose reply was lost with its connection is
-// made again.
+// returns, in the same round trip, the task's arguments and whether it was
+// cancelled in the meantime; ErrStaleRun when the run is no longer current,
+// another task process is recorded, or the context has no INITIAL event.
+// The same task process may record itself again until its command is
+// recorded: a write whose reply was lost with its connection is made again.
 func RecordRunner(ctx context.Context, db DB, id int64, runID string, r Runner) (Recorded, error) {
 	var rec Recorded
 	err := db.QueryRow(ctx, `
@@ -70,19 +66,21 @@ func RecordRunner(ctx context.Context, db DB, id int64, runID string, r Runner) 
 	return rec, nil
 }
 
+// noRunner is the assignment that forgets what RecordRunner recorded.
+const noRunner = `host = NULL, pid = NULL, process_started_at = NULL, heartbeat_at = NULL, host_id = NULL,
+		       runner_start_ticks = NULL, fence_window = NULL, lock_lost_at = NULL, lock_mode = NULL,
+		       runner_release = NULL, runner_protocol = NULL`
+
 // WithdrawRunner takes back what RecordRunner recorded for run runID of
-// context id, whose task process pid was told to stop before it started
-// its command: the context is again a launch with no task process, which a
-// supervisor takes back without spending an attempt, and the attempt it had
-// begun in etl_attempts is no attempt. It fails with ErrStaleRun when the
-// run is no longer current, or its command was recorded.
+// context id, whose task process pid was told to stop before it started its
+// command: the context is again a launch with no task process, which a
+// supervisor takes back without spending an attempt. It fails with
+// ErrStaleRun when the run is no longer current, or its command was
+// recorded.
 func WithdrawRunner(ctx context.Context, db DB, id int64, runID string, pid int) error {
 	// The database deletes the attempt begun (etl_attempts_withdrawn).
 	tag, err := db.Exec(ctx, `
-		UPDATE data_manager.etl_contexts
-		   SET host = NULL, pid = NULL, process_started_at = NULL, heartbeat_at = NULL,
-		       host_id = NULL, runner_start_ticks = NULL, fence_window = NULL, lock_lost_at = NULL,
-		       lock_mode = NULL, runner_release = NULL, runner_protocol = NULL
+		UPDATE data_manager.etl_contexts SET `+noRunner+`
 		 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = `+sqlRunning+`
 		   AND pid = $3 AND command_pgid IS NULL`, id, runID, pid)
 	if err != nil {
@@ -109,28 +107,32 @@ func WithdrawRunner(ctx context.Context, db DB, id int64, runID string, pid int)
 // on the same host can find the command's descendants after the task
 // process died. startTicks 0 means unknown.
 func RecordCommand(ctx context.Context, db DB, id int64, runID string, pgid int, startTicks uint64) error {
-	var ticks any
-	if startTicks > 0 {
-		ticks = int64(startTicks)
-	}
+	return updateRun(ctx, db, "record command", id, runID, `command_pgid = $3, command_start_ticks = $4`,
+		pgid, orNull(int64(startTicks)))
+}
+
+// updateRun makes the assignment set, its parameters from $3 on, on context
+// id while run runID is its running one, and fails with ErrStaleRun when it
+// is not; what names it in errors.
+func updateRun(ctx context.Context, db DB, what string, id int64, runID, set string, args ...any) error {
 	tag, err := db.Exec(ctx, `
-		UPDATE data_manager.etl_contexts SET command_pgid = $3, command_start_ticks = $4
+		UPDATE data_manager.etl_contexts SET `+set+`
 		 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = `+sqlRunning,
-		id, runID, pgid, ticks)
+		append([]any{id, runID}, args...)...)
 	if err != nil {
-		return fmt.Errorf("record command of task %d: %w", id, err)
+		return fmt.Errorf("%s of task %d: %w", what, id, err)
 	}
 	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("record command of task %d: %w", id, ErrStaleRun)
+		return fmt.Errorf("%s of task %d: %w", what, id, ErrStaleRun)
 	}
 	return nil
 }
 
-// RequestCancel marks context id for cancellation, if it is not finished,
-// and records a CANCEL_REQUESTED event naming by; it returns the context's
-// status. The mark is what the context's task process reads when it
-// reconnects. It runs in the caller's transaction, in which the caller
-// announces the request to the task process: both or neither.
+// RequestCancel marks context id for cancellation (what its task process
+// reads when it reconnects), if it is not finished, and records a
+// CANCEL_REQUESTED event naming by; it returns the context's status. The
+// caller announces the request to the task process in the same
+// transaction: both or neither.
 func RequestCancel(ctx context.Context, tx pgx.Tx, id int64, by string) (Status, error) {
 	by, err := WithRole(ctx, tx, by)
 	if err != nil {
@@ -148,7 +150,6 @@ func RequestCancel(ctx context.Context, tx pgx.Tx, id int64, by string) (Status,
 		 WHERE etl_context_id = $1 AND NOT data_manager.is_finished(etl_status)
 		RETURNING etl_status, kind, run_id::text`, id).Scan(&status, &kind, &runID)
 	if errors.Is(err, pgx.ErrNoRows) {
-		// Finished, or no such context.
 		err = tx.QueryRow(ctx, `SELECT etl_status FROM data_manager.etl_contexts WHERE etl_context_id = $1`, id).Scan(&status)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return "", fmt.Errorf("request cancellation of task %d: %w", id, ErrNotFound)
@@ -160,24 +161,23 @@ func RequestCancel(ctx context.Context, tx pgx.Tx, id int64, by string) (Status,
 	if status.Finished() {
 		return status, nil
 	}
-	if _, err := Append(ctx, tx, NewEvent{
+	_, err = Append(ctx, tx, NewEvent{
 		ContextID: id,
 		Type:      protocol.EventType(kind, protocol.EventCancelRequested),
 		Payload:   map[string]any{"by": by},
 		RunID:     runID,
-	}); err != nil {
-		return status, err
-	}
-	return status, nil
+	})
+	return status, err
 }
 
 // CancelRequested reports whether run runID was asked to stop; ErrStaleRun
 // means the run is no longer current. A task process asks after it
 // reconnected, for a cancellation announced while it was away.
 func CancelRequested(ctx context.Context, db DB, id int64, runID string) (bool, error) {
-	var requested, current bool
-	var status string
-	var run string
+	var (
+		requested, current bool
+		status, run        string
+	)
 	// What is current when this run is not, for the runner's log.
 	err := db.QueryRow(ctx, `
 		SELECT cancel_requested_at IS NOT NULL, coalesce(run_id = $2::uuid AND etl_status = `+sqlRunning+`, false),
@@ -200,24 +200,13 @@ func CancelRequested(ctx context.Context, db DB, id int64, runID string) (bool, 
 // times the fencing window from its first sight of the free lock, so a task
 // process counts itself unlocked until it has cleared the mark.
 func ClearLockLost(ctx context.Context, db DB, id int64, runID string) error {
-	tag, err := db.Exec(ctx, `
-		UPDATE data_manager.etl_contexts SET lock_lost_at = NULL, heartbeat_at = now()
-		 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = `+sqlRunning, id, runID)
-	if err != nil {
-		return fmt.Errorf("clear lock loss of task %d: %w", id, err)
-	}
-	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("clear lock loss of task %d: %w", id, ErrStaleRun)
-	}
-	return nil
+	return updateRun(ctx, db, "clear lock loss", id, runID, `lock_lost_at = NULL, heartbeat_at = now()`)
 }
 
 // MarkLockLost records, unless already recorded, that the lock of context
-// id's current run was found free, and returns the mark: when that was
-// first recorded, on the database's clock. The mark names the loss (a task
-// process that takes its lock again clears it, see ClearLockLost); it is
-// for display, never for timing: a clock of the database's may jump. The
-// caller holds the lock.
+// id's current run was found free, and returns when that was first
+// recorded, on the database's clock: for display, never for timing, as a
+// clock of the database's may jump. The caller holds the lock.
 func MarkLockLost(ctx context.Context, db DB, id int64) (mark time.Time, err error) {
 	err = db.QueryRow(ctx, `
 		UPDATE data_manager.etl_contexts SET lock_lost_at = coalesce(lock_lost_at, clock_timestamp())
@@ -231,13 +220,11 @@ func MarkLockLost(ctx context.Context, db DB, id int64) (mark time.Time, err err
 
 // Run is a launch StartAttempt prepared.
 type Run struct {
-	// ID is the run id: the task process's events carry it, and the
-	// database refuses those of a run that is no longer current.
+	// ID is the run id, which the task process's events carry.
 	ID string
 	// Key opens the run's rows to its task process (RunKeySetting): only
 	// the task process launched learns it. The context keeps its SHA-256.
-	Key string
-	// Attempt is the attempt's number.
+	Key     string
 	Attempt int
 }
 
@@ -246,31 +233,19 @@ type Run struct {
 // key its session holds (migration 19).
 const RunKeySetting = "dama.run_key"
 
-// newRunKey makes a run's key: 32 random bytes, in hex.
-func newRunKey() (string, error) {
-	var secret [32]byte
-	if _, err := rand.Read(secret[:]); err != nil {
-		return "", fmt.Errorf("make a run key: %w", err)
-	}
-	return hex.EncodeToString(secret[:]), nil
-}
-
 // StartAttempt marks context id RUNNING for a new attempt with a fresh run
-// id and key, launched by host. The caller holds the lock.
+// id and key (32 random bytes, in hex), launched by host. The caller holds
+// the lock.
 func StartAttempt(ctx context.Context, db DB, id int64, attempt int, launchedBy string) (Run, error) {
-	key, err := newRunKey()
-	if err != nil {
-		return Run{}, fmt.Errorf("start attempt of task %d: %w", id, err)
-	}
-	run := Run{Key: key}
+	secret := make([]byte, 32)
+	rand.Read(secret) // never fails: crypto/rand crashes the program instead
+	run := Run{Key: hex.EncodeToString(secret)}
 	hash := sha256.Sum256([]byte(run.Key))
-	err = db.QueryRow(ctx, `
+	err := db.QueryRow(ctx, `
 		UPDATE data_manager.etl_contexts
 		   SET etl_status = `+sqlRunning+`, attempt = $2, run_id = gen_random_uuid(), launched_by = $3,
 		       runner_key_hash = $4, started_at = coalesce(started_at, now()),
-		       host = NULL, pid = NULL, process_started_at = NULL, heartbeat_at = NULL,
-		       host_id = NULL, runner_start_ticks = NULL, command_pgid = NULL, command_start_ticks = NULL,
-		       fence_window = NULL, lock_lost_at = NULL, lock_mode = NULL, runner_release = NULL, runner_protocol = NULL,
+		       `+noRunner+`, command_pgid = NULL, command_start_ticks = NULL,
 		       waiting_for = NULL, waiting_since = NULL
 		 WHERE etl_context_id = $1
 		RETURNING run_id::text, attempt`, id, attempt, launchedBy, hash[:]).Scan(&run.ID, &run.Attempt)
@@ -343,21 +318,21 @@ type Attempt struct {
 }
 
 // RecentAttempts returns the newest limit attempts of context id (0: all),
-// the first first, each reason and log tail cut to maxText characters
-// (0: whole).
+// oldest first, each reason and log tail cut to maxText characters (0:
+// whole).
 func RecentAttempts(ctx context.Context, db DB, id int64, limit, maxText int) ([]Attempt, error) {
-	rows, err := db.Query(ctx, `
+	attempts, err := collect[Attempt](ctx, db, `
 		SELECT * FROM (
 		SELECT a.attempt, a.run_id::text, a.host, a.pid, a.lock_mode, a.runner_release,
 		       a.started_at, a.ended_at, a.outcome,
 		       CASE WHEN $5 > 0 THEN left(e.payload->>'reason', $5) ELSE e.payload->>'reason' END,
-		       CASE WHEN $5 > 0 THEN right(e.payload->>'log_tail', $5) ELSE e.payload->>'log_tail' END,
 		       -- A command may write its own ERROR, with anything in it; the
 		       -- cast is nested, for SQL does not promise to evaluate AND's
 		       -- operands in order.
 		       CASE WHEN jsonb_typeof(e.payload->'exit_code') = 'number' THEN
 		            CASE WHEN abs((e.payload->>'exit_code')::numeric) < 2147483648
-		                 THEN (e.payload->>'exit_code')::numeric::int END END
+		                 THEN (e.payload->>'exit_code')::numeric::int END END,
+		       CASE WHEN $5 > 0 THEN right(e.payload->>'log_tail', $5) ELSE e.payload->>'log_tail' END
 		  FROM data_manager.etl_attempts AS a
 		  JOIN data_manager.etl_contexts AS c USING (etl_context_id)
 		  LEFT JOIN LATERAL (
@@ -370,15 +345,6 @@ func RecentAttempts(ctx context.Context, db DB, id int64, limit, maxText int) ([
 		 ORDER BY a.started_at DESC, a.attempt DESC
 		 LIMIT CASE WHEN $4 > 0 THEN $4 END) AS a
 		 ORDER BY started_at, attempt`, id, protocol.EventError, protocol.EventCancelled, limit, maxText)
-	if err != nil {
-		return nil, fmt.Errorf("read attempts of task %d: %w", id, err)
-	}
-	attempts, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Attempt, error) {
-		var a Attempt
-		err := row.Scan(&a.Attempt, &a.RunID, &a.Host, &a.PID, &a.LockMode, &a.Release,
-			&a.StartedAt, &a.EndedAt, &a.Outcome, &a.Reason, &a.LogTail, &a.ExitCode)
-		return a, err
-	})
 	if err != nil {
 		return nil, fmt.Errorf("read attempts of task %d: %w", id, err)
 	}
@@ -415,23 +381,18 @@ func WarnedThisAttempt(ctx context.Context, db DB, id int64, reason string) (boo
 // LatestUnfitHost returns the reason of the newest unfit-host WARNING
 // (UnfitHostMeta) of attempt of context id, "" when there is none.
 func LatestUnfitHost(ctx context.Context, db DB, id int64, attempt int) (string, error) {
-	var reason *string
+	var reason string
 	err := db.QueryRow(ctx, `
-		SELECT e.meta->>$4
+		SELECT coalesce(e.meta->>$4, '')
 		  FROM data_manager.event_store AS e
 		  JOIN data_manager.etl_contexts AS c ON c.etl_context_id = e.etl_context_id
 		 WHERE e.etl_context_id = $1 AND e.attempt = $2 AND e.type = c.kind || ':' || $3
 		   AND e.meta ? $4
 		 ORDER BY e.event_id DESC LIMIT 1`, id, attempt, protocol.EventWarning, UnfitHostMeta).Scan(&reason)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return "", nil
-	case err != nil:
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return "", fmt.Errorf("read the warnings of task %d: %w", id, err)
-	case reason == nil:
-		return "", nil
 	}
-	return *reason, nil
+	return reason, nil
 }
 
 // CancelRequestedNow reads whether a cancel of context id was requested,

@@ -1,13 +1,15 @@
 package etlcontext
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/dama-etl/dama/protocol"
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/dama-etl/dama/protocol"
 )
 
 // Replaced counts what CleanJSON or CleanText replaced so that PostgreSQL
@@ -61,10 +63,7 @@ func (r Replaced) String() string {
 	add(r.Surrogates, "unpaired UTF-16 surrogate", "unpaired UTF-16 surrogates")
 	add(r.Numbers, "number out of numeric's range (stored as a string)", "numbers out of numeric's range (stored as strings)")
 	add(r.Huge, "number that would read back far longer than written (stored as a string)", "numbers that would read back far longer than written (stored as strings)")
-	if len(parts) == 0 {
-		return "nothing"
-	}
-	return strings.Join(parts, ", ")
+	return cmp.Or(strings.Join(parts, ", "), "nothing")
 }
 
 // ErrNotJSON reports input to CleanJSON that is not one JSON value.
@@ -142,16 +141,14 @@ func cleanString(data []byte, i int, r *Replaced, replace func(from, to int, wit
 			case cp == 0:
 				r.NUL++
 				replace(i, i+6, replacementEscape)
-			case 0xD800 <= cp && cp < 0xDC00:
-				if i+12 <= len(data) && data[i+6] == '\\' && data[i+7] == 'u' {
+			case 0xD800 <= cp && cp < 0xE000:
+				// A high surrogate followed by a low one is a pair.
+				if cp < 0xDC00 && i+12 <= len(data) && data[i+6] == '\\' && data[i+7] == 'u' {
 					if lo := hex4(data[i+8 : i+12]); 0xDC00 <= lo && lo < 0xE000 {
 						i += 12
 						continue
 					}
 				}
-				r.Surrogates++
-				replace(i, i+6, replacementEscape)
-			case 0xDC00 <= cp && cp < 0xE000:
 				r.Surrogates++
 				replace(i, i+6, replacementEscape)
 			}
@@ -195,41 +192,34 @@ func CleanText(s string) (string, Replaced) {
 	if !strings.ContainsRune(s, 0) && utf8.ValidString(s) {
 		return s, r
 	}
-	var b strings.Builder
-	b.Grow(len(s))
-	bad := false
-	for i := 0; i < len(s); {
-		ru, size := utf8.DecodeRuneInString(s[i:])
-		switch {
-		case ru == utf8.RuneError && size == 1:
-			if !bad {
-				r.InvalidUTF8++
-				b.WriteRune(utf8.RuneError)
-			}
-			bad = true
-			i++
-			continue
-		case ru == 0:
-			r.NUL++
-			b.WriteRune(utf8.RuneError)
-		default:
-			b.WriteString(s[i : i+size])
-		}
-		bad = false
-		i += size
-	}
-	return b.String(), r
+	// Each run of invalid bytes becomes one NUL, then every NUL U+FFFD.
+	r.NUL = strings.Count(s, "\x00")
+	s = strings.ToValidUTF8(s, "\x00")
+	r.InvalidUTF8 = strings.Count(s, "\x00") - r.NUL
+	return strings.ReplaceAll(s, "\x00", string(utf8.RuneError)), r
 }
 
-// cleanPayload encodes v as JSON that jsonb accepts, for Append.
-func cleanPayload(v any) ([]byte, Replaced, error) {
-	raw, err := marshalNullable(v)
-	if err != nil || raw == nil {
-		return raw, Replaced{}, err
+// cleanPayload encodes v as JSON that jsonb accepts; nil for nil or an
+// empty json.RawMessage.
+func cleanPayload(v any) ([]byte, error) {
+	var raw []byte
+	switch v := v.(type) {
+	case nil:
+		return nil, nil
+	case json.RawMessage:
+		if len(v) == 0 {
+			return nil, nil
+		}
+		raw = v
+	default:
+		var err error
+		if raw, err = json.Marshal(v); err != nil {
+			return nil, err
+		}
 	}
-	clean, r, err := CleanJSON(raw)
+	clean, _, err := CleanJSON(raw)
 	if err != nil {
-		return nil, r, fmt.Errorf("%w: %.64q", err, raw)
+		return nil, fmt.Errorf("%w: %.64q", err, raw)
 	}
-	return clean, r, nil
+	return clean, nil
 }

@@ -25,19 +25,16 @@ var ErrProtocolRefused = errors.New("the database no longer accepts task process
 
 // ReadCompatibility reads what the schema accepts.
 func ReadCompatibility(ctx context.Context, db DB) (Compatibility, error) {
-	var c Compatibility
-	err := db.QueryRow(ctx, `
-		SELECT min_runner_protocol, migrated_by, migrated_at FROM data_manager.compatibility`).
-		Scan(&c.MinRunnerProtocol, &c.MigratedBy, &c.MigratedAt)
+	c, err := collectOne[Compatibility](ctx, db, `
+		SELECT min_runner_protocol, migrated_by, migrated_at FROM data_manager.compatibility`)
 	if err != nil {
 		return c, fmt.Errorf("read schema compatibility: %w", err)
 	}
 	return c, nil
 }
 
-// CheckRunnerProtocol returns an error wrapping ErrProtocolRefused, which
-// says which release retired it, when the database no longer accepts task
-// processes of protocol.
+// CheckRunnerProtocol returns an error wrapping ErrProtocolRefused, saying
+// which release retired it, for a protocol the database no longer accepts.
 func CheckRunnerProtocol(ctx context.Context, db DB, protocol int) error {
 	c, err := ReadCompatibility(ctx, db)
 	if err != nil {

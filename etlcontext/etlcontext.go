@@ -9,17 +9,15 @@
 // not carry the run id of the current attempt, so a task process that lost its
 // lock can no longer write.
 //
-// Its functions are dama's own door to the tables, for the supervisor,
-// the task process and the dama command: a program uses package dama's
-// Client, whose checks (a queue's name, a reason's length, the keys dama
-// keeps for itself) come before these. The database's roles and
-// triggers are what holds against anyone else. Its statements follow
-// dama's schema and River's, release by release: they carry no promise
-// of compatibility; its types (Context, Status, ...) are what a Client
-// returns.
+// Its functions are dama's own door to the tables, for the supervisor, the
+// task process and the dama command; a program uses package dama's Client,
+// whose checks come first, and the database's roles and triggers hold
+// against anyone else. Its statements follow dama's schema and River's,
+// release by release, with no promise of compatibility.
 package etlcontext
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -58,10 +56,9 @@ const (
 	sqlDone      = "'" + string(StatusDone) + "'"
 	sqlFailed    = "'" + string(StatusFailed) + "'"
 	sqlCancelled = "'" + string(StatusCancelled) + "'"
-	// sqlFinished is the list of the final statuses, for IN.
+	// For IN: the final statuses, and those of a task that waits to run.
 	sqlFinished = "(" + sqlDone + ", " + sqlFailed + ", " + sqlCancelled + ")"
-	// sqlDue is the list of the statuses of a task that waits to run.
-	sqlDue = "(" + sqlQueued + ", " + sqlRetrying + ")"
+	sqlDue      = "(" + sqlQueued + ", " + sqlRetrying + ")"
 )
 
 // Finished reports whether s is final: a finished context never runs again.
@@ -74,11 +71,7 @@ func (s Status) Finished() bool {
 // protocol.LockNamespace.
 const (
 	// queueLockNamespace, kindLockNamespace and keyLockNamespace make a
-	// start race-free across supervisors: whoever starts a task, pauses a
-	// queue or blocks a kind takes, for the rest of its transaction, the
-	// lock (namespace, hashtext(name)) of the queue, then of the kind,
-	// then of the kind's concurrency key; always in that order, so that no
-	// two transactions wait for each other.
+	// start race-free across supervisors (Admit, hold).
 	queueLockNamespace = protocol.LockNamespace + 1
 	// ClientLockNamespace keys the session lock each supervisor holds for
 	// its life, by its River client id's hash (supervisor/liveness.go).
@@ -124,7 +117,8 @@ type DB interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// Context is a row of data_manager.etl_contexts.
+// Context is a row of data_manager.etl_contexts, its fields in the order of
+// contextColumns.
 type Context struct {
 	ID                int64
 	ParentID          *int64
@@ -162,9 +156,8 @@ type Context struct {
 	// LockLostAt is when a supervisor first found the lock free while the
 	// context was RUNNING.
 	LockLostAt *time.Time
-	// DueAt is when the task may first start; ConcurrencyKey its kind's
-	// concurrency key, from its arguments; WaitingFor and WaitingSince why
-	// and since when a due task waits to start (WaitNone once it starts).
+	// DueAt is when the task may first start; WaitingFor and WaitingSince
+	// why and since when a due task waits (WaitNone once it starts).
 	DueAt          *time.Time
 	ConcurrencyKey *string
 	WaitingFor     Wait
@@ -178,37 +171,50 @@ const contextColumns = `c.etl_context_id, c.parent_context_id, c.kind, c.queue, 
 	c.host_id, c.runner_start_ticks, c.command_pgid, c.command_start_ticks, c.fence_window, c.lock_lost_at,
 	c.due_at, c.concurrency_key, coalesce(c.waiting_for, ''), c.waiting_since`
 
-// scanContext scans contextColumns, then extra.
-func scanContext(row pgx.Row, extra ...any) (*Context, error) {
-	var c Context
-	err := row.Scan(append([]any{&c.ID, &c.ParentID, &c.Kind, &c.Queue, &c.Status,
-		&c.InitialEventID, &c.LatestEventID, &c.RiverJobID, &c.IdempotencyKey, &c.MaxAttempts,
-		&c.Attempt, &c.RunID, &c.LaunchedBy, &c.Host, &c.PID, &c.ProcessStartedAt, &c.LogPath,
-		&c.HeartbeatAt, &c.CancelRequestedAt, &c.CreatedAt, &c.StartedAt, &c.FinishedAt,
-		&c.HostID, &c.RunnerStartTicks, &c.CommandPGID, &c.CommandStartTicks, &c.FenceWindow, &c.LockLostAt,
-		&c.DueAt, &c.ConcurrencyKey, &c.WaitingFor, &c.WaitingSince}, extra...)...)
-	if err != nil {
-		return nil, err
-	}
-	return &c, nil
-}
-
 // Get reads context id.
 func Get(ctx context.Context, db DB, id int64) (*Context, error) {
-	c, err := scanContext(db.QueryRow(ctx, `SELECT `+contextColumns+` FROM data_manager.etl_contexts AS c WHERE c.etl_context_id = $1`, id))
+	c, err := collectOne[Context](ctx, db, `SELECT `+contextColumns+` FROM data_manager.etl_contexts AS c WHERE c.etl_context_id = $1`, id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("task %d: %w", id, ErrNotFound)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("read task %d: %w", id, err)
 	}
-	return c, nil
+	return &c, nil
 }
 
-// ErrIdempotencyKeyOtherKind is returned by Create for an idempotency key
-// that a context of another kind holds: a key names one submission, and
-// answering with another kind's task would hand the caller a task it did
-// not ask for.
+// collect runs query and returns its rows, each scanned into the exported
+// fields of a T: the columns follow the fields' order.
+func collect[T any](ctx context.Context, db DB, query string, args ...any) ([]T, error) {
+	rows, err := db.Query(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[T])
+}
+
+// collectOne is collect for the first row: pgx.ErrNoRows when there is none.
+func collectOne[T any](ctx context.Context, db DB, query string, args ...any) (T, error) {
+	rows, err := db.Query(ctx, query, args...)
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	return pgx.CollectOneRow(rows, pgx.RowToStructByPos[T])
+}
+
+// orNull is v, or nil (SQL's NULL) when v is its type's zero value.
+func orNull[T comparable](v T) any {
+	var zero T
+	if v == zero {
+		return nil
+	}
+	return v
+}
+
+// ErrIdempotencyKeyOtherKind is returned by CreateTask for an idempotency
+// key that a context of another kind holds: answering with another kind's
+// task would hand the caller a task it did not ask for.
 var ErrIdempotencyKeyOtherKind = errors.New("idempotency key belongs to a task of another kind")
 
 // ErrRefused is returned for a submission the database refuses as it is
@@ -220,12 +226,12 @@ var ErrRefused = errors.New("submission refused")
 // supervisor has published in data_manager.kinds (SQLSTATE DMKND).
 var ErrUnpublishedKind = errors.New("kind not published")
 
-// NewTask is a task to make, as a submission does: CreateTask makes its
-// context (QUEUED), its INITIAL event holding Args, and its River job.
+// NewTask is a task to make: CreateTask makes its context (QUEUED), its
+// INITIAL event holding Args, and its River job.
 type NewTask struct {
 	Kind string
-	// Args are the task's arguments, a JSON value as etlcontext.CleanJSON
-	// accepts it; empty means {}.
+	// Args are the task's arguments, a JSON value as CleanJSON accepts it;
+	// empty means {}.
 	Args        json.RawMessage
 	Queue       string
 	MaxAttempts int
@@ -235,7 +241,7 @@ type NewTask struct {
 	// ParentID, when not 0, makes the task a child of that one.
 	ParentID int64
 	// ConcurrencyField is the kind's concurrency_key: the field of Args
-	// whose value is the task's concurrency key (data_manager.concurrency_key_of).
+	// that holds the task's concurrency key.
 	ConcurrencyField string
 	// RunAt delays the first start until then; zero or past means now.
 	RunAt time.Time
@@ -245,29 +251,15 @@ type NewTask struct {
 // which every submission goes through, dama's and SQL's alike, and returns
 // its context's id; created is false when t's idempotency key was taken
 // already, and id is then the context holding it, which must be of t's kind
-// (ErrIdempotencyKeyOtherKind otherwise). Arguments the database refuses
-// (too long, without the concurrency key, an unknown parent) are
-// ErrRefused.
+// (ErrIdempotencyKeyOtherKind otherwise).
 func CreateTask(ctx context.Context, db DB, t NewTask) (id int64, created bool, err error) {
-	args := t.Args
-	if len(args) == 0 {
-		args = json.RawMessage("{}")
-	}
-	var key, field, runAt, parent any
-	if t.IdempotencyKey != "" {
-		key = t.IdempotencyKey
-	}
-	if t.ConcurrencyField != "" {
-		field = t.ConcurrencyField
-	}
+	var runAt any
 	if !t.RunAt.IsZero() {
 		runAt = t.RunAt
 	}
-	if t.ParentID != 0 {
-		parent = t.ParentID
-	}
 	err = db.QueryRow(ctx, `SELECT etl_context_id, created FROM data_manager.create_task($1, $2, $3, $4, $5, $6, $7, $8)`,
-		t.Kind, string(args), key, t.Queue, t.MaxAttempts, field, runAt, parent).Scan(&id, &created)
+		t.Kind, cmp.Or(string(t.Args), "{}"), orNull(t.IdempotencyKey), t.Queue, t.MaxAttempts, orNull(t.ConcurrencyField), runAt,
+		orNull(t.ParentID)).Scan(&id, &created)
 	if err != nil {
 		return 0, false, classify(err)
 	}

@@ -32,8 +32,7 @@ type NewEvent struct {
 	Payload any
 	Meta    any
 	Error   bool
-	// RunID is the current attempt's run id; nil only for a context that has
-	// never started.
+	// RunID is the current run's; nil only for a context never started.
 	RunID *string
 	// Seq, when set, numbers the event within its run: an event appended
 	// again with the same run id and Seq (a write retried after a lost
@@ -44,14 +43,9 @@ type NewEvent struct {
 // Append writes an event and returns its id. The database derives the
 // context's status from it and refuses it with ErrFinished or ErrStaleRun.
 func Append(ctx context.Context, db DB, e NewEvent) (int64, error) {
-	// Cleaned here too, whoever the caller: no bytes may make a write fail.
-	payload, _, err := cleanPayload(e.Payload)
+	payload, meta, err := e.encode()
 	if err != nil {
-		return 0, fmt.Errorf("encode payload of %s event: %w", e.Type, err)
-	}
-	meta, _, err := cleanPayload(e.Meta)
-	if err != nil {
-		return 0, fmt.Errorf("encode meta of %s event: %w", e.Type, err)
+		return 0, err
 	}
 	var id int64
 	err = db.QueryRow(ctx, `
@@ -79,38 +73,22 @@ func AppendEvents(ctx context.Context, db DB, events []NewEvent) error {
 		return nil
 	}
 	types := make([]string, len(events))
-	payloads := make([]*string, len(events))
-	metas := make([]*string, len(events))
+	payloads := make([][]byte, len(events))
+	metas := make([][]byte, len(events))
 	errs := make([]bool, len(events))
-	seqs := make([]*int32, len(events))
+	seqs := make([]*int, len(events))
 	for i, e := range events {
-		payload, _, err := cleanPayload(e.Payload)
-		if err != nil {
-			return fmt.Errorf("encode payload of %s event: %w", e.Type, err)
+		var err error
+		if payloads[i], metas[i], err = e.encode(); err != nil {
+			return err
 		}
-		meta, _, err := cleanPayload(e.Meta)
-		if err != nil {
-			return fmt.Errorf("encode meta of %s event: %w", e.Type, err)
-		}
-		types[i], errs[i] = e.Type, e.Error
-		if payload != nil {
-			p := string(payload)
-			payloads[i] = &p
-		}
-		if meta != nil {
-			m := string(meta)
-			metas[i] = &m
-		}
-		if e.Seq != nil {
-			s := int32(*e.Seq)
-			seqs[i] = &s
-		}
+		types[i], errs[i], seqs[i] = e.Type, e.Error, e.Seq
 	}
 	first := events[0]
 	_, err := db.Exec(ctx, `
 		INSERT INTO data_manager.event_store (etl_context_id, type, payload, meta, error, run_id, seq)
-		SELECT $1, e.type, e.payload::jsonb, e.meta::jsonb, e.error, $2::uuid, e.seq
-		  FROM unnest($3::text[], $4::text[], $5::text[], $6::boolean[], $7::int[])
+		SELECT $1, e.type, e.payload, e.meta, e.error, $2::uuid, e.seq
+		  FROM unnest($3::text[], $4::jsonb[], $5::jsonb[], $6::boolean[], $7::int[])
 		       WITH ORDINALITY AS e(type, payload, meta, error, seq, n)
 		 ORDER BY e.n
 		ON CONFLICT (etl_context_id, run_id, seq) WHERE seq IS NOT NULL DO NOTHING`,
@@ -121,17 +99,16 @@ func AppendEvents(ctx context.Context, db DB, events []NewEvent) error {
 	return nil
 }
 
-func marshalNullable(v any) ([]byte, error) {
-	switch v := v.(type) {
-	case nil:
-		return nil, nil
-	case json.RawMessage:
-		if len(v) == 0 {
-			return nil, nil
-		}
-		return v, nil
+// encode encodes e's payload and meta as JSON that jsonb accepts: cleaned
+// here, whoever the caller, so that no bytes make a write fail.
+func (e NewEvent) encode() (payload, meta []byte, err error) {
+	if payload, err = cleanPayload(e.Payload); err != nil {
+		return nil, nil, fmt.Errorf("encode payload of %s event: %w", e.Type, err)
 	}
-	return json.Marshal(v)
+	if meta, err = cleanPayload(e.Meta); err != nil {
+		return nil, nil, fmt.Errorf("encode meta of %s event: %w", e.Type, err)
+	}
+	return payload, meta, nil
 }
 
 // EventStored reports whether the event numbered seq of run runID is
@@ -150,7 +127,7 @@ func EventStored(ctx context.Context, db DB, id int64, runID string, seq int) (b
 
 // Events returns the events of context id in the order they were written.
 func Events(ctx context.Context, db DB, id int64) ([]Event, error) {
-	rows, err := db.Query(ctx, `
+	events, err := collect[Event](ctx, db, `
 		SELECT event_id, etl_context_id, type, payload, meta, error, attempt, run_id::text, created_at
 		  FROM data_manager.event_store
 		 WHERE etl_context_id = $1
@@ -158,12 +135,11 @@ func Events(ctx context.Context, db DB, id int64) ([]Event, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read events of task %d: %w", id, err)
 	}
-	return collectEvents(rows, id)
+	return events, nil
 }
 
-// TruncatedKey marks a JSON value read cut short: in its place stands
-// {"dama_truncated": {"bytes": <its size as text>, "head": "<its first
-// characters>"}}.
+// TruncatedKey marks a JSON value read cut short, in its place:
+// {"dama_truncated": {"bytes": <its size as text>, "head": "<its start>"}}.
 const TruncatedKey = "dama_truncated"
 
 // boundedJSON is SQL that reads the jsonb expression expr as itself when its
@@ -182,10 +158,9 @@ func boundedJSON(expr, limit string) string {
 }
 
 // RecentEvents returns the newest limit events of context id, oldest first,
-// each payload and meta read up to maxPayload bytes (0: whole; see
-// TruncatedKey).
+// each payload and meta read up to maxPayload bytes (0: whole).
 func RecentEvents(ctx context.Context, db DB, id int64, limit, maxPayload int) ([]Event, error) {
-	rows, err := db.Query(ctx, `
+	events, err := collect[Event](ctx, db, `
 		SELECT * FROM (
 			SELECT event_id, etl_context_id, type, `+boundedJSON("payload", "$3::int")+`, `+boundedJSON("meta", "$3::int")+`,
 			       error, attempt, run_id::text, created_at
@@ -197,40 +172,24 @@ func RecentEvents(ctx context.Context, db DB, id int64, limit, maxPayload int) (
 	if err != nil {
 		return nil, fmt.Errorf("read events of task %d: %w", id, err)
 	}
-	return collectEvents(rows, id)
+	return events, nil
 }
 
 // EventOf returns event eventID of context id, its payload and meta each
-// read up to maxPayload bytes (0: whole; see TruncatedKey).
+// read up to maxPayload bytes (0: whole).
 func EventOf(ctx context.Context, db DB, id, eventID int64, maxPayload int) (Event, error) {
-	rows, err := db.Query(ctx, `
+	e, err := collectOne[Event](ctx, db, `
 		SELECT event_id, etl_context_id, type, `+boundedJSON("payload", "$3::int")+`, `+boundedJSON("meta", "$3::int")+`,
 		       error, attempt, run_id::text, created_at
 		  FROM data_manager.event_store
 		 WHERE etl_context_id = $1 AND event_id = $2`, id, eventID, maxPayload)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Event{}, fmt.Errorf("event %d of task %d: %w", eventID, id, ErrNotFound)
+	}
 	if err != nil {
 		return Event{}, fmt.Errorf("read event %d of task %d: %w", eventID, id, err)
 	}
-	events, err := collectEvents(rows, id)
-	if err != nil {
-		return Event{}, err
-	}
-	if len(events) == 0 {
-		return Event{}, fmt.Errorf("event %d of task %d: %w", eventID, id, ErrNotFound)
-	}
-	return events[0], nil
-}
-
-func collectEvents(rows pgx.Rows, id int64) ([]Event, error) {
-	events, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Event, error) {
-		var e Event
-		err := row.Scan(&e.ID, &e.ContextID, &e.Type, &e.Payload, &e.Meta, &e.Error, &e.Attempt, &e.RunID, &e.CreatedAt)
-		return e, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("read events of task %d: %w", id, err)
-	}
-	return events, nil
+	return e, nil
 }
 
 // LatestPayload returns the payload of the newest event of context id with
@@ -253,9 +212,8 @@ func LatestPayload(ctx context.Context, db DB, id int64, suffix string) (json.Ra
 	return payload, nil
 }
 
-// payloads selects, of context c, the task's arguments (the INITIAL
-// event's payload) and its latest CHECKPOINT payload (NULL when there is
-// none); suffix is the parameter that holds the CHECKPOINT event suffix.
+// payloads selects Payloads' two of context c; suffix is the parameter
+// that holds the CHECKPOINT event suffix.
 func payloads(suffix string) string {
 	return `
 	(SELECT i.payload FROM data_manager.event_store AS i WHERE i.event_id = c.initial_event_id),

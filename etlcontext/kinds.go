@@ -1,12 +1,11 @@
 package etlcontext
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // PublishedKind is a row of data_manager.kinds: a kind as a supervisor
@@ -22,13 +21,11 @@ type PublishedKind struct {
 	// submission of the kind may name instead of Queue.
 	Queues []string `json:"queues"`
 	// Children are the kinds its tasks may submit as children, in order;
-	// nil when a release before children: published it (its tasks submit
-	// any, as then).
+	// nil, when a release before children: published it, for any.
 	Children []string `json:"children"`
 	// Settings are the kind's whole configuration, for readers.
 	Settings json.RawMessage `json:"settings"`
-	// PublishedBy names the supervisor that published it last (its host),
-	// and Release its release.
+	// PublishedBy names the supervisor that published it last (its host).
 	PublishedBy string    `json:"published_by"`
 	Release     string    `json:"release"`
 	PublishedAt time.Time `json:"published_at"`
@@ -36,32 +33,21 @@ type PublishedKind struct {
 
 // PublishKinds records kinds in data_manager.kinds, each replacing what an
 // earlier publication of it said, and returns the kinds whose queue,
-// attempts, concurrency key or children were published otherwise before: supervisors
-// that disagree about a kind submit its tasks differently, which the caller
-// says.
+// attempts, concurrency key or children were published otherwise before,
+// for the caller to say: supervisors that disagree about a kind submit its
+// tasks differently.
 func PublishKinds(ctx context.Context, db DB, kinds []PublishedKind) (changed []PublishedKind, err error) {
 	var names, queues, fields, settings, by, releases, served, children []string
 	var attempts []int32
 	for _, k := range kinds {
-		s := k.Settings
-		if len(s) == 0 {
-			s = json.RawMessage("{}")
-		}
-		q, err := json.Marshal(k.Queues)
-		if err != nil || k.Queues == nil {
-			q = []byte("[]")
-		}
-		c, err := json.Marshal(k.Children)
-		if err != nil || k.Children == nil {
-			c = []byte("[]")
-		}
-		children = append(children, string(c))
-		names, queues, fields, settings = append(names, k.Kind), append(queues, k.Queue), append(fields, k.ConcurrencyKey), append(settings, string(s))
-		by, releases, attempts, served = append(by, k.PublishedBy), append(releases, k.Release), append(attempts, int32(k.MaxAttempts)), append(served, string(q))
+		names, queues, fields = append(names, k.Kind), append(queues, k.Queue), append(fields, k.ConcurrencyKey)
+		settings = append(settings, cmp.Or(string(k.Settings), "{}"))
+		by, releases, attempts = append(by, k.PublishedBy), append(releases, k.Release), append(attempts, int32(k.MaxAttempts))
+		served, children = append(served, jsonList(k.Queues)), append(children, jsonList(k.Children))
 	}
 	// One statement: what it reads of the table is what was there before
 	// its insert.
-	rows, err := db.Query(ctx, `
+	changed, err = collect[PublishedKind](ctx, db, `
 		WITH new AS (
 		    SELECT * FROM unnest($1::text[], $2::text[], $3::integer[], $4::text[], $5::jsonb[], $6::text[], $7::text[], $8::jsonb[], $9::jsonb[])
 		        AS n(kind, queue, max_attempts, concurrency_key, settings, published_by, release, queues, children)
@@ -81,28 +67,23 @@ func PublishKinds(ctx context.Context, db DB, kinds []PublishedKind) (changed []
 	if err != nil {
 		return nil, fmt.Errorf("publish kinds: %w", err)
 	}
-	changed, err = pgx.CollectRows(rows, scanPublishedKind)
-	if err != nil {
-		return nil, fmt.Errorf("publish kinds: %w", err)
-	}
 	return changed, nil
 }
 
-func scanPublishedKind(row pgx.CollectableRow) (PublishedKind, error) {
-	var k PublishedKind
-	err := row.Scan(&k.Kind, &k.Queue, &k.MaxAttempts, &k.ConcurrencyKey, &k.Queues, &k.Children, &k.Settings, &k.PublishedBy, &k.Release, &k.PublishedAt)
-	return k, err
+// jsonList is list as a JSON array, [] for nil.
+func jsonList(list []string) string {
+	if list == nil {
+		return "[]"
+	}
+	b, _ := json.Marshal(list) // a []string always encodes
+	return string(b)
 }
 
 // Kinds returns the published kinds, by name.
 func Kinds(ctx context.Context, db DB) ([]PublishedKind, error) {
-	rows, err := db.Query(ctx, `
+	kinds, err := collect[PublishedKind](ctx, db, `
 		SELECT kind, queue, max_attempts, coalesce(concurrency_key, ''), queues, children, settings, published_by, release, published_at
 		  FROM data_manager.kinds ORDER BY kind`)
-	if err != nil {
-		return nil, fmt.Errorf("read published kinds: %w", err)
-	}
-	kinds, err := pgx.CollectRows(rows, scanPublishedKind)
 	if err != nil {
 		return nil, fmt.Errorf("read published kinds: %w", err)
 	}

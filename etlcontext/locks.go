@@ -10,25 +10,20 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// The lock of a context is the advisory lock (protocol.LockNamespace, id): every task
-// process holds it for as long as it lives, whatever its lock mode (row mode
-// also locks the INITIAL event row FOR UPDATE, in the same transaction), and
-// whoever judges or changes a context that may be running (a supervisor's
-// step, `dama cancel`) takes it first. A held lock is visible in pg_locks,
-// which is how the view and the supervisors see, without trying it, which
-// tasks run. Trying it never fails with an error, so nothing fills the
-// server's log while tasks run.
+// The lock of a context is the advisory lock (protocol.LockNamespace, id):
+// every task process holds it for as long as it lives, whatever its lock
+// mode (row mode also locks the INITIAL event row FOR UPDATE), and whoever
+// judges or changes a context that may be running (a supervisor's step,
+// `dama cancel`) takes it first. The view and the supervisors see in
+// pg_locks, without trying it, which tasks run; trying it never fails with
+// an error, so nothing fills the server's log while tasks run.
 
 // Lock takes the lock of context id for the rest of tx, without waiting,
 // and returns the context as it stands once the lock is held. It returns
 // ErrLocked when a task process (or, for a moment, a supervisor) holds it.
 func Lock(ctx context.Context, tx pgx.Tx, id int64) (*Context, error) {
-	ok, err := tryXactLock(ctx, tx, id)
-	if err != nil {
+	if err := lockXact(ctx, tx, id); err != nil {
 		return nil, err
-	}
-	if !ok {
-		return nil, fmt.Errorf("lock task %d: %w", id, ErrLocked)
 	}
 	// Read once the lock is held: a task process that released it just
 	// before has committed everything it wrote.
@@ -39,32 +34,25 @@ func Lock(ctx context.Context, tx pgx.Tx, id int64) (*Context, error) {
 // also returns whether job runs and since when (its last fetch), by which
 // a Work tells whether another one has taken its job over.
 func LockStep(ctx context.Context, tx pgx.Tx, id, job int64) (*Context, JobState, error) {
-	ok, err := tryXactLock(ctx, tx, id)
-	if err != nil {
+	if err := lockXact(ctx, tx, id); err != nil {
 		return nil, JobState{}, err
 	}
-	if !ok {
-		return nil, JobState{}, fmt.Errorf("lock task %d: %w", id, ErrLocked)
+	type read struct {
+		Context
+		jobRow
 	}
-	var (
-		js JobState
-		at *time.Time
-	)
-	c, err := scanContext(tx.QueryRow(ctx, `
+	r, err := collectOne[read](ctx, tx, `
 		SELECT `+contextColumns+`, coalesce(j.state = `+jobRunning+`, false), j.attempted_at
 		  FROM data_manager.etl_contexts AS c
 		  LEFT JOIN river_job AS j ON j.id = $2
-		 WHERE c.etl_context_id = $1`, id, job), &js.Running, &at)
+		 WHERE c.etl_context_id = $1`, id, job)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, JobState{}, fmt.Errorf("task %d: %w", id, ErrNotFound)
 	}
 	if err != nil {
 		return nil, JobState{}, fmt.Errorf("read task %d: %w", id, err)
 	}
-	if at != nil {
-		js.AttemptedAt = *at
-	}
-	return c, js, nil
+	return &r.Context, r.state(), nil
 }
 
 // JobState is whether a River job runs, and since when: its last fetch.
@@ -73,30 +61,39 @@ type JobState struct {
 	AttemptedAt time.Time
 }
 
+// jobRow is a JobState as read, its time NULL for a job never fetched.
+type jobRow struct {
+	Running     bool
+	AttemptedAt *time.Time
+}
+
+func (j jobRow) state() JobState {
+	if j.AttemptedAt == nil {
+		return JobState{Running: j.Running}
+	}
+	return JobState{Running: j.Running, AttemptedAt: *j.AttemptedAt}
+}
+
 // LockRow takes, for the rest of tx, the lock of context id and then its
 // INITIAL event row FOR UPDATE: the lock of a row-mode task process, held
 // in a transaction left open for the task's life. It returns ErrLocked when
 // another process holds either.
 //
-// byKey says that tx's session holds its run's key (RunKeySetting): the
-// row is then locked through data_manager.lock_initial_event (migration
-// 19), the only way for a member of dama_task, which may lock no other row
-// of event_store, when the role may call it. Otherwise it is locked
-// directly, as a task process launched by an earlier release, which sets
-// no key, does on a schema not yet migrated.
+// byKey says that tx's session holds its run's key (RunKeySetting): the row
+// is then locked through data_manager.lock_initial_event (migration 19),
+// the only way for a member of dama_task, which may lock no other row of
+// event_store. Otherwise, or when the role may not call the function (one
+// of an earlier setup's, with rights of its own on event_store, or on a
+// schema not yet migrated), it is locked directly.
 //
 // What tx keeps locked for the task's life is part of the contract between
-// releases (docs/operations.md "Releases and upgrades"): the advisory lock, the row,
-// and so event_store and its indexes (ROW SHARE), but nothing
-// of etl_contexts, so that a later release's migration may add a column to
+// releases (docs/operations.md "Releases and upgrades"): the advisory lock,
+// the row, and so event_store and its indexes (ROW SHARE), but nothing of
+// etl_contexts, so that a later release's migration may add a column to
 // etl_contexts while this task runs.
 func LockRow(ctx context.Context, tx pgx.Tx, id int64, byKey bool) (*Context, error) {
-	ok, err := tryXactLock(ctx, tx, id)
-	if err != nil {
+	if err := lockXact(ctx, tx, id); err != nil {
 		return nil, err
-	}
-	if !ok {
-		return nil, fmt.Errorf("lock task %d: %w", id, ErrLocked)
 	}
 	// Found by event_store's own index, without reading etl_contexts: the
 	// function reads it in a subtransaction rolled back. Whoever locks the
@@ -106,9 +103,6 @@ func LockRow(ctx context.Context, tx pgx.Tx, id int64, byKey bool) (*Context, er
 		 WHERE etl_context_id = $1 AND type LIKE '%:INITIAL'
 		   FOR UPDATE NOWAIT`
 	if byKey {
-		// A role that may not call the function (one of an earlier setup's,
-		// with rights of its own on event_store) locks directly, as may the
-		// one on a schema not yet migrated.
 		var may bool
 		if err := tx.QueryRow(ctx, `
 			SELECT coalesce(has_function_privilege(to_regprocedure('data_manager.lock_initial_event(bigint)'), 'EXECUTE'), false)`).Scan(&may); err != nil {
@@ -119,7 +113,7 @@ func LockRow(ctx context.Context, tx pgx.Tx, id int64, byKey bool) (*Context, er
 		}
 	}
 	var eventID *int64
-	err = tx.QueryRow(ctx, lockSQL, id).Scan(&eventID)
+	err := tx.QueryRow(ctx, lockSQL, id).Scan(&eventID)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows) || err == nil && eventID == nil:
 		return nil, fmt.Errorf("lock initial event of task %d: %w", id, ErrNotFound)
@@ -135,12 +129,9 @@ func LockRow(ctx context.Context, tx pgx.Tx, id int64, byKey bool) (*Context, er
 	}
 	c, err := Get(ctx, sp, id)
 	if rerr := sp.Rollback(ctx); rerr != nil && err == nil {
-		err = fmt.Errorf("read task %d: %w", id, rerr)
+		return nil, fmt.Errorf("read task %d: %w", id, rerr)
 	}
-	if err != nil {
-		return nil, err
-	}
-	return c, nil
+	return c, err
 }
 
 // LockSession takes the lock of context id for the life of conn's session,
@@ -197,10 +188,15 @@ func HoldsKeyOf(ctx context.Context, db DB, id int64, key string) (bool, error) 
 	return ok, nil
 }
 
-func tryXactLock(ctx context.Context, tx pgx.Tx, id int64) (bool, error) {
+// lockXact takes the lock of context id for the rest of tx, or fails with
+// ErrLocked.
+func lockXact(ctx context.Context, tx pgx.Tx, id int64) error {
 	var ok bool
 	if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1, $2::int)`, protocol.LockNamespace, id).Scan(&ok); err != nil {
-		return false, fmt.Errorf("take lock of task %d: %w", id, err)
+		return fmt.Errorf("take lock of task %d: %w", id, err)
 	}
-	return ok, nil
+	if !ok {
+		return fmt.Errorf("lock task %d: %w", id, ErrLocked)
+	}
+	return nil
 }

@@ -36,9 +36,8 @@ func (p LogPiece) End() LogPos { return LogPos{p.Attempt, p.Offset + int64(len(p
 
 // LogSince returns the output of context id kept in the database after
 // from, in order, attempt by attempt, up to about maxBytes (at least one
-// piece when there is any). A piece that starts past from (of a later
-// attempt, or after output that was not kept) leaves a gap the caller may
-// say.
+// piece when there is any). A piece may start past from (of a later
+// attempt, or after output that was not kept): a gap the caller may say.
 func LogSince(ctx context.Context, db DB, id int64, from LogPos, maxBytes int) ([]LogPiece, error) {
 	rows, err := db.Query(ctx, `
 		SELECT attempt, start_byte, data FROM data_manager.log_chunks

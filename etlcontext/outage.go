@@ -13,6 +13,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -40,14 +41,7 @@ func ConnectionLost(code string) bool {
 // constraint (23), a program limit (54), or one of dama's guards (class
 // DM, raised by its triggers).
 func RequestRefused(code string) bool {
-	if len(code) != 5 {
-		return false
-	}
-	switch code[:2] {
-	case "22", "23", "54", "DM":
-		return true
-	}
-	return false
+	return len(code) == 5 && slices.Contains([]string{"22", "23", "54", "DM"}, code[:2])
 }
 
 // Unreachable reports an error of the connection rather than of the
@@ -57,9 +51,6 @@ func RequestRefused(code string) bool {
 // A connection the server refused for a reason waiting does not cure (a
 // password, a missing database) is not unreachable.
 func Unreachable(err error) bool {
-	if err == nil {
-		return false
-	}
 	if code := ErrCode(err); code != "" {
 		return ConnectionLost(code)
 	}
@@ -84,14 +75,7 @@ func Transient(err error) bool {
 	if len(code) != 5 {
 		return errors.Is(err, context.DeadlineExceeded)
 	}
-	if code == "25006" {
-		return true
-	}
-	switch code[:2] {
-	case "40", "53", "57":
-		return true
-	}
-	return false
+	return code == "25006" || slices.Contains([]string{"40", "53", "57"}, code[:2])
 }
 
 // WaitReachable runs try until it succeeds, fails for another reason than

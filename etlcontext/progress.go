@@ -40,8 +40,7 @@ func ParseProgress(payload json.RawMessage) (p Progress, ok bool) {
 	}
 	switch {
 	case v.Step != nil && v.Of != nil && *v.Of > 0:
-		f := *v.Step / *v.Of
-		return Progress{Fraction: clamp(f), Label: number(*v.Step) + "/" + number(*v.Of)}, true
+		return Progress{Fraction: clamp(*v.Step / *v.Of), Label: number(*v.Step) + "/" + number(*v.Of)}, true
 	case v.Percent != nil:
 		return Progress{Fraction: clamp(*v.Percent / 100), Label: number(*v.Percent) + "%"}, true
 	}
@@ -75,52 +74,37 @@ type Failure struct {
 // LastFailure returns what the latest ERROR or CANCELLED event of context
 // id, of kind kind, says; the zero Failure when there is none.
 func LastFailure(ctx context.Context, db DB, id int64, kind string) (Failure, error) {
-	var (
-		reason   *string
-		timedOut *bool
-		died     bool
-	)
+	var f Failure
 	err := db.QueryRow(ctx, `
-		SELECT coalesce(payload->>'reason', payload::text), payload->'timed_out' = 'true'::jsonb,
+		SELECT coalesce(payload->>'reason', payload::text, ''), coalesce(payload->'timed_out' = 'true'::jsonb, false),
 		       coalesce(jsonb_typeof(payload) = 'object' AND payload ? $4, false)
 		  FROM data_manager.event_store
 		 WHERE etl_context_id = $1 AND type IN ($2, $3)
 		 ORDER BY event_id DESC LIMIT 1`,
-		id, protocol.EventType(kind, protocol.EventError), protocol.EventType(kind, protocol.EventCancelled), DetectedBy).Scan(&reason, &timedOut, &died)
+		id, protocol.EventType(kind, protocol.EventError), protocol.EventType(kind, protocol.EventCancelled), DetectedBy).Scan(&f.Reason, &f.TimedOut, &f.Died)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return Failure{}, nil
 	case err != nil:
 		return Failure{}, fmt.Errorf("read the last failure of context %d: %w", id, err)
 	}
-	var f Failure
-	if reason != nil {
-		f.Reason = strings.TrimSpace(*reason)
-	}
-	f.TimedOut = timedOut != nil && *timedOut
-	f.Died = died
+	f.Reason = strings.TrimSpace(f.Reason)
 	return f, nil
 }
 
 // SetProgress records payload as the latest progress of context id while
 // its run runID is the one running: what the view and the status page show
-// between the PROGRESS events, which are only a sample of it (every
-// progress_interval). A run that is no longer current changes nothing, and
-// no error says so: its events are refused, and say it.
+// between the PROGRESS events, which sample it (every progress_interval).
+// A run no longer current changes nothing, silently: its events say it.
 func SetProgress(ctx context.Context, db DB, id int64, runID string, payload json.RawMessage) error {
-	clean, _, err := cleanPayload(payload)
+	clean, err := cleanPayload(payload)
 	if err != nil {
 		return fmt.Errorf("encode progress of task %d: %w", id, err)
-	}
-	var p *string
-	if clean != nil {
-		s := string(clean)
-		p = &s
 	}
 	_, err = db.Exec(ctx, `
 		UPDATE data_manager.etl_contexts SET progress = $3::jsonb, progress_at = now()
 		 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = `+sqlRunning,
-		id, runID, p)
+		id, runID, clean)
 	if err != nil {
 		return fmt.Errorf("set progress of task %d: %w", id, classify(err))
 	}
@@ -128,18 +112,20 @@ func SetProgress(ctx context.Context, db DB, id int64, runID string, payload jso
 }
 
 // Pace is how a running task's current attempt has gone so far: when it
-// started, and its first progress of the attempt (nil before any), which
-// with its latest gives its pace (Remaining).
+// started, and its first progress of the attempt (nil before any).
 type Pace struct {
 	StartedAt       time.Time
 	FirstProgress   json.RawMessage
 	FirstProgressAt *time.Time
 }
 
-// Paces returns the Pace of each of the contexts ids that is RUNNING, in
-// one statement.
+// Paces returns the Pace of each of the contexts ids that is RUNNING.
 func Paces(ctx context.Context, db DB, ids []int64) (map[int64]Pace, error) {
-	rows, err := db.Query(ctx, `
+	type paced struct {
+		ID int64
+		Pace
+	}
+	rows, err := collect[paced](ctx, db, `
 		SELECT c.etl_context_id, a.started_at, f.payload, f.created_at
 		  FROM data_manager.etl_contexts AS c
 		  JOIN data_manager.etl_attempts AS a ON a.etl_context_id = c.etl_context_id AND a.run_id = c.run_id
@@ -151,18 +137,9 @@ func Paces(ctx context.Context, db DB, ids []int64) (map[int64]Pace, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read the pace of running tasks: %w", err)
 	}
-	paces := map[int64]Pace{}
-	var (
-		id int64
-		p  Pace
-	)
-	_, err = pgx.ForEachRow(rows, []any{&id, &p.StartedAt, &p.FirstProgress, &p.FirstProgressAt}, func() error {
-		paces[id] = p
-		p = Pace{}
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("read the pace of running tasks: %w", err)
+	paces := make(map[int64]Pace, len(rows))
+	for _, r := range rows {
+		paces[r.ID] = r.Pace
 	}
 	return paces, nil
 }

@@ -24,30 +24,30 @@ func (p Pruned) Add(o Pruned) Pruned {
 // may hold hundreds of thousands of events). A tree larger than either is
 // removed alone.
 type PruneLimits struct {
-	// Tasks bounds the tasks; default 500 (0 means the default).
-	Tasks int
-	// Events bounds their events; default 50,000 (0 means the default).
+	// Tasks bounds the tasks, and Events their events; 0 means the default,
+	// 500 and 50,000.
+	Tasks  int
 	Events int64
 }
 
-// pruneCursor is where the last transaction of Prune stopped, in the order
-// of the roots: their end, then their id.
-type pruneCursor struct {
-	at time.Time
-	id int64
+// pruneRoot is a root Prune looks at, in the order of the roots: their end,
+// then their id; the last one of a transaction is where the next begins.
+type pruneRoot struct {
+	At time.Time
+	ID int64
 }
 
-// Prune removes whole trees of finished tasks: a task with no parent and
-// every task below it, each finished more than olderThan ago by the
+// Prune removes whole trees of finished tasks (a task with no parent and
+// every task below it), each finished more than olderThan ago by the
 // database's clock and with its River job settled (finalized, or gone),
 // oldest first, with their events, attempts and jobs, in transactions of
-// at most limits (but a tree whatever its size). A task that is not
-// finished, or whose tree is not, is never removed, so that a parent still
-// counts its children and a retried parent finds the children it
-// submitted. Trees another Prune holds are skipped, so that supervisors
-// prune side by side. The removal itself is data_manager.remove_tasks
-// (migration 23), which refuses anything but whole finished trees. Prune
-// returns what it removed, also when ctx ends or an error stops it.
+// at most limits (but a tree whatever its size). A tree not all finished
+// stays, so that a parent still counts its children and a retried parent
+// finds the children it submitted. Trees another Prune holds are skipped,
+// so that supervisors prune side by side. data_manager.remove_tasks
+// (migration 23) removes them, and refuses anything but whole finished
+// trees. Prune returns what it removed, also when ctx ends or an error
+// stops it.
 func Prune(ctx context.Context, db Beginner, olderThan time.Duration, limits PruneLimits) (Pruned, error) {
 	if limits.Tasks <= 0 {
 		limits.Tasks = 500
@@ -66,7 +66,7 @@ func Prune(ctx context.Context, db Beginner, olderThan time.Duration, limits Pru
 	}
 	var (
 		total Pruned
-		after *pruneCursor
+		after pruneRoot
 	)
 	for {
 		p, next, err := pruneOnce(ctx, db, olderThan, limits, after)
@@ -74,7 +74,7 @@ func Prune(ctx context.Context, db Beginner, olderThan time.Duration, limits Pru
 		if err != nil || next == nil {
 			return total, err
 		}
-		after = next
+		after = *next
 	}
 }
 
@@ -83,23 +83,15 @@ func Prune(ctx context.Context, db Beginner, olderThan time.Duration, limits Pru
 var errPruneRace = errors.New("a tree changed while it was being removed")
 
 // pruneOnce is one transaction of Prune, from the roots after after; it
-// returns where it stopped, nil when no root was left.
-func pruneOnce(ctx context.Context, db Beginner, olderThan time.Duration, limits PruneLimits, after *pruneCursor) (Pruned, *pruneCursor, error) {
+// returns the last root it looked at, nil when no root was left.
+func pruneOnce(ctx context.Context, db Beginner, olderThan time.Duration, limits PruneLimits, after pruneRoot) (Pruned, *pruneRoot, error) {
 	var (
 		p    Pruned
-		next *pruneCursor
+		next *pruneRoot
 	)
-	afterAt, afterID := time.Time{}, int64(0)
-	if after != nil {
-		afterAt, afterID = after.at, after.id
-	}
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		type root struct {
-			id int64
-			at time.Time
-		}
-		rows, err := tx.Query(ctx, `
-			SELECT c.etl_context_id, c.finished_at
+		roots, err := collect[pruneRoot](ctx, tx, `
+			SELECT c.finished_at, c.etl_context_id
 			  FROM data_manager.etl_contexts AS c
 			  LEFT JOIN river_job AS j ON j.id = c.river_job_id
 			 WHERE c.parent_context_id IS NULL
@@ -107,15 +99,7 @@ func pruneOnce(ctx context.Context, db Beginner, olderThan time.Duration, limits
 			   AND (c.finished_at, c.etl_context_id) > ($3, $4)
 			   AND (j.id IS NULL OR j.state IN `+jobFinalized+`)
 			 ORDER BY c.finished_at, c.etl_context_id
-			 LIMIT $2`, olderThan.Seconds(), limits.Tasks, afterAt, afterID)
-		if err != nil {
-			return fmt.Errorf("find finished tasks to remove: %w", err)
-		}
-		roots, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (root, error) {
-			var r root
-			err := row.Scan(&r.id, &r.at)
-			return r, err
-		})
+			 LIMIT $2`, olderThan.Seconds(), limits.Tasks, after.At, after.ID)
 		if err != nil {
 			return fmt.Errorf("find finished tasks to remove: %w", err)
 		}
@@ -156,14 +140,14 @@ func pruneOnce(ctx context.Context, db Beginner, olderThan time.Duration, limits
 				            THEN (SELECT count(*) FROM (SELECT 1 FROM data_manager.event_store AS e
 				                                         WHERE e.etl_context_id = ANY(w.members) LIMIT $3) AS x)
 				            ELSE 0 END
-				  FROM weighed AS w`, r.id, olderThan.Seconds(), limits.Events-events+1).Scan(&members, &js, &removable, &treeEvents)
+				  FROM weighed AS w`, r.ID, olderThan.Seconds(), limits.Events-events+1).Scan(&members, &js, &removable, &treeEvents)
 			if err != nil {
-				return fmt.Errorf("read the tree of finished task %d: %w", r.id, err)
+				return fmt.Errorf("read the tree of finished task %d: %w", r.ID, err)
 			}
 			if removable && len(remove) > 0 && (len(remove)+len(members) > limits.Tasks || events+treeEvents > limits.Events) {
 				break
 			}
-			next = &pruneCursor{at: r.at, id: r.id}
+			next = &r
 			if removable {
 				remove, jobs, events = append(remove, members...), append(jobs, js...), events+treeEvents
 			}

@@ -48,33 +48,30 @@ const holdsSlot = `(r.etl_status = ` + sqlRunning + ` AND NOT EXISTS (
 	 WHERE ae.event_id = r.latest_event_id AND ae.type LIKE '%:` + protocol.EventAwaiting + `'))`
 
 // Admission is what a start must respect, from the configuration of the
-// supervisor that starts the task.
+// supervisor that starts the task: QueueMax bounds the running tasks of the
+// queue, KindMax those of the kind in every queue, KeyMax those of the kind
+// with the concurrency key Key (nil: none); 0 means no bound.
 type Admission struct {
-	Queue string
-	// QueueMax bounds the running tasks of the queue.
+	Queue    string
 	QueueMax int
 	Kind     string
-	// KindMax bounds the running tasks of the kind, in every queue; 0
-	// means no bound but the queue's.
-	KindMax int
-	// Key is the task's concurrency key (nil: none), and KeyMax bounds the
-	// running tasks of the kind with that key; 0 means no bound.
-	Key    *string
-	KeyMax int
+	KindMax  int
+	Key      *string
+	KeyMax   int
 }
 
 // Admit decides, for the rest of tx, whether a task may start now: it takes
-// the locks of the queue, the kind and the key (see above), so that no other
-// start, pause or block is decided meanwhile, and counts the running tasks.
-// A start decided under these locks and committed in tx can never exceed a
-// bound or start in a paused queue or a blocked kind.
+// the locks (namespace, hashtext(name)) of the queue, the kind and the key,
+// so that no other start, pause or block is decided meanwhile, and counts
+// the running tasks. A start decided under these locks and committed in tx
+// can never exceed a bound or start in a paused queue or a blocked kind.
 func Admit(ctx context.Context, tx pgx.Tx, a Admission) (Wait, error) {
 	key := a.Key
 	if a.KeyMax <= 0 {
 		key = nil
 	}
-	// In one round trip, in the order everyone takes more than one: queue,
-	// kind, key.
+	// In one round trip, in the order whoever takes more than one takes
+	// them, so that no two transactions wait for each other.
 	b := &pgx.Batch{}
 	b.Queue(`SELECT pg_advisory_xact_lock($1, hashtext($2))`, queueLockNamespace, a.Queue)
 	b.Queue(`SELECT pg_advisory_xact_lock($1, hashtext($2))`, kindLockNamespace, a.Kind)
@@ -129,10 +126,10 @@ func MarkWaiting(ctx context.Context, db DB, id int64, w Wait) (changed bool, er
 	return tag.RowsAffected() > 0, nil
 }
 
-// DeriveConcurrencyKey records, and returns, the concurrency key of
-// context id under the field of its arguments that its kind now names: as
-// data_manager.concurrency_key_of says, whoever submitted it, or "" when the
-// arguments lack the field (counted with the other tasks that lack it).
+// DeriveConcurrencyKey records, and returns, the concurrency key of context
+// id under the field of its arguments its kind now names, by
+// data_manager.concurrency_key_of; "" when the arguments lack the field
+// (counted with the other tasks that lack it).
 func DeriveConcurrencyKey(ctx context.Context, db DB, id int64, field string) (*string, error) {
 	var key string
 	err := db.QueryRow(ctx, `
@@ -148,20 +145,17 @@ func DeriveConcurrencyKey(ctx context.Context, db DB, id int64, field string) (*
 	return &key, nil
 }
 
-// wakeWaiting is a query, usable as a CTE, of the River job ids of the
-// due tasks of one queue that wait for a slot and would find one now, at
-// most as many as the queue has free slots: $1 the queue, $2 its
-// max_running, $3, $4 and $5 the kinds' names, max_running and
-// max_running_per_key (0: no bound), for the kinds of the configuration;
-// the tasks of other kinds are left to the supervisors that run them. A
-// paused queue or a blocked kind wakes nothing. Kinds take turns: the
-// tasks are ordered by how many of their kind run, plus their rank among
-// their kind's tasks that would find a slot, then by age, so that a kind
-// with a thousand tasks waiting never holds back another of the same
-// queue; no kind has more tasks woken than it has room for. Once a pause
-// or a block is lifted, the tasks it held back are all woken, once, to
-// find out what they wait for now. It reads the queue's waiting tasks once
-// (the etl_contexts_waiting index), and the running ones of its kinds.
+// wakeWaiting is a query, usable as a CTE, of the River job ids of the due
+// tasks of queue $1 (max_running $2) that wait for a slot and would find one
+// now, at most as many as the queue has free slots, of the configuration's
+// kinds only ($3, $4, $5: their names, max_running and max_running_per_key,
+// 0 for no bound). A paused queue or a blocked kind wakes nothing. Kinds
+// take turns: the tasks are ordered by how many of their kind run, plus
+// their rank among their kind's tasks that would find a slot, then by age,
+// so that a kind with a thousand tasks waiting never holds back another of
+// the same queue; no kind has more tasks woken than it has room for. It
+// reads the queue's waiting tasks once (the etl_contexts_waiting index),
+// and the running ones of its kinds.
 const wakeWaiting = `
 	WITH free AS (
 		SELECT $2::int - (SELECT count(*) FROM data_manager.etl_contexts AS r
@@ -205,8 +199,8 @@ const wakeWaiting = `
 	  ORDER BY kind_running + kind_rank, etl_context_id
 	  LIMIT greatest((SELECT n FROM free), 0))
 	UNION
-	-- Tasks parked by a pause or a block that is lifted, slot or not: their
-	-- step looks again and records what they wait for now.
+	-- Tasks parked by a pause or a block that is lifted, slot or not, once:
+	-- their step looks again and records what they wait for now.
 	SELECT w.river_job_id
 	  FROM data_manager.etl_contexts AS w
 	 WHERE w.queue = $1 AND w.waiting_for IN ('` + string(WaitQueuePaused) + `', '` + string(WaitKindBlocked) + `')
@@ -236,31 +230,76 @@ type Beginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
+// A hold is a pause of a queue or a block of a kind: a row of table, keyed
+// by the queue or the kind, which control_events logs as set and lifted.
+// Whoever sets one first takes the lock a start takes (Admit), and so
+// waits for the starts being decided.
+type hold struct {
+	table, key, by, at string
+	lock               int
+	set, lifted        string
+}
+
+var (
+	queuePause = hold{"queue_pauses", "queue", "paused_by", "paused_at", queueLockNamespace, "PAUSED", "RESUMED"}
+	kindBlock  = hold{"kind_blocks", "kind", "blocked_by", "blocked_at", kindLockNamespace, "BLOCKED", "UNBLOCKED"}
+)
+
+// put records the hold of name, for reason, by by, unless one is in force,
+// and scans the one in force into dest: its name, reason, by and at.
+func (h hold) put(ctx context.Context, db Beginner, name, reason, by string, dest ...any) error {
+	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, h.lock, name); err != nil {
+			return fmt.Errorf("lock %s %s: %w", h.key, name, err)
+		}
+		return tx.QueryRow(ctx, fmt.Sprintf(`
+			WITH ins AS (
+				INSERT INTO data_manager.%[1]s (%[2]s, reason, %[3]s) VALUES ($1, $2, $3 || ' (database role ' || session_user || ')')
+				ON CONFLICT (%[2]s) DO NOTHING
+				RETURNING %[2]s, reason, %[3]s, %[4]s),
+			logged AS (
+				INSERT INTO data_manager.control_events (action, %[2]s, reason, actor)
+				SELECT '%[5]s', %[2]s, reason, %[3]s FROM ins)
+			SELECT * FROM ins
+			UNION ALL
+			SELECT %[2]s, reason, %[3]s, %[4]s FROM data_manager.%[1]s
+			 WHERE %[2]s = $1 AND NOT EXISTS (SELECT 1 FROM ins)`, h.table, h.key, h.by, h.at, h.set),
+			name, reason, by).Scan(dest...)
+	})
+}
+
+// lift deletes the hold of name, recording that by did, and announces it on
+// ControlChannel; it reports whether there was one.
+func (h hold) lift(ctx context.Context, db Beginner, name, by string) (lifted bool, err error) {
+	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		err := tx.QueryRow(ctx, fmt.Sprintf(`
+			WITH del AS (
+				DELETE FROM data_manager.%[1]s WHERE %[2]s = $1 RETURNING %[2]s),
+			logged AS (
+				INSERT INTO data_manager.control_events (action, %[2]s, actor)
+				SELECT '%[3]s', %[2]s, $2 || ' (database role ' || session_user || ')' FROM del)
+			SELECT EXISTS (SELECT 1 FROM del)`, h.table, h.key, h.lifted), name, by).Scan(&lifted)
+		if err != nil {
+			return err
+		}
+		c := Control{Queue: name}
+		if h.key == kindBlock.key {
+			c = Control{Kind: name}
+		}
+		_, err = tx.Exec(ctx, `SELECT pg_notify($1, json_build_object('queue', $2::text, 'kind', $3::text)::text)`,
+			ControlChannel, c.Queue, c.Kind)
+		return err
+	})
+	return lifted, err
+}
+
 // PauseQueue pauses queue: once it returns, no task of the queue starts
 // until ResumeQueue (a start decided before it is already RUNNING). The
 // running tasks go on. It returns the pause in force, which is an earlier
 // one when the queue was paused already.
 func PauseQueue(ctx context.Context, db Beginner, queue, reason string, by string) (QueuePause, error) {
 	var p QueuePause
-	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		// Waits for the starts being decided.
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, queueLockNamespace, queue); err != nil {
-			return fmt.Errorf("lock queue %s: %w", queue, err)
-		}
-		return tx.QueryRow(ctx, `
-			WITH ins AS (
-				INSERT INTO data_manager.queue_pauses (queue, reason, paused_by) VALUES ($1, $2, $3 || ' (database role ' || session_user || ')')
-				ON CONFLICT (queue) DO NOTHING
-				RETURNING queue, reason, paused_by, paused_at),
-			logged AS (
-				INSERT INTO data_manager.control_events (action, queue, reason, actor)
-				SELECT 'PAUSED', queue, reason, paused_by FROM ins)
-			SELECT * FROM ins
-			UNION ALL
-			SELECT queue, reason, paused_by, paused_at FROM data_manager.queue_pauses
-			 WHERE queue = $1 AND NOT EXISTS (SELECT 1 FROM ins)`, queue, reason, by).Scan(&p.Queue, &p.Reason, &p.PausedBy, &p.PausedAt)
-	})
-	if err != nil {
+	if err := queuePause.put(ctx, db, queue, reason, by, &p.Queue, &p.Reason, &p.PausedBy, &p.PausedAt); err != nil {
 		return QueuePause{}, fmt.Errorf("pause queue %s: %w", queue, err)
 	}
 	return p, nil
@@ -269,20 +308,7 @@ func PauseQueue(ctx context.Context, db Beginner, queue, reason string, by strin
 // ResumeQueue lifts the pause of queue, recording that by did, and
 // announces it on ControlChannel; it reports whether the queue was paused.
 func ResumeQueue(ctx context.Context, db Beginner, queue, by string) (bool, error) {
-	var resumed bool
-	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		err := tx.QueryRow(ctx, `
-			WITH del AS (
-				DELETE FROM data_manager.queue_pauses WHERE queue = $1 RETURNING queue),
-			logged AS (
-				INSERT INTO data_manager.control_events (action, queue, actor)
-				SELECT 'RESUMED', queue, $2 || ' (database role ' || session_user || ')' FROM del)
-			SELECT EXISTS (SELECT 1 FROM del)`, queue, by).Scan(&resumed)
-		if err != nil {
-			return err
-		}
-		return announceControl(ctx, tx, Control{Queue: queue})
-	})
+	resumed, err := queuePause.lift(ctx, db, queue, by)
 	if err != nil {
 		return false, fmt.Errorf("resume queue %s: %w", queue, err)
 	}
@@ -298,24 +324,7 @@ func BlockKind(ctx context.Context, db Beginner, kind, reason string, by string)
 		return KindBlock{}, errors.New("block kind: a reason is required")
 	}
 	var b KindBlock
-	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, kindLockNamespace, kind); err != nil {
-			return fmt.Errorf("lock kind %s: %w", kind, err)
-		}
-		return tx.QueryRow(ctx, `
-			WITH ins AS (
-				INSERT INTO data_manager.kind_blocks (kind, reason, blocked_by) VALUES ($1, $2, $3 || ' (database role ' || session_user || ')')
-				ON CONFLICT (kind) DO NOTHING
-				RETURNING kind, reason, blocked_by, blocked_at),
-			logged AS (
-				INSERT INTO data_manager.control_events (action, kind, reason, actor)
-				SELECT 'BLOCKED', kind, reason, blocked_by FROM ins)
-			SELECT * FROM ins
-			UNION ALL
-			SELECT kind, reason, blocked_by, blocked_at FROM data_manager.kind_blocks
-			 WHERE kind = $1 AND NOT EXISTS (SELECT 1 FROM ins)`, kind, reason, by).Scan(&b.Kind, &b.Reason, &b.BlockedBy, &b.BlockedAt)
-	})
-	if err != nil {
+	if err := kindBlock.put(ctx, db, kind, reason, by, &b.Kind, &b.Reason, &b.BlockedBy, &b.BlockedAt); err != nil {
 		return KindBlock{}, fmt.Errorf("block kind %s: %w", kind, err)
 	}
 	return b, nil
@@ -324,20 +333,7 @@ func BlockKind(ctx context.Context, db Beginner, kind, reason string, by string)
 // UnblockKind lifts the block of kind, recording that by did, and
 // announces it on ControlChannel; it reports whether the kind was blocked.
 func UnblockKind(ctx context.Context, db Beginner, kind, by string) (bool, error) {
-	var unblocked bool
-	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		err := tx.QueryRow(ctx, `
-			WITH del AS (
-				DELETE FROM data_manager.kind_blocks WHERE kind = $1 RETURNING kind),
-			logged AS (
-				INSERT INTO data_manager.control_events (action, kind, actor)
-				SELECT 'UNBLOCKED', kind, $2 || ' (database role ' || session_user || ')' FROM del)
-			SELECT EXISTS (SELECT 1 FROM del)`, kind, by).Scan(&unblocked)
-		if err != nil {
-			return err
-		}
-		return announceControl(ctx, tx, Control{Kind: kind})
-	})
+	unblocked, err := kindBlock.lift(ctx, db, kind, by)
 	if err != nil {
 		return false, fmt.Errorf("unblock kind %s: %w", kind, err)
 	}
@@ -360,7 +356,7 @@ type ControlEvent struct {
 
 // ControlEvents reads the newest limit records of data_manager.control_events.
 func ControlEvents(ctx context.Context, db DB, limit int) ([]ControlEvent, error) {
-	rows, err := db.Query(ctx, `
+	events, err := collect[ControlEvent](ctx, db, `
 		SELECT control_event_id, created_at, action, coalesce(queue, ''), coalesce(kind, ''), reason, actor
 		  FROM data_manager.control_events
 		 ORDER BY control_event_id DESC
@@ -368,21 +364,7 @@ func ControlEvents(ctx context.Context, db DB, limit int) ([]ControlEvent, error
 	if err != nil {
 		return nil, fmt.Errorf("read control events: %w", err)
 	}
-	events, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (ControlEvent, error) {
-		var e ControlEvent
-		err := row.Scan(&e.ID, &e.CreatedAt, &e.Action, &e.Queue, &e.Kind, &e.Reason, &e.Actor)
-		return e, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("read control events: %w", err)
-	}
 	return events, nil
-}
-
-func announceControl(ctx context.Context, db DB, c Control) error {
-	_, err := db.Exec(ctx, `SELECT pg_notify($1, json_build_object('queue', $2::text, 'kind', $3::text)::text)`,
-		ControlChannel, c.Queue, c.Kind)
-	return err
 }
 
 // KnownQueue reports whether any context was ever submitted to queue, or it
@@ -435,20 +417,11 @@ type QueueStat struct {
 
 // QueueStats reads dama_queue_stats, by queue and kind.
 func QueueStats(ctx context.Context, db DB) ([]QueueStat, error) {
-	rows, err := db.Query(ctx, `
+	stats, err := collect[QueueStat](ctx, db, `
 		SELECT queue, kind, queued, scheduled, running, retrying, done_24h, failed_24h, cancelled_24h,
 		       oldest_waiting, paused, pause_reason, paused_at, blocked, block_reason, blocked_at
 		  FROM data_manager.dama_queue_stats
 		 ORDER BY queue NULLS LAST, kind NULLS FIRST`)
-	if err != nil {
-		return nil, fmt.Errorf("read queue statistics: %w", err)
-	}
-	stats, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (QueueStat, error) {
-		var s QueueStat
-		err := row.Scan(&s.Queue, &s.Kind, &s.Queued, &s.Scheduled, &s.Running, &s.Retrying, &s.Done24h, &s.Failed24h, &s.Cancelled24h,
-			&s.OldestWaiting, &s.Paused, &s.PauseReason, &s.PausedAt, &s.Blocked, &s.BlockReason, &s.BlockedAt)
-		return s, err
-	})
 	if err != nil {
 		return nil, fmt.Errorf("read queue statistics: %w", err)
 	}

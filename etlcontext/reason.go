@@ -1,6 +1,7 @@
 package etlcontext
 
 import (
+	"cmp"
 	"fmt"
 	"strings"
 	"time"
@@ -14,8 +15,7 @@ import (
 // its children, a failed one's last error. Its texts are the task's and
 // its command's words: whoever shows them escapes them.
 type Reason struct {
-	// Text is what it waits for or what went wrong; empty with Until
-	// alone, or when there is nothing to say.
+	// Text is what it waits for or what went wrong, if anything.
 	Text string `json:"text,omitempty"`
 	// Since is when the wait (or the cancelling) began; Until, when the
 	// task is due. At most one is set.
@@ -45,10 +45,7 @@ func (r Reason) Format(at func(time.Time) string) string {
 		}
 		s += "after: " + r.After
 	}
-	if s == "" {
-		return "-"
-	}
-	return s
+	return cmp.Or(s, "-")
 }
 
 // ReasonOf is the Reason of task t at now, tr its Trouble.
@@ -109,10 +106,7 @@ func (c Children) String() string {
 	if len(c) == 0 {
 		return "-"
 	}
-	total := 0
-	for _, n := range c {
-		total += n
-	}
+	total := c.Pending() + c[StatusDone] + c.Failed()
 	s := fmt.Sprintf("%d/%d done", c[StatusDone], total)
 	if f := c.Failed(); f > 0 {
 		s += fmt.Sprintf(", %d failed", f)

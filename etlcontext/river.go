@@ -12,36 +12,14 @@ import (
 )
 
 // This file holds every statement dama runs on River's table river_job,
-// each with why. River's API inserts, cancels and retries a job (the
-// supervisor calls it); what it does not offer is done here the way River
-// does it itself. They were checked against River v0.51.1 (go.mod pins
-// it): an upgrade of River must check them again, and the list of River
-// internals in supervisor/riverinternals.go.
-//
-//   - wakeJobs makes a job parked waiting for a slot ('scheduled': River's
-//     snooze leaves a job snoozed beyond its scheduler interval, 5s, so)
-//     available now, in the same statement that finds it, which
-//     Client.JobRetry cannot do for a batch and would do even to a job
-//     that finished meanwhile. It is what River's scheduler does when a
-//     job's time comes. A job 'available' with a future scheduled_at is
-//     left alone: River leaves so both a short snooze and a short retry
-//     backoff, and a retry must wait out its kind's backoff.
-//     WakeWaitingJobs uses it, and Watch for the jobs an older release
-//     parked while their task ran.
-//   - rescueJob makes a job that a dead or cut-off supervisor left
-//     'running' (mid-step, or held while its task ran) available again
-//     with its attempt given back (state 'available', attempt - 1): what
-//     River's own snooze does, without River's rescuer waiting an hour,
-//     spending an attempt or discarding the job (RescueStaleSteps,
-//     RescueSteps).
-//   - EnqueueJob inserts a context's job by data_manager.enqueue_job
-//     (migration 27), as River's InsertTx would, but at the context's
-//     attempt, which InsertOpts cannot set: the one INSERT, which
-//     create_task makes every task's job with.
-//   - deleteFinishedJobs deletes the finished jobs of the tasks Prune
-//     removes, as River's JobDeleteMany would, in Prune's transaction.
-//   - Watch, Disagreements, LockJobless, AbandonedSteps, JobRun and Prune
-//     read river_job: a job's state, queue, attempt, last client and times.
+// each with why: what River's API (which the supervisor calls to insert,
+// cancel and retry a job) does not offer is done here the way River does it
+// itself. They were checked against River v0.51.1 (go.mod pins it): an
+// upgrade of River must check them again, and the list of River internals
+// in supervisor/riverinternals.go. The writes are wakeJobs, rescueJob,
+// EnqueueJob and deleteFinishedJobs; Watch, Disagreements, LockJobless,
+// AbandonedSteps, JobRun and Prune read a job's state, queue, attempt, last
+// client and times.
 
 // JobKind is the River kind of every dama job: one job per task, whose
 // work is a step of the task (supervisor.TaskArgs).
@@ -56,7 +34,14 @@ const (
 )
 
 // wakeJobs, given a relation "due(id)" of job ids, makes those of them that
-// wait for a future time available now and returns their id and queue.
+// wait for a future time available now and returns their id and queue: what
+// River's scheduler does when a job's time comes, for a job parked waiting
+// for a slot ('scheduled': River's snooze leaves a job snoozed beyond its
+// scheduler interval, 5s, so), in the statement that finds it, which
+// Client.JobRetry cannot do for a batch and would do even to a job that
+// finished meanwhile. A job 'available' with a future scheduled_at is left
+// alone: River leaves so both a short snooze and a short retry backoff, and
+// a retry must wait out its kind's backoff.
 const wakeJobs = `UPDATE river_job AS j
 	   SET state = ` + jobAvailable + `, scheduled_at = now()
 	  FROM due
@@ -65,32 +50,36 @@ const wakeJobs = `UPDATE river_job AS j
 	   AND j.scheduled_at > now()
 	RETURNING j.id, j.queue`
 
-// rescueJob is the assignment of a rescue: the job is available again, its
-// attempt given back.
+// rescueJob is the assignment of a rescue of a job that a dead or cut-off
+// supervisor left 'running': available again, its attempt given back, as
+// River's own snooze does, without River's rescuer waiting an hour,
+// spending an attempt or discarding the job.
 const rescueJob = `state = ` + jobAvailable + `, attempt = greatest(j.attempt - 1, 0), scheduled_at = now()`
 
-// heldLocks is a query, usable as a CTE, of the ids of the contexts whose
-// lock is held in the current database, read from pg_locks: reading takes
+// heldAdvisory is true for a row l of pg_locks that is a two-int advisory
+// lock of namespace, held in the current database. Reading pg_locks takes
 // no lock and fails nothing.
+func heldAdvisory(namespace int) string {
+	return `l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+	   AND l.classid = ` + strconv.Itoa(namespace) + `::oid
+	   AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d WHERE d.datname = current_database())`
+}
+
+// heldLocks is a query, usable as a CTE, of the ids of the contexts whose
+// lock is held.
 func heldLocks() string {
 	return `SELECT l.objid::bigint AS etl_context_id
-	  FROM pg_catalog.pg_locks AS l
-	 WHERE l.locktype = 'advisory'
-	   AND l.granted
-	   AND l.classid = ` + strconv.Itoa(protocol.LockNamespace) + `::oid
-	   AND l.objsubid = 2
-	   AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d WHERE d.datname = current_database())`
+	  FROM pg_catalog.pg_locks AS l WHERE ` + heldAdvisory(protocol.LockNamespace)
 }
 
 // Watched is what Watch found.
 type Watched struct {
-	// Look are the contexts, in the queues, whose job is held or should
-	// be: a RUNNING context whose lock is free, and a context that ended
-	// (or whose attempt failed) while its job still runs.
+	// Look are the contexts, in the queues, that a step must look at.
 	Look []int64
 	// Woken counts the parked jobs it woke.
 	Woken int
-	// FreeHere are the RUNNING contexts on the host whose lock is free.
+	// FreeHere are the RUNNING contexts on the host whose lock is free,
+	// whoever steps them.
 	FreeHere []int64
 }
 
@@ -98,13 +87,12 @@ type Watched struct {
 // does not depend on how many tasks run quietly, from pg_locks. In queues,
 // it finds the contexts a step must look at (Watched.Look): those whose
 // lock is free while they are RUNNING (their process died, lost its lock or
-// never took it), or while their job still runs (they ended without the
-// supervisors hearing of it). Such a context's job, parked by a release
-// before v0.2.0 (which snoozed a running task's job for an hour), is woken
-// in the same statement. On hostID, whoever steps them, it finds the
-// RUNNING contexts whose lock is free.
+// never took it), or while their job still runs (they ended, or their
+// attempt failed, unheard), and wakes such a context's job parked by a
+// release before v0.2.0 (which snoozed a running task's job for an hour).
 func Watch(ctx context.Context, db DB, queues []string, hostID string) (Watched, error) {
-	rows, err := db.Query(ctx, `
+	var w Watched
+	err := db.QueryRow(ctx, `
 		WITH held AS (`+heldLocks()+`),
 		free AS (
 			SELECT c.etl_context_id, c.queue, c.host_id
@@ -136,34 +124,11 @@ func Watch(ctx context.Context, db DB, queues []string, hostID string) (Watched,
 			        OR (c.etl_status = `+sqlRetrying+` AND c.attempt > j.attempt))),
 		due AS (SELECT id FROM parked),
 		woken AS (`+wakeJobs+`)
-		SELECT true, etl_context_id FROM free WHERE queue = ANY($1)
-		UNION ALL
-		SELECT true, etl_context_id FROM ended
-		UNION ALL
-		SELECT false, etl_context_id FROM free WHERE host_id = $2
-		UNION ALL
-		SELECT true, 0 FROM woken`,
-		queues, hostID, JobKind)
-	if err != nil {
-		return Watched{}, fmt.Errorf("look for tasks whose lock is free: %w", err)
-	}
-	var (
-		w    Watched
-		look bool
-		id   int64
-	)
-	_, err = pgx.ForEachRow(rows, []any{&look, &id}, func() error {
-		if id == 0 {
-			w.Woken++
-			return nil
-		}
-		if look {
-			w.Look = append(w.Look, id)
-		} else {
-			w.FreeHere = append(w.FreeHere, id)
-		}
-		return nil
-	})
+		SELECT ARRAY(SELECT etl_context_id FROM free WHERE queue = ANY($1)
+		             UNION ALL SELECT etl_context_id FROM ended),
+		       (SELECT count(*) FROM woken),
+		       ARRAY(SELECT etl_context_id FROM free WHERE host_id = $2)`,
+		queues, hostID, JobKind).Scan(&w.Look, &w.Woken, &w.FreeHere)
 	if err != nil {
 		return Watched{}, fmt.Errorf("look for tasks whose lock is free: %w", err)
 	}
@@ -203,14 +168,13 @@ type Disagreement struct {
 	Job *int64
 }
 
-// Disagreements finds, in queues, the disagreements a step cannot see,
-// because no step runs once a job is finished: a context that is not
-// finished while its River job is (or is gone), or a finished context
-// whose job ended in a state that says otherwise. They happen only behind
-// dama's back (River's own rescuer after all supervisors were down for an
-// hour, a job cancelled or deleted by hand).
+// Disagreements finds, in queues, what no step sees, as none runs once a
+// job is finished: a context not finished while its River job is (or is
+// gone), or a finished context whose job ended in a state that says
+// otherwise, which happen only behind dama's back (River's own rescuer after
+// all supervisors were down for an hour, a job cancelled or deleted by hand).
 func Disagreements(ctx context.Context, db DB, queues []string) ([]Disagreement, error) {
-	rows, err := db.Query(ctx, `
+	found, err := collect[Disagreement](ctx, db, `
 		SELECT c.etl_context_id, c.queue, c.kind, c.max_attempts, j.id
 		  FROM data_manager.etl_contexts AS c
 		  LEFT JOIN river_job AS j ON j.id = c.river_job_id
@@ -237,25 +201,16 @@ func Disagreements(ctx context.Context, db DB, queues []string) ([]Disagreement,
 	if err != nil {
 		return nil, fmt.Errorf("find contexts that disagree with their jobs: %w", err)
 	}
-	found, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Disagreement, error) {
-		var d Disagreement
-		err := row.Scan(&d.ID, &d.Queue, &d.Kind, &d.MaxAttempts, &d.Job)
-		return d, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("find contexts that disagree with their jobs: %w", err)
-	}
 	return found, nil
 }
 
 // LockJobless locks context id's row, in tx until it ends, and reports
 // whether the context still has no job. Concurrent callers take turns on
-// the row lock, held until the job is recorded (EnqueueJob) and committed, so
-// whoever comes second sees the job the first committed. That check must
-// be a statement of its own, run once the lock is granted: under READ
-// COMMITTED a statement sees only what was committed before it began, so a
-// check inside the locking statement would re-read the context's new
-// river_job_id yet miss the job it names.
+// the row lock, held until the job is recorded (EnqueueJob) and committed,
+// so whoever comes second sees the job the first committed. The check is a
+// statement of its own, run once the lock is granted: under READ COMMITTED
+// one inside the locking statement would re-read the context's new
+// river_job_id yet miss the job it names, committed after it began.
 func LockJobless(ctx context.Context, tx pgx.Tx, id int64) (bool, error) {
 	var current *int64
 	if err := tx.QueryRow(ctx, `
@@ -273,10 +228,11 @@ func LockJobless(ctx context.Context, tx pgx.Tx, id int64) (bool, error) {
 	return !exists, nil
 }
 
-// EnqueueJob gives context id a new River job, in tx, and returns it: by
+// EnqueueJob gives context id a new River job, in tx, and returns it, by
 // data_manager.enqueue_job (migration 27), the one INSERT into river_job,
-// which create_task makes every task's job with. The job starts at the
-// context's attempt and max_attempts, and is due when the context is.
+// with which create_task makes every task's job: as River's InsertTx would,
+// but at the context's attempt, which InsertOpts cannot set, and due when
+// the context is.
 func EnqueueJob(ctx context.Context, tx pgx.Tx, id int64) (int64, error) {
 	var job int64
 	if err := tx.QueryRow(ctx, `SELECT data_manager.enqueue_job($1)`, id).Scan(&job); err != nil {
@@ -288,21 +244,15 @@ func EnqueueJob(ctx context.Context, tx pgx.Tx, id int64) (int64, error) {
 // JobRun reports whether job is running, and since when (its last fetch):
 // a Work whose job was fetched again since it began was taken over.
 func JobRun(ctx context.Context, db DB, job int64) (JobState, error) {
-	var (
-		js JobState
-		at *time.Time
-	)
-	err := db.QueryRow(ctx, `SELECT j.state = `+jobRunning+`, j.attempted_at FROM river_job AS j WHERE j.id = $1`, job).Scan(&js.Running, &at)
+	j, err := collectOne[jobRow](ctx, db,
+		`SELECT j.state = `+jobRunning+`, j.attempted_at FROM river_job AS j WHERE j.id = $1`, job)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return JobState{}, nil
 	}
 	if err != nil {
 		return JobState{}, fmt.Errorf("read job %d: %w", job, err)
 	}
-	if at != nil {
-		js.AttemptedAt = *at
-	}
-	return js, nil
+	return j.state(), nil
 }
 
 // Rescued is a job a rescue made available again.
@@ -314,7 +264,7 @@ type Rescued struct {
 // RescueStaleSteps rescues the steps that started more than olderThan ago
 // and still run: surely dead.
 func RescueStaleSteps(ctx context.Context, db DB, olderThan time.Duration) ([]Rescued, error) {
-	rows, err := db.Query(ctx, `
+	rescued, err := collect[Rescued](ctx, db, `
 		UPDATE river_job AS j
 		   SET `+rescueJob+`
 		 WHERE j.kind = $1
@@ -324,18 +274,7 @@ func RescueStaleSteps(ctx context.Context, db DB, olderThan time.Duration) ([]Re
 	if err != nil {
 		return nil, fmt.Errorf("rescue steps older than %s: %w", olderThan, err)
 	}
-	return collectRescued(rows)
-}
-
-// clientLockMissing is true for a river_job row j whose last client holds
-// no liveness lock (ClientLockNamespace) in this database.
-func clientLockMissing() string {
-	return `NOT EXISTS (
-	SELECT 1 FROM pg_catalog.pg_locks AS l
-	 WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
-	   AND l.classid = ` + strconv.Itoa(ClientLockNamespace) + `::oid
-	   AND l.objid = hashtext(` + lastClient + `)::oid
-	   AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d WHERE d.datname = current_database()))`
+	return rescued, nil
 }
 
 // Step is a running step of a job: the job, the client that last fetched
@@ -344,21 +283,23 @@ type Step struct {
 	JobID       int64
 	Client      string
 	AttemptedAt time.Time
-	// Old: fetched longer ago than the caller's answer wait; Abandoned:
-	// begun over a second ago, and nobody looks after it (AbandonedSteps).
+	// Old: fetched longer ago than the caller's answer wait, by the
+	// database's clock; Abandoned: see AbandonedSteps.
 	Old, Abandoned bool
 }
 
 // abandoned is true for a running river_job row j that nobody looks after:
 // its last client holds no liveness lock (ClientLockNamespace) in this
-// database, or it holds the job of a task whose lock is free while the
-// task is RUNNING with a process recorded, or ended. A live client pokes
-// such a job within a poll interval (its watch), so a job seen so for the
-// rescue grace is held by a client cut off from the database, whose
-// liveness session the server may keep for as long as TCP keepalives
-// allow.
+// database, or it holds the job of a task whose lock is free while the task
+// is RUNNING with a process recorded, or ended. A live client pokes such a
+// job within a poll interval (its watch), so a job seen so for the rescue
+// grace is held by a client cut off from the database, whose liveness
+// session the server may keep for as long as TCP keepalives allow.
 func abandoned() string {
-	return `(` + clientLockMissing() + ` OR EXISTS (
+	return `(NOT EXISTS (
+	SELECT 1 FROM pg_catalog.pg_locks AS l
+	 WHERE ` + heldAdvisory(ClientLockNamespace) + ` AND l.objid = hashtext(` + lastClient + `)::oid)
+	OR EXISTS (
 	SELECT 1 FROM data_manager.etl_contexts AS c
 	 WHERE c.river_job_id = j.id
 	   AND ((c.etl_status = ` + sqlRunning + ` AND c.pid IS NOT NULL) OR c.etl_status <> ` + sqlRunning + `)
@@ -371,14 +312,12 @@ const lastClient = `j.attempted_by[array_length(j.attempted_by, 1)]`
 
 // AbandonedSteps finds the running steps and holds that nobody looks after
 // (abandoned), begun over a second ago (which leaves alone a client taking
-// its lock at startup), and every running step that own, the caller's
-// River client, fetched: whether a Work of its own has it, only the caller
-// can tell (a fetch whose answer was lost leaves a job running under a
-// live client that never received it). A step fetched longer than
-// answerWait ago, by the database's clock, is Old; one of the former,
-// Abandoned.
+// its lock at startup): Abandoned; and every running step that own, the
+// caller's River client, fetched, for only the caller can tell whether a
+// Work of its own has it (a fetch whose answer was lost leaves a job
+// running under a live client that never received it).
 func AbandonedSteps(ctx context.Context, db DB, own string, answerWait time.Duration) ([]Step, error) {
-	rows, err := db.Query(ctx, `
+	steps, err := collect[Step](ctx, db, `
 		SELECT *
 		  FROM (SELECT j.id, coalesce(`+lastClient+`, '') AS client, j.attempted_at,
 		               j.attempted_at < now() - $3::interval,
@@ -387,14 +326,6 @@ func AbandonedSteps(ctx context.Context, db DB, own string, answerWait time.Dura
 		         WHERE j.kind = $1
 		           AND j.state = `+jobRunning+`) AS s
 		 WHERE s.client = $2 OR s.abandoned`, JobKind, own, answerWait)
-	if err != nil {
-		return nil, fmt.Errorf("find running steps nobody looks after: %w", err)
-	}
-	steps, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Step, error) {
-		var s Step
-		err := row.Scan(&s.JobID, &s.Client, &s.AttemptedAt, &s.Old, &s.Abandoned)
-		return s, err
-	})
 	if err != nil {
 		return nil, fmt.Errorf("find running steps nobody looks after: %w", err)
 	}
@@ -411,7 +342,7 @@ func RescueSteps(ctx context.Context, db DB, own string, steps []Step) ([]Rescue
 	for i, s := range steps {
 		ids[i], ats[i] = s.JobID, s.AttemptedAt
 	}
-	rows, err := db.Query(ctx, `
+	rescued, err := collect[Rescued](ctx, db, `
 		UPDATE river_job AS j
 		   SET `+rescueJob+`
 		  FROM unnest($2::bigint[], $3::timestamptz[]) AS due(id, attempted_at)
@@ -424,23 +355,11 @@ func RescueSteps(ctx context.Context, db DB, own string, steps []Step) ([]Rescue
 	if err != nil {
 		return nil, fmt.Errorf("rescue steps of dead supervisors: %w", err)
 	}
-	return collectRescued(rows)
-}
-
-func collectRescued(rows pgx.Rows) ([]Rescued, error) {
-	rescued, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Rescued, error) {
-		var r Rescued
-		err := row.Scan(&r.ID, &r.Queue)
-		return r, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("rescue steps: %w", err)
-	}
 	return rescued, nil
 }
 
-// deleteFinishedJobs deletes, in tx, those of jobs that are finished, and
-// returns how many it deleted.
+// deleteFinishedJobs deletes, in tx, those of jobs that are finished, as
+// River's JobDeleteMany would, and returns how many it deleted.
 func deleteFinishedJobs(ctx context.Context, tx pgx.Tx, jobs []int64) (int64, error) {
 	tag, err := tx.Exec(ctx, `DELETE FROM river_job WHERE id = ANY($1) AND state IN `+jobFinalized, jobs)
 	if err != nil {

@@ -17,8 +17,7 @@ type TickOutcome string
 const (
 	// TickBaseline: the schedule was first seen, or changed; the tick
 	// submitted nothing and later ticks count from it.
-	TickBaseline TickOutcome = "baseline"
-	// TickSubmitted: the tick submitted a task.
+	TickBaseline  TickOutcome = "baseline"
 	TickSubmitted TickOutcome = "submitted"
 	// TickSkipped: a task of the kind was unfinished and the kind's
 	// overlap is skip.
@@ -43,20 +42,18 @@ type Schedule struct {
 // LockSchedule takes, for the rest of tx, the lock under which kind's ticks
 // are taken (waiting for another supervisor's tick to commit), and returns
 // the kind's schedule row (ok false when it has none yet) and the
-// database's clock, by which ticks are taken so that the supervisors' own
-// clocks do not matter.
+// database's clock, by which ticks are taken, whatever the supervisors'.
 func LockSchedule(ctx context.Context, tx pgx.Tx, kind string) (s Schedule, ok bool, now time.Time, err error) {
-	if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
-		return Schedule{}, false, now, fmt.Errorf("read the database clock: %w", err)
-	}
-	// A lock rather than the row's: the first row does not exist yet.
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, scheduleLockNamespace, kind); err != nil {
+	// A lock rather than the row's: the first row does not exist yet. now()
+	// is the transaction's start, whenever it is read.
+	err = tx.QueryRow(ctx, `SELECT now() FROM (SELECT pg_advisory_xact_lock($1, hashtext($2))) AS l`,
+		scheduleLockNamespace, kind).Scan(&now)
+	if err != nil {
 		return Schedule{}, false, now, fmt.Errorf("lock schedule of %s: %w", kind, err)
 	}
-	err = tx.QueryRow(ctx, `
+	s, err = collectOne[Schedule](ctx, tx, `
 		SELECT kind, schedule, timezone, overlap, last_tick, last_outcome, last_context_id, NULL, next_tick, updated_by, updated_at
-		  FROM data_manager.schedules WHERE kind = $1`, kind).Scan(&s.Kind, &s.Spec, &s.Timezone, &s.Overlap, &s.LastTick, &s.LastOutcome,
-		&s.LastContextID, &s.LastStatus, &s.NextTick, &s.UpdatedBy, &s.UpdatedAt)
+		  FROM data_manager.schedules WHERE kind = $1`, kind)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return Schedule{}, false, now, nil
@@ -85,8 +82,7 @@ func RecordTick(ctx context.Context, tx pgx.Tx, s Schedule) error {
 	return nil
 }
 
-// Unfinished counts the contexts of kind that are QUEUED, RUNNING or
-// RETRYING.
+// Unfinished counts the contexts of kind that are not finished.
 func Unfinished(ctx context.Context, db DB, kind string) (int, error) {
 	var n int
 	err := db.QueryRow(ctx, `
@@ -100,19 +96,10 @@ func Unfinished(ctx context.Context, db DB, kind string) (int, error) {
 
 // Schedules lists the rows of data_manager.dama_schedules by kind.
 func Schedules(ctx context.Context, db DB) ([]Schedule, error) {
-	rows, err := db.Query(ctx, `
+	list, err := collect[Schedule](ctx, db, `
 		SELECT kind, schedule, timezone, overlap, last_tick, last_outcome, last_context_id, last_status, next_tick,
 		       updated_by, updated_at
 		  FROM data_manager.dama_schedules ORDER BY kind`)
-	if err != nil {
-		return nil, fmt.Errorf("read schedules: %w", err)
-	}
-	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Schedule, error) {
-		var s Schedule
-		err := r.Scan(&s.Kind, &s.Spec, &s.Timezone, &s.Overlap, &s.LastTick, &s.LastOutcome, &s.LastContextID,
-			&s.LastStatus, &s.NextTick, &s.UpdatedBy, &s.UpdatedAt)
-		return s, err
-	})
 	if err != nil {
 		return nil, fmt.Errorf("read schedules: %w", err)
 	}

@@ -54,10 +54,9 @@ type Task struct {
 	LockMode       *string `json:"lock_mode"`
 	RunnerRelease  *string `json:"runner_release"`
 	RunnerProtocol *int    `json:"runner_protocol"`
-	// DueAt is when the task may next start (a retry's backoff included); WaitingFor and WaitingSince
-	// say why, and since when, a due QUEUED or RETRYING task has not
-	// started (nil when it is not waiting for a slot); ConcurrencyKey is
-	// its kind's concurrency key, from its arguments.
+	// DueAt is when the task may next start (a retry's backoff included);
+	// WaitingFor and WaitingSince say why, and since when, a due task has
+	// not started (nil when it is not waiting for a slot).
 	DueAt          *time.Time `json:"due_at"`
 	WaitingFor     *string    `json:"waiting_for"`
 	WaitingSince   *time.Time `json:"waiting_since"`
@@ -76,12 +75,10 @@ type TaskQuery struct {
 	Limit int
 	// ParentID, when non-zero, selects the children of that context.
 	ParentID int64
-	// Kind and Queue, when not empty, select the contexts of that kind and
-	// of that queue.
-	Kind  string
-	Queue string
-	// IdempotencyKey, when not empty, selects the context submitted with
-	// that key.
+	// Kind, Queue and IdempotencyKey, when not empty, select the contexts
+	// of that kind, of that queue and submitted with that key.
+	Kind           string
+	Queue          string
 	IdempotencyKey string
 	// Before, when non-zero, selects the contexts older than that one
 	// (ids below it): the next page of a list.
@@ -91,34 +88,26 @@ type TaskQuery struct {
 	MaxPayload int
 }
 
-// conditions writes q's conditions, each parameter by param.
-//
-// Only the conditions asked for, rather than one statement whose
-// conditions switch off by their arguments: PostgreSQL may run a cached
-// statement with a plan made without its arguments, and such a plan of
-// "($1 = 0 OR etl_context_id = $1)" reads every context. One status is
-// "=", not "= ANY": then the (etl_status, etl_context_id) index returns
-// the newest of that status first.
+// conditions writes q's conditions, each parameter by param: only those
+// asked for, rather than one statement whose conditions switch off by their
+// arguments, for PostgreSQL may run a cached statement with a plan made
+// without its arguments, and such a plan of "($1 = 0 OR etl_context_id =
+// $1)" reads every context. One status is "=", not "= ANY": then the
+// (etl_status, etl_context_id) index returns the newest of that status
+// first.
 func (q TaskQuery) conditions(param func(any) string) []string {
 	var where []string
-	if q.ID != 0 {
-		where = append(where, "etl_context_id = "+param(q.ID))
+	add := func(set bool, cond string, v any) {
+		if set {
+			where = append(where, cond+param(v))
+		}
 	}
-	if q.ParentID != 0 {
-		where = append(where, "parent_context_id = "+param(q.ParentID))
-	}
-	if q.Kind != "" {
-		where = append(where, "kind = "+param(q.Kind))
-	}
-	if q.Queue != "" {
-		where = append(where, "queue = "+param(q.Queue))
-	}
-	if q.IdempotencyKey != "" {
-		where = append(where, "idempotency_key = "+param(q.IdempotencyKey))
-	}
-	if q.Before != 0 {
-		where = append(where, "etl_context_id < "+param(q.Before))
-	}
+	add(q.ID != 0, "etl_context_id = ", q.ID)
+	add(q.ParentID != 0, "parent_context_id = ", q.ParentID)
+	add(q.Kind != "", "kind = ", q.Kind)
+	add(q.Queue != "", "queue = ", q.Queue)
+	add(q.IdempotencyKey != "", "idempotency_key = ", q.IdempotencyKey)
+	add(q.Before != 0, "etl_context_id < ", q.Before)
 	switch len(q.Statuses) {
 	case 0:
 	case 1:
@@ -133,8 +122,7 @@ func (q TaskQuery) conditions(param func(any) string) []string {
 	return where
 }
 
-// params returns a function that adds a statement's parameter to args and
-// names it.
+// params returns a function that adds a parameter to args and names it.
 func params(args *[]any) func(any) string {
 	return func(v any) string {
 		*args = append(*args, v)
@@ -150,10 +138,10 @@ func Tasks(ctx context.Context, db DB, q TaskQuery) ([]Task, error) {
 	sql := `
 		SELECT etl_context_id, parent_context_id, kind, queue, etl_status, attempt, max_attempts,
 		       job_state, host, pid, created_at, started_at, finished_at, heartbeat_at,
-		       latest_event_type, latest_event_at, ` + boundedJSON("progress", param(q.MaxPayload)+"::int") + `, initial_event_locked, river_job_id,
-		       run_id::text, idempotency_key, cancel_requested_at, log_path,
+		       latest_event_type, latest_event_at, ` + boundedJSON("progress", param(q.MaxPayload)+"::int") + `, progress_at,
+		       initial_event_locked, river_job_id, run_id::text, idempotency_key, cancel_requested_at, log_path,
 		       host_id, command_pgid, lock_lost_at, lock_mode, runner_release, runner_protocol,
-		       due_at, waiting_for, waiting_since, concurrency_key, children, progress_at
+		       due_at, waiting_for, waiting_since, concurrency_key, children
 		  FROM data_manager.dama_task_queue`
 	if len(where) > 0 {
 		sql += "\n\t\t WHERE " + strings.Join(where, " AND ")
@@ -162,20 +150,7 @@ func Tasks(ctx context.Context, db DB, q TaskQuery) ([]Task, error) {
 	if q.Limit > 0 {
 		sql += "\n\t\t LIMIT " + param(q.Limit)
 	}
-	rows, err := db.Query(ctx, sql, args...)
-	if err != nil {
-		return nil, fmt.Errorf("read task queue: %w", err)
-	}
-	tasks, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Task, error) {
-		var t Task
-		err := row.Scan(&t.ID, &t.ParentID, &t.Kind, &t.Queue, &t.Status, &t.Attempt, &t.MaxAttempts,
-			&t.JobState, &t.Host, &t.PID, &t.CreatedAt, &t.StartedAt, &t.FinishedAt, &t.HeartbeatAt,
-			&t.LatestEventType, &t.LatestEventAt, &t.Progress, &t.InitialEventLocked, &t.RiverJobID,
-			&t.RunID, &t.IdempotencyKey, &t.CancelRequestedAt, &t.LogPath,
-			&t.HostID, &t.CommandPGID, &t.LockLostAt, &t.LockMode, &t.RunnerRelease, &t.RunnerProtocol,
-			&t.DueAt, &t.WaitingFor, &t.WaitingSince, &t.ConcurrencyKey, &t.Children, &t.ProgressAt)
-		return t, err
-	})
+	tasks, err := collect[Task](ctx, db, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("read task queue: %w", err)
 	}
@@ -198,37 +173,25 @@ func (c Children) Failed() int {
 
 // ChildCounts counts the children of context parent by status.
 func ChildCounts(ctx context.Context, db DB, parent int64) (Children, error) {
-	rows, err := db.Query(ctx, `
-		SELECT etl_status, count(*) FROM data_manager.etl_contexts
-		 WHERE parent_context_id = $1 GROUP BY etl_status`, parent)
-	if err != nil {
-		return nil, fmt.Errorf("count children of task %d: %w", parent, err)
-	}
 	counts := Children{}
-	var (
-		st Status
-		n  int
-	)
-	_, err = pgx.ForEachRow(rows, []any{&st, &n}, func() error {
-		counts[st] = n
-		return nil
-	})
+	err := db.QueryRow(ctx, `
+		SELECT coalesce(jsonb_object_agg(etl_status, n), '{}')
+		  FROM (SELECT etl_status, count(*) AS n FROM data_manager.etl_contexts
+		         WHERE parent_context_id = $1 GROUP BY etl_status) AS s`, parent).Scan(&counts)
 	if err != nil {
 		return nil, fmt.Errorf("count children of task %d: %w", parent, err)
 	}
 	return counts, nil
 }
 
-// Trouble is what a task last said went wrong: its newest ERROR event's
-// reason (a failed attempt), or, for its current attempt, a WARNING that a
-// host cannot run it.
+// Trouble is what a task last said went wrong.
 type Trouble struct {
-	// Error is the newest ERROR's reason, empty when there is none.
+	// Error is the newest ERROR event's reason, empty when there is none.
 	Error string
 	// Unfit is why a host could not start the task's next attempt (its
-	// launches are taken back without spending one), Host that host, and
-	// At when it first said so (a task process says it once per attempt
-	// and reason); empty when none did.
+	// launches are taken back without spending one), by its WARNING; Host
+	// that host, and At when it first said so (a task process says it once
+	// per attempt and reason); empty when none did.
 	Unfit, Host string
 	At          time.Time
 }
@@ -239,8 +202,7 @@ type Trouble struct {
 const maxTroubleText = 1024
 
 // Troubles returns the Trouble of each of the tasks ids that has one, in
-// one statement: for the status list's reasons. Each text is cut to
-// maxTroubleText characters.
+// one statement, each text cut to maxTroubleText characters.
 func Troubles(ctx context.Context, db DB, ids []int64) (map[int64]Trouble, error) {
 	rows, err := db.Query(ctx, `
 		SELECT c.etl_context_id,
@@ -251,7 +213,7 @@ func Troubles(ctx context.Context, db DB, ids []int64) (map[int64]Trouble, error
 		  FROM data_manager.etl_contexts AS c
 		  LEFT JOIN LATERAL (
 		       SELECT e.meta, e.payload, e.created_at FROM data_manager.event_store AS e
-		        WHERE c.etl_status IN (`+sqlQueued+`, `+sqlRetrying+`)
+		        WHERE c.etl_status IN `+sqlDue+`
 		          AND e.etl_context_id = c.etl_context_id AND e.type = c.kind || ':' || $3
 		          AND e.attempt = c.attempt + 1 AND e.meta ? $4
 		        ORDER BY e.event_id DESC LIMIT 1) AS u ON true
@@ -301,22 +263,16 @@ func CountByStatus(ctx context.Context, db DB, q TaskQuery, upTo int) (map[Statu
 	for i, st := range Statuses {
 		// A literal of dama's own, so that each count reads the index of
 		// its status.
-		cond := append(slices.Clone(where), "etl_status = '"+string(st)+"'")
-		parts[i] = "(SELECT count(*) FROM (SELECT FROM data_manager.etl_contexts WHERE " + strings.Join(cond, " AND ") + " LIMIT " + limit + ") AS x)"
+		status := "'" + string(st) + "'"
+		cond := append(slices.Clone(where), "etl_status = "+status)
+		parts[i] = status + ", (SELECT count(*) FROM (SELECT FROM data_manager.etl_contexts WHERE " +
+			strings.Join(cond, " AND ") + " LIMIT " + limit + ") AS x)"
 	}
-	counts := make([]int, len(Statuses))
-	dest := make([]any, len(counts))
-	for i := range counts {
-		dest[i] = &counts[i]
-	}
-	if err := db.QueryRow(ctx, "SELECT "+strings.Join(parts, ", "), args...).Scan(dest...); err != nil {
+	var counts map[Status]int
+	if err := db.QueryRow(ctx, "SELECT json_build_object("+strings.Join(parts, ", ")+")", args...).Scan(&counts); err != nil {
 		return nil, fmt.Errorf("count tasks by status: %w", err)
 	}
-	byStatus := make(map[Status]int, len(Statuses))
-	for i, st := range Statuses {
-		byStatus[st] = counts[i]
-	}
-	return byStatus, nil
+	return counts, nil
 }
 
 // FinishedSpan is how many contexts finished in a span of time, by status.
@@ -327,39 +283,23 @@ type FinishedSpan struct {
 	Cancelled int       `json:"cancelled"`
 }
 
-// FinishedPer counts the contexts q selects (its kind and queue) that
-// finished since since, per unit ("minute" or "hour", from the start of
-// each in UTC, as a browser counts them), oldest first; a span in which
-// none finished is left out.
+// FinishedPer counts the contexts of q's kind and queue that finished since
+// since, per unit ("minute" or "hour", from the start of each in UTC, as a
+// browser counts them), oldest first, leaving out the spans without any.
 func FinishedPer(ctx context.Context, db DB, q TaskQuery, unit string, since time.Time) ([]FinishedSpan, error) {
 	if unit != "minute" && unit != "hour" {
 		return nil, fmt.Errorf("count finished tasks per %q: per minute or hour", unit)
 	}
 	args := []any{unit, since}
-	param := params(&args)
-	sql := `
+	where := TaskQuery{Kind: q.Kind, Queue: q.Queue}.conditions(params(&args))
+	spans, err := collect[FinishedSpan](ctx, db, `
 		SELECT date_trunc($1, finished_at, 'UTC') AS at,
-		       count(*) FILTER (WHERE etl_status = ` + sqlDone + `),
-		       count(*) FILTER (WHERE etl_status = ` + sqlFailed + `),
-		       count(*) FILTER (WHERE etl_status = ` + sqlCancelled + `)
+		       count(*) FILTER (WHERE etl_status = `+sqlDone+`),
+		       count(*) FILTER (WHERE etl_status = `+sqlFailed+`),
+		       count(*) FILTER (WHERE etl_status = `+sqlCancelled+`)
 		  FROM data_manager.etl_contexts
-		 WHERE finished_at >= $2`
-	if q.Kind != "" {
-		sql += " AND kind = " + param(q.Kind)
-	}
-	if q.Queue != "" {
-		sql += " AND queue = " + param(q.Queue)
-	}
-	sql += " GROUP BY 1 ORDER BY 1"
-	rows, err := db.Query(ctx, sql, args...)
-	if err != nil {
-		return nil, fmt.Errorf("count finished tasks per %s: %w", unit, err)
-	}
-	spans, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (FinishedSpan, error) {
-		var f FinishedSpan
-		err := row.Scan(&f.At, &f.Done, &f.Failed, &f.Cancelled)
-		return f, err
-	})
+		 WHERE `+strings.Join(append([]string{"finished_at >= $2"}, where...), " AND ")+`
+		 GROUP BY 1 ORDER BY 1`, args...)
 	if err != nil {
 		return nil, fmt.Errorf("count finished tasks per %s: %w", unit, err)
 	}

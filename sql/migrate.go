@@ -1,4 +1,4 @@
-// Package schema holds dama's schema, embedded in the binary, and applies it
+// Package sql holds dama's schema, embedded in the binary, and applies it
 // together with River's own migrations.
 package sql
 
@@ -14,7 +14,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -33,16 +32,13 @@ var migrations embed.FS
 // Name is the PostgreSQL schema that holds dama's tables and view.
 const Name = "data_manager"
 
-// The advisory lock that serializes concurrent migrations: dama's lock
-// namespace ('dama', protocol.LockNamespace), and 0, which no context id
-// takes.
+// The advisory lock that serializes concurrent migrations is
+// (protocol.LockNamespace, migrateLockKey): no context id is 0. A Migrate
+// waiting for another one tries it again every migrateLockRetry.
 const (
-	lockNamespace  = protocol.LockNamespace
-	migrateLockKey = 0
+	migrateLockKey   = 0
+	migrateLockRetry = 100 * time.Millisecond
 )
-
-// How often a Migrate waiting for another one tries the lock again.
-const migrateLockRetry = 100 * time.Millisecond
 
 // lockTimeout bounds how long a migration waits for a table lock. A
 // migration waiting for ACCESS EXCLUSIVE makes every later statement on the
@@ -94,26 +90,31 @@ func Latest() (int64, error) {
 // migrations this binary does not know.
 func CheckMigrated(ctx context.Context, pool *pgxpool.Pool) error {
 	applied, latest, err := versions(ctx, pool)
-	if err != nil {
-		return err
-	}
-	if applied < latest {
+	if err == nil && applied < latest {
 		return ErrNotMigrated
 	}
-	return nil
+	return err
 }
 
-// versions returns the newest dama migration applied to the database (0
-// for none) and the newest this binary embeds, or ErrSchemaNewer, saying
-// which release migrated the database, when the first is past the second.
+// versions returns the newest dama migration applied to the database (0 for
+// none, or before River's) and the newest this binary embeds, or
+// ErrSchemaNewer, saying which release migrated the database, when the
+// first is past the second.
 func versions(ctx context.Context, pool *pgxpool.Pool) (applied, latest int64, err error) {
 	latest, err = Latest()
 	if err != nil {
 		return 0, 0, err
 	}
-	applied, err = appliedVersion(ctx, pool)
+	var migrated bool
+	err = pool.QueryRow(ctx, `
+		SELECT to_regclass('data_manager.schema_migrations') IS NOT NULL
+		   AND to_regclass('river_job') IS NOT NULL`).Scan(&migrated)
+	if err == nil && migrated {
+		err = pool.QueryRow(ctx, `
+			SELECT coalesce(max(version_id), 0) FROM data_manager.schema_migrations WHERE is_applied`).Scan(&applied)
+	}
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, fmt.Errorf("check migrations: %w", err)
 	}
 	if applied <= latest {
 		return applied, latest, nil
@@ -127,27 +128,6 @@ func versions(ctx context.Context, pool *pgxpool.Pool) (applied, latest int64, e
 		ErrSchemaNewer, applied, by, version.Release, latest, by)
 }
 
-// appliedVersion returns the newest dama migration applied, 0 for none.
-func appliedVersion(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
-	var migrated bool
-	err := pool.QueryRow(ctx, `
-		SELECT to_regclass('data_manager.schema_migrations') IS NOT NULL
-		   AND to_regclass('river_job') IS NOT NULL`).Scan(&migrated)
-	if err != nil {
-		return 0, fmt.Errorf("check migrations: %w", err)
-	}
-	if !migrated {
-		return 0, nil
-	}
-	var applied int64
-	err = pool.QueryRow(ctx, `
-		SELECT coalesce(max(version_id), 0) FROM data_manager.schema_migrations WHERE is_applied`).Scan(&applied)
-	if err != nil {
-		return 0, fmt.Errorf("check migrations: %w", err)
-	}
-	return applied, nil
-}
-
 // takeMigrateLock waits for the migration lock by trying it again and again
 // rather than in pg_advisory_lock: a statement waiting in the server holds a
 // snapshot, and CREATE INDEX CONCURRENTLY (migration 5) waits for every older
@@ -156,7 +136,7 @@ func appliedVersion(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
 func takeMigrateLock(ctx context.Context, conn *pgxpool.Conn) error {
 	for {
 		var ok bool
-		if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1, $2)", lockNamespace, migrateLockKey).Scan(&ok); err != nil {
+		if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1, $2)", protocol.LockNamespace, migrateLockKey).Scan(&ok); err != nil {
 			return fmt.Errorf("take migration lock: %w", err)
 		}
 		if ok {
@@ -170,11 +150,11 @@ func takeMigrateLock(ctx context.Context, conn *pgxpool.Conn) error {
 	}
 }
 
-// Migrate applies River's migrations and then dama's own, idempotently,
-// then creates dama's roles and grants them their rights, as far as the
-// migrating role may (see CheckRoles). It
-// holds a session-level advisory lock for the whole run, so that several
-// Migrate calls at once (two deploys racing) apply each migration once.
+// Migrate applies River's migrations and then dama's own, idempotently, then
+// creates dama's roles and grants them their rights, as far as the migrating
+// role may (see CheckRoles). It holds a session-level advisory lock for the
+// whole run, so that several Migrate calls at once (two deploys racing)
+// apply each migration once.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
@@ -186,7 +166,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error
 	}
 	defer func() {
 		// A fresh context: the lock must be released even when ctx is done.
-		if _, err := conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1, $2)", lockNamespace, migrateLockKey); err != nil {
+		if _, err := conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1, $2)", protocol.LockNamespace, migrateLockKey); err != nil {
 			logger.Warn("release migration lock", "error", err)
 		}
 	}()
@@ -245,11 +225,10 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error
 			return fmt.Errorf("apply dama migrations: %w", err)
 		}
 		file := partial.Failed.Source.Path
-		var pgErr *pgconn.PgError
 		// lock_not_available: lock_timeout ran out; deadlock_detected: a
 		// reader took the migration's locks in the other order, and was
 		// let through.
-		if !errors.As(partial.Err, &pgErr) || (pgErr.Code != "55P03" && pgErr.Code != "40P01") {
+		if code := etlcontext.ErrCode(partial.Err); code != "55P03" && code != "40P01" {
 			return fmt.Errorf("apply dama migration %s: %w", file, partial.Err)
 		}
 		if try < lockTries {

@@ -36,7 +36,6 @@ const (
 	RoleSupervisor = "dama_supervisor"
 )
 
-// roleNames lists dama's roles.
 func roleNames() []string { return []string{RoleReader, RoleOperator, RoleTask, RoleSupervisor} }
 
 // riverTables are River's tables; those of them that exist get grants.
@@ -60,8 +59,8 @@ $$`, r))
 	return stmts
 }
 
-// right is a right of some of dama's roles: what grantRolesSQL grants
-// (or, revoke, takes away) and CheckRoles checks.
+// right is a right of some of dama's roles: what Migrate and RolesSQL grant
+// (or, revoke, take away) and CheckRoles checks.
 type right struct {
 	roles []string
 	// privileges are SQL privileges ("SELECT", "UPDATE", "EXECUTE", ...);
@@ -203,11 +202,11 @@ func (r right) sql() string {
 	case r.river:
 		return riverGrant(r.tables, privileges, to)
 	case len(r.functions) > 0:
-		on = "FUNCTION " + qualified(r.functions)
+		on = "FUNCTION " + strings.Join(qualified(r.functions), ", ")
 	case len(r.tables) == 0:
 		on = "ALL TABLES IN SCHEMA " + Name
 	default:
-		on = qualified(r.tables)
+		on = strings.Join(qualified(r.tables), ", ")
 	}
 	if r.revoke {
 		return fmt.Sprintf(`REVOKE %s ON %s FROM %s`, privileges, on, to)
@@ -215,23 +214,13 @@ func (r right) sql() string {
 	return fmt.Sprintf(`GRANT %s ON %s TO %s`, privileges, on, to)
 }
 
-// qualified names dama's tables or functions in the schema Name, comma-separated.
-func qualified(names []string) string {
+// qualified names dama's tables or functions in the schema Name.
+func qualified(names []string) []string {
 	q := make([]string, len(names))
 	for i, n := range names {
 		q[i] = Name + "." + n
 	}
-	return strings.Join(q, ", ")
-}
-
-// grantRolesSQL gives each role its rights in the current database; run
-// again after every migration, it also covers tables a migration added.
-func grantRolesSQL() []string {
-	var stmts []string
-	for _, r := range rights() {
-		stmts = append(stmts, r.sql())
-	}
-	return stmts
+	return q
 }
 
 // riverGrant grants privileges on those of River's tables that exist, in
@@ -265,13 +254,11 @@ func RolesSQL() string {
 	var b strings.Builder
 	b.WriteString("-- dama's roles (server-wide), and their rights in this database.\n")
 	for _, s := range createRolesSQL() {
-		b.WriteString(s)
-		b.WriteString(";\n")
+		b.WriteString(s + ";\n")
 	}
 	b.WriteString("BEGIN;\n")
-	for _, s := range grantRolesSQL() {
-		b.WriteString(s)
-		b.WriteString(";\n")
+	for _, r := range rights() {
+		b.WriteString(r.sql() + ";\n")
 	}
 	b.WriteString("COMMIT;\n")
 	return b.String()
@@ -308,8 +295,8 @@ func ensureRoles(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) e
 	// In one transaction: a revocation followed by its grant (a table's
 	// right, then its columns') leaves no moment without either.
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		for _, s := range grantRolesSQL() {
-			if _, err := tx.Exec(ctx, s); err != nil {
+		for _, r := range rights() {
+			if _, err := tx.Exec(ctx, r.sql()); err != nil {
 				return err
 			}
 		}
@@ -359,18 +346,21 @@ func CheckRoles(ctx context.Context, pool *pgxpool.Pool) error {
 		privileges, columns, want = append(privileges, privilege), append(columns, column), append(want, held)
 	}
 	for _, r := range rights() {
-		kind, objs := "table", r.tables
+		kind, objs, cols := "table", r.tables, r.columns
 		switch {
 		case len(r.privileges) == 0:
 			continue
 		case len(r.functions) > 0:
-			kind, objs = "function", strings.Split(qualified(r.functions), ", ")
+			kind, objs = "function", qualified(r.functions)
 		case len(objs) == 0:
 			objs = slices.DeleteFunc(slices.Clone(schemaTables), func(t string) bool {
-				return slices.Contains(strings.Split(qualified(r.except), ", "), t)
+				return slices.Contains(qualified(r.except), t)
 			})
 		case !r.river:
-			objs = strings.Split(qualified(objs), ", ")
+			objs = qualified(objs)
+		}
+		if len(cols) == 0 {
+			cols = []string{""} // the table's own right
 		}
 		for _, role := range r.roles {
 			if !slices.Contains(present, role) {
@@ -381,10 +371,7 @@ func CheckRoles(ctx context.Context, pool *pgxpool.Pool) error {
 			}
 			for _, o := range objs {
 				for _, p := range r.privileges {
-					if len(r.columns) == 0 {
-						add(role, kind, o, p, "", !r.revoke)
-					}
-					for _, c := range r.columns {
+					for _, c := range cols {
 						add(role, kind, o, p, c, !r.revoke)
 					}
 				}

@@ -117,9 +117,7 @@ type copyArgs struct {
 	IgnoreCancel bool   `json:"ignore_cancel"`
 	StartsDir    string `json:"starts_dir"`
 	EnvFile      string `json:"env_file"`
-	// UntilFile holds the task running after its rows until the file
-	// exists: a test ends it when it is done looking.
-	UntilFile string `json:"until_file"`
+	UntilFile    string `json:"until_file"`
 }
 
 type copyCheckpoint struct {
@@ -186,8 +184,8 @@ func copyRows(ctx context.Context, t *taskrunner.Task) error {
 			return err
 		}
 	}
-	// An hour at most: a task whose test died without releasing it does
-	// not run forever.
+	// A test ends the wait when it is done looking; an hour at most,
+	// should it die first.
 	wctx, cancel := context.WithTimeout(ctx, time.Hour)
 	defer cancel()
 	for a.UntilFile != "" {
@@ -213,9 +211,8 @@ func recordStart(dir string, t *taskrunner.Task, first int) error {
 	return err
 }
 
-// fanOut submits its parts as children; its kind's await_children makes it
-// DONE once they all are. The idempotency keys make a retry submit the
-// same children again, not new ones.
+// fanOut submits its parts as children, under idempotency keys: a retry
+// submits the same children again, not new ones.
 func fanOut(ctx context.Context, t *taskrunner.Task) error {
 	var a struct {
 		Parts int `json:"parts"`

@@ -9,6 +9,7 @@
 //	step_ms     milliseconds each step takes (default 100)
 //	fail_at     exit 3 when reaching this step, on the first attempt only
 //	starts_dir  append "<pid> <attempt> <first step>" to <starts_dir>/<etl_context_id>.starts at every start
+//	log_steps   write a line to the log at every step
 //	until_file  after the last step, wait until this file exists (an hour at most) before finishing
 //
 // Its arguments name paths it writes and looks at, as the kind's user: it
@@ -31,20 +32,9 @@ type args struct {
 	StepMS    int    `json:"step_ms"`
 	FailAt    int    `json:"fail_at"`
 	StartsDir string `json:"starts_dir"`
-	// LogSteps writes a line to the log at every step.
-	LogSteps bool `json:"log_steps"`
-	// UntilFile holds the task running after its steps until the file
-	// exists: a test ends it when it is done looking, however slow the
-	// machine.
+	LogSteps  bool   `json:"log_steps"`
 	UntilFile string `json:"until_file"`
 }
-
-// until_file is looked for every untilPoll, for at most untilMax: a task
-// whose test died without releasing it does not run forever.
-const (
-	untilPoll = 50 * time.Millisecond
-	untilMax  = time.Hour
-)
 
 type checkpoint struct {
 	NextStep int `json:"next_step"`
@@ -97,14 +87,15 @@ func run() error {
 			return err
 		}
 	}
-	for waited := time.Duration(0); a.UntilFile != ""; waited += untilPoll {
+	// A test ends the wait when it is done looking, however slow the
+	// machine; an hour at most, should it die first.
+	for deadline := time.Now().Add(time.Hour); a.UntilFile != ""; time.Sleep(50 * time.Millisecond) {
 		if _, err := os.Stat(a.UntilFile); err == nil {
 			break
 		}
-		if waited >= untilMax {
-			return fmt.Errorf("%s did not appear within %s", a.UntilFile, untilMax)
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s did not appear within %s", a.UntilFile, time.Hour)
 		}
-		time.Sleep(untilPoll)
 	}
 	if err := t.Event("rows_loaded", map[string]int{"rows": a.Steps * 1000}); err != nil {
 		return err

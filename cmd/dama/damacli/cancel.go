@@ -12,7 +12,7 @@ import (
 	"github.com/dama-etl/dama"
 )
 
-func newCancelCommand(g *globals, code *exitCode) *cobra.Command {
+func newCancelCommand(g *globals) *cobra.Command {
 	var wait time.Duration
 	cmd := &cobra.Command{
 		Use:   "cancel ID",
@@ -38,7 +38,7 @@ func newCancelCommand(g *globals, code *exitCode) *cobra.Command {
 			}
 			status, err := client.Cancel(ctx, id)
 			if errors.Is(err, dama.ErrCancelPending) {
-				*code = exitCancelPending
+				g.code = exitCancelPending
 			}
 			if err != nil {
 				return err

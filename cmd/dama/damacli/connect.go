@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"regexp"
 	"slices"
 	"strconv"
@@ -21,18 +22,15 @@ import (
 	"github.com/dama-etl/dama/sql"
 )
 
-// connect opens a pool on DATABASE_URL and checks that the database answers
-// and is migrated, so that either is one clear error before anything else.
-func connect(ctx context.Context) (*pgxpool.Pool, string, error) {
-	return connectSized(ctx, 0)
-}
-
-// connectSized is connect with a pool of at least minConns connections,
-// unless DATABASE_URL sets pool_max_conns itself.
-func connectSized(ctx context.Context, minConns int32, configure ...func(*pgxpool.Config)) (*pgxpool.Pool, string, error) {
-	url, err := databaseURL()
-	if err != nil {
-		return nil, "", err
+// connect opens a pool on DATABASE_URL of at least minConns connections,
+// unless the URL sets pool_max_conns, and checks that the database
+// answers: a failure is one clear error before anything else.
+func connect(ctx context.Context, minConns int32, configure ...func(*pgxpool.Config)) (*pgxpool.Pool, string, error) {
+	// From the environment only, so that credentials never appear in a
+	// process listing.
+	url := os.Getenv("DATABASE_URL")
+	if url == "" {
+		return nil, "", errors.New("DATABASE_URL is not set")
 	}
 	pcfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
@@ -61,7 +59,7 @@ func connectSized(ctx context.Context, minConns int32, configure ...func(*pgxpoo
 
 // connectMigrated is connect for the commands that need dama's schema.
 func connectMigrated(ctx context.Context, minConns int32, configure ...func(*pgxpool.Config)) (*pgxpool.Pool, string, error) {
-	pool, url, err := connectSized(ctx, minConns, configure...)
+	pool, url, err := connect(ctx, minConns, configure...)
 	if err != nil {
 		return nil, "", err
 	}
@@ -72,13 +70,11 @@ func connectMigrated(ctx context.Context, minConns int32, configure ...func(*pgx
 	return pool, url, nil
 }
 
-// waitForDatabase is connectMigrated that waits, until ctx ends, for a
-// database that restarts or fails over (a supervisor that systemd restarts
-// meanwhile, say), reporting the wait: whatever etlcontext.Unreachable says a
-// later connection may cure, a full server among them. An unmigrated
-// database, a malformed URL or a login the server refuses (a password, a
-// missing database) is an error at once; a host name that does not
-// resolve is waited for, as a failover's DNS change may need.
+// waitForDatabase is connectMigrated that waits, until ctx ends and
+// reporting the wait, for a database that restarts or fails over: for
+// whatever etlcontext.Unreachable says a later connection may cure (a full
+// server, a host name that does not resolve yet after a failover). An
+// unmigrated database, a malformed URL or a refused login is an error at once.
 func waitForDatabase(ctx context.Context, logger *slog.Logger, minConns int32) (*pgxpool.Pool, string, error) {
 	var (
 		pool *pgxpool.Pool
@@ -91,9 +87,9 @@ func waitForDatabase(ctx context.Context, logger *slog.Logger, minConns int32) (
 	return pool, url, err
 }
 
-// badURL says what is wrong with DATABASE_URL, url, that pgx refused
-// with err: pgx's message shows the URL with its password masked, and a
-// misspelt scheme reads as a keyword/value string, which it is not.
+// badURL says what is wrong with DATABASE_URL, url, that pgx refused with
+// err, whose message masks the password but reads a misspelt scheme as a
+// keyword/value string.
 func badURL(url string, err error) error {
 	if scheme, _, ok := strings.Cut(url, "://"); ok && urlScheme.MatchString(scheme) && scheme != "postgres" && scheme != "postgresql" {
 		return fmt.Errorf("DATABASE_URL's scheme %s is not postgres:// or postgresql://", quoteArg(scheme))
@@ -105,9 +101,8 @@ func badURL(url string, err error) error {
 // string (password=a://b) is not one, and is not shown.
 var urlScheme = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.-]*$`)
 
-// connectError is a failed connection in one line: what was tried and the
-// server's or the network's answer, once. Its chain is pgx's, which
-// etlcontext.Unreachable reads.
+// connectError is a failed connection in one line, its chain pgx's (which
+// etlcontext.Unreachable reads).
 type connectError struct {
 	msg string
 	err error
@@ -116,10 +111,10 @@ type connectError struct {
 func (e *connectError) Error() string { return e.msg }
 func (e *connectError) Unwrap() error { return e.err }
 
-// connectFailed describes err, a failed connection. pgx's message names
-// every attempt: with sslmode=prefer, pgx's default, a server without TLS
-// is tried twice, the first refusal ("tls error: server refused TLS
-// connection") is noise, and the second attempt fails as the first did.
+// connectFailed describes err, a failed connection: what was tried and
+// each distinct answer. pgx's message names every attempt: with
+// sslmode=prefer, its default, a server without TLS is tried twice, and
+// the first refusal is noise.
 func connectFailed(err error) error {
 	var ce *pgconn.ConnectError
 	if !errors.As(err, &ce) {
@@ -175,18 +170,4 @@ func parseID(s string) (int64, error) {
 		return 0, fmt.Errorf("invalid task id %q: want a positive integer", s)
 	}
 	return id, nil
-}
-
-// openContext parses a context id argument and connects; the caller closes
-// the pool.
-func openContext(ctx context.Context, arg string) (int64, *pgxpool.Pool, error) {
-	id, err := parseID(arg)
-	if err != nil {
-		return 0, nil, err
-	}
-	pool, _, err := connectMigrated(ctx, 0)
-	if err != nil {
-		return 0, nil, err
-	}
-	return id, pool, nil
 }

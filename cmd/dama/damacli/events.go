@@ -1,9 +1,8 @@
 package damacli
 
 import (
-	"encoding/json"
+	"context"
 	"fmt"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -12,42 +11,25 @@ import (
 )
 
 func newEventsCommand() *cobra.Command {
-	var asJSON bool
-	cmd := &cobra.Command{
+	var id int64
+	return listCommand(&cobra.Command{
 		Use:   "events ID",
 		Short: "Show the events of a task",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, argv []string) error {
-			id, pool, err := openContext(cmd.Context(), argv[0])
-			if err != nil {
-				return err
-			}
-			defer pool.Close()
-			if _, err := etlcontext.Get(cmd.Context(), pool, id); err != nil {
-				return err
-			}
-			events, err := etlcontext.Events(cmd.Context(), pool, id)
-			if err != nil {
-				return err
-			}
-			out := cmd.OutOrStdout()
-			if asJSON {
-				enc := json.NewEncoder(jsonShown{out})
-				enc.SetIndent("", "  ")
-				return enc.Encode(events)
-			}
-			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "EVENT\tTIME\tATTEMPT\tTYPE\tPAYLOAD")
-			for _, e := range events {
-				payload := string(e.Payload)
-				if payload == "" {
-					payload = string(e.Meta)
-				}
-				fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\n", e.ID, e.CreatedAt.Local().Format(time.DateTime), e.Attempt, shownText(e.Type), shownText(payload))
-			}
-			return tw.Flush()
+		PreRunE: func(_ *cobra.Command, argv []string) (err error) {
+			id, err = parseID(argv[0])
+			return err
 		},
-	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	return cmd
+	}, func(ctx context.Context, db etlcontext.DB) ([]etlcontext.Event, error) {
+		if _, err := etlcontext.Get(ctx, db, id); err != nil {
+			return nil, err
+		}
+		return etlcontext.Events(ctx, db, id)
+	}, "EVENT\tTIME\tATTEMPT\tTYPE\tPAYLOAD", func(e etlcontext.Event) string {
+		payload := string(e.Payload)
+		if payload == "" {
+			payload = string(e.Meta)
+		}
+		return fmt.Sprintf("%d\t%s\t%d\t%s\t%s", e.ID, e.CreatedAt.Local().Format(time.DateTime), e.Attempt, shownText(e.Type), shownText(payload))
+	})
 }

@@ -22,9 +22,8 @@ var (
 	starterTask []byte
 )
 
-// starterRootUser is the user a starter configuration written by root runs
-// its commands as: a supervisor running as root runs none as root unless
-// told.
+// starterRootUser runs the commands of a starter configuration written by
+// root: a supervisor running as root runs none as root unless told.
 const starterRootUser = "nobody"
 
 func newInitCommand() *cobra.Command {
@@ -60,11 +59,6 @@ func writeStarter(cmd *cobra.Command, dir string) error {
 		return fmt.Errorf("init: %w", err)
 	}
 	configPath, taskPath := filepath.Join(abs, "dama.yaml"), filepath.Join(abs, "hello.sh")
-	for _, p := range []string{configPath, taskPath} {
-		if _, err := os.Lstat(p); err == nil {
-			return fmt.Errorf("init: %s exists; it is not overwritten (remove it, or init another directory)", p)
-		}
-	}
 	user := "# user: etl    # the OS user the commands run as (default: the supervisor's)"
 	if os.Geteuid() == 0 {
 		user = "# A supervisor running as root runs no command as root unless told:\n" +

@@ -2,6 +2,7 @@ package damacli
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -35,7 +36,11 @@ rather than acted on, unless --raw.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			ctx := cmd.Context()
-			id, pool, err := openContext(ctx, argv[0])
+			id, err := parseID(argv[0])
+			if err != nil {
+				return err
+			}
+			pool, _, err := connectMigrated(ctx, 0)
 			if err != nil {
 				return err
 			}
@@ -148,8 +153,8 @@ func moves(r rune) bool {
 }
 
 // jsonShown writes JSON with the characters that moves reports escaped
-// (\u202e): the same JSON, which encoding/json leaves them raw in, whose
-// C0 controls it escapes already. A json.Encoder writes each value whole.
+// (\u202e), which encoding/json leaves raw. A json.Encoder writes each
+// value whole.
 type jsonShown struct{ w io.Writer }
 
 func (j jsonShown) Write(p []byte) (int, error) {
@@ -176,25 +181,26 @@ func (j jsonShown) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// openLocalLog opens the log file of c when it is on this host: the host
-// that ran its latest attempt (by its identity, or by its name after a
-// reboot), whose file is still there.
+// printJSON prints v as indented JSON, written by jsonShown.
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(jsonShown{w})
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// openLocalLog opens the log file of c when it is on this host, the one
+// that ran its latest attempt (by its identity, or its name after a reboot).
 func openLocalLog(c *etlcontext.Context) (*os.File, error) {
-	host := "-"
-	if c.Host != nil {
-		host = *c.Host
-	}
 	id, _ := hostproc.ID()
 	name, _ := os.Hostname()
 	if (c.HostID == nil || *c.HostID != id) && (c.Host == nil || *c.Host != name) {
-		return nil, fmt.Errorf("the log of task %d is on host %s", c.ID, host)
+		return nil, fmt.Errorf("the log of task %d is on host %s", c.ID, orDash(c.Host))
 	}
 	return logdir.OpenLog(*c.LogPath, c.ID)
 }
 
 // shownText is s on one line with its control characters shown
-// (controlShown): what a task recorded (its host, its log's path, its
-// errors) said on dama's own lines.
+// (controlShown): what a task recorded, said on dama's own lines.
 func shownText(s string) string {
 	var b strings.Builder
 	c := controlShown{w: &b}
@@ -208,17 +214,14 @@ func shownText(s string) string {
 	return b.String()
 }
 
-// followLog copies what is appended to f until the context is finished (and
-// its log drained) or ctx ends. Later attempts append to the same file.
+// followLog copies what is appended to f, to which later attempts append,
+// until the context is finished and its log drained, or ctx ends.
 func followLog(ctx context.Context, pool *pgxpool.Pool, id int64, f *os.File, out io.Writer) error {
 	ticker := time.NewTicker(200 * time.Millisecond)
 	defer ticker.Stop()
 	for {
-		finished := false
 		c, err := etlcontext.Get(ctx, pool, id)
-		if err == nil {
-			finished = c.Status.Finished()
-		}
+		finished := err == nil && c.Status.Finished()
 		n, err := io.Copy(out, f)
 		if err != nil {
 			return err
@@ -239,9 +242,9 @@ func followLog(ctx context.Context, pool *pgxpool.Pool, id int64, f *os.File, ou
 const keptLogPoll = time.Second
 
 // printKeptLog prints the output of context id that the database keeps,
-// attempt by attempt, says on errOut where output was not kept, and
-// reports whether it printed anything; why, it says first. With follow,
-// it goes on until the context is finished and its tail read.
+// attempt by attempt, saying on errOut first why, then where output was
+// not kept, and reports whether it printed anything. With follow, it goes
+// on until the context is finished and its tail read.
 func printKeptLog(ctx context.Context, pool *pgxpool.Pool, id int64, out, errOut io.Writer, follow bool, why error) (printed bool, err error) {
 	var pos etlcontext.LogPos
 	for {

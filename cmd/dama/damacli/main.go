@@ -5,11 +5,11 @@ package damacli
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -27,21 +27,23 @@ import (
 )
 
 // Options are what a program running the dama command adds to it. Such a
-// program is built with a cmd/dama-taskrunner of its own module beside its
-// main package, whose main calls taskrunner.Main: a supervisor runs its
-// task processes with that program when it is installed beside it, and
-// refuses one of another build (the core's, say).
+// program is built with a cmd/dama-taskrunner of its own module (whose
+// main calls taskrunner.Main), which its supervisor runs task processes
+// with when it is installed beside it (checkTaskProgram).
 type Options struct {
-	// Pods makes the launcher of the configuration's kubernetes kinds
-	// (config.RunnerKubernetes), or returns nil when it has none. Nil
-	// (the default): a supervisor refuses a configuration with
-	// kubernetes kinds.
+	// Pods makes the launcher of the configuration's kubernetes kinds, or
+	// returns nil when it has none. Nil: a supervisor refuses kubernetes kinds.
 	Pods func(*config.Config, *slog.Logger) (supervisor.Launcher, error)
 }
 
 // Main runs the dama command on the process's arguments, and exits.
 func Main(opts Options) {
-	hideEnvironment()
+	// Other processes of the same user (the tasks' commands) may not read
+	// this process's environment, which holds the database URL and the
+	// page's tokens, through /proc/<pid>/environ or a debugger. Only root,
+	// or another OS user's process, is kept out for sure: run the
+	// supervisor as a user of its own for that.
+	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
 	// What this process inherited reaches none of its task processes.
 	if err := hostproc.CloseInheritedOnExec(); err != nil {
 		fmt.Fprintln(os.Stderr, "dama: "+err.Error())
@@ -50,55 +52,44 @@ func Main(opts Options) {
 	os.Exit(run(os.Args[1:], opts))
 }
 
-// run executes the command line and returns the exit code. Every error is a
-// single line on stderr.
+// run executes the command line and returns the exit code. Every error is
+// a single line on stderr.
 func run(args []string, opts Options) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
-	var code exitCode
 	g := &globals{opts: opts}
-	root := newRootCommand(g, &code)
+	root := newRootCommand(g)
 	root.SetArgs(args)
-	err := root.ExecuteContext(ctx)
-	if err != nil {
+	if err := root.ExecuteContext(ctx); err != nil {
+		msg := "dama: " + shownText(oneLine(err.Error()))
 		if g.logFormat == "json" {
 			// The last line of a JSON log is JSON too.
-			slog.New(slog.NewJSONHandler(os.Stderr, nil)).Error("dama: " + shownText(oneLine(err.Error())))
+			slog.New(slog.NewJSONHandler(os.Stderr, nil)).Error(msg)
 		} else {
-			fmt.Fprintln(os.Stderr, "dama: "+shownText(oneLine(err.Error())))
+			fmt.Fprintln(os.Stderr, msg)
 		}
-		if code == 0 {
-			return 1
-		}
+		// An error exits 1 unless the command chose its code.
+		return max(g.code, 1)
 	}
-	return int(code)
+	return g.code
 }
-
-// hideEnvironment keeps other processes of the same user (the tasks'
-// commands) from reading this process's environment, which holds the
-// database URL and the page's tokens, through /proc/<pid>/environ or a
-// debugger: every dama command calls it first thing. Only root, or another
-// OS user's process, is kept out for sure: run the supervisor as a user of
-// its own for that.
-func hideEnvironment() {
-	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
-}
-
-// exitCode lets a command choose its exit status (the taskrunner's codes).
-type exitCode int
 
 func oneLine(s string) string {
 	return strings.Join(strings.Fields(s), " ")
 }
 
+// globals are what the commands share: the global flags, Main's options,
+// the exit status.
 type globals struct {
 	configPath string
 	logFormat  string
 	opts       Options
+	// code is the exit status a command chose (the taskrunner's, say).
+	code int
 }
 
-func newRootCommand(g *globals, code *exitCode) *cobra.Command {
+func newRootCommand(g *globals) *cobra.Command {
 	root := &cobra.Command{
 		Use:   "dama",
 		Short: "A supervisor for long-running ETL tasks",
@@ -113,14 +104,10 @@ data_manager.dama_task_queue shows what runs where, and how far along.`,
 	root.Version = version.Release
 	root.SetVersionTemplate(versionText())
 	root.PersistentFlags().StringVar(&g.configPath, "config", os.Getenv("DAMA_CONFIG"), "configuration file (default $DAMA_CONFIG, else ./dama.yaml if there is one)")
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return err })
 	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
-		switch {
-		case cmd.Hidden:
-			// A task process's configuration comes from its supervisor.
-			return nil
-		case cmd.Name() == "init" || cmd.Name() == "version" || cmd.Name() == "help",
-			cmd.HasParent() && cmd.Parent().Name() == "completion":
+		// These read no configuration; a task process's comes from its supervisor.
+		if cmd.Hidden || slices.Contains([]string{"init", "version", "help"}, cmd.Name()) ||
+			cmd.HasParent() && cmd.Parent().Name() == "completion" {
 			return nil
 		}
 		return g.settleConfig(cmd.Flag("config").Changed)
@@ -130,33 +117,19 @@ data_manager.dama_task_queue shows what runs where, and how far along.`,
 		newMigrateCommand(g),
 		newRolesCommand(),
 		newSupervisorCommand(g),
-		newSubmitCommand(g, code),
+		newSubmitCommand(g),
 		newStatusCommand(),
 		newEventsCommand(),
 		newLogsCommand(),
-		newCancelCommand(g, code),
+		newCancelCommand(g),
 		newRetryCommand(g),
 		newPruneCommand(),
-		newPauseCommand(g),
-		newResumeCommand(g),
-		newBlockCommand(g),
-		newUnblockCommand(g),
 		newQueuesCommand(),
 		newSchedulesCommand(),
-		newTaskrunnerCommand(code),
-		newKeeperCommand(code),
 		newWebCommand(g),
 		newVersionCommand(),
 	)
+	root.AddCommand(newControlCommands(g)...)
+	root.AddCommand(newTaskProcessCommands(g)...)
 	return root
-}
-
-// databaseURL returns DATABASE_URL; it is read from the environment only, so
-// that credentials never appear in a process listing.
-func databaseURL() (string, error) {
-	url := os.Getenv("DATABASE_URL")
-	if url == "" {
-		return "", errors.New("DATABASE_URL is not set")
-	}
-	return url, nil
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,25 +28,18 @@ func listenAddr(addr string) (string, error) {
 	return net.JoinHostPort(host, port), nil
 }
 
-// metricsServer serves reg's metrics on /metrics.
-type metricsServer struct {
-	srv *http.Server
-	ln  net.Listener
-}
-
-// newMetricsRegistry is a registry with the Go runtime's and the process's
-// metrics, for dama's own to be added to.
+// newMetricsRegistry is a registry with the Go runtime's and the process's metrics.
 func newMetricsRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return reg
 }
 
-// listenMetrics starts listening on addr at once, so that a bad address is
-// an error before anything else starts; serve then serves.
-func listenMetrics(addr string, reg *prometheus.Registry, logger *slog.Logger) (*metricsServer, error) {
-	addr, err := listenAddr(addr)
-	if err != nil {
+// serveMetrics serves reg's metrics on http://addr/metrics until stop is
+// called. It listens at once, so that a bad address is an error before
+// anything else starts.
+func serveMetrics(addr string, reg *prometheus.Registry, logger *slog.Logger) (stop func(), err error) {
+	if addr, err = listenAddr(addr); err != nil {
 		return nil, err
 	}
 	ln, err := net.Listen("tcp", addr)
@@ -57,23 +51,39 @@ func listenMetrics(addr string, reg *prometheus.Registry, logger *slog.Logger) (
 	logger.Info("serving metrics", "addr", "http://"+ln.Addr().String()+"/metrics")
 	// A scraper that reads slowly, or not at all, holds its connection
 	// and its scrape's goroutine no longer than WriteTimeout.
-	return &metricsServer{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: time.Minute}, ln: ln}, nil
-}
-
-// serve serves until ctx ends.
-func (m *metricsServer) serve(ctx context.Context, logger *slog.Logger) {
-	done := make(chan struct{})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: time.Minute}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan struct{})
 	go func() {
-		defer close(done)
-		if err := m.srv.Serve(m.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		defer close(served)
+		if err := serve(ctx, srv, ln); err != nil {
 			logger.Error("metrics server stopped", "error", err)
 		}
 	}()
-	<-ctx.Done()
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	_ = m.srv.Shutdown(sctx)
-	<-done
+	return sync.OnceFunc(func() {
+		cancel()
+		<-served
+	}), nil
+}
+
+// serve serves srv on ln until ctx ends, then shuts it down, giving the
+// requests under way 5s to finish.
+func serve(ctx context.Context, srv *http.Server, ln net.Listener) error {
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := srv.Shutdown(sctx); err != nil {
+			_ = srv.Close()
+		}
+	}()
+	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	<-stopped
+	return nil
 }
 
 // metricsHandler serves reg's metrics.

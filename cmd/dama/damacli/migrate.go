@@ -19,7 +19,7 @@ func newMigrateCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			pool, _, err := connect(cmd.Context())
+			pool, _, err := connect(cmd.Context(), 0)
 			if err != nil {
 				return err
 			}
@@ -27,13 +27,13 @@ func newMigrateCommand(g *globals) *cobra.Command {
 			if err := sql.Migrate(cmd.Context(), pool, logger); err != nil {
 				return err
 			}
-			if err := sql.CheckRoles(cmd.Context(), pool); errors.Is(err, sql.ErrRolesIncomplete) {
+			err = sql.CheckRoles(cmd.Context(), pool)
+			if errors.Is(err, sql.ErrRolesIncomplete) {
 				// What this role may not do, an administrator may.
 				fmt.Fprintf(cmd.OutOrStdout(), "-- %s\n-- Run this as an administrator, in this database:\n%s", oneLine(err.Error()), sql.RolesSQL())
-			} else if err != nil {
-				return err
+				return nil
 			}
-			return nil
+			return err
 		},
 	}
 	g.addLogFormat(cmd)

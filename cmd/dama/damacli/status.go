@@ -2,7 +2,6 @@ package damacli
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -53,8 +52,15 @@ the time and the kind, never the progress. -o wide shows every column.`,
 					return err
 				}
 			}
-			if limit < 0 {
+			switch {
+			case limit < 0:
 				return errors.New("--limit must not be negative")
+			case watch && asJSON:
+				return errors.New("--watch and --json exclude each other")
+			case output != "" && output != "wide":
+				return fmt.Errorf("-o %s: want wide (or --json)", quoteArg(output))
+			case watch && interval < 100*time.Millisecond:
+				return errors.New("--interval must be at least 100ms")
 			}
 			for _, st := range statuses {
 				st := etlcontext.Status(strings.ToUpper(st))
@@ -63,17 +69,7 @@ the time and the kind, never the progress. -o wide shows every column.`,
 				}
 				q.Statuses = append(q.Statuses, st)
 			}
-			id := q.ID
-			if watch && asJSON {
-				return errors.New("--watch and --json exclude each other")
-			}
-			if output != "" && output != "wide" {
-				return fmt.Errorf("-o %s: want wide (or --json)", quoteArg(output))
-			}
 			wide := output == "wide"
-			if watch && interval < 100*time.Millisecond {
-				return errors.New("--interval must be at least 100ms")
-			}
 			pool, _, err := connectMigrated(cmd.Context(), 0)
 			if err != nil {
 				return err
@@ -83,22 +79,20 @@ the time and the kind, never the progress. -o wide shows every column.`,
 			if err != nil {
 				return err
 			}
-			if id != 0 && len(tasks) == 0 {
-				return fmt.Errorf("task %d not found", id)
+			if q.ID != 0 && len(tasks) == 0 {
+				return fmt.Errorf("task %d not found", q.ID)
 			}
 			if watch {
 				return watchTasks(cmd.Context(), pool, q, cmd.OutOrStdout(), interval, wide)
 			}
 			out := cmd.OutOrStdout()
 			if asJSON {
-				enc := json.NewEncoder(jsonShown{out})
-				enc.SetIndent("", "  ")
-				if id != 0 {
-					return enc.Encode(tasks[0])
+				if q.ID != 0 {
+					return printJSON(out, tasks[0])
 				}
-				return enc.Encode(tasks)
+				return printJSON(out, tasks)
 			}
-			if id != 0 && !wide {
+			if q.ID != 0 && !wide {
 				return describeTask(cmd.Context(), pool, out, tasks[0])
 			}
 			return printTasks(cmd.Context(), pool, out, tasks, wide, columns(out))
@@ -113,49 +107,80 @@ the time and the kind, never the progress. -o wide shows every column.`,
 	return cmd
 }
 
-// printTasks prints tasks as a table, newest first: by default the
-// columns that say where each task is, fitted to cols when it is
-// positive; wide, every column. Progress is a bar with a percentage;
-// durations as people write them (3h12m), times in the local zone.
-func printTasks(ctx context.Context, db etlcontext.DB, w io.Writer, tasks []etlcontext.Task, wide bool, cols int) error {
-	var running, all []int64
+// notes are what is said of tasks beside their rows: the paces of the
+// running ones and the troubles of all, at now.
+type notes struct {
+	paces    map[int64]etlcontext.Pace
+	troubles map[int64]etlcontext.Trouble
+	now      time.Time
+}
+
+// readNotes reads the notes of tasks, in at most two statements.
+func readNotes(ctx context.Context, db etlcontext.DB, tasks []etlcontext.Task) (notes, error) {
+	var all, running []int64
 	for _, t := range tasks {
 		all = append(all, t.ID)
 		if t.Status == etlcontext.StatusRunning {
 			running = append(running, t.ID)
 		}
 	}
-	paces := map[int64]etlcontext.Pace{}
-	troubles := map[int64]etlcontext.Trouble{}
+	var n notes
+	var err error
 	if len(running) > 0 {
-		var err error
-		if paces, err = etlcontext.Paces(ctx, db, running); err != nil {
-			return err
+		if n.paces, err = etlcontext.Paces(ctx, db, running); err != nil {
+			return n, err
 		}
 	}
 	if len(all) > 0 {
-		var err error
-		if troubles, err = etlcontext.Troubles(ctx, db, all); err != nil {
-			return err
+		if n.troubles, err = etlcontext.Troubles(ctx, db, all); err != nil {
+			return n, err
 		}
 	}
-	now := time.Now()
+	n.now = time.Now()
+	return n, nil
+}
+
+// eta is "ETA 3m12s": the time a running task (one with a pace) has left
+// at its pace, when its progress tells.
+func (n notes) eta(t etlcontext.Task) (string, bool) {
+	left, ok := n.paces[t.ID].Remaining(t.Progress, t.ProgressAt, n.now)
+	return "ETA " + human(left), ok
+}
+
+// ranFor is how long a task has run: its current attempt so far, while
+// it runs; from its first start to its end, once finished.
+func (n notes) ranFor(t etlcontext.Task) string {
+	if pace, running := n.paces[t.ID]; running {
+		return human(n.now.Sub(pace.StartedAt))
+	}
+	if t.Status.Finished() && t.StartedAt != nil && t.FinishedAt != nil {
+		return human(t.FinishedAt.Sub(*t.StartedAt))
+	}
+	return "-"
+}
+
+func (n notes) reason(t etlcontext.Task) string {
+	return reason(t, n.troubles[t.ID], n.now)
+}
+
+// printTasks prints tasks as a table: by default the columns that say
+// where each task is, fitted to cols when it is positive; wide, every column.
+func printTasks(ctx context.Context, db etlcontext.DB, w io.Writer, tasks []etlcontext.Task, wide bool, cols int) error {
+	n, err := readNotes(ctx, db, tasks)
+	if err != nil {
+		return err
+	}
 	if wide {
-		return printWide(w, tasks, paces, troubles, now)
+		return printWide(w, tasks, n)
 	}
 	rows := [][]string{{"ID", "KIND", "STATUS", "ATTEMPT", "PROGRESS", "TIME", "REASON"}}
 	for _, t := range tasks {
-		pace, running := paces[t.ID]
-		progress := "-"
-		if len(t.Progress) > 0 {
-			progress = bar(t.Progress, 10)
-		}
-		took := ranFor(t, pace, running, now)
-		if left, ok := pace.Remaining(t.Progress, t.ProgressAt, now); ok && running {
-			took = "ETA " + human(left)
+		took := n.ranFor(t)
+		if eta, ok := n.eta(t); ok {
+			took = eta
 		}
 		rows = append(rows, []string{strconv.FormatInt(t.ID, 10), t.Kind, string(t.Status), fmt.Sprintf("%d/%d", t.Attempt, t.MaxAttempts),
-			progress, took, reason(t, troubles[t.ID], now)})
+			bar(t.Progress, 10), took, n.reason(t)})
 	}
 	for _, line := range fitTable(rows, cols) {
 		if _, err := fmt.Fprintln(w, line); err != nil {
@@ -165,8 +190,7 @@ func printTasks(ctx context.Context, db etlcontext.DB, w io.Writer, tasks []etlc
 	return nil
 }
 
-// The columns of the default table a narrow terminal drops, first to
-// last: never the id, the status or the progress.
+// The columns of the default table a narrow terminal drops.
 const (
 	colKind    = 1
 	colAttempt = 3
@@ -174,8 +198,7 @@ const (
 	colReason  = 6
 )
 
-// minReason is the narrowest a reason is cut to before the time and the
-// kind are dropped for it.
+// minReason is the narrowest a reason is cut to before columns are dropped.
 const minReason = 24
 
 // fitTable lays rows out in columns two spaces apart, within cols runes
@@ -183,72 +206,63 @@ const minReason = 24
 // minReason, after dropping the attempt, then the time, then the kind;
 // then cut further, or dropped. The id, the status and the progress stay.
 func fitTable(rows [][]string, cols int) []string {
-	keep := map[int]bool{}
-	for i := range rows[0] {
-		keep[i] = true
-	}
-	widths := func() (w []int, total int) {
-		w = make([]int, len(rows[0]))
-		for _, r := range rows {
-			for i, c := range r {
-				w[i] = max(w[i], utf8.RuneCountInString(c))
-			}
+	w := make([]int, len(rows[0]))
+	dropped := make([]bool, len(w))
+	for _, r := range rows {
+		for i, c := range r {
+			w[i] = max(w[i], utf8.RuneCountInString(c))
 		}
-		n := 0
+	}
+	width := func() int {
+		total, n := 0, 0
 		for i, x := range w {
-			if keep[i] {
+			if !dropped[i] {
 				total += x
 				n++
 			}
 		}
-		return w, total + 2*(n-1)
+		return total + 2*(n-1)
 	}
-	w, total := widths()
 	// cut cuts the reason to what the other columns leave, if that is at
 	// least least runes.
 	cut := func(least int) bool {
-		if !keep[colReason] || total-w[colReason]+least > cols {
+		others := width() - w[colReason]
+		if dropped[colReason] || others+least > cols {
 			return false
 		}
-		w[colReason] -= total - cols
-		total = cols
+		w[colReason] = cols - others
 		return true
 	}
-	fitted := cols <= 0 || total <= cols || cut(minReason)
+	fitted := cols <= 0 || width() <= cols || cut(minReason)
 	for _, drop := range []int{colAttempt, colTime, colKind} {
 		if fitted {
 			break
 		}
-		keep[drop] = false
-		w, total = widths()
-		fitted = total <= cols || cut(minReason)
+		dropped[drop] = true
+		fitted = width() <= cols || cut(minReason)
 	}
 	if !fitted && !cut(len("REASON")) {
-		keep[colReason] = false
+		dropped[colReason] = true
 	}
 	lines := make([]string, 0, len(rows))
 	for _, r := range rows {
-		var b strings.Builder
+		var cells []string
 		for i, c := range r {
-			if !keep[i] {
+			if dropped[i] {
 				continue
 			}
-			if b.Len() > 0 {
-				b.WriteString("  ")
-			}
-			if n := utf8.RuneCountInString(c); n > w[i] {
+			if utf8.RuneCountInString(c) > w[i] {
 				c = string([]rune(c)[:w[i]-1]) + "…"
 			}
-			b.WriteString(c + strings.Repeat(" ", w[i]-utf8.RuneCountInString(c)))
+			cells = append(cells, c+strings.Repeat(" ", w[i]-utf8.RuneCountInString(c)))
 		}
-		lines = append(lines, strings.TrimRight(b.String(), " "))
+		lines = append(lines, strings.TrimRight(strings.Join(cells, "  "), " "))
 	}
 	return lines
 }
 
-// printWide prints every column of tasks, River's job and the process
-// included, and the reason.
-func printWide(w io.Writer, tasks []etlcontext.Task, paces map[int64]etlcontext.Pace, troubles map[int64]etlcontext.Trouble, now time.Time) error {
+// printWide prints every column of tasks, River's job and the process included.
+func printWide(w io.Writer, tasks []etlcontext.Task, n notes) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tKIND\tQUEUE\tSTATUS\tATTEMPT\tJOB\tWAITING\tCHILDREN\tHOST\tPID\tLOCKED\tRUNTIME\tLATEST EVENT\tPROGRESS\tREASON")
 	for _, t := range tasks {
@@ -256,34 +270,28 @@ func printWide(w io.Writer, tasks []etlcontext.Task, paces map[int64]etlcontext.
 		if t.LatestEventType != nil {
 			latest = *t.LatestEventType
 			if t.LatestEventAt != nil {
-				latest += " " + localTime(*t.LatestEventAt, now)
+				latest += " " + localTime(*t.LatestEventAt, n.now)
 			}
 		}
-		pace, running := paces[t.ID]
-		shown := "-"
-		if len(t.Progress) > 0 {
-			shown = bar(t.Progress, 20)
-			if left, ok := pace.Remaining(t.Progress, t.ProgressAt, now); ok && running {
-				shown += " ETA " + human(left)
-			}
+		progress := bar(t.Progress, 20)
+		if eta, ok := n.eta(t); ok {
+			progress += " " + eta
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\t%s\t%s\t%t\t%s\t%s\t%s\t%s\n",
 			t.ID, t.Kind, shownText(t.Queue), t.Status, t.Attempt, t.MaxAttempts,
 			orDash(t.JobState), waiting(t), t.Children.String(), shownText(orDash(t.Host)), intOrDash(t.PID), t.InitialEventLocked,
-			ranFor(t, pace, running, now), shownText(latest), shown, reason(t, troubles[t.ID], now))
+			n.ranFor(t), shownText(latest), progress, n.reason(t))
 	}
 	return tw.Flush()
 }
 
-// reason says in a few words why a task is where it is: what a waiting
-// task waits for, or until when; that a running one is being cancelled or
-// awaits its children; a failed one's last error.
+// reason says in a few words why a task is where it is (etlcontext.Reason).
 func reason(t etlcontext.Task, tr etlcontext.Trouble, now time.Time) string {
 	return shownText(etlcontext.ReasonOf(t, tr, now).Format(func(at time.Time) string { return localTime(at, now) }))
 }
 
 // columns is how wide a table for w may be: a terminal's width, else
-// $COLUMNS, else 0 for no bound.
+// $COLUMNS, else 0 (no bound).
 func columns(w io.Writer) int {
 	if cols, _, tty := terminalSize(w); tty {
 		return cols
@@ -294,20 +302,7 @@ func columns(w io.Writer) int {
 	return 0
 }
 
-// ranFor is how long a task has run: its current attempt so far, while
-// it runs; from its first start to its end, once finished.
-func ranFor(t etlcontext.Task, pace etlcontext.Pace, running bool, now time.Time) string {
-	switch {
-	case running:
-		return human(now.Sub(pace.StartedAt))
-	case t.Status.Finished() && t.StartedAt != nil && t.FinishedAt != nil:
-		return human(t.FinishedAt.Sub(*t.StartedAt))
-	}
-	return "-"
-}
-
-// human writes d as people do, to its two largest units: 45s, 12m5s,
-// 3h12m, 2d3h.
+// human writes d to its two largest units: 45s, 12m5s, 3h12m, 2d3h.
 func human(d time.Duration) string {
 	d = max(d, 0)
 	const day = 24 * time.Hour
@@ -332,8 +327,7 @@ func localTime(t, now time.Time) string {
 	return t.Format(time.DateTime)
 }
 
-// waiting says why a task that has not started waits: until when it is
-// due, or for what.
+// waiting says what a task that has not started waits for, or until when.
 func waiting(t etlcontext.Task) string {
 	switch {
 	case t.Status != etlcontext.StatusQueued && t.Status != etlcontext.StatusRetrying:

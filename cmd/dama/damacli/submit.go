@@ -15,7 +15,7 @@ import (
 	"github.com/dama-etl/dama/config"
 )
 
-func newSubmitCommand(g *globals, code *exitCode) *cobra.Command {
+func newSubmitCommand(g *globals) *cobra.Command {
 	var (
 		wait   bool
 		args   string
@@ -26,7 +26,7 @@ func newSubmitCommand(g *globals, code *exitCode) *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:               "submit KIND",
-		ValidArgsFunction: g.completeKinds,
+		ValidArgsFunction: g.complete((*config.Config).KindNames),
 		Short:             "Submit a task; prints its id",
 		Long: `Submit a task of a configured kind and print its id (etl_context_id) alone on
 stdout. With --idempotency-key, submitting the same key again with the same
@@ -58,11 +58,8 @@ refused.`,
 			}
 			defer pool.Close()
 			// --delay counts from the submission, not from before a
-			// connection that may have taken seconds.
-			due, err := dueAt(runAt, delay, time.Now())
-			if err != nil {
-				return err
-			}
+			// connection that may have taken seconds; checked above.
+			due, _ := dueAt(runAt, delay, time.Now())
 			client, err := dama.NewClient(pool, cfg)
 			if err != nil {
 				return err
@@ -76,8 +73,7 @@ refused.`,
 			if !wait {
 				return nil
 			}
-			c, err := waitForTask(cmd.Context(), client, pool, id, cmd.ErrOrStderr())
-			*code = exitCode(c)
+			g.code, err = waitForTask(cmd.Context(), client, pool, id, cmd.ErrOrStderr())
 			return err
 		},
 	}
@@ -110,11 +106,10 @@ func dueAt(runAt string, delay time.Duration, now time.Time) (time.Time, error) 
 	return time.Time{}, nil
 }
 
-// rfc3339 is RFC 3339's date-time grammar, whose T and Z may be written
-// in lower case (section 5.6). time.Parse alone is both laxer and
-// stricter: it takes a one-digit hour, a comma before the fraction and
-// offsets such as +24:60, which name no zone RFC 3339 can write back, and
-// refuses a lower-case t or z.
+// rfc3339 is RFC 3339's date-time grammar, whose T and Z may be lower
+// case. time.Parse alone refuses those, and takes a one-digit hour, a
+// comma before the fraction and offsets such as +24:60, which RFC 3339
+// cannot write back.
 var rfc3339 = regexp.MustCompile(`^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$`)
 
 // parseRFC3339 reads s as an RFC 3339 date-time; time.Parse checks the

@@ -1,15 +1,12 @@
 package damacli
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"os"
-	"sync"
 
 	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/jackc/pgx/v5"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
 	"github.com/dama-etl/dama/config"
@@ -38,61 +35,45 @@ running.`,
 			if err != nil {
 				return err
 			}
-			// Steps hold a connection for a few milliseconds each, River's
-			// producers and completer need their own: pgxpool's default
-			// (4 on two cores) would make steps queue for connections.
 			logger, err := g.logger(cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
-			var reg *prometheus.Registry
+			opts := supervisor.Options{Logger: logger, Executable: program}
+			if program != "" {
+				opts.CheckExecutable = checkTaskProgram
+			}
 			stopMetrics := func() {}
 			if metricsListen != "" {
-				reg = newMetricsRegistry()
-				metrics, err := listenMetrics(metricsListen, reg, logger)
-				if err != nil {
+				reg := newMetricsRegistry()
+				opts.Registerer = reg
+				// Served while the database is waited for too, and
+				// until the supervisor has stopped.
+				if stopMetrics, err = serveMetrics(metricsListen, reg, logger); err != nil {
 					return err
 				}
-				// Served from now on, the process's metrics while the
-				// database is waited for too, and until the supervisor
-				// has stopped: a signal ends Run, then this.
-				ctx, stop := context.WithCancel(context.WithoutCancel(cmd.Context()))
-				served := make(chan struct{})
-				go func() {
-					defer close(served)
-					metrics.serve(ctx, logger)
-				}()
-				stopMetrics = sync.OnceFunc(func() {
-					stop()
-					<-served
-				})
 				defer stopMetrics()
 			}
+			// Steps hold a connection for a few milliseconds each, River's
+			// producers and completer need their own: pgxpool's default
+			// (4 on two cores) would make steps queue for connections.
 			pool, url, err := waitForDatabase(cmd.Context(), logger, 20)
 			if err != nil {
 				return err
 			}
 			defer func() {
-				// No scrape reads the database's statistics from a
-				// closed pool.
+				// No scrape reads the statistics of a closed pool.
 				stopMetrics()
 				pool.Close()
 			}()
 			// Task processes connect as the supervisor does, or, least
 			// privilege, as a member of dama_task.
-			taskURL := url
+			opts.DatabaseURL = url
 			if u := os.Getenv(taskDatabaseURLEnv); u != "" {
 				if _, err := pgx.ParseConfig(u); err != nil {
 					return fmt.Errorf("$%s: %w", taskDatabaseURLEnv, err)
 				}
-				taskURL = u
-			}
-			opts := supervisor.Options{DatabaseURL: taskURL, Logger: logger, Executable: program}
-			if program != "" {
-				opts.CheckExecutable = checkTaskProgram
-			}
-			if reg != nil {
-				opts.Registerer = reg
+				opts.DatabaseURL = u
 			}
 			if g.opts.Pods != nil {
 				if opts.Pods, err = g.opts.Pods(cfg, logger); err != nil {
@@ -123,9 +104,8 @@ running.`,
 }
 
 // notify tells the service manager named by NOTIFY_SOCKET, if any, the
-// supervisor's state (sd_notify(3)). The variable stays set for the
-// supervisor's own later notices; its task processes do not get it
-// (supervisor.runnerEnv).
+// supervisor's state (sd_notify(3)); task processes do not get the
+// variable (supervisor.runnerEnv).
 func notify(logger *slog.Logger, state string) {
 	if _, err := daemon.SdNotify(false, state); err != nil {
 		logger.Warn("notify the service manager", "state", state, "error", err)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
@@ -13,14 +14,13 @@ import (
 	"strings"
 )
 
-// taskProgramName is the program of the task processes (cmd/dama-taskrunner)
-// that a supervisor looks for beside its own binary.
+// taskProgramName is the program of the task processes that a supervisor
+// looks for beside its own binary (cmd/dama-taskrunner).
 const taskProgramName = "dama-taskrunner"
 
 // taskProgram returns the program the supervisor's task processes run
-// (supervisor.Options.Executable): dama-taskrunner beside this binary, the
-// file it was started from, when there is one; "" (this binary) when not.
-// The supervisor checks the file it opens with checkTaskProgram.
+// (supervisor.Options.Executable): dama-taskrunner beside this binary when
+// there is one, else "" (this binary).
 func taskProgram() (string, error) {
 	exe, err := os.Executable()
 	if err != nil {
@@ -35,10 +35,9 @@ func taskProgram() (string, error) {
 
 // checkTaskProgram refuses a dama-taskrunner of another build than this
 // dama's (supervisor.Options.CheckExecutable), read from the file the
-// supervisor opened, which is the one it runs. It refuses, rather than
-// passes over, one of another build: the supervisor and its runners speak
-// one release's protocol, and a half-upgraded install would otherwise
-// cost every task its memory savings without a word.
+// supervisor opened and runs. Refused, not passed over: the supervisor and
+// its runners speak one release's protocol, and a half-upgraded install
+// would otherwise cost every task its memory savings without a word.
 func checkTaskProgram(program *os.File) error {
 	ours, ok := debug.ReadBuildInfo()
 	if !ok {
@@ -55,10 +54,8 @@ func checkTaskProgram(program *os.File) error {
 }
 
 // sameBuild tells whether theirs is dama-taskrunner built as ours was:
-// beside dama's own package (cmd/dama-taskrunner of the core module, or of
-// the Kubernetes module), from the same module at the same version and
-// commit, with the same Go and settings, and each dependency it has at the
-// version ours has.
+// beside dama's own package, from the same module, version and commit,
+// with the same Go and settings, and each dependency at ours's version.
 func sameBuild(ours, theirs *debug.BuildInfo) error {
 	want := path.Join(path.Dir(ours.Path), taskProgramName)
 	switch {
@@ -77,15 +74,9 @@ func sameBuild(ours, theirs *debug.BuildInfo) error {
 		return m
 	}
 	o, t := settings(ours), settings(theirs)
-	keys := make([]string, 0, len(o)+len(t))
-	for k := range o {
-		keys = append(keys, k)
-	}
-	for k := range t {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	for _, k := range slices.Compact(keys) {
+	all := maps.Clone(o)
+	maps.Copy(all, t)
+	for _, k := range slices.Sorted(maps.Keys(all)) {
 		if o[k] != t[k] {
 			return fmt.Errorf("build setting %s is %q, dama's %q", k, t[k], o[k])
 		}

@@ -2,10 +2,12 @@ package damacli
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -17,8 +19,8 @@ import (
 )
 
 // Exit codes of `dama submit --wait` once the task is submitted, beside 0
-// for DONE, and of `dama cancel`; apart from 1 (dama's own errors, before anything is written)
-// and from 2 (a Go program's crash).
+// for DONE, and of `dama cancel`: apart from 1 (dama's own errors, before
+// anything is written) and 2 (a Go program's crash).
 const (
 	exitTaskFailed    = 20
 	exitTaskCancelled = 21
@@ -42,7 +44,7 @@ const (
 )
 
 // terminalSize returns w's columns and rows, and whether it is a terminal
-// at all (as x/term reads them on Linux).
+// (as x/term reads them on Linux).
 func terminalSize(w io.Writer) (cols, rows int, ok bool) {
 	f, isFile := w.(*os.File)
 	if !isFile {
@@ -61,18 +63,14 @@ func terminalSize(w io.Writer) (cols, rows int, ok bool) {
 // fit cuts s to fit n columns (one per rune), so that a redrawn line never
 // wraps onto a row the next redraw would not clear.
 func fit(s string, n int) string {
-	if n <= 0 {
-		return ""
+	if r := []rune(s); len(r) > max(n, 0) {
+		return string(r[:max(n, 0)])
 	}
-	r := []rune(s)
-	if len(r) <= n {
-		return s
-	}
-	return string(r[:n])
+	return s
 }
 
-// bar draws progress as "[#######.............] 35% 7/20", or the payload
-// itself when it is not one of the forms dama reads, shown (shownText).
+// bar draws progress as "[#######.............] 35% 7/20", or shows the
+// payload itself when it is not one of the forms dama reads.
 func bar(payload []byte, width int) string {
 	if len(payload) == 0 {
 		return "-"
@@ -107,15 +105,12 @@ func describe(t etlcontext.Task) string {
 }
 
 // waitForTask follows task id until it is finished, drawing its progress
-// on w: redrawn in place, every 250ms, on a terminal; off one, a line per
-// change of status or attempt, from a look every second. The end itself is
-// heard, not looked for (client.Wait). A database that goes away is waited
-// for. A finished task is followed a little longer (at most settleWait),
-// until its task process has let go of its lock and its River job is
-// settled, so that what the caller does next (`dama retry`, `dama logs`)
-// finds it at rest. It returns the exit code: 0 for DONE, exitTaskFailed
-// or exitTaskCancelled with the last error as the error, exitTaskUnknown
-// when the wait ended first.
+// on w: redrawn in place every 250ms on a terminal, else a line per change
+// of status or attempt. The end is heard (client.Wait), not looked for; a
+// database that goes away is waited for. A finished task is followed at
+// most settleWait longer, until it is settled, so that what the caller
+// does next (`dama retry`, `dama logs`) finds it at rest. It returns the
+// exit code, with the task's last error for FAILED and CANCELLED.
 func waitForTask(ctx context.Context, client *dama.Client, db etlcontext.DB, id int64, w io.Writer) (int, error) {
 	cols, _, tty := terminalSize(w)
 	interval := time.Second
@@ -136,21 +131,19 @@ func waitForTask(ctx context.Context, client *dama.Client, db etlcontext.DB, id 
 		failing  error
 		finished time.Time
 	)
-	// newline ends the line a terminal's redraws share before anything
-	// else is written.
+	// newline ends the line a terminal's redraws share.
 	newline := func() {
 		if tty && last != "" {
 			fmt.Fprintln(w)
 		}
 	}
+	defer newline()
 	for {
 		tasks, err := etlcontext.Tasks(ctx, db, etlcontext.TaskQuery{ID: id})
 		switch {
 		case ctx.Err() != nil:
-			newline()
 			return exitTaskUnknown, fmt.Errorf("stopped waiting; task %d goes on", id)
 		case err != nil && !etlcontext.Transient(err):
-			newline()
 			return exitTaskUnknown, fmt.Errorf("follow task %d: %w", id, err)
 		case err != nil:
 			if failing == nil {
@@ -160,7 +153,6 @@ func waitForTask(ctx context.Context, client *dama.Client, db etlcontext.DB, id 
 			}
 			failing = err
 		case len(tasks) == 0:
-			newline()
 			return exitTaskUnknown, fmt.Errorf("task %d not found", id)
 		default:
 			failing = nil
@@ -179,7 +171,6 @@ func waitForTask(ctx context.Context, client *dama.Client, db etlcontext.DB, id 
 					finished = time.Now()
 				}
 				if settled(t) || time.Since(finished) > settleWait {
-					newline()
 					return outcome(ctx, db, t)
 				}
 			}
@@ -187,9 +178,6 @@ func waitForTask(ctx context.Context, client *dama.Client, db etlcontext.DB, id 
 		select {
 		case <-ctx.Done():
 		case <-ended:
-			// Finished, or the wait failed for a reason waiting would not
-			// cure: look at once, then every interval, until the task is
-			// finished and at rest.
 			ended = nil
 		case <-time.After(interval):
 		}
@@ -199,17 +187,7 @@ func waitForTask(ctx context.Context, client *dama.Client, db etlcontext.DB, id 
 // settled reports whether a finished task is at rest: no process holds its
 // lock, and its River job is in a final state.
 func settled(t etlcontext.Task) bool {
-	if t.InitialEventLocked {
-		return false
-	}
-	if t.JobState == nil {
-		return true
-	}
-	switch *t.JobState {
-	case "completed", "cancelled", "discarded":
-		return true
-	}
-	return false
+	return !t.InitialEventLocked && (t.JobState == nil || slices.Contains([]string{"completed", "cancelled", "discarded"}, *t.JobState))
 }
 
 // outcome is the exit code and error of a finished task.
@@ -226,16 +204,13 @@ func outcome(ctx context.Context, db etlcontext.DB, t etlcontext.Task) (int, err
 		return code, fmt.Errorf("task %d %s at attempt %d/%d (%w)", t.ID, t.Status, t.Attempt, t.MaxAttempts, err)
 	}
 	// The command's words, printed on the user's terminal.
-	reason := shownText(f.Reason)
-	if reason == "" {
-		reason = "no reason recorded"
-	}
+	reason := cmp.Or(shownText(f.Reason), "no reason recorded")
 	return code, fmt.Errorf("task %d %s at attempt %d/%d: %s", t.ID, t.Status, t.Attempt, t.MaxAttempts, reason)
 }
 
-// watchTasks prints the tasks q selects every interval until ctx ends, as
-// printTasks does: redrawn in place on a terminal; a table after another,
-// each under a line with the time, otherwise.
+// watchTasks prints the tasks q selects every interval until ctx ends:
+// redrawn in place on a terminal, else a table after another, each under
+// a line with the time.
 func watchTasks(ctx context.Context, db etlcontext.DB, q etlcontext.TaskQuery, w io.Writer, interval time.Duration, wide bool) error {
 	for {
 		cols, rows, tty := terminalSize(w)
@@ -268,12 +243,10 @@ func watchTasks(ctx context.Context, db etlcontext.DB, q etlcontext.TaskQuery, w
 			if len(lines) > rows-3 {
 				lines = append(lines[:max(rows-4, 1)], fmt.Sprintf("... %d more", len(lines)-max(rows-4, 1)))
 			}
-			for i, line := range lines {
-				if i > 0 {
-					buf.WriteString("\n")
-				}
-				buf.WriteString(fit(line, cols-1))
+			for i := range lines {
+				lines[i] = fit(lines[i], cols-1)
 			}
+			buf.WriteString(strings.Join(lines, "\n"))
 		} else {
 			fmt.Fprintf(&buf, "--- %s\n%s\n", now, table.String())
 		}

@@ -3,7 +3,6 @@ package damacli
 import (
 	"context"
 	"crypto/rand"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -21,9 +20,8 @@ import (
 	"github.com/dama-etl/dama/supervisor"
 )
 
-// webTokenEnv and webReadTokenEnv name the environment variables with the
-// action token and the read token: an argument would show in a process
-// listing.
+// The environment variables with the action token and the read token: an
+// argument would show in a process listing.
 const (
 	webTokenEnv     = "DAMA_WEB_TOKEN"
 	webReadTokenEnv = "DAMA_WEB_READ_TOKEN"
@@ -98,21 +96,7 @@ func newWebCommand(g *globals) *cobra.Command {
 				// Once, on stderr, not in a log line a collector may keep.
 				fmt.Fprintf(cmd.ErrOrStderr(), "Open the status page with this link, which logs the browser in (the token is made anew at each start):\n    http://%s/?%s=%s\n", ln.Addr(), web.LoginParam, readToken)
 			}
-			stopped := make(chan struct{})
-			go func() {
-				defer close(stopped)
-				<-cmd.Context().Done()
-				sctx, cancel := context.WithTimeout(context.WithoutCancel(cmd.Context()), 5*time.Second)
-				defer cancel()
-				if err := srv.Shutdown(sctx); err != nil {
-					_ = srv.Close()
-				}
-			}()
-			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-				return err
-			}
-			<-stopped
-			return nil
+			return serve(cmd.Context(), srv, ln)
 		},
 	}
 	g.addLogFormat(cmd)
@@ -124,8 +108,8 @@ func newWebCommand(g *globals) *cobra.Command {
 }
 
 // hostsFor is the Host names a page listening on addr answers to: the
-// loopback names for a loopback address, else the address itself, and the
-// names given. On a wildcard address (0.0.0.0) with no name given, any.
+// loopback names, or the address itself, and extra; on a wildcard address
+// (0.0.0.0), extra alone (none: any).
 func hostsFor(addr string, extra []string) []string {
 	host, _, _ := net.SplitHostPort(addr)
 	ip := net.ParseIP(host)
@@ -140,9 +124,8 @@ func hostsFor(addr string, extra []string) []string {
 }
 
 // withStatementTimeout sets statement_timeout on each connection of a pool,
-// unless DATABASE_URL sets one: a request the page gives up on stops its
-// statement on the server too. With SET, after connecting, rather than a
-// startup parameter, which PgBouncer refuses.
+// unless DATABASE_URL sets one: with SET after connecting, as PgBouncer
+// refuses it as a startup parameter.
 func withStatementTimeout(d time.Duration) func(*pgxpool.Config) {
 	return func(c *pgxpool.Config) {
 		if _, set := c.ConnConfig.RuntimeParams["statement_timeout"]; set || strings.Contains(c.ConnConfig.RuntimeParams["options"], "statement_timeout") {

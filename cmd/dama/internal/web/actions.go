@@ -2,8 +2,6 @@ package web
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -26,9 +24,8 @@ type actionFunc func(ctx context.Context, c *dama.Client, r *http.Request, reaso
 // block's reason.
 func (s *Server) action(do actionFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		// An action, from its body's reading to its reply's writing, takes
-		// at most actionTimeout (and writeGrace to write the reply): a client
-		// that sends or reads slowly holds an action's slot no longer.
+		// A client that sends or reads slowly holds an action's slot no
+		// longer than actionTimeout, and writeGrace.
 		deadline := time.Now().Add(actionTimeout)
 		rc := http.NewResponseController(w)
 		_ = rc.SetReadDeadline(deadline)
@@ -63,7 +60,7 @@ func (s *Server) action(do actionFunc) http.HandlerFunc {
 			actionError(w, err)
 			return
 		}
-		writeJSON(w, v)
+		writeJSON(w, http.StatusOK, v)
 	}
 }
 
@@ -77,16 +74,14 @@ func (s *Server) refuse(r *http.Request) (int, error) {
 	if site := r.Header.Get("Sec-Fetch-Site"); site != "" && site != "same-origin" {
 		return http.StatusForbidden, fmt.Errorf("cross-site request refused (Sec-Fetch-Site: %s)", site)
 	}
-	sum := sha256.Sum256([]byte(r.Header.Get(TokenHeader)))
-	if subtle.ConstantTimeCompare(sum[:], s.tokenSum[:]) != 1 {
+	if !matches(r.Header.Get(TokenHeader), s.tokenSum) {
 		return http.StatusUnauthorized, errors.New("a valid token is needed for actions")
 	}
 	return 0, nil
 }
 
-// actor names who acts: the name given on the page, quoted (anyone with
-// the token may claim any name: it is a label, not an identity), this
-// page's host, and the address the request came from.
+// actor names who acts: the name given on the page, quoted (a label, not
+// an identity), this page's host, and the address the request came from.
 func (s *Server) actor(r *http.Request) string {
 	name := strings.Map(func(r rune) rune {
 		if unicode.IsPrint(r) {

@@ -3,6 +3,7 @@ package web
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -17,44 +18,37 @@ import (
 	"github.com/dama-etl/dama/internal/logdir"
 )
 
-// config tells the page what it may offer: the actions, the queues of the
-// configuration, and its kinds with those the supervisors published
-// (data_manager.kinds).
-func (s *Server) config(w http.ResponseWriter, r *http.Request) {
+// config tells the page what it may offer: the actions, the queues, and
+// the kinds of the configuration and those supervisors published.
+func (s *Server) config(r *http.Request) (any, error) {
 	published, err := etlcontext.Kinds(r.Context(), s.pool)
 	if err != nil {
-		readError(w, err)
-		return
+		return nil, err
 	}
 	kinds := s.cfg.KindNames()
 	for _, k := range published {
-		if !slices.Contains(kinds, k.Kind) {
-			kinds = append(kinds, k.Kind)
-		}
+		kinds = append(kinds, k.Kind)
 	}
 	slices.Sort(kinds)
-	writeJSON(w, map[string]any{
+	return map[string]any{
 		"read_only": s.opts.ReadOnly,
 		"host":      s.host,
 		"queues":    s.cfg.QueueNames(),
-		"kinds":     kinds,
-	})
+		"kinds":     slices.Compact(kinds),
+	}, nil
 }
 
 // taskJSON is a task as the page shows it: its progress read as a bar,
-// why it is where it is, and, while it runs, the time it has left at its
-// pace.
+// why it is where it is, and the time it has left at its pace.
 type taskJSON struct {
 	etlcontext.Task
 	Bar    *etlcontext.Progress `json:"bar"`
 	Reason etlcontext.Reason    `json:"reason"`
-	// ETA is the seconds a running task has left, nil when its progress
-	// does not tell.
+	// ETA is the seconds a running task has left, if its progress tells.
 	ETA *float64 `json:"eta"`
 }
 
-// annotate reads the reasons and paces of tasks, in two statements, and
-// returns them as the page shows them.
+// annotate reads the reasons and paces of tasks, in two statements.
 func (s *Server) annotate(ctx context.Context, tasks []etlcontext.Task) ([]taskJSON, error) {
 	out := make([]taskJSON, 0, len(tasks))
 	if len(tasks) == 0 {
@@ -71,7 +65,7 @@ func (s *Server) annotate(ctx context.Context, tasks []etlcontext.Task) ([]taskJ
 	if err != nil {
 		return nil, err
 	}
-	paces := map[int64]etlcontext.Pace{}
+	var paces map[int64]etlcontext.Pace
 	if len(running) > 0 {
 		if paces, err = etlcontext.Paces(ctx, s.pool, running); err != nil {
 			return nil, err
@@ -83,11 +77,9 @@ func (s *Server) annotate(ctx context.Context, tasks []etlcontext.Task) ([]taskJ
 		if p, ok := etlcontext.ParseProgress(t.Progress); ok {
 			j.Bar = &p
 		}
-		if pace, ok := paces[t.ID]; ok {
-			if left, ok := pace.Remaining(t.Progress, t.ProgressAt, now); ok {
-				secs := left.Seconds()
-				j.ETA = &secs
-			}
+		// Paces has the running tasks only.
+		if left, ok := paces[t.ID].Remaining(t.Progress, t.ProgressAt, now); ok {
+			j.ETA = new(left.Seconds())
 		}
 		out = append(out, j)
 	}
@@ -96,9 +88,8 @@ func (s *Server) annotate(ctx context.Context, tasks []etlcontext.Task) ([]taskJ
 
 // tasks lists the newest tasks, filtered by ?status= (comma-separated),
 // ?kind=, ?queue=, and ?q=, an id or an idempotency key; ?before= (an id)
-// pages to older ones. It counts the tasks of each status, for the kind
-// and queue, up to countCap each.
-func (s *Server) tasks(w http.ResponseWriter, r *http.Request) {
+// pages to older ones. It counts the tasks of each status, up to countCap.
+func (s *Server) tasks(r *http.Request) (any, error) {
 	ctx := r.Context()
 	v := r.URL.Query()
 	q := etlcontext.TaskQuery{Limit: taskPage, Kind: v.Get("kind"), Queue: v.Get("queue"), MaxPayload: maxPayload}
@@ -106,8 +97,7 @@ func (s *Server) tasks(w http.ResponseWriter, r *http.Request) {
 		for _, name := range strings.Split(st, ",") {
 			status := etlcontext.Status(strings.ToUpper(strings.TrimSpace(name)))
 			if !slices.Contains(etlcontext.Statuses, status) {
-				readError(w, fmt.Errorf("%w: unknown status %q", errInvalid, name))
-				return
+				return nil, fmt.Errorf("%w: unknown status %q", errInvalid, name)
 			}
 			q.Statuses = append(q.Statuses, status)
 		}
@@ -115,8 +105,7 @@ func (s *Server) tasks(w http.ResponseWriter, r *http.Request) {
 	if b := v.Get("before"); b != "" {
 		before, err := strconv.ParseInt(b, 10, 64)
 		if err != nil || before <= 0 {
-			readError(w, fmt.Errorf("%w: before %q: a task id", errInvalid, b))
-			return
+			return nil, fmt.Errorf("%w: before %q: a task id", errInvalid, b)
 		}
 		q.Before = before
 	}
@@ -125,28 +114,22 @@ func (s *Server) tasks(w http.ResponseWriter, r *http.Request) {
 	if id, err := strconv.ParseInt(search, 10, 64); err == nil && id > 0 {
 		byID := q
 		byID.ID = id
-		found, err := etlcontext.Tasks(ctx, s.pool, byID)
-		if err != nil {
-			readError(w, err)
-			return
+		if tasks, err = etlcontext.Tasks(ctx, s.pool, byID); err != nil {
+			return nil, err
 		}
-		tasks = found
 	}
-	if search != "" && len(tasks) == 0 {
+	if len(tasks) == 0 {
+		// Not a task's id: an idempotency key, if anything.
 		q.IdempotencyKey = search
-	}
-	if search == "" || len(tasks) == 0 {
 		found, err := etlcontext.Tasks(ctx, s.pool, q)
 		if err != nil {
-			readError(w, err)
-			return
+			return nil, err
 		}
 		tasks = found
 	}
 	shown, err := s.annotate(ctx, tasks)
 	if err != nil {
-		readError(w, err)
-		return
+		return nil, err
 	}
 	reply := map[string]any{"tasks": shown, "limit": taskPage, "count_cap": countCap}
 	// The counts are the tabs' numbers: without them (a statement cut
@@ -159,25 +142,20 @@ func (s *Server) tasks(w http.ResponseWriter, r *http.Request) {
 	if len(tasks) == taskPage {
 		reply["next"] = strconv.FormatInt(tasks[len(tasks)-1].ID, 10)
 	}
-	writeJSON(w, reply)
+	return reply, nil
 }
 
 // finished counts the tasks of ?kind= and ?queue= finished in the last
 // day, per ?per=minute or hour (the default), for the page's chart.
-func (s *Server) finished(w http.ResponseWriter, r *http.Request) {
+func (s *Server) finished(r *http.Request) (any, error) {
 	v := r.URL.Query()
 	per := cmp.Or(v.Get("per"), "hour")
 	if per != "minute" && per != "hour" {
-		readError(w, fmt.Errorf("%w: per %q: minute or hour", errInvalid, per))
-		return
+		return nil, fmt.Errorf("%w: per %q: minute or hour", errInvalid, per)
 	}
 	since := time.Now().Add(-chartSpan)
 	spans, err := etlcontext.FinishedPer(r.Context(), s.pool, etlcontext.TaskQuery{Kind: v.Get("kind"), Queue: v.Get("queue")}, per, since)
-	if err != nil {
-		readError(w, err)
-		return
-	}
-	writeJSON(w, map[string]any{"per": per, "since": since, "spans": spans})
+	return map[string]any{"per": per, "since": since, "spans": spans}, err
 }
 
 func pathID(r *http.Request) (int64, error) {
@@ -204,58 +182,44 @@ func (s *Server) oneTask(r *http.Request) (etlcontext.Task, error) {
 	return tasks[0], nil
 }
 
-func (s *Server) task(w http.ResponseWriter, r *http.Request) {
+func (s *Server) task(r *http.Request) (any, error) {
 	ctx := r.Context()
 	t, err := s.oneTask(r)
 	if err != nil {
-		readError(w, err)
-		return
+		return nil, err
 	}
 	events, err := etlcontext.RecentEvents(ctx, s.pool, t.ID, eventsPage, maxPayload)
 	if err != nil {
-		readError(w, err)
-		return
+		return nil, err
 	}
 	attempts, err := etlcontext.RecentAttempts(ctx, s.pool, t.ID, attemptsPage, maxText)
 	if err != nil {
-		readError(w, err)
-		return
+		return nil, err
 	}
 	children, err := etlcontext.Tasks(ctx, s.pool, etlcontext.TaskQuery{ParentID: t.ID, Limit: childrenPage, MaxPayload: maxPayload})
 	if err != nil {
-		readError(w, err)
-		return
+		return nil, err
 	}
 	shown, err := s.annotate(ctx, append([]etlcontext.Task{t}, children...))
 	if err != nil {
-		readError(w, err)
-		return
+		return nil, err
 	}
 	args, checkpoint, err := etlcontext.Payloads(ctx, s.pool, t.ID)
 	if err != nil {
-		readError(w, err)
-		return
+		return nil, err
 	}
-	b, err := taskReply(map[string]any{
+	return taskReply(map[string]any{
 		"task": shown[0], "events_limit": eventsPage, "attempts_limit": attemptsPage, "children_limit": childrenPage,
 		"args": args, "checkpoint": checkpoint, "log_here": s.logHere(t),
 	}, events, attempts, shown[1:], maxResponse)
-	if err != nil {
-		readError(w, err)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	_, _ = w.Write(b)
 }
 
 // taskReply encodes a task's read, reply with its events, attempts and
-// children (oldest first, oldest first, newest first), within max bytes.
-// Each value is bounded, but their sum may not be: the oldest events give
-// way, then the oldest attempts, then the oldest children, halving, and
-// reply says which ("events_cut", ...). What is left (the task, its
-// arguments and checkpoint, its newest attempt) is a few hundred KiB.
-func taskReply[E, A, C any](reply map[string]any, events []E, attempts []A, children []C, max int) ([]byte, error) {
+// children (oldest first, oldest first, newest first), within max bytes:
+// each is bounded, their sum may not be. The oldest events give way, then
+// the oldest attempts, then children, halving, and reply says which
+// ("events_cut", ...); what is always left is a few hundred KiB.
+func taskReply[E, A, C any](reply map[string]any, events []E, attempts []A, children []C, max int) (json.RawMessage, error) {
 	for {
 		reply["events"], reply["attempts"], reply["children"] = events, attempts, children
 		b, err := marshal(reply)
@@ -279,58 +243,46 @@ func taskReply[E, A, C any](reply map[string]any, events []E, attempts []A, chil
 }
 
 // event returns one event of a task, whole: what the task's read cut short.
-func (s *Server) event(w http.ResponseWriter, r *http.Request) {
+func (s *Server) event(r *http.Request) (any, error) {
 	id, err := pathID(r)
 	if err != nil {
-		readError(w, err)
-		return
+		return nil, err
 	}
 	eventID, err := strconv.ParseInt(r.PathValue("event"), 10, 64)
 	if err != nil || eventID <= 0 {
-		readError(w, fmt.Errorf("%w: event id %q", errInvalid, r.PathValue("event")))
-		return
+		return nil, fmt.Errorf("%w: event id %q", errInvalid, r.PathValue("event"))
 	}
-	e, err := etlcontext.EventOf(r.Context(), s.pool, id, eventID, maxEvent)
-	if err != nil {
-		readError(w, err)
-		return
-	}
-	writeJSON(w, e)
+	return etlcontext.EventOf(r.Context(), s.pool, id, eventID, maxEvent)
 }
 
-// logHere reports whether the task's log is on this host, where the page
-// can read it: the host that ran its latest attempt, by its identity or,
-// after a reboot, by its name.
+// logHere reports whether the task's log is on this host, the one that
+// ran its latest attempt (by its identity, or its name after a reboot).
 func (s *Server) logHere(t etlcontext.Task) bool {
 	return t.LogPath != nil && ((t.HostID != nil && *t.HostID == s.hostID) || (t.Host != nil && *t.Host == s.host))
 }
 
 // log returns up to maxLogChunk bytes of the task's log from ?offset=, or
-// its last maxLogChunk bytes without one; "next" is the offset to ask for
-// next. The log file when the task ran on this host and the file is there
-// ("source": "file", offsets in bytes), the tail the database keeps
-// otherwise ("source": "database", offsets "<attempt>:<byte>").
-func (s *Server) log(w http.ResponseWriter, r *http.Request) {
+// its last ones without; "next" is the offset to ask for next. From the
+// log file when it is on this host ("source": "file", offsets in bytes),
+// else from the tail the database keeps (offsets "<attempt>:<byte>").
+func (s *Server) log(r *http.Request) (any, error) {
 	t, err := s.oneTask(r)
 	if err != nil {
-		readError(w, err)
-		return
+		return nil, err
 	}
 	if s.logHere(t) {
 		if f, err := logdir.OpenLog(*t.LogPath, t.ID); err == nil {
 			defer f.Close()
-			s.fileLog(w, r, t, f)
-			return
+			return fileLog(r, t, f)
 		}
 	}
-	s.keptLog(w, r, t)
+	return s.keptLog(r, t)
 }
 
-func (s *Server) fileLog(w http.ResponseWriter, r *http.Request, t etlcontext.Task, f *os.File) {
+func fileLog(r *http.Request, t etlcontext.Task, f *os.File) (any, error) {
 	info, err := f.Stat()
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, fmt.Errorf("read the log of task %d: %w", t.ID, err))
-		return
+		return nil, internalError{fmt.Errorf("read the log of task %d: %w", t.ID, err)}
 	}
 	offset, err := strconv.ParseInt(r.URL.Query().Get("offset"), 10, 64)
 	if err != nil || offset < 0 || offset > info.Size() {
@@ -340,36 +292,32 @@ func (s *Server) fileLog(w http.ResponseWriter, r *http.Request, t etlcontext.Ta
 	buf := make([]byte, min(info.Size()-offset, maxLogChunk))
 	n, err := f.ReadAt(buf, offset)
 	if err != nil && !errors.Is(err, io.EOF) {
-		writeError(w, http.StatusInternalServerError, fmt.Errorf("read the log of task %d: %w", t.ID, err))
-		return
+		return nil, internalError{fmt.Errorf("read the log of task %d: %w", t.ID, err)}
 	}
-	writeJSON(w, map[string]any{
-		"data":     strings.ToValidUTF8(string(buf[:n]), "\uFFFD"),
-		"offset":   strconv.FormatInt(offset, 10),
-		"next":     strconv.FormatInt(offset+int64(n), 10),
-		"finished": t.Status.Finished(),
-		"source":   "file",
-	})
+	return logPiece(t, "file", strings.ToValidUTF8(string(buf[:n]), "\uFFFD"),
+		strconv.FormatInt(offset, 10), strconv.FormatInt(offset+int64(n), 10)), nil
 }
 
-// keptLog is log from the tail the database keeps: without an offset, the
-// last maxLogChunk bytes of the latest attempt's; a gap (output not kept)
-// is said in the text.
-func (s *Server) keptLog(w http.ResponseWriter, r *http.Request, t etlcontext.Task) {
+// logPiece is a piece of t's log, data from offset, and where the next begins.
+func logPiece(t etlcontext.Task, source, data, offset, next string) map[string]any {
+	return map[string]any{"data": data, "offset": offset, "next": next, "finished": t.Status.Finished(), "source": source}
+}
+
+// keptLog is log from the tail the database keeps, without an offset the
+// latest attempt's; a gap (output not kept) is said in the text.
+func (s *Server) keptLog(r *http.Request, t etlcontext.Task) (any, error) {
 	ctx := r.Context()
 	pos, ok := parseLogPos(r.URL.Query().Get("offset"))
 	if !ok {
 		end, err := etlcontext.LogEnd(ctx, s.pool, t.ID)
 		if err != nil {
-			readError(w, err)
-			return
+			return nil, err
 		}
 		pos = etlcontext.LogPos{Attempt: end.Attempt, Offset: max(end.Offset-maxLogChunk, 0)}
 	}
 	pieces, err := etlcontext.LogSince(ctx, s.pool, t.ID, pos, maxLogChunk)
 	if err != nil {
-		readError(w, err)
-		return
+		return nil, err
 	}
 	var text strings.Builder
 	next := pos
@@ -392,13 +340,7 @@ func (s *Server) keptLog(w http.ResponseWriter, r *http.Request, t etlcontext.Ta
 		text.WriteString(strings.ToValidUTF8(string(data), "\uFFFD"))
 		next = etlcontext.LogPos{Attempt: p.Attempt, Offset: p.Offset + int64(len(data))}
 	}
-	writeJSON(w, map[string]any{
-		"data":     text.String(),
-		"offset":   formatLogPos(pos),
-		"next":     formatLogPos(next),
-		"finished": t.Status.Finished(),
-		"source":   "database",
-	})
+	return logPiece(t, "database", text.String(), formatLogPos(pos), formatLogPos(next)), nil
 }
 
 // parseLogPos reads "<attempt>:<byte>", as keptLog writes a place in the
@@ -417,16 +359,11 @@ func formatLogPos(p etlcontext.LogPos) string {
 	return strconv.Itoa(p.Attempt) + ":" + strconv.FormatInt(p.Offset, 10)
 }
 
-func (s *Server) queues(w http.ResponseWriter, r *http.Request) {
+func (s *Server) queues(r *http.Request) (any, error) {
 	stats, err := etlcontext.QueueStats(r.Context(), s.pool)
 	if err != nil {
-		readError(w, err)
-		return
+		return nil, err
 	}
 	history, err := etlcontext.ControlEvents(r.Context(), s.pool, controlEvents)
-	if err != nil {
-		readError(w, err)
-		return
-	}
-	writeJSON(w, map[string]any{"queues": stats, "history": history})
+	return map[string]any{"queues": stats, "history": history}, err
 }

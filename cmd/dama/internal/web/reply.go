@@ -2,6 +2,7 @@ package web
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -36,22 +37,35 @@ func (b *bufferedReply) Write(p []byte) (int, error) {
 
 // writeTo writes the reply to w, whose header it shares.
 func (b *bufferedReply) writeTo(w http.ResponseWriter) {
-	if b.code == 0 {
-		b.code = http.StatusOK
-	}
 	w.Header().Set("Content-Length", strconv.Itoa(b.body.Len()))
-	w.WriteHeader(b.code)
+	w.WriteHeader(cmp.Or(b.code, http.StatusOK))
 	_, _ = w.Write(b.body.Bytes())
 }
 
-// writeJSON writes v. Served as application/json with nosniff, it needs no
-// HTML escaping, which would make '<' six bytes.
-func writeJSON(w http.ResponseWriter, v any) {
+// read serves a read: what h returns, as JSON, or its error (readError).
+func (s *Server) read(h func(*http.Request) (any, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		v, err := h(r)
+		if err != nil {
+			readError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, v)
+	}
+}
+
+// writeJSON writes v, as it is when it is JSON already (json.RawMessage).
+// Served as application/json with nosniff, it needs no HTML escaping,
+// which would make '<' six bytes.
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	b, isJSON := v.(json.RawMessage)
+	if !isJSON {
+		b, _ = marshal(v)
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
-	enc := json.NewEncoder(w)
-	enc.SetEscapeHTML(false)
-	_ = enc.Encode(v)
+	w.WriteHeader(code)
+	_, _ = w.Write(b)
 }
 
 // marshal is json.Marshal without HTML escaping, as writeJSON writes.
@@ -64,45 +78,43 @@ func marshal(v any) ([]byte, error) {
 }
 
 func writeError(w http.ResponseWriter, code int, err error) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(code)
-	_ = json.NewEncoder(w).Encode(map[string]string{"error": err.Error()})
+	writeJSON(w, code, map[string]string{"error": err.Error()})
 }
 
-// readError answers a failed read: a request it cannot read is 400, a
-// missing task 404, anything else (the database away, a timeout) 503,
-// which the page shows and retries.
+// internalError is a failure of the server's own (reading a file): a 500.
+type internalError struct{ error }
+
+// readError answers a failed read: 400 for a request it cannot read, 404
+// for a missing task, 500 for the server's own failure, else (the database
+// away, a timeout) 503, which the page shows and retries.
 func readError(w http.ResponseWriter, err error) {
+	_, internal := errors.AsType[internalError](err)
 	switch {
 	case errors.Is(err, errInvalid):
 		writeError(w, http.StatusBadRequest, err)
 	case errors.Is(err, etlcontext.ErrNotFound):
 		writeError(w, http.StatusNotFound, err)
+	case internal:
+		writeError(w, http.StatusInternalServerError, err)
 	default:
 		writeError(w, http.StatusServiceUnavailable, err)
 	}
 }
 
 // actionError answers a failed action: 400 for a request it cannot read,
-// 404 for what does not exist, 503 when the database could not be asked,
+// 404 for what does not exist, 503 when the database could not be asked
+// (a connection it refused, a login say, included: the action never ran),
 // and 409 when it refused (a task already finished, running, ...).
 func actionError(w http.ResponseWriter, err error) {
+	_, refused := errors.AsType[*pgconn.ConnectError](err)
 	switch {
 	case errors.Is(err, errInvalid):
 		writeError(w, http.StatusBadRequest, err)
 	case errors.Is(err, etlcontext.ErrNotFound), errors.Is(err, dama.ErrUnknownQueue):
 		writeError(w, http.StatusNotFound, err)
-	case errors.Is(err, context.DeadlineExceeded), etlcontext.Unreachable(err), isConnectError(err):
+	case errors.Is(err, context.DeadlineExceeded), etlcontext.Unreachable(err), refused:
 		writeError(w, http.StatusServiceUnavailable, err)
 	default:
 		writeError(w, http.StatusConflict, err)
 	}
-}
-
-// isConnectError reports a connection the server refused (a login, say):
-// the action never ran.
-func isConnectError(err error) bool {
-	var ce *pgconn.ConnectError
-	return errors.As(err, &ce)
 }

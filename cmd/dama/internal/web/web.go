@@ -32,7 +32,7 @@ const (
 	// TokenHeader carries the action token from the page's script.
 	TokenHeader = "X-Dama-Token"
 	// ActorHeader carries the name the operator gave on the page, recorded
-	// with each action together with where the request came from.
+	// with each action.
 	ActorHeader = "X-Dama-Actor"
 	// MinTokenLength is the shortest token New accepts.
 	MinTokenLength = 16
@@ -42,8 +42,7 @@ const (
 // database of millions of tasks costs the same as on a new one.
 const (
 	taskPage = 100
-	// countCap bounds each count of the tasks by status: past it, the
-	// page says "10000+".
+	// countCap bounds each count of the tasks by status ("10000+").
 	countCap = 10000
 	// chartSpan is how far back the chart of finished tasks reaches.
 	chartSpan     = 24 * time.Hour
@@ -55,30 +54,24 @@ const (
 	readTimeout   = 10 * time.Second
 	actionTimeout = 30 * time.Second
 	// writeGrace is how long, past its read's or action's time, a reply
-	// may take to be written: a client that reads it no faster holds a
-	// slot no longer.
+	// may take to be written: a slow client holds a slot no longer.
 	writeGrace = 5 * time.Second
 	// maxActions bounds the actions served at once: each holds a
 	// connection of the pool, which the page's reads need too.
 	maxActions = 4
-	// maxReads bounds the reads served at once; more wait, within
-	// readTimeout.
+	// maxReads bounds the reads served at once; more wait, within readTimeout.
 	maxReads = 8
-	// maxReplies bounds the reads' replies in memory, made or being
-	// written (each at most about maxResponse, an event's about twice
-	// maxEvent): a flood of clients that do
-	// not read holds at most this many, each for at most writeGrace past
-	// its readTimeout.
+	// maxReplies bounds the reads' replies in memory (each at most about
+	// maxResponse, an event's twice maxEvent): clients that do not read
+	// hold this many at most, each writeGrace past its readTimeout.
 	maxReplies = 64
 	// maxPayload is the most of each event payload, meta or progress a
-	// page's read returns: the rest is fetched event by event
-	// (GET /api/tasks/{id}/events/{event}). maxText bounds an attempt's
-	// reason and log tail; attemptsPage the attempts shown.
+	// page's read returns (the rest is read event by event); maxText, of
+	// an attempt's reason and log tail.
 	maxPayload   = 2 << 10
 	maxText      = 4 << 10
 	attemptsPage = 100
-	// maxResponse is the most a task's read returns: past it, the oldest
-	// of its events are left out.
+	// maxResponse is the most a task's read returns (taskReply).
 	maxResponse = 1 << 20
 	// maxEvent is the most of an event's payload, and of its meta, that
 	// its own read returns: an event from the pipe is far smaller (a line
@@ -88,7 +81,7 @@ const (
 
 // StatementTimeout is the statement_timeout a page's pool sets, the
 // longest a read or an action may need: a request given up on stops its
-// statement on the server too, rather than leave it running.
+// statement on the server too.
 const StatementTimeout = actionTimeout
 
 // ReadTokenHeader carries the read token (Options.ReadToken).
@@ -115,13 +108,11 @@ type Options struct {
 	// ReadToken, when set, is needed for every read of the API and of
 	// /metrics, in LoginCookie (which a login link sets), in ReadTokenHeader
 	// or as "Authorization: Bearer"; the action token also reads. Empty:
-	// reads need none (`dama web --public-reads`; `dama web` makes one at
-	// random when none is given). It must be at least MinTokenLength long.
+	// reads need none. It must be at least MinTokenLength long.
 	ReadToken string
 	// AllowedHosts, when not empty, are the host names (or addresses) the
-	// page answers to: a request whose Host header names another is
-	// refused, so that another site cannot read the page through DNS
-	// rebinding. "localhost" allows every loopback name and address. Empty
+	// page answers to, so that another site cannot read it through DNS
+	// rebinding; "localhost" allows every loopback name and address. Empty
 	// answers every Host (behind a proxy that checks it).
 	AllowedHosts []string
 	// Metrics, when set, is served on GET /metrics, behind the same Host
@@ -139,8 +130,7 @@ type Server struct {
 	opts   Options
 	hostID string
 	host   string
-	// tokenSum is the token's SHA-256: comparing sums of equal length
-	// tells nothing of the token's length.
+	// The tokens' SHA-256 (matches).
 	tokenSum, readTokenSum  [sha256.Size]byte
 	actions, reads, replies chan struct{}
 	mux                     *http.ServeMux
@@ -184,15 +174,18 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Server, error) 
 	}
 	s.mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
 	for path, page := range map[string]string{"GET /{$}": "index.html", "GET /tasks/{id}": "task.html", "GET /queues": "queues.html"} {
-		s.mux.HandleFunc(path, s.page(page))
+		s.mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Cache-Control", "no-cache")
+			http.ServeFileFS(w, r, static, page)
+		})
 	}
-	s.mux.HandleFunc("GET /api/config", s.config)
-	s.mux.HandleFunc("GET /api/tasks", s.tasks)
-	s.mux.HandleFunc("GET /api/tasks/{id}", s.task)
-	s.mux.HandleFunc("GET /api/finished", s.finished)
-	s.mux.HandleFunc("GET /api/tasks/{id}/log", s.log)
-	s.mux.HandleFunc("GET /api/tasks/{id}/events/{event}", s.event)
-	s.mux.HandleFunc("GET /api/queues", s.queues)
+	s.mux.HandleFunc("GET /api/config", s.read(s.config))
+	s.mux.HandleFunc("GET /api/tasks", s.read(s.tasks))
+	s.mux.HandleFunc("GET /api/tasks/{id}", s.read(s.task))
+	s.mux.HandleFunc("GET /api/finished", s.read(s.finished))
+	s.mux.HandleFunc("GET /api/tasks/{id}/log", s.read(s.log))
+	s.mux.HandleFunc("GET /api/tasks/{id}/events/{event}", s.read(s.event))
+	s.mux.HandleFunc("GET /api/queues", s.read(s.queues))
 	s.mux.HandleFunc("POST /api/tasks/{id}/cancel", s.action(s.cancel))
 	s.mux.HandleFunc("POST /api/tasks/{id}/retry", s.action(s.retry))
 	s.mux.HandleFunc("POST /api/queues/{queue}/pause", s.action(s.pause))
@@ -208,9 +201,7 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Server, error) 
 // ServeHTTP serves the page, its API and /metrics, to a request naming an
 // allowed host.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	// Every reply is written within a read's time and writeGrace (an
-	// action sets its own): a client that does not read it holds a
-	// connection no longer.
+	// An action sets its own deadline.
 	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(readTimeout + writeGrace))
 	h := w.Header()
 	h.Set("X-Content-Type-Options", "nosniff")
@@ -256,9 +247,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				writeError(w, http.StatusServiceUnavailable, fmt.Errorf("%d reads are under way: try again", maxReads))
 				return
 			}
-			// The reply is made in memory (at most about maxResponse)
-			// while the read holds its slot, and written once the slot is
-			// free: a client that reads slowly holds none.
+			// The reply is made in memory while the read holds its slot,
+			// and written once the slot is free: a slow client holds none.
 			reply := &bufferedReply{header: w.Header()}
 			func() {
 				defer func() { <-s.reads }()
@@ -294,26 +284,25 @@ func (s *Server) mayRead(r *http.Request) bool {
 // tokenReads reports whether token is one that reads: the read token, or
 // the action token of a page with actions.
 func (s *Server) tokenReads(token string) bool {
-	if token == "" {
-		return false
-	}
-	sum := sha256.Sum256([]byte(token))
-	return subtle.ConstantTimeCompare(sum[:], s.readTokenSum[:]) == 1 ||
-		(!s.opts.ReadOnly && subtle.ConstantTimeCompare(sum[:], s.tokenSum[:]) == 1)
+	return token != "" && (matches(token, s.readTokenSum) || (!s.opts.ReadOnly && matches(token, s.tokenSum)))
 }
 
-// login serves a login link: its read token is kept in an HttpOnly
-// cookie, which no script of the page (or another) reads, sent by the
-// browser with this site's requests (SameSite=Lax: not with another
-// site's requests but its links), and the browser is sent to the same
-// page without the token in its address, history or Referer. Browsers
-// send a cookie to every port of the host, so a page of another server
-// of the host that the browser opens receives it too: the action token,
-// which writes, is never put in it.
+// matches reports whether token's SHA-256 is sum: comparing sums of equal
+// length, in constant time, tells nothing of the token.
+func matches(token string, sum [sha256.Size]byte) bool {
+	got := sha256.Sum256([]byte(token))
+	return subtle.ConstantTimeCompare(got[:], sum[:]) == 1
+}
+
+// login serves a login link: its read token is kept in an HttpOnly cookie,
+// which no script reads, sent with this site's requests and links
+// (SameSite=Lax), and the browser is sent to the same page without the
+// token in its address, history or Referer. Browsers send a cookie to
+// every port of the host, to another server's pages too: the action
+// token, which writes, is never put in it.
 func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 	if token := r.URL.Query().Get(LoginParam); s.opts.ReadToken != "" {
-		sum := sha256.Sum256([]byte(token))
-		if subtle.ConstantTimeCompare(sum[:], s.readTokenSum[:]) != 1 {
+		if !matches(token, s.readTokenSum) {
 			writeError(w, http.StatusUnauthorized, errors.New("this login link's token is not the page's read token: open the link dama web printed when it started"))
 			return
 		}
@@ -349,17 +338,4 @@ func (s *Server) hostAllowed(hostport string) bool {
 		}
 	}
 	return false
-}
-
-func (s *Server) page(name string) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		b, err := assets.ReadFile("assets/" + name)
-		if err != nil {
-			writeError(w, http.StatusInternalServerError, err)
-			return
-		}
-		w.Header().Set("Content-Type", "text/html; charset=utf-8")
-		w.Header().Set("Cache-Control", "no-cache")
-		_, _ = w.Write(b)
-	}
 }

@@ -45,31 +45,31 @@ func NewClient(pool *pgxpool.Pool, cfg *config.Config) (*Client, error) {
 			return nil, fmt.Errorf("configuration: %w", err)
 		}
 	}
-	rc, err := newRiverClient(pool)
+	// A River client that works no job: it cancels a task's job (the
+	// database inserts the jobs).
+	rc, err := river.NewClient(riverpgxv5.New(pool), &river.Config{})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("create River client: %w", err)
 	}
 	return &Client{pool: pool, cfg: cfg, river: rc, submit: submit.New(cfg), actor: defaultActor()}, nil
 }
 
 // defaultActor names who acts, for the record: user@host.
 func defaultActor() string {
-	name := "unknown"
+	name, host := "unknown", "unknown"
 	if u, err := user.Current(); err == nil {
 		name = u.Username
 	}
-	host, err := os.Hostname()
-	if err != nil {
-		host = "unknown"
+	if h, err := os.Hostname(); err == nil {
+		host = h
 	}
 	return name + "@" + host
 }
 
 // WithActor returns a copy of the client whose actions (cancel, retry,
-// pause, resume, block, unblock) are recorded as done by actor. A new
-// client records them as done by the user running the program, as
-// user@host; a program acting for others (a web page, a chat bot) names
-// the person instead. An empty actor keeps the client's.
+// pause, resume, block, unblock) are recorded as done by actor, not by the
+// user running the program (user@host): a program acting for others (a web
+// page, a chat bot) names the person. An empty actor keeps the client's.
 func (c *Client) WithActor(actor string) *Client {
 	cp := *c
 	if actor != "" {
@@ -82,21 +82,18 @@ func (c *Client) WithActor(actor string) *Client {
 type SubmitParams struct {
 	// Kind must be one of the configuration's kinds.
 	Kind string
-	// Args is the task's arguments, a JSON document stored as the payload of
-	// the INITIAL event and handed to the command as DAMA_ARGS. Empty means
-	// {}.
+	// Args is the task's arguments, a JSON object stored as the payload of
+	// the INITIAL event and handed to the command as DAMA_ARGS; default {}.
 	Args json.RawMessage
-	// IdempotencyKey, when set, makes Submit return the existing context of
-	// an earlier submission with the same key instead of creating one. A
-	// key belongs to the kind first submitted with it: reusing it with
-	// another kind is ErrIdempotencyKeyOtherKind. Keys starting with "dama:"
-	// are dama's own (schedule ticks, children) and refused with
-	// ErrReservedIdempotencyKey.
+	// IdempotencyKey, when set, makes Submit return the context of an
+	// earlier submission of the kind with the same key instead of creating
+	// one (ErrIdempotencyKeyOtherKind for another kind's key). Keys starting
+	// with "dama:" are refused (ErrReservedIdempotencyKey).
 	IdempotencyKey string
 	// ParentID makes the new context a child of another.
 	ParentID int64
-	// ScheduledAt delays the task's first start until then: the task stays
-	// QUEUED, and the view shows it as due_at. Zero or past means now.
+	// ScheduledAt delays the task's first start until then (the view's
+	// due_at); zero or past means now.
 	ScheduledAt time.Time
 }
 
@@ -109,19 +106,17 @@ var ErrUnknownKind = submit.ErrUnknownKind
 var ErrIdempotencyKeyOtherKind = etlcontext.ErrIdempotencyKeyOtherKind
 
 // reservedKeyPrefix starts the idempotency keys dama makes for its own
-// submissions (TickKey, the children's keys made by the task process):
-// taken by a user's submission, such a key would hand a schedule's tick or
-// a task's child the user's task instead.
+// submissions (schedule ticks, children): taken by a user's submission,
+// such a key would hand a tick or a child the user's task instead.
 const reservedKeyPrefix = "dama:"
 
 // ErrReservedIdempotencyKey is returned by Submit for an idempotency key
 // starting with "dama:", which dama keeps for its own submissions.
 var ErrReservedIdempotencyKey = errors.New(`idempotency keys starting with "` + reservedKeyPrefix + `" are reserved for dama's own submissions`)
 
-// Submit records a new QUEUED context with its INITIAL event and enqueues its
-// River job, all in one transaction: either everything is written or
-// nothing. It reports whether the context is new (false when the idempotency
-// key matched an earlier submission of the same kind).
+// Submit records a new QUEUED context with its INITIAL event and its River
+// job, in one transaction. created is false when the idempotency key
+// matched an earlier submission.
 func (c *Client) Submit(ctx context.Context, p SubmitParams) (id int64, created bool, err error) {
 	err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
 		id, created, err = c.SubmitTx(ctx, tx, p)
@@ -131,9 +126,8 @@ func (c *Client) Submit(ctx context.Context, p SubmitParams) (id int64, created 
 }
 
 // SubmitTx is Submit inside the caller's transaction: the task exists
-// exactly when tx commits, together with whatever else the caller wrote in
-// it, and no supervisor sees it before. It works in a savepoint, so that a
-// refused submission (an unknown parent, say) leaves tx usable.
+// exactly when tx commits. It works in a savepoint, so that a refused
+// submission (an unknown parent, say) leaves tx usable.
 func (c *Client) SubmitTx(ctx context.Context, tx pgx.Tx, p SubmitParams) (id int64, created bool, err error) {
 	if strings.HasPrefix(p.IdempotencyKey, reservedKeyPrefix) {
 		return 0, false, fmt.Errorf("submit %s task: idempotency key %q: %w", p.Kind, p.IdempotencyKey, ErrReservedIdempotencyKey)
@@ -149,19 +143,16 @@ func (c *Client) SubmitTx(ctx context.Context, tx pgx.Tx, p SubmitParams) (id in
 var ErrAlreadyFinished = errors.New("already finished")
 
 // ErrCancelPending is returned by Cancel when its wait ended after the
-// cancellation was requested but before it was recorded: the task is still
-// cancelled, once it has stopped. A task whose task process is gone or cut
-// off is recorded CANCELLED by a supervisor of its queue once its attempt
-// is surely over, which may take its fencing window.
+// cancellation was requested but before it was recorded: the task is
+// cancelled once it has surely stopped, which for a task process gone or
+// cut off may take its fencing window.
 var ErrCancelPending = errors.New("cancellation requested, not yet recorded")
 
-// Cancel cancels context id and waits, until ctx ends, for it to be
-// CANCELLED. A context that is not running is cancelled at once, together
+// Cancel cancels context id and waits, as Wait does, until ctx ends, for
+// it to be CANCELLED. A context that is not running is cancelled at once,
 // with its River job. A running one is asked to stop: its task process, on
-// whichever host it runs, stops its command's process group (SIGTERM, then
-// SIGKILL after the kill grace) and records the cancellation. Cancel waits
-// as Wait does, on the database's announcement of the context's end, and
-// rides out a database restart within ctx.
+// whichever host, stops its command (SIGTERM, then SIGKILL after the kill
+// grace) and records the cancellation.
 func (c *Client) Cancel(ctx context.Context, id int64) (etlcontext.Status, error) {
 	var (
 		requested   bool
@@ -170,8 +161,6 @@ func (c *Client) Cancel(ctx context.Context, id int64) (etlcontext.Status, error
 		result      error
 		unreachable error
 	)
-	// Listening starts before each look, so that an end announced in
-	// between is heard.
 	look := func(ctx context.Context) error {
 		var err error
 		status, done, err = c.tryCancel(ctx, id, &requested)
@@ -205,12 +194,9 @@ func (c *Client) Cancel(ctx context.Context, id int64) (etlcontext.Status, error
 	return status, fmt.Errorf("cancel task %d: still %s: %w", id, status, ctx.Err())
 }
 
-// RequestCancel cancels context id without waiting for it to stop: a
-// context that is not running is CANCELLED at once, with its River job; a
-// running one is asked to stop, as by Cancel, and its task process records
-// CANCELLED once it has. It returns the status then (CANCELLED, or the
-// running context's), and an error for a context that is finished but not
-// CANCELLED. It opens no connection of its own, unlike Cancel.
+// RequestCancel is Cancel without the wait, on no connection of its own:
+// it returns the status once the context is CANCELLED or, running, asked
+// to stop, and an error for a context finished otherwise.
 //
 // A context that is not running but whose lock is held (a supervisor's
 // step holds it for a moment) is looked at again until it is cancelled or
@@ -292,9 +278,8 @@ func (c *Client) tryCancel(ctx context.Context, id int64, requested *bool) (stat
 	return etlcontext.StatusCancelled, true, nil
 }
 
-// requestCancel marks the context for cancellation and notifies its runner,
-// wherever it runs; a runner that was away from the database when the
-// notification went out reads the mark when it reconnects.
+// requestCancel marks the context for cancellation and notifies its runner;
+// a runner away from the database then reads the mark when it reconnects.
 func (c *Client) requestCancel(ctx context.Context, id int64, requested *bool) (etlcontext.Status, bool, error) {
 	var status etlcontext.Status
 	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
@@ -332,31 +317,20 @@ func finishedError(id int64, s etlcontext.Status) error {
 	return fmt.Errorf("task %d is %s: %w", id, s, ErrAlreadyFinished)
 }
 
-// newRiverClient returns a River client on pool that works no job: a
-// Client cancels a task's job with it (the database inserts the jobs).
-func newRiverClient(pool *pgxpool.Pool) (*river.Client[pgx.Tx], error) {
-	rc, err := river.NewClient(riverpgxv5.New(pool), &river.Config{})
-	if err != nil {
-		return nil, fmt.Errorf("create River client: %w", err)
-	}
-	return rc, nil
-}
-
-// finishedRecheck is how often a wait looks at the context while it waits
-// for the announcement of its end, in case it missed it.
-const finishedRecheck = 10 * time.Second
-
-// finishedHinted is the least time between two looks that announcements
-// of the context's end ask for.
-const finishedHinted = 100 * time.Millisecond
+// finishedRecheck is how often a wait looks at the context in case it
+// missed the announcement of its end; finishedHinted is the least time
+// between two looks that announcements ask for.
+const (
+	finishedRecheck = 10 * time.Second
+	finishedHinted  = 100 * time.Millisecond
+)
 
 // Wait waits until context id is finished (DONE, FAILED or CANCELLED) and
-// returns it as it finished. It waits on the database's announcement of
-// the end (LISTEN dama_task_finished, sent in the transaction that ends
-// the context), on a connection of its own, not by polling: it looks at
-// the context once listening has begun, and again every 10 s in case an
-// announcement was missed. It rides out a database that goes away (a
-// restart, a failover) until ctx ends.
+// returns it as it finished. It waits, on a connection of its own, for the
+// announcement of the end (LISTEN dama_task_finished, sent in the
+// transaction that ends the context), looking at the context once
+// listening has begun and every 10 s in case one was missed. It rides out
+// a database that goes away (a restart, a failover) until ctx ends.
 //
 // It returns an error wrapping ErrNotFound for a context that
 // does not exist, and one wrapping ctx's error when ctx ends first.
@@ -389,13 +363,11 @@ func (c *Client) Wait(ctx context.Context, id int64) (*etlcontext.Context, error
 	return nil, fmt.Errorf("wait for task %d: %w", id, ctx.Err())
 }
 
-// finishListener listens, on a connection of its own, for the
-// announcements of finished contexts, and calls look once listening has
-// begun on each connection, on each announcement of context id's end, and
-// every finishedRecheck in case one was missed. A failure that waiting may
-// cure (etlcontext.Transient: an outage, a server short of resources or
-// read-only for a switchover) is ridden out, and kept in *unreachable; any
-// other ends the listener's Serve.
+// finishListener listens for the ends of contexts, calling look as Wait
+// says: once listening has begun on each connection, on each announcement
+// of context id's end, and every finishedRecheck. A failure that waiting
+// may cure (etlcontext.Transient: an outage, a server short of resources
+// or read-only for a switchover) is ridden out, and kept in *unreachable.
 func (c *Client) finishListener(id int64, look func(context.Context) error, unreachable *error) *pglisten.Listener[*pgx.Conn] {
 	// Anyone who can connect may announce context id's end: an
 	// announcement asks for a look (through wake, the one way to it

@@ -16,9 +16,8 @@ import (
 var ErrUnknownQueue = errors.New("unknown queue")
 
 // PauseQueue pauses queue: once it returns, none of its tasks starts, on
-// any supervisor, until ResumeQueue. Its running tasks go on and are still
-// watched and completed; submissions are accepted and wait. Pausing a
-// paused queue changes nothing and returns the pause in force.
+// any supervisor, until ResumeQueue; its running tasks go on, and
+// submissions wait. Pausing a paused queue returns the pause in force.
 func (c *Client) PauseQueue(ctx context.Context, queue, reason string) (etlcontext.QueuePause, error) {
 	if err := checkReason(reason); err != nil {
 		return etlcontext.QueuePause{}, fmt.Errorf("pause queue %s: %w", queue, err)
@@ -55,9 +54,8 @@ func (c *Client) ResumeQueue(ctx context.Context, queue string) (bool, error) {
 }
 
 // BlockKind blocks kind, giving the reason: once it returns, none of its
-// tasks starts, on any supervisor, until UnblockKind. Submissions are
-// accepted and kept. Blocking a blocked kind changes nothing and returns
-// the block in force.
+// tasks starts, on any supervisor, until UnblockKind; submissions wait.
+// Blocking a blocked kind returns the block in force.
 func (c *Client) BlockKind(ctx context.Context, kind, reason string) (etlcontext.KindBlock, error) {
 	if strings.TrimSpace(reason) == "" {
 		return etlcontext.KindBlock{}, errors.New("block kind: a reason is required")
@@ -87,9 +85,8 @@ func (c *Client) QueueStats(ctx context.Context) ([]etlcontext.QueueStat, error)
 	return etlcontext.QueueStats(ctx, c.pool)
 }
 
-// checkQueue refuses a name that is no queue: one not in the client's
-// configuration, or, for a client without one, one the database has never
-// seen.
+// checkQueue refuses a name that is no queue: not in the client's
+// configuration, or, without one, never seen by the database.
 func (c *Client) checkQueue(ctx context.Context, queue string) error {
 	if !config.ValidName(queue) {
 		return fmt.Errorf("%w %q: want letters, digits, '_', '.', '-', starting with a letter", ErrUnknownQueue, queue)
@@ -101,13 +98,10 @@ func (c *Client) checkQueue(ctx context.Context, queue string) error {
 		return nil
 	}
 	known, err := etlcontext.KnownQueue(ctx, c.pool, queue)
-	if err != nil {
+	if err != nil || known {
 		return err
 	}
-	if !known {
-		return fmt.Errorf("%w %q: no task was ever submitted to it (give the configuration to name a queue before its first task)", ErrUnknownQueue, queue)
-	}
-	return nil
+	return fmt.Errorf("%w %q: no task was ever submitted to it (give the configuration to name a queue before its first task)", ErrUnknownQueue, queue)
 }
 
 // checkKind is checkQueue for a kind.

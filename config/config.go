@@ -13,12 +13,12 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"math"
 	"os"
 	"os/exec"
 	"regexp"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 
@@ -29,14 +29,12 @@ import (
 // smallint, and would silently cut a larger one down to this.
 const attemptsLimit = math.MaxInt16
 
-// LockMode says how a task process holds the lock that proves it runs:
-// protocol.LockMode, part of the contract between a supervisor and the task
-// processes it launches.
+// LockMode says how a task process holds the lock that proves it runs
+// (protocol.LockMode).
 type LockMode = protocol.LockMode
 
-// The lock modes (see protocol.LockModeRow, protocol.LockModeAdvisory and
-// protocol.LockModeHost): advisory suits tasks that run for days, host
-// hundreds of tasks on one host.
+// The lock modes: advisory suits tasks that run for days, host hundreds of
+// tasks on one host.
 const (
 	LockModeRow      = protocol.LockModeRow
 	LockModeAdvisory = protocol.LockModeAdvisory
@@ -51,124 +49,94 @@ func validLockMode(m LockMode) error {
 	return nil
 }
 
-// Config is dama's configuration. Every field's comment gives its
-// default: a field left unset (its zero value, or nil where zero means
-// something) gets it from WithDefaults, the one place defaults are
-// applied, and Validate, the one place settings are checked, refuses what
-// is wrong. Parse and Load do both; a hand-built Config is given both by
-// supervisor.New and dama.NewClient.
+// Config is dama's configuration (docs/configuration.md). A field left
+// unset (its zero value, or nil where zero means something) gets the
+// default its comment gives from WithDefaults; Validate refuses what is
+// wrong. Parse and Load do both, as supervisor.New and dama.NewClient do
+// to a hand-built Config.
 type Config struct {
 	// Path is the absolute path of the file the configuration was read
-	// from (Load sets it). A supervisor needs it: its task processes read
-	// the configuration from there. Empty for a configuration not read from
-	// a file.
+	// from (Load sets it), whence a supervisor's task processes read it
+	// again; empty for a configuration not read from a file.
 	Path string `yaml:"-"`
 	// LogDir holds one log file per task, <etl_context_id>.log. Required;
 	// Load makes a relative one relative to the file. It and every
-	// directory above it must be root's or the supervisor's user's, and
-	// not writable by others (a sticky directory above it aside): a
-	// supervisor refuses to start otherwise.
+	// directory above it must be root's or the supervisor's user's and not
+	// writable by others (a sticky directory above it aside).
 	LogDir string `yaml:"log_dir"`
-	// LogGroup, when set (a group's name or number), is the group of
-	// LogDir and of the log files in it, which may read them: a
-	// supervisor gives the directory to it, set-group-ID. Empty keeps the
-	// directory's group. Either way the directory is closed to other
-	// users (0750), and the files to all but the group (0640).
+	// LogGroup, when set (a name or a number), is given LogDir, set-group-ID,
+	// so that it may read the logs. Either way the directory is made 0750
+	// and the files 0640.
 	LogGroup string `yaml:"log_group"`
-	// PollInterval is how often the supervisor looks, in one statement, at
-	// the locks of every running task (to find those whose task process
-	// died), rescues the steps of dead supervisors and reconciles contexts
-	// with their jobs. Default 5s.
+	// PollInterval is how often the supervisor looks at the locks of every
+	// running task, rescues the steps of dead supervisors and reconciles
+	// contexts with their jobs. Default 5s.
 	PollInterval Duration `yaml:"poll_interval"`
 	// HeartbeatInterval is how long a task process's lock connection may be
-	// silent before the kernel probes it (TCP keepalive); a loss is noticed
-	// within it plus three probes. Nothing is written: the lock is the proof
-	// of life. Default 5s.
+	// silent before the kernel probes it (TCP keepalive): nothing is
+	// written, the lock is the proof of life. Default 5s.
 	HeartbeatInterval Duration `yaml:"heartbeat_interval"`
 	// KillGrace is how long a task's command has between SIGTERM and SIGKILL
-	// when it is cancelled or loses its lock. Default 10s (0 means the
-	// default).
+	// when it is cancelled or loses its lock. Default 10s.
 	KillGrace Duration `yaml:"kill_grace"`
 	// ReconnectGrace is how long a task process keeps its command running
-	// after losing its lock connection (a database restart, a failover, a
-	// network cut) while it tries to take its lock again under the same run.
-	// Past it, the command is stopped and the task retried. nil means the
-	// default, 2m; 0 ("0s") stops the command as soon as the lock
-	// connection fails.
+	// after losing its lock connection, while it tries to take its lock
+	// again under the same run; past it, the command is stopped and the
+	// task retried. nil means 2m; 0 stops the command at once.
 	ReconnectGrace *Duration `yaml:"reconnect_grace"`
 	// ProgressInterval is how often a task's progress and checkpoint are
-	// stored as events: a PROGRESS or CHECKPOINT line that comes sooner
-	// than this after the last one stored waits, replaced by any newer one,
-	// until the interval is up, and the newest waiting checkpoint is stored
-	// before the attempt's outcome. The context's latest progress, which
-	// the view and the status page show, is updated at most once a second
-	// in between. Default 10s (0 means the default), at most 1h.
+	// stored as events: a newer line replaces one that waits for the
+	// interval, and the newest waiting checkpoint is stored before the
+	// attempt's outcome. Default 10s, at most 1h.
 	ProgressInterval Duration `yaml:"progress_interval"`
-	// LogTailBytes is how much of each attempt's output (its log file's
-	// lines since the attempt started) is also kept in the database, so
-	// that dama logs and the status page read it from any host: the last
-	// LogTailBytes, give or take one write's. Default 1 MiB (0 means the
-	// default); a negative value (-1) keeps none; at most 64 MiB.
+	// LogTailBytes is how much of each attempt's output (the last bytes,
+	// give or take one write's) is also kept in the database, for dama
+	// logs and the status page on any host. Default 1 MiB; -1 keeps none;
+	// at most 64 MiB.
 	LogTailBytes int64 `yaml:"log_tail_bytes"`
 	// LogTailInterval is how often a task process writes what its log
-	// gained to the database: at most one write per interval, none when
-	// nothing was written, and the last before the attempt's outcome.
-	// Default 5s (0 means the default), at least 100ms, at most 1h.
+	// gained to the database, and once more before the attempt's outcome.
+	// Default 5s, from 100ms to 1h.
 	LogTailInterval Duration `yaml:"log_tail_interval"`
-	// Retention is how long a finished task is kept, with its events and
-	// attempts and its River job, after it finished: the supervisors then
-	// remove it (dama prune does it once). A task is removed only once it
-	// has no child left. Default 720h, 30 days (0 means the default); a
-	// negative value (-1s) keeps every task; at least 1s.
+	// Retention is how long a finished task (its events, attempts and
+	// River job) is kept once it and all its children finished. Default
+	// 720h (30 days); -1s keeps every task; at least 1s.
 	Retention Duration `yaml:"retention"`
-	// LockMode is how task processes hold their lock, "row", "advisory"
-	// or "host"; a kind may override it. See LockModeRow,
-	// LockModeAdvisory and LockModeHost: advisory suits tasks that run for
-	// days, host many tasks on one host (no connection of their own).
-	// Empty means the default, row.
+	// LockMode is how task processes hold their lock, "row" (the default),
+	// "advisory" or "host"; a kind may override it.
 	LockMode LockMode `yaml:"lock_mode"`
 	// User and Group are the OS user (and group) the kinds' commands run
 	// as; a kind may override them. See Kind.User.
 	User  string `yaml:"user"`
 	Group string `yaml:"group"`
-	// Queues maps a queue name to its limits. A kind with no queue is in
-	// the queue "default", which is added when it is missing.
+	// Queues maps a queue name to its limits. The queue "default" is added
+	// when it is missing.
 	Queues map[string]Queue `yaml:"queues"`
 	// Kinds maps a task kind to how it runs. At least one is required.
 	Kinds map[string]Kind `yaml:"kinds"`
-	// Kubernetes says where and how the kinds whose runner is kubernetes
-	// run their pods.
+	// Kubernetes configures the pods of the kinds that run on Kubernetes.
 	Kubernetes Kubernetes `yaml:"kubernetes"`
 }
 
 // Kubernetes configures the pods of the kinds that run on Kubernetes
-// (Kind.Runner).
+// (Kind.Runner); see docs/kubernetes.md.
 type Kubernetes struct {
-	// Namespace is where the supervisor creates the task pods (and a
-	// Secret beside each, which only dama's container of the pod mounts).
-	// Default: the namespace of the supervisor's own pod, from its service
-	// account, or "default" outside a cluster.
+	// Namespace is where the task pods and their Secrets are created.
+	// Default: the supervisor's own pod's, or "default" outside a cluster.
 	Namespace string `yaml:"namespace"`
-	// Image is dama's image (scripts/image.sh), of the supervisor's own
-	// release: each task pod's init container copies its shim into the
-	// user's container, and dama's container runs the task process from
-	// it. Required when a kind runs on Kubernetes.
+	// Image is dama's image of the supervisor's own release, whose shim
+	// each task pod copies into the user's container, and whose task
+	// process it runs. Required when a kind runs on Kubernetes.
 	Image string `yaml:"image"`
-	// Resources is what each of dama's containers of a task pod (the
-	// task process, and the init container that copies the shim) asks
-	// for and is held to, a ResourceRequirements ({requests, limits}):
-	// set it where a ResourceQuota or LimitRange wants other figures.
-	// Default {requests: {cpu: 10m, memory: 32Mi}, limits: {memory:
-	// 256Mi}}: a task process holds one or two connections and a few
-	// buffers. Checked by the supervisor.
+	// Resources is what each of dama's containers of a task pod asks for
+	// and is held to, a ResourceRequirements. Default {requests: {cpu: 10m,
+	// memory: 32Mi}, limits: {memory: 256Mi}}. Checked by the supervisor.
 	Resources JSONObject `yaml:"resources"`
-	// TLSSecret names a Secret of the task pods' namespace that each
-	// task pod mounts, read-only, in dama's container only, at
-	// /var/run/dama/tls: the files its database URL names
-	// (sslmode=verify-full&sslrootcert=/var/run/dama/tls/ca.crt). The
-	// command shares the pod's network and, as root, its /etc/hosts and
-	// resolv.conf: only a server that the task process verifies, or
-	// names by address, is surely the database. Default: none.
+	// TLSSecret names a Secret mounted read-only, in dama's container only,
+	// at /var/run/dama/tls, for the files its database URL names: the
+	// command shares the pod's network and, as root, its /etc/hosts, so
+	// only a server that the task process verifies, or names by address,
+	// is surely the database. Default: none.
 	TLSSecret string `yaml:"tls_secret"`
 }
 
@@ -183,146 +151,111 @@ const (
 // Queue holds the limits of one queue.
 type Queue struct {
 	// MaxRunning bounds the tasks of this queue running at once, across every
-	// supervisor sharing the database. Default 10 (0 means the default).
+	// supervisor sharing the database. Default 10.
 	MaxRunning int `yaml:"max_running"`
 }
 
 // Kind says how the tasks of one kind run.
 type Kind struct {
 	// Queue is the queue the kind's tasks wait in. Default "default".
-	Queue string `yaml:"queue"`
-	// Command is the program and its arguments; it is executed directly,
-	// never through a shell. A kind has a command or a function, not both.
-	Command []string `yaml:"command"`
+	Queue string `yaml:"queue" json:"queue"`
+	// Command is the program and its arguments, executed directly, never
+	// through a shell. A kind has a command or a function, not both.
+	Command []string `yaml:"command" json:"command,omitempty"`
 	// Function names a Go function that the program embedding the
-	// supervisor registers (supervisor.Options.Funcs): the task process is
-	// that program, executed again, calling it. Several kinds may name
-	// one function. Only such a program's supervisor runs the kind; the
-	// dama binary refuses a configuration with function kinds in its
-	// supervisor, and accepts it everywhere else (submit, status).
-	Function string `yaml:"function"`
+	// supervisor registers (supervisor.Options.Funcs): only that program's
+	// supervisor runs the kind, its task process calling the function.
+	Function string `yaml:"function" json:"function,omitempty"`
 	// MaxAttempts is how many times a task is started before it is FAILED;
-	// default 3 (0 means the default), at most 32767. Retry.MaxAttempts is
-	// the same setting.
-	MaxAttempts int `yaml:"max_attempts"`
+	// default 3, at most 32767. Retry.MaxAttempts is the same setting.
+	MaxAttempts int `yaml:"max_attempts" json:"max_attempts"`
 	// Retry is when a failed attempt is tried again; nil means River's
 	// default backoff (attempt⁴ seconds, with jitter).
-	Retry *RetryPolicy `yaml:"retry"`
-	// RetryOnExitCodes, when set, lists the command's exit codes after
-	// which the task is retried: any other failure fails it for good.
-	// FailOnExitCodes lists the exit codes after which it fails for good
-	// (the command says "do not retry this"). At most one of the two is
-	// set; by default every failure is retried.
-	RetryOnExitCodes []int `yaml:"retry_on_exit_codes"`
-	FailOnExitCodes  []int `yaml:"fail_on_exit_codes"`
+	Retry *RetryPolicy `yaml:"retry" json:"retry,omitempty"`
+	// RetryOnExitCodes, when set, lists the only exit codes after which the
+	// task is retried; FailOnExitCodes those after which it fails for good.
+	// At most one of the two is set; by default every failure is retried.
+	RetryOnExitCodes []int `yaml:"retry_on_exit_codes" json:"retry_on_exit_codes,omitempty"`
+	FailOnExitCodes  []int `yaml:"fail_on_exit_codes" json:"fail_on_exit_codes,omitempty"`
 	// Timeout bounds the wall time of one attempt's command; 0, the
 	// default, means none: tasks that run for days are normal. A command
-	// that runs longer is stopped (its process group gets SIGTERM, then
-	// SIGKILL after KillGrace), a TIMEOUT event is recorded, and the
-	// attempt fails; OnTimeout says whether the task is then retried
-	// ("retry", the default) or FAILED ("fail").
-	Timeout   Duration  `yaml:"timeout"`
-	OnTimeout OnTimeout `yaml:"on_timeout"`
-	// KillGrace overrides the configuration's kill_grace for this kind;
-	// nil means the configuration's, and 0 ("0s") SIGKILL at once.
-	KillGrace *Duration `yaml:"kill_grace"`
-	// LockMode overrides the configuration's lock_mode for this kind; empty
-	// means the configuration's.
-	LockMode LockMode `yaml:"lock_mode"`
-	// Runner is where the kind's tasks run: "host" (the default), a
-	// process of the supervisor's host, or "kubernetes", a pod of their
-	// own for each attempt, made from Pod (see docs/kubernetes.md). A
-	// kubernetes kind has a command, no function and no user, and its
-	// lock mode is row or advisory.
-	Runner string `yaml:"runner"`
-	// Pod is a kubernetes kind's pod template, a PodTemplateSpec
-	// (metadata and spec) in YAML: its container named "task" runs the
-	// command under dama's shim, with the container's image, resources,
-	// environment, volumes and security context; the spec's service
-	// account, node selector, tolerations and volumes are the pod's.
-	// Checked by the supervisor, which knows Kubernetes' types. Required
-	// for a kubernetes kind.
-	Pod JSONObject `yaml:"pod"`
-	// StartTimeout bounds how long a kubernetes kind's pod may take from
-	// its creation to its command's start (scheduling, image pulls): past
-	// it the pod is deleted and the launch given back, spending no
-	// attempt. Default 5m (0 means the default), at most 24h.
-	StartTimeout Duration `yaml:"start_timeout"`
+	// that runs longer is stopped, with a TIMEOUT event; OnTimeout says
+	// whether the task is then retried ("retry", the default) or FAILED.
+	Timeout   Duration  `yaml:"timeout" json:"timeout"`
+	OnTimeout OnTimeout `yaml:"on_timeout" json:"on_timeout,omitempty"`
+	// KillGrace overrides the configuration's kill_grace; 0 is SIGKILL at once.
+	KillGrace *Duration `yaml:"kill_grace" json:"kill_grace,omitempty"`
+	// LockMode overrides the configuration's lock_mode.
+	LockMode LockMode `yaml:"lock_mode" json:"lock_mode,omitempty"`
+	// Runner is where the kind's tasks run: RunnerHost (the default) or
+	// RunnerKubernetes, whose kinds have a command, no function and no user,
+	// and lock mode row or advisory.
+	Runner string `yaml:"runner" json:"-"`
+	// Pod is a kubernetes kind's pod template, a PodTemplateSpec: its
+	// container named "task" runs the command under dama's shim. Checked by
+	// the supervisor, which knows Kubernetes' types. Required for a
+	// kubernetes kind.
+	Pod JSONObject `yaml:"pod" json:"-"`
+	// StartTimeout bounds how long a kubernetes kind's pod may take from its
+	// creation to its command's start: past it the pod is deleted and the
+	// launch given back, spending no attempt. Default 5m, at most 24h.
+	StartTimeout Duration `yaml:"start_timeout" json:"-"`
 	// PodRetention is how long a kubernetes kind's finished pod is kept
-	// (for kubectl logs and describe) before the supervisor deletes it.
-	// nil means the configuration's retention; 0 ("0s") deletes it once
-	// its task process recorded the outcome.
-	PodRetention *Duration `yaml:"pod_retention"`
+	// before the supervisor deletes it. nil means the configuration's
+	// retention; 0 deletes it once its outcome is recorded.
+	PodRetention *Duration `yaml:"pod_retention" json:"-"`
 	// User is the OS user (a name or a number) the command runs as, with
-	// that user's uid, gid and groups only, its HOME, USER and LOGNAME,
-	// and no capability, so that the kernel keeps it from dama's
-	// processes, logs and lock keeper. Group, when set, is its group
-	// instead of the user's own. Empty means the configuration's user, and
-	// when that is empty too, dama's own user: a supervisor running as
-	// root then refuses the kind (user: root says so on purpose). Switching
-	// users needs root, or CAP_SETUID, CAP_SETGID and CAP_KILL.
-	User  string `yaml:"user"`
-	Group string `yaml:"group"`
+	// its uid, gid and groups only, its HOME, USER and LOGNAME, and no
+	// capability, so that the kernel keeps it from dama's processes, logs
+	// and lock keeper; Group replaces the user's own group. Empty means the
+	// configuration's user, and then dama's own, which a supervisor running
+	// as root refuses (user: root says so on purpose).
+	User  string `yaml:"user" json:"user,omitempty"`
+	Group string `yaml:"group" json:"group,omitempty"`
 	// MaxRunning bounds the tasks of this kind running at once, across
-	// every supervisor sharing the database and every queue; 1 means the
-	// kind's tasks never run concurrently. 0, the default, means no bound
-	// but the queue's.
-	MaxRunning int `yaml:"max_running"`
+	// every supervisor and queue. 0, the default, means the queue's bound
+	// only.
+	MaxRunning int `yaml:"max_running" json:"max_running,omitempty"`
 	// ConcurrencyKey names a field of the task's arguments ("region", or
-	// "source.region" inside an object); tasks of the kind with the same
-	// value run at most MaxRunningPerKey at a time, across every
-	// supervisor. A submission whose arguments lack the field is refused.
-	// Empty, the default, means no key.
-	ConcurrencyKey string `yaml:"concurrency_key"`
+	// "source.region" inside an object): tasks of the kind with the same
+	// value run at most MaxRunningPerKey at a time. A submission whose
+	// arguments lack the field is refused. Empty, the default, means none.
+	ConcurrencyKey string `yaml:"concurrency_key" json:"concurrency_key,omitempty"`
 	// MaxRunningPerKey bounds the running tasks of each concurrency key;
 	// default 1 when ConcurrencyKey is set.
-	MaxRunningPerKey int `yaml:"max_running_per_key"`
-	// Schedule makes the kind periodic: a cron expression ("*/15 * * * *",
-	// five fields from the minute, or six from the second, or a descriptor
-	// such as "@daily"; not "@every"). At each tick one task is submitted,
-	// by one of the supervisors that configure the kind, whichever runs;
-	// ticks missed while none ran give one task, at the first start after.
-	// Empty, the default, means none.
-	Schedule string `yaml:"schedule"`
-	// Timezone is the IANA time zone the schedule is read in ("Europe/Paris");
-	// default UTC.
-	Timezone string `yaml:"timezone"`
+	MaxRunningPerKey int `yaml:"max_running_per_key" json:"max_running_per_key,omitempty"`
+	// Schedule makes the kind periodic: a cron expression (ParseSchedule).
+	// At each tick one of the supervisors that configure the kind submits
+	// one task; ticks missed while none ran give one task.
+	Schedule string `yaml:"schedule" json:"schedule,omitempty"`
+	// Timezone is the IANA time zone the schedule is read in; default UTC.
+	Timezone string `yaml:"timezone" json:"timezone,omitempty"`
 	// Overlap is what a tick does while an earlier task of the kind is
-	// unfinished: "skip" (the default of a scheduled kind), "queue" or
-	// "allow"; see Overlap. "queue" makes the default max_running 1.
-	Overlap Overlap `yaml:"overlap"`
+	// unfinished: "skip" (the default), "queue" or "allow". "queue" makes
+	// the default max_running 1.
+	Overlap Overlap `yaml:"overlap" json:"overlap,omitempty"`
 	// ScheduleArgs are the arguments of the tasks a tick submits, a
 	// mapping; default {} for a scheduled kind.
-	ScheduleArgs JSONObject `yaml:"schedule_args"`
-	// AwaitChildren makes a task of the kind, once its command succeeded,
-	// wait for the children it submitted: DONE when every child is DONE,
-	// FAILED (for good) as soon as one is FAILED or CANCELLED. Its task
-	// process waits, holding the lock, on the database's announcements.
-	// Default false: the task is DONE when its command succeeds.
-	AwaitChildren bool `yaml:"await_children"`
+	ScheduleArgs JSONObject `yaml:"schedule_args" json:"schedule_args,omitempty"`
+	// AwaitChildren makes a task whose command succeeded wait, holding its
+	// lock, for the children it submitted: DONE when every child is DONE,
+	// FAILED (for good) as soon as one is FAILED or CANCELLED.
+	AwaitChildren bool `yaml:"await_children" json:"await_children,omitempty"`
 	// Children names the kinds the kind's tasks may submit as children
-	// (a submit line, task.Submit): the kind's command, which may run as
-	// another user than theirs, chooses their arguments. A child of any
-	// other kind is refused, by the task process and by the database, with
-	// a WARNING; the task goes on. Empty, the default, allows none.
-	Children []string `yaml:"children"`
-	// PassEnv names variables that the command gets from its task
-	// process's environment although dama withholds them by default:
-	// DATABASE_URL and libpq's PG* variables (PGPASSWORD among them),
-	// which are dama's credentials. Names starting with DAMA_ are refused:
-	// dama sets those a command gets. Empty, the default, passes none;
-	// every other variable of the supervisor's environment is passed.
-	PassEnv []string `yaml:"pass_env"`
+	// (task.Submit), whose arguments the kind's command, maybe of another
+	// user than theirs, chooses. Any other child is refused with a WARNING.
+	Children []string `yaml:"children" json:"children,omitempty"`
+	// PassEnv names variables, withheld by default as dama's credentials
+	// (DATABASE_URL and libpq's PG* variables), that the command gets from
+	// its task process's environment; DAMA_* are refused. Every other
+	// variable of the supervisor's environment is passed.
+	PassEnv []string `yaml:"pass_env" json:"pass_env,omitempty"`
 	// SessionFence, true by default (nil), names the command's libpq
 	// sessions by its run (PGAPPNAME, unless PassEnv passes one) and asks
-	// their server to end a statement whose client is gone within a
-	// second (client_connection_check_interval, appended to PGOPTIONS):
-	// the task's next attempt waits until no session of that run is left
-	// on dama's server. false, for a command whose libpq server refuses
-	// that setting (PostgreSQL before 14, or another that speaks its
-	// protocol), sets neither: its sessions are not named, and a retry
-	// finds none to wait for.
-	SessionFence *bool `yaml:"session_fence"`
+	// their server to end a statement whose client is gone (PGOPTIONS):
+	// the task's next attempt waits until no session of that run is left.
+	// false suits a server that refuses that setting (PostgreSQL before 14).
+	SessionFence *bool `yaml:"session_fence" json:"session_fence"`
 }
 
 // FencesSessions reports whether k's command's sessions are named by its
@@ -360,19 +293,17 @@ func Withheld(name string) bool {
 
 // RetryPolicy says how long a failed attempt waits before the next.
 type RetryPolicy struct {
-	// MaxAttempts is the kind's max_attempts (either may be set; both
-	// must then agree). The defaults set both.
-	MaxAttempts int `yaml:"max_attempts"`
-	// Backoff is "exponential" (Delay, then twice as long after each
-	// failure) or "fixed" (Delay after every failure). Empty means the
-	// default, exponential.
-	Backoff Backoff `yaml:"backoff"`
-	// Delay is the wait after the first failure; default 1m (0 means the
-	// default).
-	Delay Duration `yaml:"delay"`
+	// MaxAttempts is the kind's max_attempts: either may be set, or both,
+	// to one value.
+	MaxAttempts int `yaml:"max_attempts" json:"max_attempts"`
+	// Backoff is "exponential" (the default: Delay, then twice as long
+	// after each failure) or "fixed".
+	Backoff Backoff `yaml:"backoff" json:"backoff"`
+	// Delay is the wait after the first failure; default 1m.
+	Delay Duration `yaml:"delay" json:"delay"`
 	// MaxDelay caps an exponential backoff's wait; default 1h, or Delay
-	// when that is longer (0 means the default).
-	MaxDelay Duration `yaml:"max_delay"`
+	// when that is longer.
+	MaxDelay Duration `yaml:"max_delay" json:"max_delay"`
 }
 
 // Backoff is how a retry's wait grows.
@@ -442,8 +373,7 @@ func ValidName(name string) bool { return nameRE.MatchString(name) }
 // concurrency key: nil when the kind has none, or when the field
 // ConcurrencyKey names holds a value (not null) of at most
 // MaxConcurrencyKey bytes. The key itself is the database's to say
-// (data_manager.concurrency_key_of: a string as itself, anything else as
-// jsonb prints it), whoever submits: this checks arguments before they
+// (data_manager.concurrency_key_of); this checks arguments before they
 // reach it, a schedule's when the configuration is read.
 func (k Kind) CheckConcurrencyKey(args json.RawMessage) error {
 	if k.ConcurrencyKey == "" {
@@ -458,11 +388,8 @@ func (k Kind) CheckConcurrencyKey(args json.RawMessage) error {
 			return fmt.Errorf("arguments are not valid JSON: %w", err)
 		}
 	}
-	for _, field := range strings.Split(k.ConcurrencyKey, ".") {
-		obj, ok := v.(map[string]any)
-		if !ok {
-			return fmt.Errorf("the arguments have no field %s, the kind's concurrency_key", k.ConcurrencyKey)
-		}
+	for field := range strings.SplitSeq(k.ConcurrencyKey, ".") {
+		obj, _ := v.(map[string]any) // nil, and so no field, when v is no object
 		v = obj[field]
 	}
 	var key string
@@ -496,90 +423,33 @@ func (c *Config) Kind(name string) (Kind, bool) {
 }
 
 // QueueNames returns the configured queue names in order.
-func (c *Config) QueueNames() []string {
-	names := make([]string, 0, len(c.Queues))
-	for n := range c.Queues {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
-}
+func (c *Config) QueueNames() []string { return slices.Sorted(maps.Keys(c.Queues)) }
+
+// KindNames returns the configured kind names in order.
+func (c *Config) KindNames() []string { return slices.Sorted(maps.Keys(c.Kinds)) }
 
 // Functions returns the names of the functions the function kinds name,
 // in order, without repeats.
 func (c *Config) Functions() []string {
 	var names []string
 	for _, k := range c.Kinds {
-		if k.Function != "" && !slices.Contains(names, k.Function) {
+		if k.Function != "" {
 			names = append(names, k.Function)
 		}
 	}
-	sort.Strings(names)
-	return names
-}
-
-// KindNames returns the configured kind names in order.
-func (c *Config) KindNames() []string {
-	names := make([]string, 0, len(c.Kinds))
-	for n := range c.Kinds {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
+	slices.Sort(names)
+	return slices.Compact(names)
 }
 
 // Settings returns k as JSON, under the names of the configuration file,
 // durations as Go writes them ("1h30m0s"): what a supervisor publishes of
-// the kind in data_manager.kinds for readers. Every setting is there,
-// defaults included; pass_env names variables, never their values.
+// the kind in data_manager.kinds for readers. Every setting but the
+// kubernetes runner's is there, defaults included; pass_env names
+// variables, never their values.
 func (k Kind) Settings() (json.RawMessage, error) {
-	duration := func(d *Duration) *string {
-		if d == nil {
-			return nil
-		}
-		s := d.String()
-		return &s
-	}
-	var retry any
-	if p := k.Retry; p != nil {
-		retry = struct {
-			MaxAttempts int     `json:"max_attempts"`
-			Backoff     Backoff `json:"backoff"`
-			Delay       string  `json:"delay"`
-			MaxDelay    string  `json:"max_delay"`
-		}{p.MaxAttempts, p.Backoff, p.Delay.String(), p.MaxDelay.String()}
-	}
-	b, err := json.Marshal(struct {
-		Queue            string          `json:"queue"`
-		Command          []string        `json:"command,omitempty"`
-		Function         string          `json:"function,omitempty"`
-		MaxAttempts      int             `json:"max_attempts"`
-		Retry            any             `json:"retry,omitempty"`
-		RetryOnExitCodes []int           `json:"retry_on_exit_codes,omitempty"`
-		FailOnExitCodes  []int           `json:"fail_on_exit_codes,omitempty"`
-		Timeout          *string         `json:"timeout,omitempty"`
-		OnTimeout        OnTimeout       `json:"on_timeout,omitempty"`
-		KillGrace        *string         `json:"kill_grace,omitempty"`
-		LockMode         LockMode        `json:"lock_mode,omitempty"`
-		MaxRunning       int             `json:"max_running,omitempty"`
-		ConcurrencyKey   string          `json:"concurrency_key,omitempty"`
-		MaxRunningPerKey int             `json:"max_running_per_key,omitempty"`
-		Schedule         string          `json:"schedule,omitempty"`
-		Timezone         string          `json:"timezone,omitempty"`
-		Overlap          Overlap         `json:"overlap,omitempty"`
-		ScheduleArgs     json.RawMessage `json:"schedule_args,omitempty"`
-		AwaitChildren    bool            `json:"await_children,omitempty"`
-		Children         []string        `json:"children,omitempty"`
-		PassEnv          []string        `json:"pass_env,omitempty"`
-		SessionFence     bool            `json:"session_fence"`
-		User             string          `json:"user,omitempty"`
-		Group            string          `json:"group,omitempty"`
-	}{
-		k.Queue, k.Command, k.Function, k.MaxAttempts, retry, k.RetryOnExitCodes, k.FailOnExitCodes,
-		duration(&k.Timeout), k.OnTimeout, duration(k.KillGrace), k.LockMode, k.MaxRunning, k.ConcurrencyKey,
-		k.MaxRunningPerKey, k.Schedule, k.Timezone, k.Overlap, json.RawMessage(k.ScheduleArgs), k.AwaitChildren, k.Children, k.PassEnv,
-		k.FencesSessions(), k.User, k.Group,
-	})
+	fence := k.FencesSessions()
+	k.SessionFence = &fence
+	b, err := json.Marshal(k)
 	if err != nil {
 		return nil, fmt.Errorf("encode the settings of a kind: %w", err)
 	}

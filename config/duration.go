@@ -1,6 +1,7 @@
 package config
 
 import (
+	"encoding/json"
 	"fmt"
 	"time"
 
@@ -39,3 +40,6 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 
 // MarshalYAML writes d as Go writes a duration, which UnmarshalYAML reads.
 func (d Duration) MarshalYAML() (any, error) { return d.String(), nil }
+
+// MarshalJSON writes d as a string, as Go writes a duration.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()) }

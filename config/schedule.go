@@ -16,9 +16,8 @@ type Overlap string
 
 // The overlaps.
 const (
-	// OverlapSkip, the default, lets the tick pass: no task is submitted
-	// while one of the kind is queued, running or retrying. Runs never
-	// pile up.
+	// OverlapSkip, the default, submits no task while one of the kind is
+	// queued, running or retrying.
 	OverlapSkip Overlap = "skip"
 	// OverlapQueue submits the tick's task, which starts once the earlier
 	// ones have finished: the kind's max_running is 1.
@@ -28,8 +27,6 @@ const (
 	OverlapAllow Overlap = "allow"
 )
 
-// cronParser reads five fields (minute to day of week), an optional
-// leading seconds field, and descriptors such as @hourly.
 var cronParser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
 
 // Schedule is a parsed cron schedule in its time zone.
@@ -45,9 +42,9 @@ type Schedule struct {
 // finding a tick past five years too.
 const maxTickGap = 5 * 366 * 24 * time.Hour
 
-// ParseSchedule parses a cron expression ("*/15 * * * *", with an optional
-// leading seconds field, or a descriptor such as "@daily") in the named
-// time zone ("" means UTC).
+// ParseSchedule parses a cron expression ("*/15 * * * *", five fields from
+// the minute or six from the second, or a descriptor such as "@daily"; not
+// "@every") in the named time zone ("" means UTC).
 func ParseSchedule(spec, zone string) (*Schedule, error) {
 	if zone == "" {
 		zone = "UTC"
@@ -77,9 +74,7 @@ func ParseSchedule(spec, zone string) (*Schedule, error) {
 }
 
 // Next returns the first tick after t (zero if none within five years).
-func (s *Schedule) Next(t time.Time) time.Time {
-	return s.spec.Next(t.In(s.loc))
-}
+func (s *Schedule) Next(t time.Time) time.Time { return s.spec.Next(t.In(s.loc)) }
 
 // Latest returns the last tick in (after, now], or zero when there is none:
 // when several ticks were missed, only the last is returned.
@@ -119,6 +114,9 @@ func (k Kind) ScheduleOf() (*Schedule, error) {
 
 // JSONObject is a JSON object written as a YAML mapping.
 type JSONObject json.RawMessage
+
+// MarshalJSON returns o's JSON text.
+func (o JSONObject) MarshalJSON() ([]byte, error) { return json.RawMessage(o).MarshalJSON() }
 
 // UnmarshalYAML converts a YAML mapping to its JSON text.
 func (o *JSONObject) UnmarshalYAML(node *yaml.Node) error {

@@ -11,6 +11,10 @@ import (
 	"github.com/dama-etl/dama/protocol"
 )
 
+// minInterval is the shortest poll_interval, heartbeat_interval and
+// log_tail_interval.
+const minInterval = Duration(100 * time.Millisecond)
+
 // Validate reports the first setting of c that is wrong, in one line that
 // names it: the one place settings are checked. It expects c's defaults
 // applied (WithDefaults): an unset field is wrong for it.
@@ -18,23 +22,28 @@ func (c *Config) Validate() error {
 	if c.LogDir == "" {
 		return errors.New("log_dir is required")
 	}
-	if c.PollInterval < Duration(100*time.Millisecond) {
-		return errors.New("poll_interval must be at least 100ms")
-	}
-	if c.HeartbeatInterval < Duration(100*time.Millisecond) {
-		return errors.New("heartbeat_interval must be at least 100ms")
-	}
-	if c.ReconnectGrace == nil || *c.ReconnectGrace < 0 {
+	if c.ReconnectGrace == nil {
 		return errors.New("reconnect_grace must not be negative")
 	}
-	if c.KillGrace < 0 {
-		return errors.New("kill_grace must not be negative")
-	}
-	if c.ProgressInterval < 0 {
-		return errors.New("progress_interval must not be negative")
-	}
-	if c.LogTailInterval < Duration(100*time.Millisecond) {
-		return errors.New("log_tail_interval must be at least 100ms")
+	for _, d := range []struct {
+		name              string
+		value, least, max Duration
+	}{
+		{"poll_interval", c.PollInterval, minInterval, MaxPollInterval},
+		{"heartbeat_interval", c.HeartbeatInterval, minInterval, MaxHeartbeatInterval},
+		{"reconnect_grace", *c.ReconnectGrace, 0, MaxReconnectGrace},
+		{"kill_grace", c.KillGrace, 0, MaxKillGrace},
+		{"progress_interval", c.ProgressInterval, 0, MaxProgressInterval},
+		{"log_tail_interval", c.LogTailInterval, minInterval, MaxLogTailInterval},
+	} {
+		switch {
+		case d.value < 0 && d.least == 0:
+			return fmt.Errorf("%s must not be negative", d.name)
+		case d.value < d.least:
+			return fmt.Errorf("%s must be at least %s", d.name, d.least)
+		case d.value > d.max:
+			return fmt.Errorf("%s %s: at most %s", d.name, d.value, d.max)
+		}
 	}
 	if c.LogTailBytes > MaxLogTailBytes {
 		return fmt.Errorf("log_tail_bytes %d: at most %d (64 MiB; a negative one keeps none)", c.LogTailBytes, MaxLogTailBytes)
@@ -42,21 +51,8 @@ func (c *Config) Validate() error {
 	if c.Retention > 0 && c.Retention < Duration(time.Second) {
 		return fmt.Errorf("retention %s: at least 1s (a negative one keeps every task)", c.Retention)
 	}
-	for _, d := range []struct {
-		name       string
-		value, max Duration
-	}{
-		{"poll_interval", c.PollInterval, MaxPollInterval},
-		{"heartbeat_interval", c.HeartbeatInterval, MaxHeartbeatInterval},
-		{"reconnect_grace", *c.ReconnectGrace, MaxReconnectGrace},
-		{"kill_grace", c.KillGrace, MaxKillGrace},
-		{"progress_interval", c.ProgressInterval, MaxProgressInterval},
-		{"log_tail_interval", c.LogTailInterval, MaxLogTailInterval},
-		{"retention", c.Retention, MaxDelay},
-	} {
-		if d.value > d.max {
-			return fmt.Errorf("%s %s: at most %s", d.name, d.value, d.max)
-		}
+	if c.Retention > MaxDelay {
+		return fmt.Errorf("retention %s: at most %s", c.Retention, MaxDelay)
 	}
 	if err := validLockMode(c.LockMode); err != nil {
 		return err
@@ -126,22 +122,18 @@ func (k *Kind) validate() error {
 	if err := k.validateFailures(); err != nil {
 		return err
 	}
-	if k.MaxAttempts == 0 {
+	switch {
+	case k.MaxAttempts == 0:
 		return errors.New("max_attempts must be set")
-	}
-	if k.MaxAttempts > attemptsLimit {
+	case k.MaxAttempts > attemptsLimit:
 		return fmt.Errorf("max_attempts %d: at most %d", k.MaxAttempts, attemptsLimit)
-	}
-	if k.MaxRunning < 0 {
+	case k.MaxRunning < 0:
 		return errors.New("max_running must not be negative")
-	}
-	if k.MaxRunningPerKey < 0 {
+	case k.MaxRunningPerKey < 0:
 		return errors.New("max_running_per_key must not be negative")
-	}
-	if k.ConcurrencyKey == "" && k.MaxRunningPerKey > 0 {
+	case k.ConcurrencyKey == "" && k.MaxRunningPerKey > 0:
 		return errors.New("max_running_per_key needs concurrency_key")
-	}
-	if k.ConcurrencyKey != "" && !keyPathRE.MatchString(k.ConcurrencyKey) {
+	case k.ConcurrencyKey != "" && !keyPathRE.MatchString(k.ConcurrencyKey):
 		return fmt.Errorf("concurrency_key %q: want a field name, or names joined by '.'", k.ConcurrencyKey)
 	}
 	for _, v := range k.PassEnv {
@@ -226,27 +218,23 @@ func (k *Kind) validateFailures() error {
 	if len(k.RetryOnExitCodes) > 0 && len(k.FailOnExitCodes) > 0 {
 		return errors.New("retry_on_exit_codes and fail_on_exit_codes exclude each other: set one")
 	}
-	for _, c := range append(slices.Clone(k.RetryOnExitCodes), k.FailOnExitCodes...) {
+	for _, c := range slices.Concat(k.RetryOnExitCodes, k.FailOnExitCodes) {
 		if c < 1 || c > 255 {
 			return fmt.Errorf("exit code %d: want 1 to 255 (0 is success)", c)
 		}
 	}
-	if k.Timeout < 0 {
+	switch p := k.Retry; {
+	case k.Timeout < 0:
 		return errors.New("timeout must not be negative")
-	}
-	if k.OnTimeout != OnTimeoutRetry && k.OnTimeout != OnTimeoutFail {
+	case k.OnTimeout != OnTimeoutRetry && k.OnTimeout != OnTimeoutFail:
 		return fmt.Errorf("on_timeout %q: want %q or %q", k.OnTimeout, OnTimeoutRetry, OnTimeoutFail)
-	}
-	if k.KillGrace == nil || *k.KillGrace < 0 {
+	case k.KillGrace == nil || *k.KillGrace < 0:
 		return errors.New("kill_grace must not be negative")
-	}
-	if *k.KillGrace > MaxKillGrace {
+	case *k.KillGrace > MaxKillGrace:
 		return fmt.Errorf("kill_grace %s: at most %s", *k.KillGrace, MaxKillGrace)
-	}
-	if k.Timeout > MaxDelay {
+	case k.Timeout > MaxDelay:
 		return fmt.Errorf("timeout %s: at most %s", k.Timeout, MaxDelay)
-	}
-	if p := k.Retry; p != nil && (p.Delay > MaxDelay || p.MaxDelay > MaxDelay) {
+	case p != nil && (p.Delay > MaxDelay || p.MaxDelay > MaxDelay):
 		return fmt.Errorf("retry delays: at most %s", MaxDelay)
 	}
 	return nil

@@ -121,8 +121,7 @@ func checkNode(n *yaml.Node, t reflect.Type, path string) error {
 
 // fieldOf returns t's field that the YAML key name sets.
 func fieldOf(t reflect.Type, name string) (reflect.StructField, bool) {
-	for i := range t.NumField() {
-		f := t.Field(i)
+	for f := range t.Fields() {
 		if tag, _, _ := strings.Cut(f.Tag.Get("yaml"), ","); f.IsExported() && tag == name && tag != "-" {
 			return f, true
 		}
@@ -132,8 +131,8 @@ func fieldOf(t reflect.Type, name string) (reflect.StructField, bool) {
 
 func unknownKey(key *yaml.Node, t reflect.Type, path string) error {
 	best, bestDist := "", 3
-	for i := range t.NumField() {
-		tag, _, _ := strings.Cut(t.Field(i).Tag.Get("yaml"), ",")
+	for f := range t.Fields() {
+		tag, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
 		if tag == "" || tag == "-" {
 			continue
 		}

@@ -11,7 +11,6 @@
 package task
 
 import (
-	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -28,11 +27,10 @@ import (
 
 // Task is a task as its program sees it. Its methods are safe for
 // concurrent use. A report fails when it is invalid (a reserved event
-// type, a checkpoint too large) or cannot reach the task process (it is
-// gone); nil means the task process got it, not that it was recorded:
-// what the database refuses (a child of an unknown kind, say) is recorded
-// as a WARNING event instead, and only while this attempt is the task's
-// current one.
+// type, a checkpoint too large) or cannot reach the task process; nil
+// means the task process got it, not that it was recorded: what the
+// database refuses (a child of an unknown kind, say) is recorded as a
+// WARNING event instead, and only while this attempt is the current one.
 type Task struct {
 	id      int64
 	kind    string
@@ -47,11 +45,10 @@ type Task struct {
 
 // FromEnv reads the task this process runs from the environment its task
 // process set (protocol's ContextIDEnv, KindEnv, AttemptEnv, ArgsEnv,
-// CheckpointEnv and EventsFDEnv), once: every call returns the same Task,
-// which owns the events pipe, or the same error. EventsFDEnv must name a
-// pipe, as dama hands it. The pipe is made close-on-exec, so that the
-// processes the program starts do not hold it open: the task process
-// waits for it to close.
+// CheckpointEnv and EventsFDEnv, a pipe), once: every call returns the
+// same Task, which owns the events pipe, or the same error. The pipe is
+// made close-on-exec: the task process waits for it to close, which the
+// processes the program starts would hold open.
 func FromEnv() (*Task, error) { return fromEnv() }
 
 // fromEnv is FromEnv's one reading of the environment. Package state,
@@ -82,16 +79,16 @@ func readEnv() (*Task, error) {
 		id:      id,
 		kind:    os.Getenv(protocol.KindEnv),
 		attempt: attempt,
-		args:    json.RawMessage(cmp.Or(os.Getenv(protocol.ArgsEnv), "{}")),
+		args:    json.RawMessage("{}"),
+		logger:  slog.New(slog.NewTextHandler(os.Stderr, nil)).With("etl_context_id", id, "attempt", attempt),
 		events:  os.NewFile(uintptr(fd), "events"),
+	}
+	if s := os.Getenv(protocol.ArgsEnv); s != "" && s != "null" {
+		t.args = json.RawMessage(s)
 	}
 	if s := os.Getenv(protocol.CheckpointEnv); s != "" && s != "null" {
 		t.last = json.RawMessage(s)
 	}
-	if string(t.args) == "null" {
-		t.args = json.RawMessage("{}")
-	}
-	t.logger = slog.New(slog.NewTextHandler(os.Stderr, nil)).With("etl_context_id", id, "attempt", attempt)
 	return t, nil
 }
 
@@ -138,16 +135,12 @@ func (t *Task) Logger() *slog.Logger { return t.logger }
 
 // Progress reports how far along the task is, a PROGRESS event: {"step":
 // 3, "of": 10} or {"percent": 30} draw a bar in dama's views.
-func (t *Task) Progress(v any) error {
-	return t.send(protocol.EventProgress, v)
-}
+func (t *Task) Progress(v any) error { return t.send(protocol.EventProgress, v) }
 
 // Checkpoint records where a later attempt may resume from, a CHECKPOINT
 // event: at most protocol.MaxEnvPayload bytes as the database gives it
 // back (protocol.CheckCheckpoint).
-func (t *Task) Checkpoint(v any) error {
-	return t.send(protocol.EventCheckpoint, v)
-}
+func (t *Task) Checkpoint(v any) error { return t.send(protocol.EventCheckpoint, v) }
 
 // Event records an event of the task's own type (letters, digits and '_';
 // stored upper-cased as <kind>:<TYPE>). The types dama writes itself, and
@@ -165,11 +158,9 @@ func (t *Task) Event(eventType string, v any) error {
 
 // Submit submits a child task of the given kind, a kind of the task
 // process's configuration. With an idempotency key, a later attempt
-// submitting the same key gets the same child rather than a second one;
-// without one, each call submits a child. The child is created once the
-// task process records the submission, in the transaction of a SUBMITTED
-// event that names it; a kind with await_children waits for it once the
-// program has succeeded.
+// submitting the same key gets the same child rather than a second one.
+// The child is created with the SUBMITTED event that names it; a kind with
+// await_children waits for it once the program has succeeded.
 func (t *Task) Submit(kind string, args any, idempotencyKey string) error {
 	c := protocol.Child{Kind: kind, IdempotencyKey: idempotencyKey}
 	if args != nil {
@@ -190,11 +181,10 @@ func (t *Task) Submit(kind string, args any, idempotencyKey string) error {
 	return t.send(protocol.TypeSubmit, c)
 }
 
-// Fail says why the program is about to fail, a failure line: when it
-// then exits non-zero, the attempt's ERROR event gives reason (cut to
-// protocol.MaxFailureError bytes), and retry false fails the task for
-// good, whatever attempts remain. The last call counts; a program that
-// exits 0 is DONE whatever it said.
+// Fail says why the program is about to fail: when it then exits non-zero,
+// the attempt's ERROR event gives reason (cut to protocol.MaxFailureError
+// bytes), and retry false fails the task for good. The last call counts; a
+// program that exits 0 is DONE whatever it said.
 func (t *Task) Fail(reason string, retry bool) error {
 	if reason == "" {
 		// The task process requires one; retry must not be lost for it.
@@ -203,7 +193,6 @@ func (t *Task) Fail(reason string, retry bool) error {
 	return t.send(protocol.TypeFailure, protocol.Failure{Error: protocol.TruncateUTF8(reason, protocol.MaxFailureError), Retry: &retry})
 }
 
-// send writes one line on the events pipe.
 func (t *Task) send(suffix string, v any) error {
 	what := strings.ToLower(suffix)
 	payload, err := json.Marshal(v)

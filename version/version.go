@@ -28,20 +28,16 @@ func Commit() string {
 	if !ok {
 		return "unknown"
 	}
-	var rev, modified string
+	vcs := map[string]string{}
 	for _, s := range info.Settings {
-		switch s.Key {
-		case "vcs.revision":
-			rev = s.Value
-		case "vcs.modified":
-			modified = s.Value
-		}
+		vcs[s.Key] = s.Value
 	}
-	if rev == "" {
+	switch rev := vcs["vcs.revision"]; {
+	case rev == "":
 		return "unknown"
+	case vcs["vcs.modified"] == "true":
+		return rev + "-dirty"
+	default:
+		return rev
 	}
-	if modified == "true" {
-		rev += "-dirty"
-	}
-	return rev
 }

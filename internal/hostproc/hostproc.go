@@ -2,12 +2,11 @@
 // on it, from /proc, so that a supervisor can tell for sure whether any
 // process of an earlier attempt still lives.
 //
-// A host is identified by its boot id and its PID namespace: two containers
-// with one host name differ by namespace, and a reboot changes the boot id,
-// so a pid recorded under one host id means the same process only under that
-// id. A process is identified by its pid and its start time in clock ticks
-// since boot, which is exact, unlike a wall-clock start time rounded to
-// seconds.
+// A host is identified by its boot id and its PID namespace (two containers
+// with one host name differ by namespace), so a pid recorded under one host
+// id means the same process only under that id. A process is identified by
+// its pid and its start time in clock ticks since boot, which is exact,
+// unlike a wall-clock start time rounded to seconds.
 //
 // Every answer errs on the side of "alive": a process that cannot be read is
 // not proof of death.
@@ -54,15 +53,21 @@ type Stat struct {
 // ErrGone reports a process that does not exist.
 var ErrGone = errors.New("no such process")
 
+// procError is the failure to read what of process pid: ErrGone when the
+// process does not exist.
+func procError(pid int, what string, err error) error {
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("process %d: %w", pid, ErrGone)
+	}
+	return fmt.Errorf("read %s of process %d: %w", what, pid, err)
+}
+
 // ReadStat reads /proc/<pid>/stat; it returns ErrGone when the process does
 // not exist.
 func ReadStat(pid int) (Stat, error) {
 	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
-		return Stat{}, fmt.Errorf("process %d: %w", pid, ErrGone)
-	}
 	if err != nil {
-		return Stat{}, fmt.Errorf("read stat of process %d: %w", pid, err)
+		return Stat{}, procError(pid, "stat", err)
 	}
 	return parseStat(pid, data)
 }
@@ -79,17 +84,11 @@ func parseStat(pid int, data []byte) (Stat, error) {
 	if len(f) < 20 {
 		return Stat{}, fmt.Errorf("parse stat of process %d: %d fields", pid, len(f))
 	}
-	ppid, err := strconv.Atoi(f[1])
-	if err != nil {
-		return Stat{}, fmt.Errorf("parse ppid of process %d: %w", pid, err)
-	}
-	pgid, err := strconv.Atoi(f[2])
-	if err != nil {
-		return Stat{}, fmt.Errorf("parse pgrp of process %d: %w", pid, err)
-	}
-	ticks, err := strconv.ParseUint(f[19], 10, 64)
-	if err != nil {
-		return Stat{}, fmt.Errorf("parse start time of process %d: %w", pid, err)
+	ppid, err1 := strconv.Atoi(f[1])
+	pgid, err2 := strconv.Atoi(f[2])
+	ticks, err3 := strconv.ParseUint(f[19], 10, 64)
+	if err := errors.Join(err1, err2, err3); err != nil {
+		return Stat{}, fmt.Errorf("parse stat of process %d: %w", pid, err)
 	}
 	return Stat{PID: pid, State: f[0][0], PPID: ppid, PGID: pgid, StartTicks: ticks}, nil
 }
@@ -97,9 +96,8 @@ func parseStat(pid int, data []byte) (Stat, error) {
 // Self returns this process's stat.
 func Self() (Stat, error) { return ReadStat(os.Getpid()) }
 
-// zombie reports a process that has exited and waits to be reaped: it runs
-// nothing any more.
-func (s Stat) zombie() bool { return s.State == 'Z' || s.State == 'X' }
+// Zombie reports a process that has exited and waits to be reaped.
+func (s Stat) Zombie() bool { return s.State == 'Z' || s.State == 'X' }
 
 // Alive reports whether the process pid that started at startTicks still
 // runs. A pid reused by another process is not alive. An error reading the
@@ -112,29 +110,26 @@ func Alive(pid int, startTicks uint64) (bool, error) {
 	case err != nil:
 		return true, err
 	}
-	return st.StartTicks == startTicks && !st.zombie(), nil
+	return st.StartTicks == startTicks && !st.Zombie(), nil
 }
 
-// Attempt names the processes of one task attempt on this host: the
-// command's process group (its leader's pid and start time), and the marker
-// that the command's environment, and so its descendants', carries.
+// Attempt names the processes of one task attempt on this host.
 type Attempt struct {
 	// PGID is the command's process group, 0 when unknown.
 	PGID int
 	// LeaderStartTicks is the start time of the group's leader, the command.
 	LeaderStartTicks uint64
-	// Marker is an environment entry (NAME=value) unique to the attempt;
-	// empty means the group alone is looked at.
+	// Marker is an environment entry (NAME=value) unique to the attempt,
+	// which the command's descendants inherit; empty means none.
 	Marker string
 }
 
 // Processes returns the live processes of the attempt: the members of its
-// process group (unless the group's id now belongs to a new group, which
-// can only happen once the old group is empty), and any process whose
-// environment carries the marker, such as a descendant that left the group
-// with setsid. An error reading a process that may belong to the attempt is
-// returned beside what was found; the caller must then treat the attempt as
-// alive.
+// process group (unless the group's id now belongs to a new group), and any
+// process whose environment carries the marker, such as a descendant that
+// left the group with setsid. An error reading a process that may belong
+// to the attempt is returned beside what was found; the caller must then
+// treat the attempt as alive.
 func (a Attempt) Processes() ([]int, error) {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
@@ -165,37 +160,21 @@ func (a Attempt) Processes() ([]int, error) {
 			continue
 		}
 		st, err := ReadStat(pid)
-		if errors.Is(err, ErrGone) {
-			continue
-		}
-		if err != nil {
+		if err != nil && !errors.Is(err, ErrGone) {
 			errs = append(errs, err)
-			continue
 		}
-		if st.zombie() {
-			continue
-		}
-		if a.PGID > 0 && !groupReused && st.PGID == a.PGID {
+		switch {
+		case err != nil || st.Zombie():
+			// Gone, unreadable (as errs says) or exited.
+		case a.PGID > 0 && !groupReused && st.PGID == a.PGID:
 			found = append(found, pid)
-			continue
-		}
-		if a.Marker != "" {
-			// Only the command and what it started carry the marker, and
-			// none of them started before the command: reading the
-			// environment of every older process (the server's backends,
-			// other tasks) would make each of many tasks ending at once
-			// read the whole process table.
-			if a.LeaderStartTicks != 0 && st.StartTicks < a.LeaderStartTicks {
-				continue
-			}
-			marked, err := hasEnv(pid, a.Marker)
-			if err != nil {
-				// Another user's process: its environment is unreadable. A
-				// command of a kind's user that left its group is not found
-				// once its task process is gone (docs/security.md).
-				continue
-			}
-			if marked {
+		// Only the command and what it started carry the marker, and none
+		// of them started before the command: reading the environment of
+		// every older process (the server's backends, other tasks) would
+		// make each of many tasks ending at once read the whole process
+		// table.
+		case a.Marker != "" && (a.LeaderStartTicks == 0 || st.StartTicks >= a.LeaderStartTicks):
+			if hasEnv(pid, a.Marker) {
 				found = append(found, pid)
 			}
 		}
@@ -203,30 +182,32 @@ func (a Attempt) Processes() ([]int, error) {
 	return found, errors.Join(errs...)
 }
 
-// hasEnv reports whether the environment of pid holds entry.
-func hasEnv(pid int, entry string) (bool, error) {
+// hasEnv reports whether the environment of pid holds entry. Another
+// user's process's environment is unreadable: a command of a kind's user
+// that left its group is not found once its task process is gone
+// (docs/security.md).
+func hasEnv(pid int, entry string) bool {
 	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/environ")
 	if err != nil {
-		return false, err
+		return false
 	}
 	for kv := range bytes.SplitSeq(data, []byte{0}) {
 		if string(kv) == entry {
-			return true, nil
+			return true
 		}
 	}
-	return false, nil
+	return false
 }
 
-// Signal sends sig to every live process of the attempt. The whole group is
-// signalled at once only while its leader is verifiably the attempt's
-// command; otherwise each process is signalled alone, after its group is
-// read again, so that a process group id reused by someone else is never
-// signalled as a whole.
+// Signal sends sig to every live process of the attempt: to the whole group
+// at once only while its leader is verifiably the attempt's command, so
+// that a process group id reused by someone else is never signalled as a
+// whole; otherwise to each process alone, after its group is read again.
 func (a Attempt) Signal(sig syscall.Signal) error {
 	pids, err := a.Processes()
 	leaderOurs := false
 	if a.PGID > 0 && a.LeaderStartTicks > 0 {
-		if st, serr := ReadStat(a.PGID); serr == nil && st.StartTicks == a.LeaderStartTicks && !st.zombie() {
+		if st, serr := ReadStat(a.PGID); serr == nil && st.StartTicks == a.LeaderStartTicks && !st.Zombie() {
 			leaderOurs = true
 		}
 	}
@@ -234,11 +215,7 @@ func (a Attempt) Signal(sig syscall.Signal) error {
 		_ = syscall.Kill(-a.PGID, sig)
 	}
 	for _, pid := range pids {
-		st, serr := ReadStat(pid)
-		if serr != nil {
-			continue
-		}
-		if leaderOurs && st.PGID == a.PGID {
+		if st, serr := ReadStat(pid); serr != nil || leaderOurs && st.PGID == a.PGID {
 			continue
 		}
 		_ = syscall.Kill(pid, sig)
@@ -272,50 +249,35 @@ func StartTime(ticks uint64) (time.Time, error) {
 func Tracer(pid int) (int, error) {
 	dir := "/proc/" + strconv.Itoa(pid) + "/task"
 	threads, err := os.ReadDir(dir)
-	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
-		return 0, fmt.Errorf("process %d: %w", pid, ErrGone)
-	}
 	if err != nil {
-		return 0, fmt.Errorf("read threads of process %d: %w", pid, err)
+		return 0, procError(pid, "threads", err)
 	}
 	for _, th := range threads {
-		tracer, err := threadTracer(pid, dir+"/"+th.Name()+"/status")
-		if errors.Is(err, ErrGone) {
-			// The thread ended since it was listed.
-			continue
+		data, err := os.ReadFile(dir + "/" + th.Name() + "/status")
+		if err != nil {
+			if err = procError(pid, "status", err); errors.Is(err, ErrGone) {
+				continue // the thread ended since it was listed
+			}
+			return 0, err
 		}
-		if err != nil || tracer != 0 {
-			return tracer, err
+		_, v, ok := strings.Cut(string(data), "\nTracerPid:")
+		v, _, _ = strings.Cut(v, "\n")
+		tracer, err := strconv.Atoi(strings.TrimSpace(v))
+		switch {
+		case !ok:
+			return 0, fmt.Errorf("status of process %d: no TracerPid", pid)
+		case err != nil:
+			return 0, fmt.Errorf("status of process %d: TracerPid %q", pid, v)
+		case tracer != 0:
+			return tracer, nil
 		}
 	}
 	return 0, nil
 }
 
-func threadTracer(pid int, status string) (int, error) {
-	data, err := os.ReadFile(status)
-	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
-		return 0, fmt.Errorf("process %d: %w", pid, ErrGone)
-	}
-	if err != nil {
-		return 0, fmt.Errorf("read status of process %d: %w", pid, err)
-	}
-	for line := range strings.SplitSeq(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "TracerPid:"); ok {
-			tracer, err := strconv.Atoi(strings.TrimSpace(v))
-			if err != nil {
-				return 0, fmt.Errorf("status of process %d: TracerPid %q", pid, v)
-			}
-			return tracer, nil
-		}
-	}
-	return 0, fmt.Errorf("status of process %d: no TracerPid", pid)
-}
-
 // CloseInheritedOnExec marks every descriptor of this process above 2
-// close-on-exec: whatever this process was started with that its starter
-// left open (a harness's pipe, a shell's redirection) reaches none of the
-// programs it starts, a task's command among them, which get only what
-// they are handed.
+// close-on-exec, so that what its starter left open (a harness's pipe, a
+// shell's redirection) reaches none of the programs it starts.
 func CloseInheritedOnExec() error {
 	err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC)
 	if err == nil || !errors.Is(err, unix.ENOSYS) && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.EPERM) {

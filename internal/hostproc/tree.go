@@ -11,21 +11,17 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// A task process is its command's subreaper (BecomeSubreaper): whatever the
-// command starts, and whatever leaves its process group or session, stays
-// among the task process's descendants, reparented to it when its parent
-// exits. So the task process finds every process of its attempt by walking
-// its own tree, at the cost of that tree, rather than by reading every
-// process of the host, which made each of many tasks ending at once pay for
-// all the others.
-
 // ErrNoChildrenList reports a kernel without /proc/PID/task/TID/children
 // (CONFIG_PROC_CHILDREN): a tree cannot be walked, and the attempt's
 // processes are found by reading every process (Attempt.Processes).
 var ErrNoChildrenList = errors.New("the kernel lists no children in /proc (CONFIG_PROC_CHILDREN)")
 
 // BecomeSubreaper makes this process the subreaper of its descendants
-// (PR_SET_CHILD_SUBREAPER), and checks that its children can be listed.
+// (PR_SET_CHILD_SUBREAPER), and checks that its children can be listed:
+// whatever a task process's command starts, in whatever group or session,
+// stays below it, so that a walk of its own tree (Descendants) finds the
+// attempt's processes without reading, as each of many tasks ending at
+// once would, every process of the host.
 func BecomeSubreaper() error {
 	if _, err := os.Stat("/proc/self/task/" + strconv.Itoa(unix.Gettid()) + "/children"); errors.Is(err, fs.ErrNotExist) {
 		return ErrNoChildrenList
@@ -85,36 +81,25 @@ func Descendants(pid int) ([]Stat, error) {
 		p := queue[0]
 		queue = queue[1:]
 		kids, err := Children(p)
-		if errors.Is(err, ErrGone) {
-			continue
-		}
-		if err != nil {
+		if err != nil && !errors.Is(err, ErrGone) {
 			errs = append(errs, err)
-			continue
 		}
 		for _, k := range kids {
 			st, err := ReadStat(k)
-			if errors.Is(err, ErrGone) {
-				continue
-			}
-			if err != nil {
+			if err != nil && !errors.Is(err, ErrGone) {
 				errs = append(errs, err)
-				continue
 			}
-			if st.PPID != p {
+			if err != nil || st.PPID != p {
 				// Gone since p's list was read, its pid perhaps another
 				// process's by now; or reparented, to the subreaper, whose
 				// list the caller reads again.
 				continue
 			}
 			found = append(found, st)
-			if !st.zombie() {
+			if !st.Zombie() {
 				queue = append(queue, k)
 			}
 		}
 	}
 	return found, errors.Join(errs...)
 }
-
-// Zombie reports a process that has exited and waits to be reaped.
-func (s Stat) Zombie() bool { return s.zombie() }

@@ -34,10 +34,9 @@ type Dir struct {
 }
 
 // Open makes path, the configuration's log_dir, if it is missing, and
-// closes it to other users (0750): what a command prints is for dama's
-// user and its operators. With group (a group's name or number, log_group)
-// the directory is that group's, and set-group-ID, so that every log file
-// made in it is the group's too.
+// closes it to other users (0750). With group (log_group) the directory is
+// that group's, and set-group-ID, so that every log file made in it is the
+// group's too.
 //
 // It refuses a directory that is, or has above it a directory that is,
 // another user's than root's or this process's, or that another may write
@@ -108,8 +107,7 @@ func openDir(dir, path string) (*Dir, error) {
 	return &Dir{path: path, fd: os.NewFile(uintptr(fd), path)}, nil
 }
 
-// foreignOwner says why a file of st is not root's or this process's, or
-// "".
+// foreignOwner says why a file of st is not root's or this process's.
 func foreignOwner(st *unix.Stat_t) string {
 	if st.Uid != 0 && int(st.Uid) != os.Geteuid() {
 		return fmt.Sprintf("belongs to uid %d, not to root or dama's user (uid %d)", st.Uid, os.Geteuid())
@@ -186,9 +184,8 @@ func (d *Dir) Path(id int64) string { return protocol.LogPath(d.path, id) }
 func (d *Dir) Close() error { return d.fd.Close() }
 
 // Append opens the log file of context id to append to it, making it if
-// it is missing. It refuses anything but a regular file of this user
-// with one name: a link, a FIFO, a device, another's file, or another
-// name of one.
+// it is missing. It refuses anything but a regular file of this user with
+// one name.
 func (d *Dir) Append(id int64) (*os.File, error) {
 	const flags = unix.O_WRONLY | unix.O_APPEND | unix.O_NOFOLLOW | unix.O_NOCTTY | unix.O_CLOEXEC
 	name := protocol.LogName(id)
@@ -197,13 +194,12 @@ func (d *Dir) Append(id int64) (*os.File, error) {
 		// Not blocking on a FIFO, which is refused below.
 		fd, err = unix.Openat(int(d.fd.Fd()), name, flags|unix.O_NONBLOCK, 0)
 	}
-	if err != nil {
-		switch {
-		case errors.Is(err, unix.ELOOP):
-			return nil, fmt.Errorf("the log file %s is a symbolic link: dama writes no log through a link", d.Path(id))
-		case errors.Is(err, unix.ENXIO):
-			return nil, fmt.Errorf("the log file %s is not a regular file (a FIFO or a device): dama writes logs to regular files only", d.Path(id))
-		}
+	switch {
+	case errors.Is(err, unix.ELOOP):
+		return nil, fmt.Errorf("the log file %s is a symbolic link: dama writes no log through a link", d.Path(id))
+	case errors.Is(err, unix.ENXIO):
+		return nil, fmt.Errorf("the log file %s is not a regular file (a FIFO or a device): dama writes logs to regular files only", d.Path(id))
+	case err != nil:
 		return nil, fmt.Errorf("open the log file %s: %w", d.Path(id), err)
 	}
 	f := os.NewFile(uintptr(fd), d.Path(id))
@@ -211,11 +207,7 @@ func (d *Dir) Append(id int64) (*os.File, error) {
 		f.Close()
 		return nil, err
 	}
-	flags2, err := unix.FcntlInt(f.Fd(), unix.F_GETFL, 0)
-	if err == nil && flags2&unix.O_NONBLOCK != 0 {
-		_, err = unix.FcntlInt(f.Fd(), unix.F_SETFL, flags2&^unix.O_NONBLOCK)
-	}
-	if err != nil {
+	if err := unix.SetNonblock(int(f.Fd()), false); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("open the log file %s: %w", d.Path(id), err)
 	}

@@ -1,9 +1,6 @@
 // Package pglisten is dama's one loop around a connection it waits on: it
 // keeps the connection open, hands its notifications on, does what is
-// queued for it between two waits, and connects again when it fails. The
-// supervisor's listener, liveness lock and wait for a task's end, a task
-// process's writer and row-mode lock, and the host's lock keeper each run
-// one.
+// queued for it between two waits, and connects again when it fails.
 //
 // A notification is a hint: what it announces is looked up (Look) once
 // the connection is open, so that nothing announced while no connection
@@ -26,8 +23,7 @@ import (
 // ErrStop, returned by Look or Notify, ends Serve with no error.
 var ErrStop = errors.New("stop listening")
 
-// errClosed is the failure of a connection found closed between two waits
-// (a statement of Look's failed on it).
+// errClosed is the failure of a connection found closed between two waits.
 var errClosed = errors.New("the connection closed")
 
 // Conn is a connection a Listener waits on: a *pgx.Conn, or a session that
@@ -47,10 +43,9 @@ type Listener[C Conn] struct {
 	// (Listen) and ready for Look.
 	Connect func(ctx context.Context) (C, error)
 	// Look is called with the connection once it is open, before any
-	// notification is handed on; again every Recheck; and after each
-	// receive from Wake. It looks at what the notifications announce, at
-	// the connection itself, or does on it what was queued. nil means
-	// nothing to look at.
+	// notification is handed on, again every Recheck, and after each
+	// receive from Wake: it looks at what the notifications announce, or
+	// does on the connection what was queued.
 	Look func(ctx context.Context, conn C) error
 	// Notify handles a notification; nil ignores them.
 	Notify func(ctx context.Context, n *pgconn.Notification) error
@@ -58,8 +53,7 @@ type Listener[C Conn] struct {
 	// or between two tries to connect, to try at once.
 	Wake <-chan struct{}
 	// Recheck, above 0, is how often Look is called again, whatever
-	// notifications arrive meanwhile; 0 means only on a new connection
-	// and after a Wake.
+	// notifications arrive meanwhile.
 	Recheck time.Duration
 	// RetryDelay is the longest wait between two tries to connect after a
 	// failure: the first try is at once when the connection had lasted at
@@ -68,14 +62,14 @@ type Listener[C Conn] struct {
 	// hurries a try, but not to within 100ms of the one before. 0 means
 	// 1s.
 	RetryDelay time.Duration
-	// Lost, when set, is told that a connection that was open failed,
-	// once it is closed, before Failed.
+	// Lost is told that a connection that was open failed, once it is
+	// closed, before Failed.
 	Lost func(err error)
 	// Failed is told each failure (to connect, of the connection, or an
 	// error of Look or Notify), and says whether to connect again; nil
 	// means always. The connection is closed either way.
 	Failed func(err error) bool
-	// Reconnected, when set, is told each connection after the first.
+	// Reconnected is told each connection after the first.
 	Reconnected func()
 	// KeepOpen leaves the connection open when ctx ends Serve, for the
 	// caller to use or close: the connection that holds a lock outlives
@@ -85,10 +79,9 @@ type Listener[C Conn] struct {
 	conn      C
 	open      bool
 	connected bool
-	// openedAt is when Connect last opened one (not Use's: its age is
-	// unknown, and its loss is tried again at once), and delay the last
-	// wait before a try to connect: a connection that fails soon after it
-	// opened does not reset it.
+	// openedAt is when Connect last opened one (Use's age is unknown: its
+	// loss is tried again at once); delay, the last wait before a try to
+	// connect, is not reset by a connection that fails soon after it opened.
 	openedAt time.Time
 	delay    time.Duration
 }
@@ -103,13 +96,11 @@ func Listen(ctx context.Context, conn *pgx.Conn, channels ...string) error {
 	return nil
 }
 
-// Use makes conn the listener's connection, as if Connect had opened it:
-// a first connection its caller made.
+// Use makes conn, a first connection its caller made, the listener's.
 func (l *Listener[C]) Use(conn C) { l.conn, l.open, l.connected = conn, true, true }
 
-// Open opens the listener's connection, if it has none: the first
-// connection of a caller that reports its failure itself. It does not
-// Look.
+// Open opens the listener's connection, if it has none, without Look: the
+// first connection of a caller that reports its failure itself.
 func (l *Listener[C]) Open(ctx context.Context) error {
 	if l.open {
 		return nil
@@ -126,10 +117,9 @@ func (l *Listener[C]) Open(ctx context.Context) error {
 	return nil
 }
 
-// Serve waits on the connection and hands notifications on until ctx ends
-// (it then returns nil), Look or Notify returns ErrStop (nil), or Failed
-// says not to go on (the failure). It opens the connection when there is
-// none, and again after each failure.
+// Serve waits on the connection, opened as needed, and hands notifications
+// on until ctx ends or Look or Notify returns ErrStop (it then returns
+// nil), or Failed says not to go on (it returns the failure).
 func (l *Listener[C]) Serve(ctx context.Context) error {
 	if !l.KeepOpen {
 		defer l.Close(ctx)
@@ -155,10 +145,9 @@ func (l *Listener[C]) Serve(ctx context.Context) error {
 	}
 }
 
-// Reopen returns nil once the listener has a connection: at once if it
-// has one, otherwise once Connect made one, trying again after each
-// failure that Failed allows (see RetryDelay). It returns the failure
-// Failed does not allow, or ctx's error.
+// Reopen returns nil once the listener has a connection, trying Connect
+// again after each failure that Failed allows (see RetryDelay). It returns
+// the failure Failed does not allow, or ctx's error.
 func (l *Listener[C]) Reopen(ctx context.Context) error {
 	if l.open {
 		return nil
@@ -194,7 +183,6 @@ func (l *Listener[C]) Reopen(ctx context.Context) error {
 	}
 }
 
-// minRetry is the shortest wait between two tries to connect.
 const minRetry = 100 * time.Millisecond
 
 // pause waits l.delay before a try to connect, or less after a Wake, but
@@ -218,7 +206,6 @@ func (l *Listener[C]) pause(ctx context.Context, tried time.Time) error {
 	}
 }
 
-// serve serves the open connection until it fails or ctx ends.
 func (l *Listener[C]) serve(ctx context.Context) error {
 	if err := l.look(ctx); err != nil {
 		return err

@@ -1,8 +1,8 @@
 // Package runas is the OS user a kind's command runs as (its `user:` and
-// `group:`): who that is on this host, whether this process may become
-// it, and what the command's process is given of it. The kernel then
-// keeps the command from dama: another uid cannot signal, trace or read
-// the memory of dama's processes, nor open what their modes keep from it.
+// `group:`): who that is on this host, whether this process may become it,
+// and what the command's process is given of it. The kernel then keeps the
+// command from dama: another uid cannot signal, trace or read dama's
+// processes, nor open what their modes keep from it.
 package runas
 
 import (
@@ -31,11 +31,11 @@ type Identity struct {
 // as root: a command never runs as root by accident.
 var ErrRootByDefault = errors.New("this supervisor runs as root, and runs no command as root unless told: give the kind (or the configuration) a user, such as user: etl (user: root to mean it)")
 
-// Resolve is who a kind's command runs as on this host, its user and
-// group (config.Kind.User and Group): nil for this process's own user,
-// which needs no switch. It refuses no user to a process running as root
-// (ErrRootByDefault), and root's uid or gid to one that is not: dama that
-// may switch users never makes a command root that it is not.
+// Resolve is who a kind's command runs as on this host (config.Kind.User
+// and Group): nil for this process's own user, which needs no switch. It
+// refuses no user to a process running as root (ErrRootByDefault), and
+// root's uid or gid to one that is not: dama that may switch users never
+// makes a command root that it is not.
 func Resolve(userName, group string) (*Identity, error) {
 	if userName == "" {
 		if os.Geteuid() == 0 {
@@ -57,10 +57,9 @@ func Resolve(userName, group string) (*Identity, error) {
 
 // Check says why this process may not run a command as id: it cannot
 // switch users (CanSwitch), or id is of logDir's group, so that the
-// command would read every task's log.
+// command would read every task's log. A log directory not made yet is
+// checked by each task process, once its launch made it.
 func (id *Identity) Check(logDir string) error {
-	// A log directory not made yet is looked at again when it is: each
-	// launch makes it, and its task process checks.
 	info, err := os.Stat(logDir)
 	if err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR) {
 		return fmt.Errorf("read the log directory: %w", err)
@@ -136,10 +135,10 @@ func (id *Identity) Self() bool {
 		int(id.GID) == os.Getgid() && int(id.GID) == os.Getegid()
 }
 
-// Credential is what a command's process becomes between its fork and
-// its exec: id's uid, gid and groups, and nothing of dama's. A uid switch
-// from root drops every capability; from a user holding ambient ones, the
-// forking thread clears what an exec would hand on first (DropInherited).
+// Credential is what a command's process becomes between its fork and its
+// exec: id's uid, gid and groups, and nothing of dama's. A uid switch from
+// root drops every capability; a user holding ambient ones clears them in
+// the forking thread first (DropInherited).
 func (id *Identity) Credential() *syscall.Credential {
 	return &syscall.Credential{Uid: id.UID, Gid: id.GID, Groups: slices.Clone(id.Groups)}
 }

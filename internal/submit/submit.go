@@ -1,11 +1,9 @@
 // Package submit submits the tasks of a configuration's kinds: it checks
-// them as the configuration says and makes them with
-// etlcontext.CreateTask, in the caller's transaction. The supervisor's
-// Client, its schedules and a task process submitting its command's
-// children all submit through it, and data_manager.submit makes its tasks
-// the same way, so that a task is made one way whoever makes it. It needs
-// no River client (the database inserts the job), which keeps the task
-// process's own program (cmd/dama-taskrunner) small.
+// them as the configuration says and makes them with etlcontext.CreateTask,
+// in the caller's transaction. dama.Client, the schedules and a task
+// process submitting children all submit through it, as data_manager.submit
+// does in SQL. It needs no River client (the database inserts the job),
+// which keeps the task process's own program small.
 package submit
 
 import (
@@ -43,9 +41,7 @@ type Submitter struct {
 
 // New returns a Submitter of cfg's kinds (cfg with its defaults applied and
 // validated).
-func New(cfg *config.Config) *Submitter {
-	return &Submitter{cfg: cfg}
-}
+func New(cfg *config.Config) *Submitter { return &Submitter{cfg: cfg} }
 
 // Tx submits p in tx, in a savepoint, so that a refused submission (an
 // unknown parent, say) leaves tx usable. It takes any idempotency key:
@@ -82,7 +78,6 @@ func (s *Submitter) Tx(ctx context.Context, tx pgx.Tx, p Params) (id int64, crea
 	if k := p.IdempotencyKey; strings.ContainsRune(k, 0) || !utf8.ValidString(k) {
 		return 0, false, errors.New("idempotency key: want UTF-8 text without NUL")
 	}
-	// In a savepoint, so that a refused submission leaves tx usable.
 	err = pgx.BeginFunc(ctx, tx, func(tx pgx.Tx) error {
 		id, created, err = etlcontext.CreateTask(ctx, tx, etlcontext.NewTask{
 			Kind: p.Kind, Args: args, Queue: kind.Queue, MaxAttempts: kind.MaxAttempts, IdempotencyKey: p.IdempotencyKey,

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -254,5 +255,52 @@ func TestTheDefaultQueueNeedNotBeConfigured(t *testing.T) {
 	}
 	if q, ok := cfg.Queues[config.DefaultQueue]; !ok || q.MaxRunning != config.DefaultMaxRunning {
 		t.Errorf("queues %v: want default with max_running %d", cfg.Queues, config.DefaultMaxRunning)
+	}
+}
+
+// What a supervisor publishes of a kind in data_manager.kinds, which every
+// dama role reads, is these settings and no other: a field added to Kind
+// is published only once it is named here, and a kubernetes kind's pod
+// template, whose env may hold values, never is.
+func TestAKindPublishesItsSettingsAndNothingElse(t *testing.T) {
+	published := []string{
+		"queue", "command", "function", "max_attempts", "retry", "retry_on_exit_codes", "fail_on_exit_codes",
+		"timeout", "on_timeout", "kill_grace", "lock_mode", "max_running", "concurrency_key",
+		"max_running_per_key", "schedule", "timezone", "overlap", "schedule_args", "await_children",
+		"children", "pass_env", "session_fence", "user", "group",
+	}
+	var tagged []string
+	for f := range reflect.TypeFor[config.Kind]().Fields() {
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "" {
+			t.Errorf("Kind.%s has no json name: publish it under one, or withhold it with json:\"-\"", f.Name)
+		}
+		if name != "-" {
+			tagged = append(tagged, name)
+		}
+	}
+	slices.Sort(tagged)
+	slices.Sort(published)
+	if !slices.Equal(tagged, published) {
+		t.Errorf("Kind publishes %q, want %q", tagged, published)
+	}
+
+	cfg, err := config.Parse([]byte(`
+log_dir: /tmp/logs
+kubernetes: {image: dama}
+kinds:
+  load:
+    runner: kubernetes
+    command: [/opt/etl/load]
+    pod: {containers: [{name: task, image: etl, env: [{name: PGPASSWORD, value: hunter2}]}]}
+    pod_retention: 1h
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, _ := cfg.Kind("load")
+	b, err := k.Settings()
+	if err != nil || strings.Contains(string(b), "hunter2") || strings.Contains(string(b), "pod") {
+		t.Errorf("the settings of a kubernetes kind are %s, %v", b, err)
 	}
 }

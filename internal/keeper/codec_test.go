@@ -2,6 +2,7 @@ package keeper
 
 import (
 	"encoding/json"
+	"fmt"
 	"math"
 	"reflect"
 	"runtime"
@@ -30,7 +31,7 @@ func sampleMessages() []any {
 				{Name: "id", TableOID: math.MaxUint32, TableAttributeNumber: math.MaxUint16, DataTypeOID: 20, DataTypeSize: 8, TypeModifier: -1, Format: 1},
 				{Name: "ünïcode\x00", DataTypeSize: math.MinInt16, TypeModifier: math.MaxInt32, Format: math.MinInt16},
 			},
-			Rows: [][][]byte{{[]byte("1"), nil}, {{}, []byte("x")}},
+			Rows: []values{{[]byte("1"), nil}, {{}, []byte("x")}},
 			Tag:  "SELECT 2",
 		},
 		&reply{Err: &wireError{Kind: errLocked, Message: "held"}},
@@ -145,6 +146,32 @@ func TestAMessageClaimingMoreThanItHoldsAllocatesNothingForIt(t *testing.T) {
 		runtime.ReadMemStats(&after)
 		if got := after.TotalAlloc - before.TotalAlloc; err == nil || got > size/4 {
 			t.Errorf("%s: a message of %d bytes claiming more than it holds allocated %d bytes, %v", c.name, len(c.msg), got, err)
+		}
+	}
+}
+
+// A request the keeper decodes makes it allocate a few times its size at
+// the most, however dense its arrays: the values travel packed (values),
+// where an array of "" made it allocate 47 times the frame's size.
+func TestARequestAllocatesAFewTimesItsSize(t *testing.T) {
+	const size = 1 << 20
+	nulls := encoded(values(make([][]byte, size/4)))
+	for _, c := range []struct {
+		name string
+		msg  []byte
+	}{
+		{"values", fmt.Appendf(nil, `{"Op":3,"Params":%s}`, nulls)},
+		{"OIDs", fmt.Appendf(nil, `{"Op":3,"ParamOIDs":[%s0]}`, strings.Repeat("0,", size/2))},
+		{"formats", fmt.Appendf(nil, `{"Op":3,"ParamFormats":[%s0]}`, strings.Repeat("0,", size/2))},
+	} {
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		_, err := decodedLike(&request{}, c.msg)
+		runtime.ReadMemStats(&after)
+		got := after.TotalAlloc - before.TotalAlloc
+		t.Logf("%s: %d bytes allocated for a request of %d bytes", c.name, got, len(c.msg))
+		if err != nil || got > 16*uint64(len(c.msg)) {
+			t.Errorf("%s: a request of %d bytes allocated %d bytes, %v", c.name, len(c.msg), got, err)
 		}
 	}
 }

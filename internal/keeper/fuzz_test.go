@@ -79,15 +79,15 @@ func TestAnOversizedHelloIsRefusedUnread(t *testing.T) {
 
 // FuzzSession gives the keeper arbitrary bytes: as a handshake, which
 // never passes without the secret, as the frames of a session's hello,
-// none read beyond the hello's bound, and as a statement's values, which
-// must decode and encode to themselves, NULL apart from empty. Nothing
-// panics.
+// none read beyond the hello's bound, and as a statement's packed values,
+// which must decode and encode to themselves, NULL apart from empty.
+// Nothing panics.
 func FuzzSession(f *testing.F) {
-	f.Add([]byte("DKP2"), []byte{0, 0, 0, 20, 1, 2, 3}, []byte(`["YQ==",null,""]`))
+	f.Add([]byte("DKP3"), []byte{0, 0, 0, 20, 1, 2, 3}, encoded(values{[]byte("a"), nil, {}}))
 	f.Add([]byte{}, []byte{0xff, 0xff, 0xff, 0xff}, []byte{})
-	f.Add(append([]byte("DKP2"), make([]byte, 64)...), []byte{0, 0, 0, 0}, []byte(`null`))
-	f.Add([]byte("GET / HTTP/1.1\r\n\r\n"), []byte{0, 0, 0, 16, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}, []byte(`["YQ"]`))
-	f.Fuzz(func(t *testing.T, handshake, frames, valuesJSON []byte) {
+	f.Add(append([]byte("DKP3"), make([]byte, 64)...), []byte{0, 0, 0, 0}, []byte(`null`))
+	f.Add([]byte("GET / HTTP/1.1\r\n\r\n"), []byte{0, 0, 0, 16, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}, []byte(`"AAAAAQ=="`))
+	f.Fuzz(func(t *testing.T, handshake, frames, packed []byte) {
 		a, b := unixPair(t)
 		go func() {
 			a.Write(handshake)
@@ -111,13 +111,13 @@ func FuzzSession(f *testing.F) {
 		}
 		server.conn.Close()
 
-		var values [][]byte
-		if json.Unmarshal(valuesJSON, &values) != nil {
+		var v values
+		if json.Unmarshal(packed, &v) != nil {
 			return
 		}
-		var again [][]byte
-		if err := json.Unmarshal(encoded(values), &again); err != nil || !reflect.DeepEqual(again, values) {
-			t.Fatalf("%q decodes to %q, which encodes and decodes to %q, %v", valuesJSON, values, again, err)
+		var again values
+		if err := json.Unmarshal(encoded(v), &again); err != nil || !reflect.DeepEqual(again, v) {
+			t.Fatalf("%q decodes to %q, which encodes and decodes to %q, %v", packed, v, again, err)
 		}
 	})
 }

@@ -14,7 +14,7 @@ import (
 // keeper sent.
 type rows struct {
 	fields []pgconn.FieldDescription
-	data   [][][]byte
+	data   []values
 	tag    pgconn.CommandTag
 	m      *pgtype.Map
 	i      int

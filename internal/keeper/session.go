@@ -297,7 +297,7 @@ func (sess *session) exec(ctx context.Context, req *request) *reply {
 		}
 		return &reply{Err: toWire(err)}
 	}
-	return &reply{Fields: res.FieldDescriptions, Rows: res.Rows, Tag: res.CommandTag.String()}
+	return &reply{Fields: res.FieldDescriptions, Rows: rowsOf(res.Rows), Tag: res.CommandTag.String()}
 }
 
 // begin opens the session's transaction, holding the run's key, or a

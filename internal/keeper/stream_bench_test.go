@@ -41,7 +41,7 @@ func BenchmarkStream(b *testing.B) {
 	}
 	rep := &reply{
 		Fields: []pgconn.FieldDescription{{Name: "seq", DataTypeOID: 23, DataTypeSize: 4, TypeModifier: -1}},
-		Rows:   [][][]byte{{[]byte("41")}},
+		Rows:   []values{{[]byte("41")}},
 		Tag:    "INSERT 0 1",
 	}
 	done := make(chan error, 1)

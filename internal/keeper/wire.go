@@ -1,8 +1,11 @@
 package keeper
 
 import (
+	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -40,11 +43,9 @@ type request struct {
 	ContextID int64
 	RunKey    string
 	// Statements.
-	SQL       string
-	ParamOIDs []uint32
-	// Params are the parameters' values: nil for NULL (JSON's null, where
-	// an empty value is "").
-	Params        [][]byte
+	SQL           string
+	ParamOIDs     []uint32
+	Params        values
 	ParamFormats  []int16
 	ResultFormats []int16
 	// Timeout bounds the request at the keeper: what is left of the task
@@ -65,8 +66,8 @@ type reply struct {
 	ParamOIDs []uint32
 	// Describe and Exec.
 	Fields []pgconn.FieldDescription
-	// Exec: each row's values, nil for NULL.
-	Rows [][][]byte
+	// Exec: each row's values.
+	Rows []values
 	Tag  string
 	// Notification, when set, makes the reply a notification.
 	Notification *pgconn.Notification
@@ -131,3 +132,66 @@ const (
 	maxHello   = 16 << 10
 	minMessage = 64 << 10
 )
+
+// values are a statement's parameters or a row, nil for NULL. They travel
+// packed as a DataRow packs them (each value's length in 4 bytes, -1 for
+// NULL, then its bytes) in one JSON string, not as a JSON array: an array
+// of "" would make the decoder allocate a slice header for every 3 bytes
+// of a frame, where the packed values allocate about their own size.
+type values [][]byte
+
+func (v values) MarshalJSON() ([]byte, error) {
+	n := 0
+	for _, x := range v {
+		n += 4 + len(x)
+	}
+	packed := make([]byte, 0, n)
+	for _, x := range v {
+		if x == nil {
+			packed = binary.BigEndian.AppendUint32(packed, math.MaxUint32)
+			continue
+		}
+		packed = binary.BigEndian.AppendUint32(packed, uint32(len(x)))
+		packed = append(packed, x...)
+	}
+	return json.Marshal(packed)
+}
+
+func (v *values) UnmarshalJSON(data []byte) error {
+	var b []byte
+	if err := json.Unmarshal(data, &b); err != nil {
+		return err
+	}
+	if len(b) == 0 {
+		*v = nil
+		return nil
+	}
+	// A value takes 4 bytes at the least.
+	out := make(values, 0, len(b)/4)
+	for len(b) > 0 {
+		if len(b) < 4 {
+			return errors.New("a value cut short")
+		}
+		size := binary.BigEndian.Uint32(b)
+		b = b[4:]
+		if size == math.MaxUint32 {
+			out = append(out, nil)
+			continue
+		}
+		if uint64(size) > uint64(len(b)) {
+			return errors.New("a value cut short")
+		}
+		out, b = append(out, b[:size:size]), b[size:]
+	}
+	*v = out
+	return nil
+}
+
+// rowsOf is rows as the reply carries them.
+func rowsOf(rows [][][]byte) []values {
+	out := make([]values, len(rows))
+	for i, r := range rows {
+		out[i] = r
+	}
+	return out
+}

@@ -84,7 +84,8 @@ func (s *Supervisor) reportOutageTolerance() {
 }
 
 // reportBudget logs the connection budget at start, as a warning when the
-// server does not allow it.
+// server does not allow it: a task process that cannot connect spends no
+// attempt, but waits for a free connection.
 func (s *Supervisor) reportBudget(ctx context.Context) {
 	b, err := s.ConnectionBudget(ctx)
 	if err != nil {

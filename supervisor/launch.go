@@ -16,7 +16,8 @@ import (
 )
 
 // lateReadyWait bounds how long a supervisor listens for the report of a
-// runner that did not report within the launch timeout.
+// runner that did not report within the launch timeout: the runner holds
+// its lock by then, or has failed to for good.
 const lateReadyWait = 10 * time.Minute
 
 // child is a runner this supervisor spawned and reaps.

@@ -239,7 +239,9 @@ func (s *Supervisor) begin(job *river.Job[TaskArgs]) bool {
 
 // holding registers a Work of context id and returns the channel that
 // pokes it; released unregisters it. A context may have two Works here at
-// once: that of a job it left (dama retry) beside its own.
+// once: that of a job it left (dama retry while a dead supervisor held it,
+// rescued since) beside its own, whose pokes the other's end must not
+// unregister.
 func (s *Supervisor) holding(id int64) chan struct{} {
 	ch := make(chan struct{}, 1)
 	s.mu.Lock()

@@ -16,7 +16,8 @@ import (
 // goroutine: Attach first, then RetryLock while another process holds
 // the lock, Find, Start, and SignalReason while the command runs.
 type Starter interface {
-	// Attach is called before the lock is taken, with the runner's
+	// Attach is called before the lock is taken and before the runner
+	// starts any goroutine of its own (it may set the umask), with the runner's
 	// options, its logger and the signals it catches (SIGTERM, SIGINT,
 	// SIGHUP); false ends the runner with protocol.ExitSetup, nothing
 	// recorded: the launch is given back.

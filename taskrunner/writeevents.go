@@ -187,13 +187,16 @@ func (w *writer) dropStored(ctx context.Context, conn dbConn) bool {
 
 // dropThrough drops the events from the head of the queue through last,
 // written (none when nil), and the replaced ones around them; w.mu is held.
+// Only the writer's goroutine drops, so last is in the queue; should it not
+// be, an event never sent (not attempted) still stops the drop, rather
+// than being lost.
 func (w *writer) dropThrough(last *pendingEvent) {
 	for len(w.events) > 0 {
 		e := w.events[0]
 		switch {
 		case e.gone:
 			w.goneCount--
-		case last == nil:
+		case last == nil || !e.attempted:
 			w.markIdle()
 			return
 		default:

@@ -324,7 +324,9 @@ func (r *runner) start(ctx context.Context) (int, error) {
 	case errors.Is(err, etlcontext.ErrStaleRun):
 		return protocol.ExitLocked, nil
 	case err != nil:
-		return protocol.ExitSetup, err
+		// The record's outcome is unknown: it may have committed after
+		// its reply was lost or its time ran out.
+		return r.unrecord(ctx, err)
 	}
 	select {
 	case sig := <-r.signals:
@@ -477,4 +479,60 @@ func (r *runner) giveBack(ctx context.Context, sig os.Signal) (int, error) {
 	return r.finish(ctx, protocol.ExitFailed, protocol.EventError,
 		protocol.Outcome{Reason: "the task process received " + sig.String() + " before its command started"},
 		fmt.Errorf("give the launch back: %w", err))
+}
+
+// unrecord ends a runner whose record of itself failed with err, an outcome
+// it cannot know (a statement timed out or its connection was lost: the
+// server may have committed it all the same, or may still be running it).
+// The command never starts: the runner ends its writer's other sessions,
+// so that no statement of theirs commits later, then withdraws whatever
+// was recorded under its run, so that the supervisor finds no task process
+// and takes the launch back without spending an attempt (ExitSetup), as it
+// does for every other setup failure. When the database cannot be told,
+// the record may stand: the supervisor then counts the attempt dead, as
+// for a runner killed at this point.
+func (r *runner) unrecord(ctx context.Context, err error) (int, error) {
+	wctx, cancel := context.WithTimeout(ctx, 2*stmtTimeout)
+	defer cancel()
+	werr := r.w.do(wctx, func(ctx context.Context, conn dbConn) error {
+		if r.lock.mode != config.LockModeHost {
+			if err := endOtherSessions(ctx, conn, r.w.name); err != nil {
+				return err
+			}
+		}
+		return etlcontext.WithdrawRunner(ctx, conn, r.ctx.ID, r.opts.RunID, os.Getpid())
+	})
+	switch {
+	case werr == nil:
+		r.logger.Info("recording the task process failed; anything recorded is withdrawn and the launch given back", "error", err)
+		return protocol.ExitSetup, err
+	case errors.Is(werr, etlcontext.ErrStaleRun):
+		return protocol.ExitLocked, err
+	}
+	return protocol.ExitSetup, errors.Join(err, fmt.Errorf("withdraw the task process: %w", werr))
+}
+
+// endOtherSessions ends the sessions named name but conn's, and returns
+// once they are gone: a statement whose reply a lost connection never
+// brought may still be running in one of them.
+func endOtherSessions(ctx context.Context, conn etlcontext.DB, name string) error {
+	const others = `FROM pg_stat_activity
+		 WHERE application_name = $1 AND pid <> pg_backend_pid() AND datname = current_database()`
+	if _, err := conn.Exec(ctx, `SELECT pg_terminate_backend(pid) `+others, name); err != nil {
+		return fmt.Errorf("end the task process's other sessions: %w", err)
+	}
+	for {
+		var left bool
+		if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT `+others+`)`, name).Scan(&left); err != nil {
+			return fmt.Errorf("end the task process's other sessions: %w", err)
+		}
+		if !left {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("end the task process's other sessions: %w", ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }

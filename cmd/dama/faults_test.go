@@ -489,3 +489,59 @@ func TestADatabaseOutageIsTwoLinesOfLog(t *testing.T) {
 		t.Errorf("up to the outage's end the supervisor logged %d warnings and errors, want the outage's one:\n%s", len(said), strings.Join(said, "\n"))
 	}
 }
+
+// A task process whose record of itself commits on the server after the
+// client gave up on it (here: the server holds the statement 22s, past the
+// runner's 20s) must give the launch back, not leave a record that the
+// supervisor counts as the death of an attempt that never started.
+func TestRecordCommittedAfterItsTimeoutSpendsNoAttempt(t *testing.T) {
+	t.Parallel()
+	env := testenv.New(t)
+	ctx := context.Background()
+	// Once (a sequence, which no rollback takes back): the first record of
+	// a task process holds the row past the runner's 20 s, its client's
+	// cancels caught, then commits.
+	if _, err := env.Pool.Exec(ctx, `
+CREATE SEQUENCE public.slow_record_once;
+CREATE FUNCTION public.slow_record() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+	until timestamptz := clock_timestamp() + interval '22 seconds';
+BEGIN
+	IF OLD.pid IS NULL AND NEW.pid IS NOT NULL AND nextval('public.slow_record_once') = 1 THEN
+		WHILE clock_timestamp() < until LOOP
+			BEGIN
+				PERFORM pg_sleep(0.5);
+			EXCEPTION WHEN query_canceled THEN
+				NULL;
+			END;
+		END LOOP;
+	END IF;
+	RETURN NEW;
+END $$;
+CREATE TRIGGER slow_record BEFORE UPDATE ON data_manager.etl_contexts
+	FOR EACH ROW EXECUTE FUNCTION public.slow_record();`); err != nil {
+		t.Fatal(err)
+	}
+	cfg := env.WriteConfig(fmt.Sprintf(quietConfig, "row", 1))
+	w := &world{Env: env, cfg: cfg}
+	w.Start(cfg, "supervisor")
+	res := w.Dama(cfg, "submit", "quiet")
+	if res.Code != 0 {
+		t.Fatalf("submit: %s", res.Stderr)
+	}
+	id := testenv.Atoi(t, res.Stdout)
+	got := w.waitSettled(id, 120*time.Second)
+	events, err := etlcontext.Events(ctx, env.Pool, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range events {
+		if e.Type == "quiet:ERROR" {
+			t.Errorf("attempt %d failed: %s", e.Attempt, e.Payload)
+		}
+	}
+	// max_attempts is 1: a spent attempt leaves it FAILED.
+	if got.Status != etlcontext.StatusDone || got.Attempt != 1 {
+		t.Fatalf("%s after %d attempts, want DONE after 1", got.Status, got.Attempt)
+	}
+}

@@ -109,6 +109,17 @@ type Config struct {
 	// as; a kind may override them. See Kind.User.
 	User  string `yaml:"user"`
 	Group string `yaml:"group"`
+	// Resources is the default of the host kinds' resources: none.
+	Resources *Resources `yaml:"resources"`
+	// CgroupParent is the control group, as /dama, under which each
+	// attempt on this host gets a group of its own, named by its run (on
+	// cgroup v1, the same path under each controller's hierarchy); it
+	// must exist and be writable by the supervisor's user. Empty, the
+	// default, means the cgroup systemd delegated to the supervisor's unit
+	// (Delegate=yes) where there is one, and else none: attempts then run
+	// in no group of their own, a kind with resources is refused, and
+	// the processes an attempt leaves are found through /proc.
+	CgroupParent string `yaml:"cgroup_parent"`
 	// Queues maps a queue name to its limits. The queue "default" is added
 	// when it is missing.
 	Queues map[string]Queue `yaml:"queues"`
@@ -256,6 +267,9 @@ type Kind struct {
 	// the task's next attempt waits until no session of that run is left.
 	// false suits a server that refuses that setting (PostgreSQL before 14).
 	SessionFence *bool `yaml:"session_fence" json:"session_fence"`
+	// Resources bound each attempt of a host kind (see Resources); nil
+	// means the configuration's resources.
+	Resources *Resources `yaml:"resources" json:"resources,omitempty"`
 }
 
 // FencesSessions reports whether k's command's sessions are named by its

@@ -92,6 +92,12 @@ func TestParseRejectsBadConfigurations(t *testing.T) {
 		"queue, max 2":         {"log_dir: /l\nkinds: {a: {command: [x], schedule: '@daily', overlap: queue, max_running: 2}}", "one task at a time"},
 		"args not a map":       {"log_dir: /l\nkinds: {a: {command: [x], schedule: '@daily', schedule_args: [1]}}", "want a mapping"},
 		"impossible date":      {"log_dir: /l\nkinds: {a: {command: [x], schedule: '0 0 30 2 *'}}", "no tick"},
+		"memory, no unit":      {"log_dir: /l\nkinds: {a: {command: [x], resources: {memory: 2GB}}}", `line 2: kinds.a.resources.memory: "2GB" is not a size: write one as 512MiB, 2GiB or a number of bytes`},
+		"tiny memory":          {"log_dir: /l\nkinds: {a: {command: [x], resources: {memory: 1MiB}}}", "resources.memory 1MiB: at least 4MiB"},
+		"negative cpu":         {"log_dir: /l\nresources: {cpu: -1}\nkinds: {a: {command: [x]}}", "resources.cpu -1"},
+		"pids a list":          {"log_dir: /l\nkinds: {a: {command: [x], resources: {pids: [1]}}}", "resources.pids"},
+		"pod, resources":       {"log_dir: /l\nkubernetes: {image: d}\nkinds: {a: {command: [x], runner: kubernetes, pod: {spec: {}}, resources: {cpu: 1}}}", "a pod's limits are its template's"},
+		"relative cgroup":      {"log_dir: /l\ncgroup_parent: dama\nkinds: {a: {command: [x]}}", `cgroup_parent "dama": want a control group's absolute path`},
 		"args lack the key":    {"log_dir: /l\nkinds: {a: {command: [x], schedule: '@daily', concurrency_key: region}}", "schedule_args"},
 	}
 	for name, c := range cases {
@@ -262,12 +268,44 @@ func TestTheDefaultQueueNeedNotBeConfigured(t *testing.T) {
 // dama role reads, is these settings and no other: a field added to Kind
 // is published only once it is named here, and a kubernetes kind's pod
 // template, whose env may hold values, never is.
+func TestResourcesAndTheirDefault(t *testing.T) {
+	cfg, err := config.Parse([]byte(`
+log_dir: /l
+cgroup_parent: /dama
+resources: {memory: 512MiB}
+kubernetes: {image: d}
+kinds:
+  plain: {command: [x]}
+  big: {command: [x], resources: {memory: 1.5GiB, cpu: 1.5, pids: 1000}}
+  pod: {command: [x], runner: kubernetes, pod: {spec: {}}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]*config.Resources{
+		"plain": {Memory: 512 << 20},
+		"big":   {Memory: 3 << 29, CPU: 1.5, Pids: 1000},
+		"pod":   nil,
+	}
+	for name, w := range want {
+		if got := cfg.Kinds[name].Resources; !reflect.DeepEqual(got, w) {
+			t.Errorf("kind %s: resources %+v, want %+v", name, got, w)
+		}
+	}
+	for s, want := range map[string]string{"1.5GiB": "1.5GiB", "2147483648": "2GiB", "100": "100B", "1025KiB": "1MiB"} {
+		b, err := config.ParseByteSize(s)
+		if err != nil || b.String() != want {
+			t.Errorf("ParseByteSize(%q) = %s, %v; want %s", s, b, err, want)
+		}
+	}
+}
+
 func TestAKindPublishesItsSettingsAndNothingElse(t *testing.T) {
 	published := []string{
 		"queue", "command", "function", "max_attempts", "retry", "retry_on_exit_codes", "fail_on_exit_codes",
 		"timeout", "on_timeout", "kill_grace", "lock_mode", "max_running", "concurrency_key",
 		"max_running_per_key", "schedule", "timezone", "overlap", "schedule_args", "await_children",
-		"children", "pass_env", "session_fence", "user", "group",
+		"children", "pass_env", "session_fence", "user", "group", "resources",
 	}
 	var tagged []string
 	for f := range reflect.TypeFor[config.Kind]().Fields() {

@@ -97,6 +97,9 @@ func (c *Config) kindDefaults(k Kind) Kind {
 		// A pod's command runs as its container's user.
 		k.User, k.Group = c.User, cmp.Or(k.Group, c.Group)
 	}
+	if k.Resources == nil && k.Runner == RunnerHost && c.Resources != nil {
+		k.Resources = new(*c.Resources)
+	}
 	if k.Runner == RunnerKubernetes {
 		k.StartTimeout = cmp.Or(k.StartTimeout, DefaultStartTimeout)
 		k.PodRetention = copyOr(k.PodRetention, c.Retention)

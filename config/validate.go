@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"path"
 	"slices"
 	"strings"
 	"time"
@@ -56,6 +57,9 @@ func (c *Config) Validate() error {
 	}
 	if err := validLockMode(c.LockMode); err != nil {
 		return err
+	}
+	if p := c.CgroupParent; p != "" && (!path.IsAbs(p) || path.Clean(p) != p || p == "/") {
+		return fmt.Errorf("cgroup_parent %q: want a control group's absolute path, as /dama", p)
 	}
 	if len(c.Kinds) == 0 {
 		return errors.New("no kinds: a supervisor with no kinds runs nothing")
@@ -167,6 +171,11 @@ func (k *Kind) validate() error {
 func (k *Kind) validateRunner() error {
 	switch k.Runner {
 	case RunnerHost:
+		if k.Resources != nil {
+			if err := k.Resources.validate(); err != nil {
+				return err
+			}
+		}
 		switch {
 		case k.Pod != nil:
 			return errors.New("pod needs runner: kubernetes")
@@ -187,6 +196,8 @@ func (k *Kind) validateRunner() error {
 		return errors.New("runner kubernetes: the command runs as its container's user (the pod's securityContext), not user or group")
 	case k.LockMode == LockModeHost:
 		return errors.New("runner kubernetes: each pod holds its own lock, in lock_mode row or advisory, not host")
+	case k.Resources != nil:
+		return errors.New("runner kubernetes: a pod's limits are its template's (pod: spec.containers[].resources), not resources")
 	case k.Pod == nil:
 		return errors.New("runner kubernetes needs pod, the template of its pods, with a container named task")
 	case k.StartTimeout < 0 || k.StartTimeout > Duration(24*time.Hour):

@@ -315,6 +315,14 @@ type Attempt struct {
 	Reason   *string `json:"reason"`
 	ExitCode *int    `json:"exit_code"`
 	LogTail  *string `json:"log_tail"`
+	// What the attempt cost, from its control group; nil where it had
+	// none (protocol.Usage).
+	CPUSeconds  *float64 `json:"cpu_seconds"`
+	PeakMemory  *int64   `json:"peak_memory_bytes"`
+	ReadBytes   *int64   `json:"io_read_bytes"`
+	WriteBytes  *int64   `json:"io_write_bytes"`
+	MemoryLimit *int64   `json:"memory_limit_bytes"`
+	OOMKilled   *bool    `json:"oom_killed"`
 }
 
 // RecentAttempts returns the newest limit attempts of context id (0: all),
@@ -332,7 +340,8 @@ func RecentAttempts(ctx context.Context, db DB, id int64, limit, maxText int) ([
 		       CASE WHEN jsonb_typeof(e.payload->'exit_code') = 'number' THEN
 		            CASE WHEN abs((e.payload->>'exit_code')::numeric) < 2147483648
 		                 THEN (e.payload->>'exit_code')::numeric::int END END,
-		       CASE WHEN $5 > 0 THEN right(e.payload->>'log_tail', $5) ELSE e.payload->>'log_tail' END
+		       CASE WHEN $5 > 0 THEN right(e.payload->>'log_tail', $5) ELSE e.payload->>'log_tail' END,
+		       a.cpu_seconds, a.peak_memory_bytes, a.io_read_bytes, a.io_write_bytes, a.memory_limit_bytes, a.oom_killed
 		  FROM data_manager.etl_attempts AS a
 		  JOIN data_manager.etl_contexts AS c USING (etl_context_id)
 		  LEFT JOIN LATERAL (
@@ -434,4 +443,34 @@ func RunSessions(ctx context.Context, db DB, id int64, runID, name string, bound
 		return 0, false, fmt.Errorf("count the sessions of run %s of task %d: %w", runID, id, err)
 	}
 	return n, overdue, nil
+}
+
+// KindCost is what a kind's attempts that ended in the last 24 hours cost,
+// where they had a control group (Attempt's cost).
+type KindCost struct {
+	Kind       string
+	Attempts   int64
+	CPUSeconds float64
+	PeakMemory int64
+	ReadBytes  int64
+	WriteBytes int64
+	OOMKilled  int64
+}
+
+// KindCosts reads the cost of the attempts that ended in the last 24
+// hours, by kind.
+func KindCosts(ctx context.Context, db DB) ([]KindCost, error) {
+	costs, err := collect[KindCost](ctx, db, `
+		SELECT c.kind, count(*), coalesce(sum(a.cpu_seconds), 0), coalesce(max(a.peak_memory_bytes), 0)::bigint,
+		       coalesce(sum(a.io_read_bytes), 0)::bigint, coalesce(sum(a.io_write_bytes), 0)::bigint,
+		       count(*) FILTER (WHERE a.oom_killed)
+		  FROM data_manager.etl_attempts AS a
+		  JOIN data_manager.etl_contexts AS c USING (etl_context_id)
+		 WHERE a.ended_at > now() - interval '24 hours' AND a.cpu_seconds IS NOT NULL
+		 GROUP BY c.kind
+		 ORDER BY c.kind`)
+	if err != nil {
+		return nil, fmt.Errorf("read the cost of attempts: %w", err)
+	}
+	return costs, nil
 }

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"path"
 	"path/filepath"
 	"strconv"
 	"time"
@@ -47,6 +48,10 @@ type Launch struct {
 	// configuration's log_dir: a volume of the task process's own (a
 	// pod's).
 	LogDir string
+	// CgroupParent, when set, is the control group under which the
+	// attempt's processes get a group of their own, named by its run
+	// (config.Config.CgroupParent, as the supervisor found it usable).
+	CgroupParent string
 }
 
 // The descriptors a supervisor hands the task process it launches, after
@@ -74,6 +79,9 @@ func (l Launch) Args() []string {
 	if l.LogDir != "" {
 		args = append(args, "--log-dir", l.LogDir)
 	}
+	if l.CgroupParent != "" {
+		args = append(args, "--cgroup-parent", l.CgroupParent)
+	}
 	return args
 }
 
@@ -93,6 +101,7 @@ func ParseLaunch(args []string) (Launch, error) {
 	fs.StringVar(&l.SecretsFile, "secrets-file", "", "file to read the secrets from")
 	fs.StringVar(&l.SecretsDigest, "secrets-digest", "", "digest of the secrets file and the configuration's")
 	fs.StringVar(&l.LogDir, "log-dir", "", "directory of the task's log file, over the configuration's")
+	fs.StringVar(&l.CgroupParent, "cgroup-parent", "", "control group to make the attempt's group under")
 	if err := fs.Parse(args); err != nil {
 		return Launch{}, fmt.Errorf("%s arguments: %w", Subcommand, err)
 	}
@@ -103,6 +112,8 @@ func ParseLaunch(args []string) (Launch, error) {
 		return Launch{}, errors.New("--secrets-file and --secrets-digest go together")
 	case l.LogDir != "" && !filepath.IsAbs(l.LogDir):
 		return Launch{}, fmt.Errorf("--log-dir %q: want an absolute path", l.LogDir)
+	case l.CgroupParent != "" && (!path.IsAbs(l.CgroupParent) || path.Clean(l.CgroupParent) != l.CgroupParent):
+		return Launch{}, fmt.Errorf("--cgroup-parent %q: want a clean absolute path", l.CgroupParent)
 	}
 	if fs.NArg() > 0 {
 		return Launch{}, fmt.Errorf("%s arguments: unexpected %q", Subcommand, fs.Arg(0))

@@ -25,9 +25,25 @@ type Outcome struct {
 	// Children counts a parent's children by status, once it awaited
 	// them.
 	Children map[string]int `json:"children,omitzero"`
+	// Usage is what the attempt's processes cost, from its control group;
+	// nil where it had none.
+	Usage *Usage `json:"usage,omitempty"`
 	// DetailsLost says the database refused the outcome as written, and
 	// this is its plain part.
 	DetailsLost bool `json:"details_lost,omitempty"`
+}
+
+// Usage is what an attempt's processes cost, by the kernel's counters of
+// its control group; data_manager.etl_attempts keeps it.
+type Usage struct {
+	CPUSeconds  float64 `json:"cpu_seconds"`
+	PeakMemory  int64   `json:"peak_memory_bytes"`
+	ReadBytes   int64   `json:"io_read_bytes"`
+	WriteBytes  int64   `json:"io_write_bytes"`
+	MemoryLimit int64   `json:"memory_limit_bytes,omitempty"`
+	// OOMKilled says the kernel killed a process of the attempt for its
+	// memory limit.
+	OOMKilled bool `json:"oom_killed,omitempty"`
 }
 
 // Final returns o marked as not to be retried (Retry false).

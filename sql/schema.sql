@@ -321,10 +321,20 @@ CREATE FUNCTION data_manager.etl_attempts_end() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'data_manager', 'pg_temp'
     AS $$
+DECLARE
+    usage jsonb;
 BEGIN
+    SELECT e.payload->'usage' INTO usage FROM data_manager.event_store AS e
+     WHERE e.event_id = NEW.latest_event_id AND e.run_id = OLD.run_id AND jsonb_typeof(e.payload->'usage') = 'object';
     UPDATE data_manager.etl_attempts
        SET ended_at = now(),
-           outcome = CASE NEW.etl_status WHEN 'DONE' THEN 'DONE' WHEN 'CANCELLED' THEN 'CANCELLED' ELSE 'FAILED' END
+           outcome = CASE NEW.etl_status WHEN 'DONE' THEN 'DONE' WHEN 'CANCELLED' THEN 'CANCELLED' ELSE 'FAILED' END,
+           cpu_seconds = data_manager.usage_number(usage, 'cpu_seconds'),
+           peak_memory_bytes = data_manager.usage_number(usage, 'peak_memory_bytes')::bigint,
+           io_read_bytes = data_manager.usage_number(usage, 'io_read_bytes')::bigint,
+           io_write_bytes = data_manager.usage_number(usage, 'io_write_bytes')::bigint,
+           memory_limit_bytes = data_manager.usage_number(usage, 'memory_limit_bytes')::bigint,
+           oom_killed = CASE WHEN usage IS NOT NULL THEN coalesce(usage->'oom_killed' = 'true', false) END
      WHERE etl_context_id = NEW.etl_context_id AND run_id = OLD.run_id AND ended_at IS NULL;
     RETURN NULL;
 END
@@ -1106,6 +1116,20 @@ $$;
 
 
 --
+-- Name: usage_number(jsonb, text); Type: FUNCTION; Schema: data_manager; Owner: -
+--
+
+CREATE FUNCTION data_manager.usage_number(usage jsonb, field text) RETURNS numeric
+    LANGUAGE sql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT CASE WHEN jsonb_typeof(usage->field) = 'number'
+                 AND (usage->>field)::numeric BETWEEN 0 AND 9223372036854775807
+                THEN (usage->>field)::numeric END
+$$;
+
+
+--
 -- Name: river_job_state_in_bitmask(bit, public.river_job_state); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -1493,6 +1517,12 @@ CREATE TABLE data_manager.etl_attempts (
     started_at timestamp with time zone NOT NULL,
     ended_at timestamp with time zone,
     outcome text,
+    cpu_seconds double precision,
+    peak_memory_bytes bigint,
+    io_read_bytes bigint,
+    io_write_bytes bigint,
+    memory_limit_bytes bigint,
+    oom_killed boolean,
     CONSTRAINT etl_attempts_outcome_check CHECK ((outcome = ANY (ARRAY['DONE'::text, 'FAILED'::text, 'CANCELLED'::text])))
 );
 
@@ -1825,6 +1855,13 @@ ALTER TABLE ONLY public.river_notification
 
 ALTER TABLE ONLY public.river_queue
     ADD CONSTRAINT river_queue_pkey PRIMARY KEY (name);
+
+
+--
+-- Name: etl_attempts_cost; Type: INDEX; Schema: data_manager; Owner: -
+--
+
+CREATE INDEX etl_attempts_cost ON data_manager.etl_attempts USING btree (ended_at) WHERE (cpu_seconds IS NOT NULL);
 
 
 --

@@ -47,6 +47,9 @@ func (h hostLauncher) Launch(ctx context.Context, l Launch) (LaunchOutcome, erro
 
 	kind, _ := s.cfg.Kind(c.Kind)
 	launch := protocol.Launch{ContextID: c.ID, RunID: l.Run.ID, LockMode: kind.LockMode}
+	if s.groups != nil {
+		launch.CgroupParent = s.groups.Parent()
+	}
 	ch, readyR, err := s.spawn(launch, l.Secrets, logFile)
 	if err != nil {
 		return 0, err

@@ -147,6 +147,9 @@ type statsCollector struct {
 	db etlcontext.DB
 
 	up, tasks, finished24h, oldest, paused, blocked *prometheus.Desc
+	// What the attempts of each kind that ended in the last 24 hours cost,
+	// by their control groups' counters.
+	costAttempts, cpu, peakMemory, readBytes, writeBytes, oomKilled *prometheus.Desc
 }
 
 // NewStatsCollector returns a Prometheus collector of what the database
@@ -158,21 +161,32 @@ type statsCollector struct {
 //	dama_tasks_finished_24h{queue,kind,status}       tasks finished in the last 24 h: DONE, FAILED, CANCELLED
 //	dama_queue_oldest_waiting_seconds{queue,kind}    how long the oldest due task has waited to start
 //	dama_queue_paused{queue}, dama_kind_blocked{kind} 1 when paused or blocked
+//	dama_attempts_measured_24h{kind}                 attempts that ended in the last 24 h in a control group of their own, and what they cost:
+//	dama_attempt_cpu_seconds_24h{kind}, dama_attempt_peak_memory_bytes_24h{kind} (the largest),
+//	dama_attempt_io_read_bytes_24h{kind}, dama_attempt_io_write_bytes_24h{kind}, dama_attempts_oom_killed_24h{kind}
 func NewStatsCollector(db etlcontext.DB) prometheus.Collector {
 	qk := []string{"queue", "kind"}
+	k := []string{"kind"}
 	return &statsCollector{
-		db:          db,
-		up:          prometheus.NewDesc("dama_stats_up", "1 when the database's statistics could be read at this scrape, else 0.", nil, nil),
-		tasks:       prometheus.NewDesc("dama_tasks", "Unfinished tasks by status: QUEUED (due), SCHEDULED (not due yet), RUNNING, RETRYING.", append(qk, "status"), nil),
-		finished24h: prometheus.NewDesc("dama_tasks_finished_24h", "Tasks finished in the last 24 hours, by status.", append(qk, "status"), nil),
-		oldest:      prometheus.NewDesc("dama_queue_oldest_waiting_seconds", "How long the oldest due task of the queue and kind has waited to start; 0 when none waits.", qk, nil),
-		paused:      prometheus.NewDesc("dama_queue_paused", "1 when the queue is paused.", []string{"queue"}, nil),
-		blocked:     prometheus.NewDesc("dama_kind_blocked", "1 when the kind is blocked.", []string{"kind"}, nil),
+		costAttempts: prometheus.NewDesc("dama_attempts_measured_24h", "Attempts that ended in the last 24 hours in a control group of their own (resources, cgroup_parent).", k, nil),
+		cpu:          prometheus.NewDesc("dama_attempt_cpu_seconds_24h", "CPU time of the kind's attempts that ended in the last 24 hours, by their control groups.", k, nil),
+		peakMemory:   prometheus.NewDesc("dama_attempt_peak_memory_bytes_24h", "The largest peak memory of the kind's attempts that ended in the last 24 hours.", k, nil),
+		readBytes:    prometheus.NewDesc("dama_attempt_io_read_bytes_24h", "Block IO read by the kind's attempts that ended in the last 24 hours.", k, nil),
+		writeBytes:   prometheus.NewDesc("dama_attempt_io_write_bytes_24h", "Block IO written by the kind's attempts that ended in the last 24 hours.", k, nil),
+		oomKilled:    prometheus.NewDesc("dama_attempts_oom_killed_24h", "The kind's attempts that ended in the last 24 hours with a process killed for their memory limit.", k, nil),
+		db:           db,
+		up:           prometheus.NewDesc("dama_stats_up", "1 when the database's statistics could be read at this scrape, else 0.", nil, nil),
+		tasks:        prometheus.NewDesc("dama_tasks", "Unfinished tasks by status: QUEUED (due), SCHEDULED (not due yet), RUNNING, RETRYING.", append(qk, "status"), nil),
+		finished24h:  prometheus.NewDesc("dama_tasks_finished_24h", "Tasks finished in the last 24 hours, by status.", append(qk, "status"), nil),
+		oldest:       prometheus.NewDesc("dama_queue_oldest_waiting_seconds", "How long the oldest due task of the queue and kind has waited to start; 0 when none waits.", qk, nil),
+		paused:       prometheus.NewDesc("dama_queue_paused", "1 when the queue is paused.", []string{"queue"}, nil),
+		blocked:      prometheus.NewDesc("dama_kind_blocked", "1 when the kind is blocked.", []string{"kind"}, nil),
 	}
 }
 
 func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.up, c.tasks, c.finished24h, c.oldest, c.paused, c.blocked} {
+	for _, d := range []*prometheus.Desc{c.up, c.tasks, c.finished24h, c.oldest, c.paused, c.blocked,
+		c.costAttempts, c.cpu, c.peakMemory, c.readBytes, c.writeBytes, c.oomKilled} {
 		ch <- d
 	}
 }
@@ -220,6 +234,18 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 			oldest = s.OldestWaiting.Seconds()
 		}
 		gauge(c.oldest, oldest, q, k)
+	}
+	costs, err := etlcontext.KindCosts(ctx, c.db)
+	if err != nil {
+		return
+	}
+	for _, k := range costs {
+		gauge(c.costAttempts, float64(k.Attempts), k.Kind)
+		gauge(c.cpu, k.CPUSeconds, k.Kind)
+		gauge(c.peakMemory, float64(k.PeakMemory), k.Kind)
+		gauge(c.readBytes, float64(k.ReadBytes), k.Kind)
+		gauge(c.writeBytes, float64(k.WriteBytes), k.Kind)
+		gauge(c.oomKilled, float64(k.OOMKilled), k.Kind)
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/cgroup"
 	"github.com/dama-etl/dama/internal/hostproc"
 	"github.com/dama-etl/dama/internal/logdir"
 	"github.com/dama-etl/dama/internal/pglisten"
@@ -62,6 +63,9 @@ type Supervisor struct {
 	// fence times the fencing windows of attempts on other hosts.
 	fence   fenceClock
 	metrics *metrics
+	// groups is where this host's attempts get a control group each
+	// (hostGroups); nil where there is none.
+	groups *cgroup.Tree
 
 	mu       sync.Mutex
 	children map[int64]*child
@@ -131,6 +135,10 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 	}
 	opts.Executable = prog.path
 	opts = opts.withDefaults()
+	groups, err := hostGroups(cfg, opts.Logger)
+	if err != nil {
+		return nil, err
+	}
 	host, err := os.Hostname()
 	if err != nil {
 		return nil, fmt.Errorf("read host name: %w", err)
@@ -147,6 +155,7 @@ func New(pool *pgxpool.Pool, cfg *config.Config, opts Options) (*Supervisor, err
 		pool:           pool,
 		host:           host,
 		hostID:         hostID,
+		groups:         groups,
 		children:       map[int64]*child{},
 		stopping:       map[int64]bool{},
 		launchFailures: map[int64]string{},

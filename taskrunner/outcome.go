@@ -25,6 +25,9 @@ import (
 // death.
 func (r *runner) finish(ctx context.Context, code int, suffix string, payload protocol.Outcome, cause error) (int, error) {
 	r.w.flushTail(context.WithoutCancel(ctx))
+	if payload.Usage == nil {
+		payload.Usage = r.usage
+	}
 	r.w.outcome(suffix, payload, plainOutcome(payload))
 	wait := time.Duration(*r.opts.Config.ReconnectGrace) + stmtTimeout
 	if code == protocol.ExitLockLost {
@@ -69,7 +72,7 @@ func plainOutcome(o protocol.Outcome) protocol.Outcome {
 		s, _ = etlcontext.CleanText(protocol.TruncateUTF8(s, 512))
 		return s
 	}
-	return protocol.Outcome{Reason: clean(o.Reason), ExitCode: o.ExitCode, Exit: clean(o.Exit), TimedOut: o.TimedOut, Retry: o.Retry, DetailsLost: true}
+	return protocol.Outcome{Reason: clean(o.Reason), ExitCode: o.ExitCode, Exit: clean(o.Exit), TimedOut: o.TimedOut, Retry: o.Retry, Usage: o.Usage, DetailsLost: true}
 }
 
 func (r *runner) setFailure(f *protocol.Failure) {

@@ -179,6 +179,7 @@ func runnerOptions(args []string, funcs Funcs) (Options, error) {
 	opts.LockMode = launch.LockMode
 	opts.DatabaseURL = url
 	opts.ContextID, opts.RunID = launch.ContextID, launch.RunID
+	opts.CgroupParent = launch.CgroupParent
 	opts.RunKey, opts.KeeperSecret = secrets.RunKey, secrets.Keeper
 	if launch.ReadyFD > 0 {
 		opts.Ready = os.NewFile(uintptr(launch.ReadyFD), "ready")

@@ -17,6 +17,7 @@ import (
 
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/cgroup"
 	"github.com/dama-etl/dama/internal/hostproc"
 	"github.com/dama-etl/dama/internal/runas"
 	"github.com/dama-etl/dama/protocol"
@@ -126,8 +127,15 @@ func (r *runner) startCommand(eventsR, eventsW *os.File) (*started, error) {
 		return p, nil
 	}
 	cmd := r.command(eventsW)
-	exited, err := startLocked(cmd)
+	group, err := r.newGroup()
 	if err != nil {
+		return nil, err
+	}
+	exited, err := startLocked(cmd, group)
+	if err != nil {
+		if group != nil {
+			_ = group.Delete()
+		}
 		return nil, err
 	}
 	pgid := cmd.Process.Pid
@@ -139,7 +147,13 @@ func (r *runner) startCommand(eventsR, eventsW *os.File) (*started, error) {
 		return etlcontext.RecordCommand(ctx, conn, r.ctx.ID, r.opts.RunID, pgid, leaderTicks)
 	})
 	p.pid, p.pgid, p.exited = pgid, pgid, exited
-	p.signal = func(sig syscall.Signal) { _ = syscall.Kill(-pgid, sig) }
+	p.signal = func(sig syscall.Signal) {
+		_ = syscall.Kill(-pgid, sig)
+		if sig == syscall.SIGKILL && group != nil {
+			// Whatever session its processes moved to.
+			_ = group.Kill()
+		}
+	}
 	p.done = func() {
 		// Stragglers the command left behind end with it, in its group or
 		// not: the next attempt must not meet them.
@@ -147,7 +161,15 @@ func (r *runner) startCommand(eventsR, eventsW *os.File) (*started, error) {
 		// The group is empty now: a pending SIGKILL must not reach
 		// whoever reuses its id.
 		close(p.ended)
-		r.stopDescendants(hostproc.Attempt{PGID: pgid, LeaderStartTicks: leaderTicks, Marker: protocol.RunIDEnv + "=" + r.opts.RunID})
+		if group == nil {
+			r.stopDescendants(hostproc.Attempt{PGID: pgid, LeaderStartTicks: leaderTicks, Marker: protocol.RunIDEnv + "=" + r.opts.RunID})
+			return
+		}
+		r.emptyGroup(group)
+		r.usage = r.usageOf(group)
+		if err := group.Delete(); err != nil {
+			r.logger.Warn("remove the attempt's control group", "error", err)
+		}
 	}
 	return p, nil
 }
@@ -316,7 +338,11 @@ func (r *runner) commandEnded(ctx context.Context, w *commandWatch, waitErr erro
 	}
 	payload := protocol.Outcome{Reason: reason, ExitCode: new(exitCode), LogTail: new(logTail)}
 	failure := r.lastFailure()
-	if f := failure; w.stopReason == "" && f != nil {
+	if u := r.usage; w.stopReason == "" && u != nil && u.OOMKilled {
+		// Whatever the command said: it is likely what a process
+		// killed for its memory left behind.
+		payload.Reason, payload.Exit = outOfMemory(u), reason
+	} else if f := failure; w.stopReason == "" && f != nil {
 		payload.Reason, payload.Exit = f.Error, reason
 	}
 	switch {
@@ -396,7 +422,7 @@ func (r *runner) commandEnv(args, checkpoint json.RawMessage) []string {
 // command gets none of those a service manager may have granted dama to
 // switch users. The thread ends with the goroutine, never serving
 // another.
-func startLocked(cmd *exec.Cmd) (<-chan error, error) {
+func startLocked(cmd *exec.Cmd, group *cgroup.Group) (<-chan error, error) {
 	started := make(chan error, 1)
 	exited := make(chan error, 1)
 	go func() {
@@ -405,7 +431,11 @@ func startLocked(cmd *exec.Cmd) (<-chan error, error) {
 			started <- err
 			return
 		}
-		if err := cmd.Start(); err != nil {
+		start := cmd.Start
+		if group != nil {
+			start = func() error { return group.Start(cmd) }
+		}
+		if err := start(); err != nil {
 			started <- err
 			return
 		}

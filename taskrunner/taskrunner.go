@@ -70,6 +70,12 @@ type Options struct {
 	// not dama's, and its stderr is not the task's log file (a
 	// container's log), which gets its lines too.
 	Starter Starter
+	// CgroupParent, when set, is the control group under which the
+	// command and every process it starts get a group of their own, named
+	// by RunID and bounded by the kind's resources: the kernel then keeps
+	// the attempt's processes together, whatever session they move to,
+	// and counts what they cost (protocol.Launch.CgroupParent).
+	CgroupParent string
 }
 
 // selfExe names the file the running program started from, even once a
@@ -145,6 +151,9 @@ type runner struct {
 	// subreaper: the runner is its command's subreaper, and finds the
 	// attempt's processes in its own tree (reap.go).
 	subreaper bool
+	// usage is what the command's processes cost, read from their
+	// control group once they are gone; nil without one.
+	usage *protocol.Usage
 	// keepers are the lock keepers the runner started: its children, but
 	// not its command's processes, left running when it ends.
 	keepersMu sync.Mutex

@@ -9,6 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
 )
 
@@ -76,7 +77,7 @@ func describeTask(ctx context.Context, db etlcontext.DB, w io.Writer, t etlconte
 	}
 
 	fmt.Fprintf(tw, "\nAttempts (newest %d):\n", describeAttempts)
-	fmt.Fprintln(tw, "  #\tHOST\tPID\tSTARTED\tENDED\tOUTCOME\tEXIT\tREASON")
+	fmt.Fprintln(tw, "  #\tHOST\tPID\tSTARTED\tENDED\tOUTCOME\tEXIT\tCPU\tPEAK MEM\tREAD/WRITTEN\tREASON")
 	for _, a := range attempts {
 		exit := "-"
 		switch {
@@ -85,8 +86,21 @@ func describeTask(ctx context.Context, db etlcontext.DB, w io.Writer, t etlconte
 		case a.Outcome != nil && *a.Outcome == string(etlcontext.StatusDone):
 			exit = "0"
 		}
-		fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.Attempt, shownText(orDash(a.Host)), intOrDash(a.PID),
-			at(&a.StartedAt), at(a.EndedAt), orDash(a.Outcome), exit, shownText(orDash(a.Reason)))
+		cpu, mem, io := "-", "-", "-"
+		if a.CPUSeconds != nil {
+			cpu = (time.Duration(*a.CPUSeconds * float64(time.Second))).Round(time.Millisecond).String()
+		}
+		if a.PeakMemory != nil {
+			mem = config.ByteSize(*a.PeakMemory).String()
+			if a.MemoryLimit != nil {
+				mem += " of " + config.ByteSize(*a.MemoryLimit).String()
+			}
+		}
+		if a.ReadBytes != nil && a.WriteBytes != nil {
+			io = config.ByteSize(*a.ReadBytes).String() + "/" + config.ByteSize(*a.WriteBytes).String()
+		}
+		fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.Attempt, shownText(orDash(a.Host)), intOrDash(a.PID),
+			at(&a.StartedAt), at(a.EndedAt), orDash(a.Outcome), exit, cpu, mem, io, shownText(orDash(a.Reason)))
 	}
 
 	fmt.Fprintf(tw, "\nEvents (newest %d):\n", describeEvents)

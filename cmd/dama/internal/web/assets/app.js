@@ -359,6 +359,14 @@ const taskID = () => location.pathname.split("/").pop();
 let logNext = null;
 let logDone = false;
 
+// bytes writes n as the configuration writes a size: 512MiB, 1.5GiB.
+function bytes(n) {
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
+  return (Math.round(n * 10) / 10) + units[i];
+}
+
 async function taskPage() {
   const id = taskID();
   const d = await get("/api/tasks/" + id);
@@ -386,7 +394,9 @@ async function taskPage() {
     const tail = el("td");
     if (a.log_tail) { const det = el("details"); det.append(el("summary", "tail"), el("pre", a.log_tail)); tail.append(det); }
     attempts.append(row(a.attempt, a.host, a.pid, cell(stamp(a.started_at)), cell(stamp(a.ended_at)), a.outcome || "running",
-      a.exit_code ?? "-", a.reason, tail));
+      a.exit_code ?? "-", a.cpu_seconds == null ? "-" : a.cpu_seconds.toFixed(2) + "s",
+      a.peak_memory_bytes == null ? "-" : bytes(a.peak_memory_bytes) + (a.memory_limit_bytes ? " of " + bytes(a.memory_limit_bytes) : ""),
+      a.io_read_bytes == null ? "-" : bytes(a.io_read_bytes) + " / " + bytes(a.io_write_bytes), a.reason, tail));
   }
   $("#attempts tbody").replaceWith(attempts);
 

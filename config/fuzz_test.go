@@ -57,6 +57,7 @@ kinds:
     function: copy_rows
 `,
 		"log_dir: /l\nkinds: {a: {command: [x]}}",
+		"log_dir: /l\ncgroup_parent: /dama\nresources: {memory: 512MiB}\nkinds: {a: {command: [x], resources: {memory: 1.5GiB, cpu: 1.5, pids: 1000}}}",
 		"log_dir: l\nreconnect_grace: 0s\nkill_grace: 0s\nkinds: {a: {function: f, lock_mode: advisory}}",
 		"log_dir: /l\nkinds: {a: {command: [x], retry: {backoff: fixed, delay: 30s}, fail_on_exit_codes: [2, 255]}}",
 		"log_dir: /l\nkinds: {a: {command: [x], max_attempts: 40, retry: {delay: 1m, max_delay: 8760h}}}",
@@ -315,6 +316,8 @@ type (
 		LogTailBytes      int64                `yaml:"log_tail_bytes"`
 		LogTailInterval   string               `yaml:"log_tail_interval"`
 		Retention         string               `yaml:"retention"`
+		CgroupParent      quoted               `yaml:"cgroup_parent,omitempty"`
+		Resources         *config.Resources    `yaml:"resources,omitempty"`
 		Queues            map[string]fullQueue `yaml:"queues"`
 		Kinds             map[string]fullKind  `yaml:"kinds"`
 	}
@@ -322,29 +325,30 @@ type (
 		MaxRunning int `yaml:"max_running"`
 	}
 	fullKind struct {
-		Queue            string     `yaml:"queue"`
-		Command          []quoted   `yaml:"command,omitempty"`
-		Function         quoted     `yaml:"function,omitempty"`
-		MaxAttempts      int        `yaml:"max_attempts"`
-		Retry            *fullRetry `yaml:"retry,omitempty"`
-		RetryOnExitCodes []int      `yaml:"retry_on_exit_codes,omitempty"`
-		FailOnExitCodes  []int      `yaml:"fail_on_exit_codes,omitempty"`
-		Timeout          string     `yaml:"timeout"`
-		OnTimeout        string     `yaml:"on_timeout"`
-		KillGrace        *string    `yaml:"kill_grace,omitempty"`
-		LockMode         string     `yaml:"lock_mode"`
-		MaxRunning       int        `yaml:"max_running"`
-		ConcurrencyKey   quoted     `yaml:"concurrency_key,omitempty"`
-		MaxRunningPerKey int        `yaml:"max_running_per_key"`
-		Schedule         quoted     `yaml:"schedule,omitempty"`
-		Timezone         string     `yaml:"timezone,omitempty"`
-		Overlap          string     `yaml:"overlap,omitempty"`
-		ScheduleArgs     *yaml.Node `yaml:"schedule_args,omitempty"`
-		AwaitChildren    bool       `yaml:"await_children"`
-		PassEnv          []string   `yaml:"pass_env,omitempty"`
-		SessionFence     bool       `yaml:"session_fence"`
-		User             quoted     `yaml:"user,omitempty"`
-		Group            quoted     `yaml:"group,omitempty"`
+		Queue            string            `yaml:"queue"`
+		Command          []quoted          `yaml:"command,omitempty"`
+		Function         quoted            `yaml:"function,omitempty"`
+		MaxAttempts      int               `yaml:"max_attempts"`
+		Retry            *fullRetry        `yaml:"retry,omitempty"`
+		RetryOnExitCodes []int             `yaml:"retry_on_exit_codes,omitempty"`
+		FailOnExitCodes  []int             `yaml:"fail_on_exit_codes,omitempty"`
+		Timeout          string            `yaml:"timeout"`
+		OnTimeout        string            `yaml:"on_timeout"`
+		KillGrace        *string           `yaml:"kill_grace,omitempty"`
+		LockMode         string            `yaml:"lock_mode"`
+		MaxRunning       int               `yaml:"max_running"`
+		ConcurrencyKey   quoted            `yaml:"concurrency_key,omitempty"`
+		MaxRunningPerKey int               `yaml:"max_running_per_key"`
+		Schedule         quoted            `yaml:"schedule,omitempty"`
+		Timezone         string            `yaml:"timezone,omitempty"`
+		Overlap          string            `yaml:"overlap,omitempty"`
+		ScheduleArgs     *yaml.Node        `yaml:"schedule_args,omitempty"`
+		AwaitChildren    bool              `yaml:"await_children"`
+		PassEnv          []string          `yaml:"pass_env,omitempty"`
+		SessionFence     bool              `yaml:"session_fence"`
+		User             quoted            `yaml:"user,omitempty"`
+		Group            quoted            `yaml:"group,omitempty"`
+		Resources        *config.Resources `yaml:"resources,omitempty"`
 	}
 	fullRetry struct {
 		MaxAttempts int    `yaml:"max_attempts"`
@@ -397,6 +401,8 @@ func render(t *testing.T, cfg *config.Config) []byte {
 		LogTailBytes:      int64(cfg.LogTailBytes),
 		LogTailInterval:   dur(time.Duration(cfg.LogTailInterval)),
 		Retention:         dur(time.Duration(cfg.Retention)),
+		CgroupParent:      quoted(cfg.CgroupParent),
+		Resources:         cfg.Resources,
 		Queues:            map[string]fullQueue{},
 		Kinds:             map[string]fullKind{},
 	}
@@ -411,6 +417,7 @@ func render(t *testing.T, cfg *config.Config) []byte {
 			MaxRunning: k.MaxRunning, ConcurrencyKey: quoted(k.ConcurrencyKey), MaxRunningPerKey: k.MaxRunningPerKey,
 			Schedule: quoted(k.Schedule), Timezone: k.Timezone, Overlap: string(k.Overlap), AwaitChildren: k.AwaitChildren,
 			PassEnv: k.PassEnv, SessionFence: k.FencesSessions(), User: quoted(k.User), Group: quoted(k.Group),
+			Resources: k.Resources,
 		}
 		if p := k.Retry; p != nil {
 			fk.Retry = &fullRetry{MaxAttempts: p.MaxAttempts, Backoff: string(p.Backoff), Delay: dur(time.Duration(p.Delay)), MaxDelay: dur(time.Duration(p.MaxDelay))}

@@ -21,7 +21,7 @@ func (r *runner) newGroup() (*cgroup.Group, error) {
 	if res := r.kind.Resources; res != nil {
 		limits = cgroup.Limits{Memory: int64(res.Memory), CPU: res.CPU, Pids: res.Pids}
 	}
-	tree, err := cgroup.Open("", r.opts.CgroupParent)
+	tree, err := cgroup.Lookup("", r.opts.CgroupParent)
 	if err != nil {
 		return nil, err
 	}

@@ -173,7 +173,7 @@ func supervise(root, parent string) error {
 
 // skipUnlessRoot skips a test that makes control groups as another user
 // than root: it cannot.
-func skipUnlessRoot(t *testing.T) {
+func skipUnlessRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("making control groups needs root")
@@ -181,13 +181,13 @@ func skipUnlessRoot(t *testing.T) {
 }
 
 // testParent is a parent of t's own: of this process and test, no other's.
-func testParent(t *testing.T) string {
+func testParent(t testing.TB) string {
 	return fmt.Sprintf("/dama-test-%d-%s", os.Getpid(), regexp.MustCompile(`[^A-Za-z0-9]+`).ReplaceAllString(t.Name(), "-"))
 }
 
 // v1Tree opens a tree under a parent of t's own in this host's cgroup v1
 // hierarchies, removed with every process in it when t ends.
-func v1Tree(t *testing.T) *Tree {
+func v1Tree(t testing.TB) *Tree {
 	t.Helper()
 	skipUnlessRoot(t)
 	if _, err := os.Stat("/sys/fs/cgroup/freezer/cgroup.procs"); err != nil {
@@ -209,7 +209,7 @@ func v1Tree(t *testing.T) *Tree {
 
 // v2Tree opens a tree under a parent of t's own on a cgroup2 mount of t's
 // own, unmounted with every group and process in it removed when t ends.
-func v2Tree(t *testing.T) *Tree {
+func v2Tree(t testing.TB) *Tree {
 	t.Helper()
 	skipUnlessRoot(t)
 	mnt, err := os.MkdirTemp("", "dama-cgroup2-")
@@ -240,7 +240,7 @@ func v2Tree(t *testing.T) *Tree {
 
 // removeCgroup removes dir and the groups under it, killing their
 // processes first, without the package under test.
-func removeCgroup(t *testing.T, dir string) {
+func removeCgroup(t testing.TB, dir string) {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return
@@ -270,7 +270,7 @@ func removeCgroup(t *testing.T, dir string) {
 	}
 }
 
-func readPids(t *testing.T, file string) []int {
+func readPids(t testing.TB, file string) []int {
 	b, err := os.ReadFile(file)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		t.Error(err)
@@ -464,7 +464,7 @@ func killAll(t *testing.T, g *Group) {
 func TestADaemonIsInTheGroupUntilKilled(t *testing.T) {
 	for _, tt := range []struct {
 		name string
-		tree func(*testing.T) *Tree
+		tree func(testing.TB) *Tree
 	}{{"v1", v1Tree}, {"v2", v2Tree}} {
 		t.Run(tt.name, func(t *testing.T) {
 			g, err := tt.tree(t).New("daemon", Limits{})
@@ -706,7 +706,7 @@ func TestStartLeavesTheCallerWhereItWas(t *testing.T) {
 func TestJoinMovesEveryThread(t *testing.T) {
 	for _, tt := range []struct {
 		name string
-		tree func(*testing.T) *Tree
+		tree func(testing.TB) *Tree
 		want string
 	}{{"v1", v1Tree, "freezer:%s/supervisor\n"}, {"v2", v2Tree, "0::%s/supervisor\n"}} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -729,7 +729,7 @@ func TestJoinMovesEveryThread(t *testing.T) {
 func TestNewRefusesBadNamesAndAGroupAgain(t *testing.T) {
 	for _, tt := range []struct {
 		name string
-		tree func(*testing.T) *Tree
+		tree func(testing.TB) *Tree
 	}{{"v1", v1Tree}, {"v2", v2Tree}} {
 		t.Run(tt.name, func(t *testing.T) {
 			tree := tt.tree(t)

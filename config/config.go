@@ -194,6 +194,14 @@ type Kind struct {
 	// whether the task is then retried ("retry", the default) or FAILED.
 	Timeout   Duration  `yaml:"timeout" json:"timeout"`
 	OnTimeout OnTimeout `yaml:"on_timeout" json:"on_timeout,omitempty"`
+	// StallAfter marks a running task stalled once its command has
+	// reported nothing for that long: no line on its events pipe, no
+	// output to its log. 0, the default, watches for none; else at least
+	// 1s. OnStall says whether the mark only warns ("warn", the default)
+	// or also stops the command as a timeout does, to be retried from its
+	// checkpoint ("kill"), whatever OnTimeout says.
+	StallAfter Duration `yaml:"stall_after" json:"stall_after,omitempty"`
+	OnStall    OnStall  `yaml:"on_stall" json:"on_stall,omitempty"`
 	// KillGrace overrides the configuration's kill_grace; 0 is SIGKILL at once.
 	KillGrace *Duration `yaml:"kill_grace" json:"kill_grace,omitempty"`
 	// LockMode overrides the configuration's lock_mode.
@@ -336,6 +344,15 @@ type OnTimeout string
 const (
 	OnTimeoutRetry OnTimeout = "retry"
 	OnTimeoutFail  OnTimeout = "fail"
+)
+
+// OnStall is what a stalled attempt leads to.
+type OnStall string
+
+// What a stall does.
+const (
+	OnStallWarn OnStall = "warn"
+	OnStallKill OnStall = "kill"
 )
 
 // RetryDelay is how long to wait after the failure of attempt (from 1)

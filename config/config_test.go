@@ -18,6 +18,7 @@ log_dir: /var/lib/dama/logs
 kinds:
   conflation:
     command: ["/opt/etl/conflation", "--verbose"]
+  watched: {command: [x], stall_after: 1s, on_stall: kill}
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -26,8 +27,11 @@ kinds:
 	if !ok {
 		t.Fatal("kind conflation missing")
 	}
-	if k.Queue != config.DefaultQueue || k.MaxAttempts != config.DefaultMaxAttempts {
-		t.Errorf("kind defaults: queue %q, max_attempts %d", k.Queue, k.MaxAttempts)
+	if k.Queue != config.DefaultQueue || k.MaxAttempts != config.DefaultMaxAttempts || k.StallAfter != 0 || k.OnStall != config.OnStallWarn {
+		t.Errorf("kind defaults: queue %q, max_attempts %d, stall_after %s, on_stall %q", k.Queue, k.MaxAttempts, k.StallAfter, k.OnStall)
+	}
+	if w := cfg.Kinds["watched"]; w.StallAfter != config.Duration(time.Second) || w.OnStall != config.OnStallKill {
+		t.Errorf("stall_after %s, on_stall %q: want 1s and kill", w.StallAfter, w.OnStall)
 	}
 	if q := cfg.Queues[config.DefaultQueue]; q.MaxRunning != config.DefaultMaxRunning {
 		t.Errorf("default queue max_running %d", q.MaxRunning)
@@ -71,6 +75,10 @@ func TestParseRejectsBadConfigurations(t *testing.T) {
 		"both exit lists":      {"log_dir: /l\nkinds: {a: {command: [x], retry_on_exit_codes: [1], fail_on_exit_codes: [2]}}", "exclude each other"},
 		"exit code 0":          {"log_dir: /l\nkinds: {a: {command: [x], fail_on_exit_codes: [0]}}", "exit code 0"},
 		"bad on_timeout":       {"log_dir: /l\nkinds: {a: {command: [x], timeout: 1h, on_timeout: ignore}}", "on_timeout"},
+		"tiny stall_after":     {"log_dir: /l\nkinds: {a: {command: [x], stall_after: 500ms}}", "stall_after 500ms: want 0 (none), or from 1s to"},
+		"negative stall_after": {"log_dir: /l\nkinds: {a: {command: [x], stall_after: -1m}}", "stall_after -1m0s"},
+		"bad on_stall":         {"log_dir: /l\nkinds: {a: {command: [x], stall_after: 30m, on_stall: restart}}", `on_stall "restart": want "warn" or "kill"`},
+		"kill, no stall_after": {"log_dir: /l\nkinds: {a: {command: [x], on_stall: kill}}", "on_stall kill needs stall_after"},
 		"negative kind grace":  {"log_dir: /l\nkinds: {a: {command: [x], kill_grace: -1s}}", "kill_grace"},
 		"bad schedule":         {"log_dir: /l\nkinds: {a: {command: [x], schedule: '61 * * * *'}}", "schedule"},
 		"every":                {"log_dir: /l\nkinds: {a: {command: [x], schedule: '@every 5m'}}", "@every is not supported"},
@@ -303,7 +311,7 @@ kinds:
 func TestAKindPublishesItsSettingsAndNothingElse(t *testing.T) {
 	published := []string{
 		"queue", "command", "function", "max_attempts", "retry", "retry_on_exit_codes", "fail_on_exit_codes",
-		"timeout", "on_timeout", "kill_grace", "lock_mode", "max_running", "concurrency_key",
+		"timeout", "on_timeout", "stall_after", "on_stall", "kill_grace", "lock_mode", "max_running", "concurrency_key",
 		"max_running_per_key", "schedule", "timezone", "overlap", "schedule_args", "await_children",
 		"children", "pass_env", "session_fence", "user", "group", "resources",
 	}

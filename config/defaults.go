@@ -83,6 +83,7 @@ func (c *Config) kindDefaults(k Kind) Kind {
 		k.Retry = &p
 	}
 	k.OnTimeout = cmp.Or(k.OnTimeout, OnTimeoutRetry)
+	k.OnStall = cmp.Or(k.OnStall, OnStallWarn)
 	k.KillGrace = copyOr(k.KillGrace, c.KillGrace)
 	k.SessionFence = copyOr(k.SessionFence, true)
 	k.Runner = cmp.Or(k.Runner, RunnerHost)

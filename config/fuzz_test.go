@@ -63,7 +63,7 @@ kinds:
 		"log_dir: /l\nkinds: {a: {command: [x], max_attempts: 40, retry: {delay: 1m, max_delay: 8760h}}}",
 		// A cap of nearly 300 years, where doubling the wait overflows.
 		"log_dir: /l\nkinds: {a: {command: [x], max_attempts: 40, retry: {max_delay: 2562047h}}}",
-		"log_dir: /l\nkinds: {a: {command: [x], retry: {max_attempts: 5}, retry_on_exit_codes: [75], timeout: 1h, on_timeout: fail, kill_grace: 1s}}",
+		"log_dir: /l\nkinds: {a: {command: [x], retry: {max_attempts: 5}, retry_on_exit_codes: [75], timeout: 1h, on_timeout: fail, stall_after: 30m, on_stall: kill, kill_grace: 1s}}",
 		"log_dir: /l\nkinds: {a: {command: [x], max_attempts: 32767}, b: {command: [x], retry: {max_attempts: 32768}}}",
 		"log_dir: /l\nkinds: {a: {command: [x], schedule: '*/5 * * * * *', overlap: queue, schedule_args: {region: eu, n: 12345678901234567890, f: 1.5e300, l: [1, null, true]}, concurrency_key: region}}",
 		"log_dir: /l\nkinds: {a: {command: [x], schedule: '@daily', timezone: America/New_York, overlap: allow, max_running: 3}}",
@@ -177,6 +177,8 @@ func checkConfig(t *testing.T, cfg *config.Config) {
 			t.Fatalf("kind %s: lock_mode %q", name, k.LockMode)
 		case k.OnTimeout != config.OnTimeoutRetry && k.OnTimeout != config.OnTimeoutFail:
 			t.Fatalf("kind %s: on_timeout %q", name, k.OnTimeout)
+		case k.StallAfter != 0 && k.StallAfter < config.Duration(time.Second), k.OnStall == config.OnStallKill && k.StallAfter == 0:
+			t.Fatalf("kind %s: stall_after %v, on_stall %q", name, k.StallAfter, k.OnStall)
 		case k.KillGrace == nil || *k.KillGrace < 0:
 			t.Fatalf("kind %s: kill grace %v", name, *k.KillGrace)
 		case len(k.RetryOnExitCodes) > 0 && len(k.FailOnExitCodes) > 0:
@@ -334,6 +336,8 @@ type (
 		FailOnExitCodes  []int             `yaml:"fail_on_exit_codes,omitempty"`
 		Timeout          string            `yaml:"timeout"`
 		OnTimeout        string            `yaml:"on_timeout"`
+		StallAfter       string            `yaml:"stall_after"`
+		OnStall          string            `yaml:"on_stall"`
 		KillGrace        *string           `yaml:"kill_grace,omitempty"`
 		LockMode         string            `yaml:"lock_mode"`
 		MaxRunning       int               `yaml:"max_running"`
@@ -414,6 +418,7 @@ func render(t *testing.T, cfg *config.Config) []byte {
 			Queue: k.Queue, Command: quoteAll(k.Command), Function: quoted(k.Function), MaxAttempts: k.MaxAttempts,
 			RetryOnExitCodes: k.RetryOnExitCodes, FailOnExitCodes: k.FailOnExitCodes,
 			Timeout: dur(time.Duration(k.Timeout)), OnTimeout: string(k.OnTimeout), LockMode: string(k.LockMode),
+			StallAfter: dur(time.Duration(k.StallAfter)), OnStall: string(k.OnStall),
 			MaxRunning: k.MaxRunning, ConcurrencyKey: quoted(k.ConcurrencyKey), MaxRunningPerKey: k.MaxRunningPerKey,
 			Schedule: quoted(k.Schedule), Timezone: k.Timezone, Overlap: string(k.Overlap), AwaitChildren: k.AwaitChildren,
 			PassEnv: k.PassEnv, SessionFence: k.FencesSessions(), User: quoted(k.User), Group: quoted(k.Group),

@@ -208,7 +208,7 @@ func (k *Kind) validateRunner() error {
 	return nil
 }
 
-// validateFailures checks the retry, exit code and timeout settings.
+// validateFailures checks the retry, exit code, timeout and stall settings.
 func (k *Kind) validateFailures() error {
 	if p := k.Retry; p != nil {
 		switch {
@@ -245,6 +245,12 @@ func (k *Kind) validateFailures() error {
 		return fmt.Errorf("kill_grace %s: at most %s", *k.KillGrace, MaxKillGrace)
 	case k.Timeout > MaxDelay:
 		return fmt.Errorf("timeout %s: at most %s", k.Timeout, MaxDelay)
+	case k.StallAfter != 0 && (k.StallAfter < Duration(time.Second) || k.StallAfter > MaxDelay):
+		return fmt.Errorf("stall_after %s: want 0 (none), or from 1s to %s", k.StallAfter, MaxDelay)
+	case k.OnStall != OnStallWarn && k.OnStall != OnStallKill:
+		return fmt.Errorf("on_stall %q: want %q or %q", k.OnStall, OnStallWarn, OnStallKill)
+	case k.OnStall == OnStallKill && k.StallAfter == 0:
+		return errors.New("on_stall kill needs stall_after")
 	case p != nil && (p.Delay > MaxDelay || p.MaxDelay > MaxDelay):
 		return fmt.Errorf("retry delays: at most %s", MaxDelay)
 	}

@@ -413,13 +413,15 @@ type QueueStat struct {
 	Blocked       bool           `json:"blocked"`
 	BlockReason   *string        `json:"block_reason"`
 	BlockedAt     *time.Time     `json:"blocked_at"`
+	// Stalled counts the running tasks marked stalled.
+	Stalled int64 `json:"stalled"`
 }
 
 // QueueStats reads dama_queue_stats, by queue and kind.
 func QueueStats(ctx context.Context, db DB) ([]QueueStat, error) {
 	stats, err := collect[QueueStat](ctx, db, `
 		SELECT queue, kind, queued, scheduled, running, retrying, done_24h, failed_24h, cancelled_24h,
-		       oldest_waiting, paused, pause_reason, paused_at, blocked, block_reason, blocked_at
+		       oldest_waiting, paused, pause_reason, paused_at, blocked, block_reason, blocked_at, stalled
 		  FROM data_manager.dama_queue_stats
 		 ORDER BY queue NULLS LAST, kind NULLS FIRST`)
 	if err != nil {

@@ -2,6 +2,7 @@ package etlcontext
 
 import (
 	"cmp"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
@@ -11,9 +12,9 @@ import (
 
 // Reason says in a few words why a task is where it is, for the status
 // list and the page alike: what a waiting task waits for and since when,
-// until when it is due, that a running one is being cancelled or awaits
-// its children, a failed one's last error. Its texts are the task's and
-// its command's words: whoever shows them escapes them.
+// until when it is due, that a running one is being cancelled, awaits its
+// children or is stalled, a failed one's last error. Its texts are the
+// task's and its command's words: whoever shows them escapes them.
 type Reason struct {
 	// Text is what it waits for or what went wrong, if anything.
 	Text string `json:"text,omitempty"`
@@ -72,6 +73,14 @@ func ReasonOf(t Task, tr Trouble, now time.Time) Reason {
 			return Reason{Text: "cancelling", Since: t.CancelRequestedAt}
 		case t.LatestEventType != nil && protocol.EventSuffix(*t.LatestEventType) == protocol.EventAwaiting:
 			return Reason{Text: "awaiting children: " + t.Children.String()}
+		case t.Stalled != nil:
+			var s struct {
+				LastAt time.Time `json:"last_at"`
+			}
+			if json.Unmarshal(t.Stalled, &s) == nil && !s.LastAt.IsZero() {
+				return Reason{Text: "stalled: no progress", Since: &s.LastAt}
+			}
+			return Reason{Text: "stalled"}
 		}
 	case StatusFailed:
 		return Reason{Text: oneLine(tr.Error)}

@@ -63,6 +63,9 @@ type Task struct {
 	ConcurrencyKey *string    `json:"concurrency_key"`
 	// Children counts the task's children by status; nil when it has none.
 	Children Children `json:"children"`
+	// Stalled, set while a running task is marked stalled, is its
+	// STALLED event's payload: stall_after, last_at, on_stall.
+	Stalled json.RawMessage `json:"stalled,omitempty"`
 }
 
 // TaskQuery selects rows of the view.
@@ -141,7 +144,7 @@ func Tasks(ctx context.Context, db DB, q TaskQuery) ([]Task, error) {
 		       latest_event_type, latest_event_at, ` + boundedJSON("progress", param(q.MaxPayload)+"::int") + `, progress_at,
 		       initial_event_locked, river_job_id, run_id::text, idempotency_key, cancel_requested_at, log_path,
 		       host_id, command_pgid, lock_lost_at, lock_mode, runner_release, runner_protocol,
-		       due_at, waiting_for, waiting_since, concurrency_key, children
+		       due_at, waiting_for, waiting_since, concurrency_key, children, stalled
 		  FROM data_manager.dama_task_queue`
 	if len(where) > 0 {
 		sql += "\n\t\t WHERE " + strings.Join(where, " AND ")

@@ -53,6 +53,13 @@ const (
 	// EventTimeout records that an attempt's command outran its kind's
 	// timeout and was stopped; the attempt's ERROR follows.
 	EventTimeout = "TIMEOUT"
+	// EventStalled marks a running task stalled: its command reported
+	// nothing, on its events pipe or in its log, for its kind's
+	// stall_after. The mark holds while it is the task's latest event;
+	// with on_stall kill the command is stopped, as for a timeout.
+	EventStalled = "STALLED"
+	// EventUnstalled clears the mark: the command reported again.
+	EventUnstalled = "UNSTALLED"
 	// EventRetried reopens a FAILED or CANCELLED context for a new attempt
 	// (`dama retry`): the one event a finished context accepts.
 	EventRetried = "RETRIED"
@@ -108,7 +115,8 @@ func ValidSuffix(suffix string) bool {
 func Reserved(suffix string) bool {
 	switch suffix {
 	case EventInitial, EventFinal, EventError, EventCancelled, EventTimeout,
-		EventRetried, EventSubmitted, EventAwaiting, EventCancelRequested:
+		EventRetried, EventSubmitted, EventAwaiting, EventCancelRequested,
+		EventStalled, EventUnstalled:
 		return true
 	}
 	return false

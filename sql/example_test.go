@@ -33,5 +33,5 @@ func ExampleMigrate() {
 	fmt.Println("dama_task_queue columns:", columns)
 	// Output:
 	// <nil>
-	// dama_task_queue columns: 36
+	// dama_task_queue columns: 37
 }

@@ -1252,6 +1252,24 @@ CREATE TABLE data_manager.etl_contexts (
 
 
 --
+-- Name: event_store; Type: TABLE; Schema: data_manager; Owner: -
+--
+
+CREATE TABLE data_manager.event_store (
+    event_id bigint NOT NULL,
+    etl_context_id bigint NOT NULL,
+    type text NOT NULL,
+    payload jsonb,
+    meta jsonb,
+    error boolean DEFAULT false NOT NULL,
+    attempt integer DEFAULT 0 NOT NULL,
+    run_id uuid,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    seq integer
+);
+
+
+--
 -- Name: kind_blocks; Type: TABLE; Schema: data_manager; Owner: -
 --
 
@@ -1301,6 +1319,14 @@ CREATE VIEW data_manager.dama_queue_stats AS
            FROM data_manager.etl_contexts
           WHERE (etl_contexts.finished_at > (now() - '24:00:00'::interval))
           GROUP BY etl_contexts.queue, etl_contexts.kind
+        ), stalled AS (
+         SELECT c.queue,
+            c.kind,
+            count(*) AS stalled
+           FROM (data_manager.etl_contexts c
+             JOIN data_manager.event_store e ON ((e.event_id = c.latest_event_id)))
+          WHERE ((c.etl_status = 'RUNNING'::text) AND (e.type = (c.kind || ':STALLED'::text)))
+          GROUP BY c.queue, c.kind
         ), pairs AS (
          SELECT active.queue,
             active.kind
@@ -1325,9 +1351,11 @@ CREATE VIEW data_manager.dama_queue_stats AS
     qp.paused_at,
     (kb.kind IS NOT NULL) AS blocked,
     kb.reason AS block_reason,
-    kb.blocked_at
-   FROM ((((pairs pr
+    kb.blocked_at,
+    COALESCE(s.stalled, (0)::bigint) AS stalled
+   FROM (((((pairs pr
      LEFT JOIN active a ON (((a.queue = pr.queue) AND (a.kind = pr.kind))))
+     LEFT JOIN stalled s ON (((s.queue = pr.queue) AND (s.kind = pr.kind))))
      LEFT JOIN recent r ON (((r.queue = pr.queue) AND (r.kind = pr.kind))))
      FULL JOIN data_manager.queue_pauses qp ON ((qp.queue = pr.queue)))
      FULL JOIN data_manager.kind_blocks kb ON ((kb.kind = pr.kind)));
@@ -1370,24 +1398,6 @@ CREATE VIEW data_manager.dama_schedules AS
     s.updated_at
    FROM (data_manager.schedules s
      LEFT JOIN data_manager.etl_contexts c ON ((c.etl_context_id = s.last_context_id)));
-
-
---
--- Name: event_store; Type: TABLE; Schema: data_manager; Owner: -
---
-
-CREATE TABLE data_manager.event_store (
-    event_id bigint NOT NULL,
-    etl_context_id bigint NOT NULL,
-    type text NOT NULL,
-    payload jsonb,
-    meta jsonb,
-    error boolean DEFAULT false NOT NULL,
-    attempt integer DEFAULT 0 NOT NULL,
-    run_id uuid,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    seq integer
-);
 
 
 --
@@ -1482,7 +1492,11 @@ CREATE VIEW data_manager.dama_task_queue AS
         END AS waiting_since,
     c.concurrency_key,
     ch.children,
-    c.progress_at
+    c.progress_at,
+        CASE
+            WHEN ((c.etl_status = 'RUNNING'::text) AND (le.type = (c.kind || ':STALLED'::text))) THEN le.payload
+            ELSE NULL::jsonb
+        END AS stalled
    FROM ((((data_manager.etl_contexts c
      LEFT JOIN public.river_job j ON ((j.id = c.river_job_id)))
      LEFT JOIN data_manager.event_store le ON ((le.event_id = c.latest_event_id)))
@@ -2567,51 +2581,6 @@ GRANT UPDATE(progress_at) ON TABLE data_manager.etl_contexts TO dama_task;
 
 
 --
--- Name: TABLE kind_blocks; Type: ACL; Schema: data_manager; Owner: -
---
-
-GRANT SELECT ON TABLE data_manager.kind_blocks TO dama_reader;
-GRANT SELECT,INSERT,DELETE ON TABLE data_manager.kind_blocks TO dama_operator;
-GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE data_manager.kind_blocks TO dama_supervisor;
-
-
---
--- Name: TABLE queue_pauses; Type: ACL; Schema: data_manager; Owner: -
---
-
-GRANT SELECT ON TABLE data_manager.queue_pauses TO dama_reader;
-GRANT SELECT,INSERT,DELETE ON TABLE data_manager.queue_pauses TO dama_operator;
-GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE data_manager.queue_pauses TO dama_supervisor;
-
-
---
--- Name: TABLE dama_queue_stats; Type: ACL; Schema: data_manager; Owner: -
---
-
-GRANT SELECT ON TABLE data_manager.dama_queue_stats TO dama_reader;
-GRANT SELECT ON TABLE data_manager.dama_queue_stats TO dama_operator;
-GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE data_manager.dama_queue_stats TO dama_supervisor;
-
-
---
--- Name: TABLE schedules; Type: ACL; Schema: data_manager; Owner: -
---
-
-GRANT SELECT ON TABLE data_manager.schedules TO dama_reader;
-GRANT SELECT ON TABLE data_manager.schedules TO dama_operator;
-GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE data_manager.schedules TO dama_supervisor;
-
-
---
--- Name: TABLE dama_schedules; Type: ACL; Schema: data_manager; Owner: -
---
-
-GRANT SELECT ON TABLE data_manager.dama_schedules TO dama_reader;
-GRANT SELECT ON TABLE data_manager.dama_schedules TO dama_operator;
-GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE data_manager.dama_schedules TO dama_supervisor;
-
-
---
 -- Name: TABLE event_store; Type: ACL; Schema: data_manager; Owner: -
 --
 
@@ -2675,6 +2644,51 @@ GRANT INSERT(run_id) ON TABLE data_manager.event_store TO dama_task;
 
 GRANT INSERT(seq) ON TABLE data_manager.event_store TO dama_operator;
 GRANT INSERT(seq) ON TABLE data_manager.event_store TO dama_task;
+
+
+--
+-- Name: TABLE kind_blocks; Type: ACL; Schema: data_manager; Owner: -
+--
+
+GRANT SELECT ON TABLE data_manager.kind_blocks TO dama_reader;
+GRANT SELECT,INSERT,DELETE ON TABLE data_manager.kind_blocks TO dama_operator;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE data_manager.kind_blocks TO dama_supervisor;
+
+
+--
+-- Name: TABLE queue_pauses; Type: ACL; Schema: data_manager; Owner: -
+--
+
+GRANT SELECT ON TABLE data_manager.queue_pauses TO dama_reader;
+GRANT SELECT,INSERT,DELETE ON TABLE data_manager.queue_pauses TO dama_operator;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE data_manager.queue_pauses TO dama_supervisor;
+
+
+--
+-- Name: TABLE dama_queue_stats; Type: ACL; Schema: data_manager; Owner: -
+--
+
+GRANT SELECT ON TABLE data_manager.dama_queue_stats TO dama_reader;
+GRANT SELECT ON TABLE data_manager.dama_queue_stats TO dama_operator;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE data_manager.dama_queue_stats TO dama_supervisor;
+
+
+--
+-- Name: TABLE schedules; Type: ACL; Schema: data_manager; Owner: -
+--
+
+GRANT SELECT ON TABLE data_manager.schedules TO dama_reader;
+GRANT SELECT ON TABLE data_manager.schedules TO dama_operator;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE data_manager.schedules TO dama_supervisor;
+
+
+--
+-- Name: TABLE dama_schedules; Type: ACL; Schema: data_manager; Owner: -
+--
+
+GRANT SELECT ON TABLE data_manager.dama_schedules TO dama_reader;
+GRANT SELECT ON TABLE data_manager.dama_schedules TO dama_operator;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE data_manager.dama_schedules TO dama_supervisor;
 
 
 --

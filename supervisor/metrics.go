@@ -46,7 +46,7 @@ func newMetrics() *metrics {
 		attemptsStarted: counter("dama_attempts_started_total", qk,
 			"Attempts whose task process this supervisor launched and heard take its lock (within the launch timeout, or up to 10 minutes after it)."),
 		attemptsFailed: counter("dama_attempts_failed_total", append(qk, "reason"),
-			"Failed attempts this supervisor settled, by reason: error (the command failed), timed_out, lock_lost (the task process died or lost its lock)."),
+			"Failed attempts this supervisor settled, by reason: error (the command failed), timed_out (by the kind's timeout, or its stall_after with on_stall kill), lock_lost (the task process died or lost its lock)."),
 		tasksFinished: counter("dama_tasks_finished_total", append(qk, "status"),
 			"Tasks this supervisor settled as finished, by status (DONE, FAILED, CANCELLED); a task cancelled by dama cancel before any supervisor looked at it is not counted."),
 		runSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -146,7 +146,7 @@ func (m *metrics) failed(c *etlcontext.Context, f etlcontext.Failure) {
 type statsCollector struct {
 	db etlcontext.DB
 
-	up, tasks, finished24h, oldest, paused, blocked *prometheus.Desc
+	up, tasks, finished24h, oldest, paused, blocked, stalled *prometheus.Desc
 	// What the attempts of each kind that ended in the last 24 hours cost,
 	// by their control groups' counters.
 	costAttempts, cpu, peakMemory, readBytes, writeBytes, oomKilled *prometheus.Desc
@@ -164,6 +164,7 @@ type statsCollector struct {
 //	dama_attempts_measured_24h{kind}                 attempts that ended in the last 24 h in a control group of their own, and what they cost:
 //	dama_attempt_cpu_seconds_24h{kind}, dama_attempt_peak_memory_bytes_24h{kind} (the largest),
 //	dama_attempt_io_read_bytes_24h{kind}, dama_attempt_io_write_bytes_24h{kind}, dama_attempts_oom_killed_24h{kind}
+//	dama_tasks_stalled{queue,kind}                   running tasks marked stalled (a kind's stall_after)
 func NewStatsCollector(db etlcontext.DB) prometheus.Collector {
 	qk := []string{"queue", "kind"}
 	k := []string{"kind"}
@@ -181,11 +182,12 @@ func NewStatsCollector(db etlcontext.DB) prometheus.Collector {
 		oldest:       prometheus.NewDesc("dama_queue_oldest_waiting_seconds", "How long the oldest due task of the queue and kind has waited to start; 0 when none waits.", qk, nil),
 		paused:       prometheus.NewDesc("dama_queue_paused", "1 when the queue is paused.", []string{"queue"}, nil),
 		blocked:      prometheus.NewDesc("dama_kind_blocked", "1 when the kind is blocked.", []string{"kind"}, nil),
+		stalled:      prometheus.NewDesc("dama_tasks_stalled", "Running tasks marked stalled: their command reported nothing, on its events pipe or in its log, for their kind's stall_after.", qk, nil),
 	}
 }
 
 func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.up, c.tasks, c.finished24h, c.oldest, c.paused, c.blocked,
+	for _, d := range []*prometheus.Desc{c.up, c.tasks, c.finished24h, c.oldest, c.paused, c.blocked, c.stalled,
 		c.costAttempts, c.cpu, c.peakMemory, c.readBytes, c.writeBytes, c.oomKilled} {
 		ch <- d
 	}
@@ -234,6 +236,7 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 			oldest = s.OldestWaiting.Seconds()
 		}
 		gauge(c.oldest, oldest, q, k)
+		gauge(c.stalled, float64(s.Stalled), q, k)
 	}
 	costs, err := etlcontext.KindCosts(ctx, c.db)
 	if err != nil {

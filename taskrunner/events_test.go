@@ -25,6 +25,8 @@ func TestDecodeLine(t *testing.T) {
 		{`{"type":"final"}`, "WARNING", ``, "reserved"},
 		{`{"type":"INITIAL"}`, "WARNING", ``, "reserved"},
 		{`{"type":"cancel_requested","payload":{"by":"alice"}}`, "WARNING", ``, "reserved"},
+		{`{"type":"stalled","payload":{"last_at":"never"}}`, "WARNING", ``, "reserved"},
+		{`{"type":"unstalled"}`, "WARNING", ``, "reserved"},
 		{`{"type":"bad type!"}`, "WARNING", ``, "want letters"},
 		{`{"type":""}`, "WARNING", ``, "want letters"},
 		{`{"type":"checkpoint","payload":"` + strings.Repeat("c", protocol.MaxEnvPayload) + `"}`, "WARNING", ``, "previous checkpoint stands"},

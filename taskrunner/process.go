@@ -103,7 +103,8 @@ func runFromArgs(ctx context.Context, args []string, funcs Funcs, starter Starte
 	// command's processes, of the same user, must not read this one's
 	// memory (see Run).
 	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
-	logger := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "taskrunner")
+	own := &ownLog{w: os.Stderr}
+	logger := slog.New(slog.NewTextHandler(own, nil)).With("component", "taskrunner")
 	// A command gets its stdio and its events pipe, not what this process
 	// inherited (its descriptors on the command line are kept: they are
 	// read, not handed on).
@@ -116,12 +117,13 @@ func runFromArgs(ctx context.Context, args []string, funcs Funcs, starter Starte
 		logger.Error("taskrunner", "error", err, "exit_code", protocol.ExitSetup)
 		return protocol.ExitSetup
 	}
-	opts.Logger, opts.Starter = logger, starter
+	opts.Logger, opts.Starter, opts.ownLog = logger, starter, own
 	if starter != nil {
 		// Its stderr is not the log file (see Options.Starter).
 		if f, err := openLog(opts.Config, opts.ContextID); err == nil {
 			defer f.Close()
-			opts.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(os.Stderr, f), nil)).With("component", "taskrunner")
+			opts.ownLog = &ownLog{w: f}
+			opts.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(os.Stderr, opts.ownLog), nil)).With("component", "taskrunner")
 		}
 	}
 	// The runner ends on its own terms: a signal to it stops its command,

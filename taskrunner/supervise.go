@@ -73,8 +73,8 @@ func (r *runner) supervise(ctx context.Context) (int, error) {
 		<-watchDone
 	}()
 
-	w := &commandWatch{r: r, proc: proc, seenLosses: seenLosses}
-	waitErr := w.wait(proc.exited)
+	w := &commandWatch{r: r, proc: proc, seenLosses: seenLosses, stall: stallState{events: events}}
+	waitErr := w.wait(proc.exited, startedAt)
 	proc.done()
 	// After the last of its output, which its processes, all gone now,
 	// wrote to the log themselves.
@@ -198,8 +198,8 @@ func (r *runner) command(eventsW *os.File) *exec.Cmd {
 }
 
 // commandWatch is what a running command is watched for, each concern in
-// a method of its own: a cancellation, the lock, the kind's timeout,
-// signals to the runner, orphans to reap. The first reason to stop the
+// a method of its own: a cancellation, the lock, the kind's timeout and
+// stall_after, signals to the runner, orphans to reap. The first reason to stop the
 // command wins (stop).
 type commandWatch struct {
 	r    *runner
@@ -215,10 +215,16 @@ type commandWatch struct {
 	timedOut   bool
 	stopReason string
 	stopCode   int
+
+	// final: the first of the kind's timeout and stall_after to stop
+	// the command (expire) failed the attempt for good.
+	final bool
+	stall stallState
 }
 
-// wait watches the command until it exits, and returns its exit error.
-func (w *commandWatch) wait(exited <-chan error) error {
+// wait watches the command, started at startedAt, until it exits, and
+// returns its exit error.
+func (w *commandWatch) wait(exited <-chan error, startedAt time.Time) error {
 	r := w.r
 	signals, superseded := r.signals, r.w.superseded
 	// Orphans of the command that exit are the runner's to reap.
@@ -232,6 +238,8 @@ func (w *commandWatch) wait(exited <-chan error) error {
 	if d := r.kind.Timeout; d > 0 {
 		timeout = time.After(time.Duration(d))
 	}
+	look, stopLooks := w.stallLooks(startedAt)
+	defer stopLooks()
 	for {
 		select {
 		case err := <-exited:
@@ -251,6 +259,8 @@ func (w *commandWatch) wait(exited <-chan error) error {
 		case <-timeout:
 			timeout = nil
 			w.timeout()
+		case now := <-look:
+			w.lookForStall(now)
 		case <-w.graceTimer:
 			w.graceTimer = nil
 			w.stop(fmt.Sprintf("the lock was not taken again within reconnect_grace (%s)", *r.opts.Config.ReconnectGrace), protocol.ExitLockLost)
@@ -305,11 +315,20 @@ func (w *commandWatch) lockChanged() {
 // timeout records the kind's timeout and stops the command.
 func (w *commandWatch) timeout() {
 	k := w.r.kind
-	w.timedOut = true
-	w.r.w.event(protocol.EventTimeout, map[string]any{
+	w.expire(protocol.EventTimeout, map[string]any{
 		"timeout": k.Timeout.String(), "on_timeout": string(k.OnTimeout), "kill_grace": (*k.KillGrace).String(),
-	}, nil, false)
-	w.stop(fmt.Sprintf("timed out after %s", k.Timeout), protocol.ExitFailed)
+	}, fmt.Sprintf("timed out after %s", k.Timeout), k.OnTimeout == config.OnTimeoutFail)
+}
+
+// expire records an event of suffix and stops the command for reason: the
+// attempt fails as timed out, for good when final, and is otherwise
+// retried from its checkpoint.
+func (w *commandWatch) expire(suffix string, payload map[string]any, reason string, final bool) {
+	if !w.timedOut {
+		w.timedOut, w.final = true, final
+	}
+	w.r.w.event(suffix, payload, nil, false)
+	w.stop(reason, protocol.ExitFailed)
 }
 
 // commandEnded records the attempt's outcome once the command ended with
@@ -348,7 +367,7 @@ func (r *runner) commandEnded(ctx context.Context, w *commandWatch, waitErr erro
 	switch {
 	case w.timedOut:
 		payload.TimedOut = true
-		if r.kind.OnTimeout == config.OnTimeoutFail {
+		if w.final {
 			payload = payload.Final()
 		}
 	case w.stopReason == "" && failure != nil && failure.Retry != nil && !*failure.Retry,

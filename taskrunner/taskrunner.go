@@ -76,6 +76,10 @@ type Options struct {
 	// the attempt's processes together, whatever session they move to,
 	// and counts what they cost (protocol.Launch.CgroupParent).
 	CgroupParent string
+	// ownLog is what Logger writes through (set by RunFromArgs): the
+	// runner's own lines in the task's log, which are not its command's
+	// output to a stall watch. nil counts none.
+	ownLog *ownLog
 }
 
 // selfExe names the file the running program started from, even once a

@@ -202,11 +202,14 @@ func offer[T any](ch chan<- T, v T) bool {
 	}
 }
 
-// event queues an event of the runner's own; it never blocks, nor is dropped.
+// event queues an event of the runner's own; it never blocks, nor is
+// dropped. It follows every line the command reported before it, held
+// ones too: a STALLED event is the task's latest until the command
+// reports again.
 func (w *writer) event(suffix string, payload, meta any, isError bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.releaseHeld(protocol.EventCheckpoint)
+	w.releaseHeld(sampled...)
 	w.append(w.newEvent(suffix, payload, meta, isError))
 }
 

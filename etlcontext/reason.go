@@ -75,12 +75,15 @@ func ReasonOf(t Task, tr Trouble, now time.Time) Reason {
 			return Reason{Text: "awaiting children: " + t.Children.String()}
 		case t.Stalled != nil:
 			var s struct {
+				After  string    `json:"stall_after"`
 				LastAt time.Time `json:"last_at"`
 			}
-			if json.Unmarshal(t.Stalled, &s) == nil && !s.LastAt.IsZero() {
-				return Reason{Text: "stalled: no progress", Since: &s.LastAt}
+			err := json.Unmarshal(t.Stalled, &s)
+			after, perr := time.ParseDuration(s.After)
+			if err != nil || perr != nil || s.LastAt.IsZero() {
+				return Reason{Text: "stalled"}
 			}
-			return Reason{Text: "stalled"}
+			return Reason{Text: StallReason(after, s.LastAt)}
 		}
 	case StatusFailed:
 		return Reason{Text: oneLine(tr.Error)}
@@ -119,6 +122,25 @@ func (c Children) String() string {
 	s := fmt.Sprintf("%d/%d done", c[StatusDone], total)
 	if f := c.Failed(); f > 0 {
 		s += fmt.Sprintf(", %d failed", f)
+	}
+	return s
+}
+
+// StallReason says that a command reported nothing for after, since
+// lastAt: the reason of a task marked stalled, and of the attempt that
+// on_stall kill ended.
+func StallReason(after time.Duration, lastAt time.Time) string {
+	return fmt.Sprintf("stalled: no progress for %s, last at %s", shortDuration(after), lastAt.UTC().Format("2006-01-02 15:04:05 UTC"))
+}
+
+// shortDuration writes d as a configuration does: 30m, not 30m0s.
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
 	}
 	return s
 }

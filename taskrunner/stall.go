@@ -1,13 +1,13 @@
 package taskrunner
 
 import (
-	"fmt"
 	"io"
 	"os"
 	"sync"
 	"time"
 
 	"github.com/dama-etl/dama/config"
+	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/protocol"
 )
 
@@ -71,7 +71,7 @@ func (w *commandWatch) lookForStall(now time.Time) {
 		r.logger.Warn("command stalled: no progress, event or log line", "stall_after", k.StallAfter, "last_at", s.lastAt, "on_stall", k.OnStall)
 		payload := map[string]any{"stall_after": k.StallAfter.String(), "last_at": s.lastAt.UTC().Format(time.RFC3339Nano), "on_stall": string(k.OnStall)}
 		if k.OnStall == config.OnStallKill {
-			w.expire(protocol.EventStalled, payload, fmt.Sprintf("stalled: no progress for %s", k.StallAfter), false)
+			w.expire(protocol.EventStalled, payload, etlcontext.StallReason(time.Duration(k.StallAfter), s.lastAt), false)
 		} else {
 			r.w.event(protocol.EventStalled, payload, nil, false)
 		}

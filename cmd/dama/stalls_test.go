@@ -151,7 +151,7 @@ kinds:
 	if got.Status != etlcontext.StatusDone || got.Attempt != 2 {
 		t.Errorf("the task killed for its stall is %s after %d attempts, want DONE after 2", got.Status, got.Attempt)
 	}
-	if e := events(kill, "ERROR"); len(e) != 1 || !strings.Contains(string(e[0].Payload), `"reason": "stalled: no progress for 2s"`) ||
+	if e := events(kill, "ERROR"); len(e) != 1 || !strings.Contains(string(e[0].Payload), `"reason": "stalled: no progress for 2s, last at `) ||
 		!strings.Contains(string(e[0].Payload), `"timed_out": true`) || e[0].Attempt != 1 {
 		t.Errorf("the stalled attempt's ERROR: %v", e)
 	}
@@ -165,7 +165,7 @@ kinds:
 		t.Errorf("the quiet task was unmarked %d times before reporting again", n)
 	}
 	task := w.task(warn)
-	if r := reason(warn); task.Stalled == nil || !strings.Contains(r, "stalled: no progress since ") {
+	if r := reason(warn); task.Stalled == nil || !strings.Contains(r, "stalled: no progress for 2s, last at ") {
 		t.Errorf("the quiet task: stalled %s, %s", task.Stalled, r)
 	}
 	stats, err := etlcontext.QueueStats(context.Background(), env.Pool)

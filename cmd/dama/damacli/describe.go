@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -77,7 +78,14 @@ func describeTask(ctx context.Context, db etlcontext.DB, w io.Writer, t etlconte
 	}
 
 	fmt.Fprintf(tw, "\nAttempts (newest %d):\n", describeAttempts)
-	fmt.Fprintln(tw, "  #\tHOST\tPID\tSTARTED\tENDED\tOUTCOME\tEXIT\tCPU\tPEAK MEM\tREAD/WRITTEN\tREASON")
+	// What attempts cost is shown where one was measured (in a control
+	// group of its own: docs/configuration.md "Resources").
+	measured := slices.ContainsFunc(attempts, func(a etlcontext.Attempt) bool { return a.CPUSeconds != nil })
+	cost := ""
+	if measured {
+		cost = "CPU\tPEAK MEM\tREAD/WRITTEN\t"
+	}
+	fmt.Fprintln(tw, "  #\tHOST\tPID\tSTARTED\tENDED\tOUTCOME\tEXIT\t"+cost+"REASON")
 	for _, a := range attempts {
 		exit := "-"
 		switch {
@@ -86,21 +94,11 @@ func describeTask(ctx context.Context, db etlcontext.DB, w io.Writer, t etlconte
 		case a.Outcome != nil && *a.Outcome == string(etlcontext.StatusDone):
 			exit = "0"
 		}
-		cpu, mem, io := "-", "-", "-"
-		if a.CPUSeconds != nil {
-			cpu = (time.Duration(*a.CPUSeconds * float64(time.Second))).Round(time.Millisecond).String()
+		if measured {
+			exit += "\t" + attemptCost(a)
 		}
-		if a.PeakMemory != nil {
-			mem = config.ByteSize(*a.PeakMemory).String()
-			if a.MemoryLimit != nil {
-				mem += " of " + config.ByteSize(*a.MemoryLimit).String()
-			}
-		}
-		if a.ReadBytes != nil && a.WriteBytes != nil {
-			io = config.ByteSize(*a.ReadBytes).String() + "/" + config.ByteSize(*a.WriteBytes).String()
-		}
-		fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.Attempt, shownText(orDash(a.Host)), intOrDash(a.PID),
-			at(&a.StartedAt), at(a.EndedAt), orDash(a.Outcome), exit, cpu, mem, io, shownText(orDash(a.Reason)))
+		fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.Attempt, shownText(orDash(a.Host)), intOrDash(a.PID),
+			at(&a.StartedAt), at(a.EndedAt), orDash(a.Outcome), exit, shownText(orDash(a.Reason)))
 	}
 
 	fmt.Fprintf(tw, "\nEvents (newest %d):\n", describeEvents)
@@ -121,6 +119,24 @@ func describeTask(ctx context.Context, db etlcontext.DB, w io.Writer, t etlconte
 		fmt.Fprintf(tw, "  %s\n", shownText(line))
 	}
 	return tw.Flush()
+}
+
+// attemptCost is the CPU, PEAK MEM and READ/WRITTEN columns of a.
+func attemptCost(a etlcontext.Attempt) string {
+	cpu, mem, io := "-", "-", "-"
+	if a.CPUSeconds != nil {
+		cpu = time.Duration(*a.CPUSeconds * float64(time.Second)).Round(time.Millisecond).String()
+	}
+	if a.PeakMemory != nil {
+		mem = config.ByteSize(*a.PeakMemory).String()
+		if a.MemoryLimit != nil {
+			mem += " of " + config.ByteSize(*a.MemoryLimit).String()
+		}
+	}
+	if a.ReadBytes != nil && a.WriteBytes != nil {
+		io = config.ByteSize(*a.ReadBytes).String() + "/" + config.ByteSize(*a.WriteBytes).String()
+	}
+	return cpu + "\t" + mem + "\t" + io
 }
 
 // cut shortens s to describeText runes.

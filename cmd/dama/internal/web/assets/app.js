@@ -390,13 +390,17 @@ async function taskPage() {
   $("#checkpoint").textContent = d.checkpoint ? JSON.stringify(d.checkpoint, null, 2) : "none";
 
   const attempts = el("tbody");
+  // What attempts cost, where one was measured (in a control group).
+  const measured = d.attempts.some(a => a.cpu_seconds != null);
+  for (const th of document.querySelectorAll("#attempts th.cost")) th.hidden = !measured;
   for (const a of d.attempts) {
     const tail = el("td");
     if (a.log_tail) { const det = el("details"); det.append(el("summary", "tail"), el("pre", a.log_tail)); tail.append(det); }
-    attempts.append(row(a.attempt, a.host, a.pid, cell(stamp(a.started_at)), cell(stamp(a.ended_at)), a.outcome || "running",
-      a.exit_code ?? "-", a.cpu_seconds == null ? "-" : a.cpu_seconds.toFixed(2) + "s",
+    const cost = !measured ? [] : [a.cpu_seconds == null ? "-" : a.cpu_seconds.toFixed(2) + "s",
       a.peak_memory_bytes == null ? "-" : bytes(a.peak_memory_bytes) + (a.memory_limit_bytes ? " of " + bytes(a.memory_limit_bytes) : ""),
-      a.io_read_bytes == null ? "-" : bytes(a.io_read_bytes) + " / " + bytes(a.io_write_bytes), a.reason, tail));
+      a.io_read_bytes == null ? "-" : bytes(a.io_read_bytes) + " / " + bytes(a.io_write_bytes)];
+    attempts.append(row(a.attempt, a.host, a.pid, cell(stamp(a.started_at)), cell(stamp(a.ended_at)), a.outcome || "running",
+      a.exit_code ?? "-", ...cost, a.reason, tail));
   }
   $("#attempts tbody").replaceWith(attempts);
 

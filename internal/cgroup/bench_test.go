@@ -2,9 +2,12 @@ package cgroup
 
 import (
 	"fmt"
+	"os"
 	"os/exec"
 	"runtime"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -98,4 +101,82 @@ func runIn(tree *Tree, open bool, name string) (launch, end time.Duration, _ err
 	}()
 	err := <-done
 	return launch, end, err
+}
+
+// BenchmarkUsage measures accounting at 1,000 running attempts: 1,000
+// groups with limits, each holding a sleeping process, and one group's
+// Usage read per op (what a task process reads once, at its end). It
+// reports what the groups cost the kernel (kernel-KiB/group: slabs,
+// per-CPU data and kernel stacks from /proc/meminfo, before and after),
+// beside what the sleepers alone cost it (plain: no group, no read).
+func BenchmarkUsage(b *testing.B) {
+	b.Run("plain", func(b *testing.B) { benchUsage(b, nil) })
+	b.Run("v1", func(b *testing.B) { benchUsage(b, v1Tree(b)) })
+}
+
+func benchUsage(b *testing.B, tree *Tree) {
+	const n = 1000
+	before := kernelKiB(b)
+	var groups []*Group
+	var sleepers []*exec.Cmd
+	b.Cleanup(func() {
+		for _, c := range sleepers {
+			_ = c.Process.Kill()
+			_ = c.Wait()
+		}
+		for _, g := range groups {
+			_ = g.Delete()
+		}
+	})
+	for i := range n {
+		cmd := exec.Command("/bin/sleep", "1000")
+		start := cmd.Start
+		if tree != nil {
+			g, err := tree.New(fmt.Sprintf("u%d", i), Limits{Memory: 1 << 30, CPU: 1, Pids: 100})
+			if err != nil {
+				b.Fatal(err)
+			}
+			groups = append(groups, g)
+			start = func() error { return g.Start(cmd) }
+		}
+		errc := make(chan error, 1)
+		go func() {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			errc <- start()
+		}()
+		if err := <-errc; err != nil {
+			b.Fatal(err)
+		}
+		sleepers = append(sleepers, cmd)
+	}
+	perGroup := float64(kernelKiB(b)-before) / n
+	i := 0
+	for b.Loop() {
+		if tree == nil {
+			continue
+		}
+		if _, err := groups[i%n].Usage(); err != nil {
+			b.Fatal(err)
+		}
+		i++
+	}
+	b.ReportMetric(perGroup, "kernel-KiB/group")
+}
+
+// kernelKiB is the kernel's own memory: its slabs and its stacks.
+func kernelKiB(b *testing.B) int64 {
+	data, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total int64
+	for line := range strings.SplitSeq(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 2 && (f[0] == "Slab:" || f[0] == "KernelStack:" || f[0] == "Percpu:") {
+			v, _ := strconv.ParseInt(f[1], 10, 64)
+			total += v
+		}
+	}
+	return total
 }

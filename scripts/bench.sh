@@ -43,6 +43,13 @@
 # between a task process and its lock keeper (internal/keeper
 # BenchmarkStream), encoded and sent over a Unix socket pair, 5 runs.
 #
+# scripts/bench.sh cgroups [go test flags]: what a control group adds to an
+# attempt (internal/cgroup BenchmarkStart, BenchmarkUsage; root): /bin/true
+# launched plain and in a group of its own on cgroup v1 and on a cgroup2
+# mount of its own, p50 of the launch and of the end, 5 runs; and 1,000
+# groups each holding a sleeping process, the kernel memory they take and
+# the time to read one group's usage.
+#
 # scripts/bench.sh memory [go test flags]: the memory of a running task by
 # kind (cmd/sample-embedded): a function kind's, the sample ETL command's
 # and a bare /bin/sleep's, DAMA_BENCH_TASKS (20) of each side by side, as
@@ -104,6 +111,12 @@ if [ "${1:-}" = logs ]; then
 	shift
 	echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(free -g | awk '/Mem:/ {print $2}') GB; $(go version); $(psql "$TEST_DATABASE_URL" -AtqX -c 'SHOW server_version')"
 	exec go test -run '^$' -bench LogTail -benchtime 1x -count=1 -timeout 30m "$@" ./cmd/dama
+fi
+
+if [ "${1:-}" = cgroups ]; then
+	shift
+	echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); kernel $(uname -r); $(go version)"
+	exec go test -run '^$' -bench 'Start|Usage' -benchtime 300x -count=5 "$@" ./internal/cgroup
 fi
 
 if [ "${1:-}" = memory ]; then

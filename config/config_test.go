@@ -105,6 +105,8 @@ func TestParseRejectsBadConfigurations(t *testing.T) {
 		"negative cpu":         {"log_dir: /l\nresources: {cpu: -1}\nkinds: {a: {command: [x]}}", "resources.cpu -1"},
 		"pids a list":          {"log_dir: /l\nkinds: {a: {command: [x], resources: {pids: [1]}}}", "resources.pids"},
 		"pod, resources":       {"log_dir: /l\nkubernetes: {image: d}\nkinds: {a: {command: [x], runner: kubernetes, pod: {spec: {}}, resources: {cpu: 1}}}", "a pod's limits are its template's"},
+		"cpu NaN":              {"log_dir: /l\nkinds: {a: {command: [x], resources: {cpu: .nan}}}", "resources.cpu NaN"},
+		"one pid":              {"log_dir: /l\nkinds: {a: {command: [x], resources: {pids: 1}}}", "resources.pids 1: at least 2"},
 		"relative cgroup":      {"log_dir: /l\ncgroup_parent: dama\nkinds: {a: {command: [x]}}", `cgroup_parent "dama": want a control group's absolute path`},
 		"args lack the key":    {"log_dir: /l\nkinds: {a: {command: [x], schedule: '@daily', concurrency_key: region}}", "schedule_args"},
 	}

@@ -24,7 +24,7 @@ type Resources struct {
 	// of every second. At least 0.01.
 	CPU float64 `yaml:"cpu" json:"cpu,omitempty"`
 	// Pids bounds the attempt's processes and threads at once: a fork past
-	// it fails. At least 1.
+	// it fails. At least 2.
 	Pids int64 `yaml:"pids" json:"pids,omitempty"`
 }
 
@@ -35,12 +35,14 @@ func (r Resources) validate() error {
 	switch {
 	case r.Memory != 0 && r.Memory < 4<<20:
 		return fmt.Errorf("resources.memory %s: at least 4MiB", r.Memory)
-	case r.CPU < 0 || (r.CPU > 0 && r.CPU < 0.01):
+	case !(r.CPU >= 0) || (r.CPU > 0 && r.CPU < 0.01):
 		return fmt.Errorf("resources.cpu %g: at least 0.01 (a hundredth of a CPU)", r.CPU)
 	case r.CPU > 1<<16:
 		return fmt.Errorf("resources.cpu %g: at most %d", r.CPU, 1<<16)
-	case r.Pids < 0:
-		return fmt.Errorf("resources.pids %d: at least 1", r.Pids)
+	case r.Pids < 0 || r.Pids == 1:
+		// On cgroup v1 the thread that forks the command passes through
+		// its group: the fork needs a second.
+		return fmt.Errorf("resources.pids %d: at least 2", r.Pids)
 	}
 	return nil
 }

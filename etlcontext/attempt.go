@@ -474,3 +474,19 @@ func KindCosts(ctx context.Context, db DB) ([]KindCost, error) {
 	}
 	return costs, nil
 }
+
+// RecordAttemptCost records what attempt runID of context id cost, read
+// by a supervisor from the control group of an attempt whose task process
+// died before its outcome: the attempt's end, recorded later, keeps it.
+func RecordAttemptCost(ctx context.Context, db DB, id int64, runID string, u protocol.Usage) error {
+	_, err := db.Exec(ctx, `
+		UPDATE data_manager.etl_attempts
+		   SET cpu_seconds = $3, peak_memory_bytes = nullif($4, 0), io_read_bytes = $5, io_write_bytes = $6,
+		       memory_limit_bytes = nullif($7, 0), oom_killed = $8
+		 WHERE etl_context_id = $1 AND run_id = $2::uuid`,
+		id, runID, u.CPUSeconds, u.PeakMemory, u.ReadBytes, u.WriteBytes, u.MemoryLimit, u.OOMKilled)
+	if err != nil {
+		return fmt.Errorf("record what attempt %s of task %d cost: %w", runID, id, err)
+	}
+	return nil
+}

@@ -37,13 +37,15 @@ type Outcome struct {
 // its control group; data_manager.etl_attempts keeps it.
 type Usage struct {
 	CPUSeconds  float64 `json:"cpu_seconds"`
-	PeakMemory  int64   `json:"peak_memory_bytes"`
+	PeakMemory  int64   `json:"peak_memory_bytes,omitempty"`
 	ReadBytes   int64   `json:"io_read_bytes"`
 	WriteBytes  int64   `json:"io_write_bytes"`
 	MemoryLimit int64   `json:"memory_limit_bytes,omitempty"`
 	// OOMKilled says the kernel killed a process of the attempt for its
 	// memory limit.
 	OOMKilled bool `json:"oom_killed,omitempty"`
+	// ForksRefused counts the forks its pids limit refused.
+	ForksRefused int64 `json:"forks_refused,omitempty"`
 }
 
 // Final returns o marked as not to be retried (Retry false).

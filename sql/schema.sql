@@ -329,12 +329,12 @@ BEGIN
     UPDATE data_manager.etl_attempts
        SET ended_at = now(),
            outcome = CASE NEW.etl_status WHEN 'DONE' THEN 'DONE' WHEN 'CANCELLED' THEN 'CANCELLED' ELSE 'FAILED' END,
-           cpu_seconds = data_manager.usage_number(usage, 'cpu_seconds'),
-           peak_memory_bytes = data_manager.usage_number(usage, 'peak_memory_bytes')::bigint,
-           io_read_bytes = data_manager.usage_number(usage, 'io_read_bytes')::bigint,
-           io_write_bytes = data_manager.usage_number(usage, 'io_write_bytes')::bigint,
-           memory_limit_bytes = data_manager.usage_number(usage, 'memory_limit_bytes')::bigint,
-           oom_killed = CASE WHEN usage IS NOT NULL THEN coalesce(usage->'oom_killed' = 'true', false) END
+           cpu_seconds = coalesce(data_manager.usage_number(usage, 'cpu_seconds'), cpu_seconds),
+           peak_memory_bytes = coalesce(data_manager.usage_number(usage, 'peak_memory_bytes')::bigint, peak_memory_bytes),
+           io_read_bytes = coalesce(data_manager.usage_number(usage, 'io_read_bytes')::bigint, io_read_bytes),
+           io_write_bytes = coalesce(data_manager.usage_number(usage, 'io_write_bytes')::bigint, io_write_bytes),
+           memory_limit_bytes = coalesce(data_manager.usage_number(usage, 'memory_limit_bytes')::bigint, memory_limit_bytes),
+           oom_killed = coalesce(CASE WHEN usage IS NOT NULL THEN coalesce(usage->'oom_killed' = 'true', false) END, oom_killed)
      WHERE etl_context_id = NEW.etl_context_id AND run_id = OLD.run_id AND ended_at IS NULL;
     RETURN NULL;
 END

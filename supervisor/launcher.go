@@ -119,7 +119,7 @@ func (h hostLauncher) Starting(_ context.Context, _ *etlcontext.Context, failed 
 // Gone reads the processes of an attempt that ran on this host (its task
 // process, and every process its command started), and stops those that
 // remain. Another host's attempt is GoneUnknown.
-func (h hostLauncher) Gone(_ context.Context, c *etlcontext.Context) (Gone, string) {
+func (h hostLauncher) Gone(ctx context.Context, c *etlcontext.Context) (Gone, string) {
 	s := h.s
 	if c.HostID == nil || *c.HostID != s.hostID || c.RunnerStartTicks == nil {
 		return GoneUnknown, ""
@@ -131,24 +131,11 @@ func (h hostLauncher) Gone(_ context.Context, c *etlcontext.Context) (Gone, stri
 	if alive {
 		return GoneNot, ""
 	}
-	if g := s.attemptGroup(c); g != nil {
-		// The kernel keeps the attempt's processes in its group, whatever
-		// session or user they moved to: no process of the host is read.
-		switch pids, err := g.Procs(); {
-		case err != nil:
-			s.logger.Warn("read the control group of a dead attempt; counting its processes alive", "etl_context_id", c.ID, "error", err)
-			return GoneNot, ""
-		case len(pids) > 0:
-			if err := g.Kill(); err != nil {
-				s.logger.Warn("stop what a dead attempt left running", "etl_context_id", c.ID, "pids", pids, "error", err)
-			}
-			return GoneNot, ""
-		}
-		if err := g.Delete(); err != nil {
-			s.logger.Warn("remove the control group of a dead attempt", "etl_context_id", c.ID, "error", err)
-		}
-		return GoneSurely, ""
+	if gone := s.emptyGroup(ctx, c); gone != GoneSurely {
+		return gone, ""
 	}
+	// Even with a group: a command of dama's own user may write the groups
+	// above its own, and leave it.
 	procs, err := s.attemptProcesses(c).Processes()
 	if err != nil {
 		s.logger.Warn("look for the processes of a dead attempt; counting them alive", "etl_context_id", c.ID, "error", err)

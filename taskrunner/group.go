@@ -1,7 +1,11 @@
 package taskrunner
 
 import (
+	"cmp"
+	"errors"
 	"fmt"
+	"slices"
+	"syscall"
 	"time"
 
 	"github.com/dama-etl/dama/config"
@@ -31,31 +35,36 @@ func (r *runner) newGroup() (*cgroup.Group, error) {
 // emptyGroup kills the processes of the attempt's group until none is
 // left, however long that takes (uninterruptible sleep): the outcome is
 // recorded, and the lock released, only once none is left to meet the
-// next attempt.
+// next attempt. A process the runner may not signal (another user's: a
+// setuid program the command ran, on cgroup v1 without CAP_KILL) is said
+// once and not waited for, as stopDescendants does.
 func (r *runner) emptyGroup(g *cgroup.Group) {
 	nextReport := time.Now().Add(30 * time.Second)
+	killed := map[int]bool{}
 	for {
-		err := g.Kill()
-		pids, perr := g.Procs()
-		if err == nil && perr == nil && len(pids) == 0 {
-			// Those that were the runner's children, or became them as
-			// their subreaper's, are zombies now.
-			r.reapOrphans(0)
+		pids, err := g.Procs()
+		if err == nil && len(pids) == 0 {
+			return
+		}
+		if slices.ContainsFunc(pids, func(pid int) bool { return !killed[pid] }) {
+			// Killed once each: a process in uninterruptible sleep is not
+			// frozen again every pass.
+			err = cmp.Or(g.Kill(), err)
+			for _, pid := range pids {
+				killed[pid] = true
+			}
+		} else if len(pids) > 0 && !slices.ContainsFunc(pids, func(pid int) bool {
+			return !errors.Is(syscall.Kill(pid, 0), syscall.EPERM)
+		}) {
+			r.logger.Warn("processes of the command may not be signalled (another user's): they are left running", "pids", pids)
 			return
 		}
 		if time.Now().After(nextReport) {
-			r.logger.Error("processes of the command survive SIGKILL; waiting for them before recording the outcome", "pids", pids, "error", cmpErr(err, perr))
+			r.logger.Error("processes of the command survive SIGKILL; waiting for them before recording the outcome", "pids", pids, "error", err)
 			nextReport = time.Now().Add(30 * time.Second)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-func cmpErr(a, b error) error {
-	if a != nil {
-		return a
-	}
-	return b
 }
 
 // usageOf reads what the attempt's processes cost, once they are gone.
@@ -65,14 +74,25 @@ func (r *runner) usageOf(g *cgroup.Group) *protocol.Usage {
 		r.logger.Warn("read what the attempt cost from its control group", "error", err)
 		return nil
 	}
-	return &protocol.Usage{
-		CPUSeconds: u.CPU.Seconds(), PeakMemory: u.PeakMemory, ReadBytes: u.ReadBytes, WriteBytes: u.WriteBytes,
-		MemoryLimit: u.MemoryLimit, OOMKilled: u.OOMKills > 0,
-	}
+	return new(u.Record())
 }
 
 // outOfMemory says that the kernel killed a process of the attempt for
-// its memory limit, in the words of the kind's resources.
+// its memory, in the words of the kind's resources: its limit, or the
+// host's (no limit of its own), and the peak where it was counted.
 func outOfMemory(u *protocol.Usage) string {
-	return fmt.Sprintf("out of memory: limit %s, peak %s", config.ByteSize(u.MemoryLimit), config.ByteSize(u.PeakMemory))
+	s := "out of memory"
+	if u.MemoryLimit > 0 {
+		s += ": limit " + config.ByteSize(u.MemoryLimit).String()
+		if u.PeakMemory > 0 {
+			s += ", peak " + config.ByteSize(u.PeakMemory).String()
+		}
+	}
+	return s
+}
+
+// forksRefused says that the pids limit refused forks of the command's
+// processes: a likely cause of a failure it did not explain.
+func forksRefused(u *protocol.Usage, pids int64) string {
+	return fmt.Sprintf("%d forks refused at resources.pids %d", u.ForksRefused, pids)
 }

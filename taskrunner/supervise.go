@@ -161,11 +161,20 @@ func (r *runner) startCommand(eventsR, eventsW *os.File) (*started, error) {
 		// The group is empty now: a pending SIGKILL must not reach
 		// whoever reuses its id.
 		close(p.ended)
+		attempt := hostproc.Attempt{PGID: pgid, LeaderStartTicks: leaderTicks, Marker: protocol.RunIDEnv + "=" + r.opts.RunID}
 		if group == nil {
-			r.stopDescendants(hostproc.Attempt{PGID: pgid, LeaderStartTicks: leaderTicks, Marker: protocol.RunIDEnv + "=" + r.opts.RunID})
+			r.stopDescendants(attempt)
 			return
 		}
 		r.emptyGroup(group)
+		if r.subreaper {
+			// A command of dama's own user may write the groups above
+			// its own, and move out: still below the runner, its
+			// subreaper, a walk of the runner's own children finds it.
+			r.stopDescendants(attempt)
+		} else {
+			r.reapOrphans(0)
+		}
 		r.usage = r.usageOf(group)
 		if err := group.Delete(); err != nil {
 			r.logger.Warn("remove the attempt's control group", "error", err)
@@ -363,6 +372,8 @@ func (r *runner) commandEnded(ctx context.Context, w *commandWatch, waitErr erro
 		payload.Reason, payload.Exit = outOfMemory(u), reason
 	} else if f := failure; w.stopReason == "" && f != nil {
 		payload.Reason, payload.Exit = f.Error, reason
+	} else if u != nil && u.ForksRefused > 0 && r.kind.Resources != nil {
+		payload.Reason += "; " + forksRefused(u, r.kind.Resources.Pids)
 	}
 	switch {
 	case w.timedOut:

@@ -37,6 +37,8 @@ import (
 	"time"
 
 	"github.com/opencontainers/cgroups"
+
+	"github.com/dama-etl/dama/protocol"
 	"golang.org/x/sys/unix"
 )
 
@@ -65,6 +67,16 @@ type Usage struct {
 	OOMKills    int64 // processes the kernel killed for the group's memory limit
 	MemoryLimit int64 // the limit in force, 0 none
 	PidsLimited int64 // forks refused by pids.max (pids.events max)
+}
+
+// Record is u as an attempt's record keeps it. A peak of 0 is one the
+// kernel did not count (cgroup v2 before Linux 5.19, or no memory
+// controller): left out, not recorded as 0.
+func (u Usage) Record() protocol.Usage {
+	return protocol.Usage{
+		CPUSeconds: u.CPU.Seconds(), PeakMemory: u.PeakMemory, ReadBytes: u.ReadBytes, WriteBytes: u.WriteBytes,
+		MemoryLimit: u.MemoryLimit, OOMKilled: u.OOMKills > 0, ForksRefused: u.PidsLimited,
+	}
 }
 
 // v1Controllers are the v1 hierarchies a group is made in. The freezer
@@ -168,9 +180,12 @@ func (t *Tree) notWritable(what string, err error) error {
 	if t.version == 1 {
 		dir = filepath.Join(t.root, "{"+strings.Join(v1Controllers, ",")+"}", t.parent)
 	}
-	uid := os.Geteuid()
-	return fmt.Errorf("cgroup parent %s is not writable by uid %d (%s: %w); as root run: mkdir -p %s && chown -R %d %s, or use Delegate=yes under systemd",
-		t.parent, uid, what, err, dir, uid, dir)
+	uid, systemd := os.Geteuid(), ""
+	if t.version == 2 {
+		systemd = ", or use Delegate=yes with DelegateSubgroup=supervisor under systemd"
+	}
+	return fmt.Errorf("cgroup parent %s is not writable by uid %d (%s: %w); as root run: mkdir -p %s && chown -R %d %s%s",
+		t.parent, uid, what, err, dir, uid, dir, systemd)
 }
 
 // enableControllers enables for the parent's children those of memory, cpu,
@@ -325,22 +340,37 @@ func (t *Tree) Join(name string) error {
 	return nil
 }
 
-// Delegated returns the cgroup systemd delegated to this process's unit
-// (v2: /proc/self/cgroup's "0::" path), the parent to give Open before Join,
-// and true when this process runs under systemd on cgroup v2 and may write
-// that cgroup's cgroup.procs and cgroup.subtree_control (Delegate=yes has
-// systemd give them to the unit's User=); false otherwise.
-func Delegated() (string, bool) {
-	const root = "/sys/fs/cgroup"
+// Delegated returns the cgroup systemd delegated to this process's unit,
+// the parent to give Open, and true when this process runs on cgroup v2 in
+// that unit's subgroup DelegateSubgroup=supervisor (systemd 254), of a
+// group systemd marks delegated (Delegate=yes: the trusted.delegate or
+// user.delegate attribute) and this process may write; false otherwise,
+// a root process in any other unit or session included. Only with the
+// subgroup may the unit's group enable controllers for its children and
+// still take the supervisor back at a restart, when attempts' groups hold
+// processes below it (a group with controllers enabled for its children
+// takes no process of its own).
+func Delegated() (string, bool) { return delegated("/sys/fs/cgroup") }
+
+// delegated is Delegated on the cgroup v2 hierarchy mounted at root.
+func delegated(root string) (string, bool) {
 	own, err := cgroups.ParseCgroupFile("/proc/self/cgroup")
-	for _, f := range []string{"/run/systemd/system", root + "/cgroup.controllers"} {
-		if _, serr := os.Stat(f); serr != nil {
-			err = serr
-		}
+	if _, serr := os.Stat(root + "/cgroup.controllers"); serr != nil {
+		err = serr
 	}
-	path := own[""]
-	if err != nil || path == "" || path == "/" || writable(filepath.Join(root, path), "cgroup.procs", "cgroup.subtree_control") != nil {
+	unit := filepath.Dir(own[""])
+	if err != nil || filepath.Base(own[""]) != "supervisor" || unit == "/" || unit == "." {
 		return "", false
 	}
-	return path, true
+	dir := filepath.Join(root, unit)
+	marked := false
+	for _, attr := range []string{"trusted.delegate", "user.delegate"} {
+		var v [8]byte
+		n, err := unix.Getxattr(dir, attr, v[:])
+		marked = marked || (err == nil && string(v[:n]) == "1")
+	}
+	if !marked || writable(dir, "cgroup.procs", "cgroup.subtree_control") != nil {
+		return "", false
+	}
+	return unit, true
 }

@@ -9,8 +9,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
-	"sync"
 	"syscall"
 	"time"
 
@@ -28,9 +28,6 @@ type Group struct {
 	dirs   []string // v1 one a controller, in v1Controllers' order; v2 one
 	member string   // the directory whose cgroup.procs lists the members
 	m      cgroups.Manager
-	// mu has Kill wait for a v1 Start: its thread is in g meanwhile, and
-	// once it is done the command is among the processes Kill reads.
-	mu sync.Mutex
 }
 
 func (t *Tree) group(name string) *Group {
@@ -82,8 +79,6 @@ func (g *Group) start(cmd *exec.Cmd) error {
 		return cmd.Start()
 	}
 	runtime.LockOSThread() // a no-op for a caller that did, a guard for one that did not
-	g.mu.Lock()
-	defer g.mu.Unlock()
 	tid := strconv.Itoa(unix.Gettid())
 	here, err := cgroups.ParseCgroupFile("/proc/thread-self/cgroup")
 	var back []string
@@ -117,11 +112,12 @@ func (g *Group) start(cmd *exec.Cmd) error {
 	return err
 }
 
-// Procs returns the pids of the processes in g; none once g is gone. The
-// calling process is never listed: on v1 its forking thread passes through
-// g during Start.
+// Procs returns the pids of the processes in g and in the groups below it
+// (which a command of dama's own user may make, and move into); none once
+// g is gone. The calling process is never listed: on v1 its forking
+// thread passes through g during Start.
 func (g *Group) Procs() ([]int, error) {
-	pids, err := cgroups.GetPids(g.member)
+	pids, err := cgroups.GetAllPids(g.member)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
@@ -138,7 +134,7 @@ func (g *Group) Procs() ([]int, error) {
 	return out, nil
 }
 
-// Kill sends SIGKILL to every process in g, and returns once each has it
+// Kill sends SIGKILL to every process in g and below it, and returns once each has it
 // pending; no error when g is empty or gone. The processes leave g as the
 // kernel ends them, a moment later: a caller that needs them gone polls
 // Procs until it is empty. On v2 the kernel signals them all (cgroup.kill,
@@ -149,8 +145,6 @@ func (g *Group) Procs() ([]int, error) {
 // Signalling another user's processes on v1 needs root or CAP_KILL;
 // cgroup.kill needs only the right to write the file.
 func (g *Group) Kill() error {
-	g.mu.Lock()
-	defer g.mu.Unlock()
 	if g.tree.version == 2 {
 		err := cgroups.WriteFile(g.member, "cgroup.kill", "1")
 		if err == nil || g.gone() {
@@ -197,7 +191,13 @@ func (g *Group) Usage() (Usage, error) {
 	if limit := st.MemoryStats.Usage.Limit; limit < 1<<62 { // v1's none is 2^63 less a page, v2's "max" 2^64-1
 		u.MemoryLimit = int64(limit)
 	}
+	disks := disks()
 	for _, e := range st.BlkioStats.IoServiceBytesRecursive {
+		if !slices.ContainsFunc(disks, func(d *cgroups.ThrottleDevice) bool { return d.Major == int64(e.Major) && d.Minor == int64(e.Minor) }) {
+			// A device stacked on a disk (LVM, dm-crypt, md): its IO is
+			// counted again at the disk.
+			continue
+		}
 		switch e.Op {
 		case "Read":
 			u.ReadBytes += int64(e.Value)

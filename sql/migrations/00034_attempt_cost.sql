@@ -2,8 +2,10 @@
 -- (config resources, cgroup_parent): its task process reads them once its
 -- processes are gone and puts them in the outcome's payload, "usage"; the
 -- attempt's row keeps them, for SQL that sizes a kind or charges its cost.
--- NULL where the attempt had no group (a pod, a host without one, a task
--- process that died before its outcome).
+-- A supervisor that finds an attempt's task process dead records what its
+-- group counted itself (etlcontext.RecordAttemptCost), which the attempt's
+-- end keeps. NULL where the attempt had no group (a pod, a host without
+-- one).
 --
 -- Read from the event that ended the attempt, which event_store_apply has
 -- just made the context's latest: a payload's numbers are a task
@@ -44,12 +46,12 @@ BEGIN
     UPDATE data_manager.etl_attempts
        SET ended_at = now(),
            outcome = CASE NEW.etl_status WHEN 'DONE' THEN 'DONE' WHEN 'CANCELLED' THEN 'CANCELLED' ELSE 'FAILED' END,
-           cpu_seconds = data_manager.usage_number(usage, 'cpu_seconds'),
-           peak_memory_bytes = data_manager.usage_number(usage, 'peak_memory_bytes')::bigint,
-           io_read_bytes = data_manager.usage_number(usage, 'io_read_bytes')::bigint,
-           io_write_bytes = data_manager.usage_number(usage, 'io_write_bytes')::bigint,
-           memory_limit_bytes = data_manager.usage_number(usage, 'memory_limit_bytes')::bigint,
-           oom_killed = CASE WHEN usage IS NOT NULL THEN coalesce(usage->'oom_killed' = 'true', false) END
+           cpu_seconds = coalesce(data_manager.usage_number(usage, 'cpu_seconds'), cpu_seconds),
+           peak_memory_bytes = coalesce(data_manager.usage_number(usage, 'peak_memory_bytes')::bigint, peak_memory_bytes),
+           io_read_bytes = coalesce(data_manager.usage_number(usage, 'io_read_bytes')::bigint, io_read_bytes),
+           io_write_bytes = coalesce(data_manager.usage_number(usage, 'io_write_bytes')::bigint, io_write_bytes),
+           memory_limit_bytes = coalesce(data_manager.usage_number(usage, 'memory_limit_bytes')::bigint, memory_limit_bytes),
+           oom_killed = coalesce(CASE WHEN usage IS NOT NULL THEN coalesce(usage->'oom_killed' = 'true', false) END, oom_killed)
      WHERE etl_context_id = NEW.etl_context_id AND run_id = OLD.run_id AND ended_at IS NULL;
     RETURN NULL;
 END

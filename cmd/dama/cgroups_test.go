@@ -320,6 +320,10 @@ kinds:
 	if seen, _ := os.ReadFile(filepath.Join(pids, "seen")); strings.TrimSpace(string(seen)) != "gone" {
 		t.Errorf("attempt 2 found the daemon of attempt 1 %q, want gone", seen)
 	}
+	// What attempt 1 cost, its supervisor read from its group.
+	if a := attemptCost(t, env, id, 1); a.CPUSeconds == nil || a.PeakMemory == nil || orZero(a.OOMKilled) {
+		t.Errorf("attempt 1, whose task process was killed: cpu %v, peak %v, oom_killed %v; want its group's", deref(a.CPUSeconds), deref(a.PeakMemory), deref(a.OOMKilled))
+	}
 }
 
 // A supervisor with a kind that has resources, and no control group to

@@ -57,11 +57,11 @@ kill_grace: 1s
 kinds:
   quiet:
     command: ["/bin/sh", "{{dir}}/quiet.sh", "warn"]
-    stall_after: 2s
+    stall_after: 4s
     max_attempts: 1
   quiet_kill:
     command: ["/bin/sh", "{{dir}}/quiet.sh", "kill"]
-    stall_after: 2s
+    stall_after: 4s
     on_stall: kill
     max_attempts: 2
     retry: {backoff: fixed, delay: 1s}
@@ -114,7 +114,7 @@ kinds:
 	for _, id := range []int64{warn, kill} {
 		w.waitFor(id, 30*time.Second, "to report for longer than stall_after", func(t etlcontext.Task) bool {
 			var p struct{ N int }
-			return t.Progress != nil && json.Unmarshal(t.Progress, &p) == nil && p.N >= 30
+			return t.Progress != nil && json.Unmarshal(t.Progress, &p) == nil && p.N >= 50
 		})
 	}
 
@@ -130,18 +130,19 @@ kinds:
 	w.Start(w.cfg, "supervisor")
 
 	// The command reports every 100ms, and may have last reported so
-	// long before it was told to stop; a loaded machine writes late.
+	// long before it was told to stop; a loaded machine writes late, but
+	// never early.
 	onTime := func(id int64, e etlcontext.Event, from time.Time) {
 		t.Helper()
-		if late := e.CreatedAt.Sub(from); late < 1900*time.Millisecond || late > 8*time.Second {
-			t.Errorf("task %d: STALLED %s after it went quiet, want 2s (a few tenths more)", id, late)
+		if late := e.CreatedAt.Sub(from); late < 3900*time.Millisecond || late > 20*time.Second {
+			t.Errorf("task %d: STALLED %s after it went quiet, want 4s (a few tenths more)", id, late)
 		}
 	}
 	for _, id := range []int64{warn, kill} {
 		stalled := waitEvents(id, "STALLED", 1)
 		onTime(id, stalled, quietFrom)
 		if !stalled.CreatedAt.After(killed) {
-			t.Fatalf("task %d was marked stalled before its supervisor was killed: the machine is too slow for this test", id)
+			t.Fatalf("task %d was marked stalled before its supervisor was killed, %s after it went quiet: the test proves nothing", id, killed.Sub(quietFrom))
 		}
 	}
 
@@ -151,7 +152,7 @@ kinds:
 	if got.Status != etlcontext.StatusDone || got.Attempt != 2 {
 		t.Errorf("the task killed for its stall is %s after %d attempts, want DONE after 2", got.Status, got.Attempt)
 	}
-	if e := events(kill, "ERROR"); len(e) != 1 || !strings.Contains(string(e[0].Payload), `"reason": "stalled: no progress for 2s, last at `) ||
+	if e := events(kill, "ERROR"); len(e) != 1 || !strings.Contains(string(e[0].Payload), `"reason": "stalled: no progress for 4s, last at `) ||
 		!strings.Contains(string(e[0].Payload), `"timed_out": true`) || e[0].Attempt != 1 {
 		t.Errorf("the stalled attempt's ERROR: %v", e)
 	}
@@ -165,7 +166,7 @@ kinds:
 		t.Errorf("the quiet task was unmarked %d times before reporting again", n)
 	}
 	task := w.task(warn)
-	if r := reason(warn); task.Stalled == nil || !strings.Contains(r, "stalled: no progress for 2s, last at ") {
+	if r := reason(warn); task.Stalled == nil || !strings.Contains(r, "stalled: no progress for 4s, last at ") {
 		t.Errorf("the quiet task: stalled %s, %s", task.Stalled, r)
 	}
 	stats, err := etlcontext.QueueStats(context.Background(), env.Pool)

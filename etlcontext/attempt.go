@@ -451,9 +451,10 @@ type KindCost struct {
 	Kind       string
 	Attempts   int64
 	CPUSeconds float64
-	PeakMemory int64
-	ReadBytes  int64
-	WriteBytes int64
+	// In floating point: a sum of bigints may overflow one.
+	PeakMemory float64
+	ReadBytes  float64
+	WriteBytes float64
 	OOMKilled  int64
 }
 
@@ -461,8 +462,8 @@ type KindCost struct {
 // hours, by kind.
 func KindCosts(ctx context.Context, db DB) ([]KindCost, error) {
 	costs, err := collect[KindCost](ctx, db, `
-		SELECT c.kind, count(*), coalesce(sum(a.cpu_seconds), 0), coalesce(max(a.peak_memory_bytes), 0)::bigint,
-		       coalesce(sum(a.io_read_bytes), 0)::bigint, coalesce(sum(a.io_write_bytes), 0)::bigint,
+		SELECT c.kind, count(*), coalesce(sum(a.cpu_seconds), 0), coalesce(max(a.peak_memory_bytes), 0)::float8,
+		       coalesce(sum(a.io_read_bytes::float8), 0), coalesce(sum(a.io_write_bytes::float8), 0),
 		       count(*) FILTER (WHERE a.oom_killed)
 		  FROM data_manager.etl_attempts AS a
 		  JOIN data_manager.etl_contexts AS c USING (etl_context_id)
@@ -489,4 +490,20 @@ func RecordAttemptCost(ctx context.Context, db DB, id int64, runID string, u pro
 		return fmt.Errorf("record what attempt %s of task %d cost: %w", runID, id, err)
 	}
 	return nil
+}
+
+// RunningRuns returns those of runIDs (uuids) that are the current run of
+// a running task.
+func RunningRuns(ctx context.Context, db DB, runIDs []string) ([]string, error) {
+	var live []string
+	rows, err := db.Query(ctx, `
+		SELECT run_id::text FROM data_manager.etl_contexts
+		 WHERE run_id = ANY($1::uuid[]) AND etl_status = `+sqlRunning, runIDs)
+	if err == nil {
+		live, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read which runs are running: %w", err)
+	}
+	return live, nil
 }

@@ -7,10 +7,14 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"regexp"
+	"slices"
+	"time"
 
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/cgroup"
+	"github.com/dama-etl/dama/internal/runas"
 )
 
 // supervisorGroup is the supervisor's own leaf under the cgroup parent:
@@ -63,6 +67,15 @@ func hostGroups(cfg *config.Config, logger *slog.Logger) (*cgroup.Tree, error) {
 			err = fmt.Errorf("kind %s: resources: %w", name, err)
 		}
 	}
+	for _, name := range bounded {
+		if k := cfg.Kinds[name]; err == nil {
+			if id, rerr := runas.Resolve(k.User, k.Group); rerr == nil && id == nil {
+				// The groups are dama's user's: so would they be its
+				// command's.
+				logger.Warn("a kind's command runs as dama's own user: it may lift its resources and leave its control group; give the kind a user of its own", "kind", name)
+			}
+		}
+	}
 	switch {
 	case err == nil:
 		return tree, nil
@@ -113,4 +126,47 @@ func (s *Supervisor) emptyGroup(ctx context.Context, c *etlcontext.Context) Gone
 		return GoneNot
 	}
 	return GoneSurely
+}
+
+// runIDRE matches a run id: a group's name under the tree that is not the
+// supervisor's own.
+var runIDRE = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
+
+// sweepGroups stops what is left in the groups of this host's tree whose
+// run is no running task's, and removes them: an attempt whose task
+// process died while no supervisor of this host looked, retried or
+// settled elsewhere since, which Gone, asked of current runs only, never
+// sees. Once, at the start.
+func (s *Supervisor) sweepGroups(ctx context.Context) {
+	names, err := s.groups.Groups()
+	if err != nil {
+		s.logger.Warn("list the attempts' control groups", "error", err)
+		return
+	}
+	runs := slices.DeleteFunc(names, func(name string) bool { return !runIDRE.MatchString(name) })
+	live, err := etlcontext.RunningRuns(ctx, s.pool, runs)
+	if err != nil {
+		s.logger.Warn("list the attempts' control groups", "error", err)
+		return
+	}
+	for _, run := range runs {
+		if slices.Contains(live, run) {
+			continue
+		}
+		g, err := s.groups.Load(run)
+		if err != nil {
+			continue
+		}
+		pids, _ := g.Procs()
+		had := len(pids) > 0
+		for deadline := time.Now().Add(5 * time.Second); len(pids) > 0 && time.Now().Before(deadline); pids, _ = g.Procs() {
+			_ = g.Kill()
+			sleep(ctx, 20*time.Millisecond)
+		}
+		if err := g.Delete(); err != nil {
+			s.logger.Warn("remove the control group of a finished attempt", "run_id", run, "error", err)
+		} else if had {
+			s.logger.Info("stopped what a finished attempt left running", "run_id", run)
+		}
+	}
 }

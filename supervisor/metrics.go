@@ -245,9 +245,9 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, k := range costs {
 		gauge(c.costAttempts, float64(k.Attempts), k.Kind)
 		gauge(c.cpu, k.CPUSeconds, k.Kind)
-		gauge(c.peakMemory, float64(k.PeakMemory), k.Kind)
-		gauge(c.readBytes, float64(k.ReadBytes), k.Kind)
-		gauge(c.writeBytes, float64(k.WriteBytes), k.Kind)
+		gauge(c.peakMemory, k.PeakMemory, k.Kind)
+		gauge(c.readBytes, k.ReadBytes, k.Kind)
+		gauge(c.writeBytes, k.WriteBytes, k.Kind)
 		gauge(c.oomKilled, float64(k.OOMKilled), k.Kind)
 	}
 }

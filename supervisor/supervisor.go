@@ -370,6 +370,9 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	s.reportBudget(ctx)
 	s.checkCommands()
 	s.checkSharedUsers()
+	if s.groups != nil {
+		bg.Go(func() { s.sweepGroups(bgCtx) })
+	}
 	bg.Go(func() { every(bgCtx, time.Duration(s.cfg.PollInterval), s.tend) })
 	if s.cfg.Retention >= 0 {
 		bg.Go(func() { every(bgCtx, pruneEvery(s.cfg), s.prune) })

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/dama-etl/dama/etlcontext"
+	"github.com/dama-etl/dama/internal/cgroup"
 	"github.com/dama-etl/dama/internal/hostproc"
 	"github.com/dama-etl/dama/internal/testenv"
 )
@@ -237,6 +239,12 @@ kinds:
 	if orZero(a.MemoryLimit) != 256<<20 || orZero(a.OOMKilled) {
 		t.Errorf("limit %v, oom_killed %v; want 256MiB, false", deref(a.MemoryLimit), deref(a.OOMKilled))
 	}
+	// The metrics' figures of the day, per kind.
+	costs, err := etlcontext.KindCosts(context.Background(), env.Pool)
+	if err != nil || len(costs) != 1 || costs[0].Kind != "spender" || costs[0].Attempts != 1 ||
+		costs[0].CPUSeconds != orZero(a.CPUSeconds) || costs[0].WriteBytes != float64(orZero(a.WriteBytes)) {
+		t.Errorf("KindCosts: %+v, %v; want the one attempt's", costs, err)
+	}
 }
 
 // A daemon that a kind's command leaves behind, in a session of its own
@@ -347,5 +355,70 @@ kinds:
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 	if err == nil || len(lines) != 1 || !strings.Contains(lines[0], "kind bounded has resources, but no control group is given to dama: set cgroup_parent") {
 		t.Errorf("dama supervisor: %v, %q; want it refused in one line", err, out)
+	}
+}
+
+// A group left under cgroup_parent by an attempt whose run is no longer
+// running (its task process died while no supervisor of this host looked,
+// and it was retried or settled elsewhere) is emptied and removed by the
+// next supervisor's start; a running task's group is left alone.
+func TestALeftoverGroupIsStoppedAtStart(t *testing.T) {
+	t.Parallel()
+	parent := cgroupParent(t, nil)
+	env := testenv.New(t)
+	goFile := filepath.Join(env.Dir, "go")
+	cfg := env.WriteConfig(`
+log_dir: {{dir}}/logs
+poll_interval: 300ms
+cgroup_parent: ` + parent + `
+user: root
+kinds:` + waiterKind(goFile, 1))
+	w := &world{Env: env, cfg: cfg}
+	first := w.Start(cfg, "supervisor")
+	running := w.waitRunning(w.submitOf("waiter"))
+	if err := syscall.Kill(-first.Cmd.Process.Pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+
+	tree, err := cgroup.Lookup("", parent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	left, err := tree.New("0b7d3f6e-4a8f-4c1e-9d2b-5f6a7b8c9d0e", cgroup.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sleeper := exec.Command("/bin/sleep", "1000")
+	started := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		started <- left.Start(sleeper)
+	}()
+	if err := <-started; err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- sleeper.Wait() }()
+	t.Cleanup(func() { _ = sleeper.Process.Kill() })
+
+	w.Start(cfg, "supervisor")
+	select {
+	case <-exited:
+	case <-time.After(time.Minute):
+		t.Fatal("the leftover group's process lives on a minute after a supervisor started")
+	}
+	testenv.Eventually(t, 30*time.Second, "the leftover group to be removed", func() (bool, error) {
+		_, err := tree.Load(left.Name())
+		return errors.Is(err, fs.ErrNotExist), nil
+	})
+	if _, err := tree.Load(*running.RunID); err != nil {
+		t.Errorf("the running task's group: %v", err)
+	}
+	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.waitSettled(running.ID, time.Minute); got.Status != etlcontext.StatusDone {
+		t.Errorf("the running task: %s, want DONE", got.Status)
 	}
 }

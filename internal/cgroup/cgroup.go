@@ -176,16 +176,15 @@ func (t *Tree) notWritable(what string, err error) error {
 	if errors.As(err, &pe) {
 		err = pe.Err
 	}
-	dir := filepath.Join(t.root, t.parent)
+	// The group and what moves processes, not its own limits.
+	dir, files, systemd := filepath.Join(t.root, t.parent), "{,/cgroup.procs,/cgroup.subtree_control,/cgroup.threads}",
+		", or use Delegate=yes with DelegateSubgroup=supervisor under systemd"
 	if t.version == 1 {
-		dir = filepath.Join(t.root, "{"+strings.Join(v1Controllers, ",")+"}", t.parent)
+		dir, files, systemd = filepath.Join(t.root, "{"+strings.Join(v1Controllers, ",")+"}", t.parent), "{,/tasks,/cgroup.procs}", ""
 	}
-	uid, systemd := os.Geteuid(), ""
-	if t.version == 2 {
-		systemd = ", or use Delegate=yes with DelegateSubgroup=supervisor under systemd"
-	}
-	return fmt.Errorf("cgroup parent %s is not writable by uid %d (%s: %w); as root run: mkdir -p %s && chown -R %d %s%s",
-		t.parent, uid, what, err, dir, uid, dir, systemd)
+	uid := os.Geteuid()
+	return fmt.Errorf("cgroup parent %s is not writable by uid %d (%s: %w); as root run: mkdir -p %s && chown %d %s%s%s",
+		t.parent, uid, what, err, dir, uid, dir, files, systemd)
 }
 
 // enableControllers enables for the parent's children those of memory, cpu,
@@ -313,6 +312,26 @@ func (t *Tree) Load(name string) (*Group, error) {
 		}
 	}
 	return nil, fmt.Errorf("load cgroup %s: %w", name, err)
+}
+
+// Groups returns the names of the groups under the parent.
+func (t *Tree) Groups() ([]string, error) {
+	var dir string
+	for _, d := range t.paths("") {
+		dir = d // v1: the freezer's, whose groups are made first and removed last
+		break
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("list cgroup %s: %w", t.parent, err)
+	}
+	var names []string
+	for _, e := range entries {
+		if e.IsDir() {
+			names = append(names, e.Name())
+		}
+	}
+	return names, nil
 }
 
 // Join moves the calling process, all its threads, into the leaf group

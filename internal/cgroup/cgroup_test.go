@@ -2,7 +2,6 @@ package cgroup
 
 import (
 	"bytes"
-	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -625,12 +624,13 @@ func TestAnotherUserWithAParentOfItsOwn(t *testing.T) {
 	}
 
 	stdout, stderr, err := run("open", "/sys/fs/cgroup", tree.Parent())
-	want := fmt.Sprintf("cgroup parent %s is not writable by uid %d (freezer: permission denied); as root run: mkdir -p /sys/fs/cgroup/{freezer,memory,cpu,cpuacct,pids,blkio}%[1]s && chown -R %[2]d /sys/fs/cgroup/{freezer,memory,cpu,cpuacct,pids,blkio}%[1]s", tree.Parent(), uid)
+	want := fmt.Sprintf("cgroup parent %s is not writable by uid %d (freezer: permission denied); as root run: mkdir -p /sys/fs/cgroup/{freezer,memory,cpu,cpuacct,pids,blkio}%[1]s && chown %[2]d /sys/fs/cgroup/{freezer,memory,cpu,cpuacct,pids,blkio}%[1]s{,/tasks,/cgroup.procs}", tree.Parent(), uid)
 	if stdout != want || stderr != "" || err != nil {
 		t.Errorf("Open of root's parent as uid %d: %q (stderr %q, %v)\nwant %q", uid, stdout, stderr, err, want)
 	}
 
-	// As root would, with the command Open gave.
+	// As root would, with the command Open gave: the group and what
+	// moves processes, not its own limits.
 	own := tree.Parent() + "-own"
 	for _, c := range v1Controllers {
 		dir := filepath.Join("/sys/fs/cgroup", c, own)
@@ -638,10 +638,10 @@ func TestAnotherUserWithAParentOfItsOwn(t *testing.T) {
 		if err := os.Mkdir(dir, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		if err := filepath.WalkDir(dir, func(path string, _ fs.DirEntry, err error) error {
-			return cmp.Or(err, os.Lchown(path, uid, gid))
-		}); err != nil {
-			t.Fatal(err)
+		for _, f := range []string{"", "tasks", "cgroup.procs"} {
+			if err := os.Chown(filepath.Join(dir, f), uid, gid); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	stdout, stderr, err = run("supervise", "/sys/fs/cgroup", own)

@@ -59,21 +59,17 @@ func hostGroups(cfg *config.Config, logger *slog.Logger) (*cgroup.Tree, error) {
 		if err != nil {
 			break
 		}
-		res := cfg.Kinds[name].Resources
-		var probe *cgroup.Group
-		if probe, err = tree.New("probe-"+rand.Text(), cgroup.Limits{Memory: int64(res.Memory), CPU: res.CPU, Pids: res.Pids}); err == nil {
-			err = probe.Delete()
-		} else {
-			err = fmt.Errorf("kind %s: resources: %w", name, err)
+		k := cfg.Kinds[name]
+		if id, rerr := runas.Resolve(k.User, k.Group); rerr == nil && id == nil {
+			// The groups are dama's user's: so would they be its command's.
+			logger.Warn("a kind's command runs as dama's own user: it may lift its resources and leave its control group; give the kind a user of its own", "kind", name)
 		}
-	}
-	for _, name := range bounded {
-		if k := cfg.Kinds[name]; err == nil {
-			if id, rerr := runas.Resolve(k.User, k.Group); rerr == nil && id == nil {
-				// The groups are dama's user's: so would they be its
-				// command's.
-				logger.Warn("a kind's command runs as dama's own user: it may lift its resources and leave its control group; give the kind a user of its own", "kind", name)
-			}
+		probe, perr := tree.New("probe-"+rand.Text(), cgroup.Limits{Memory: int64(k.Resources.Memory), CPU: k.Resources.CPU, Pids: k.Resources.Pids})
+		if perr == nil {
+			perr = probe.Delete()
+		}
+		if perr != nil {
+			err = fmt.Errorf("kind %s: resources: %w", name, perr)
 		}
 	}
 	switch {

@@ -172,8 +172,6 @@ func (r *runner) startCommand(eventsR, eventsW *os.File) (*started, error) {
 			// its own, and move out: still below the runner, its
 			// subreaper, a walk of the runner's own children finds it.
 			r.stopDescendants(attempt)
-		} else {
-			r.reapOrphans(0)
 		}
 		r.usage = r.usageOf(group)
 		if err := group.Delete(); err != nil {

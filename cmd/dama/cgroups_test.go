@@ -135,6 +135,10 @@ kinds:
     command: ["/bin/dd", "if=/dev/zero", "of=/dev/null", "bs=256M", "count=1"]
     max_attempts: 1
     resources: { memory: 64MiB }
+  forking:
+    command: ["/bin/sh", "-c", "for i in 1 2 3 4 5 6 7 8; do sleep 30 & done; wait"]
+    max_attempts: 1
+    resources: { pids: 4 }
 ` + waiterKind(goFile, 1))
 	w := &world{Env: env, cfg: cfg}
 	sup := w.Start(cfg, "supervisor")
@@ -159,6 +163,12 @@ kinds:
 	res := w.Dama(cfg, "status", strconv.FormatInt(id, 10))
 	if line := lineWith(res.Stdout, "FAILED", "64MiB of 64MiB", "out of memory"); line == "" {
 		t.Errorf("dama status %d shows no attempt out of memory:\n%s", id, res.Stdout)
+	}
+	// A failure that forks refused by the pids limit explain says so.
+	forking := w.submitOf("forking")
+	if got := w.waitSettled(forking, time.Minute); got.Status != etlcontext.StatusFailed ||
+		!strings.Contains(orZero(attemptCost(t, env, forking, 1).Reason), "forks refused at resources.pids 4") {
+		t.Errorf("the forking task: %s, reason %q; want FAILED, with the forks refused", got.Status, orZero(attemptCost(t, env, forking, 1).Reason))
 	}
 	_ = os.WriteFile(goFile, nil, 0o644)
 	if got := w.waitSettled(beside, time.Minute); got.Status != etlcontext.StatusDone {

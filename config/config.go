@@ -137,7 +137,9 @@ type Kubernetes struct {
 	Namespace string `yaml:"namespace"`
 	// Image is dama's image of the supervisor's own release, whose shim
 	// each task pod copies into the user's container, and whose task
-	// process it runs. Required when a kind runs on Kubernetes.
+	// process it runs. Required by a supervisor of a kind that runs on
+	// Kubernetes, which else takes $DAMA_IMAGE (the supervisor's own
+	// image, in deploy/kubernetes).
 	Image string `yaml:"image"`
 	// Resources is what each of dama's containers of a task pod asks for
 	// and is held to, a ResourceRequirements. Default {requests: {cpu: 10m,

@@ -88,7 +88,6 @@ func TestParseRejectsBadConfigurations(t *testing.T) {
 		"overlap, no sched":    {"log_dir: /l\nkinds: {a: {command: [x], overlap: allow}}", "overlap needs schedule"},
 		"bad runner":           {"log_dir: /l\nkinds: {a: {command: [x], runner: docker}}", `runner "docker": want "host" or "kubernetes"`},
 		"pod on a host":        {"log_dir: /l\nkinds: {a: {command: [x], pod: {spec: {}}}}", "pod needs runner: kubernetes"},
-		"pod, no image":        {"log_dir: /l\nkinds: {a: {command: [x], runner: kubernetes, pod: {spec: {}}}}", "kubernetes.image"},
 		"pod, no template":     {"log_dir: /l\nkubernetes: {image: d}\nkinds: {a: {command: [x], runner: kubernetes}}", "needs pod"},
 		"pod, a function":      {"log_dir: /l\nkubernetes: {image: d}\nkinds: {a: {function: f, runner: kubernetes, pod: {spec: {}}}}", "not a function"},
 		"pod, a user":          {"log_dir: /l\nkubernetes: {image: d}\nkinds: {a: {command: [x], user: etl, runner: kubernetes, pod: {spec: {}}}}", "container's user"},

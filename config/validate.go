@@ -88,9 +88,6 @@ func (c *Config) Validate() error {
 				return fmt.Errorf("kind %s: children: %q is not a kind of this configuration (%s)", name, child, strings.Join(c.KindNames(), ", "))
 			}
 		}
-		if k.Runner == RunnerKubernetes && c.Kubernetes.Image == "" {
-			return fmt.Errorf("kind %s runs on kubernetes: kubernetes.image, dama's image for its pods, is required", name)
-		}
 	}
 	return nil
 }

@@ -8,10 +8,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
-	"github.com/dama-etl/dama/protocol"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/dama-etl/dama/protocol"
 )
 
 // Runner is what a task process records about itself once it holds the
@@ -258,14 +260,16 @@ func StartAttempt(ctx context.Context, db DB, id int64, attempt int, launchedBy 
 // AbandonLaunch takes back the launch of c, RUNNING but without a recorded
 // task process (none ever started its command): the context returns to the
 // status it had, with its attempt number, so that the failed launch spends
-// no attempt. The caller holds the lock.
+// no attempt, and, before its first attempt, no start. The caller holds
+// the lock.
 func AbandonLaunch(ctx context.Context, db DB, c *Context) error {
 	status := StatusRetrying
 	if c.Attempt <= 1 {
 		status = StatusQueued
 	}
 	tag, err := db.Exec(ctx, `
-		UPDATE data_manager.etl_contexts SET etl_status = $3, attempt = attempt - 1
+		UPDATE data_manager.etl_contexts
+		   SET etl_status = $3, attempt = attempt - 1, started_at = CASE WHEN attempt > 1 THEN started_at END
 		 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = `+sqlRunning+` AND pid IS NULL`,
 		c.ID, c.RunID, status)
 	if err != nil {
@@ -310,9 +314,11 @@ type Attempt struct {
 	EndedAt   *time.Time `json:"ended_at"`
 	// Outcome is DONE, FAILED or CANCELLED; nil while the attempt runs.
 	Outcome *string `json:"outcome"`
-	// Reason, ExitCode and LogTail come from the event that ended the
-	// attempt (its ERROR or CANCELLED), when it says.
+	// Reason, Exit, ExitCode and LogTail come from the event that ended
+	// the attempt (its ERROR or CANCELLED), when it says; Reason is led by
+	// how the command ended (Exit) when it is the command's words.
 	Reason   *string `json:"reason"`
+	Exit     *string `json:"exit"`
 	ExitCode *int    `json:"exit_code"`
 	LogTail  *string `json:"log_tail"`
 	// What the attempt cost, from its control group; nil where it had
@@ -334,6 +340,7 @@ func RecentAttempts(ctx context.Context, db DB, id int64, limit, maxText int) ([
 		SELECT a.attempt, a.run_id::text, a.host, a.pid, a.lock_mode, a.runner_release,
 		       a.started_at, a.ended_at, a.outcome,
 		       CASE WHEN $5 > 0 THEN left(e.payload->>'reason', $5) ELSE e.payload->>'reason' END,
+		       left(e.payload->>'exit', 512),
 		       -- A command may write its own ERROR, with anything in it; the
 		       -- cast is nested, for SQL does not promise to evaluate AND's
 		       -- operands in order.
@@ -356,6 +363,15 @@ func RecentAttempts(ctx context.Context, db DB, id int64, limit, maxText int) ([
 		 ORDER BY started_at, attempt`, id, protocol.EventError, protocol.EventCancelled, limit, maxText)
 	if err != nil {
 		return nil, fmt.Errorf("read attempts of task %d: %w", id, err)
+	}
+	for _, a := range attempts {
+		if a.Reason != nil && a.Exit != nil {
+			code := ""
+			if a.ExitCode != nil {
+				code = strconv.Itoa(*a.ExitCode)
+			}
+			*a.Reason = failedWith(*a.Reason, code, *a.Exit)
+		}
 	}
 	return attempts, nil
 }
@@ -402,6 +418,22 @@ func LatestUnfitHost(ctx context.Context, db DB, id int64, attempt int) (string,
 		return "", fmt.Errorf("read the warnings of task %d: %w", id, err)
 	}
 	return reason, nil
+}
+
+// UnfitOn reports whether host said, in an unfit-host WARNING of attempt
+// of context id, that it cannot run the task.
+func UnfitOn(ctx context.Context, db DB, id int64, attempt int, host string) (bool, error) {
+	var told bool
+	err := db.QueryRow(ctx, `
+		SELECT EXISTS (SELECT FROM data_manager.event_store AS e
+		                 JOIN data_manager.etl_contexts AS c ON c.etl_context_id = e.etl_context_id
+		                WHERE e.etl_context_id = $1 AND e.attempt = $2 AND e.type = c.kind || ':' || $3
+		                  AND e.meta ? $4 AND e.payload->>'host' = $5)`,
+		id, attempt, protocol.EventWarning, UnfitHostMeta, host).Scan(&told)
+	if err != nil {
+		return false, fmt.Errorf("read the warnings of task %d: %w", id, err)
+	}
+	return told, nil
 }
 
 // CancelRequestedNow reads whether a cancel of context id was requested,

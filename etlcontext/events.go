@@ -7,8 +7,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/dama-etl/dama/protocol"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/dama-etl/dama/protocol"
 )
 
 // Event is a row of data_manager.event_store.
@@ -22,6 +23,10 @@ type Event struct {
 	Attempt   int             `json:"attempt"`
 	RunID     *string         `json:"run_id"`
 	CreatedAt time.Time       `json:"created_at"`
+	// Summary says in a line what an attempt's failure or cancellation
+	// event (protocol.Outcome) says went wrong, as a task's reason does,
+	// and how many lines of the log's tail it kept (RecentEvents).
+	Summary string `json:"summary,omitempty" db:"-"`
 }
 
 // NewEvent is an event to append to a context.
@@ -158,19 +163,48 @@ func boundedJSON(expr, limit string) string {
 }
 
 // RecentEvents returns the newest limit events of context id, oldest first,
-// each payload and meta read up to maxPayload bytes (0: whole).
+// each payload and meta read up to maxPayload bytes (0: whole), and each
+// outcome's Summary. An outcome's log tail is left out of its payload, and
+// counted in its Summary: EventOf reads it whole.
 func RecentEvents(ctx context.Context, db DB, id int64, limit, maxPayload int) ([]Event, error) {
-	events, err := collect[Event](ctx, db, `
+	// An outcome's parts are read apart from its payload, which a long
+	// reason may have cut short.
+	type withOutcome struct {
+		Event
+		Reason, Code, Exit *string
+		TailLines          *int
+	}
+	rows, err := collect[withOutcome](ctx, db, `
 		SELECT * FROM (
-			SELECT event_id, etl_context_id, type, `+boundedJSON("payload", "$3::int")+`, `+boundedJSON("meta", "$3::int")+`,
-			       error, attempt, run_id::text, created_at
-			  FROM data_manager.event_store
+			SELECT event_id, etl_context_id, type,
+			       `+boundedJSON(`CASE WHEN jsonb_typeof(payload->'log_tail') = 'string' THEN payload - 'log_tail' ELSE payload END`, "$3::int")+`,
+			       `+boundedJSON("meta", "$3::int")+`,
+			       error, attempt, run_id::text, created_at,
+			       o.reason, o.code, o.exit,
+			       length(o.tail) - length(replace(o.tail, E'\n', ''))
+			  FROM data_manager.event_store AS e
+			  LEFT JOIN LATERAL (
+			       SELECT left(e.payload->>'reason', 1024) AS reason, left(e.payload->>'exit_code', 12) AS code,
+			              left(e.payload->>'exit', 256) AS exit, e.payload->>'log_tail' AS tail
+			        WHERE jsonb_typeof(e.payload) = 'object' AND jsonb_typeof(e.payload->'reason') = 'string'
+			          AND (e.type LIKE '%:' || $4 OR e.type LIKE '%:' || $5)) AS o ON true
 			 WHERE etl_context_id = $1
 			 ORDER BY event_id DESC
 			 LIMIT $2) AS e
-		 ORDER BY event_id`, id, limit, maxPayload)
+		 ORDER BY event_id`, id, limit, maxPayload, protocol.EventError, protocol.EventCancelled)
 	if err != nil {
 		return nil, fmt.Errorf("read events of task %d: %w", id, err)
+	}
+	events := make([]Event, len(rows))
+	for i, r := range rows {
+		events[i] = r.Event
+		if r.Reason == nil {
+			continue
+		}
+		events[i].Summary = failedWith(*r.Reason, deref(r.Code), deref(r.Exit))
+		if r.TailLines != nil && *r.TailLines > 0 {
+			events[i].Summary += fmt.Sprintf(" (and the log's last %d lines)", *r.TailLines)
+		}
 	}
 	return events, nil
 }

@@ -14,6 +14,9 @@ import (
 	"log/slog"
 	"net"
 	"slices"
+	"strconv"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -108,3 +111,66 @@ func WaitReachable(ctx context.Context, logger *slog.Logger, try func() error) e
 		}
 	}
 }
+
+// ConnectFailed returns err with its failed connection, if any, in one
+// line: what was tried and each distinct answer. pgx's message names the
+// address two or three times, and every attempt: with sslmode=prefer, its
+// default, a server without TLS is tried twice, and the first refusal is
+// noise. The chain is err's (Unreachable reads it); other errors are
+// returned as they are.
+func ConnectFailed(err error) error {
+	var ce *pgconn.ConnectError
+	if !errors.As(err, &ce) {
+		return err
+	}
+	var answers []string
+	add := func(a string) {
+		if !slices.Contains(answers, a) {
+			answers = append(answers, a)
+		}
+	}
+	attempts := []error{errors.Unwrap(ce)}
+	if joined, ok := attempts[0].(interface{ Unwrap() []error }); ok {
+		attempts = joined.Unwrap()
+	}
+	tls := false
+	for _, a := range attempts {
+		var pgErr *pgconn.PgError
+		var errno syscall.Errno
+		var dnsErr *net.DNSError
+		switch {
+		case a == nil:
+		case errors.As(a, &dnsErr):
+			add(fmt.Sprintf("host %s: %s", dnsErr.Name, dnsErr.Err))
+		case errors.As(a, &pgErr):
+			add(fmt.Sprintf("%s (SQLSTATE %s)", pgErr.Message, pgErr.Code))
+		case strings.Contains(a.Error(), "tls error: server refused TLS connection"):
+			tls = true
+		case errors.As(a, &errno):
+			add(errno.Error())
+		case errors.Is(a, context.DeadlineExceeded):
+			add("no answer in time")
+		default:
+			add(a.Error())
+		}
+	}
+	if len(answers) == 0 && tls {
+		add("the server refused TLS")
+	}
+	where := ce.Config.Host
+	if !strings.HasPrefix(where, "/") {
+		where = net.JoinHostPort(where, strconv.Itoa(int(ce.Config.Port)))
+	}
+	brief := fmt.Sprintf("connect to database %s on %s as %s: %s", ce.Config.Database, where, ce.Config.User, strings.Join(answers, "; "))
+	return &connectError{msg: strings.Replace(err.Error(), ce.Error(), brief, 1), err: err}
+}
+
+// connectError is an error whose failed connection ConnectFailed said in
+// one line.
+type connectError struct {
+	msg string
+	err error
+}
+
+func (e *connectError) Error() string { return e.msg }
+func (e *connectError) Unwrap() error { return e.err }

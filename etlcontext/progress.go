@@ -62,7 +62,8 @@ const DetectedBy = "detected_by"
 
 // Failure is what the latest ERROR or CANCELLED event of a context says.
 type Failure struct {
-	// Reason is the event's reason ("" when it gives none).
+	// Reason is the event's reason, led by how the command ended when it is
+	// the command's words ("" when it gives none).
 	Reason string
 	// TimedOut is set when the attempt was stopped at its kind's timeout.
 	TimedOut bool
@@ -74,21 +75,25 @@ type Failure struct {
 // LastFailure returns what the latest ERROR or CANCELLED event of context
 // id, of kind kind, says; the zero Failure when there is none.
 func LastFailure(ctx context.Context, db DB, id int64, kind string) (Failure, error) {
-	var f Failure
+	var (
+		f          Failure
+		code, exit string
+	)
 	err := db.QueryRow(ctx, `
-		SELECT coalesce(payload->>'reason', payload::text, ''), coalesce(payload->'timed_out' = 'true'::jsonb, false),
+		SELECT coalesce(payload->>'reason', payload::text, ''), coalesce(left(payload->>'exit_code', 12), ''),
+		       coalesce(payload->>'exit', ''), coalesce(payload->'timed_out' = 'true'::jsonb, false),
 		       coalesce(jsonb_typeof(payload) = 'object' AND payload ? $4, false)
 		  FROM data_manager.event_store
 		 WHERE etl_context_id = $1 AND type IN ($2, $3)
 		 ORDER BY event_id DESC LIMIT 1`,
-		id, protocol.EventType(kind, protocol.EventError), protocol.EventType(kind, protocol.EventCancelled), DetectedBy).Scan(&f.Reason, &f.TimedOut, &f.Died)
+		id, protocol.EventType(kind, protocol.EventError), protocol.EventType(kind, protocol.EventCancelled), DetectedBy).Scan(&f.Reason, &code, &exit, &f.TimedOut, &f.Died)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return Failure{}, nil
 	case err != nil:
 		return Failure{}, fmt.Errorf("read the last failure of context %d: %w", id, err)
 	}
-	f.Reason = strings.TrimSpace(f.Reason)
+	f.Reason = failedWith(strings.TrimSpace(f.Reason), code, exit)
 	return f, nil
 }
 

@@ -12,9 +12,10 @@ import (
 
 // Reason says in a few words why a task is where it is, for the status
 // list and the page alike: what a waiting task waits for and since when,
-// until when it is due, that a running one is being cancelled, awaits its
-// children or is stalled, a failed one's last error. Its texts are the
-// task's and its command's words: whoever shows them escapes them.
+// a retrying one's last error and when it is retried, when a queued one
+// is due, that a running one is being cancelled, awaits its children or
+// is stalled, a failed one's last error. Its texts are the task's and its
+// command's words: whoever shows them escapes them.
 type Reason struct {
 	// Text is what it waits for or what went wrong, if anything.
 	Text string `json:"text,omitempty"`
@@ -22,50 +23,80 @@ type Reason struct {
 	// task is due. At most one is set.
 	Since *time.Time `json:"since,omitempty"`
 	Until *time.Time `json:"until,omitempty"`
-	// After is the error a retry follows.
+	// Retry says that Text is the error a retry follows, due at Until
+	// (or now).
+	Retry bool `json:"retry,omitempty"`
+	// After is the error a retry follows, when Text says what it waits for.
 	After string `json:"after,omitempty"`
 }
 
-// Format writes the reason in one line, its time by at; "-" when there is
-// nothing to say.
-func (r Reason) Format(at func(time.Time) string) string {
-	var parts []string
-	if r.Text != "" {
-		parts = append(parts, r.Text)
+// Format writes the reason in one line at now: "-" when there is nothing
+// to say; a wait's start by at.
+func (r Reason) Format(now time.Time, at func(time.Time) string) string {
+	s := r.Text
+	add := func(sep, part string) {
+		if s != "" {
+			s += sep
+		}
+		s += part
 	}
 	if r.Since != nil {
-		parts = append(parts, "since "+at(*r.Since))
+		add(" ", "since "+at(*r.Since))
 	}
-	if r.Until != nil {
-		parts = append(parts, "until "+at(*r.Until))
+	switch {
+	case r.Retry && r.Until != nil:
+		add(", ", "retry in "+Human(r.Until.Sub(now)))
+	case r.Retry:
+		add(", ", "retrying")
+	case r.Until != nil:
+		add(" ", "due in "+Human(r.Until.Sub(now)))
 	}
-	s := strings.Join(parts, " ")
 	if r.After != "" {
-		if s != "" {
-			s += ", "
-		}
-		s += "after: " + r.After
+		add(", ", "after: "+r.After)
 	}
 	return cmp.Or(s, "-")
+}
+
+// Human writes d to its two largest units: 45s, 12m5s, 3h12m, 2d3h.
+func Human(d time.Duration) string {
+	d = max(d, 0)
+	const day = 24 * time.Hour
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d/time.Second))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm%ds", int(d/time.Minute), int(d%time.Minute/time.Second))
+	case d < day:
+		return fmt.Sprintf("%dh%dm", int(d/time.Hour), int(d%time.Hour/time.Minute))
+	}
+	return fmt.Sprintf("%dd%dh", int(d/day), int(d%day/time.Hour))
 }
 
 // ReasonOf is the Reason of task t at now, tr its Trouble.
 func ReasonOf(t Task, tr Trouble, now time.Time) Reason {
 	switch t.Status {
 	case StatusQueued, StatusRetrying:
+		failed := ""
+		if t.Status == StatusRetrying {
+			failed = oneLine(tr.Error)
+		}
 		switch {
-		case tr.Unfit != "":
-			return Reason{Text: fmt.Sprintf("waiting: %s on host %s", tr.Unfit, tr.Host), Since: &tr.At}
-		case t.WaitingFor != nil:
-			return Reason{Text: "waiting: " + waitingWords(*t.WaitingFor), Since: t.WaitingSince}
-		case t.DueAt != nil && t.DueAt.After(now):
-			r := Reason{Until: t.DueAt}
-			if t.Status == StatusRetrying {
-				r.After = oneLine(tr.Error)
+		case tr.Unserved && tr.KindServed:
+			return Reason{Text: fmt.Sprintf("waiting: no supervisor serves kind %s in queue %s", t.Kind, t.Queue), After: failed}
+		case tr.Unserved:
+			text := "waiting: no supervisor serves kind " + t.Kind
+			if tr.LastServed != nil {
+				text += fmt.Sprintf(" (last seen %s ago on %s)", Human(now.Sub(*tr.LastServed)), tr.LastServedHost)
 			}
-			return r
-		case t.Status == StatusRetrying && tr.Error != "":
-			return Reason{Text: "retrying", After: oneLine(tr.Error)}
+			return Reason{Text: text, After: failed}
+		case tr.Unfit != "":
+			return Reason{Text: fmt.Sprintf("waiting: %s on host %s", tr.Unfit, tr.Host), Since: &tr.At, After: failed}
+		case t.WaitingFor != nil:
+			return Reason{Text: "waiting: " + waitingWords(*t.WaitingFor), Since: t.WaitingSince, After: failed}
+		case t.DueAt != nil && t.DueAt.After(now):
+			return Reason{Text: failed, Until: t.DueAt, Retry: failed != ""}
+		case failed != "":
+			return Reason{Text: failed, Retry: true}
 		}
 	case StatusRunning:
 		switch {

@@ -255,10 +255,11 @@ func JobRun(ctx context.Context, db DB, job int64) (JobState, error) {
 	return j.state(), nil
 }
 
-// Rescued is a job a rescue made available again.
+// Rescued is a job a rescue made available again, and its task.
 type Rescued struct {
 	ID    int64
 	Queue string
+	Task  int64
 }
 
 // RescueStaleSteps rescues the steps that started more than olderThan ago
@@ -270,7 +271,7 @@ func RescueStaleSteps(ctx context.Context, db DB, olderThan time.Duration) ([]Re
 		 WHERE j.kind = $1
 		   AND j.state = `+jobRunning+`
 		   AND j.attempted_at < now() - $2::interval
-		RETURNING j.id, j.queue`, JobKind, olderThan)
+		RETURNING j.id, j.queue, `+jobTask, JobKind, olderThan)
 	if err != nil {
 		return nil, fmt.Errorf("rescue steps older than %s: %w", olderThan, err)
 	}
@@ -306,6 +307,9 @@ func abandoned() string {
 	   AND c.etl_status <> ` + sqlQueued + `
 	   AND c.etl_context_id NOT IN (` + heldLocks() + `)))`
 }
+
+// jobTask is the etl_context_id of river_job row j's task (0 for none).
+const jobTask = `coalesce((j.args->>'etl_context_id')::bigint, 0)`
 
 // lastClient is the client that last fetched river_job row j.
 const lastClient = `j.attempted_by[array_length(j.attempted_by, 1)]`
@@ -351,7 +355,7 @@ func RescueSteps(ctx context.Context, db DB, own string, steps []Step) ([]Rescue
 		   AND j.kind = $1
 		   AND j.state = `+jobRunning+`
 		   AND (`+lastClient+` = $4 OR `+abandoned()+`)
-		RETURNING j.id, j.queue`, JobKind, ids, ats, own)
+		RETURNING j.id, j.queue, `+jobTask, JobKind, ids, ats, own)
 	if err != nil {
 		return nil, fmt.Errorf("rescue steps of dead supervisors: %w", err)
 	}

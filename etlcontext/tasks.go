@@ -89,6 +89,14 @@ type TaskQuery struct {
 	// MaxPayload, when positive, reads each task's progress up to that
 	// many bytes (see TruncatedKey).
 	MaxPayload int
+	// ActiveFirst, without Statuses, lists the running tasks first, then
+	// the retrying, then the queued, then the finished, each newest first:
+	// a page of short tasks never hides a running one. Before then pages
+	// on from task Before, of status BeforeStatus; as tasks move between
+	// places meanwhile, a page after the first may miss one or show it
+	// again, as a list that moves does.
+	ActiveFirst  bool
+	BeforeStatus Status
 }
 
 // conditions writes q's conditions, each parameter by param: only those
@@ -110,7 +118,7 @@ func (q TaskQuery) conditions(param func(any) string) []string {
 	add(q.Kind != "", "kind = ", q.Kind)
 	add(q.Queue != "", "queue = ", q.Queue)
 	add(q.IdempotencyKey != "", "idempotency_key = ", q.IdempotencyKey)
-	add(q.Before != 0, "etl_context_id < ", q.Before)
+	add(q.Before != 0 && !q.activeFirst(), "etl_context_id < ", q.Before)
 	switch len(q.Statuses) {
 	case 0:
 	case 1:
@@ -125,6 +133,8 @@ func (q TaskQuery) conditions(param func(any) string) []string {
 	return where
 }
 
+func (q TaskQuery) activeFirst() bool { return q.ActiveFirst && q.ID == 0 && len(q.Statuses) == 0 }
+
 // params returns a function that adds a parameter to args and names it.
 func params(args *[]any) func(any) string {
 	return func(v any) string {
@@ -133,31 +143,80 @@ func params(args *[]any) func(any) string {
 	}
 }
 
-// Tasks reads the view, newest context first.
+// taskColumns are the columns of a Task, in its fields' order.
+const taskColumns = `etl_context_id, parent_context_id, kind, queue, etl_status, attempt, max_attempts,
+		       job_state, host, pid, created_at, started_at, finished_at, heartbeat_at,
+		       latest_event_type, latest_event_at, progress, progress_at,
+		       initial_event_locked, river_job_id, run_id, idempotency_key, cancel_requested_at, log_path,
+		       host_id, command_pgid, lock_lost_at, lock_mode, runner_release, runner_protocol,
+		       due_at, waiting_for, waiting_since, concurrency_key, children, stalled`
+
+// Tasks reads the view, newest context first (or as q.ActiveFirst says).
 func Tasks(ctx context.Context, db DB, q TaskQuery) ([]Task, error) {
 	var args []any
 	param := params(&args)
 	where := q.conditions(param)
-	sql := `
-		SELECT etl_context_id, parent_context_id, kind, queue, etl_status, attempt, max_attempts,
-		       job_state, host, pid, created_at, started_at, finished_at, heartbeat_at,
-		       latest_event_type, latest_event_at, ` + boundedJSON("progress", param(q.MaxPayload)+"::int") + `, progress_at,
-		       initial_event_locked, river_job_id, run_id::text, idempotency_key, cancel_requested_at, log_path,
-		       host_id, command_pgid, lock_lost_at, lock_mode, runner_release, runner_protocol,
-		       due_at, waiting_for, waiting_since, concurrency_key, children, stalled
-		  FROM data_manager.dama_task_queue`
-	if len(where) > 0 {
-		sql += "\n\t\t WHERE " + strings.Join(where, " AND ")
-	}
-	sql += "\n\t\t ORDER BY etl_context_id DESC"
-	if q.Limit > 0 {
-		sql += "\n\t\t LIMIT " + param(q.Limit)
+	columns := strings.NewReplacer("progress,", boundedJSON("progress", param(q.MaxPayload)+"::int")+" AS progress,",
+		"run_id,", "run_id::text AS run_id,").Replace(taskColumns)
+	var sql string
+	if q.activeFirst() {
+		sql = activeFirst(q, columns, where, param)
+	} else {
+		sql = "SELECT " + columns + "\n\t\t  FROM data_manager.dama_task_queue"
+		if len(where) > 0 {
+			sql += "\n\t\t WHERE " + strings.Join(where, " AND ")
+		}
+		sql += "\n\t\t ORDER BY etl_context_id DESC"
+		if q.Limit > 0 {
+			sql += "\n\t\t LIMIT " + param(q.Limit)
+		}
 	}
 	tasks, err := collect[Task](ctx, db, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("read task queue: %w", err)
 	}
 	return tasks, nil
+}
+
+// activeFirst is the statement of q.ActiveFirst: the ids of each place in
+// its order (the finished share the last), each read newest first from its
+// status's index and cut to the limit, merged and cut again; then their
+// rows of the view, whose columns, a lateral subquery's, are columns.
+func activeFirst(q TaskQuery, columns string, where []string, param func(any) string) string {
+	places := [][]Status{{StatusRunning}, {StatusRetrying}, {StatusQueued}, {StatusDone, StatusFailed, StatusCancelled}}
+	from := 0
+	if q.Before != 0 {
+		from = max(0, slices.IndexFunc(places, func(p []Status) bool { return slices.Contains(p, q.BeforeStatus) }))
+	}
+	limit := ""
+	if q.Limit > 0 {
+		limit = " LIMIT " + param(q.Limit)
+	}
+	before := ""
+	if q.Before != 0 {
+		before = "etl_context_id < " + param(q.Before)
+	}
+	var parts []string
+	for place, statuses := range places[from:] {
+		place += from
+		for _, st := range statuses {
+			cond := append(slices.Clone(where), "etl_status = '"+string(st)+"'")
+			if place == from && before != "" {
+				cond = append(cond, before)
+			}
+			// Ordered as the (etl_status, etl_context_id) index is, which
+			// the planner then reads backwards, rather than the primary key
+			// filtered, which reads every newer task of other statuses.
+			parts = append(parts, fmt.Sprintf(`(SELECT etl_context_id, %d AS place FROM data_manager.etl_contexts
+		          WHERE %s ORDER BY etl_status DESC, etl_context_id DESC%s)`, place, strings.Join(cond, " AND "), limit))
+		}
+	}
+	return `
+		SELECT v.* FROM (SELECT * FROM (` + strings.Join(parts, "\n\t\t UNION ALL ") + `) AS u
+		 ORDER BY place, etl_context_id DESC` + limit + `) AS p
+		 CROSS JOIN LATERAL (SELECT ` + columns + `
+		                       FROM data_manager.dama_task_queue WHERE etl_context_id = p.etl_context_id) AS v
+		 ORDER BY p.place, p.etl_context_id DESC`
 }
 
 // Children counts the children of context parent by status.
@@ -197,6 +256,13 @@ type Trouble struct {
 	// per attempt and reason); empty when none did.
 	Unfit, Host string
 	At          time.Time
+	// Unserved says that no supervisor serves the kind of a task that
+	// waits to start in its queue (KindServed: though one serves the kind
+	// in another); LastServed, when one that did was last seen, and on
+	// which host (nil when none ever did).
+	Unserved, KindServed bool
+	LastServed           *time.Time
+	LastServedHost       string
 }
 
 // maxTroubleText bounds each text of a Trouble, in characters: a list of
@@ -208,37 +274,60 @@ const maxTroubleText = 1024
 // one statement, each text cut to maxTroubleText characters.
 func Troubles(ctx context.Context, db DB, ids []int64) (map[int64]Trouble, error) {
 	rows, err := db.Query(ctx, `
-		SELECT c.etl_context_id,
-		       (SELECT left(e.payload->>'reason', $5) FROM data_manager.event_store AS e
-		         WHERE e.etl_context_id = c.etl_context_id AND e.type = c.kind || ':' || $2
-		         ORDER BY e.event_id DESC LIMIT 1),
-		       left(u.meta->>$4, $5), left(u.payload->>'host', $5), u.created_at
+		WITH sup AS MATERIALIZED (SELECT state, host, kinds, queues, last_seen_at FROM data_manager.dama_supervisors)
+		SELECT c.etl_context_id, f.reason, f.code, f.exit,
+		       left(u.meta->>$4, $5), left(u.payload->>'host', $5), u.created_at,
+		       w.etl_context_id IS NOT NULL, coalesce(w.kind_served, false), w.last_seen_at, w.host
 		  FROM data_manager.etl_contexts AS c
+		  LEFT JOIN LATERAL (
+		       SELECT left(e.payload->>'reason', $5) AS reason, left(e.payload->>'exit_code', 12) AS code,
+		              left(e.payload->>'exit', $5) AS exit
+		         FROM data_manager.event_store AS e
+		        WHERE e.etl_context_id = c.etl_context_id AND e.type = c.kind || ':' || $2
+		        ORDER BY e.event_id DESC LIMIT 1) AS f ON true
 		  LEFT JOIN LATERAL (
 		       SELECT e.meta, e.payload, e.created_at FROM data_manager.event_store AS e
 		        WHERE c.etl_status IN `+sqlDue+`
 		          AND e.etl_context_id = c.etl_context_id AND e.type = c.kind || ':' || $3
 		          AND e.attempt = c.attempt + 1 AND e.meta ? $4
 		        ORDER BY e.event_id DESC LIMIT 1) AS u ON true
+		  LEFT JOIN LATERAL (
+		       SELECT c.etl_context_id, s.last_seen_at, s.host,
+		              EXISTS (SELECT FROM sup WHERE sup.state = '`+SupervisorServing+`' AND c.kind = ANY (sup.kinds)) AS kind_served
+		         FROM (SELECT) AS one
+		         LEFT JOIN LATERAL (SELECT sup.last_seen_at, sup.host FROM sup WHERE c.kind = ANY (sup.kinds)
+		                             ORDER BY sup.last_seen_at DESC LIMIT 1) AS s ON true
+		        WHERE c.etl_status IN `+sqlDue+`
+		          -- One of a release that does not say what it serves may
+		          -- serve anything (kinds NULL).
+		          AND NOT EXISTS (SELECT FROM sup WHERE sup.state = '`+SupervisorServing+`'
+		                             AND (sup.kinds IS NULL OR c.kind = ANY (sup.kinds) AND c.queue = ANY (sup.queues)))) AS w ON true
 		 WHERE c.etl_context_id = ANY($1) AND c.etl_status IN (`+sqlQueued+`, `+sqlRetrying+`, `+sqlFailed+`)`, ids, protocol.EventError, protocol.EventWarning, UnfitHostMeta, maxTroubleText)
 	if err != nil {
 		return nil, fmt.Errorf("read what went wrong with tasks: %w", err)
 	}
 	troubles := map[int64]Trouble{}
 	var (
-		id                 int64
-		errText, unfit, on *string
-		at                 *time.Time
+		id                                       int64
+		errText, code, exit, unfit, on, lastHost *string
+		at, lastSeen                             *time.Time
+		unserved, kindServed                     bool
 	)
-	_, err = pgx.ForEachRow(rows, []any{&id, &errText, &unfit, &on, &at}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&id, &errText, &code, &exit, &unfit, &on, &at, &unserved, &kindServed, &lastSeen, &lastHost}, func() error {
 		var t Trouble
 		if errText != nil {
-			t.Error = *errText
+			t.Error = failedWith(*errText, deref(code), deref(exit))
 		}
 		if unfit != nil && at != nil {
 			t.Unfit, t.At = strings.TrimPrefix(*unfit, UnfitPrefix), *at
 			if on != nil {
 				t.Host = *on
+			}
+		}
+		if unserved {
+			t.Unserved, t.KindServed, t.LastServed = true, kindServed, lastSeen
+			if lastHost != nil {
+				t.LastServedHost = *lastHost
 			}
 		}
 		if t != (Trouble{}) {
@@ -250,6 +339,26 @@ func Troubles(ctx context.Context, db DB, ids []int64) (map[int64]Trouble, error
 		return nil, fmt.Errorf("read what went wrong with tasks: %w", err)
 	}
 	return troubles, nil
+}
+
+// failedWith is what went wrong, by an outcome's reason, exit_code and
+// exit: led by how the command ended ("exit 3", "killed by SIGSEGV") when
+// the reason is its own words (its failure line, else its last line).
+func failedWith(reason, code, exit string) string {
+	switch {
+	case exit == "":
+		return reason
+	case code != "" && !strings.HasPrefix(code, "-"):
+		return "exit " + code + ": " + reason
+	}
+	return strings.TrimPrefix(exit, "command ") + ": " + reason
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }
 
 // CountByStatus counts the contexts q selects in each status, its

@@ -170,8 +170,16 @@ func (w *kubeWorld) kubectl(args ...string) (string, error) {
 }
 
 // deploy applies deploy/kubernetes, as a user would, through an overlay
-// with the world's configuration.
+// with the world's configuration, and waits for it to be rolled out.
 func (w *kubeWorld) deploy() {
+	w.T.Helper()
+	w.apply()
+	w.rolledOut()
+}
+
+// apply applies deploy/kubernetes through an overlay with the world's
+// configuration.
+func (w *kubeWorld) apply() {
 	w.T.Helper()
 	dir := filepath.Join(w.Dir, "overlay")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -197,10 +205,10 @@ configMapGenerator:
 			w.T.Fatal(err)
 		}
 	}
-	if out, err := w.kubectl("apply", "-k", dir); err != nil {
+	// The database is migrated already: the migration's Job is left out.
+	if out, err := w.kubectl("apply", "-k", dir, "-l", "app.kubernetes.io/component!=migrate"); err != nil {
 		w.T.Fatalf("kubectl apply -k: %v\n%s", err, out)
 	}
-	w.rolledOut()
 }
 
 // rolledOut waits for the supervisor's Deployment to be rolled out.
@@ -208,6 +216,53 @@ func (w *kubeWorld) rolledOut() {
 	w.T.Helper()
 	if out, err := w.kubectl("rollout", "status", "deployment/dama-supervisor", "--timeout=150s"); err != nil {
 		w.T.Fatalf("rollout status: %v\n%s", err, out)
+	}
+}
+
+// TestRolloutStatusWaitsForTheSupervisorOnKubernetes: the supervisor's
+// pod is ready once the supervisor works (its startup probe, dama ready),
+// so that kubectl rollout status returns then, and a roll keeps the old
+// supervisor until then: not while it waits for a database it cannot
+// reach.
+func TestRolloutStatusWaitsForTheSupervisorOnKubernetes(t *testing.T) {
+	w := newKubeWorld(t)
+	ctx := context.Background()
+	secrets := w.core.Secrets(w.ns)
+	secret, err := secrets.Get(ctx, "dama-database", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := secret.Data["url"]
+	// The node's address, on a port where nothing listens.
+	secret.Data["url"] = []byte("postgres://postgres@" + strings.Split(os.Getenv(kubeDBAddrEnv), ":")[0] + ":1/postgres?sslmode=disable&connect_timeout=2")
+	if secret, err = secrets.Update(ctx, secret, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w.apply()
+	began := time.Now()
+	if out, err := w.kubectl("rollout", "status", "deployment/dama-supervisor", "--timeout=20s"); err == nil {
+		t.Fatalf("rollout status returned %s after the apply, for a supervisor that cannot reach its database:\n%s", time.Since(began).Round(time.Millisecond), out)
+	}
+	testenv.Eventually(t, time.Minute, "the startup probe to say why", func() (bool, error) {
+		out, err := w.kubectl("get", "events", "--field-selector", "reason=Unhealthy", "-o", "jsonpath={.items[*].message}")
+		return strings.Contains(out, "is not ready: it waits for the database"), fmt.Errorf("events %q: %v", out, err)
+	})
+	if out, _ := w.kubectl("get", "pods", "-l", "app.kubernetes.io/component=supervisor", "-o", "jsonpath={.items[*].status.containerStatuses[*].ready}"); out != "false" {
+		t.Errorf("the supervisor's pod, waiting for its database: ready %q, want false", out)
+	}
+
+	secret.Data["url"] = good
+	if _, err := secrets.Update(ctx, secret, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := w.kubectl("rollout", "restart", "deployment/dama-supervisor"); err != nil {
+		t.Fatalf("rollout restart: %v\n%s", err, out)
+	}
+	w.rolledOut()
+	// It works: it holds its liveness lock.
+	var n int
+	if err := w.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name LIKE 'dama-supervisor-liveness:%'`).Scan(&n); err != nil || n != 1 {
+		t.Errorf("when rollout status returned, %d supervisors held their liveness lock (%v), want 1", n, err)
 	}
 }
 
@@ -349,8 +404,10 @@ func TestWhatKubernetesAddsOnKubernetes(t *testing.T) {
 
 	t.Run("a command out of memory says so", func(t *testing.T) {
 		task := w.WaitForTask(hog, 3*time.Minute, "FAILED", func(task etlcontext.Task) bool { return task.Status.Finished() })
-		if r := eventReason(hog, "ERROR"); task.Status != etlcontext.StatusFailed || !strings.Contains(r, "out of memory") {
-			t.Errorf("%s: ERROR %q, want FAILED out of memory", task.Status, r)
+		// As dama status says it: how the command ended leads its last words.
+		f, err := etlcontext.LastFailure(ctx, w.Pool, hog, task.Kind)
+		if r := f.Reason; err != nil || task.Status != etlcontext.StatusFailed || !strings.Contains(r, "out of memory") {
+			t.Errorf("%s: ERROR %q (%v), want FAILED out of memory", task.Status, r, err)
 		} else {
 			t.Logf("reason: %s", r)
 		}

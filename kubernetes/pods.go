@@ -48,6 +48,11 @@ const (
 	managedBy      = "dama"
 )
 
+// ImageEnv names dama's image for the task pods when kubernetes.image
+// names none: deploy/kubernetes sets it to the supervisor's own image, so
+// that its kustomization's images: names it once for both.
+const ImageEnv = "DAMA_IMAGE"
+
 // What dama adds to a kind's template; a template may use none of these
 // names.
 const (
@@ -102,8 +107,12 @@ var _ supervisor.Launcher = (*Launcher)(nil)
 
 // New returns the Launcher of cfg's kubernetes kinds, talking to the cluster
 // the process runs in (its service account), or else the one $KUBECONFIG
-// (or ~/.kube/config) names.
+// (or ~/.kube/config) names; their pods run dama's image of
+// kubernetes.image, else of $DAMA_IMAGE.
 func New(cfg *config.Config, logger *slog.Logger) (*Launcher, error) {
+	withImage := *cfg
+	withImage.Kubernetes.Image = cmp.Or(cfg.Kubernetes.Image, os.Getenv(ImageEnv))
+	cfg = &withImage
 	rc, namespace, err := clusterConfig()
 	if err != nil {
 		return nil, err
@@ -159,6 +168,9 @@ func NewWith(core corev1client.CoreV1Interface, namespace string, cfg *config.Co
 		if k.Runner != config.RunnerKubernetes {
 			continue
 		}
+		if r.image == "" {
+			return nil, fmt.Errorf("kind %s runs on kubernetes: kubernetes.image (or $%s), dama's image for its pods, is required", name, ImageEnv)
+		}
 		if errs := validation.IsValidLabelValue(name); len(errs) > 0 {
 			return nil, fmt.Errorf("kind %s runs on kubernetes: its name labels its pods: %s", name, strings.Join(errs, "; "))
 		}
@@ -207,8 +219,6 @@ func parseTemplate(raw []byte) (corev1.PodTemplateSpec, error) {
 	switch {
 	case task == nil:
 		return t, errors.New("want a container named task, which runs the kind's command")
-	case task.Image == "":
-		return t, errors.New("containers.task: want an image")
 	case len(task.Command) > 0 || len(task.Args) > 0:
 		return t, errors.New("containers.task: command and args are the kind's command, not the container's")
 	case spec.ShareProcessNamespace != nil && *spec.ShareProcessNamespace:
@@ -388,6 +398,11 @@ func (r *Launcher) build(l launch) (*corev1.Pod, error) {
 	for i := range spec.Containers {
 		if c := &spec.Containers[i]; c.Name == containerTask {
 			c.Command = []string{runDir + "/" + shimName, shimSocket}
+			// dama's image has dama's programs alone: a command of
+			// theirs, as a check that the pods work.
+			if c.Image == "" {
+				c.Image = r.image
+			}
 			c.VolumeMounts = append(c.VolumeMounts, runMount)
 			// The command shares the pod's network with the task process:
 			// raw sockets would let it read and forge the task process's

@@ -310,7 +310,6 @@ func TestPruneDeletesThePodsPastTheirRetention(t *testing.T) {
 func TestATemplateThatWouldBreakOrExposeThePodIsRefused(t *testing.T) {
 	for name, c := range map[string]struct{ spec, want string }{
 		"no task container":      {`{containers: [{name: main, image: x}]}`, "container named task"},
-		"no image":               {`{containers: [{name: task}]}`, "want an image"},
 		"its own command":        {`{containers: [{name: task, image: x, command: [run]}]}`, "kind's command"},
 		"shared processes":       {`{shareProcessNamespace: true, containers: [{name: task, image: x}]}`, "shareProcessNamespace"},
 		"host processes":         {`{hostPID: true, containers: [{name: task, image: x}]}`, "hostPID"},
@@ -412,6 +411,57 @@ func TestDamasContainersTakeTheConfiguredResources(t *testing.T) {
 		_, err = NewWith(fakeCore(t), "etl", cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.HasPrefix(err.Error(), "kubernetes.resources: ") {
 			t.Errorf("%s: %v, want %q", name, err, c.want)
+		}
+	}
+}
+
+// dama's image is named once: by kubernetes.image, else by $DAMA_IMAGE,
+// which deploy/kubernetes sets to the supervisor's own; a supervisor with
+// neither refuses its kubernetes kinds. A task's container that names no
+// image runs dama's.
+func TestDamasImageIsTheConfiguredOrTheSupervisorsOwn(t *testing.T) {
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: c, context: {cluster: c, user: u, namespace: etl}}]
+current-context: c
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("KUBECONFIG", kubeconfig)
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	noImage := strings.Replace(testConfig, `image: "registry.example/dama:1.0", `, "", 1)
+	for _, c := range []struct{ name, config, env, want string }{
+		{"configured", testConfig, "registry.example/dama:2.0", "registry.example/dama:1.0"},
+		{"the supervisor's", noImage, "registry.example/dama:2.0", "registry.example/dama:2.0"},
+		{"none", noImage, "", ""},
+	} {
+		t.Setenv(ImageEnv, c.env)
+		// Without the image, the configuration is one for any command but
+		// a supervisor's (dama submit, a pod's task process).
+		cfg, err := config.Parse([]byte(c.config))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := New(cfg, logger)
+		if cfg.Kubernetes.Image == c.env && c.env != "" {
+			t.Errorf("%s: New changed the configuration's image", c.name)
+		}
+		switch {
+		case c.want == "" && (err == nil || err.Error() != "kind load runs on kubernetes: kubernetes.image (or $DAMA_IMAGE), dama's image for its pods, is required"):
+			t.Errorf("%s: %v, want the image asked for", c.name, err)
+		case c.want != "" && err != nil:
+			t.Errorf("%s: %v", c.name, err)
+		case c.want != "" && r.image != c.want:
+			t.Errorf("%s: image %q, want %q", c.name, r.image, c.want)
+		}
+	}
+	pod := launchedPod(t, strings.Replace(testConfig, "image: python:3.12", "", 1))
+	for _, c := range pod.Spec.Containers {
+		if c.Image != "registry.example/dama:1.0" {
+			t.Errorf("container %s runs %q, want dama's image", c.Name, c.Image)
 		}
 	}
 }

@@ -222,12 +222,13 @@ func TestAPodsCommandRunsUnderTheShimWithoutTheSecrets(t *testing.T) {
 	if task.Status != etlcontext.StatusFailed {
 		t.Errorf("status %s, want FAILED", task.Status)
 	}
-	var reason string
-	if err := w.Pool.QueryRow(context.Background(), `SELECT payload->>'reason' FROM data_manager.event_store WHERE etl_context_id = $1 AND type = 'pod:ERROR'`, id).Scan(&reason); err != nil {
+	var reason, exit string
+	if err := w.Pool.QueryRow(context.Background(), `SELECT payload->>'reason', payload->>'exit' FROM data_manager.event_store WHERE etl_context_id = $1 AND type = 'pod:ERROR'`, id).Scan(&reason, &exit); err != nil {
 		t.Fatal(err)
 	}
-	if reason != "command exited with code 3" {
-		t.Errorf("ERROR's reason %q, want the command's exit", reason)
+	// Without a failure line, the command's last line is the reason.
+	if exit != "command exited with code 3" || !strings.HasPrefix(reason, "db=none pg=") {
+		t.Errorf("ERROR's reason %q, exit %q: want the command's last line and its exit", reason, exit)
 	}
 	var rows int
 	if err := w.Pool.QueryRow(context.Background(), `SELECT (payload->>'rows')::int FROM data_manager.event_store WHERE etl_context_id = $1 AND type = 'pod:LOADED'`, id).Scan(&rows); err != nil || rows != 42 {

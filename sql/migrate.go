@@ -152,9 +152,9 @@ func takeMigrateLock(ctx context.Context, conn *pgxpool.Conn) error {
 
 // Migrate applies River's migrations and then dama's own, idempotently, then
 // creates dama's roles and grants them their rights, as far as the migrating
-// role may (see CheckRoles). It holds a session-level advisory lock for the
-// whole run, so that several Migrate calls at once (two deploys racing)
-// apply each migration once.
+// role may: CheckRoles says what it could not. It holds a session-level
+// advisory lock for the whole run, so that several Migrate calls at once
+// (two deploys racing) apply each migration once.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
@@ -255,11 +255,10 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error
 		}
 	}
 	// Every run, so that the roles' rights cover the tables just added.
-	// A role that may not create roles or grant rights leaves that to an
-	// administrator (CheckRoles says what is missing, RolesSQL how).
-	if err := ensureRoles(ctx, pool, logger); errors.Is(err, ErrRolesIncomplete) {
-		logger.Warn("dama's roles are not in place: an administrator is to run the SQL of `dama roles`", "error", err)
-	} else if err != nil {
+	// A role that may not create roles or grant rights leaves that to one
+	// that may (CheckRoles says what is missing, EnsureRoles or RolesSQL
+	// add it): the roles are optional.
+	if err := EnsureRoles(ctx, pool, logger); err != nil && !errors.Is(err, ErrRolesIncomplete) {
 		return err
 	}
 	return nil

@@ -249,7 +249,7 @@ $$`, strings.Join(tables, "', '"), privileges, to, seq)
 
 // RolesSQL is the SQL that creates dama's roles and grants them their
 // rights in the database it is run in, for an administrator to run when
-// dama migrate may not (dama roles prints it).
+// dama migrate may not (dama roles --sql prints it).
 func RolesSQL() string {
 	var b strings.Builder
 	b.WriteString("-- dama's roles (server-wide), and their rights in this database.\n")
@@ -265,13 +265,14 @@ func RolesSQL() string {
 }
 
 // ErrRolesIncomplete says that dama's roles could not all be created or
-// granted their rights: an administrator is to run RolesSQL.
+// granted their rights: a role that may is to run EnsureRoles (dama
+// roles), or an administrator RolesSQL.
 var ErrRolesIncomplete = errors.New("dama's roles are not all in place")
 
-// ensureRoles creates dama's roles, when the migrating role may, and grants
-// them their rights, when it owns dama's tables. What it may not do is
-// left, with ErrRolesIncomplete.
-func ensureRoles(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error {
+// EnsureRoles creates dama's roles, when the connected role may, and grants
+// them their rights, when it owns dama's tables (or is a superuser). What it
+// may not do is left, with ErrRolesIncomplete.
+func EnsureRoles(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error {
 	var mayCreate bool
 	if err := pool.QueryRow(ctx, `SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user`).Scan(&mayCreate); err != nil {
 		return fmt.Errorf("read the migrating role's rights: %w", err)
@@ -305,7 +306,7 @@ func ensureRoles(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) e
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42501" {
-			return fmt.Errorf("%w: this role may not grant rights on dama's tables (%s)", ErrRolesIncomplete, pgErr.Message)
+			return fmt.Errorf("%w: this role may not grant rights on dama's tables (%s): dama migrate, run by their owner, grants them once the roles exist", ErrRolesIncomplete, pgErr.Message)
 		}
 		return fmt.Errorf("grant dama's roles their rights: %w", err)
 	}
@@ -327,7 +328,7 @@ func CheckRoles(ctx context.Context, pool *pgxpool.Pool) error {
 	var lacking []string
 	for _, r := range roleNames() {
 		if !slices.Contains(present, r) {
-			lacking = append(lacking, r+" (missing)")
+			lacking = append(lacking, r+" missing")
 		}
 	}
 	var schemaTables []string

@@ -1401,6 +1401,78 @@ CREATE VIEW data_manager.dama_schedules AS
 
 
 --
+-- Name: supervisors; Type: TABLE; Schema: data_manager; Owner: -
+--
+
+CREATE TABLE data_manager.supervisors (
+    client_id text NOT NULL,
+    host text NOT NULL,
+    host_id text NOT NULL,
+    pid integer NOT NULL,
+    release text NOT NULL,
+    lock_modes text[] NOT NULL,
+    queues text[] NOT NULL,
+    kinds text[] NOT NULL,
+    pod_kinds text[] NOT NULL,
+    started_at timestamp with time zone DEFAULT now() NOT NULL,
+    last_seen_at timestamp with time zone DEFAULT now() NOT NULL,
+    stopped_at timestamp with time zone
+);
+
+
+--
+-- Name: dama_supervisors; Type: VIEW; Schema: data_manager; Owner: -
+--
+
+CREATE VIEW data_manager.dama_supervisors AS
+ WITH serving AS MATERIALIZED (
+         SELECT l.objid,
+            a.application_name,
+            a.backend_start
+           FROM (pg_locks l
+             JOIN pg_stat_activity a ON ((a.pid = l.pid)))
+          WHERE ((l.locktype = 'advisory'::text) AND (l.classid = (1684106595)::oid) AND (l.objsubid = 2) AND l.granted AND (l.database = ( SELECT d.oid
+                   FROM pg_database d
+                  WHERE (d.datname = current_database()))) AND has_table_privilege(a.usesysid, 'data_manager.supervisors'::text, 'INSERT'::text))
+        ), running AS MATERIALIZED (
+         SELECT c.queue,
+            c.host_id,
+            c.kind,
+            count(*) AS n
+           FROM data_manager.etl_contexts c
+          WHERE (c.etl_status = 'RUNNING'::text)
+          GROUP BY c.queue, c.host_id, c.kind
+        )
+ SELECT
+        CASE
+            WHEN ((g.objid IS NOT NULL) AND ((s.client_id IS NULL) OR (s.last_seen_at > (now() - '00:01:30'::interval)))) THEN 'SERVING'::text
+            WHEN (g.objid IS NOT NULL) THEN 'UNRESPONSIVE'::text
+            WHEN (s.stopped_at IS NOT NULL) THEN 'STOPPED'::text
+            ELSE 'LOST'::text
+        END AS state,
+    COALESCE(s.host, regexp_replace(substr(g.application_name, 26), '_[0-9]{4}_[0-9]{2}_[0-9]{2}T.*$'::text, ''::text), 'unknown'::text) AS host,
+    s.pid,
+    s.release,
+    s.lock_modes,
+    s.queues,
+    s.kinds,
+    s.pod_kinds,
+        CASE
+            WHEN ((g.objid IS NOT NULL) AND (s.client_id IS NOT NULL)) THEN ( SELECT COALESCE(sum(r.n), (0)::numeric) AS "coalesce"
+               FROM running r
+              WHERE ((r.queue = ANY (s.queues)) AND ((r.host_id = s.host_id) OR (r.kind = ANY (s.pod_kinds)))))
+            ELSE NULL::numeric
+        END AS running,
+    COALESCE(s.started_at, g.backend_start) AS started_at,
+    COALESCE(s.last_seen_at, now()) AS last_seen_at,
+    s.stopped_at,
+    COALESCE(s.client_id, substr(g.application_name, 26), ''::text) AS client_id,
+    s.host_id
+   FROM (data_manager.supervisors s
+     FULL JOIN serving g ON ((g.objid = (hashtext(s.client_id))::oid)));
+
+
+--
 -- Name: river_job; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -1829,6 +1901,14 @@ ALTER TABLE ONLY data_manager.schedules
 
 ALTER TABLE ONLY data_manager.schema_migrations
     ADD CONSTRAINT schema_migrations_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: supervisors supervisors_pkey; Type: CONSTRAINT; Schema: data_manager; Owner: -
+--
+
+ALTER TABLE ONLY data_manager.supervisors
+    ADD CONSTRAINT supervisors_pkey PRIMARY KEY (client_id);
 
 
 --
@@ -2689,6 +2769,24 @@ GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE data_manager.schedules TO dama_superv
 GRANT SELECT ON TABLE data_manager.dama_schedules TO dama_reader;
 GRANT SELECT ON TABLE data_manager.dama_schedules TO dama_operator;
 GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE data_manager.dama_schedules TO dama_supervisor;
+
+
+--
+-- Name: TABLE supervisors; Type: ACL; Schema: data_manager; Owner: -
+--
+
+GRANT SELECT ON TABLE data_manager.supervisors TO dama_reader;
+GRANT SELECT ON TABLE data_manager.supervisors TO dama_operator;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE data_manager.supervisors TO dama_supervisor;
+
+
+--
+-- Name: TABLE dama_supervisors; Type: ACL; Schema: data_manager; Owner: -
+--
+
+GRANT SELECT ON TABLE data_manager.dama_supervisors TO dama_reader;
+GRANT SELECT ON TABLE data_manager.dama_supervisors TO dama_operator;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE data_manager.dama_supervisors TO dama_supervisor;
 
 
 --

@@ -173,8 +173,8 @@ func (s *Supervisor) reportLaunchFailure(ctx context.Context, logger *slog.Logge
 	s.launchFailures[c.ID] = reason
 	s.mu.Unlock()
 	if repeated {
-		logger.Debug("launch failed again; taken back without spending an attempt", "reason", reason)
+		logger.Debug("could not start the task again; no attempt spent", "reason", reason)
 		return
 	}
-	logger.Error("launch failed; taken back without spending an attempt, tried again every poll interval or as its launcher says", "reason", reason)
+	logger.Error("could not start the task; no attempt spent: it is tried again every poll_interval, or as its launcher says", "reason", reason)
 }

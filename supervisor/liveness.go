@@ -44,10 +44,13 @@ func rescueGraceFor(pollInterval time.Duration) time.Duration {
 }
 
 // connectNamed opens a connection of its own, not the pool's (it holds a
-// session lock or listens), named for pg_stat_activity.
+// session lock or listens), named for pg_stat_activity, that the server
+// ends once this host went silent: so the liveness lock of a supervisor
+// whose host vanished is released, and its tasks' steps rescued.
 func (s *Supervisor) connectNamed(ctx context.Context, name string) (*pgx.Conn, error) {
 	cfg := s.pool.Config().ConnConfig.Copy()
 	cfg.RuntimeParams["application_name"] = name
+	pgsession.EndWhenSilent(cfg)
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connect as %s: %w", name, err)
@@ -114,7 +117,7 @@ func (s *Supervisor) newLiveness() *pglisten.Listener[*pgx.Conn] {
 		Reconnected: func() {
 			s.metrics.reconnects.WithLabelValues("liveness").Inc()
 			muted := s.outage.End()
-			s.logger.Info("database connection back; liveness lock taken again", "outage", time.Since(lostAt).Round(time.Millisecond), "warnings_muted", muted)
+			s.logger.Info("database connection back; other supervisors see this one alive again", "outage", time.Since(lostAt).Round(time.Millisecond), "warnings_muted", muted)
 			lostAt = time.Time{}
 		},
 	}
@@ -158,6 +161,13 @@ func fetchOf(jobID int64, client string, at time.Time) suspect {
 	return suspect{jobID: jobID, client: client, attemptedAt: at.UnixMicro()}
 }
 
+// What rescueOrphanedSteps logs of a job it makes available again: of a
+// supervisor that stopped, or of a fetch of this one.
+const (
+	handedOnLine  = "a supervisor stopped looking after a task: any supervisor may take it up now; no attempt spent"
+	lostFetchLine = "tasks given to this supervisor never reached it: any supervisor may take them up now; no attempt spent"
+)
+
 // rescueOrphanedSteps makes available again, without spending an attempt,
 // the jobs that a dead supervisor left 'running', and those this
 // supervisor's River client fetched but never received (docs/architecture.md:
@@ -173,15 +183,16 @@ func (s *Supervisor) rescueOrphanedSteps(ctx context.Context) error {
 	rescued := func(jobs []etlcontext.Rescued, why string) {
 		for _, r := range jobs {
 			queues[r.Queue] = true
-			s.logger.Info("rescued the step of a dead supervisor", "job_id", r.ID, "why", why)
+			s.logger.Info(handedOnLine, "etl_context_id", r.Task, "job_id", r.ID, "why", why)
 		}
 	}
 
-	stale, err := etlcontext.RescueStaleSteps(ctx, s.pool, workTimeout(s.opts.LaunchTimeout)+stepTimeout(s.opts.LaunchTimeout))
+	staleAfter := workTimeout(s.opts.LaunchTimeout) + stepTimeout(s.opts.LaunchTimeout)
+	stale, err := etlcontext.RescueStaleSteps(ctx, s.pool, staleAfter)
 	if err != nil {
 		return err
 	}
-	rescued(stale, "older than its timeout")
+	rescued(stale, fmt.Sprintf("its supervisor has held it for over %s without a word", staleAfter))
 
 	own, looked := s.river.ID(), time.Now()
 	seen, err := etlcontext.AbandonedSteps(ctx, s.pool, own, fetchAnswerWait)
@@ -219,18 +230,19 @@ func (s *Supervisor) rescueOrphanedSteps(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		var found []int64
+		var found, tasks []int64
 		for _, r := range jobs {
 			if slices.ContainsFunc(lost, func(l etlcontext.Step) bool { return l.JobID == r.ID }) {
-				found = append(found, r.ID)
+				found, tasks = append(found, r.ID), append(tasks, r.Task)
 				queues[r.Queue] = true
 			} else {
-				rescued([]etlcontext.Rescued{r}, fmt.Sprintf("nobody looked after it for %s", s.rescueGrace))
+				rescued([]etlcontext.Rescued{r}, fmt.Sprintf("its supervisor was not seen for %s: stopped, or cut off from the database", s.rescueGrace))
 			}
 		}
 		if len(found) > 0 {
 			// One line per look, however many a lost fetch held.
-			s.logger.Warn("rescued the jobs of a fetch of this supervisor whose answer was lost", "jobs", len(found), "job_ids", found[:min(len(found), 10)], "why", fmt.Sprintf("no Work of it began them for %s", s.rescueGrace))
+			s.logger.Warn(lostFetchLine, "tasks", len(found), "etl_context_ids", tasks[:min(len(tasks), 10)], "job_ids", found[:min(len(found), 10)],
+				"why", fmt.Sprintf("the database's answer that gave them to this supervisor was lost, and it did not take them up for %s", s.rescueGrace))
 		}
 	}
 	for q := range queues {

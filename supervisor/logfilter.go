@@ -3,6 +3,7 @@ package supervisor
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,6 +34,8 @@ func (f levelFloor) WithGroup(name string) slog.Handler {
 type outageMuter struct {
 	down  atomic.Bool
 	muted atomic.Int64
+	// ended is when the last outage ended (End), in Unix nanoseconds.
+	ended atomic.Int64
 	// begun counts the outages, for the held records.
 	begun atomic.Int64
 	// held waits for the held records; once flushed, none is held, so
@@ -53,6 +56,7 @@ func (o *outageMuter) Begin() {
 
 // End stops muting and returns how many records were muted since Begin.
 func (o *outageMuter) End() int64 {
+	o.ended.Store(time.Now().UnixNano())
 	o.down.Store(false)
 	return o.muted.Swap(0)
 }
@@ -122,4 +126,41 @@ func (m muted) WithAttrs(attrs []slog.Attr) slog.Handler {
 func (m muted) WithGroup(name string) slog.Handler {
 	m.Handler = m.Handler.WithGroup(name)
 	return m
+}
+
+// outageTail is how long after an outage River may still say what failed
+// in it: its completer tries a batch three times, 1 s and 2 s apart, each
+// try for up to 10 s, and says it gave up, with the last try's error, 4 s
+// after the last one failed.
+const outageTail = 15 * time.Second
+
+// riverTail drops River's records of an outage that come within tail of
+// its end, which the outage's two lines said: a failure for an error that
+// says the database was unreachable, and its completer's tries ("Completer
+// error (will retry after sleep)", "Too many errors; giving up"), whose
+// outcome it says next ("Error completing batch", with the error; the batch
+// is tried again at its next tick). Any other failure passes.
+type riverTail struct {
+	slog.Handler
+	o    *outageMuter
+	tail time.Duration
+}
+
+func (h riverTail) Handle(ctx context.Context, r slog.Record) error {
+	ended := h.o.ended.Load()
+	if ended != 0 && time.Since(time.Unix(0, ended)) < h.tail &&
+		(lostTheDatabase(r) || strings.HasSuffix(r.Message, ": Too many errors; giving up") || strings.HasSuffix(r.Message, ": Completer error (will retry after sleep)")) {
+		return nil
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h riverTail) WithAttrs(attrs []slog.Attr) slog.Handler {
+	h.Handler = h.Handler.WithAttrs(attrs)
+	return h
+}
+
+func (h riverTail) WithGroup(name string) slog.Handler {
+	h.Handler = h.Handler.WithGroup(name)
+	return h
 }

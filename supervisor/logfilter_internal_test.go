@@ -2,9 +2,12 @@ package supervisor
 
 import (
 	"bytes"
+	"errors"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -103,4 +106,45 @@ func TestOutageHoldsMutesAndFlushes(t *testing.T) {
 			t.Errorf("%q written, want the warning muted", got)
 		}
 	})
+}
+
+// Within its tail after an outage, River's records of the outage are
+// dropped: its completer's tries and a failure for an unreachable
+// database. A failure for another reason passes, and so does everything
+// once the tail is over.
+func TestRiverTailDropsTheOutagesRecordsOnly(t *testing.T) {
+	t.Parallel()
+	var o outageMuter
+	out := &syncBuffer{}
+	tail := time.Hour
+	log := slog.New(riverTail{Handler: slog.NewTextHandler(out, &slog.HandlerOptions{ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+		if a.Key == slog.TimeKey {
+			return slog.Attr{}
+		}
+		return a
+	}}), o: &o, tail: tail})
+	unreachable := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+	records := func() {
+		log.Error("jobcompleter.BatchCompleter: Completer error (will retry after sleep)", "attempt", 3, "err", unreachable.Error())
+		log.Error("jobcompleter.BatchCompleter: Too many errors; giving up")
+		log.Error("jobcompleter.BatchCompleter: Error completing batch", "err", unreachable)
+		log.Error("jobcompleter.BatchCompleter: Error completing batch", "err", errors.New("another failure"))
+	}
+	records() // no outage yet: all pass
+	if got := strings.Count(out.String(), "\n"); got != 4 {
+		t.Errorf("before any outage %d records passed, want 4:\n%s", got, out)
+	}
+	o.Begin()
+	o.End()
+	before := out.String()
+	records()
+	if got := strings.TrimPrefix(out.String(), before); got != "level=ERROR msg=\"jobcompleter.BatchCompleter: Error completing batch\" err=\"another failure\"\n" {
+		t.Errorf("after the outage: %q, want the failure for another reason alone", got)
+	}
+	o.ended.Store(time.Now().Add(-tail).UnixNano())
+	before = out.String()
+	records()
+	if got := strings.Count(strings.TrimPrefix(out.String(), before), "\n"); got != 4 {
+		t.Errorf("after the tail %d records passed, want 4", got)
+	}
 }

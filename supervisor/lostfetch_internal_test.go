@@ -200,8 +200,8 @@ func TestAFetchWhoseAnswerWasLostIsRescued(t *testing.T) {
 	}); task.Attempt != 1 {
 		t.Errorf("the held task took %d attempts", task.Attempt)
 	}
-	if got := logs.jobIDs(); len(got) != 1 || got[0] != jobOf(t, admin, id) {
-		t.Errorf("jobs given back as a lost fetch's: %v, want only task %d's", got, id)
+	if got, tasks := logs.jobIDs(); len(got) != 1 || got[0] != jobOf(t, admin, id) || len(tasks) != 1 || tasks[0] != id {
+		t.Errorf("jobs given back as a lost fetch's: %v of tasks %v, want only task %d's", got, tasks, id)
 	}
 }
 
@@ -215,10 +215,10 @@ func jobOf(t *testing.T, db *pgxpool.Pool, id int64) int64 {
 }
 
 // lostHeard is a log handler that discards every record, but keeps the job
-// ids of those that give back the jobs of a lost fetch.
+// and task ids of those that give back the jobs of a lost fetch.
 type lostHeard struct {
-	mu  sync.Mutex
-	ids []int64
+	mu         sync.Mutex
+	ids, tasks []int64
 }
 
 func (h *lostHeard) Enabled(context.Context, slog.Level) bool { return true }
@@ -226,24 +226,28 @@ func (h *lostHeard) WithAttrs([]slog.Attr) slog.Handler       { return h }
 func (h *lostHeard) WithGroup(string) slog.Handler            { return h }
 
 func (h *lostHeard) Handle(_ context.Context, r slog.Record) error {
-	if r.Message != "rescued the jobs of a fetch of this supervisor whose answer was lost" {
+	if r.Message != lostFetchLine {
 		return nil
 	}
 	r.Attrs(func(a slog.Attr) bool {
-		if ids, ok := a.Value.Any().([]int64); ok && a.Key == "job_ids" {
-			h.mu.Lock()
+		ids, ok := a.Value.Any().([]int64)
+		h.mu.Lock()
+		switch {
+		case ok && a.Key == "job_ids":
 			h.ids = append(h.ids, ids...)
-			h.mu.Unlock()
+		case ok && a.Key == "etl_context_ids":
+			h.tasks = append(h.tasks, ids...)
 		}
+		h.mu.Unlock()
 		return true
 	})
 	return nil
 }
 
-func (h *lostHeard) jobIDs() []int64 {
+func (h *lostHeard) jobIDs() (jobs, tasks []int64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return slices.Clone(h.ids)
+	return slices.Clone(h.ids), slices.Clone(h.tasks)
 }
 
 // tcpEstablished reports whether the TCP connection on the loopback from

@@ -24,7 +24,7 @@ func (s *Supervisor) reconcile(ctx context.Context) error {
 			if _, err := s.river.JobRetry(ctx, *d.Job); err != nil {
 				return fmt.Errorf("retry job %d of unsettled task %d: %w", *d.Job, d.ID, err)
 			}
-			s.logger.Warn("retried a job whose state disagreed with its context", "etl_context_id", d.ID, "job_id", *d.Job)
+			s.logger.Warn("a task's River job disagreed with the task (ended by River's rescuer, or by hand): the job is tried again to set them right", "etl_context_id", d.ID, "job_id", *d.Job)
 		} else {
 			// Retrying a job twice is harmless, inserting two is not: a
 			// context must have exactly one job.
@@ -36,7 +36,7 @@ func (s *Supervisor) reconcile(ctx context.Context) error {
 				// Another supervisor's reconcile enqueued one first.
 				continue
 			}
-			s.logger.Warn("enqueued a new job for a context whose job was gone", "etl_context_id", d.ID, "job_id", jobID)
+			s.logger.Warn("a task's River job was gone (deleted by hand?): the task has a new one", "etl_context_id", d.ID, "job_id", jobID)
 		}
 		s.notifyQueue(ctx, d.Queue)
 	}

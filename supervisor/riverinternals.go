@@ -38,6 +38,10 @@ import (
 //     attempted_at, args.etl_context_id), and draw a job's id with nextval
 //     in the inserting statement (v0.51.1: coalesce(nullif(id, 0),
 //     nextval(...))), which it compares with currval.
+//   - riverTail (logfilter.go) knows the messages of River's completer's
+//     tries, and that a batch it gave up on is tried again at its next
+//     tick, so that an outage's failed completions are said by the
+//     outage's two lines, and completed after it.
 
 // riverChecked is the River release the internals here were checked against.
 const riverChecked = "v0.51.1"
@@ -49,7 +53,7 @@ func (s *Supervisor) notifyQueue(ctx context.Context, queue string) {
 		Topic:   "river_insert",
 		Payload: []string{fmt.Sprintf(`{"queue": %q}`, queue)},
 	}); err != nil {
-		s.logger.Warn("notify queue", "queue", queue, "error", err)
+		s.logger.Warn("tell the queue's supervisors that a task is ready", "queue", queue, "error", err)
 	}
 }
 

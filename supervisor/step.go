@@ -228,10 +228,24 @@ func (s *Supervisor) startAttempt(ctx context.Context, logger *slog.Logger, tx p
 		s.metrics.finished(c)
 		return river.JobCancel(fmt.Errorf("task %d was cancelled", id))
 	}
-	if _, ok := s.cfg.Kind(c.Kind); !ok {
+	k, ok := s.cfg.Kind(c.Kind)
+	if !ok {
 		// Another supervisor serving this queue may run the kind.
 		logger.Warn("kind not in this supervisor's configuration; leaving the task to another supervisor", "kind", c.Kind)
 		return river.JobSnooze(time.Duration(s.cfg.PollInterval))
+	}
+	if cannotRun(k) != nil {
+		// Once a task process of this host said why it cannot run the
+		// task (the task's reason), no other is started, which would say
+		// it again, until the host can: a launch every poll_interval
+		// would write a task process's lines to both logs each time.
+		told, err := etlcontext.UnfitOn(ctx, tx, id, c.Attempt+1, s.host)
+		if err != nil {
+			return s.transient(logger, err)
+		}
+		if told {
+			return river.JobSnooze(time.Duration(s.cfg.PollInterval))
+		}
 	}
 	if err := s.lingering(ctx, logger, tx, c); err != nil {
 		return err
@@ -348,7 +362,7 @@ func deref(s *string) string {
 // tried again later without spending one of River's attempts.
 func (s *Supervisor) transient(logger *slog.Logger, err error) error {
 	s.metrics.stepErrors.Inc()
-	logger.Warn("step failed; trying again", "error", err)
+	logger.Warn("could not look after the task; trying again at the next poll", "error", err)
 	return river.JobSnooze(time.Duration(s.cfg.PollInterval))
 }
 

@@ -106,7 +106,7 @@ type Supervisor struct {
 
 // Started is closed once Run works: it holds its liveness lock, listens,
 // and River fetches its queues' jobs. A service manager or a test waits on
-// it rather than on a log line.
+// it rather than on a log line. By then it is in data_manager.supervisors.
 func (s *Supervisor) Started() <-chan struct{} { return s.started }
 
 // ErrUnregisteredFunction is returned by New for a configuration whose
@@ -279,7 +279,8 @@ func (s *Supervisor) newRiverClient() (*river.Client[pgx.Tx], error) {
 		Workers: workers,
 		// River reports every retry and snooze at info level; dama logs
 		// what matters about a task itself.
-		Logger:            slog.New(levelFloor{Handler: s.outage.Handler(s.opts.Logger.Handler(), outageGrace, nil), Min: slog.LevelWarn}),
+		Logger: slog.New(levelFloor{Handler: riverTail{Handler: s.outage.Handler(s.opts.Logger.Handler(), outageGrace, nil), o: &s.outage, tail: outageTail},
+			Min: slog.LevelWarn}),
 		FetchCooldown:     s.opts.FetchCooldown,
 		FetchPollInterval: s.opts.FetchPollInterval,
 		JobTimeout:        stepTimeout(s.opts.LaunchTimeout),
@@ -358,13 +359,14 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	// Before River starts, so that its own rescuer never gets to the steps
 	// of supervisors that died long ago.
 	if err := s.rescueOrphanedSteps(ctx); err != nil {
-		s.logger.Warn("rescue orphaned steps", "error", err)
+		s.logger.Warn("look for tasks whose supervisor stopped looking after them", "error", err)
 	}
 	if err := etlcontext.WaitReachable(ctx, s.logger, func() error { return s.river.Start(ctx) }); err != nil {
 		return fmt.Errorf("start River client: %w", err)
 	}
 	s.logger.Info("supervisor started", "host", s.host, "client_id", s.river.ID(), "queues", s.cfg.QueueNames(), "kinds", s.cfg.KindNames(),
 		"release", version.Release, "commit", version.Commit(), "protocol", protocol.Version, "task_program", s.opts.Executable)
+	s.serves(ctx)
 	close(s.started)
 	s.reportOutageTolerance()
 	s.reportBudget(ctx)
@@ -374,6 +376,11 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		bg.Go(func() { s.sweepGroups(bgCtx) })
 	}
 	bg.Go(func() { every(bgCtx, time.Duration(s.cfg.PollInterval), s.tend) })
+	bg.Go(func() {
+		for sleep(bgCtx, servesEvery) {
+			s.serves(bgCtx)
+		}
+	})
 	if s.cfg.Retention >= 0 {
 		bg.Go(func() { every(bgCtx, pruneEvery(s.cfg), s.prune) })
 	}
@@ -398,13 +405,14 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stepTimeout(s.opts.LaunchTimeout))
 	defer cancel()
 	if err := s.river.Stop(stopCtx); err != nil {
-		s.logger.Warn("River did not stop in time; cancelling steps", "error", err)
+		s.logger.Warn("the work in hand on tasks did not end in time; cutting it short (their task processes keep running)", "error", err)
 		hardCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
 		if err := s.river.StopAndCancel(hardCtx); err != nil {
 			return errors.Join(stopErr, fmt.Errorf("stop River client: %w", err))
 		}
 	}
+	s.stopsServing(ctx)
 	s.logger.Info("supervisor stopped; task processes keep running")
 	return stopErr
 }
@@ -477,10 +485,10 @@ func sleep(ctx context.Context, d time.Duration) bool {
 // poll interval: a constant number of statements, however many tasks run.
 func (s *Supervisor) tend(ctx context.Context) {
 	if err := s.rescueOrphanedSteps(ctx); err != nil && ctx.Err() == nil {
-		s.logger.Warn("rescue orphaned steps", "error", err)
+		s.logger.Warn("look for tasks whose supervisor stopped looking after them", "error", err)
 	}
 	if err := s.reconcile(ctx); err != nil && ctx.Err() == nil {
-		s.logger.Warn("reconcile contexts with their jobs", "error", err)
+		s.logger.Warn("check that each task's River job agrees with the task", "error", err)
 	}
 	if err := s.watch(ctx); err != nil && ctx.Err() == nil {
 		s.logger.Warn("watch the running tasks", "error", err)
@@ -552,16 +560,29 @@ func (s *Supervisor) checkSharedUsers() {
 	}
 }
 
-// checkCommands logs, once per kind, a command this host cannot run: its
-// tasks wait, QUEUED, for a host that can (each task process checks again).
+// checkCommands logs, once per kind, a command this host cannot run, or
+// its user may not: its tasks wait, QUEUED, for a host that can (each task
+// process checks again).
 func (s *Supervisor) checkCommands() {
 	for _, name := range s.cfg.KindNames() {
-		k, _ := s.cfg.Kind(name)
-		if k.Function != "" || k.Runner == config.RunnerKubernetes {
-			continue
-		}
-		if _, err := k.FindCommand(); err != nil {
+		if err := cannotRun(s.cfg.Kinds[name]); err != nil {
 			s.logger.Error("this host cannot run a kind's command: its tasks wait for a host that can", "kind", name, "error", err)
 		}
 	}
+}
+
+// cannotRun says why this host cannot run kind k's command, as its task
+// processes would find: nil for one it can, or whose command runs elsewhere.
+func cannotRun(k config.Kind) error {
+	if k.Function != "" || k.Runner == config.RunnerKubernetes {
+		return nil
+	}
+	path, err := k.FindCommand()
+	if err == nil {
+		// checkUsers let the supervisor start: Resolve and Check agree.
+		if id, _ := runas.Resolve(k.User, k.Group); id != nil {
+			err = id.CanRun(path)
+		}
+	}
+	return err
 }

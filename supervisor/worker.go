@@ -172,7 +172,7 @@ func fetchedAgain(job *river.Job[TaskArgs], js etlcontext.JobState) bool {
 // outlive waits, writing nothing, until the Work that took job over is done
 // with it, so that what this one then returns changes nothing.
 func (s *Supervisor) outlive(ctx context.Context, job *river.Job[TaskArgs]) error {
-	s.logger.Warn("another supervisor took over this task's job; waiting for it to be done with the job", "etl_context_id", job.Args.ETLContextID, "job_id", job.ID)
+	s.logger.Warn("another supervisor took this task over; waiting until it is done with it", "etl_context_id", job.Args.ETLContextID, "job_id", job.ID)
 	tick := time.NewTicker(time.Duration(s.cfg.PollInterval))
 	defer tick.Stop()
 	for range tick.C {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -93,7 +92,7 @@ func connect(ctx context.Context, url, runKey, name string, heartbeat time.Durat
 	setKeepalives(cfg, heartbeat)
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("connect as %s: %w", name, err)
+		return nil, fmt.Errorf("%s: %w", name, etlcontext.ConnectFailed(err))
 	}
 	if err := pgsession.KeepIdle(ctx, conn); err != nil {
 		conn.Close(context.WithoutCancel(ctx))
@@ -109,27 +108,9 @@ func setKeepalives(cfg *pgx.ConnConfig, heartbeat time.Duration) {
 	if heartbeat <= 0 {
 		return
 	}
-	cfg.RuntimeParams["tcp_keepalives_idle"] = strconv.Itoa(int(keepaliveIdle.Seconds()))
-	cfg.RuntimeParams["tcp_keepalives_interval"] = strconv.Itoa(int(keepaliveInterval.Seconds()))
-	cfg.RuntimeParams["tcp_keepalives_count"] = strconv.Itoa(keepaliveCount)
-	// Data the server sent that stays unacknowledged this long also ends
-	// the session.
-	cfg.RuntimeParams["tcp_user_timeout"] = strconv.Itoa(int(LockReleaseBound.Milliseconds()))
+	pgsession.EndWhenSilent(cfg)
 	cfg.DialFunc = probingDialer(heartbeat).DialContext
 }
-
-// Server-side TCP keepalives of the lock connection. Without them the
-// server would hold the lock of a host that vanished until the kernel gives
-// up on the socket, about 2h11m with Linux's defaults; with them it ends
-// the session at most LockReleaseBound after the last packet it received.
-const (
-	keepaliveIdle     = 10 * time.Second
-	keepaliveInterval = 5 * time.Second
-	keepaliveCount    = 3
-	// LockReleaseBound is how long after a task's host went silent the
-	// server releases its lock.
-	LockReleaseBound = keepaliveIdle + keepaliveCount*keepaliveInterval
-)
 
 // fenceMargin covers what the bounds below do not: scheduling delays and
 // the difference between the runner's clock rate and the database's.

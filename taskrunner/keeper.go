@@ -170,7 +170,7 @@ func RunKeeper(ctx context.Context, opts KeeperOptions) int {
 	heartbeat := opts.Launch.Heartbeat
 	pool, err := pgxpool.ParseConfig(opts.DatabaseURL)
 	if err != nil {
-		logger.Error("lock keeper", "error", fmt.Errorf("parse database URL: %w", err))
+		logger.Error("the lock keeper ends on an error", "error", fmt.Errorf("parse database URL: %w", err))
 		return protocol.ExitSetup
 	}
 	pool.MaxConns = KeeperPoolSize
@@ -194,7 +194,7 @@ func RunKeeper(ctx context.Context, opts KeeperOptions) int {
 		logger.Info("another lock keeper serves the socket", "socket", opts.Launch.Socket)
 		return 0
 	case err != nil:
-		logger.Error("lock keeper", "error", err)
+		logger.Error("the lock keeper ends on an error", "error", err)
 		return protocol.ExitSetup
 	}
 	return 0

@@ -182,7 +182,11 @@ func (k *lockKeeper) check(ctx context.Context, grace time.Duration) (int, error
 	_, losses, _ = k.get()
 	ln := k.listener()
 	ln.Close(ctx)
-	return losses, ln.Reopen(rctx)
+	if err := ln.Reopen(rctx); err != nil {
+		return losses, err
+	}
+	k.logger.Info("lock taken again")
+	return losses, nil
 }
 
 // set records the lock's state, but past lockSuperseded, and wakes the main loop.
@@ -239,6 +243,8 @@ func (k *lockKeeper) watch(ctx context.Context) {
 		return
 	}
 	_ = k.listener().Serve(ctx)
+	// Not taken again from now on: an outage no longer waits for it.
+	k.w.outage.forget("lock")
 }
 
 // listener is the row-mode lock connection's: connecting again takes the
@@ -256,12 +262,12 @@ func (k *lockKeeper) listener() *pglisten.Listener[*pgx.Conn] {
 				k.set(lockSuperseded, err)
 				return false
 			}
-			k.logger.Warn("take the lock again", "error", err)
+			k.w.outage.lost("lock", err)
 			return true
 		},
 		Reconnected: func() {
-			k.logger.Info("lock taken again")
 			k.set(lockHeld, nil)
+			k.w.outage.back("lock")
 		},
 		// Short: the grace is what bounds the whole attempt, and a server
 		// that is back should be found at once.
@@ -345,7 +351,10 @@ func (k *lockKeeper) current(c *etlcontext.Context) error {
 }
 
 // lost is told that the connection holding the lock failed.
-func (k *lockKeeper) lost(err error) { k.set(lockLost, err) }
+func (k *lockKeeper) lost(err error) {
+	k.w.outage.lost("lock", err)
+	k.set(lockLost, err)
+}
 
 // resume runs first on every new connection of an advisory- or host-mode
 // writer: it takes the lock again and clears the loss mark. A permanent
@@ -383,7 +392,7 @@ func (k *lockKeeper) resume(ctx context.Context, conn dbConn) error {
 		return err
 	}
 	k.lastPID = conn.backendPID()
-	k.logger.Info("lock taken again")
 	k.set(lockHeld, nil)
+	k.w.outage.back("lock")
 	return nil
 }

@@ -46,7 +46,7 @@ func (r *runner) finish(ctx context.Context, code int, suffix string, payload pr
 		cause = errors.Join(cause, fmt.Errorf("record %s: %w", suffix, flushErr))
 	}
 	if err := r.lock.release(ctx, 2*time.Second); err != nil {
-		r.logger.Warn("release lock", "error", err)
+		r.logger.Warn("release the task's lock", "error", err)
 	}
 	if flushErr != nil || r.w.over() {
 		// The database is out of reach, or the run over: nobody would
@@ -59,7 +59,7 @@ func (r *runner) finish(ctx context.Context, code int, suffix string, payload pr
 		_, err := conn.Exec(ctx, "SELECT pg_notify($1, $2)", protocol.ExitedChannel, strconv.FormatInt(r.ctx.ID, 10))
 		return err
 	}); err != nil {
-		r.logger.Warn("announce exit", "error", err)
+		r.logger.Warn("tell the supervisors that the task process ends", "error", err)
 	}
 	return code, cause
 }
@@ -141,30 +141,61 @@ func exitFields(err error) []any {
 	return []any{"exit_code", exitCodeOf(err)}
 }
 
-// tailOfLog returns at most the last n bytes of the attempt's log file, starting at a
-// line boundary, cleaned for the database, and what was replaced.
-func (r *runner) tailOfLog(n int64) (string, etlcontext.Replaced) {
+// output returns at most the last n bytes the log holds of this attempt's
+// run of its command (its output, and this process's lines since), from
+// the start of a line.
+func (r *runner) output(n int64) string {
 	f, err := r.logs.Reader(r.ctx.ID, r.logFile)
 	if err != nil {
-		return "", etlcontext.Replaced{}
+		return ""
 	}
 	defer f.Close()
 	info, err := f.Stat()
 	if err != nil {
-		return "", etlcontext.Replaced{}
+		return ""
 	}
-	off := max(info.Size()-n, 0)
-	buf := make([]byte, info.Size()-off)
+	off := max(info.Size()-n, r.outputFrom)
+	buf := make([]byte, max(info.Size()-off, 0))
 	if _, err := f.ReadAt(buf, off); err != nil && !errors.Is(err, io.EOF) {
-		return "", etlcontext.Replaced{}
+		return ""
 	}
 	s := string(buf)
-	if off > 0 {
-		if i := strings.IndexByte(s, '\n'); i >= 0 {
-			s = s[i+1:]
+	if off > r.outputFrom {
+		// The end of a line cut short.
+		_, s, _ = strings.Cut(s, "\n")
+	}
+	return s
+}
+
+// tailOfLog returns at most the last n bytes of the attempt's output
+// (output), cleaned for the database, and what was replaced.
+func (r *runner) tailOfLog(n int64) (string, etlcontext.Replaced) {
+	return etlcontext.CleanText(r.output(n))
+}
+
+// lastWords is the last line this attempt's command wrote in the log, in
+// its last 4 KiB, cut to 512 bytes and cleaned for the database: the lines
+// the task process wrote there, and an earlier attempt's, are left out.
+func (r *runner) lastWords() string {
+	lines := strings.Split(r.output(4096), "\n")
+	own := " component=" + logComponent
+	for i := len(lines) - 1; i >= 0; i-- {
+		line := lines[i]
+		// This process's own line, or its end after the command's last
+		// words when they had no newline.
+		if at := strings.Index(line, "time="); at >= 0 && strings.Contains(line[at:], own) {
+			line = line[:at]
+		}
+		// What a progress bar (\r) drew last.
+		if at := strings.LastIndexByte(strings.TrimRight(line, "\r "), '\r'); at >= 0 {
+			line = line[at+1:]
+		}
+		if line = strings.TrimSpace(line); line != "" {
+			line, _ = etlcontext.CleanText(protocol.TruncateUTF8(line, 512))
+			return line
 		}
 	}
-	return etlcontext.CleanText(s)
+	return ""
 }
 
 func deref(s *string) string {

@@ -104,17 +104,17 @@ func runFromArgs(ctx context.Context, args []string, funcs Funcs, starter Starte
 	// memory (see Run).
 	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
 	own := &ownLog{w: os.Stderr}
-	logger := slog.New(slog.NewTextHandler(own, nil)).With("component", "taskrunner")
+	logger := slog.New(slog.NewTextHandler(own, nil)).With("component", logComponent)
 	// A command gets its stdio and its events pipe, not what this process
 	// inherited (its descriptors on the command line are kept: they are
 	// read, not handed on).
 	if err := hostproc.CloseInheritedOnExec(); err != nil {
-		logger.Error("taskrunner", "error", err, "exit_code", protocol.ExitSetup)
+		logger.Error("the task process ends on an error", "error", err, "exit_code", protocol.ExitSetup)
 		return protocol.ExitSetup
 	}
 	opts, err := runnerOptions(args, funcs)
 	if err != nil {
-		logger.Error("taskrunner", "error", err, "exit_code", protocol.ExitSetup)
+		logger.Error("the task process ends on an error", "error", err, "exit_code", protocol.ExitSetup)
 		return protocol.ExitSetup
 	}
 	opts.Logger, opts.Starter, opts.ownLog = logger, starter, own
@@ -123,7 +123,7 @@ func runFromArgs(ctx context.Context, args []string, funcs Funcs, starter Starte
 		if f, err := openLog(opts.Config, opts.ContextID); err == nil {
 			defer f.Close()
 			opts.ownLog = &ownLog{w: f}
-			opts.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(os.Stderr, opts.ownLog), nil)).With("component", "taskrunner")
+			opts.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(os.Stderr, opts.ownLog), nil)).With("component", logComponent)
 		}
 	}
 	// The runner ends on its own terms: a signal to it stops its command,
@@ -296,7 +296,7 @@ func RunKeeperFromArgs(ctx context.Context, args []string) int {
 		err = errors.New("the secrets hold no keeper's secret")
 	}
 	if err != nil {
-		logger.Error("keeper", "error", err, "exit_code", protocol.ExitSetup)
+		logger.Error("the lock keeper ends on an error", "error", err, "exit_code", protocol.ExitSetup)
 		return protocol.ExitSetup
 	}
 	return RunKeeper(context.WithoutCancel(ctx), KeeperOptions{
@@ -306,3 +306,6 @@ func RunKeeperFromArgs(ctx context.Context, args []string) int {
 		Logger:      logger,
 	})
 }
+
+// logComponent names the task process's own lines in a task's log.
+const logComponent = "taskrunner"

@@ -111,6 +111,9 @@ type started struct {
 // Starter, or as a child.
 func (r *runner) startCommand(eventsR, eventsW *os.File) (*started, error) {
 	p := &started{ended: make(chan struct{})}
+	if info, err := r.logFile.Stat(); err == nil {
+		r.outputFrom = info.Size()
+	}
 	if s := r.opts.Starter; s != nil {
 		c, err := s.Start(Command{
 			Argv: r.argv, Env: r.commandEnv(r.args, r.checkpoint), KillGrace: time.Duration(*r.kind.KillGrace),
@@ -212,11 +215,10 @@ type commandWatch struct {
 	r    *runner
 	proc *started
 
-	// The lock: the losses seen so far, whether it is lost now and
-	// since when, and the end of reconnect_grace while it is.
+	// The lock: the losses seen so far, whether it is lost now, and the
+	// end of reconnect_grace while it is.
 	seenLosses int
 	lockIsLost bool
-	lostSince  time.Time
 	graceTimer <-chan time.Time
 
 	timedOut   bool
@@ -299,10 +301,10 @@ func (w *commandWatch) lockChanged() {
 	r := w.r
 	state, losses, err := r.lock.get()
 	if losses > w.seenLosses && !w.lockIsLost {
-		// Lost, and perhaps held again already: the loss counts.
-		w.lockIsLost, w.lostSince = true, time.Now()
+		// Lost, and perhaps held again already: the loss counts. The
+		// writer's outage says so, and when it is back.
+		w.lockIsLost = true
 		grace := *r.opts.Config.ReconnectGrace
-		r.logger.Error("lock connection failed; keeping the command running while taking the lock again", "error", err, "reconnect_grace", grace)
 		if grace == 0 {
 			w.stop("lock connection failed", protocol.ExitLockLost)
 		} else {
@@ -313,7 +315,6 @@ func (w *commandWatch) lockChanged() {
 	switch {
 	case state == lockHeld && w.lockIsLost:
 		w.lockIsLost, w.graceTimer = false, nil
-		r.logger.Info("lock held again", "unlocked_for", time.Since(w.lostSince).Round(time.Millisecond))
 	case state == lockSuperseded:
 		w.stop("the lock could not be taken again: "+err.Error(), protocol.ExitLockLost)
 	}
@@ -366,12 +367,19 @@ func (r *runner) commandEnded(ctx context.Context, w *commandWatch, waitErr erro
 	failure := r.lastFailure()
 	if u := r.usage; w.stopReason == "" && u != nil && u.OOMKilled {
 		// Whatever the command said: it is likely what a process
-		// killed for its memory left behind.
-		payload.Reason, payload.Exit = outOfMemory(u), reason
+		// killed for its memory left behind. dama's words, not the
+		// command's: no exit leads them (etlcontext's failedWith).
+		payload.Reason = outOfMemory(u)
 	} else if f := failure; w.stopReason == "" && f != nil {
 		payload.Reason, payload.Exit = f.Error, reason
-	} else if u != nil && u.ForksRefused > 0 && r.kind.Resources != nil {
-		payload.Reason += "; " + forksRefused(u, r.kind.Resources.Pids)
+	} else {
+		if line := r.lastWords(); w.stopReason == "" && line != "" {
+			// Its last words stand in for the failure line it did not write.
+			payload.Reason, payload.Exit = line, reason
+		}
+		if u != nil && u.ForksRefused > 0 && r.kind.Resources != nil {
+			payload.Reason += "; " + forksRefused(u, r.kind.Resources.Pids)
+		}
 	}
 	switch {
 	case w.timedOut:

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -115,7 +116,7 @@ func Run(ctx context.Context, opts Options) int {
 	}
 	code, err := r.run(ctx)
 	if err != nil {
-		r.logger.Error("taskrunner", "error", err, "exit_code", code)
+		r.logger.Error("the task process ends on an error", "error", err, "exit_code", code)
 	}
 	if r.opts.Ready != nil {
 		r.opts.Ready.Close()
@@ -143,10 +144,12 @@ type runner struct {
 	// events reader, guarded by failureMu.
 	failure   *protocol.Failure
 	failureMu sync.Mutex
-	// logs is the log directory, logFile the attempt's log, open to append.
-	logs    *logdir.Dir
-	logPath string
-	logFile *os.File
+	// logs is the log directory, logFile the attempt's log, open to append;
+	// the command's output starts at outputFrom, its size then.
+	logs       *logdir.Dir
+	logPath    string
+	logFile    *os.File
+	outputFrom int64
 	// args and checkpoint are handed to the command.
 	args, checkpoint json.RawMessage
 	w                *writer
@@ -214,11 +217,11 @@ func (r *runner) run(ctx context.Context) (int, error) {
 	}
 	switch {
 	case errors.Is(err, etlcontext.ErrLocked):
-		r.logger.Info("another process holds the lock of this context")
+		r.logger.Info("another process holds the lock of this task; this launch ends")
 		return protocol.ExitLocked, nil
 	case errors.Is(err, etlcontext.ErrStaleRun):
 		// The lock keeper does not take the run's key.
-		r.logger.Info("this run is not the context's current one", "error", err)
+		r.logger.Info("this launch is no longer the task's current one; it ends", "error", err)
 		return protocol.ExitLocked, nil
 	case errors.Is(err, etlcontext.ErrProtocolRefused):
 		return protocol.ExitRefused, err
@@ -230,11 +233,11 @@ func (r *runner) run(ctx context.Context) (int, error) {
 	}
 	defer r.lock.release(ctx, stmtTimeout)
 	if c.Status.Finished() {
-		r.logger.Info("context already finished", "status", c.Status)
+		r.logger.Info("the task is already finished; this launch ends", "status", c.Status)
 		return protocol.ExitFinished, nil
 	}
 	if c.Status != etlcontext.StatusRunning || c.RunID == nil || *c.RunID != r.opts.RunID || c.PID != nil {
-		r.logger.Info("this run is not the context's current launch", "status", c.Status, "current_run_id", deref(c.RunID))
+		r.logger.Info("this launch is no longer the task's current one; it ends", "status", c.Status, "current_run_id", deref(c.RunID))
 		return protocol.ExitLocked, nil
 	}
 	r.ctx = c
@@ -286,6 +289,7 @@ func (r *runner) connections(mode config.LockMode) {
 		}
 	}
 	r.w = newWriter(r.opts.DatabaseURL, name, r.logger, stmtTimeout, hooks)
+	r.w.outage.grace = time.Duration(*r.opts.Config.ReconnectGrace)
 	r.w.dial = r.lock.dial
 	r.w.runKey = r.opts.RunKey
 	r.w.submit = r.opts.Submit
@@ -360,7 +364,8 @@ func (r *runner) start(ctx context.Context) (int, error) {
 }
 
 // prepare checks that this host can run the task: the kind is configured,
-// its command is found, and the log file can be opened.
+// its command is found, its user may run it, and the log file can be
+// opened.
 func (r *runner) prepare() error {
 	cfg := r.opts.Config
 	kind, ok := cfg.Kind(r.ctx.Kind)
@@ -391,7 +396,9 @@ func (r *runner) prepare() error {
 		if r.opts.Funcs[kind.Function] == nil {
 			return fmt.Errorf("function %s of kind %s is not registered in this program (%s)", kind.Function, r.ctx.Kind, os.Args[0])
 		}
-		r.path, r.argv = selfExe, []string{os.Args[0], "dama-function", kind.Function}
+		// Its task named in a process listing, as its runner's is; the
+		// function process reads its task from its environment.
+		r.path, r.argv = selfExe, []string{os.Args[0], "dama-function", kind.Function, "--context-id", strconv.FormatInt(r.ctx.ID, 10)}
 	default:
 		path, err := kind.FindCommand()
 		if err != nil {
@@ -418,6 +425,9 @@ func (r *runner) prepare() error {
 	}
 	if err == nil && id != nil {
 		err = id.Check(cfg.LogDir)
+	}
+	if err == nil && id != nil && kind.Function == "" {
+		err = id.CanRun(r.path)
 	}
 	if err != nil {
 		return fmt.Errorf("kind %s: %w", r.ctx.Kind, err)

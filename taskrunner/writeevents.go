@@ -204,6 +204,7 @@ func (w *writer) dropThrough(last *pendingEvent) {
 				delete(w.latest, e.coalesce)
 			}
 			w.leave(e)
+			w.written++
 			if e == last {
 				last = nil
 			}

@@ -143,9 +143,10 @@ func (w *writer) run(ctx context.Context, conn dbConn, channels ...string) {
 			if w.over() {
 				return false
 			}
-			w.logger.Warn("write connection failed; connecting again", "error", err)
+			w.outage.lost("writes", err)
 			return true
 		},
+		Reconnected: func() { w.outage.back("writes") },
 		// Kept while a superseded run waits for its runner to end.
 		KeepOpen: true,
 	}
@@ -396,7 +397,11 @@ func (w *writer) markIdle() {
 func (w *writer) exec(ctx context.Context, fn func(context.Context, dbConn) error) error {
 	sctx, cancel := context.WithTimeout(ctx, w.stmtTimeout)
 	defer cancel()
-	return fn(sctx, w.conn)
+	err := fn(sctx, w.conn)
+	if err == nil {
+		w.outage.wrote()
+	}
+	return err
 }
 
 // retry reports whether the write that failed with err is to be tried
@@ -409,7 +414,8 @@ func (w *writer) retry(ctx context.Context, err error) bool {
 	}
 	switch classifyWriteError(err, w.conn) {
 	case connectionLost:
-		w.logger.Warn("write connection lost; the write is kept and tried again", "error", err)
+		// The write is kept and tried again on a new connection.
+		w.outage.lost("writes", err)
 		w.connErr = err
 		w.conn.Close(context.WithoutCancel(ctx))
 		return true

@@ -76,7 +76,9 @@ type writer struct {
 	idle                      chan struct{} // closed and replaced when the queues empty
 	endedByOwnWrite           bool          // found over by writes whose replies were lost (dropStored)
 	refusedChildren           int
+	written                   int      // the events written so far, for outage
 	alsoListen                []string // listenToo's channels, listened to on every new connection
+	outage                    *outage  // the runner's, the lock keeper's too
 
 	wake       chan struct{}
 	notify     chan *pgconn.Notification
@@ -169,7 +171,7 @@ const replacedKey = "\x00replaced"
 type SubmitFunc func(ctx context.Context, tx pgx.Tx, c protocol.Child) (id int64, created bool, err error)
 
 func newWriter(url, name string, logger *slog.Logger, stmtTimeout time.Duration, hooks writerHooks) *writer {
-	return &writer{
+	w := &writer{
 		url: url, name: name, logger: logger, stmtTimeout: stmtTimeout, hooks: hooks,
 		idle:       make(chan struct{}),
 		room:       make(chan struct{}),
@@ -179,6 +181,15 @@ func newWriter(url, name string, logger *slog.Logger, stmtTimeout time.Duration,
 		notify:     make(chan *pgconn.Notification, 16),
 		superseded: make(chan struct{}),
 	}
+	w.outage = &outage{logger: logger, reports: w.reports, down: map[string]bool{}}
+	return w
+}
+
+// reports returns how many events were written so far, and how many wait.
+func (w *writer) reports() (written, waiting int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.written, len(w.events) - w.goneCount
 }
 
 // bind names the run the writer writes for, once the lock is held.

@@ -114,7 +114,7 @@ kinds:
 				t.Errorf("a missing file: %s at attempt %d, want FAILED at attempt 1", got.Status, got.Attempt)
 			}
 			f, err := etlcontext.LastFailure(context.Background(), env.Pool, missing, "load_"+lang+"_again")
-			if err != nil || f.Reason != filepath.Join(dir, "missing.csv")+" is missing" {
+			if err != nil || f.Reason != "exit 1: "+filepath.Join(dir, "missing.csv")+" is missing" {
 				t.Errorf("a missing file's reason %q (%v), want the task's own", f.Reason, err)
 			}
 		})

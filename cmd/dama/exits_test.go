@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -115,5 +116,53 @@ kinds:
 	}
 	if got := w.waitSettled(id, time.Minute); got.Status != etlcontext.StatusDone {
 		t.Errorf("%s, want DONE", got.Status)
+	}
+}
+
+// A command that wrote no failure line has its last line of output as its
+// attempt's reason, led by its exit; never an earlier attempt's line,
+// though the log is the task's, appended to: an attempt that wrote nothing
+// says how it ended alone. Of a line a progress bar redrew (\r), what it
+// drew last; of one without a newline, not the task process's line after.
+func TestAFailuresReasonIsItsAttemptsLastLine(t *testing.T) {
+	t.Parallel()
+	env := testenv.New(t)
+	script := `case "$DAMA_ATTEMPT" in
+1) echo "reading chunk 1"; echo "chunk 4: upstream file is corrupt" >&2; exit 3 ;;
+2) exit 4 ;;
+esac
+printf 'copying 1%%\rcopying 2%%\rfatal: disk full'; exit 5`
+	cfg := env.WriteConfig(`
+log_dir: {{dir}}/logs
+poll_interval: 500ms
+kinds:
+  failing:
+    command: ["/bin/sh", "-c", ` + strconv.Quote(script) + `]
+    retry: {max_attempts: 3, delay: 1s, backoff: fixed}
+`)
+	w := &world{Env: env, cfg: cfg}
+	w.Start(cfg, "supervisor")
+	id := w.submitOf("failing")
+	if got := w.waitSettled(id, time.Minute); got.Status != etlcontext.StatusFailed || got.Attempt != 3 {
+		t.Fatalf("task %d: %s at attempt %d, want FAILED at 3", id, got.Status, got.Attempt)
+	}
+	shown := w.Dama(cfg, "status", strconv.FormatInt(id, 10)).Stdout
+	first := lineWith(shown, "  1  ", "FAILED")
+	second := lineWith(shown, "  2  ", "FAILED")
+	if !strings.HasSuffix(first, " 3     exit 3: chunk 4: upstream file is corrupt") || !strings.HasSuffix(second, " 4     command exited with code 4") {
+		t.Errorf("the attempts, want the first's last line and the second's exit alone:\n%s", shown)
+	}
+	if f := lineWith(shown, "Reason:"); !strings.HasSuffix(f, "exit 5: fatal: disk full") {
+		t.Errorf("the task's reason %q, want the last attempt's last words", f)
+	}
+	// Its ERROR's log tail is its own attempt's too.
+	var tail string
+	if err := w.Pool.QueryRow(context.Background(), `
+		SELECT payload->>'log_tail' FROM data_manager.event_store
+		 WHERE etl_context_id = $1 AND type = 'failing:ERROR' ORDER BY event_id DESC LIMIT 1`, id).Scan(&tail); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(tail, "fatal: disk full") || strings.Contains(tail, "chunk") {
+		t.Errorf("the last attempt's log tail %q, want its own output alone", tail)
 	}
 }

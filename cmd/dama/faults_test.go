@@ -250,7 +250,7 @@ func TestIdleSessionTimeoutTakesNoLock(t *testing.T) {
 		t.Errorf("%s after %d attempts, want DONE after 1", got.Status, got.Attempt)
 	}
 	taskLog, _ := os.ReadFile(filepath.Join(env.Dir, "logs", fmt.Sprintf("%d.log", id)))
-	if strings.Contains(string(taskLog), "lock connection failed") {
+	if strings.Contains(string(taskLog), "lost the database") {
 		t.Errorf("the task lost its lock to idle_session_timeout:\n%s", taskLog)
 	}
 	supLog, _ := os.ReadFile(sup.Log)
@@ -487,6 +487,120 @@ func TestADatabaseOutageIsTwoLinesOfLog(t *testing.T) {
 	}
 	if len(said) != 1 || !strings.Contains(said[0], `level=ERROR msg="lost the database connection`) {
 		t.Errorf("up to the outage's end the supervisor logged %d warnings and errors, want the outage's one:\n%s", len(said), strings.Join(said, "\n"))
+	}
+}
+
+// A database outage is two lines of the log of a task that runs through it,
+// its task process's loss of the database and its return, rather than a
+// warning per try to connect again; and at most two errors of the
+// supervisor's. River's completion of the job of a task that ended just
+// before, cut short by the outage, fails through it (River gives up, and
+// tries the batch again later) unsaid, and the job is completed after it.
+func TestAnOutageIsTwoLinesOfATasksLogAndLosesNoCompletion(t *testing.T) {
+	testenv.LockModes(t, testAnOutageIsTwoLinesOfATasksLogAndLosesNoCompletion)
+}
+
+func testAnOutageIsTwoLinesOfATasksLogAndLosesNoCompletion(t *testing.T) {
+	srv := testenv.NewServer(t)
+	env := testenv.NewOn(t, srv)
+	ctx := context.Background()
+	// Once: River's first completion of a job sleeps on the server, for
+	// the server to go down under it.
+	if _, err := env.Pool.Exec(ctx, `
+CREATE SEQUENCE public.hold_completion_once;
+CREATE FUNCTION public.hold_completion() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	IF nextval('public.hold_completion_once') = 1 THEN
+		PERFORM pg_sleep(60);
+	END IF;
+	RETURN NEW;
+END $$;
+CREATE TRIGGER hold_completion BEFORE UPDATE ON river_job
+	FOR EACH ROW WHEN (OLD.state = 'running' AND NEW.state = 'completed') EXECUTE FUNCTION public.hold_completion();`); err != nil {
+		t.Fatal(err)
+	}
+	w := &world{Env: env, cfg: env.WriteConfig(sampleConfigFor(2)), startsDir: filepath.Join(env.Dir, "starts")}
+	if err := os.MkdirAll(w.startsDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sup := w.Start(w.cfg, "supervisor")
+	through := w.submitHeld(3, 100)
+	w.waitRunning(through)
+	ended := w.submit(3, 100)
+	testenv.Eventually(t, time.Minute, "River's completion of the ended task's job to sleep on the server", func() (bool, error) {
+		var n int
+		err := env.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'`).Scan(&n)
+		return n == 1, err
+	})
+	// The stop cuts River's completion short. River tries it three times,
+	// 1 s and 2 s apart, and gives up 4 s after the third: a server back 3 s
+	// after the stop began fails all three, and the supervisor sees it
+	// back before River gives up.
+	began := time.Now()
+	srv.Stop(t, "fast")
+	time.Sleep(time.Until(began.Add(3 * time.Second))) // deliberately: the outage's length is the fault
+	outage := srv.Start(t)
+	if outage.Down > 6*time.Second {
+		t.Logf("a server %s: River may have given up within the outage, which this run then shows muted, not after it", outage)
+	}
+
+	// The ended task's job is completed after the outage, not left running.
+	if got := w.waitSettled(ended, time.Minute); got.Status != etlcontext.StatusDone {
+		t.Errorf("the task that ended before the outage is %s, want DONE", got.Status)
+	}
+	var state string
+	if err := env.Pool.QueryRow(ctx, `SELECT j.state FROM river_job AS j JOIN data_manager.etl_contexts AS c ON c.river_job_id = j.id WHERE c.etl_context_id = $1`, ended).Scan(&state); err != nil || state != "completed" {
+		t.Errorf("its job is %q (%v), want completed", state, err)
+	}
+	taskLog := filepath.Join(env.Dir, "logs", fmt.Sprintf("%d.log", through))
+	testenv.Eventually(t, time.Minute, "the running task to log the database back", func() (bool, error) {
+		log, err := os.ReadFile(taskLog)
+		return strings.Contains(string(log), "database back after"), err
+	})
+	w.release()
+	if got := w.waitSettled(through, time.Minute); got.Status != etlcontext.StatusDone || got.Attempt != 1 {
+		t.Errorf("the task that ran through the outage is %s after %d attempts, want DONE after 1", got.Status, got.Attempt)
+	}
+
+	// Between the command's start and its exit, the task's log has the
+	// command's lines and dama's two of the outage.
+	log, err := os.ReadFile(taskLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var said []string
+	running := false
+	for line := range strings.Lines(string(log)) {
+		switch {
+		case strings.Contains(line, `msg="command starting"`):
+			running = true
+		case strings.Contains(line, `msg="command exited"`):
+			running = false
+		case running && strings.HasPrefix(line, "time="):
+			said = append(said, line)
+		}
+	}
+	if len(said) != 2 || !strings.Contains(said[0], `level=WARN msg="lost the database: the command keeps running`) ||
+		!strings.Contains(said[1], `level=INFO msg="database back after `) || strings.Contains(string(log), "dial error") {
+		t.Errorf("while the command ran (a server %s), the task's log said, besides the command's lines, %d lines; want the outage's two, and no pgx dial error:\n%s", outage, len(said), strings.Join(said, ""))
+	}
+	// Stopped, the supervisor has written what it held.
+	sup.Kill(t, syscall.SIGTERM)
+	if err := sup.Wait(); err != nil {
+		t.Errorf("the supervisor stopped by SIGTERM: %v", err)
+	}
+	supLog, err := os.ReadFile(sup.Log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var errs []string
+	for line := range strings.Lines(string(supLog)) {
+		if strings.Contains(line, "level=ERROR") || strings.Contains(line, "jobcompleter") {
+			errs = append(errs, line)
+		}
+	}
+	if len(errs) > 2 || strings.Contains(string(supLog), "jobcompleter") {
+		t.Errorf("the supervisor logged %d errors (a server %s), want at most 2, none of River's completer:\n%s", len(errs), outage, strings.Join(errs, ""))
 	}
 }
 

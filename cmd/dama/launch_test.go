@@ -19,6 +19,20 @@ func TestAHostThatCannotLaunchSpendsNoAttempt(t *testing.T) {
 	testenv.LockModes(t, testAHostThatCannotLaunchSpendsNoAttempt)
 }
 
+// tried returns a condition that holds once the supervisors tried task id
+// n times: each try is a step of its job, whose start River records.
+func (w *world) tried(id int64, n int) func() (bool, error) {
+	seen := map[time.Time]bool{}
+	return func() (bool, error) {
+		var at time.Time
+		err := w.Pool.QueryRow(context.Background(), `
+			SELECT j.attempted_at FROM river_job AS j JOIN data_manager.etl_contexts AS c ON c.river_job_id = j.id
+			 WHERE c.etl_context_id = $1 AND j.attempted_at IS NOT NULL`, id).Scan(&at)
+		seen[at] = true
+		return len(seen) >= n, err
+	}
+}
+
 func testAHostThatCannotLaunchSpendsNoAttempt(t *testing.T) {
 	env := testenv.New(t)
 	// The first task's log file is a directory: no process of this host
@@ -46,22 +60,11 @@ kinds:
 	}
 	testenv.Eventually(t, 20*time.Second, "the supervisor to report the failed launch", func() (bool, error) {
 		log, err := os.ReadFile(sup.Log)
-		return strings.Count(string(log), "launch failed") >= 1, err
+		return strings.Count(string(log), "could not start the task") >= 1, err
 	})
 	// Several launches later (one a poll): still QUEUED, no attempt
 	// spent, one error line.
-	// Each try is a step of the task's job: River records when it began.
-	tries := func(id int64) func() (bool, error) {
-		seen := map[time.Time]bool{}
-		return func() (bool, error) {
-			var at time.Time
-			err := w.Pool.QueryRow(context.Background(), `
-				SELECT j.attempted_at FROM river_job AS j JOIN data_manager.etl_contexts AS c ON c.river_job_id = j.id
-				 WHERE c.etl_context_id = $1 AND j.attempted_at IS NOT NULL`, id).Scan(&at)
-			seen[at] = true
-			return len(seen) >= 6, err
-		}
-	}
+	tries := func(id int64) func() (bool, error) { return w.tried(id, 6) }
 	testenv.Eventually(t, 30*time.Second, "several more launches of the task", tries(id))
 	// Each try shows RUNNING, attempt 1 from its start until the launch is
 	// taken back a moment later; between tries the task is QUEUED with no
@@ -72,7 +75,7 @@ kinds:
 		return got.Status == etlcontext.StatusQueued && got.Attempt == 0, fmt.Errorf("%s, attempt %d", got.Status, got.Attempt)
 	})
 	log, _ := os.ReadFile(sup.Log)
-	if n := strings.Count(string(log), `level=ERROR msg="launch failed`); n != 1 {
+	if n := strings.Count(string(log), `level=ERROR msg="could not start the task`); n != 1 {
 		t.Errorf("the repeated launch failure was logged as an error %d times, want once", n)
 	}
 	// The status says why, though no task process started to.
@@ -122,7 +125,7 @@ kinds:
 		t.Errorf("%d WARNING events for the missing executable, want one for the attempt", warnings)
 	}
 	log, _ = os.ReadFile(sup.Log)
-	if n := strings.Count(string(log), `level=ERROR msg="launch failed`); n != 2 {
+	if n := strings.Count(string(log), `level=ERROR msg="could not start the task`); n != 2 {
 		t.Errorf("the two tasks' repeated launch failures were logged as errors %d times, want once each", n)
 	}
 }
@@ -180,7 +183,7 @@ func testNoConnectionForTheTaskProcessSpendsNoAttempt(t *testing.T) {
 	id := w.submit(5, 50)
 	testenv.Eventually(t, 30*time.Second, "the supervisor to report the failed launch", func() (bool, error) {
 		log, err := os.ReadFile(sup.Log)
-		return strings.Contains(string(log), "launch failed"), err
+		return strings.Contains(string(log), "could not start the task"), err
 	})
 	if got := w.task(id); got.Status.Finished() || got.Attempt > 1 || len(w.starts(id)) != 0 {
 		t.Fatalf("with no connection for its task process: %s, attempt %d, starts %v", got.Status, got.Attempt, w.starts(id))

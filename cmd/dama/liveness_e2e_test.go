@@ -31,7 +31,7 @@ const queueLockNamespace = protocol.LockNamespace + 1
 // max(2*poll_interval, 10s).
 const rescueGrace = 10 * time.Second
 
-const rescuedLine = "rescued the step of a dead supervisor"
+const rescuedLine = "a supervisor stopped looking after a task: any supervisor may take it up now"
 
 // stepTimeout is River's timeout of a step, for a supervisor with the
 // default launch timeout (supervisor's stepTimeout: 10s + 20s).
@@ -250,7 +250,7 @@ func TestLiveSupervisorKeepsItsStepsWhenItsConnectionsFail(t *testing.T) {
 	if stepAge >= stepTimeout {
 		t.Fatalf("the checks ended %s after the step began, past its %s timeout: the step may have timed out", stepAge.Round(time.Millisecond), stepTimeout)
 	}
-	if log, _ := os.ReadFile(a.Log); !strings.Contains(string(log), "liveness lock taken again") {
+	if log, _ := os.ReadFile(a.Log); !strings.Contains(string(log), "database connection back; other supervisors see this one alive again") {
 		t.Errorf("A's log does not record taking its lock back:\n%s", log)
 	}
 
@@ -272,7 +272,7 @@ func TestDeadSupervisorsStepIsRescued(t *testing.T) {
 	w := newWorld(t, 10)
 	id := w.submit(5, 100)
 	release := w.holdQueue()
-	a, _, client, jobID := w.startTwoSupervisors(id)
+	a, b, client, jobID := w.startTwoSupervisors(id)
 
 	if err := syscall.Kill(-a.Cmd.Process.Pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -291,6 +291,12 @@ func TestDeadSupervisorsStepIsRescued(t *testing.T) {
 	if waited := time.Since(killed); waited < rescueGrace {
 		t.Errorf("B rescued the step %s after A died, before the grace (%s) was over", waited, rescueGrace)
 	}
+	// B says so in a user's words, naming the task.
+	said := fmt.Sprintf(`msg="%s; no attempt spent" etl_context_id=%d job_id=%d why="its supervisor was not seen for %s: stopped, or cut off from the database"`, rescuedLine, id, jobID, rescueGrace)
+	testenv.Eventually(t, 10*time.Second, "B to log the rescue", func() (bool, error) {
+		log, _ := os.ReadFile(b.Log)
+		return strings.Contains(string(log), said), fmt.Errorf("B's log, want %s:\n%s", said, log)
+	})
 	// B fetches it again, spending no attempt. (Its step finds the context's
 	// lock held: A's backend, blocked on the queue's lock, still holds it
 	// until the test lets go and the server finds A gone. So B looks again

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"os"
 	"os/exec"
@@ -11,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
@@ -297,5 +300,88 @@ kinds:
 	}
 	if want := `shared="uid ` + u.Uid + `: extract, load"`; strings.Count(log, "kinds share a user") != 1 || !strings.Contains(log, want) {
 		t.Errorf("the supervisor's log, want one WARNING with %s:\n%s", want, log)
+	}
+}
+
+// A command its kind's user may not run (in a directory only root may
+// search) is found at the supervisor's start and at each launch, as a
+// missing one is: its task waits QUEUED, no attempt spent, and the reason
+// names the user and the fix; once the directory is opened it runs, as
+// its first attempt. One that an ACL lets the user reach, past mode bits
+// that would not, is not refused.
+func TestACommandItsUserCannotRunWaitsAndSaysWhy(t *testing.T) {
+	t.Parallel()
+	u := ensureUser(t, commandUser)
+	env := testenv.New(t)
+	for _, dir := range []string{filepath.Dir(env.Dir), env.Dir} {
+		if err := os.Chmod(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	script := func(dir string) string {
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(dir, "hello.sh")
+		if err := os.WriteFile(path, []byte("#!/bin/sh\necho hello from $(id -un)\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	private, granted := filepath.Join(env.Dir, "private"), filepath.Join(env.Dir, "granted")
+	hello, aclHello := script(private), script(granted)
+	// user::rwx, user:<uid>:--x, group::---, mask::--x, other::---
+	acl := binary.LittleEndian.AppendUint32(nil, 2)
+	for _, e := range [][3]uint32{{0x01, 7, ^uint32(0)}, {0x02, 1, uint32(testenv.Atoi(t, u.Uid))}, {0x04, 0, ^uint32(0)}, {0x10, 1, ^uint32(0)}, {0x20, 0, ^uint32(0)}} {
+		acl = binary.LittleEndian.AppendUint32(binary.LittleEndian.AppendUint16(binary.LittleEndian.AppendUint16(acl, uint16(e[0])), uint16(e[1])), e[2])
+	}
+	if err := unix.Setxattr(granted, "system.posix_acl_access", acl, 0); err != nil {
+		t.Skipf("no ACL on this file system: %v", err)
+	}
+	cfg := env.WriteConfig(`
+log_dir: {{dir}}/logs
+poll_interval: 300ms
+kinds:
+  hello: { user: ` + commandUser + `, command: ["` + hello + `"], max_attempts: 1 }
+  granted: { user: ` + commandUser + `, command: ["` + aclHello + `"], max_attempts: 1 }
+`)
+	w := &world{Env: env, cfg: cfg}
+	sup := w.Start(cfg, "supervisor")
+	sup.WaitReady(t, 30*time.Second)
+	why := "user " + commandUser + " (uid " + u.Uid + ") cannot run " + hello + ": permission denied on " + private +
+		" (make it searchable by " + commandUser + ", or give the kind a user that may)"
+	testenv.Eventually(t, 30*time.Second, "the supervisor to say at its start that the kind's user cannot run its command", func() (bool, error) {
+		log, err := os.ReadFile(sup.Log)
+		return strings.Contains(string(log), `kind=hello error="`+why+`"`), err
+	})
+	if got := w.waitSettled(w.submitOf("granted"), time.Minute); got.Status != etlcontext.StatusDone || got.Attempt != 1 {
+		t.Errorf("the command an ACL lets its user reach: %s after %d attempts, want DONE after 1", got.Status, got.Attempt)
+	}
+
+	id := w.submitOf("hello")
+	testenv.Eventually(t, time.Minute, "dama status to say why the task waits", func() (bool, error) {
+		res := w.DamaWith(cfg, []string{"COLUMNS=400"}, "status")
+		row := lineWith(res.Stdout, "hello")
+		return strings.Contains(row, "QUEUED") && strings.Contains(row, "waiting: kind hello: "+why+" on host "), fmt.Errorf("dama status:\n%s", res.Stdout)
+	})
+	// Tried again at each poll, and, once the host said why, launched no
+	// more: no attempt spent, which would leave it FAILED (max_attempts
+	// 1), and one task process's lines in the logs.
+	testenv.Eventually(t, 30*time.Second, "several tries of the task", w.tried(id, 4))
+	if got := w.task(id); got.Status != etlcontext.StatusQueued || got.Attempt != 0 {
+		t.Errorf("after several tries: %s, attempt %d; want QUEUED, no attempt spent", got.Status, got.Attempt)
+	}
+	if log, err := os.ReadFile(sup.Log); err != nil || strings.Count(string(log), `msg="spawned task process" etl_context_id=`+strconv.FormatInt(id, 10)) != 1 {
+		t.Errorf("task processes started for a task this host said it cannot run (%v), want one:\n%s", err, log)
+	}
+	// The operator opens the directory: the task runs, as its first attempt.
+	if err := os.Chmod(private, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.waitSettled(id, time.Minute); got.Status != etlcontext.StatusDone || got.Attempt != 1 {
+		t.Errorf("after the directory was opened: %s after %d attempts, want DONE after 1", got.Status, got.Attempt)
+	}
+	if log, err := os.ReadFile(protocol.LogPath(filepath.Join(env.Dir, "logs"), id)); err != nil || !strings.Contains(string(log), "hello from "+commandUser) {
+		t.Errorf("the task's log (%v), want its command's line:\n%s", err, log)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -57,7 +58,7 @@ func TestStatusDrawsProgressAndTimeLeft(t *testing.T) {
 	}
 	w.waitSettled(id, time.Minute)
 	row = lineWith(env.Dama(cfg, "status", "-o", "wide", strconv.FormatInt(id, 10)).Stdout, "DONE")
-	if !regexp.MustCompile(`\s([3-5]\ds|\d+m\d+s)\s+sample:FINAL \d\d:\d\d:\d\d\s+\[#{20}\] 100% 200/200\s+-$`).MatchString(row) {
+	if !regexp.MustCompile(`\s([3-5]\ds|\d+m\d+s)\s+sample:FINAL \d\d:\d\d:\d\d \S+\s+\[#{20}\] 100% 200/200\s+-$`).MatchString(row) {
 		t.Errorf("the finished task's row %q: want it took 30 s or more, its FINAL's local time, a full bar, and no time left", row)
 	}
 }
@@ -76,12 +77,16 @@ func TestAKindThatCannotRunHereSaysWhy(t *testing.T) {
 	sup := w.Start(cfg, "supervisor")
 	sup.WaitReady(t, time.Minute)
 	id := testenv.Atoi(t, w.Dama(cfg, "submit", "broken").Stdout)
-	var log string
-	testenv.Eventually(t, time.Minute, "the supervisor to try the launch three times", func() (bool, error) {
-		out, err := os.ReadFile(sup.Log)
-		log = string(out)
-		return strings.Count(log, `msg="spawned task process" etl_context_id=`+strconv.FormatInt(id, 10)) >= 3, err
-	})
+	// Tried at each poll, launched once: its task process said why.
+	testenv.Eventually(t, time.Minute, "the supervisor to try the task three times", w.tried(id, 3))
+	out, err := os.ReadFile(sup.Log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := string(out)
+	if n := strings.Count(log, `msg="spawned task process" etl_context_id=`+strconv.FormatInt(id, 10)); n != 1 {
+		t.Errorf("%d task processes started for a task this host said it cannot run, want one:\n%s", n, log)
+	}
 	said := map[string]int{}
 	for _, line := range strings.Split(log, "\n") {
 		if strings.Contains(line, "level=WARN") || strings.Contains(line, "level=ERROR") {
@@ -101,7 +106,7 @@ func TestAKindThatCannotRunHereSaysWhy(t *testing.T) {
 	var res testenv.Result
 	testenv.Eventually(t, time.Minute, "dama status to say why the task waits", func() (bool, error) {
 		res = w.DamaWith(cfg, []string{"COLUMNS=200"}, "status")
-		return regexp.MustCompile(`QUEUED .* waiting: /nonexistent/etl-tool not found on host \S+ since \d\d:\d\d:\d\d$`).MatchString(lineWith(res.Stdout, "broken")), fmt.Errorf("dama status:\n%s", res.Stdout)
+		return regexp.MustCompile(`QUEUED .* waiting: /nonexistent/etl-tool not found on host \S+ since \d\d:\d\d:\d\d \S+$`).MatchString(lineWith(res.Stdout, "broken")), fmt.Errorf("dama status:\n%s", res.Stdout)
 	})
 	testenv.Eventually(t, time.Minute, "dama status in 80 columns to show the progress and the reason", func() (bool, error) {
 		res = w.DamaWith(cfg, []string{"COLUMNS=80"}, "status")
@@ -111,6 +116,20 @@ func TestAKindThatCannotRunHereSaysWhy(t *testing.T) {
 		if n := utf8.RuneCountInString(line); n > 80 {
 			t.Errorf("a line of %d columns with COLUMNS=80: %q", n, line)
 		}
+	}
+
+	// Cancelled, it never ran: no start, no run time, though its launches
+	// were tried.
+	if res := w.Dama(cfg, "cancel", strconv.FormatInt(id, 10)); res.Code != 0 {
+		t.Fatalf("dama cancel: exit %d: %s", res.Code, res.Stderr)
+	}
+	w.waitSettled(id, time.Minute)
+	shown := w.Dama(cfg, "status", strconv.FormatInt(id, 10)).Stdout
+	if !regexp.MustCompile(`(?m)^Started: +-$`).MatchString(shown) || !regexp.MustCompile(`(?m)^Ran for: +-$`).MatchString(shown) {
+		t.Errorf("the cancelled task that never ran, in dama status ID: want no start and no run time:\n%s", shown)
+	}
+	if row := lineWith(w.DamaWith(cfg, []string{"COLUMNS=200"}, "status").Stdout, "broken"); !regexp.MustCompile(`CANCELLED +0/\d+ +- +- +-$`).MatchString(row) {
+		t.Errorf("the cancelled task that never ran: row %q, want no time", row)
 	}
 }
 
@@ -177,7 +196,75 @@ func TestTheJobAgreesWithTheStatus(t *testing.T) {
 	if r.DueAt == nil || time.Until(*r.DueAt) < 50*time.Minute {
 		t.Errorf("the retrying task is due at %v, want its backoff's end, an hour from now", r.DueAt)
 	}
-	if row := lineWith(env.Dama(cfg, "status").Stdout, "RETRYING"); !regexp.MustCompile(`RETRYING .* until (\d{4}-\d\d-\d\d )?\d\d:\d\d:\d\d, after: command exited with code 3$`).MatchString(row) {
-		t.Errorf("the retrying task's row %q: want until when it waits, and after what", row)
+	// It leads with its error, the command's last line standing in for the
+	// failure line it did not write.
+	if row := lineWith(env.Dama(cfg, "status").Stdout, "RETRYING"); !regexp.MustCompile(`RETRYING .* exit 3: failing at step 1 as asked, retry in \d+m\d+s$`).MatchString(row) {
+		t.Errorf("the retrying task's row %q: want its error, and when it is retried", row)
 	}
+	described := env.Dama(cfg, "status", strconv.FormatInt(retrying, 10)).Stdout
+	if !regexp.MustCompile(`patient:ERROR +exit 3: failing at step 1 as asked \(and the log's last \d+ lines\)\n`).MatchString(described) || strings.Contains(described, etlcontext.TruncatedKey) {
+		t.Errorf("dama status %d: want its ERROR event in a line:\n%s", retrying, described)
+	}
+}
+
+// dama status, and the page's All tab, list the running tasks first, then
+// the retrying, then the queued, then the finished, each newest first: a
+// burst of short tasks never pushes a running one out of view. --status
+// lists newest first; the page's next pages on in the same order.
+func TestActiveTasksComeFirst(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 2)
+	w.Start(w.cfg, "supervisor").WaitReady(t, time.Minute)
+	running := w.submitHeld(1, 10)
+	w.waitRunning(running)
+	var done []int64
+	for range 4 {
+		id := w.submit(1, 10)
+		w.waitSettled(id, time.Minute)
+		done = append(done, id)
+	}
+	var queued []int64
+	for range 2 {
+		queued = append(queued, testenv.Atoi(t, w.Dama(w.cfg, "submit", "sample", "--delay", "1h").Stdout))
+	}
+	ids := func(out string) []int64 {
+		var got []int64
+		for _, line := range strings.Split(strings.TrimSpace(out), "\n")[1:] {
+			id, _, _ := strings.Cut(line, " ")
+			got = append(got, testenv.Atoi(t, id))
+		}
+		return got
+	}
+	want := []int64{running, queued[1], queued[0], done[3]}
+	if got := ids(w.Dama(w.cfg, "status", "--limit", "4").Stdout); !slices.Equal(got, want) {
+		t.Errorf("dama status --limit 4: %v, want the running, the queued, then the newest finished: %v", got, want)
+	}
+	if got := ids(w.Dama(w.cfg, "status", "--status", "DONE,QUEUED", "--limit", "3").Stdout); !slices.Equal(got, []int64{queued[1], queued[0], done[3]}) {
+		t.Errorf("dama status --status DONE,QUEUED: %v, want newest first", got)
+	}
+
+	_, base := startWeb(t, w.Env, w.cfg, []string{webTokenEnv + "=" + webToken}, "--public-reads")
+	page := func(query string) []int64 {
+		code, v := call(t, "GET", base+"api/tasks"+query, nil, "")
+		list, ok := v["tasks"].([]any)
+		if !ok {
+			t.Fatalf("GET api/tasks%s: %d %v", query, code, v)
+		}
+		var got []int64
+		for _, x := range list {
+			got = append(got, int64(x.(map[string]any)["etl_context_id"].(float64)))
+		}
+		return got
+	}
+	all := append([]int64{running, queued[1], queued[0]}, done[3], done[2], done[1], done[0])
+	if got := page(""); !slices.Equal(got, all) {
+		t.Errorf("GET api/tasks: %v, want %v", got, all)
+	}
+	if got, want := page(fmt.Sprintf("?before=QUEUED:%d", queued[1])), all[2:]; !slices.Equal(got, want) {
+		t.Errorf("GET api/tasks?before=QUEUED:%d: %v, want %v", queued[1], got, want)
+	}
+	if got, want := page(fmt.Sprintf("?before=DONE:%d", done[2])), []int64{done[1], done[0]}; !slices.Equal(got, want) {
+		t.Errorf("GET api/tasks?before=DONE:%d: %v, want %v", done[2], got, want)
+	}
+	w.release()
 }

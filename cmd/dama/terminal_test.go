@@ -88,7 +88,7 @@ func TestSubmitWaitExitsWithTheTaskOutcome(t *testing.T) {
 
 	res = env.Dama(cfg, "submit", "fragile", "--wait", "--args", sampleArgs(t, 3, 50, map[string]any{"fail_at": 2}))
 	lines := strings.Split(strings.TrimSpace(res.Stderr), "\n")
-	if last := lines[len(lines)-1]; res.Code != exitTaskFailed || !strings.HasPrefix(last, "dama: task ") || !strings.HasSuffix(last, "FAILED at attempt 1/1: command exited with code 3") {
+	if last := lines[len(lines)-1]; res.Code != exitTaskFailed || !strings.HasPrefix(last, "dama: task ") || !strings.HasSuffix(last, "FAILED at attempt 1/1: exit 3: failing at step 2 as asked") {
 		t.Errorf("FAILED task: exit %d, stderr %q: want %d and the last error", res.Code, res.Stderr, exitTaskFailed)
 	}
 

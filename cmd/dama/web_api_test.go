@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -91,7 +92,7 @@ func TestWebAPI(t *testing.T) {
 		reason := fmt.Sprint(task["reason"])
 		switch int64(task["etl_context_id"].(float64)) {
 		case failed:
-			if !strings.Contains(reason, "command exited with code 3") {
+			if !strings.Contains(reason, "exit 3: failing at step 2 as asked") {
 				t.Errorf("the failed task's reason: %s", reason)
 			}
 		case parked:
@@ -117,6 +118,16 @@ func TestWebAPI(t *testing.T) {
 	a := attempts[0].(map[string]any)
 	if a["outcome"] != "FAILED" || a["exit_code"] != float64(3) || !strings.Contains(fmt.Sprint(a["log_tail"]), "failing at step 2") {
 		t.Errorf("attempt of task %d: %v, want FAILED, exit 3, and the log's tail", failed, a)
+	}
+	// Its ERROR event is said in a line, its log's tail counted, not quoted.
+	var summaries []string
+	for _, e := range v["events"].([]any) {
+		if s, ok := e.(map[string]any)["summary"].(string); ok {
+			summaries = append(summaries, s)
+		}
+	}
+	if len(summaries) != 1 || !regexp.MustCompile(`^exit 3: failing at step 2 as asked \(and the log's last \d+ lines\)$`).MatchString(summaries[0]) {
+		t.Errorf("the events' summaries of task %d: %q, want its ERROR's", failed, summaries)
 	}
 	if v["log_here"] != true {
 		t.Errorf("task %d ran on this host, but log_here is %v", failed, v["log_here"])

@@ -242,7 +242,7 @@ func TestWebPageInABrowser(t *testing.T) {
 	b.waitJS("the FAILED task's row", row+" && "+row+`.dataset.status === "FAILED"`, 10*time.Second)
 	// Its reason is its last error; the mover's time is what it has left;
 	// the tabs count each status; the chart has the DONE and the FAILED.
-	b.waitJS("the FAILED task's reason", row+`.querySelector('td.reason').textContent.includes("command exited with code")`, 10*time.Second)
+	b.waitJS("the FAILED task's reason", row+`.querySelector('td.reason').textContent.includes("exit 3: failing at step 2")`, 10*time.Second)
 	b.waitJS("the mover's time left", fmt.Sprintf(`/^ETA \d/.test(document.querySelector('#tasks tr[data-id="%d"] td:nth-child(8)').textContent)`, mover), 30*time.Second)
 	b.waitJS("the tabs' counts", `['All 5', 'Running 3', 'Done 1', 'Failed 1', 'Queued 0'].every((want) => [...document.querySelectorAll('#tabs a')].some((a) => a.textContent.replace(/\s+/g, ' ') === want))`, 10*time.Second)
 	b.waitJS("the chart's bars", `document.querySelector('#chart rect.done') && document.querySelector('#chart rect.failed')`, 10*time.Second)
@@ -341,6 +341,8 @@ fetch(%[1]q, {method: "POST", headers: {"X-Dama-Token": "guess"}})
 	b.do("open the queues page", chromedp.Navigate(base+"queues"))
 	pause := `#queue-controls tr[data-name="held"] button`
 	b.waitJS("the held queue's button", `document.querySelector('`+pause+`')`, 10*time.Second)
+	// Who serves: the supervisor, and no banner saying nobody does.
+	b.waitJS("the serving supervisor", `document.querySelector('#supervisors tbody')?.textContent.includes("SERVING") && document.querySelector('#unserved').hidden`, 10*time.Second)
 	b.do("the pause's reason", chromedp.SendKeys("#reason", "disk full"))
 	b.click("pause held", pause)
 	b.waitJS("held paused", `document.querySelector('#queue-controls tr[data-name="held"]')?.textContent.includes("paused: disk full")`, 10*time.Second)

@@ -260,7 +260,7 @@ func TestAFunctionTaskIsAdoptedAfterItsSupervisorIsKilled(t *testing.T) {
 	// The lock proves the task runs: a second runner for it, started as
 	// the supervisor starts one, exits at once.
 	res, log := w.runner(id, *running.RunID)
-	if res != protocol.ExitLocked || !strings.Contains(log, "another process holds the lock") {
+	if res != protocol.ExitLocked || !strings.Contains(log, "another process holds the lock of this task") {
 		t.Errorf("second runner: exit %d, log %q: want %d (ExitLocked) because another process holds the lock", res, log, protocol.ExitLocked)
 	}
 	if now := w.task(id); now.Status != etlcontext.StatusRunning || !now.InitialEventLocked || *now.PID != *running.PID {
@@ -284,6 +284,31 @@ func TestAFunctionTaskIsAdoptedAfterItsSupervisorIsKilled(t *testing.T) {
 		t.Errorf("starts %v: want one", s)
 	}
 	t.Logf("runner pid %d ran through the kill -9 of its supervisor; a second runner exited %d; DONE at attempt 1 under the next supervisor", *running.PID, res)
+}
+
+// Both processes of a function's task, its runner and the function's own,
+// name the task in a process listing: pid to task at a glance.
+func TestAFunctionsProcessesNameTheirTask(t *testing.T) {
+	w := newWorld(t)
+	w.supervisor()
+	release := filepath.Join(w.Dir, "release")
+	id := w.submit("copy_rows", map[string]any{"rows": 1, "step_ms": 10, "until_file": release})
+	running := w.waitFor(id, 30*time.Second, "to run and report progress", func(t etlcontext.Task) bool {
+		return t.Status == etlcontext.StatusRunning && t.PID != nil && t.Progress != nil
+	})
+	names := "\x00--context-id\x00" + strconv.FormatInt(id, 10) + "\x00"
+	for what, pid := range map[string]int{"runner": *running.PID, "function process": w.starts(id)[0][0]} {
+		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil || !strings.Contains(string(cmdline), names) {
+			t.Errorf("the %s's command line %q (%v): want it to name task %d", what, cmdline, err, id)
+		}
+	}
+	if err := os.WriteFile(release, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.waitSettled(id); got.Status != etlcontext.StatusDone {
+		t.Errorf("task %s, want DONE", got.Status)
+	}
 }
 
 // runner starts sample-embedded as the runner of context id, as a

@@ -362,7 +362,8 @@ func toWire(err error) *wireError {
 	var pgErr *pgconn.PgError
 	switch {
 	case unavailable(err):
-		return &wireError{Kind: errUnavailable, Message: err.Error()}
+		// One line: pgx names a failed connection's address several times.
+		return &wireError{Kind: errUnavailable, Message: etlcontext.ConnectFailed(err).Error()}
 	case errors.As(err, &pgErr):
 		return &wireError{Kind: errStatement, Message: err.Error(), PgError: pgErr}
 	case errors.Is(err, etlcontext.ErrLocked):

@@ -6,13 +6,18 @@
 package runas
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/user"
+	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -214,4 +219,146 @@ func DropInherited() error {
 		return fmt.Errorf("clear the ambient capabilities: %w", err)
 	}
 	return nil
+}
+
+// CanRun says why id may not run the program at path (absolute, as
+// config.Kind.FindCommand returns it): a directory on its way id may not
+// search, or the file id may not execute (nor read, a script), in a line
+// that names the user and the fix. The kernel answers, in a thread of its
+// own that takes id's fsuid, fsgid and groups and no capability, so that
+// ACLs and security modules count as at the exec. A question the kernel
+// cannot answer (before Linux 5.8, or without the capabilities to switch)
+// refuses nothing.
+func (id *Identity) CanRun(path string) error {
+	if id.UID == 0 {
+		// Root executes what any execute bit allows, as its supervisor
+		// found when it looked the command up.
+		return nil
+	}
+	path, err := filepath.Abs(path)
+	if err != nil {
+		return nil
+	}
+	script := isScript(path)
+	// Taking other credentials makes the process not dumpable (its /proc
+	// files root's, no core): given back after, one asker at a time.
+	asking.Lock()
+	defer asking.Unlock()
+	dumpable, _ := unix.PrctlRetInt(unix.PR_GET_DUMPABLE, 0, 0, 0, 0)
+	denied := make(chan string, 1)
+	go func() {
+		// The thread's credentials are changed for good: it is not
+		// unlocked, so it ends with this goroutine.
+		runtime.LockOSThread()
+		if unix.Gettid() != unix.Getpid() {
+			denied <- id.deniedOn(path, script)
+			return
+		}
+		// The main thread, though, is parked, not ended, and would keep
+		// id's credentials for the process's listings: another goroutine,
+		// which cannot run here while this one holds the thread, asks.
+		inner := make(chan string, 1)
+		go func() {
+			runtime.LockOSThread()
+			inner <- id.deniedOn(path, script)
+		}()
+		denied <- <-inner
+		runtime.UnlockOSThread()
+	}()
+	on := <-denied
+	if dumpable == 1 {
+		_ = unix.Prctl(unix.PR_SET_DUMPABLE, 1, 0, 0, 0)
+	}
+	if on == "" {
+		return nil
+	}
+	want := "executable"
+	switch {
+	case on != path:
+		want = "searchable"
+	case script:
+		want = "readable and executable"
+	}
+	// The fix in parentheses: a task's reason goes on after it ("on host h1").
+	return fmt.Errorf("user %s (uid %d) cannot run %s: permission denied on %s (make it %s by %s, or give the kind a user that may)", id.Name, id.UID, path, on, want, id.Name)
+}
+
+// isScript reports whether path is a regular file that starts with "#!",
+// whose interpreter reads it as the command's user. The kind's user may put
+// anything at path: it is opened only once known to be a regular file (a
+// FIFO's open would wait for a writer; a device's may act), by its O_PATH
+// descriptor, which opens nothing.
+func isScript(path string) bool {
+	fd, err := unix.Open(path, unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return false
+	}
+	f, err := os.OpenFile("/proc/self/fd/"+strconv.Itoa(fd), os.O_RDONLY|unix.O_NOCTTY|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	var b [2]byte
+	_, err = io.ReadFull(f, b[:])
+	return err == nil && string(b[:]) == "#!"
+}
+
+// asking serializes CanRun: whether the process is dumpable is the
+// process's, not a thread's.
+var asking sync.Mutex
+
+// deniedOn takes id's file system credentials in the calling thread, which
+// must be locked to it and never serve another goroutine, and returns what
+// id may not search or execute on the way to path, or read of a script;
+// "" when it may run path, or when the kernel cannot tell.
+func (id *Identity) deniedOn(path string, script bool) string {
+	groups := make([]int, len(id.Groups))
+	for i, g := range id.Groups {
+		groups[i] = int(g)
+	}
+	// Each call changes this thread alone (unix.Setgroups, unlike
+	// syscall.Setgroups, is the raw system call). The capabilities go
+	// last: switching needs them.
+	if unix.Setgroups(groups) != nil {
+		return ""
+	}
+	unix.SetfsgidRetGid(int(id.GID))
+	unix.SetfsuidRetUid(int(id.UID))
+	gid, _ := unix.SetfsgidRetGid(-1)
+	uid, _ := unix.SetfsuidRetUid(-1)
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if gid != int(id.GID) || uid != int(id.UID) || unix.Capget(&hdr, &data[0]) != nil {
+		return ""
+	}
+	data[0].Effective, data[1].Effective = 0, 0
+	if unix.Capset(&hdr, &data[0]) != nil {
+		return ""
+	}
+	// AT_EACCESS: as this thread's fsuid, fsgid, groups and capabilities.
+	// Only faccessat2 takes it; unix.Faccessat's stand-in would ask as
+	// the process.
+	may := func(p string, mode uint32) bool {
+		return unix.Faccessat2(unix.AT_FDCWD, p, mode, unix.AT_EACCESS) != unix.EACCES
+	}
+	mode := uint32(unix.X_OK)
+	if script {
+		mode |= unix.R_OK
+	}
+	if may(path, mode) {
+		return ""
+	}
+	// The outermost directory id may not search is the one to fix.
+	parts := strings.Split(path, "/")
+	for i := 1; i < len(parts); i++ {
+		if dir := cmp.Or(strings.Join(parts[:i], "/"), "/"); !may(dir, unix.X_OK) {
+			return dir
+		}
+	}
+	return path
 }

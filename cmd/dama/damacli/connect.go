@@ -5,13 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -101,67 +98,13 @@ func badURL(url string, err error) error {
 // string (password=a://b) is not one, and is not shown.
 var urlScheme = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.-]*$`)
 
-// connectError is a failed connection in one line, its chain pgx's (which
-// etlcontext.Unreachable reads).
-type connectError struct {
-	msg string
-	err error
-}
-
-func (e *connectError) Error() string { return e.msg }
-func (e *connectError) Unwrap() error { return e.err }
-
-// connectFailed describes err, a failed connection: what was tried and
-// each distinct answer. pgx's message names every attempt: with
-// sslmode=prefer, its default, a server without TLS is tried twice, and
-// the first refusal is noise.
+// connectFailed describes err, a failed connection, in one line
+// (etlcontext.ConnectFailed).
 func connectFailed(err error) error {
-	var ce *pgconn.ConnectError
-	if !errors.As(err, &ce) {
-		return fmt.Errorf("connect to database: %w", err)
+	if errors.As(err, new(*pgconn.ConnectError)) {
+		return etlcontext.ConnectFailed(err)
 	}
-	var answers []string
-	add := func(a string) {
-		if !slices.Contains(answers, a) {
-			answers = append(answers, a)
-		}
-	}
-	attempts := []error{errors.Unwrap(ce)}
-	if joined, ok := attempts[0].(interface{ Unwrap() []error }); ok {
-		attempts = joined.Unwrap()
-	}
-	tls := false
-	for _, a := range attempts {
-		var pgErr *pgconn.PgError
-		var errno syscall.Errno
-		var dnsErr *net.DNSError
-		switch {
-		case a == nil:
-		case errors.As(a, &dnsErr):
-			add(fmt.Sprintf("host %s: %s", dnsErr.Name, dnsErr.Err))
-		case errors.As(a, &pgErr):
-			add(fmt.Sprintf("%s (SQLSTATE %s)", pgErr.Message, pgErr.Code))
-		case strings.Contains(a.Error(), "tls error: server refused TLS connection"):
-			tls = true
-		case errors.As(a, &errno):
-			add(errno.Error())
-		case errors.Is(a, context.DeadlineExceeded):
-			add("no answer within 10s")
-		default:
-			add(a.Error())
-		}
-	}
-	if len(answers) == 0 && tls {
-		add("the server refused TLS")
-	}
-	where := ce.Config.Host
-	if !strings.HasPrefix(where, "/") {
-		where = net.JoinHostPort(where, strconv.Itoa(int(ce.Config.Port)))
-	}
-	return &connectError{
-		msg: fmt.Sprintf("connect to database %s on %s as %s: %s", ce.Config.Database, where, ce.Config.User, strings.Join(answers, "; ")),
-		err: err,
-	}
+	return fmt.Errorf("connect to database: %w", err)
 }
 
 func parseID(s string) (int64, error) {

@@ -1,6 +1,7 @@
 package damacli
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -103,7 +104,8 @@ func describeTask(ctx context.Context, db etlcontext.DB, w io.Writer, t etlconte
 
 	fmt.Fprintf(tw, "\nEvents (newest %d):\n", describeEvents)
 	for _, e := range events {
-		fmt.Fprintf(tw, "  %s\t%s\t%s\n", at(&e.CreatedAt), e.Type, shownText(cut(string(e.Payload))))
+		what := cmp.Or(e.Summary, string(e.Payload))
+		fmt.Fprintf(tw, "  %s\t%s\t%s\n", at(&e.CreatedAt), e.Type, shownText(cut(what)))
 	}
 
 	fmt.Fprintf(tw, "\nLog (the last %d lines the database keeps; dama logs %d for all):\n", describeLogLines, t.ID)

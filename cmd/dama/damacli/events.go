@@ -3,7 +3,6 @@ package damacli
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -30,6 +29,6 @@ func newEventsCommand() *cobra.Command {
 		if payload == "" {
 			payload = string(e.Meta)
 		}
-		return fmt.Sprintf("%d\t%s\t%d\t%s\t%s", e.ID, e.CreatedAt.Local().Format(time.DateTime), e.Attempt, shownText(e.Type), shownText(payload))
+		return fmt.Sprintf("%d\t%s\t%d\t%s\t%s", e.ID, zoned(e.CreatedAt), e.Attempt, shownText(e.Type), shownText(payload))
 	})
 }

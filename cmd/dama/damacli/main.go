@@ -106,7 +106,7 @@ data_manager.dama_task_queue shows what runs where, and how far along.`,
 	root.PersistentFlags().StringVar(&g.configPath, "config", os.Getenv("DAMA_CONFIG"), "configuration file (default $DAMA_CONFIG, else ./dama.yaml if there is one)")
 	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
 		// These read no configuration; a task process's comes from its supervisor.
-		if cmd.Hidden || slices.Contains([]string{"init", "version", "help"}, cmd.Name()) ||
+		if cmd.Hidden || slices.Contains([]string{"init", "version", "help", "ready"}, cmd.Name()) ||
 			cmd.HasParent() && cmd.Parent().Name() == "completion" {
 			return nil
 		}
@@ -125,9 +125,11 @@ data_manager.dama_task_queue shows what runs where, and how far along.`,
 		newRetryCommand(g),
 		newPruneCommand(),
 		newQueuesCommand(),
+		newSupervisorsCommand(),
 		newSchedulesCommand(),
 		newWebCommand(g),
 		newVersionCommand(),
+		newReadyCommand(),
 	)
 	root.AddCommand(newControlCommands(g)...)
 	root.AddCommand(newTaskProcessCommands(g)...)

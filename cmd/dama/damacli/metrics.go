@@ -35,10 +35,11 @@ func newMetricsRegistry() *prometheus.Registry {
 	return reg
 }
 
-// serveMetrics serves reg's metrics on http://addr/metrics until stop is
-// called. It listens at once, so that a bad address is an error before
-// anything else starts.
-func serveMetrics(addr string, reg *prometheus.Registry, logger *slog.Logger) (stop func(), err error) {
+// serveMetrics serves reg's metrics on http://addr/metrics, and on
+// http://addr/ready whether ready is closed, until stop is called. It
+// listens at once, so that a bad address is an error before anything else
+// starts.
+func serveMetrics(addr string, reg *prometheus.Registry, ready <-chan struct{}, logger *slog.Logger) (stop func(), err error) {
 	if addr, err = listenAddr(addr); err != nil {
 		return nil, err
 	}
@@ -48,6 +49,14 @@ func serveMetrics(addr string, reg *prometheus.Registry, logger *slog.Logger) (s
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", metricsHandler(reg, logger))
+	mux.HandleFunc("GET /ready", func(w http.ResponseWriter, _ *http.Request) {
+		select {
+		case <-ready:
+			fmt.Fprintln(w, "ready")
+		default:
+			http.Error(w, "not ready: it waits for the database, or is starting", http.StatusServiceUnavailable)
+		}
+	})
 	logger.Info("serving metrics", "addr", "http://"+ln.Addr().String()+"/metrics")
 	// A scraper that reads slowly, or not at all, holds its connection
 	// and its scrape's goroutine no longer than WriteTimeout.

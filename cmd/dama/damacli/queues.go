@@ -1,9 +1,11 @@
 package damacli
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -19,7 +21,6 @@ import (
 // names the queues and kinds, else checking names against the database.
 func newControlCommands(g *globals) []*cobra.Command {
 	var reason string
-	when := func(t time.Time) string { return t.Local().Format(time.DateTime) }
 	controls := []struct {
 		cmd *cobra.Command
 		// reasonUsage, when set, gives the command --reason.
@@ -40,7 +41,7 @@ completed; submitted tasks wait, and dama queues counts them.`,
 			if err != nil {
 				return "", err
 			}
-			return fmt.Sprintf("queue %s paused since %s by %s%s", p.Queue, when(p.PausedAt), p.PausedBy, reasonSuffix(p.Reason)), nil
+			return fmt.Sprintf("queue %s paused since %s by %s%s", p.Queue, zoned(p.PausedAt), p.PausedBy, reasonSuffix(p.Reason)), nil
 		},
 	}, {
 		cmd: &cobra.Command{
@@ -70,7 +71,7 @@ reason.`,
 			if err != nil {
 				return "", err
 			}
-			return fmt.Sprintf("kind %s blocked since %s by %s%s", b.Kind, when(b.BlockedAt), b.BlockedBy, reasonSuffix(b.Reason)), nil
+			return fmt.Sprintf("kind %s blocked since %s by %s%s", b.Kind, zoned(b.BlockedAt), b.BlockedBy, reasonSuffix(b.Reason)), nil
 		},
 	}, {
 		cmd: &cobra.Command{
@@ -179,10 +180,10 @@ tick. A kind appears once a supervisor configuring it has run.`,
 				status = string(*s.LastStatus)
 			}
 			if s.NextTick != nil {
-				next = s.NextTick.Local().Format(time.DateTime)
+				next = zoned(*s.NextTick)
 			}
 			return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s", s.Kind, s.Spec, s.Timezone, s.Overlap,
-				s.LastTick.Local().Format(time.DateTime), s.LastOutcome, task, status, next)
+				zoned(s.LastTick), s.LastOutcome, task, status, next)
 		})
 }
 
@@ -213,4 +214,30 @@ func listCommand[T any](cmd *cobra.Command, read func(context.Context, etlcontex
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
+}
+
+func newSupervisorsCommand() *cobra.Command {
+	return listCommand(&cobra.Command{
+		Use:   "supervisors",
+		Short: "Show the supervisors, serving or gone in the last day (data_manager.dama_supervisors)",
+		Long: `Show the supervisors that serve this database, then those that stopped or
+were lost in the last day: host, pid, release, lock modes, the queues and
+kinds served, the tasks running on the host in its queues, when it started
+and when it was last seen. A supervisor serves while it holds its liveness
+lock: SERVING, then STOPPED once it stopped cleanly, or LOST (killed, or cut
+off from the database).`,
+		Args: cobra.NoArgs,
+	}, etlcontext.Supervisors,
+		"STATE\tHOST\tPID\tRELEASE\tLOCK\tQUEUES\tKINDS\tRUNNING\tSTARTED\tLAST SEEN",
+		func(s etlcontext.Supervisor) string {
+			now := time.Now()
+			list := func(l []string) string { return shownText(cmp.Or(strings.Join(l, ","), "-")) }
+			release := "earlier" // than the one that records what it serves
+			if s.Release != nil {
+				release = shownText(*s.Release)
+			}
+			return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s ago", s.State, shownText(s.Host), intOrDash(s.PID), release,
+				list(s.LockModes), list(s.Queues), list(s.Kinds), intOrDash(s.Running), localTime(s.StartedAt, now),
+				etlcontext.Human(now.Sub(s.LastSeenAt)))
+		})
 }

@@ -30,8 +30,10 @@ func newStatusCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "status [ID]",
 		Short: "Show tasks from data_manager.dama_task_queue",
-		Long: `Show tasks from data_manager.dama_task_queue, newest first: one task by ID,
-or the newest --limit tasks, optionally only those in the given --status.
+		Long: `Show tasks from data_manager.dama_task_queue: one task by ID, or --limit
+tasks, the running first, then the retrying, then the queued, then the
+finished, each newest first; or only those in the given --status, newest
+first. Times are in the local time zone, named.
 
 One task by ID is shown in full: where it is and why, its arguments and
 checkpoint, each attempt (host, pid, start, end, outcome, exit code,
@@ -45,7 +47,7 @@ terminal's width (or $COLUMNS): a narrow one drops the reason, the attempt,
 the time and the kind, never the progress. -o wide shows every column.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, argv []string) error {
-			q := etlcontext.TaskQuery{Limit: limit}
+			q := etlcontext.TaskQuery{Limit: limit, ActiveFirst: true}
 			if len(argv) == 1 {
 				var err error
 				if q.ID, err = parseID(argv[0]); err != nil {
@@ -100,7 +102,7 @@ the time and the kind, never the progress. -o wide shows every column.`,
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON, every column")
 	cmd.Flags().StringVarP(&output, "output", "o", "", "wide: every column, River's job and the process included")
-	cmd.Flags().IntVar(&limit, "limit", 50, "show at most this many tasks, newest first (0: all)")
+	cmd.Flags().IntVar(&limit, "limit", 50, "show at most this many tasks, the active first (0: all)")
 	cmd.Flags().StringSliceVar(&statuses, "status", nil, "show only tasks in these statuses (QUEUED,RUNNING,...)")
 	cmd.Flags().BoolVar(&watch, "watch", false, "redraw the table, with progress bars, every --interval until interrupted")
 	cmd.Flags().DurationVar(&interval, "interval", time.Second, "how often --watch redraws")
@@ -144,17 +146,17 @@ func readNotes(ctx context.Context, db etlcontext.DB, tasks []etlcontext.Task) (
 // at its pace, when its progress tells.
 func (n notes) eta(t etlcontext.Task) (string, bool) {
 	left, ok := n.paces[t.ID].Remaining(t.Progress, t.ProgressAt, n.now)
-	return "ETA " + human(left), ok
+	return "ETA " + etlcontext.Human(left), ok
 }
 
 // ranFor is how long a task has run: its current attempt so far, while
 // it runs; from its first start to its end, once finished.
 func (n notes) ranFor(t etlcontext.Task) string {
 	if pace, running := n.paces[t.ID]; running {
-		return human(n.now.Sub(pace.StartedAt))
+		return etlcontext.Human(n.now.Sub(pace.StartedAt))
 	}
 	if t.Status.Finished() && t.StartedAt != nil && t.FinishedAt != nil {
-		return human(t.FinishedAt.Sub(*t.StartedAt))
+		return etlcontext.Human(t.FinishedAt.Sub(*t.StartedAt))
 	}
 	return "-"
 }
@@ -287,7 +289,7 @@ func printWide(w io.Writer, tasks []etlcontext.Task, n notes) error {
 
 // reason says in a few words why a task is where it is (etlcontext.Reason).
 func reason(t etlcontext.Task, tr etlcontext.Trouble, now time.Time) string {
-	return shownText(etlcontext.ReasonOf(t, tr, now).Format(func(at time.Time) string { return localTime(at, now) }))
+	return shownText(etlcontext.ReasonOf(t, tr, now).Format(now, func(at time.Time) string { return localTime(at, now) }))
 }
 
 // columns is how wide a table for w may be: a terminal's width, else
@@ -302,30 +304,18 @@ func columns(w io.Writer) int {
 	return 0
 }
 
-// human writes d to its two largest units: 45s, 12m5s, 3h12m, 2d3h.
-func human(d time.Duration) string {
-	d = max(d, 0)
-	const day = 24 * time.Hour
-	switch {
-	case d < time.Minute:
-		return fmt.Sprintf("%ds", int(d/time.Second))
-	case d < time.Hour:
-		return fmt.Sprintf("%dm%ds", int(d/time.Minute), int(d%time.Minute/time.Second))
-	case d < day:
-		return fmt.Sprintf("%dh%dm", int(d/time.Hour), int(d%time.Hour/time.Minute))
-	}
-	return fmt.Sprintf("%dd%dh", int(d/day), int(d%day/time.Hour))
-}
-
-// localTime writes t in the local zone: its time of day when it is of
-// now's day, else its date too.
+// localTime writes t in the local zone, named: its time of day when it is
+// of now's day, else its date too.
 func localTime(t, now time.Time) string {
 	t, now = t.Local(), now.Local()
 	if y, m, d := t.Date(); y == now.Year() && m == now.Month() && d == now.Day() {
-		return t.Format(time.TimeOnly)
+		return t.Format(time.TimeOnly + " MST")
 	}
-	return t.Format(time.DateTime)
+	return zoned(t)
 }
+
+// zoned writes t in the local zone, named: 2026-12-07 18:35:48 UTC.
+func zoned(t time.Time) string { return t.Local().Format(time.DateTime + " MST") }
 
 // waiting says what a task that has not started waits for, or until when.
 func waiting(t etlcontext.Task) string {
@@ -335,7 +325,7 @@ func waiting(t etlcontext.Task) string {
 	case t.WaitingFor != nil:
 		return *t.WaitingFor
 	case t.DueAt != nil && t.DueAt.After(time.Now()):
-		return "until " + t.DueAt.Local().Format(time.DateTime)
+		return "until " + zoned(*t.DueAt)
 	}
 	return "-"
 }

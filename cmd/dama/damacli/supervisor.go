@@ -44,12 +44,14 @@ running.`,
 				opts.CheckExecutable = checkTaskProgram
 			}
 			stopMetrics := func() {}
+			// Closed once the supervisor works: --metrics-listen's /ready.
+			ready := make(chan struct{})
 			if metricsListen != "" {
 				reg := newMetricsRegistry()
 				opts.Registerer = reg
 				// Served while the database is waited for too, and
 				// until the supervisor has stopped.
-				if stopMetrics, err = serveMetrics(metricsListen, reg, logger); err != nil {
+				if stopMetrics, err = serveMetrics(metricsListen, reg, ready, logger); err != nil {
 					return err
 				}
 				defer stopMetrics()
@@ -89,6 +91,7 @@ running.`,
 			go func() {
 				select {
 				case <-s.Started():
+					close(ready)
 					notify(logger, daemon.SdNotifyReady)
 				case <-cmd.Context().Done():
 				}
@@ -99,7 +102,7 @@ running.`,
 		},
 	}
 	g.addLogFormat(cmd)
-	cmd.Flags().StringVar(&metricsListen, "metrics-listen", "", "serve Prometheus metrics on http://ADDR/metrics (ADDR e.g. 127.0.0.1:9464; a bare :PORT is on localhost); empty: none")
+	cmd.Flags().StringVar(&metricsListen, "metrics-listen", "", "serve Prometheus metrics on http://ADDR/metrics, and whether the supervisor works on http://ADDR/ready (dama ready ADDR); ADDR e.g. 127.0.0.1:9464, a bare :PORT is on localhost; empty: none")
 	return cmd
 }
 

@@ -87,11 +87,12 @@ func bar(payload []byte, width int) string {
 	return s
 }
 
-// describe is one line on where a task is: status, attempt, progress.
-func describe(t etlcontext.Task) string {
+// describe is one line on where a task is: status, attempt, why (its
+// reason, "-" for none), progress.
+func describe(t etlcontext.Task, why string) string {
 	s := fmt.Sprintf("task %d %s %s attempt %d/%d", t.ID, t.Kind, t.Status, t.Attempt, t.MaxAttempts)
-	if w := waiting(t); w != "-" {
-		s += " (waiting: " + w + ")"
+	if why != "-" {
+		s += " (" + why + ")"
 	}
 	if t.LatestEventType != nil && protocol.EventSuffix(*t.LatestEventType) == protocol.EventAwaiting && t.Status == etlcontext.StatusRunning {
 		s += " awaiting children: " + t.Children.String()
@@ -157,7 +158,14 @@ func waitForTask(ctx context.Context, client *dama.Client, db etlcontext.DB, id 
 		default:
 			failing = nil
 			t := tasks[0]
-			line := describe(t)
+			why := "-"
+			if t.Status == etlcontext.StatusQueued || t.Status == etlcontext.StatusRetrying {
+				// What it waits for, or the error it is retried after.
+				if tr, err := etlcontext.Troubles(ctx, db, []int64{t.ID}); err == nil {
+					why = reason(t, tr[t.ID], time.Now())
+				}
+			}
+			line := describe(t, why)
 			key := fmt.Sprintf("%s %d", t.Status, t.Attempt)
 			switch {
 			case tty:
@@ -215,7 +223,7 @@ func watchTasks(ctx context.Context, db etlcontext.DB, q etlcontext.TaskQuery, w
 	for {
 		cols, rows, tty := terminalSize(w)
 		var buf bytes.Buffer
-		now := time.Now().Format(time.DateTime)
+		now := zoned(time.Now())
 		var table bytes.Buffer
 		tasks, err := etlcontext.Tasks(ctx, db, q)
 		if err == nil {

@@ -87,12 +87,14 @@ func (s *Server) annotate(ctx context.Context, tasks []etlcontext.Task) ([]taskJ
 }
 
 // tasks lists the newest tasks, filtered by ?status= (comma-separated),
-// ?kind=, ?queue=, and ?q=, an id or an idempotency key; ?before= (an id)
-// pages to older ones. It counts the tasks of each status, up to countCap.
+// ?kind=, ?queue=, and ?q=, an id or an idempotency key; without a status,
+// the running, retrying and queued first (etlcontext.TaskQuery.ActiveFirst).
+// ?before= (the reply's next: an id, or STATUS:ID for those without a
+// status; an id alone pages newest first) pages on. It counts the tasks of each status, up to countCap.
 func (s *Server) tasks(r *http.Request) (any, error) {
 	ctx := r.Context()
 	v := r.URL.Query()
-	q := etlcontext.TaskQuery{Limit: taskPage, Kind: v.Get("kind"), Queue: v.Get("queue"), MaxPayload: maxPayload}
+	q := etlcontext.TaskQuery{Limit: taskPage, Kind: v.Get("kind"), Queue: v.Get("queue"), MaxPayload: maxPayload, ActiveFirst: true}
 	if st := v.Get("status"); st != "" {
 		for _, name := range strings.Split(st, ",") {
 			status := etlcontext.Status(strings.ToUpper(strings.TrimSpace(name)))
@@ -103,11 +105,16 @@ func (s *Server) tasks(r *http.Request) (any, error) {
 		}
 	}
 	if b := v.Get("before"); b != "" {
-		before, err := strconv.ParseInt(b, 10, 64)
-		if err != nil || before <= 0 {
-			return nil, fmt.Errorf("%w: before %q: a task id", errInvalid, b)
+		status, id, paired := strings.Cut(b, ":")
+		if !paired {
+			// An id alone pages newest first, whatever the status.
+			status, id, q.ActiveFirst = "", b, false
 		}
-		q.Before = before
+		before, err := strconv.ParseInt(id, 10, 64)
+		if err != nil || before <= 0 || status != "" && !slices.Contains(etlcontext.Statuses, etlcontext.Status(status)) {
+			return nil, fmt.Errorf("%w: before %q: a task id, or a status and an id (RUNNING:42)", errInvalid, b)
+		}
+		q.Before, q.BeforeStatus = before, etlcontext.Status(status)
 	}
 	search := strings.TrimSpace(v.Get("q"))
 	var tasks []etlcontext.Task
@@ -140,7 +147,12 @@ func (s *Server) tasks(r *http.Request) (any, error) {
 		s.opts.Logger.Warn("count the tasks by status", "error", err)
 	}
 	if len(tasks) == taskPage {
-		reply["next"] = strconv.FormatInt(tasks[len(tasks)-1].ID, 10)
+		last := tasks[len(tasks)-1]
+		next := strconv.FormatInt(last.ID, 10)
+		if q.ActiveFirst && len(q.Statuses) == 0 {
+			next = string(last.Status) + ":" + next
+		}
+		reply["next"] = next
 	}
 	return reply, nil
 }
@@ -365,5 +377,9 @@ func (s *Server) queues(r *http.Request) (any, error) {
 		return nil, err
 	}
 	history, err := etlcontext.ControlEvents(r.Context(), s.pool, controlEvents)
-	return map[string]any{"queues": stats, "history": history}, err
+	if err != nil {
+		return nil, err
+	}
+	sups, err := etlcontext.Supervisors(r.Context(), s.pool)
+	return map[string]any{"queues": stats, "history": history, "supervisors": sups}, err
 }

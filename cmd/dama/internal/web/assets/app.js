@@ -104,18 +104,20 @@ function stamp(t, words) {
   const secs = (d - new Date()) / 1000;
   const e = el("time", words ?? (secs > 0 ? "in " + span(secs) : span(-secs) + " ago"));
   e.dateTime = d.toISOString();
-  e.title = d.toLocaleString();
+  e.title = d.toLocaleString(undefined, { timeZoneName: "short" });
   return e;
 }
 
 // because shows why a task is where it is (the server's reason): what it
-// waits for and for how long, until when, after what error.
+// waits for and for how long, a retry's error and when it is retried, when
+// it is due, after what error (as dama status does).
 function because(r) {
   const e = el("span");
   if (!r || !(r.text || r.since || r.until || r.after)) { e.textContent = "-"; return e; }
   if (r.text) e.append(r.text);
   if (r.since) e.append(" for ", stamp(r.since, span((new Date() - new Date(r.since)) / 1000)));
-  if (r.until) e.append(r.text ? " " : "", "due ", stamp(r.until));
+  if (r.retry) e.append(", ", r.until ? el("span", "retry ") : "retrying", r.until ? stamp(r.until) : "");
+  else if (r.until) e.append(r.text ? " " : "", "due ", stamp(r.until));
   if (r.after) e.append((r.text || r.until ? ", " : "") + "after: " + r.after);
   return e;
 }
@@ -413,7 +415,7 @@ async function taskPage() {
     // A payload read cut short comes as {"dama_truncated": {bytes, head}}:
     // its head, and a link to the whole event.
     const cut = e.payload && e.payload.dama_truncated && typeof e.payload.dama_truncated.head === "string" ? e.payload.dama_truncated : null;
-    const text = cut ? cut.head : json(e.payload);
+    const text = e.summary || (cut ? cut.head : json(e.payload));
     const code = el("code", text.length > 300 ? text.slice(0, 300) + "…" : text);
     code.title = text.length > 300 ? text.slice(0, 4000) : "";
     const what = cell(code);
@@ -464,7 +466,17 @@ function setupTask() {
 // ---- Queues ----
 
 async function queuesPage() {
-  const { queues, history } = await get("/api/queues");
+  const { queues, history, supervisors } = await get("/api/queues");
+  const sups = el("tbody");
+  for (const s of supervisors) {
+    const serving = s.state === "SERVING";
+    const list = (l) => (l && l.length ? l.join(", ") : "-");
+    sups.append(row(el("td", s.state, serving ? "status status-RUNNING" : "status status-FAILED"), s.host, el("td", s.pid ?? "-", "num"),
+      s.release ?? "earlier", list(s.lock_modes), list(s.queues), list(s.kinds), num(s.running ?? "-"),
+      cell(stamp(s.started_at)), cell(stamp(s.last_seen_at))));
+  }
+  $("#supervisors tbody").replaceWith(sups);
+  $("#unserved").hidden = supervisors.some((s) => s.state === "SERVING");
   const paused = new Map(config.queues.map((q) => [q, null]));
   const blocked = new Map(config.kinds.map((k) => [k, null]));
   const body = el("tbody");

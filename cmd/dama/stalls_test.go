@@ -134,7 +134,10 @@ kinds:
 	// never early.
 	onTime := func(id int64, e etlcontext.Event, from time.Time) {
 		t.Helper()
-		if late := e.CreatedAt.Sub(from); late < 3900*time.Millisecond || late > 20*time.Second {
+		// created_at is the start of the transaction that wrote it, which
+		// a batch of the task process's writes on a loaded machine may
+		// have begun a few tenths before.
+		if late := e.CreatedAt.Sub(from); late < 3500*time.Millisecond || late > 20*time.Second {
 			t.Errorf("task %d: STALLED %s after it went quiet, want 4s (a few tenths more)", id, late)
 		}
 	}

@@ -48,17 +48,9 @@ type Recorded struct {
 // recorded: a write whose reply was lost with its connection is made again.
 func RecordRunner(ctx context.Context, db DB, id int64, runID string, r Runner) (Recorded, error) {
 	var rec Recorded
-	err := db.QueryRow(ctx, `
-		UPDATE data_manager.etl_contexts AS c
-		   SET host = $3, pid = $4, process_started_at = $5, heartbeat_at = now(), log_path = $6,
-		       host_id = $7, runner_start_ticks = $8, fence_window = $9, lock_lost_at = NULL, lock_mode = $10,
-		       runner_release = $11, runner_protocol = $12
-		 WHERE c.etl_context_id = $1 AND c.run_id = $2::uuid AND c.etl_status = `+sqlRunning+`
-		   AND (c.pid IS NULL OR (c.pid = $4 AND c.runner_start_ticks = $8 AND c.host_id IS NOT DISTINCT FROM $7 AND c.command_pgid IS NULL))
-		   AND c.initial_event_id IS NOT NULL
-		RETURNING c.cancel_requested_at IS NOT NULL, `+payloads("$13"),
+	err := db.QueryRow(ctx, recordRunnerSQL,
 		id, runID, r.Host, r.PID, r.StartedAt, r.LogPath, r.HostID, int64(r.StartTicks), r.FenceWindow, r.LockMode, r.Release, r.Protocol,
-		protocol.EventCheckpoint).Scan(&rec.CancelRequested, &rec.Args, &rec.Checkpoint)
+		protocol.EventCheckpoint, nil).Scan(&rec.CancelRequested, &rec.Args, &rec.Checkpoint)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Recorded{}, fmt.Errorf("record task process of task %d: %w", id, ErrStaleRun)
 	}
@@ -67,6 +59,18 @@ func RecordRunner(ctx context.Context, db DB, id int64, runID string, r Runner) 
 	}
 	return rec, nil
 }
+
+// recordRunnerSQL sets the run's key itself (keyedBy).
+var recordRunnerSQL = keyedBy(14, `
+		UPDATE data_manager.etl_contexts AS c
+		   SET host = $3, pid = $4, process_started_at = $5, heartbeat_at = now(), log_path = $6,
+		       host_id = $7, runner_start_ticks = $8, fence_window = $9, lock_lost_at = NULL, lock_mode = $10,
+		       runner_release = $11, runner_protocol = $12
+		  FROM k
+		 WHERE c.etl_context_id = $1 AND c.run_id = $2::uuid AND c.etl_status = `+sqlRunning+`
+		   AND (c.pid IS NULL OR (c.pid = $4 AND c.runner_start_ticks = $8 AND c.host_id IS NOT DISTINCT FROM $7 AND c.command_pgid IS NULL))
+		   AND c.initial_event_id IS NOT NULL
+		RETURNING c.cancel_requested_at IS NOT NULL, `+payloads("$13"))
 
 // noRunner is the assignment that forgets what RecordRunner recorded.
 const noRunner = `host = NULL, pid = NULL, process_started_at = NULL, heartbeat_at = NULL, host_id = NULL,
@@ -109,9 +113,21 @@ func WithdrawRunner(ctx context.Context, db DB, id int64, runID string, pid int)
 // on the same host can find the command's descendants after the task
 // process died. startTicks 0 means unknown.
 func RecordCommand(ctx context.Context, db DB, id int64, runID string, pgid int, startTicks uint64) error {
-	return updateRun(ctx, db, "record command", id, runID, `command_pgid = $3, command_start_ticks = $4`,
-		pgid, orNull(int64(startTicks)))
+	tag, err := db.Exec(ctx, recordCommandSQL, id, runID, pgid, orNull(int64(startTicks)), nil)
+	if err != nil {
+		return fmt.Errorf("record command of task %d: %w", id, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("record command of task %d: %w", id, ErrStaleRun)
+	}
+	return nil
 }
+
+// recordCommandSQL sets the run's key itself (keyedBy).
+var recordCommandSQL = keyedBy(5, `
+		UPDATE data_manager.etl_contexts SET command_pgid = $3, command_start_ticks = $4
+		  FROM k
+		 WHERE etl_context_id = $1 AND run_id = $2::uuid AND etl_status = `+sqlRunning)
 
 // updateRun makes the assignment set, its parameters from $3 on, on context
 // id while run runID is its running one, and fails with ErrStaleRun when it
@@ -220,7 +236,7 @@ func MarkLockLost(ctx context.Context, db DB, id int64) (mark time.Time, err err
 	return mark, nil
 }
 
-// Run is a launch StartAttempt prepared.
+// Run is a launch StartAttempt or StartIfFree prepared.
 type Run struct {
 	// ID is the run id, which the task process's events carry.
 	ID string
@@ -239,10 +255,8 @@ const RunKeySetting = "dama.run_key"
 // id and key (32 random bytes, in hex), launched by host. The caller holds
 // the lock.
 func StartAttempt(ctx context.Context, db DB, id int64, attempt int, launchedBy string) (Run, error) {
-	secret := make([]byte, 32)
-	rand.Read(secret) // never fails: crypto/rand crashes the program instead
-	run := Run{Key: hex.EncodeToString(secret)}
-	hash := sha256.Sum256([]byte(run.Key))
+	key, hash := newRunKey()
+	run := Run{Key: key}
 	err := db.QueryRow(ctx, `
 		UPDATE data_manager.etl_contexts
 		   SET etl_status = `+sqlRunning+`, attempt = $2, run_id = gen_random_uuid(), launched_by = $3,
@@ -250,11 +264,21 @@ func StartAttempt(ctx context.Context, db DB, id int64, attempt int, launchedBy 
 		       `+noRunner+`, command_pgid = NULL, command_start_ticks = NULL,
 		       waiting_for = NULL, waiting_since = NULL
 		 WHERE etl_context_id = $1
-		RETURNING run_id::text, attempt`, id, attempt, launchedBy, hash[:]).Scan(&run.ID, &run.Attempt)
+		RETURNING run_id::text, attempt`, id, attempt, launchedBy, hash).Scan(&run.ID, &run.Attempt)
 	if err != nil {
 		return Run{}, fmt.Errorf("start attempt of task %d: %w", id, classify(err))
 	}
 	return run, nil
+}
+
+// newRunKey returns a new run's key (32 random bytes, in hex) and its
+// SHA-256, which the context keeps.
+func newRunKey() (key string, hash []byte) {
+	secret := make([]byte, 32)
+	rand.Read(secret) // never fails: crypto/rand crashes the program instead
+	key = hex.EncodeToString(secret)
+	sum := sha256.Sum256([]byte(key))
+	return key, sum[:]
 }
 
 // AbandonLaunch takes back the launch of c, RUNNING but without a recorded

@@ -71,7 +71,8 @@ func (s Status) Finished() bool {
 // protocol.LockNamespace.
 const (
 	// queueLockNamespace, kindLockNamespace and keyLockNamespace make a
-	// start race-free across supervisors (Admit, hold).
+	// start race-free across supervisors (StartIfFree, hold); migration
+	// 38's start_attempt spells them out.
 	queueLockNamespace = protocol.LockNamespace + 1
 	// ClientLockNamespace keys the session lock each supervisor holds for
 	// its life, by its River client id's hash (supervisor/liveness.go).
@@ -290,6 +291,10 @@ func classify(err error) error {
 		return fmt.Errorf("%w: %s", ErrFinished, pgErr.Message)
 	case "DMRUN":
 		return fmt.Errorf("%w: %s", ErrStaleRun, pgErr.Message)
+	case "DMPRO":
+		return fmt.Errorf("%w: %s", ErrProtocolRefused, pgErr.Message)
+	case "DMNOT":
+		return fmt.Errorf("%w: %s", ErrNotFound, pgErr.Message)
 	case "DMKEY":
 		return fmt.Errorf("%w: %s", ErrIdempotencyKeyOtherKind, strings.TrimPrefix(pgErr.Message, ErrIdempotencyKeyOtherKind.Error()+": "))
 	case "DMKND":

@@ -70,10 +70,22 @@ func Append(ctx context.Context, db DB, e NewEvent) (int64, error) {
 	return id, nil
 }
 
+// LogChunk is output of a run to keep in its log's tail, as AppendLog
+// keeps it: Data starts at byte Start of the run's output, and the tail
+// keeps its last Keep bytes.
+type LogChunk struct {
+	Start int64
+	Data  []byte
+	Keep  int64
+}
+
 // AppendEvents writes events of one context and run in one statement, in
 // order: as Append, one round trip for many. The first event's context and
 // run id stand for all. An event the database refuses fails them all.
-func AppendEvents(ctx context.Context, db DB, events []NewEvent) error {
+// log, when set, is appended to the run's log tail (AppendLog) first, in
+// the same statement: the last of the tail with the run's outcome, which
+// ends the run and takes no more of it.
+func AppendEvents(ctx context.Context, db DB, events []NewEvent, log *LogChunk) error {
 	if len(events) == 0 {
 		return nil
 	}
@@ -90,18 +102,37 @@ func AppendEvents(ctx context.Context, db DB, events []NewEvent) error {
 		types[i], errs[i], seqs[i] = e.Type, e.Error, e.Seq
 	}
 	first := events[0]
-	_, err := db.Exec(ctx, `
-		INSERT INTO data_manager.event_store (etl_context_id, type, payload, meta, error, run_id, seq)
-		SELECT $1, e.type, e.payload, e.meta, e.error, $2::uuid, e.seq
-		  FROM unnest($3::text[], $4::jsonb[], $5::jsonb[], $6::boolean[], $7::int[])
-		       WITH ORDINALITY AS e(type, payload, meta, error, seq, n)
-		 ORDER BY e.n
-		ON CONFLICT (etl_context_id, run_id, seq) WHERE seq IS NOT NULL DO NOTHING`,
-		first.ContextID, first.RunID, types, payloads, metas, errs, seqs)
+	sql, args := appendEventsSQL, []any{first.ContextID, first.RunID, types, payloads, metas, errs, seqs, nil}
+	if log != nil {
+		sql, args = appendEventsLogSQL, append(args, log.Start, log.Data, log.Keep)
+	}
+	_, err := db.Exec(ctx, sql, args...)
 	if err != nil {
 		return fmt.Errorf("append %d events to task %d: %w", len(events), first.ContextID, classify(err))
 	}
 	return nil
+}
+
+// appendEventsSQL and appendEventsLogSQL set the run's key themselves
+// (keyedBy): an uncorrelated subquery in WHERE, which the server runs
+// once, before the first row is inserted, reads k, and the log's CTE.
+var (
+	appendEventsSQL    = keyedBy(8, insertEvents(`(SELECT count(*) FROM k) = 1`))
+	appendEventsLogSQL = keyedBy(8, `,
+		log AS MATERIALIZED (SELECT data_manager.append_log($1, $2::uuid, $9, $10, $11) FROM k)`+
+		insertEvents(`(SELECT count(*) FROM log) = 1`))
+)
+
+// insertEvents is AppendEvents' insert, once cond holds.
+func insertEvents(cond string) string {
+	return `
+		INSERT INTO data_manager.event_store (etl_context_id, type, payload, meta, error, run_id, seq)
+		SELECT $1, e.type, e.payload, e.meta, e.error, $2::uuid, e.seq
+		  FROM unnest($3::text[], $4::jsonb[], $5::jsonb[], $6::boolean[], $7::int[])
+		       WITH ORDINALITY AS e(type, payload, meta, error, seq, n)
+		 WHERE ` + cond + `
+		 ORDER BY e.n
+		ON CONFLICT (etl_context_id, run_id, seq) WHERE seq IS NOT NULL DO NOTHING`
 }
 
 // encode encodes e's payload and meta as JSON that jsonb accepts: cleaned

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
-	"github.com/dama-etl/dama/protocol"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/dama-etl/dama/protocol"
 )
 
 // The lock of a context is the advisory lock (protocol.LockNamespace, id):
@@ -30,27 +32,30 @@ func Lock(ctx context.Context, tx pgx.Tx, id int64) (*Context, error) {
 	return Get(ctx, tx, id)
 }
 
-// LockStep is Lock for a step of River job job: from the same read, it
-// also returns whether job runs and since when (its last fetch), by which
-// a Work tells whether another one has taken its job over.
-func LockStep(ctx context.Context, tx pgx.Tx, id, job int64) (*Context, JobState, error) {
-	if err := lockXact(ctx, tx, id); err != nil {
-		return nil, JobState{}, err
-	}
+// LockStep is Lock for a step of River job job, in one statement
+// (data_manager.lock_step, migration 38): db may be a transaction, which
+// then keeps the lock, or not, and the lock goes with the statement. From
+// the same read, it also returns whether job runs and since when (its last
+// fetch), by which a Work tells whether another one has taken its job over.
+// When another holds the lock, it returns ErrLocked with the context and
+// the job as they stand.
+func LockStep(ctx context.Context, db DB, id, job int64) (*Context, JobState, error) {
 	type read struct {
+		HeldElsewhere bool
 		Context
 		jobRow
 	}
-	r, err := collectOne[read](ctx, tx, `
-		SELECT `+contextColumns+`, coalesce(j.state = `+jobRunning+`, false), j.attempted_at
-		  FROM data_manager.etl_contexts AS c
-		  LEFT JOIN river_job AS j ON j.id = $2
-		 WHERE c.etl_context_id = $1`, id, job)
-	if errors.Is(err, pgx.ErrNoRows) {
+	r, err := collectOne[read](ctx, db, `
+		SELECT s.held_elsewhere, `+contextColumns+`, coalesce(s.job_running, false), s.job_attempted_at
+		  FROM data_manager.lock_step($1, $2) AS s, LATERAL (SELECT (s.task).*) AS c
+		 WHERE c.etl_context_id IS NOT NULL`, id, job)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
 		return nil, JobState{}, fmt.Errorf("task %d: %w", id, ErrNotFound)
-	}
-	if err != nil {
-		return nil, JobState{}, fmt.Errorf("read task %d: %w", id, err)
+	case err != nil:
+		return nil, JobState{}, fmt.Errorf("lock and read task %d: %w", id, err)
+	case r.HeldElsewhere:
+		return &r.Context, r.state(), fmt.Errorf("lock task %d: %w", id, ErrLocked)
 	}
 	return &r.Context, r.state(), nil
 }
@@ -92,8 +97,17 @@ func (j jobRow) state() JobState {
 // etl_contexts, so that a later release's migration may add a column to
 // etl_contexts while this task runs.
 func LockRow(ctx context.Context, tx pgx.Tx, id int64, byKey bool) (*Context, error) {
-	if err := lockXact(ctx, tx, id); err != nil {
-		return nil, err
+	// Whether the role may call the function, in the statement that takes
+	// the advisory lock.
+	var locked, may bool
+	if err := tx.QueryRow(ctx, `
+		SELECT pg_try_advisory_xact_lock($1, $2::int),
+		       coalesce(has_function_privilege(to_regprocedure('data_manager.lock_initial_event(bigint)'), 'EXECUTE'), false)`,
+		protocol.LockNamespace, id).Scan(&locked, &may); err != nil {
+		return nil, fmt.Errorf("take lock of task %d: %w", id, err)
+	}
+	if !locked {
+		return nil, fmt.Errorf("lock task %d: %w", id, ErrLocked)
 	}
 	// Found by event_store's own index, without reading etl_contexts: the
 	// function reads it in a subtransaction rolled back. Whoever locks the
@@ -102,15 +116,8 @@ func LockRow(ctx context.Context, tx pgx.Tx, id int64, byKey bool) (*Context, er
 	lockSQL := `SELECT event_id FROM data_manager.event_store
 		 WHERE etl_context_id = $1 AND type LIKE '%:INITIAL'
 		   FOR UPDATE NOWAIT`
-	if byKey {
-		var may bool
-		if err := tx.QueryRow(ctx, `
-			SELECT coalesce(has_function_privilege(to_regprocedure('data_manager.lock_initial_event(bigint)'), 'EXECUTE'), false)`).Scan(&may); err != nil {
-			return nil, fmt.Errorf("lock initial event of task %d: %w", id, err)
-		}
-		if may {
-			lockSQL = `SELECT data_manager.lock_initial_event($1)`
-		}
+	if byKey && may {
+		lockSQL = `SELECT data_manager.lock_initial_event($1)`
 	}
 	var eventID *int64
 	err := tx.QueryRow(ctx, lockSQL, id).Scan(&eventID)
@@ -134,58 +141,65 @@ func LockRow(ctx context.Context, tx pgx.Tx, id int64, byKey bool) (*Context, er
 	return c, err
 }
 
-// LockSession takes the lock of context id for the life of conn's session,
-// with no transaction left open (advisory lock mode), and returns the
-// context as it stands once the lock is held; ErrLocked when another
-// process holds it. The lock lasts until UnlockSession or the session's end.
-func LockSession(ctx context.Context, conn DB, id int64) (*Context, error) {
-	if err := TryLockSession(ctx, conn, id); err != nil {
-		return nil, err
-	}
-	c, err := Get(ctx, conn, id)
+// LockRunSQL takes the lock of context $1 for the life of the session and
+// reads the context under it (data_manager.lock_run, migration 37): for a
+// task process of protocol $2, and, when $3 is not NULL, holding the key
+// $3 of the context's current run. LockRun reads its rows.
+const LockRunSQL = `SELECT ` + contextColumns + ` FROM data_manager.lock_run($1, $2, $3) AS c`
+
+// LockRun takes the lock of context id for the life of conn's session, with
+// no transaction left open (advisory and host lock modes), and returns the
+// context as it stands once the lock is held, in one statement. It fails,
+// before taking the lock, with ErrProtocolRefused when the database no
+// longer accepts task processes of protocol, and, given key, with
+// ErrStaleRun when key is not that of the context's current run; with
+// ErrLocked when another process holds the lock, and ErrNotFound. The lock
+// lasts until UnlockSession or the session's end. conn must be a
+// connection: a pool would hand the lock to its next user.
+func LockRun(ctx context.Context, conn DB, id int64, protocol int, key *string) (*Context, error) {
+	rows, err := conn.Query(ctx, LockRunSQL, id, protocol, key)
+	return ScanLockRun(id, rows, err)
+}
+
+// ScanLockRun reads what LockRunSQL answered for context id (rows, or err):
+// as LockRun.
+func ScanLockRun(id int64, rows pgx.Rows, err error) (*Context, error) {
 	if err != nil {
-		return nil, errors.Join(err, UnlockSession(ctx, conn, id))
+		return nil, fmt.Errorf("lock task %d: %w", id, classify(err))
 	}
-	return c, nil
+	c, err := pgx.CollectOneRow(rows, pgx.RowToStructByPos[Context])
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil, fmt.Errorf("lock task %d: %w", id, ErrLocked)
+	case err != nil:
+		return nil, fmt.Errorf("lock task %d: %w", id, classify(err))
+	}
+	return &c, nil
 }
 
-// TryLockSession takes the session lock of context id on conn, which must
-// be a connection (a pool would hand the lock to its next user), or fails
-// with ErrLocked: LockSession without the read, for a lock keeper that
-// holds the locks of many task processes on one session (host lock mode).
-func TryLockSession(ctx context.Context, conn DB, id int64) error {
-	var ok bool
-	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, $2::int)`, protocol.LockNamespace, id).Scan(&ok); err != nil {
-		return fmt.Errorf("take session lock of task %d: %w", id, err)
+// UnlockSession releases the session lock LockRun took on conn, and, with
+// announce, tells the supervisors that the task process ends
+// (protocol.ExitedChannel) in the same statement, once the lock is free.
+func UnlockSession(ctx context.Context, conn DB, id int64, announce bool) error {
+	sql := `SELECT pg_advisory_unlock($1, $2::int)`
+	args := []any{protocol.LockNamespace, id}
+	if announce {
+		sql += `, pg_notify($3, $2::text)`
+		args = append(args, protocol.ExitedChannel)
 	}
-	if !ok {
-		return fmt.Errorf("take session lock of task %d: %w", id, ErrLocked)
-	}
-	return nil
-}
-
-// UnlockSession releases the session lock LockSession took on conn.
-func UnlockSession(ctx context.Context, conn DB, id int64) error {
-	if _, err := conn.Exec(ctx, `SELECT pg_advisory_unlock($1, $2::int)`, protocol.LockNamespace, id); err != nil {
+	if _, err := conn.Exec(ctx, sql, args...); err != nil {
 		return fmt.Errorf("release session lock of task %d: %w", id, err)
 	}
 	return nil
 }
 
-// HoldsKeyOf reports whether key is the key of context id's current run,
-// which must be RUNNING: how a lock keeper knows that a process asking it
-// to hold a context's lock is that run's task process. The key is held
-// (RunKeySetting) for the one statement that asks, which must be its own
-// transaction: db is not one.
-func HoldsKeyOf(ctx context.Context, db DB, id int64, key string) (bool, error) {
-	var ok bool
-	// The materialized CTE sets the key before holds_key_of reads it.
-	if err := db.QueryRow(ctx, `
-		WITH k AS MATERIALIZED (SELECT set_config($2, $3, true))
-		SELECT data_manager.holds_key_of($1) FROM k`, id, RunKeySetting, key).Scan(&ok); err != nil {
-		return false, fmt.Errorf("check the run key of task %d: %w", id, err)
+// Announce tells the supervisors that the task process of context id ends
+// (protocol.ExitedChannel), once it released its lock.
+func Announce(ctx context.Context, db DB, id int64) error {
+	if _, err := db.Exec(ctx, "SELECT pg_notify($1, $2)", protocol.ExitedChannel, strconv.FormatInt(id, 10)); err != nil {
+		return fmt.Errorf("announce the end of task %d's task process: %w", id, err)
 	}
-	return ok, nil
+	return nil
 }
 
 // lockXact takes the lock of context id for the rest of tx, or fails with

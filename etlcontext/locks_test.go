@@ -9,11 +9,12 @@ import (
 
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
+	"github.com/dama-etl/dama/protocol"
 )
 
 // TestLocksExcludeEachOtherAndShowInTheView checks the three ways to hold a
 // context's lock (a step's Lock, a row-mode task's LockRow, an
-// advisory-mode task's LockSession): each excludes the others, fails with
+// advisory-mode task's LockRun): each excludes the others, fails with
 // ErrLocked rather than waiting, and shows in the view while held.
 func TestLocksExcludeEachOtherAndShowInTheView(t *testing.T) {
 	env := testenv.New(t)
@@ -48,17 +49,17 @@ func TestLocksExcludeEachOtherAndShowInTheView(t *testing.T) {
 			}
 			return err
 		}),
-		"LockSession": func() (func(), error) {
+		"LockRun": func() (func(), error) {
 			conn, err := env.Pool.Acquire(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := etlcontext.LockSession(ctx, conn.Conn(), id); err != nil {
+			if _, err := etlcontext.LockRun(ctx, conn.Conn(), id, protocol.Version, nil); err != nil {
 				conn.Release()
 				return nil, err
 			}
 			return func() {
-				if err := etlcontext.UnlockSession(ctx, conn.Conn(), id); err != nil {
+				if err := etlcontext.UnlockSession(ctx, conn.Conn(), id, false); err != nil {
 					t.Error(err)
 				}
 				conn.Release()

@@ -12,11 +12,14 @@ import (
 // what falls out of its last keep bytes (data_manager.append_log,
 // migration 25). A run that is no longer the running one is ErrStaleRun.
 func AppendLog(ctx context.Context, db DB, id int64, runID string, start int64, chunk []byte, keep int64) error {
-	if _, err := db.Exec(ctx, `SELECT data_manager.append_log($1, $2::uuid, $3, $4, $5)`, id, runID, start, chunk, keep); err != nil {
+	if _, err := db.Exec(ctx, appendLogSQL, id, runID, start, chunk, keep, nil); err != nil {
 		return fmt.Errorf("keep the log of task %d: %w", id, classify(err))
 	}
 	return nil
 }
+
+// appendLogSQL sets the run's key itself (keyedBy).
+var appendLogSQL = keyedBy(6, ` SELECT data_manager.append_log($1, $2::uuid, $3, $4, $5) FROM k`)
 
 // LogPos is a place in a context's kept output: a byte of an attempt's.
 type LogPos struct {

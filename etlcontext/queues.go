@@ -6,8 +6,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/dama-etl/dama/protocol"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/dama-etl/dama/protocol"
 )
 
 // ControlChannel is the NOTIFY channel on which a queue's resumption or a
@@ -42,73 +43,64 @@ const (
 // queue, its kind and its key: it is RUNNING, and not a parent whose
 // command succeeded and which now only awaits its children (its latest
 // event is then AWAITING). Parents awaiting children of their own queue
-// would otherwise take every slot, and wait for ever.
+// would otherwise take every slot, and wait for ever. Migration 38's
+// start_attempt counts the same.
 const holdsSlot = `(r.etl_status = ` + sqlRunning + ` AND NOT EXISTS (
 	SELECT 1 FROM data_manager.event_store AS ae
 	 WHERE ae.event_id = r.latest_event_id AND ae.type LIKE '%:` + protocol.EventAwaiting + `'))`
 
-// Admission is what a start must respect, from the configuration of the
-// supervisor that starts the task: QueueMax bounds the running tasks of the
-// queue, KindMax those of the kind in every queue, KeyMax those of the kind
-// with the concurrency key Key (nil: none); 0 means no bound.
-type Admission struct {
-	Queue    string
-	QueueMax int
-	Kind     string
-	KindMax  int
-	Key      *string
-	KeyMax   int
+// ErrChanged: a start decided from a read of a task found it changed
+// since, or its lock held by another.
+var ErrChanged = errors.New("task changed since it was read")
+
+// Start is a start of a task decided from Read, a read of it by a step of
+// River job Job: its attempt Attempt, launched by LaunchedBy. It must
+// respect, from the configuration of the supervisor that starts it,
+// QueueMax, a bound on the running tasks of the queue, KindMax, on those of
+// the kind in every queue, and KeyMax, on those of the kind with the task's
+// concurrency key (when it has one); a kind's or key's 0 means no bound.
+type Start struct {
+	Read       *Context
+	Job        int64
+	QueueMax   int
+	KindMax    int
+	KeyMax     int
+	Attempt    int
+	LaunchedBy string
 }
 
-// Admit decides, for the rest of tx, whether a task may start now: it takes
-// the locks (namespace, hashtext(name)) of the queue, the kind and the key,
-// so that no other start, pause or block is decided meanwhile, and counts
-// the running tasks. A start decided under these locks and committed in tx
-// can never exceed a bound or start in a paused queue or a blocked kind.
-func Admit(ctx context.Context, tx pgx.Tx, a Admission) (Wait, error) {
-	key := a.Key
-	if a.KeyMax <= 0 {
-		key = nil
-	}
-	// In one round trip, in the order whoever takes more than one takes
-	// them, so that no two transactions wait for each other.
-	b := &pgx.Batch{}
-	b.Queue(`SELECT pg_advisory_xact_lock($1, hashtext($2))`, queueLockNamespace, a.Queue)
-	b.Queue(`SELECT pg_advisory_xact_lock($1, hashtext($2))`, kindLockNamespace, a.Kind)
-	if key != nil {
-		b.Queue(`SELECT pg_advisory_xact_lock($1, hashtext($2 || '/' || $3))`, keyLockNamespace, a.Kind, *key)
-	}
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return WaitNone, fmt.Errorf("lock queue %s, kind %s and concurrency key: %w", a.Queue, a.Kind, err)
-	}
+// StartIfFree starts s's attempt if the task may start now, in one
+// statement (data_manager.start_attempt, migration 38), and otherwise
+// records, and returns, why it waits. It takes the task's lock, then the
+// locks (namespace, hashtext(name)) of the queue, the kind and the key, so
+// that no other start, pause or block is decided meanwhile, and counts the
+// running tasks once they are held: a start decided under these locks can
+// never exceed a bound or start in a paused queue or a blocked kind. The
+// locks last for db's transaction, when it is one. It returns ErrChanged,
+// and does nothing, if the task is no longer as read (another started it,
+// a cancellation was asked) or another holds its lock.
+func StartIfFree(ctx context.Context, db DB, s Start) (Run, Wait, error) {
+	c := s.Read
+	key, hash := newRunKey()
 	var (
-		paused, blocked                   bool
-		queueRunning, kindRunning, keyRun int
+		wait *string
+		run  Run
 	)
-	err := tx.QueryRow(ctx, `
-		SELECT EXISTS (SELECT 1 FROM data_manager.queue_pauses WHERE queue = $1),
-		       EXISTS (SELECT 1 FROM data_manager.kind_blocks WHERE kind = $2),
-		       (SELECT count(*) FROM data_manager.etl_contexts AS r WHERE r.queue = $1 AND `+holdsSlot+`),
-		       (SELECT count(*) FROM data_manager.etl_contexts AS r WHERE r.kind = $2 AND `+holdsSlot+` AND $4),
-		       (SELECT count(*) FROM data_manager.etl_contexts AS r
-		         WHERE r.kind = $2 AND r.concurrency_key = $3 AND `+holdsSlot+`)`,
-		a.Queue, a.Kind, key, a.KindMax > 0).Scan(&paused, &blocked, &queueRunning, &kindRunning, &keyRun)
-	if err != nil {
-		return WaitNone, fmt.Errorf("count running tasks of queue %s and kind %s: %w", a.Queue, a.Kind, err)
-	}
+	err := db.QueryRow(ctx, `
+		SELECT waiting, coalesce(new_run::text, ''), coalesce(started_attempt, 0)
+		  FROM data_manager.start_attempt($1, $2, $3, $4, $5::uuid, $6, $7, $8, $9, $10, $11)`,
+		c.ID, s.Job, string(c.Status), c.Attempt, c.RunID, s.QueueMax, s.KindMax, s.KeyMax,
+		s.Attempt, s.LaunchedBy, hash).Scan(&wait, &run.ID, &run.Attempt)
 	switch {
-	case paused:
-		return WaitQueuePaused, nil
-	case blocked:
-		return WaitKindBlocked, nil
-	case queueRunning >= a.QueueMax:
-		return WaitQueueFull, nil
-	case a.KindMax > 0 && kindRunning >= a.KindMax:
-		return WaitKindFull, nil
-	case key != nil && keyRun >= a.KeyMax:
-		return WaitKeyFull, nil
+	case err != nil:
+		return Run{}, WaitNone, fmt.Errorf("start attempt of task %d: %w", c.ID, classify(err))
+	case wait == nil:
+		run.Key = key
+		return run, WaitNone, nil
+	case *wait == "changed":
+		return Run{}, WaitNone, fmt.Errorf("start attempt of task %d: %w", c.ID, ErrChanged)
 	}
-	return WaitNone, nil
+	return Run{}, Wait(*wait), nil
 }
 
 // MarkWaiting records why the due context id waits to start, unless that is
@@ -138,7 +130,13 @@ func DeriveConcurrencyKey(ctx context.Context, db DB, id int64, field string) (*
 		                                     FROM data_manager.event_store AS e
 		                                    WHERE e.etl_context_id = c.etl_context_id AND e.type LIKE '%:INITIAL'), '')
 		 WHERE c.etl_context_id = $1
+		   AND c.concurrency_key IS NULL AND c.etl_status IN (`+sqlQueued+`, `+sqlRetrying+`)
 		RETURNING c.concurrency_key`, id, field).Scan(&key)
+	if errors.Is(err, pgx.ErrNoRows) {
+		// Started, or given its key, since it was read (a step may read
+		// without the task's lock): the key it has stands.
+		return nil, nil
+	}
 	if err != nil {
 		return nil, fmt.Errorf("record concurrency key of task %d: %w", id, err)
 	}
@@ -232,7 +230,7 @@ type Beginner interface {
 
 // A hold is a pause of a queue or a block of a kind: a row of table, keyed
 // by the queue or the kind, which control_events logs as set and lifted.
-// Whoever sets one first takes the lock a start takes (Admit), and so
+// Whoever sets one first takes the lock a start takes (StartIfFree), and so
 // waits for the starts being decided.
 type hold struct {
 	table, key, by, at string

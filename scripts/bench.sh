@@ -27,6 +27,24 @@
 # per task the CPU by process, the transactions, the rows written and the
 # statements (pg_stat_statements).
 #
+# scripts/bench.sh hosts [H,... [N]] [go test flags]: the hosts benchmark
+# (internal/scalebench BenchmarkHosts; root): for each H (1,3,6), H hosts on
+# this machine, each in network, UTS, PID and mount namespaces of its own
+# (a veth pair to a bridge, an address, a host name, a /proc), each with a
+# supervisor in host lock mode and a log_dir (a lock keeper) of its own,
+# N (500) quiet tasks a host, one PostgreSQL server on the bridge: the
+# server connections of each host, transactions/s with every task quiet
+# (over DAMA_BENCH_WINDOW, 60s, after DAMA_BENCH_SETTLE, 15s), the task
+# processes' PSS (poll_interval 1s, DAMA_BENCH_HOSTS_POLL sets another).
+# At the largest H, one host's supervisor SIGKILLed and
+# restarted (its tasks adopted, none relaunched), then the busiest host cut
+# off with nftables (scripts/test-hosts.sh's case, at size). It removes
+# every namespace, link, nftables table and process it made, even when
+# interrupted, and what an interrupted run left (names damah-*).
+# N=500 x H=6 runs 3,000 task processes: dama's share about 7 GB (2.4 MB
+# a task), the commands' besides. A quick run:
+# DAMA_BENCH_WINDOW=10s DAMA_BENCH_SETTLE=11s scripts/bench.sh hosts 1,3 20
+#
 # scripts/bench.sh storage [go test flags]: what chatty tasks store
 # (cmd/dama BenchmarkProgressStorage): 5 tasks reporting progress 50 times a
 # second for DAMA_BENCH_WINDOW (60s), with progress_interval at its default
@@ -76,6 +94,23 @@ if [ "${1:-}" = scale ]; then
 	# The benchmark's own deadlines end a stuck run, its processes and
 	# servers cleaned up, long before go test's timeout, which would not.
 	exec go test -run '^$' -bench Scale -benchtime 1x -count=1 -timeout 120m "$@" ./internal/scalebench
+fi
+
+if [ "${1:-}" = hosts ]; then
+	shift
+	if [[ "${1:-}" =~ ^[0-9][0-9,]*$ ]]; then
+		export DAMA_BENCH_HOSTS=$1
+		shift
+		if [[ "${1:-}" =~ ^[0-9]+$ ]]; then
+			export DAMA_BENCH_HOSTS_N=$1
+			shift
+		fi
+	fi
+	[ "$(id -u)" -eq 0 ] || { echo "bench.sh hosts needs root (namespaces, nftables)" >&2; exit 1; }
+	dama_pg_install
+	ulimit -n "$(ulimit -Hn)"
+	echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(free -g | awk '/Mem:/ {print $2}') GB; kernel $(uname -r); $(go version); $("$(dama_pg_bindir)/postgres" --version); commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+	exec go test -run '^$' -bench Hosts -benchtime 1x -count=1 -timeout 120m "$@" ./internal/scalebench
 fi
 
 if [ "${1:-}" = keeper ]; then

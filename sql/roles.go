@@ -109,6 +109,10 @@ const (
 	appendLogFunction  = "append_log(bigint,uuid,bigint,bytea,bigint)"
 )
 
+// stepFunctions are a supervisor's step's (migration 38), by their signatures.
+var stepFunctions = []string{"lock_step(bigint,bigint)",
+	"start_attempt(bigint,bigint,text,integer,uuid,integer,integer,integer,integer,text,bytea)"}
+
 // heldFunctions are what migration 19's checks call with the rights of
 // whoever writes: every role needs them, even where PUBLIC may not execute
 // functions by default.
@@ -170,6 +174,9 @@ func rights() []right {
 		{roles: []string{RoleSupervisor}, privileges: []string{"SELECT", "INSERT", "UPDATE", "DELETE"}, tables: riverTables(), river: true},
 		{roles: []string{"PUBLIC", RoleReader, RoleOperator, RoleTask}, privileges: []string{"EXECUTE"}, functions: []string{"remove_tasks(bigint[])"}, revoke: true},
 		{roles: []string{RoleSupervisor}, privileges: []string{"EXECUTE"}, functions: []string{"remove_tasks(bigint[])"}},
+		// A step's lock and read, and a start (migration 38), with the
+		// caller's rights.
+		{roles: []string{RoleSupervisor}, privileges: []string{"EXECUTE"}, functions: stepFunctions},
 		// Whoever may submit makes tasks with create_task (migration 24):
 		// an operator and a supervisor also by data_manager.submit, a task
 		// process its children. Both run with the caller's rights, which

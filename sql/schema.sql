@@ -943,6 +943,121 @@ END
 $$;
 
 
+SET default_tablespace = '';
+
+SET default_table_access_method = heap;
+
+--
+-- Name: etl_contexts; Type: TABLE; Schema: data_manager; Owner: -
+--
+
+CREATE TABLE data_manager.etl_contexts (
+    etl_context_id bigint NOT NULL,
+    parent_context_id bigint,
+    kind text NOT NULL,
+    queue text NOT NULL,
+    etl_status text DEFAULT 'QUEUED'::text NOT NULL,
+    initial_event_id bigint,
+    latest_event_id bigint,
+    river_job_id bigint,
+    idempotency_key text,
+    max_attempts integer NOT NULL,
+    attempt integer DEFAULT 0 NOT NULL,
+    run_id uuid,
+    launched_by text,
+    host text,
+    pid integer,
+    process_started_at timestamp with time zone,
+    log_path text,
+    heartbeat_at timestamp with time zone,
+    cancel_requested_at timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    host_id text,
+    runner_start_ticks bigint,
+    command_pgid integer,
+    command_start_ticks bigint,
+    fence_window interval,
+    lock_lost_at timestamp with time zone,
+    lock_mode text,
+    runner_release text,
+    runner_protocol integer,
+    due_at timestamp with time zone DEFAULT now(),
+    concurrency_key text,
+    waiting_for text,
+    waiting_since timestamp with time zone,
+    runner_key_hash bytea,
+    progress jsonb,
+    progress_at timestamp with time zone,
+    CONSTRAINT etl_contexts_etl_status_check CHECK ((etl_status = ANY (ARRAY['QUEUED'::text, 'RUNNING'::text, 'RETRYING'::text, 'DONE'::text, 'FAILED'::text, 'CANCELLED'::text]))),
+    CONSTRAINT etl_contexts_kind_check CHECK ((kind ~ '^[A-Za-z][A-Za-z0-9_.-]{0,62}$'::text)),
+    CONSTRAINT etl_contexts_max_attempts_check CHECK ((max_attempts >= 1)),
+    CONSTRAINT etl_contexts_waiting_for_check CHECK ((waiting_for = ANY (ARRAY['queue_paused'::text, 'kind_blocked'::text, 'queue_full'::text, 'kind_full'::text, 'key_full'::text, 'sessions'::text])))
+);
+
+
+--
+-- Name: lock_run(bigint, integer, text); Type: FUNCTION; Schema: data_manager; Owner: -
+--
+
+CREATE FUNCTION data_manager.lock_run(id bigint, protocol integer, key text) RETURNS SETOF data_manager.etl_contexts
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    accepted integer;
+    migrated text;
+BEGIN
+    SELECT min_runner_protocol, 'dama ' || migrated_by INTO accepted, migrated FROM data_manager.compatibility;
+    IF lock_run.protocol < accepted THEN
+        RAISE EXCEPTION 'this one speaks protocol %, and the database, migrated by %, accepts % and later: run % or later',
+            lock_run.protocol, coalesce(migrated, 'a newer release'), accepted, coalesce(migrated, 'a newer release')
+            USING ERRCODE = 'DMPRO';
+    END IF;
+    IF key IS NOT NULL AND NOT EXISTS (
+        SELECT FROM data_manager.etl_contexts AS c
+         WHERE c.etl_context_id = id AND c.etl_status = 'RUNNING'
+           AND c.runner_key_hash = sha256(convert_to(key, 'UTF8'))) THEN
+        RAISE EXCEPTION 'the key is not that of task %''s current run', id USING ERRCODE = 'DMRUN';
+    END IF;
+    IF NOT pg_try_advisory_lock(1684106593, id::integer) THEN
+        RETURN;
+    END IF;
+    -- A session lock outlives a failed statement: one that fails once the
+    -- lock is taken (a cancel, a right revoked) lets it go, lest it be held
+    -- for nobody on a keeper's lock session.
+    BEGIN
+        RETURN QUERY SELECT * FROM data_manager.etl_contexts AS c WHERE c.etl_context_id = id;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'task % not found', id USING ERRCODE = 'DMNOT';
+        END IF;
+    EXCEPTION WHEN OTHERS OR query_canceled THEN
+        PERFORM pg_advisory_unlock(1684106593, id::integer);
+        RAISE;
+    END;
+END
+$$;
+
+
+--
+-- Name: lock_step(bigint, bigint); Type: FUNCTION; Schema: data_manager; Owner: -
+--
+
+CREATE FUNCTION data_manager.lock_step(id bigint, job bigint, OUT held_elsewhere boolean, OUT task data_manager.etl_contexts, OUT job_running boolean, OUT job_attempted_at timestamp with time zone) RETURNS record
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    held_elsewhere := NOT pg_try_advisory_xact_lock(1684106593, id::int);
+    -- Statements of their own: they see what the lock's last holder
+    -- committed before it let go.
+    SELECT * INTO task FROM data_manager.etl_contexts AS c WHERE c.etl_context_id = lock_step.id;
+    SELECT j.state = 'running', j.attempted_at INTO job_running, job_attempted_at
+      FROM river_job AS j WHERE j.id = lock_step.job;
+END
+$$;
+
+
 --
 -- Name: max_args_bytes(); Type: FUNCTION; Schema: data_manager; Owner: -
 --
@@ -1064,6 +1179,88 @@ $$;
 
 
 --
+-- Name: start_attempt(bigint, bigint, text, integer, uuid, integer, integer, integer, integer, text, bytea); Type: FUNCTION; Schema: data_manager; Owner: -
+--
+
+CREATE FUNCTION data_manager.start_attempt(id bigint, job bigint, status text, attempt integer, run uuid, queue_max integer, kind_max integer, key_max integer, new_attempt integer, launched_by text, key_hash bytea, OUT waiting text, OUT new_run uuid, OUT started_attempt integer) RETURNS record
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    c data_manager.etl_contexts;
+    key text;
+    paused boolean;
+    blocked boolean;
+    queue_running bigint;
+    kind_running bigint;
+    key_running bigint;
+BEGIN
+    IF NOT pg_try_advisory_xact_lock(1684106593, id::int) THEN
+        waiting := 'changed';
+        RETURN;
+    END IF;
+    SELECT * INTO c FROM data_manager.etl_contexts AS x WHERE x.etl_context_id = start_attempt.id;
+    IF NOT FOUND OR c.etl_status IS DISTINCT FROM status OR c.attempt IS DISTINCT FROM start_attempt.attempt
+       OR c.run_id IS DISTINCT FROM run OR c.cancel_requested_at IS NOT NULL OR c.river_job_id IS DISTINCT FROM job THEN
+        waiting := 'changed';
+        RETURN;
+    END IF;
+    IF key_max > 0 THEN
+        key := c.concurrency_key;
+    END IF;
+    -- In the order whoever takes more than one takes them.
+    PERFORM pg_advisory_xact_lock(1684106594, hashtext(c.queue));
+    PERFORM pg_advisory_xact_lock(1684106597, hashtext(c.kind));
+    IF key IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(1684106598, hashtext(c.kind || '/' || key));
+    END IF;
+    -- Read once the turns are held: every start decided before is counted.
+    -- A task takes a slot while RUNNING, unless it is a parent whose
+    -- command succeeded and which now only awaits its children (its
+    -- latest event is AWAITING): etlcontext's holdsSlot, which the wake
+    -- uses too.
+    SELECT EXISTS (SELECT 1 FROM data_manager.queue_pauses AS p WHERE p.queue = c.queue),
+           EXISTS (SELECT 1 FROM data_manager.kind_blocks AS b WHERE b.kind = c.kind),
+           (SELECT count(*) FROM data_manager.etl_contexts AS r
+             WHERE r.queue = c.queue AND r.etl_status = 'RUNNING' AND NOT EXISTS (
+                   SELECT 1 FROM data_manager.event_store AS ae
+                    WHERE ae.event_id = r.latest_event_id AND ae.type LIKE '%:AWAITING')),
+           (SELECT count(*) FROM data_manager.etl_contexts AS r
+             WHERE kind_max > 0 AND r.kind = c.kind AND r.etl_status = 'RUNNING' AND NOT EXISTS (
+                   SELECT 1 FROM data_manager.event_store AS ae
+                    WHERE ae.event_id = r.latest_event_id AND ae.type LIKE '%:AWAITING')),
+           (SELECT count(*) FROM data_manager.etl_contexts AS r
+             WHERE r.kind = c.kind AND r.concurrency_key = key AND r.etl_status = 'RUNNING' AND NOT EXISTS (
+                   SELECT 1 FROM data_manager.event_store AS ae
+                    WHERE ae.event_id = r.latest_event_id AND ae.type LIKE '%:AWAITING'))
+      INTO paused, blocked, queue_running, kind_running, key_running;
+    waiting := CASE
+        WHEN paused THEN 'queue_paused'
+        WHEN blocked THEN 'kind_blocked'
+        WHEN queue_running >= queue_max THEN 'queue_full'
+        WHEN kind_max > 0 AND kind_running >= kind_max THEN 'kind_full'
+        WHEN key IS NOT NULL AND key_running >= key_max THEN 'key_full'
+    END;
+    IF waiting IS NOT NULL THEN
+        UPDATE data_manager.etl_contexts AS x
+           SET waiting_for = waiting, waiting_since = coalesce(x.waiting_since, now())
+         WHERE x.etl_context_id = start_attempt.id AND x.waiting_for IS DISTINCT FROM waiting;
+        RETURN;
+    END IF;
+    UPDATE data_manager.etl_contexts AS x
+       SET etl_status = 'RUNNING', attempt = new_attempt, run_id = gen_random_uuid(),
+           launched_by = start_attempt.launched_by, runner_key_hash = key_hash,
+           started_at = coalesce(x.started_at, now()),
+           host = NULL, pid = NULL, process_started_at = NULL, heartbeat_at = NULL, host_id = NULL,
+           runner_start_ticks = NULL, fence_window = NULL, lock_lost_at = NULL, lock_mode = NULL,
+           runner_release = NULL, runner_protocol = NULL, command_pgid = NULL, command_start_ticks = NULL,
+           waiting_for = NULL, waiting_since = NULL
+     WHERE x.etl_context_id = start_attempt.id
+    RETURNING x.run_id, x.attempt INTO new_run, started_attempt;
+END
+$$;
+
+
+--
 -- Name: submit(text, jsonb, text, text, timestamp with time zone, bigint); Type: FUNCTION; Schema: data_manager; Owner: -
 --
 
@@ -1150,10 +1347,6 @@ CREATE FUNCTION public.river_job_state_in_bitmask(bitmask bit, state public.rive
 $$;
 
 
-SET default_tablespace = '';
-
-SET default_table_access_method = heap;
-
 --
 -- Name: compatibility; Type: TABLE; Schema: data_manager; Owner: -
 --
@@ -1198,56 +1391,6 @@ ALTER TABLE data_manager.control_events ALTER COLUMN control_event_id ADD GENERA
     NO MINVALUE
     NO MAXVALUE
     CACHE 1
-);
-
-
---
--- Name: etl_contexts; Type: TABLE; Schema: data_manager; Owner: -
---
-
-CREATE TABLE data_manager.etl_contexts (
-    etl_context_id bigint NOT NULL,
-    parent_context_id bigint,
-    kind text NOT NULL,
-    queue text NOT NULL,
-    etl_status text DEFAULT 'QUEUED'::text NOT NULL,
-    initial_event_id bigint,
-    latest_event_id bigint,
-    river_job_id bigint,
-    idempotency_key text,
-    max_attempts integer NOT NULL,
-    attempt integer DEFAULT 0 NOT NULL,
-    run_id uuid,
-    launched_by text,
-    host text,
-    pid integer,
-    process_started_at timestamp with time zone,
-    log_path text,
-    heartbeat_at timestamp with time zone,
-    cancel_requested_at timestamp with time zone,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    started_at timestamp with time zone,
-    finished_at timestamp with time zone,
-    host_id text,
-    runner_start_ticks bigint,
-    command_pgid integer,
-    command_start_ticks bigint,
-    fence_window interval,
-    lock_lost_at timestamp with time zone,
-    lock_mode text,
-    runner_release text,
-    runner_protocol integer,
-    due_at timestamp with time zone DEFAULT now(),
-    concurrency_key text,
-    waiting_for text,
-    waiting_since timestamp with time zone,
-    runner_key_hash bytea,
-    progress jsonb,
-    progress_at timestamp with time zone,
-    CONSTRAINT etl_contexts_etl_status_check CHECK ((etl_status = ANY (ARRAY['QUEUED'::text, 'RUNNING'::text, 'RETRYING'::text, 'DONE'::text, 'FAILED'::text, 'CANCELLED'::text]))),
-    CONSTRAINT etl_contexts_kind_check CHECK ((kind ~ '^[A-Za-z][A-Za-z0-9_.-]{0,62}$'::text)),
-    CONSTRAINT etl_contexts_max_attempts_check CHECK ((max_attempts >= 1)),
-    CONSTRAINT etl_contexts_waiting_for_check CHECK ((waiting_for = ANY (ARRAY['queue_paused'::text, 'kind_blocked'::text, 'queue_full'::text, 'kind_full'::text, 'key_full'::text, 'sessions'::text])))
 );
 
 
@@ -2402,72 +2545,6 @@ GRANT ALL ON FUNCTION data_manager.lock_initial_event(id bigint) TO dama_supervi
 
 
 --
--- Name: FUNCTION max_args_bytes(); Type: ACL; Schema: data_manager; Owner: -
---
-
-GRANT ALL ON FUNCTION data_manager.max_args_bytes() TO dama_reader;
-GRANT ALL ON FUNCTION data_manager.max_args_bytes() TO dama_operator;
-GRANT ALL ON FUNCTION data_manager.max_args_bytes() TO dama_task;
-GRANT ALL ON FUNCTION data_manager.max_args_bytes() TO dama_supervisor;
-
-
---
--- Name: FUNCTION refuse_to_held(what text); Type: ACL; Schema: data_manager; Owner: -
---
-
-GRANT ALL ON FUNCTION data_manager.refuse_to_held(what text) TO dama_reader;
-GRANT ALL ON FUNCTION data_manager.refuse_to_held(what text) TO dama_operator;
-GRANT ALL ON FUNCTION data_manager.refuse_to_held(what text) TO dama_task;
-GRANT ALL ON FUNCTION data_manager.refuse_to_held(what text) TO dama_supervisor;
-
-
---
--- Name: FUNCTION remove_tasks(ids bigint[], OUT tasks bigint, OUT events bigint, OUT attempts bigint); Type: ACL; Schema: data_manager; Owner: -
---
-
-REVOKE ALL ON FUNCTION data_manager.remove_tasks(ids bigint[], OUT tasks bigint, OUT events bigint, OUT attempts bigint) FROM PUBLIC;
-GRANT ALL ON FUNCTION data_manager.remove_tasks(ids bigint[], OUT tasks bigint, OUT events bigint, OUT attempts bigint) TO dama_supervisor;
-
-
---
--- Name: FUNCTION submit(kind text, args jsonb, idempotency_key text, queue text, run_at timestamp with time zone, parent bigint); Type: ACL; Schema: data_manager; Owner: -
---
-
-REVOKE ALL ON FUNCTION data_manager.submit(kind text, args jsonb, idempotency_key text, queue text, run_at timestamp with time zone, parent bigint) FROM PUBLIC;
-GRANT ALL ON FUNCTION data_manager.submit(kind text, args jsonb, idempotency_key text, queue text, run_at timestamp with time zone, parent bigint) TO dama_operator;
-GRANT ALL ON FUNCTION data_manager.submit(kind text, args jsonb, idempotency_key text, queue text, run_at timestamp with time zone, parent bigint) TO dama_supervisor;
-
-
---
--- Name: FUNCTION submitted_by_key_holder(id bigint); Type: ACL; Schema: data_manager; Owner: -
---
-
-GRANT ALL ON FUNCTION data_manager.submitted_by_key_holder(id bigint) TO dama_reader;
-GRANT ALL ON FUNCTION data_manager.submitted_by_key_holder(id bigint) TO dama_operator;
-GRANT ALL ON FUNCTION data_manager.submitted_by_key_holder(id bigint) TO dama_task;
-GRANT ALL ON FUNCTION data_manager.submitted_by_key_holder(id bigint) TO dama_supervisor;
-
-
---
--- Name: TABLE compatibility; Type: ACL; Schema: data_manager; Owner: -
---
-
-GRANT SELECT ON TABLE data_manager.compatibility TO dama_reader;
-GRANT SELECT ON TABLE data_manager.compatibility TO dama_operator;
-GRANT SELECT ON TABLE data_manager.compatibility TO dama_task;
-GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE data_manager.compatibility TO dama_supervisor;
-
-
---
--- Name: TABLE control_events; Type: ACL; Schema: data_manager; Owner: -
---
-
-GRANT SELECT ON TABLE data_manager.control_events TO dama_reader;
-GRANT SELECT,INSERT ON TABLE data_manager.control_events TO dama_operator;
-GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE data_manager.control_events TO dama_supervisor;
-
-
---
 -- Name: TABLE etl_contexts; Type: ACL; Schema: data_manager; Owner: -
 --
 
@@ -2658,6 +2735,86 @@ GRANT UPDATE(progress) ON TABLE data_manager.etl_contexts TO dama_task;
 --
 
 GRANT UPDATE(progress_at) ON TABLE data_manager.etl_contexts TO dama_task;
+
+
+--
+-- Name: FUNCTION lock_step(id bigint, job bigint, OUT held_elsewhere boolean, OUT task data_manager.etl_contexts, OUT job_running boolean, OUT job_attempted_at timestamp with time zone); Type: ACL; Schema: data_manager; Owner: -
+--
+
+GRANT ALL ON FUNCTION data_manager.lock_step(id bigint, job bigint, OUT held_elsewhere boolean, OUT task data_manager.etl_contexts, OUT job_running boolean, OUT job_attempted_at timestamp with time zone) TO dama_supervisor;
+
+
+--
+-- Name: FUNCTION max_args_bytes(); Type: ACL; Schema: data_manager; Owner: -
+--
+
+GRANT ALL ON FUNCTION data_manager.max_args_bytes() TO dama_reader;
+GRANT ALL ON FUNCTION data_manager.max_args_bytes() TO dama_operator;
+GRANT ALL ON FUNCTION data_manager.max_args_bytes() TO dama_task;
+GRANT ALL ON FUNCTION data_manager.max_args_bytes() TO dama_supervisor;
+
+
+--
+-- Name: FUNCTION refuse_to_held(what text); Type: ACL; Schema: data_manager; Owner: -
+--
+
+GRANT ALL ON FUNCTION data_manager.refuse_to_held(what text) TO dama_reader;
+GRANT ALL ON FUNCTION data_manager.refuse_to_held(what text) TO dama_operator;
+GRANT ALL ON FUNCTION data_manager.refuse_to_held(what text) TO dama_task;
+GRANT ALL ON FUNCTION data_manager.refuse_to_held(what text) TO dama_supervisor;
+
+
+--
+-- Name: FUNCTION remove_tasks(ids bigint[], OUT tasks bigint, OUT events bigint, OUT attempts bigint); Type: ACL; Schema: data_manager; Owner: -
+--
+
+REVOKE ALL ON FUNCTION data_manager.remove_tasks(ids bigint[], OUT tasks bigint, OUT events bigint, OUT attempts bigint) FROM PUBLIC;
+GRANT ALL ON FUNCTION data_manager.remove_tasks(ids bigint[], OUT tasks bigint, OUT events bigint, OUT attempts bigint) TO dama_supervisor;
+
+
+--
+-- Name: FUNCTION start_attempt(id bigint, job bigint, status text, attempt integer, run uuid, queue_max integer, kind_max integer, key_max integer, new_attempt integer, launched_by text, key_hash bytea, OUT waiting text, OUT new_run uuid, OUT started_attempt integer); Type: ACL; Schema: data_manager; Owner: -
+--
+
+GRANT ALL ON FUNCTION data_manager.start_attempt(id bigint, job bigint, status text, attempt integer, run uuid, queue_max integer, kind_max integer, key_max integer, new_attempt integer, launched_by text, key_hash bytea, OUT waiting text, OUT new_run uuid, OUT started_attempt integer) TO dama_supervisor;
+
+
+--
+-- Name: FUNCTION submit(kind text, args jsonb, idempotency_key text, queue text, run_at timestamp with time zone, parent bigint); Type: ACL; Schema: data_manager; Owner: -
+--
+
+REVOKE ALL ON FUNCTION data_manager.submit(kind text, args jsonb, idempotency_key text, queue text, run_at timestamp with time zone, parent bigint) FROM PUBLIC;
+GRANT ALL ON FUNCTION data_manager.submit(kind text, args jsonb, idempotency_key text, queue text, run_at timestamp with time zone, parent bigint) TO dama_operator;
+GRANT ALL ON FUNCTION data_manager.submit(kind text, args jsonb, idempotency_key text, queue text, run_at timestamp with time zone, parent bigint) TO dama_supervisor;
+
+
+--
+-- Name: FUNCTION submitted_by_key_holder(id bigint); Type: ACL; Schema: data_manager; Owner: -
+--
+
+GRANT ALL ON FUNCTION data_manager.submitted_by_key_holder(id bigint) TO dama_reader;
+GRANT ALL ON FUNCTION data_manager.submitted_by_key_holder(id bigint) TO dama_operator;
+GRANT ALL ON FUNCTION data_manager.submitted_by_key_holder(id bigint) TO dama_task;
+GRANT ALL ON FUNCTION data_manager.submitted_by_key_holder(id bigint) TO dama_supervisor;
+
+
+--
+-- Name: TABLE compatibility; Type: ACL; Schema: data_manager; Owner: -
+--
+
+GRANT SELECT ON TABLE data_manager.compatibility TO dama_reader;
+GRANT SELECT ON TABLE data_manager.compatibility TO dama_operator;
+GRANT SELECT ON TABLE data_manager.compatibility TO dama_task;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE data_manager.compatibility TO dama_supervisor;
+
+
+--
+-- Name: TABLE control_events; Type: ACL; Schema: data_manager; Owner: -
+--
+
+GRANT SELECT ON TABLE data_manager.control_events TO dama_reader;
+GRANT SELECT,INSERT ON TABLE data_manager.control_events TO dama_operator;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE data_manager.control_events TO dama_supervisor;
 
 
 --

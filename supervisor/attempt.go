@@ -16,18 +16,12 @@ import (
 	"github.com/dama-etl/dama/taskrunner"
 )
 
-// lockedElsewhere decides a step that found the lock of context id held:
-// by a RUNNING context's task process, whoever started it, and the job is
-// held (adoption, from any host); or by someone looking at the context for
-// a moment (`dama cancel`, a supervisor stopping orphans).
-func (s *Supervisor) lockedElsewhere(ctx context.Context, logger *slog.Logger, tx pgx.Tx, job *river.Job[TaskArgs]) error {
-	id := job.Args.ETLContextID
-	// On the step's own connection: a step that waited for a second one
-	// while holding the first could exhaust the pool.
-	c, err := etlcontext.Get(ctx, tx, id)
-	if err != nil {
-		return s.transient(logger, err)
-	}
+// lockedElsewhere decides a step that found the lock of c held, by c as
+// it stands: by a RUNNING context's task process, whoever started it, and
+// the job is held (adoption, from any host); or by someone looking at the
+// context for a moment (`dama cancel`, a supervisor stopping orphans).
+func (s *Supervisor) lockedElsewhere(job *river.Job[TaskArgs], c *etlcontext.Context) error {
+	id := c.ID
 	if c.RiverJobID != nil && *c.RiverJobID != job.ID {
 		// Left for another job (dama retry): hold nothing.
 		return river.JobCancel(fmt.Errorf("task %d is stepped by job %d now", id, *c.RiverJobID))

@@ -243,8 +243,8 @@ kinds:
 	testenv.Eventually(t, time.Minute, "the task's job to be held", func() (bool, error) { return held(id) })
 	stopFirst()
 
-	// The steps' tries of the task's lock (etlcontext.Lock).
-	pool, steps := testenv.CountingPool(t, env, "pg_try_advisory_xact_lock")
+	// The steps' tries of the task's lock (etlcontext.LockStep).
+	pool, steps := testenv.CountingPool(t, env, "data_manager.lock_step(")
 	reg := prometheus.NewRegistry()
 	startSupervisor(ctx, t, env, pool, cfg, reg)
 	testenv.Eventually(t, time.Minute, "the second supervisor to hold the task's job", func() (bool, error) {

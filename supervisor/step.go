@@ -11,20 +11,25 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/protocol"
 )
 
 // step is one short, idempotent step of a context's state machine. Unless
-// holding (its task held its lock at the Work's last step), its transaction
-// takes a transaction slot: a start waits for its queue's lock inside it, and
-// the steps that complete ended tasks' jobs must find a connection (in bursts
-// of 300 short tasks, their p90 fell from 184-303 ms to 79-126 ms).
+// holding (its task held its lock at the Work's last step), it takes a
+// transaction slot: a start waits for its queue's lock inside its
+// transaction, and the steps that complete ended tasks' jobs must find a
+// connection (in bursts of 300 short tasks, their p90 fell from 184-303 ms
+// to 79-126 ms).
+//
+// Most steps need the task's lock for a statement at a time: the first
+// reads the task under it, and a start or a job's completion needs it no
+// longer (a start takes it again, and starts only a task still as read).
+// A step that must keep it while it decides (errNeedsLock) steps again in
+// a transaction.
 func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], holding bool) error {
-	id := job.Args.ETLContextID
-	logger := s.logger.With("etl_context_id", id, "job_id", job.ID, "job_attempt", job.Attempt)
+	logger := s.logger.With("etl_context_id", job.Args.ETLContextID, "job_id", job.ID, "job_attempt", job.Attempt)
 	txDone := func() {}
 	if !holding {
 		if !s.take(ctx, s.txSlots) {
@@ -33,19 +38,33 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], holding
 		txDone = sync.OnceFunc(func() { <-s.txSlots })
 	}
 	defer txDone()
+	err := s.stepIn(ctx, logger, nil, txDone, job)
+	if !errors.Is(err, errNeedsLock) {
+		return err
+	}
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
-		return s.transient(logger, fmt.Errorf("begin step of task %d: %w", id, err))
+		return s.transient(logger, fmt.Errorf("begin step of task %d: %w", job.Args.ETLContextID, err))
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
+	return s.stepIn(ctx, logger, tx, txDone, job)
+}
 
-	c, js, err := etlcontext.LockStep(ctx, tx, id, job.ID)
-	if err == nil && fetchedAgain(job, js) {
+// stepIn takes a step in tx, which keeps the task's lock until the step
+// commits; with no tx, a step that would need that returns errNeedsLock.
+func (s *Supervisor) stepIn(ctx context.Context, logger *slog.Logger, tx pgx.Tx, txDone func(), job *river.Job[TaskArgs]) error {
+	id := job.Args.ETLContextID
+	var db etlcontext.DB = s.pool
+	if tx != nil {
+		db = tx
+	}
+	c, js, err := etlcontext.LockStep(ctx, db, id, job.ID)
+	if c != nil && fetchedAgain(job, js) {
 		return errTakenOver
 	}
 	switch {
 	case errors.Is(err, etlcontext.ErrLocked):
-		return s.lockedElsewhere(ctx, logger, tx, job)
+		return s.lockedElsewhere(job, c)
 	case errors.Is(err, etlcontext.ErrNotFound):
 		return river.JobCancel(err)
 	case err != nil:
@@ -61,13 +80,16 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], holding
 	}
 	switch c.Status {
 	case etlcontext.StatusDone, etlcontext.StatusCancelled, etlcontext.StatusFailed:
-		return s.settleFinished(ctx, logger, tx, job, c)
+		return s.settleFinished(ctx, logger, db, tx, job, c)
 	case etlcontext.StatusRunning:
+		if tx == nil {
+			return errNeedsLock
+		}
 		return s.settleRunning(ctx, logger, tx, c)
 	case etlcontext.StatusRetrying:
 		if c.Attempt >= job.Attempt {
 			// This River attempt's task attempt failed; let River back off.
-			f := lastFailure(ctx, tx, c)
+			f := lastFailure(ctx, db, c)
 			if !f.Died {
 				s.metrics.failed(c, f)
 			}
@@ -75,22 +97,27 @@ func (s *Supervisor) step(ctx context.Context, job *river.Job[TaskArgs], holding
 		}
 	}
 
-	return s.startAttempt(ctx, logger, tx, txDone, job, c)
+	return s.startAttempt(ctx, logger, db, tx, txDone, job, c)
+}
+
+// commit commits tx, if there is one.
+func commit(ctx context.Context, tx pgx.Tx) error {
+	if tx == nil {
+		return nil
+	}
+	return tx.Commit(ctx)
 }
 
 // settleFinished settles the job of c, a finished context, to agree with it.
-func (s *Supervisor) settleFinished(ctx context.Context, logger *slog.Logger, tx pgx.Tx, job *river.Job[TaskArgs], c *etlcontext.Context) error {
+func (s *Supervisor) settleFinished(ctx context.Context, logger *slog.Logger, db etlcontext.DB, tx pgx.Tx, job *river.Job[TaskArgs], c *etlcontext.Context) error {
 	id := c.ID
 	s.finished(ctx, c)
 	switch c.Status {
 	case etlcontext.StatusDone:
-		// Completing in the step's own transaction settles the job now,
-		// rather than at River's next batch of completions (up to 250ms).
-		if _, err := river.JobCompleteTx[*riverpgxv5.Driver](ctx, tx, job); err != nil {
-			return s.transient(logger, fmt.Errorf("complete job of task %d: %w", id, err))
-		}
-		if err := tx.Commit(ctx); err != nil {
-			return s.transient(logger, fmt.Errorf("commit completion of task %d: %w", id, err))
+		// River's completer settles the job, with others of a burst in one
+		// statement; a DONE task stays DONE, its lock is not needed.
+		if err := commit(ctx, tx); err != nil {
+			return s.transient(logger, fmt.Errorf("commit the step of task %d: %w", id, err))
 		}
 		s.metrics.finished(c)
 		return nil
@@ -98,7 +125,7 @@ func (s *Supervisor) settleFinished(ctx context.Context, logger *slog.Logger, tx
 		s.metrics.finished(c)
 		return river.JobCancel(fmt.Errorf("task %d was cancelled", id))
 	case etlcontext.StatusFailed:
-		f := lastFailure(ctx, tx, c)
+		f := lastFailure(ctx, db, c)
 		if !f.Died {
 			// A death, and the FAILED it led to, were counted when recorded.
 			s.metrics.failed(c, f)
@@ -212,9 +239,12 @@ func (s *Supervisor) settleRunning(ctx context.Context, logger *slog.Logger, tx 
 // startAttempt launches an attempt of c, QUEUED, or RETRYING with River on
 // a new attempt, unless it is to be cancelled, its kind is not configured
 // here, the previous attempt lives on, or it must wait for a slot.
-func (s *Supervisor) startAttempt(ctx context.Context, logger *slog.Logger, tx pgx.Tx, txDone func(), job *river.Job[TaskArgs], c *etlcontext.Context) error {
+func (s *Supervisor) startAttempt(ctx context.Context, logger *slog.Logger, db etlcontext.DB, tx pgx.Tx, txDone func(), job *river.Job[TaskArgs], c *etlcontext.Context) error {
 	id := c.ID
 	if c.CancelRequestedAt != nil {
+		if tx == nil {
+			return errNeedsLock
+		}
 		if _, err := etlcontext.Append(ctx, tx, etlcontext.NewEvent{
 			ContextID: id, Type: protocol.EventType(c.Kind, protocol.EventCancelled),
 			Payload: map[string]any{"reason": "cancelled before it ran"}, RunID: c.RunID,
@@ -234,12 +264,12 @@ func (s *Supervisor) startAttempt(ctx context.Context, logger *slog.Logger, tx p
 		logger.Warn("kind not in this supervisor's configuration; leaving the task to another supervisor", "kind", c.Kind)
 		return river.JobSnooze(time.Duration(s.cfg.PollInterval))
 	}
-	if cannotRun(k) != nil {
+	if s.cannotRunNow(c.Kind, k) {
 		// Once a task process of this host said why it cannot run the
 		// task (the task's reason), no other is started, which would say
 		// it again, until the host can: a launch every poll_interval
 		// would write a task process's lines to both logs each time.
-		told, err := etlcontext.UnfitOn(ctx, tx, id, c.Attempt+1, s.host)
+		told, err := etlcontext.UnfitOn(ctx, db, id, c.Attempt+1, s.host)
 		if err != nil {
 			return s.transient(logger, err)
 		}
@@ -247,29 +277,25 @@ func (s *Supervisor) startAttempt(ctx context.Context, logger *slog.Logger, tx p
 			return river.JobSnooze(time.Duration(s.cfg.PollInterval))
 		}
 	}
-	if err := s.lingering(ctx, logger, tx, c); err != nil {
+	if err := s.lingering(ctx, logger, db, tx, c); err != nil {
 		return err
 	}
-	wait, err := s.admit(ctx, tx, c)
-	if err != nil {
+	run, wait, err := s.start(ctx, db, job, c)
+	switch {
+	case errors.Is(err, etlcontext.ErrChanged) && tx == nil:
+		// Decide again from what the task is now, under its lock.
+		return errNeedsLock
+	case errors.Is(err, etlcontext.ErrChanged):
+		return errStepAgain
+	case err != nil:
 		return s.transient(logger, err)
+	}
+	if err := commit(ctx, tx); err != nil {
+		return s.transient(logger, fmt.Errorf("commit start of task %d: %w", id, err))
 	}
 	if wait != etlcontext.WaitNone {
 		// Parked until a slot frees (wakeWaiting).
-		if _, err := etlcontext.MarkWaiting(ctx, tx, id, wait); err != nil {
-			return s.transient(logger, err)
-		}
-		if err := tx.Commit(ctx); err != nil {
-			return s.transient(logger, fmt.Errorf("commit wait of task %d: %w", id, err))
-		}
 		return river.JobSnooze(parkWaiting)
-	}
-	run, err := etlcontext.StartAttempt(ctx, tx, id, max(job.Attempt, c.Attempt+1), s.host)
-	if err != nil {
-		return s.transient(logger, err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return s.transient(logger, fmt.Errorf("commit start of task %d: %w", id, err))
 	}
 	txDone()
 
@@ -323,7 +349,7 @@ func (s *Supervisor) startAttempt(ctx context.Context, logger *slog.Logger, tx p
 // lingering returns the snooze of a task whose previous attempt lives on,
 // as its processes, if it ran here, or its command's statements, which the
 // server may run on after the client died; nil when nothing does.
-func (s *Supervisor) lingering(ctx context.Context, logger *slog.Logger, tx pgx.Tx, c *etlcontext.Context) error {
+func (s *Supervisor) lingering(ctx context.Context, logger *slog.Logger, db etlcontext.DB, tx pgx.Tx, c *etlcontext.Context) error {
 	if c.RunID == nil {
 		return nil
 	}
@@ -338,12 +364,21 @@ func (s *Supervisor) lingering(ctx context.Context, logger *slog.Logger, tx pgx.
 			return river.JobSnooze(time.Second)
 		}
 	}
-	waiting, err := s.sessionsLeft(ctx, logger, tx, c)
+	n, err := s.sessionsLeft(ctx, logger, db, c)
+	switch {
+	case err != nil:
+		return s.transient(logger, err)
+	case n == 0:
+		return nil
+	case tx == nil:
+		return errNeedsLock
+	}
+	changed, err := etlcontext.MarkWaiting(ctx, tx, c.ID, etlcontext.WaitSessions)
 	if err != nil {
 		return s.transient(logger, err)
 	}
-	if !waiting {
-		return nil
+	if changed {
+		logger.Info("waiting for the previous attempt's database sessions to end", "sessions", n, "application_name", protocol.SessionName(*c.RunID))
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return s.transient(logger, fmt.Errorf("commit wait of task %d: %w", c.ID, err))
@@ -366,26 +401,25 @@ func (s *Supervisor) transient(logger *slog.Logger, err error) error {
 	return river.JobSnooze(time.Duration(s.cfg.PollInterval))
 }
 
-// admit decides whether c may start now (etlcontext.Admit).
-func (s *Supervisor) admit(ctx context.Context, tx pgx.Tx, c *etlcontext.Context) (etlcontext.Wait, error) {
+// start starts an attempt of c, read by a step of job, unless it must wait
+// for a slot (etlcontext.StartIfFree).
+func (s *Supervisor) start(ctx context.Context, db etlcontext.DB, job *river.Job[TaskArgs], c *etlcontext.Context) (etlcontext.Run, etlcontext.Wait, error) {
 	q, ok := s.cfg.Queues[c.Queue]
 	if !ok {
-		return etlcontext.WaitNone, fmt.Errorf("queue %s is not configured", c.Queue)
+		return etlcontext.Run{}, etlcontext.WaitNone, fmt.Errorf("queue %s is not configured", c.Queue)
 	}
 	k, _ := s.cfg.Kind(c.Kind)
-	key := c.ConcurrencyKey
-	if k.ConcurrencyKey != "" && key == nil {
+	if k.ConcurrencyKey != "" && c.ConcurrencyKey == nil {
 		// Submitted without the key (before the kind had one): record it,
 		// from the arguments, or "" when they lack the field.
-		var err error
-		if key, err = etlcontext.DeriveConcurrencyKey(ctx, tx, c.ID, k.ConcurrencyKey); err != nil {
-			return etlcontext.WaitNone, err
+		if _, err := etlcontext.DeriveConcurrencyKey(ctx, db, c.ID, k.ConcurrencyKey); err != nil {
+			return etlcontext.Run{}, etlcontext.WaitNone, err
 		}
 	}
-	return etlcontext.Admit(ctx, tx, etlcontext.Admission{
-		Queue: c.Queue, QueueMax: q.MaxRunning,
-		Kind: c.Kind, KindMax: k.MaxRunning,
-		Key: key, KeyMax: k.MaxRunningPerKey,
+	return etlcontext.StartIfFree(ctx, db, etlcontext.Start{
+		Read: c, Job: job.ID,
+		QueueMax: q.MaxRunning, KindMax: k.MaxRunning, KeyMax: k.MaxRunningPerKey,
+		Attempt: max(job.Attempt, c.Attempt+1), LaunchedBy: s.host,
 	})
 }
 
@@ -396,22 +430,15 @@ func (s *Supervisor) admit(ctx context.Context, tx pgx.Tx, c *etlcontext.Context
 // that can connect may name a session so.
 const maxSessionWait = 10 * time.Minute
 
-// sessionsLeft reports whether a session of c's previous run
-// (protocol.SessionName) is left on the server, and records that the task
-// waits for it; not once the run ended maxSessionWait ago.
-func (s *Supervisor) sessionsLeft(ctx context.Context, logger *slog.Logger, tx pgx.Tx, c *etlcontext.Context) (bool, error) {
+// sessionsLeft returns how many sessions of c's previous run
+// (protocol.SessionName) are left on the server; none once the run ended
+// maxSessionWait ago.
+func (s *Supervisor) sessionsLeft(ctx context.Context, logger *slog.Logger, db etlcontext.DB, c *etlcontext.Context) (int, error) {
 	name := protocol.SessionName(*c.RunID)
-	n, overdue, err := etlcontext.RunSessions(ctx, tx, c.ID, *c.RunID, name, maxSessionWait)
-	switch {
-	case err != nil || n == 0:
-		return false, err
-	case overdue:
+	n, overdue, err := etlcontext.RunSessions(ctx, db, c.ID, *c.RunID, name, maxSessionWait)
+	if err == nil && n > 0 && overdue {
 		logger.Warn("the previous attempt's database sessions are still there; starting the next attempt beside them", "sessions", n, "application_name", name, "waited_at_most", maxSessionWait)
-		return false, nil
+		return 0, nil
 	}
-	changed, err := etlcontext.MarkWaiting(ctx, tx, c.ID, etlcontext.WaitSessions)
-	if changed {
-		logger.Info("waiting for the previous attempt's database sessions to end", "sessions", n, "application_name", name)
-	}
-	return err == nil, err
+	return n, err
 }

@@ -29,6 +29,9 @@ var (
 	errHold = errors.New("task running: hold its job")
 	// errStepAgain: the launch ended without a running task: step again.
 	errStepAgain = errors.New("step again")
+	// errNeedsLock: the step must keep the task's lock while it decides:
+	// step again in a transaction.
+	errNeedsLock = errors.New("step again holding the lock")
 	// errTakenOver: another Work fetched the job since this one began (outlive).
 	errTakenOver = errors.New("job taken over by another Work")
 )

@@ -2,7 +2,6 @@ package taskrunner
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -16,6 +15,7 @@ import (
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/keeper"
 	"github.com/dama-etl/dama/internal/pgsession"
+	"github.com/dama-etl/dama/protocol"
 )
 
 // dbConn is a session the runner writes through: a connection of its own,
@@ -30,10 +30,13 @@ type dbConn interface {
 	WaitForNotification(ctx context.Context) (*pgconn.Notification, error)
 	// listen passes on channel's notifications from now on.
 	listen(ctx context.Context, channel string) error
-	// lockSession takes the context's lock for the session's life and
-	// returns the context as it stands under it (etlcontext.LockSession).
+	// lockSession takes the context's lock for the session's life, once
+	// the database accepts this release's protocol, and returns the
+	// context as it stands under it (etlcontext.LockRun).
 	lockSession(ctx context.Context, id int64) (*etlcontext.Context, error)
-	unlockSession(ctx context.Context, id int64) error
+	// unlockSession releases it, and with announce tells the supervisors
+	// that the task process ends.
+	unlockSession(ctx context.Context, id int64, announce bool) error
 	// backendPID is the server's process of the session's lock, 0 when it
 	// is not the runner's to end (the keeper's).
 	backendPID() uint32
@@ -48,11 +51,12 @@ func (c pgxConn) listen(ctx context.Context, channel string) error {
 }
 
 func (c pgxConn) lockSession(ctx context.Context, id int64) (*etlcontext.Context, error) {
-	return etlcontext.LockSession(ctx, c.Conn, id)
+	// The session holds the run's key since it connected.
+	return etlcontext.LockRun(ctx, c.Conn, id, protocol.Version, nil)
 }
 
-func (c pgxConn) unlockSession(ctx context.Context, id int64) error {
-	return etlcontext.UnlockSession(ctx, c.Conn, id)
+func (c pgxConn) unlockSession(ctx context.Context, id int64, announce bool) error {
+	return etlcontext.UnlockSession(ctx, c.Conn, id, announce)
 }
 
 func (c pgxConn) backendPID() uint32 { return c.PgConn().PID() }
@@ -63,17 +67,13 @@ type keeperConn struct{ *keeper.Conn }
 func (c keeperConn) listen(ctx context.Context, channel string) error { return c.Listen(ctx, channel) }
 
 func (c keeperConn) lockSession(ctx context.Context, id int64) (*etlcontext.Context, error) {
-	if err := c.Lock(ctx); err != nil {
-		return nil, err
-	}
-	cur, err := etlcontext.Get(ctx, c, id)
-	if err != nil {
-		return nil, errors.Join(err, c.Unlock(ctx))
-	}
-	return cur, nil
+	rows, err := c.Lock(ctx, protocol.Version)
+	return etlcontext.ScanLockRun(id, rows, err)
 }
 
-func (c keeperConn) unlockSession(ctx context.Context, _ int64) error { return c.Unlock(ctx) }
+func (c keeperConn) unlockSession(ctx context.Context, _ int64, announce bool) error {
+	return c.Unlock(ctx, announce)
+}
 
 func (keeperConn) backendPID() uint32 { return 0 }
 

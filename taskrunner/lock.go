@@ -86,17 +86,14 @@ func (k *lockKeeper) appName() string { return fmt.Sprintf("dama-task-lock:%d", 
 func (k *lockKeeper) lock(ctx context.Context) (*etlcontext.Context, dbConn, error) {
 	cctx, cancel := context.WithTimeout(ctx, firstLockTimeout(k.heartbeat))
 	defer cancel()
-	var c *etlcontext.Context
 	if k.mode != config.LockModeRow {
 		conn, err := k.dial(cctx)
 		if err != nil {
 			return nil, nil, err
 		}
-		// Before the lock: a runner the database no longer accepts
-		// touches nothing.
-		if err = etlcontext.CheckRunnerProtocol(cctx, conn, protocol.Version); err == nil {
-			c, err = conn.lockSession(cctx, k.contextID)
-		}
+		// The database checks the protocol before the lock: a runner it
+		// no longer accepts touches nothing.
+		c, err := conn.lockSession(cctx, k.contextID)
 		if err != nil {
 			conn.Close(context.WithoutCancel(ctx))
 			return nil, nil, err
@@ -108,7 +105,12 @@ func (k *lockKeeper) lock(ctx context.Context) (*etlcontext.Context, dbConn, err
 	if err != nil {
 		return nil, nil, err
 	}
-	var tx pgx.Tx
+	// Before the lock's transaction, which keeps what it reads locked:
+	// a runner the database no longer accepts touches nothing.
+	var (
+		c  *etlcontext.Context
+		tx pgx.Tx
+	)
 	if err = etlcontext.CheckRunnerProtocol(cctx, conn, protocol.Version); err == nil {
 		c, tx, err = lockOn(cctx, conn, k.contextID, k.runKey != "")
 	}
@@ -211,30 +213,33 @@ func (k *lockKeeper) get() (lockState, int, error) {
 
 // release gives the lock back, once, waiting at most timeout for the
 // server: row mode ends the lock transaction and its connection; advisory
-// mode releases the session lock on the writer's connection.
-func (k *lockKeeper) release(ctx context.Context, timeout time.Duration) error {
+// mode releases the session lock on the writer's connection, in host mode
+// the keeper's, and with announce tells the supervisors that the task
+// process ends in the same statement. It reports whether it announced.
+func (k *lockKeeper) release(ctx context.Context, timeout time.Duration, announce bool) (bool, error) {
 	if k.releasing.Swap(true) {
-		return nil
+		return false, nil
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
 	if k.mode != config.LockModeRow {
 		if k.w == nil {
-			return nil
+			return false, nil
 		}
-		return k.w.do(rctx, func(ctx context.Context, conn dbConn) error {
-			return conn.unlockSession(ctx, k.contextID)
+		err := k.w.do(rctx, func(ctx context.Context, conn dbConn) error {
+			return conn.unlockSession(ctx, k.contextID, announce)
 		})
+		return announce && err == nil, err
 	}
 	if k.conn == nil {
-		return nil
+		return false, nil
 	}
 	err := k.tx.Rollback(rctx)
 	k.conn.Close(rctx)
 	if err != nil && !k.conn.IsClosed() {
-		return fmt.Errorf("end lock transaction: %w", err)
+		return false, fmt.Errorf("end lock transaction: %w", err)
 	}
-	return nil
+	return false, nil
 }
 
 // watch watches the row-mode lock connection until ctx ends (the writer, in advisory mode).
@@ -379,7 +384,7 @@ func (k *lockKeeper) resume(ctx context.Context, conn dbConn) error {
 	}
 	if err == nil {
 		if err = k.current(c); err != nil {
-			err = errors.Join(err, conn.unlockSession(ctx, k.contextID))
+			err = errors.Join(err, conn.unlockSession(ctx, k.contextID, false))
 		}
 	}
 	if err == nil {

@@ -49,6 +49,9 @@ type logTail struct {
 	timer *time.Timer
 	// off: the database refused the tail for good.
 	off bool
+	// last: the attempt ended, and the tail's last chunk, read and left
+	// unsent, goes with its outcome, in the outcome's statement (lastOfTail).
+	last bool
 }
 
 // openLogTail opens the attempt's log file again, to keep keep bytes of what
@@ -152,7 +155,7 @@ func (w *writer) keepTail(t *logTail) {
 // serveTail appends what the log file gained once its interval is up; false: nothing to do.
 func (w *writer) serveTail(ctx context.Context) bool {
 	t := w.tail.Load()
-	if t == nil || t.off || !t.due.Load() {
+	if t == nil || t.off || t.last || !t.due.Load() {
 		return false
 	}
 	t.due.Store(false)
@@ -183,8 +186,10 @@ func (t *logTail) bound() {
 	}
 }
 
-// flushTail queues the last append of the log file ahead of the events,
+// flushTail queues the last appends of the log file ahead of the events,
 // the attempt's outcome among them: the tail ends where the attempt did.
+// The last chunk is read here and written with the outcome (lastOfTail):
+// the appends before are for a tail longer than a chunk.
 func (w *writer) flushTail(ctx context.Context) {
 	t := w.tail.Load()
 	if t == nil {
@@ -192,7 +197,16 @@ func (w *writer) flushTail(ctx context.Context) {
 	}
 	w.enqueue(ctx, func(ctx context.Context, conn dbConn) error {
 		t.bound()
+		t.last = true
 		for !t.off {
+			if _, _, err := t.read(); err != nil {
+				w.logger.Warn("read the log file to keep its tail; the database keeps no more of it", "error", err)
+				t.off = true
+				return nil
+			}
+			if !t.more() {
+				return nil
+			}
 			wrote, err := w.appendTail(ctx, t)
 			if err != nil && ctx.Err() == nil && retriable(err, w.conn) {
 				return err // tried again, on a new connection if need be
@@ -205,6 +219,22 @@ func (w *writer) flushTail(ctx context.Context) {
 		}
 		return nil
 	})
+}
+
+// lastOfTail is the tail's last chunk, read by flushTail, to write with
+// the attempt's outcome; nil when there is none.
+func (w *writer) lastOfTail() *etlcontext.LogChunk {
+	t := w.tail.Load()
+	if t == nil || !t.last || t.off || len(t.unsent) == 0 {
+		return nil
+	}
+	return &etlcontext.LogChunk{Start: t.passed, Data: t.unsent, Keep: t.keep}
+}
+
+// sent records that the chunk read was written.
+func (t *logTail) sent() {
+	t.passed += int64(len(t.unsent))
+	t.unsent = nil
 }
 
 // appendTail appends what t's file gained, and reports whether it wrote.
@@ -226,8 +256,7 @@ func (w *writer) appendTail(ctx context.Context, t *logTail) (bool, error) {
 	}); err != nil {
 		return false, err
 	}
-	t.passed += int64(len(chunk))
-	t.unsent = nil
+	t.sent()
 	return true, nil
 }
 

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os/exec"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -45,19 +44,20 @@ func (r *runner) finish(ctx context.Context, code int, suffix string, payload pr
 		}
 		cause = errors.Join(cause, fmt.Errorf("record %s: %w", suffix, flushErr))
 	}
-	if err := r.lock.release(ctx, 2*time.Second); err != nil {
+	// Unless the database is out of reach, or the run over: nobody would
+	// hear the announcement, or it cannot be sent.
+	announce := flushErr == nil && !r.w.over()
+	announced, err := r.lock.release(ctx, 2*time.Second, announce)
+	if err != nil {
 		r.logger.Warn("release the task's lock", "error", err)
 	}
-	if flushErr != nil || r.w.over() {
-		// The database is out of reach, or the run over: nobody would
-		// hear the announcement, or it cannot be sent.
+	if !announce || announced {
 		return code, cause
 	}
 	nctx, ncancel := context.WithTimeout(ctx, 2*time.Second)
 	defer ncancel()
 	if err := r.w.do(nctx, func(ctx context.Context, conn dbConn) error {
-		_, err := conn.Exec(ctx, "SELECT pg_notify($1, $2)", protocol.ExitedChannel, strconv.FormatInt(r.ctx.ID, 10))
-		return err
+		return etlcontext.Announce(ctx, conn, r.ctx.ID)
 	}); err != nil {
 		r.logger.Warn("tell the supervisors that the task process ends", "error", err)
 	}

@@ -231,7 +231,7 @@ func (r *runner) run(ctx context.Context) (int, error) {
 	if conn != nil {
 		startWriter(conn)
 	}
-	defer r.lock.release(ctx, stmtTimeout)
+	defer r.lock.release(ctx, stmtTimeout, false)
 	if c.Status.Finished() {
 		r.logger.Info("the task is already finished; this launch ends", "status", c.Status)
 		return protocol.ExitFinished, nil

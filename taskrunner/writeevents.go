@@ -29,9 +29,24 @@ func (w *writer) serveEvents(ctx context.Context) bool {
 	batch, evs := w.nextBatch()
 	w.mu.Unlock()
 
+	last := batch[len(batch)-1]
+	var log *etlcontext.LogChunk
+	if last.outcome {
+		log = w.lastOfTail()
+	}
 	err := w.exec(ctx, func(ctx context.Context, conn dbConn) error {
-		return etlcontext.AppendEvents(ctx, conn, evs)
+		return etlcontext.AppendEvents(ctx, conn, evs, log)
 	})
+	if log != nil && err == nil {
+		w.tail.Load().sent()
+	}
+	if err != nil && log != nil && !retriable(err, w.conn) && !errors.Is(err, etlcontext.ErrStaleRun) && !errors.Is(err, etlcontext.ErrFinished) {
+		// The outcome is tried again without the tail, which the log
+		// file keeps: a tail refused for good (a role without the right
+		// to append_log) holds no outcome back.
+		w.tailRefused(w.tail.Load(), err)
+		return true
+	}
 	if w.retry(ctx, err) {
 		// A batch cut short (a timeout, short of memory) is smaller next time.
 		w.mu.Lock()
@@ -42,7 +57,6 @@ func (w *writer) serveEvents(ctx context.Context) bool {
 	if err != nil && w.batchRefused(batch, err) {
 		return true
 	}
-	last := batch[len(batch)-1]
 	w.mu.Lock()
 	if err == nil {
 		w.batchLimit = min(maxBatch, 2*max(w.batchLimit, 1))
@@ -177,6 +191,10 @@ func (w *writer) dropStored(ctx context.Context, conn dbConn) bool {
 	}
 	if !stored {
 		return false
+	}
+	if last.outcome && w.lastOfTail() != nil {
+		// Written with the outcome, in its statement.
+		w.tail.Load().sent()
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -91,7 +91,7 @@ func (w *world) waitStepBlocked(id int64) (jobID int64, client string) {
 		err := w.Pool.QueryRow(context.Background(), `
 			SELECT EXISTS (SELECT 1 FROM pg_stat_activity
 			                WHERE datname = current_database() AND wait_event_type = 'Lock'
-			                  AND query LIKE '%pg_advisory_xact_lock%')`).Scan(&blocked)
+			                  AND query LIKE '%data_manager.start_attempt(%')`).Scan(&blocked)
 		if j.State != "running" || len(j.AttemptedBy) == 0 || !blocked {
 			return false, err
 		}

@@ -72,16 +72,16 @@ kinds:
 }
 
 // waitBlocked waits until the task process of context id (spawned by the
-// supervisor) waits for a lock in a statement matching query, and returns
+// supervisor) waits for a lock in a statement matching one of queries, and returns
 // its PID.
-func (w *signalWorld) waitBlocked(t *testing.T, id int64, query string) int {
+func (w *signalWorld) waitBlocked(t *testing.T, id int64, queries ...string) int {
 	t.Helper()
 	var runner int
 	testenv.Eventually(t, 30*time.Second, "the task process to wait for a lock", func() (bool, error) {
 		err := w.Pool.QueryRow(context.Background(), `
 			SELECT a.pid FROM pg_stat_activity AS a
 			 WHERE a.datname = current_database() AND a.wait_event_type = 'Lock'
-			   AND a.query LIKE $1`, query).Scan(new(int))
+			   AND a.query LIKE ANY($1)`, queries).Scan(new(int))
 		if errors.Is(err, pgx.ErrNoRows) {
 			return false, nil
 		}
@@ -97,6 +97,11 @@ func (w *signalWorld) waitBlocked(t *testing.T, id int64, query string) int {
 	})
 	return runner
 }
+
+// readsCompatibility are the statements of a task process that read the
+// schema's compatibility: the lock's, which checks it (lock_run), or in row
+// mode a statement of its own, before the lock's transaction.
+var readsCompatibility = []string{"%data_manager.compatibility%", "%data_manager.lock_run(%"}
 
 // terminate sends SIGTERM to pid and waits until its handler took it.
 func terminate(t *testing.T, pid int) {
@@ -157,7 +162,7 @@ func testSIGTERMBeforeTheCommandStartsGivesTheLaunchBack(t *testing.T) {
 		t.Fatalf("submit: %s", res.Stderr)
 	}
 	id := testenv.Atoi(t, res.Stdout)
-	runner := w.waitBlocked(t, id, "%data_manager.compatibility%")
+	runner := w.waitBlocked(t, id, readsCompatibility...)
 	terminate(t, runner)
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
@@ -188,7 +193,7 @@ func testSIGTERMWhileTheTaskProcessRecordsItselfGivesTheLaunchBack(t *testing.T)
 		t.Fatalf("submit: %s", res.Stderr)
 	}
 	id := testenv.Atoi(t, res.Stdout)
-	w.waitBlocked(t, id, "%data_manager.compatibility%")
+	w.waitBlocked(t, id, readsCompatibility...)
 	// Then on the statement that records it, once it is let through.
 	row, err := w.Pool.Begin(ctx)
 	if err != nil {

@@ -190,9 +190,17 @@ func (c *Conn) IsClosed() bool {
 	}
 }
 
+// replySlack is how long past a request's deadline its reply may take: the
+// keeper ends the request at that deadline and says so, the session kept.
+const replySlack = 5 * time.Second
+
 // request sends req and waits for its reply until ctx ends, which ends the
 // session: an answer may still come, and a session is one request at a
-// time.
+// time. A request that reaches its deadline first waits replySlack more
+// for the keeper's answer: that it never sent the statement, every
+// connection of its being busy (a thousand tasks ending at once), keeps
+// the session, for that is not a lost lock. Any other late answer ends it:
+// a statement cut short may have committed, which a new session looks at.
 func (c *Conn) request(ctx context.Context, req *request) (*reply, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -221,9 +229,22 @@ func (c *Conn) request(ctx context.Context, req *request) (*reply, error) {
 	case <-c.closed:
 		return nil, c.closeErr
 	case <-ctx.Done():
-		c.end(fmt.Errorf("%w: %w", ErrClosed, ctx.Err()))
-		return nil, ctx.Err()
 	}
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		t := time.NewTimer(replySlack)
+		defer t.Stop()
+		select {
+		case r := <-c.replies:
+			if r.Err == nil || r.Err.Kind == errBusy {
+				return r, r.Err.err()
+			}
+		case <-c.closed:
+			return nil, c.closeErr
+		case <-t.C:
+		}
+	}
+	c.end(fmt.Errorf("%w: %w", ErrClosed, ctx.Err()))
+	return nil, ctx.Err()
 }
 
 // do is request for a request whose reply says nothing but its error.
@@ -233,12 +254,23 @@ func (c *Conn) do(ctx context.Context, req *request) error {
 }
 
 // Lock has the keeper hold the session's context's lock for as long as
-// the session lasts; it fails with an error wrapping etlcontext.ErrLocked
-// when another session of the keeper, or another process, holds it.
-func (c *Conn) Lock(ctx context.Context) error { return c.do(ctx, &request{Op: opLock}) }
+// the session lasts, in the statement etlcontext.LockRunSQL, which checks
+// the session's key and that the database accepts task processes of
+// protocol before it takes the lock: read its rows, the context under the
+// lock, with etlcontext.ScanLockRun. It fails with an error wrapping
+// etlcontext.ErrLocked when another session of the keeper holds the lock.
+// No statement runs for a session before its first Lock.
+func (c *Conn) Lock(ctx context.Context, protocol int) (pgx.Rows, error) {
+	r, err := c.request(ctx, &request{Op: opLock, Protocol: protocol})
+	return c.rows(r, err)
+}
 
-// Unlock has the keeper release the session's context's lock.
-func (c *Conn) Unlock(ctx context.Context) error { return c.do(ctx, &request{Op: opUnlock}) }
+// Unlock has the keeper release the session's context's lock, and with
+// announce tell the supervisors that the task process ends
+// (protocol.ExitedChannel), in the same statement.
+func (c *Conn) Unlock(ctx context.Context, announce bool) error {
+	return c.do(ctx, &request{Op: opUnlock, Announce: announce})
+}
 
 // Listen has the keeper pass on channel's notifications from now on.
 func (c *Conn) Listen(ctx context.Context, channel string) error {
@@ -294,7 +326,11 @@ const maxDescriptions = 256
 
 // Query runs sql with args and returns its rows, all read.
 func (c *Conn) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	r, err := c.exec(ctx, sql, args)
+	return c.rows(c.exec(ctx, sql, args))
+}
+
+// rows are the rows of r, the reply to a statement, or its error.
+func (c *Conn) rows(r *reply, err error) (pgx.Rows, error) {
 	if err == nil {
 		for _, values := range r.Rows {
 			// rows index a row's values by its fields.

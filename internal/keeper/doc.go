@@ -9,7 +9,8 @@
 // proves it knows the supervisor's random secret, bound to the two
 // processes the kernel names as the socket's ends (stream.go), then the
 // task process opens a session with its run's key, which the keeper
-// checks against the database. The session is the lock: the keeper holds
+// checks against the database as it takes the session's lock, before it
+// runs any statement for it. The session is the lock: the keeper holds
 // the context's advisory lock for as long as the session lives, runs the
 // task process's statements on a small pool, and passes on the
 // notifications it listens to (Conn). A session that ends, because the

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +22,7 @@ import (
 	"github.com/dama-etl/dama/internal/keeper"
 	"github.com/dama-etl/dama/internal/testenv"
 	"github.com/dama-etl/dama/protocol"
+	"github.com/dama-etl/dama/sql"
 )
 
 func TestMain(m *testing.M) {
@@ -122,43 +124,67 @@ func dial(t *testing.T, env *testenv.Env, socket string, id int64, key string) (
 	return c, err
 }
 
-// locked reports whether context id's lock is held, as a supervisor sees it.
+// lock has c's keeper take its context's lock.
+func lock(c *keeper.Conn, id int64) error {
+	rows, err := c.Lock(context.Background(), protocol.Version)
+	_, err = etlcontext.ScanLockRun(id, rows, err)
+	return err
+}
+
+// locked reports whether context id's lock is held, as a supervisor sees it,
+// in this test's database: the tests running beside it number their tasks
+// from 1 too.
 func locked(t *testing.T, env *testenv.Env, id int64) bool {
 	t.Helper()
 	var held bool
 	if err := env.Pool.QueryRow(context.Background(), `
 		SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted
-		                  AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 2)`,
+		                  AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 2
+		                  AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))`,
 		protocol.LockNamespace, id).Scan(&held); err != nil {
 		t.Fatal(err)
 	}
 	return held
 }
 
-// A session is opened only with the key of its context's current run, and
-// holds the lock for as long as it lasts: a second session of the same
-// context is refused it, however the keeper's one lock session could take
-// it again.
+// A session takes its lock only with the key of its context's current
+// run, and runs no statement before, and holds the lock for as long as it
+// lasts: a second session of the same context is refused it, however the
+// keeper's one lock session could take it again.
 func TestASessionHoldsItsLockAloneWithItsRunsKey(t *testing.T) {
 	env := testenv.New(t)
 	socket := serve(t, env)
 	id, run := running(t, env)
 	ctx := context.Background()
 
-	_, err := dial(t, env, socket, id, "not the key")
-	if !errors.Is(err, keeper.ErrRefused) || !errors.Is(err, etlcontext.ErrStaleRun) {
-		t.Fatalf("a session with a wrong key: %v, want refused as a stale run", err)
-	}
 	other, _ := running(t, env)
-	if _, err := dial(t, env, socket, other, run.Key); !errors.Is(err, keeper.ErrRefused) {
-		t.Fatalf("a session with another context's key: %v, want refused", err)
+	for _, s := range []struct {
+		id  int64
+		key string
+	}{{id, "not the key"}, {other, run.Key}} {
+		c, err := dial(t, env, socket, s.id, s.key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := etlcontext.Get(ctx, c, s.id); !errors.Is(err, keeper.ErrRefused) {
+			t.Fatalf("a statement before the lock: %v, want refused", err)
+		}
+		if err := lock(c, s.id); !errors.Is(err, etlcontext.ErrStaleRun) {
+			t.Fatalf("the lock of a session with a wrong key: %v, want refused as a stale run", err)
+		}
+		if locked(t, env, s.id) {
+			t.Fatal("a session with a wrong key holds the lock")
+		}
+		if _, err := etlcontext.Get(ctx, c, s.id); !errors.Is(err, keeper.ErrRefused) {
+			t.Fatalf("a statement after a refused lock: %v, want refused", err)
+		}
 	}
 
 	first, err := dial(t, env, socket, id, run.Key)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := first.Lock(ctx); err != nil {
+	if err := lock(first, id); err != nil {
 		t.Fatal(err)
 	}
 	if !locked(t, env, id) {
@@ -173,18 +199,70 @@ func TestASessionHoldsItsLockAloneWithItsRunsKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := second.Lock(ctx); !errors.Is(err, etlcontext.ErrLocked) {
+	if err := lock(second, id); !errors.Is(err, etlcontext.ErrLocked) {
 		t.Fatalf("a second session's lock: %v, want ErrLocked", err)
 	}
 	first.Close(ctx)
 	testenv.Eventually(t, 10*time.Second, "the first session's lock to be released", func() (bool, error) {
 		return !locked(t, env, id), nil
 	})
-	if err := second.Lock(ctx); err != nil {
+	if err := lock(second, id); err != nil {
 		t.Fatalf("the second session's lock once the first ended: %v", err)
 	}
 	if !locked(t, env, id) {
 		t.Fatal("the second session's lock is not held on the server")
+	}
+}
+
+// A statement of a session runs with the session's run key alone,
+// whatever an earlier statement left in the setting of the keeper's
+// connection: the keeper sets the key in the statement's transaction
+// before it, or, for a statement that sets the key itself
+// (etlcontext.KeyParam), puts the key in its parameter, and the statement
+// sets it first.
+func TestAStatementRunsWithItsSessionsKeyAlone(t *testing.T) {
+	env := testenv.New(t)
+	taskURL := env.NewLogin(sql.RoleTask)
+	socket := serve(t, env, func(c *keeper.Config) {
+		pool, err := pgxpool.ParseConfig(taskURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// One connection: each statement finds what the one before left.
+		pool.MaxConns = 1
+		c.Pool = pool
+		c.ConnectLock = func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, taskURL) }
+	})
+	ctx := context.Background()
+	a, runA := running(t, env)
+	b, runB := running(t, env)
+	sessions := map[int64]*keeper.Conn{}
+	for id, key := range map[int64]string{a: runA.Key, b: runB.Key} {
+		c, err := dial(t, env, socket, id, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := lock(c, id); err != nil {
+			t.Fatal(err)
+		}
+		sessions[id] = c
+	}
+	// B's session leaves its key as the connection's.
+	if _, err := sessions[b].Exec(ctx, `SELECT set_config($1, $2, false)`, etlcontext.RunKeySetting, runB.Key); err != nil {
+		t.Fatal(err)
+	}
+	if err := etlcontext.RecordCommand(ctx, sessions[a], a, runA.ID, 4242, 0); err != nil {
+		t.Fatalf("A's own write: %v", err)
+	}
+	if err := etlcontext.RecordCommand(ctx, sessions[a], b, runB.ID, 4242, 0); err == nil {
+		t.Error("a statement of A that sets the key itself wrote B's row")
+	}
+	if err := etlcontext.ClearLockLost(ctx, sessions[a], b, runB.ID); err == nil {
+		t.Error("a statement of A wrote B's row")
+	}
+	var pgid *int
+	if err := env.Pool.QueryRow(ctx, `SELECT command_pgid FROM data_manager.etl_contexts WHERE etl_context_id = $1`, b).Scan(&pgid); err != nil || pgid != nil {
+		t.Errorf("B's command: %v, %v; want none recorded", pgid, err)
 	}
 }
 
@@ -443,7 +521,7 @@ func TestAReplyTooLargeFailsItsStatementOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Lock(ctx); err != nil {
+	if err := lock(c, id); err != nil {
 		t.Fatal(err)
 	}
 	var s string
@@ -456,5 +534,91 @@ func TestAReplyTooLargeFailsItsStatementOnly(t *testing.T) {
 	}
 	if !locked(t, env, id) {
 		t.Fatal("the session lost its lock")
+	}
+}
+
+// A statement that finds every connection of the keeper's pool busy until
+// its deadline fails for now, and its session, which is its lock, lives
+// on: a thousand tasks that end at once each wait their turn to record
+// their outcome rather than lose their lock.
+func TestABusyKeeperKeepsTheSessionOfAStatementThatWaited(t *testing.T) {
+	env := testenv.New(t)
+	socket := serve(t, env, func(c *keeper.Config) { c.Pool.MaxConns = 1 })
+	a, runA := running(t, env)
+	b, runB := running(t, env)
+	sessions := map[int64]*keeper.Conn{}
+	for id, key := range map[int64]string{a: runA.Key, b: runB.Key} {
+		c, err := dial(t, env, socket, id, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := lock(c, id); err != nil {
+			t.Fatal(err)
+		}
+		sessions[id] = c
+	}
+	// A's transaction keeps the pool's one connection.
+	tx, err := sessions[a].Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The keeper gives a request at least a second: its answer comes after
+	// this deadline.
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	_, err = sessions[b].Exec(ctx, `SELECT 1`)
+	cancel()
+	if !errors.Is(err, keeper.ErrUnavailable) {
+		t.Errorf("a statement that waited for a busy pool: %v, want %v", err, keeper.ErrUnavailable)
+	}
+	if sessions[b].IsClosed() || !locked(t, env, b) {
+		t.Fatalf("B's session closed: %v, its lock held: %v; want its session and lock kept", sessions[b].IsClosed(), locked(t, env, b))
+	}
+	if err := tx.Commit(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sessions[b].Exec(context.Background(), `SELECT 1`); err != nil {
+		t.Errorf("B's statement once the pool is free: %v", err)
+	}
+}
+
+// Sessions that ask for a task's lock with a wrong key, however often,
+// never keep the one with the key from it: the keeper counts a session as
+// the lock's holder only once the database took its key.
+func TestAWrongKeyNeverKeepsTheRightOneFromItsLock(t *testing.T) {
+	env := testenv.New(t)
+	socket := serve(t, env)
+	id, run := running(t, env)
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer stop()
+	for range 4 {
+		c, err := dial(t, env, socket, id, "a wrong key")
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				if err := lock(c, id); !errors.Is(err, etlcontext.ErrStaleRun) {
+					t.Errorf("a lock with a wrong key: %v, want %v", err, etlcontext.ErrStaleRun)
+					return
+				}
+			}
+		}()
+	}
+	for i := range 20 {
+		c, err := dial(t, env, socket, id, run.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := lock(c, id); err != nil {
+			t.Fatalf("lock %d with the key, beside sessions with a wrong one: %v", i, err)
+		}
+		if err := c.Unlock(context.Background(), false); err != nil {
+			t.Fatal(err)
+		}
+		c.Close(context.Background())
 	}
 }

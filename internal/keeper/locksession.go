@@ -7,11 +7,13 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/pglisten"
@@ -79,23 +81,42 @@ func newLockSession(connect func(context.Context) (*pgx.Conn, error), logger *sl
 		channels: make(map[string]bool), wake: make(chan struct{}, 1), ended: make(chan struct{})}
 }
 
-// lock takes context id's session lock and returns the generation of the
-// connection that holds it.
-func (l *lockSession) lock(ctx context.Context, id int64) (uint64, error) {
-	return l.do(ctx, &lockOp{run: func(ctx context.Context, conn *pgx.Conn, _ uint64) error {
-		return etlcontext.TryLockSession(ctx, conn, id)
+// lock takes context id's session lock for a task process of protocol
+// that holds key, in one statement (etlcontext.LockRunSQL), and returns
+// the generation of the connection that ran it and what it answered: the
+// context's row under the lock, none when another process holds it.
+func (l *lockSession) lock(ctx context.Context, id int64, key string, protocol int) (uint64, *pgconn.Result, error) {
+	var res *pgconn.Result
+	gen, err := l.do(ctx, &lockOp{run: func(ctx context.Context, conn *pgx.Conn, _ uint64) error {
+		res = conn.PgConn().ExecParams(ctx, etlcontext.LockRunSQL,
+			[][]byte{strconv.AppendInt(nil, id, 10), strconv.AppendInt(nil, int64(protocol), 10), []byte(key)},
+			[]uint32{pgtype.Int8OID, pgtype.Int4OID, pgtype.TextOID}, nil, []int16{pgtype.BinaryFormatCode}).Read()
+		return res.Err
 	}})
+	return gen, res, err
 }
 
 // unlock releases context id's session lock, if the connection of
-// generation gen, which took it, still holds it.
-func (l *lockSession) unlock(ctx context.Context, id int64, gen uint64) error {
+// generation gen, which took it, still holds it, and with announce tells
+// the supervisors that its task process ends, in the same statement.
+func (l *lockSession) unlock(ctx context.Context, id int64, gen uint64, announce bool) error {
 	_, err := l.do(ctx, &lockOp{run: func(ctx context.Context, conn *pgx.Conn, connGen uint64) error {
 		if connGen != gen {
 			// Taken on a connection that is gone, and the lock with it.
+			if announce {
+				return etlcontext.Announce(ctx, conn, id)
+			}
 			return nil
 		}
-		return etlcontext.UnlockSession(ctx, conn, id)
+		return etlcontext.UnlockSession(ctx, conn, id, announce)
+	}})
+	return err
+}
+
+// announce tells the supervisors that context id's task process ends.
+func (l *lockSession) announce(ctx context.Context, id int64) error {
+	_, err := l.do(ctx, &lockOp{run: func(ctx context.Context, conn *pgx.Conn, _ uint64) error {
+		return etlcontext.Announce(ctx, conn, id)
 	}})
 	return err
 }

@@ -264,7 +264,7 @@ func (s *server) closed(sess *session) {
 	delay := 100 * time.Millisecond
 	for try := 0; ; try++ {
 		ctx, cancel := context.WithTimeout(context.Background(), lockOpTimeout)
-		err := s.lock.unlock(ctx, sess.contextID, sess.lockGen)
+		err := s.lock.unlock(ctx, sess.contextID, sess.lockGen, false)
 		cancel()
 		if err == nil || errors.Is(err, ErrUnavailable) {
 			// Released, or gone with its lock session (or the keeper).
@@ -361,6 +361,8 @@ func toWire(err error) *wireError {
 	}
 	var pgErr *pgconn.PgError
 	switch {
+	case errors.Is(err, errNoConnection):
+		return &wireError{Kind: errBusy, Message: err.Error()}
 	case unavailable(err):
 		// One line: pgx names a failed connection's address several times.
 		return &wireError{Kind: errUnavailable, Message: etlcontext.ConnectFailed(err).Error()}

@@ -40,6 +40,9 @@ type session struct {
 	// Set by hello, then read only.
 	contextID int64
 	runKey    string
+	// verified: the database took the session's key, as it took its
+	// lock (takeLock); no statement runs for the session before.
+	verified bool
 
 	// lockGen is the lock session's generation when this session took its
 	// lock.
@@ -91,7 +94,7 @@ func (sess *session) serve(ctx context.Context) {
 			return
 		}
 		if sess.contextID == 0 {
-			err := sess.hello(ctx, &req)
+			err := sess.hello(&req)
 			sess.reply(&reply{Err: toWire(err)})
 			if err != nil {
 				return
@@ -183,8 +186,9 @@ func standIn(n *pgconn.Notification) *pgconn.Notification {
 	return &pgconn.Notification{Channel: n.Channel}
 }
 
-// hello opens the session for the run whose key it holds.
-func (sess *session) hello(ctx context.Context, req *request) error {
+// hello opens the session for the run whose key it gives; the database
+// checks the key as the session takes its lock, its first request.
+func (sess *session) hello(req *request) error {
 	switch {
 	case req.Op != opHello:
 		return fmt.Errorf("%w: a session begins with its hello", ErrRefused)
@@ -195,15 +199,6 @@ func (sess *session) hello(ctx context.Context, req *request) error {
 	case req.RunKey == "":
 		return fmt.Errorf("%w: a session needs its run's key", ErrRefused)
 	}
-	hctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	ok, err := etlcontext.HoldsKeyOf(hctx, sess.s.pool, req.ContextID, req.RunKey)
-	if err != nil {
-		return fmt.Errorf("check the session's key: %w", err)
-	}
-	if !ok {
-		return fmt.Errorf("%w: the key is not that of task %d's current run", ErrRefused, req.ContextID)
-	}
 	sess.contextID, sess.runKey = req.ContextID, req.RunKey
 	return nil
 }
@@ -211,6 +206,14 @@ func (sess *session) hello(ctx context.Context, req *request) error {
 func (sess *session) handle(ctx context.Context, req *request) *reply {
 	rctx, cancel := context.WithTimeout(ctx, min(max(req.Timeout, time.Second), maxTimeout))
 	defer cancel()
+	switch req.Op {
+	case opDescribe, opExec, opBegin:
+		// Listening comes first: a task process listens on a new session
+		// before it takes its lock again, lest it miss a cancellation.
+		if !sess.verified {
+			return &reply{Err: &wireError{Kind: errRefused, Message: "a session takes its lock, which checks its key, before any statement"}}
+		}
+	}
 	switch req.Op {
 	case opDescribe:
 		return sess.describe(rctx, req)
@@ -221,9 +224,9 @@ func (sess *session) handle(ctx context.Context, req *request) *reply {
 	case opCommit, opRollback:
 		return &reply{Err: toWire(sess.end(rctx, req.Op == opCommit, req.Depth))}
 	case opLock:
-		return &reply{Err: toWire(sess.takeLock(rctx))}
+		return sess.takeLock(rctx, req.Protocol)
 	case opUnlock:
-		return &reply{Err: toWire(sess.releaseLock(rctx))}
+		return &reply{Err: toWire(sess.releaseLock(rctx, req.Announce))}
 	case opListen:
 		return &reply{Err: toWire(sess.listen(rctx, req.Channel))}
 	case opPing:
@@ -256,28 +259,37 @@ func (sess *session) onConn(ctx context.Context, fn func(context.Context, *pgcon
 	}
 	conn, err := sess.s.pool.Acquire(ctx)
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: %w", errNoConnection, err)
 	}
 	defer conn.Release()
 	return fn(ctx, conn.Conn().PgConn())
 }
 
+// errNoConnection: no connection of the pool came free before the
+// request's deadline; its statement was never sent.
+var errNoConnection = errors.New("every connection of the lock keeper is busy")
+
 // exec runs a statement: in the session's transaction, or else in one of
 // its own that holds the run's key, sent with the statement in one round
-// trip.
+// trip, or set by the statement itself (etlcontext.KeyParam).
 func (sess *session) exec(ctx context.Context, req *request) *reply {
 	if len(req.Params) != len(req.ParamOIDs) {
 		msg := fmt.Sprintf("parameters: %d values where %d are expected", len(req.Params), len(req.ParamOIDs))
 		return &reply{Err: &wireError{Kind: errStatement, Message: msg}}
 	}
+	keyed := false
+	if i, ok := etlcontext.KeyParam(req.SQL); ok && i < len(req.Params) {
+		// The statement sets the key itself, first: the session's.
+		req.Params[i], keyed = []byte(sess.runKey), true
+	}
 	var res *pgconn.Result
 	err := sess.onConn(ctx, func(ctx context.Context, pc *pgconn.PgConn) error {
-		if sess.tx != nil {
+		if sess.tx != nil || keyed {
 			res = pc.ExecParams(ctx, req.SQL, req.Params, req.ParamOIDs, req.ParamFormats, req.ResultFormats).Read()
 			return res.Err
 		}
 		b := &pgconn.Batch{}
-		b.ExecParams("SELECT set_config($1, $2, true)", [][]byte{[]byte(etlcontext.RunKeySetting), []byte(sess.runKey)}, []uint32{25, 25}, nil, nil)
+		b.ExecParams("SELECT pg_catalog.set_config($1, $2, true)", [][]byte{[]byte(etlcontext.RunKeySetting), []byte(sess.runKey)}, []uint32{25, 25}, nil, nil)
 		b.ExecParams(req.SQL, req.Params, req.ParamOIDs, req.ParamFormats, req.ResultFormats)
 		results, err := pc.ExecBatch(ctx, b).ReadAll()
 		if err != nil {
@@ -326,7 +338,7 @@ func (sess *session) begin(ctx context.Context, depth int) error {
 		return err
 	}
 	sess.tx, sess.depth = conn, 0
-	if _, err := conn.Exec(ctx, "SELECT set_config($1, $2, true)", etlcontext.RunKeySetting, sess.runKey); err != nil {
+	if _, err := conn.Exec(ctx, "SELECT pg_catalog.set_config($1, $2, true)", etlcontext.RunKeySetting, sess.runKey); err != nil {
 		sess.dropTx(ctx)
 		return err
 	}
@@ -384,16 +396,40 @@ func (sess *session) dropTx(ctx context.Context) {
 	sess.tx, sess.depth = nil, 0
 }
 
-// takeLock takes the session's context's lock on the lock session.
-func (sess *session) takeLock(ctx context.Context) error {
-	if err := sess.s.take(sess); err != nil {
-		return err
-	}
-	gen, err := sess.s.lock.lock(ctx, sess.contextID)
+// takeLock takes the session's context's lock on the lock session, once
+// the database took the session's key and the task process's protocol,
+// and answers the context's row under the lock: none when another process
+// holds it. The session becomes its holder only once the database took
+// its key: a session with a wrong key never keeps the rightful one out.
+func (sess *session) takeLock(ctx context.Context, protocol int) *reply {
+	gen, res, err := sess.s.lock.lock(ctx, sess.contextID, sess.runKey, protocol)
 	if err != nil {
-		sess.s.drop(sess)
-		return err
+		return &reply{Err: toWire(err)}
 	}
+	// Taken or not, the key was checked.
+	sess.verified = true
+	if len(res.Rows) == 0 {
+		return &reply{Fields: res.FieldDescriptions}
+	}
+	if err := sess.s.take(sess); err != nil {
+		// Another session holds it, and the lock session's lock, which is
+		// re-entrant, was taken once more for this one: once less now.
+		uctx, cancel := context.WithTimeout(context.Background(), lockOpTimeout)
+		defer cancel()
+		if uerr := sess.s.lock.unlock(uctx, sess.contextID, gen, false); uerr != nil && !errors.Is(uerr, ErrUnavailable) {
+			sess.s.lock.reset()
+		}
+		return &reply{Err: toWire(err)}
+	}
+	if err := sess.held(gen); err != nil {
+		return &reply{Err: toWire(err)}
+	}
+	return &reply{Fields: res.FieldDescriptions, Rows: rowsOf(res.Rows)}
+}
+
+// held records that the session holds its lock, taken on the lock
+// session's connection of generation gen.
+func (sess *session) held(gen uint64) error {
 	sess.lockGen = gen
 	if !sess.s.holds(sess) {
 		// The lock session failed while the lock was being taken, and
@@ -401,7 +437,7 @@ func (sess *session) takeLock(ctx context.Context) error {
 		// for nobody unless released here.
 		uctx, cancel := context.WithTimeout(context.Background(), lockOpTimeout)
 		defer cancel()
-		if uerr := sess.s.lock.unlock(uctx, sess.contextID, gen); uerr != nil && !errors.Is(uerr, ErrUnavailable) {
+		if uerr := sess.s.lock.unlock(uctx, sess.contextID, gen, false); uerr != nil && !errors.Is(uerr, ErrUnavailable) {
 			sess.s.lock.reset()
 		}
 		return fmt.Errorf("%w: the lock session was lost while the lock was taken", ErrUnavailable)
@@ -409,13 +445,17 @@ func (sess *session) takeLock(ctx context.Context) error {
 	return nil
 }
 
-// releaseLock releases the session's context's lock.
-func (sess *session) releaseLock(ctx context.Context) error {
+// releaseLock releases the session's context's lock, and with announce
+// tells the supervisors that its task process ends, in the same statement.
+func (sess *session) releaseLock(ctx context.Context, announce bool) error {
 	if !sess.s.holds(sess) {
+		if announce {
+			return sess.s.lock.announce(ctx, sess.contextID)
+		}
 		return nil
 	}
 	// Dropped once released: failed, the session's end tries again.
-	if err := sess.s.lock.unlock(ctx, sess.contextID, sess.lockGen); err != nil {
+	if err := sess.s.lock.unlock(ctx, sess.contextID, sess.lockGen, announce); err != nil {
 		return err
 	}
 	sess.s.drop(sess)

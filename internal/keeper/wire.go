@@ -16,7 +16,7 @@ import (
 // Version is the version of the keeper's wire protocol: it is part of the
 // socket's name, so that task processes of releases that speak different
 // versions each find a keeper of their own.
-const Version = 5
+const Version = 6
 
 // op is what a request asks of the keeper (session.handle serves each). A
 // session's first request, and only that one, is its hello.
@@ -54,6 +54,10 @@ type request struct {
 	// Begin, Commit, Rollback: 0 for the transaction, above for a
 	// savepoint.
 	Depth int
+	// Lock: the task process's protocol.Version.
+	Protocol int
+	// Unlock: tell the supervisors that the task process ends.
+	Announce bool
 	// Listen.
 	Channel string
 }
@@ -64,9 +68,9 @@ type reply struct {
 	Err *wireError
 	// Describe.
 	ParamOIDs []uint32
-	// Describe and Exec.
+	// Describe, Exec and Lock.
 	Fields []pgconn.FieldDescription
-	// Exec: each row's values.
+	// Exec and Lock: each row's values.
 	Rows []values
 	Tag  string
 	// Notification, when set, makes the reply a notification.
@@ -87,6 +91,9 @@ const (
 	errLocked
 	// errRefused: the session is not allowed what it asked (a wrong key).
 	errRefused
+	// errBusy: no connection of the keeper's pool came free in time: the
+	// statement was never sent, try again later.
+	errBusy
 )
 
 type wireError struct {
@@ -109,7 +116,7 @@ func (e *wireError) err() error {
 		return nil
 	case e.PgError != nil:
 		return e.PgError
-	case e.Kind == errUnavailable:
+	case e.Kind == errUnavailable, e.Kind == errBusy:
 		return fmt.Errorf("%w: %s", ErrUnavailable, e.Message)
 	case e.Kind == errLocked:
 		return fmt.Errorf("%s: %w", e.Message, etlcontext.ErrLocked)
@@ -123,8 +130,8 @@ func (e *wireError) err() error {
 // maxMessage bounds one message either way: a statement's parameters or
 // its rows. A task process's largest writes are batches of events of at
 // most 1 MiB of payloads, and its largest reads a context's arguments and
-// checkpoint. maxHello bounds a session's first message, before its run's
-// key was checked. minMessage is the least Config.MaxMessage: that of a
+// checkpoint. maxHello bounds a session's first message, which gives its
+// run's key, unchecked yet. minMessage is the least Config.MaxMessage: that of a
 // notification, whose payload of 8,000 bytes at most JSON may write in 6
 // bytes each (\u0001).
 const (

@@ -27,15 +27,15 @@ func restartAndSettle(b *testing.B, p params, r *result, env *testenv.Env, sup *
 	sup2 := env.Start(cfgPath, "supervisor")
 	clientID := waitStarted(b, sup2)
 	started := time.Now()
-	// Adopted: every quiet task's job is running again, last fetched by the
-	// new supervisor, whose Work holds it until the task ends.
-	var adopted int
-	testenv.EventuallyEvery(b, 100*time.Millisecond, p.adoptWait, "the new supervisor to adopt every quiet task", func() (bool, error) {
-		err := mon.QueryRow(ctx, `
-			SELECT count(*) FROM data_manager.etl_contexts AS c JOIN river_job AS j ON j.id = c.river_job_id
-			 WHERE c.kind = $1 AND j.state = 'running' AND j.attempted_by[array_upper(j.attempted_by, 1)] = $2`, quietKind, clientID).Scan(&adopted)
-		return adopted == r.n, fmt.Errorf("%d of %d adopted (%v)", adopted, r.n, err)
-	})
+	var ids []int64
+	rows, err := mon.Query(ctx, `SELECT etl_context_id FROM data_manager.etl_contexts WHERE kind = $1`, quietKind)
+	if err == nil {
+		ids, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	waitAdopted(b, mon, ids, []string{clientID}, p.adoptWait)
 	r.m["adopt_s"] = time.Since(started).Seconds()
 	var locked, finished, retried int
 	if err := mon.QueryRow(ctx, lockQuery, quietKind, protocol.LockNamespace).Scan(&locked, &finished, &retried); err != nil {
@@ -90,7 +90,7 @@ func restartAndSettle(b *testing.B, p params, r *result, env *testenv.Env, sup *
 		return settled == r.n, fmt.Errorf("%d of %d tasks settled (%d DONE)", settled, r.n, done)
 	})
 	r.m["settle_s"] = time.Since(t0).Seconds()
-	rows, err := mon.Query(ctx, `
+	rows, err = mon.Query(ctx, `
 		SELECT extract(epoch FROM j.finalized_at - $2::timestamptz)::float8
 		  FROM data_manager.etl_contexts AS c JOIN river_job AS j ON j.id = c.river_job_id
 		 WHERE c.kind = $1`, quietKind, releasedAt)
@@ -109,12 +109,25 @@ func restartAndSettle(b *testing.B, p params, r *result, env *testenv.Env, sup *
 	r.m["complete"] = 1
 }
 
+// waitAdopted waits, at most timeout, until the job of every context of
+// ids is running again, last fetched by one of clients: adopted by a
+// supervisor whose Work holds it until the task ends.
+func waitAdopted(tb testing.TB, mon *pgx.Conn, ids []int64, clients []string, timeout time.Duration) {
+	var adopted int
+	testenv.EventuallyEvery(tb, 100*time.Millisecond, timeout, "the live supervisors to adopt every task", func() (bool, error) {
+		err := mon.QueryRow(context.Background(), `
+			SELECT count(*) FROM data_manager.etl_contexts AS c JOIN river_job AS j ON j.id = c.river_job_id
+			 WHERE c.etl_context_id = ANY($1) AND j.state = 'running' AND j.attempted_by[array_upper(j.attempted_by, 1)] = ANY($2)`, ids, clients).Scan(&adopted)
+		return adopted == len(ids), fmt.Errorf("%d of %d adopted (%v)", adopted, len(ids), err)
+	})
+}
+
 // waitStarted waits for the supervisor's "supervisor started" log line and
 // returns its River client id.
-func waitStarted(b *testing.B, sup *testenv.Proc) string {
+func waitStarted(tb testing.TB, sup *testenv.Proc) string {
 	re := regexp.MustCompile(`msg="supervisor started".* client_id=("[^"]*"|\S+)`)
 	var id string
-	testenv.Eventually(b, time.Minute, "the supervisor to start", func() (bool, error) {
+	testenv.Eventually(tb, time.Minute, "the supervisor to start", func() (bool, error) {
 		log, err := os.ReadFile(sup.Log)
 		if m := re.FindSubmatch(log); m != nil {
 			id = strings.Trim(string(m[1]), `"`)

@@ -21,11 +21,12 @@ import (
 	"github.com/dama-etl/dama/internal/testenv"
 )
 
-// TestMain builds dama only when a benchmark runs: `go test ./...` runs
-// this package's quick tests and nothing else.
+// TestMain builds dama only when a benchmark or TestHostsCut
+// (DAMA_TEST_HOSTS) runs: `go test ./...` runs this package's quick tests
+// and nothing else.
 func TestMain(m *testing.M) {
 	flag.Parse()
-	if f := flag.Lookup("test.bench"); f == nil || f.Value.String() == "" {
+	if f := flag.Lookup("test.bench"); (f == nil || f.Value.String() == "") && os.Getenv("DAMA_TEST_HOSTS") == "" {
 		os.Exit(m.Run())
 	}
 	testenv.Main(m)
@@ -207,7 +208,7 @@ kinds:
 }
 
 // connect opens a connection named for pg_stat_activity, closed when b ends.
-func connect(b *testing.B, url, name string, onNotice pgconn.NoticeHandler) *pgx.Conn {
+func connect(b testing.TB, url, name string, onNotice pgconn.NoticeHandler) *pgx.Conn {
 	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
 		b.Fatal(err)
@@ -222,7 +223,7 @@ func connect(b *testing.B, url, name string, onNotice pgconn.NoticeHandler) *pgx
 	return conn
 }
 
-func newPool(b *testing.B, url, name string) *pgxpool.Pool {
+func newPool(b testing.TB, url, name string) *pgxpool.Pool {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		b.Fatal(err)

@@ -92,15 +92,15 @@ func envOr(name, def string) string {
 }
 
 // helpers are the benchmark's own binaries.
-type helpers struct{ quiet, floor string }
+type helpers struct{ quiet, floor, hostinit string }
 
-func buildHelpers(b *testing.B) helpers {
-	dir := b.TempDir()
-	h := helpers{quiet: filepath.Join(dir, "quiet"), floor: filepath.Join(dir, "floor")}
-	for _, bin := range []string{h.quiet, h.floor} {
+func buildHelpers(tb testing.TB) helpers {
+	dir := tb.TempDir()
+	h := helpers{quiet: filepath.Join(dir, "quiet"), floor: filepath.Join(dir, "floor"), hostinit: filepath.Join(dir, "hostinit")}
+	for _, bin := range []string{h.quiet, h.floor, h.hostinit} {
 		cmd := exec.Command("go", "build", "-o", bin, "./"+filepath.Base(bin))
 		if out, err := cmd.CombinedOutput(); err != nil {
-			b.Fatalf("build %s: %v\n%s", filepath.Base(bin), err, out)
+			tb.Fatalf("build %s: %v\n%s", filepath.Base(bin), err, out)
 		}
 	}
 	return h

@@ -122,6 +122,8 @@ func MarkWaiting(ctx context.Context, db DB, id int64, w Wait) (changed bool, er
 // id under the field of its arguments its kind now names, by
 // data_manager.concurrency_key_of; "" when the arguments lack the field
 // (counted with the other tasks that lack it).
+// Nil, and nothing written, for a task started or given a key since it was
+// read.
 func DeriveConcurrencyKey(ctx context.Context, db DB, id int64, field string) (*string, error) {
 	var key string
 	err := db.QueryRow(ctx, `

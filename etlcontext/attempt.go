@@ -236,7 +236,48 @@ func MarkLockLost(ctx context.Context, db DB, id int64) (mark time.Time, err err
 	return mark, nil
 }
 
-// Run is a launch StartAttempt or StartIfFree prepared.
+// Loss is a task's lock found free, and the mark of that loss
+// (MarkLockLost).
+type Loss struct {
+	ID   int64
+	Mark time.Time
+}
+
+// MarkLocksLost returns the marks of the losses of those of ids that are
+// RUNNING with a task process recorded (it took its lock), marking, as
+// MarkLockLost does, those whose lock it finds free by taking it for the
+// statement: so that a supervisor may time a loss before any step of the
+// task. A lock found free in pg_locks would not do: a task process that
+// took it again since, with no mark to clear, would keep the mark of a loss
+// it never had. A mark found is one the task process has not cleared, and
+// so counts itself unlocked for. A task whose row another transaction
+// holds is left for the next look: the watch waits on nobody.
+func MarkLocksLost(ctx context.Context, db DB, ids []int64) ([]Loss, error) {
+	// The CASE keeps the lock to the tasks asked about, whatever order the
+	// planner gives the conditions.
+	lost, err := collect[Loss](ctx, db, `
+		WITH free AS (
+			SELECT c.etl_context_id FROM data_manager.etl_contexts AS c
+			 WHERE c.etl_context_id = ANY($1) AND c.etl_status = `+sqlRunning+`
+			   AND c.pid IS NOT NULL AND c.lock_lost_at IS NULL
+			   FOR NO KEY UPDATE SKIP LOCKED),
+		marked AS (
+			UPDATE data_manager.etl_contexts AS c SET lock_lost_at = clock_timestamp()
+			  FROM free
+			 WHERE c.etl_context_id = free.etl_context_id
+			   AND CASE WHEN c.etl_context_id = ANY($1) THEN pg_try_advisory_xact_lock($2, c.etl_context_id::int) END
+			RETURNING c.etl_context_id, c.lock_lost_at)
+		SELECT * FROM marked
+		UNION ALL
+		SELECT c.etl_context_id, c.lock_lost_at FROM data_manager.etl_contexts AS c
+		 WHERE c.etl_context_id = ANY($1) AND c.etl_status = `+sqlRunning+` AND c.lock_lost_at IS NOT NULL`, ids, protocol.LockNamespace)
+	if err != nil {
+		return nil, fmt.Errorf("record lock loss of %d tasks: %w", len(ids), err)
+	}
+	return lost, nil
+}
+
+// Run is a launch StartIfFree prepared.
 type Run struct {
 	// ID is the run id, which the task process's events carry.
 	ID string
@@ -250,26 +291,6 @@ type Run struct {
 // run's key: a member of dama_task may write only the rows of the run whose
 // key its session holds (migration 19).
 const RunKeySetting = "dama.run_key"
-
-// StartAttempt marks context id RUNNING for a new attempt with a fresh run
-// id and key (32 random bytes, in hex), launched by host. The caller holds
-// the lock.
-func StartAttempt(ctx context.Context, db DB, id int64, attempt int, launchedBy string) (Run, error) {
-	key, hash := newRunKey()
-	run := Run{Key: key}
-	err := db.QueryRow(ctx, `
-		UPDATE data_manager.etl_contexts
-		   SET etl_status = `+sqlRunning+`, attempt = $2, run_id = gen_random_uuid(), launched_by = $3,
-		       runner_key_hash = $4, started_at = coalesce(started_at, now()),
-		       `+noRunner+`, command_pgid = NULL, command_start_ticks = NULL,
-		       waiting_for = NULL, waiting_since = NULL
-		 WHERE etl_context_id = $1
-		RETURNING run_id::text, attempt`, id, attempt, launchedBy, hash).Scan(&run.ID, &run.Attempt)
-	if err != nil {
-		return Run{}, fmt.Errorf("start attempt of task %d: %w", id, classify(err))
-	}
-	return run, nil
-}
 
 // newRunKey returns a new run's key (32 random bytes, in hex) and its
 // SHA-256, which the context keeps.

@@ -26,10 +26,7 @@ func TestTheLogTailRolls(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	taken, err := etlcontext.StartAttempt(ctx, env.Pool, id, 1, "test")
-	if err != nil {
-		t.Fatal(err)
-	}
+	taken := env.Launch(id)
 	if err := etlcontext.AppendLog(ctx, env.Pool, id, taken.ID, 0, []byte("a launch taken back\n"), 100); err != nil {
 		t.Fatal(err)
 	}
@@ -41,10 +38,7 @@ func TestTheLogTailRolls(t *testing.T) {
 	if err := etlcontext.AbandonLaunch(ctx, env.Pool, c); err != nil {
 		t.Fatal(err)
 	}
-	run, err := etlcontext.StartAttempt(ctx, env.Pool, id, 1, "test")
-	if err != nil {
-		t.Fatal(err)
-	}
+	run := env.Launch(id)
 	if err := etlcontext.AppendLog(ctx, env.Pool, id, taken.ID, 20, []byte("late\n"), 100); !errors.Is(err, etlcontext.ErrStaleRun) {
 		t.Errorf("a write of a run that is not the running one: %v, want ErrStaleRun", err)
 	}

@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/dama-etl/dama/protocol"
 )
 
 // ControlChannel is the NOTIFY channel on which a queue's resumption or a
@@ -38,16 +36,6 @@ const (
 	// left on the server (docs/operations.md "Retries and the database").
 	WaitSessions Wait = "sessions"
 )
-
-// holdsSlot is the condition on a context r that it takes a slot of its
-// queue, its kind and its key: it is RUNNING, and not a parent whose
-// command succeeded and which now only awaits its children (its latest
-// event is then AWAITING). Parents awaiting children of their own queue
-// would otherwise take every slot, and wait for ever. Migration 38's
-// start_attempt counts the same.
-const holdsSlot = `(r.etl_status = ` + sqlRunning + ` AND NOT EXISTS (
-	SELECT 1 FROM data_manager.event_store AS ae
-	 WHERE ae.event_id = r.latest_event_id AND ae.type LIKE '%:` + protocol.EventAwaiting + `'))`
 
 // ErrChanged: a start decided from a read of a task found it changed
 // since, or its lock held by another.
@@ -155,11 +143,11 @@ func DeriveConcurrencyKey(ctx context.Context, db DB, id int64, field string) (*
 // so that a kind with a thousand tasks waiting never holds back another of
 // the same queue; no kind has more tasks woken than it has room for. It
 // reads the queue's waiting tasks once (the etl_contexts_waiting index),
-// and the running ones of its kinds.
+// and those of its kinds that hold a slot: data_manager.slot_holders
+// (migration 39), which start_attempt counts too, inlined by the planner.
 const wakeWaiting = `
 	WITH free AS (
-		SELECT $2::int - (SELECT count(*) FROM data_manager.etl_contexts AS r
-		                   WHERE r.queue = $1 AND ` + holdsSlot + `) AS n
+		SELECT $2::int - (SELECT count(*) FROM data_manager.slot_holders() AS r WHERE r.queue = $1) AS n
 		 WHERE NOT EXISTS (SELECT 1 FROM data_manager.queue_pauses WHERE queue = $1)),
 	limits AS (
 		SELECT l.*
@@ -176,13 +164,13 @@ const wakeWaiting = `
 		   AND (SELECT n FROM free) > 0),
 	kind_running AS (
 		SELECT r.kind, count(*) AS n
-		  FROM data_manager.etl_contexts AS r
-		 WHERE ` + holdsSlot + ` AND r.kind IN (SELECT kind FROM waiting)
+		  FROM data_manager.slot_holders() AS r
+		 WHERE r.kind IN (SELECT kind FROM waiting)
 		 GROUP BY r.kind),
 	key_running AS (
 		SELECT r.kind, r.concurrency_key, count(*) AS n
-		  FROM data_manager.etl_contexts AS r
-		 WHERE ` + holdsSlot + ` AND r.concurrency_key IS NOT NULL AND r.kind IN (SELECT kind FROM waiting)
+		  FROM data_manager.slot_holders() AS r
+		 WHERE r.concurrency_key IS NOT NULL AND r.kind IN (SELECT kind FROM waiting)
 		 GROUP BY r.kind, r.concurrency_key),
 	eligible AS (
 		SELECT w.river_job_id, w.etl_context_id, w.kind, coalesce(kr.n, 0) AS kind_running, l.max_running,

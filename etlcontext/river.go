@@ -287,6 +287,10 @@ type Step struct {
 	// Old: fetched longer ago than the caller's answer wait, by the
 	// database's clock; Abandoned: see AbandonedSteps.
 	Old, Abandoned bool
+	// The host and pid the client recorded as its supervisor's
+	// (data_manager.supervisors), empty and 0 when it recorded none.
+	HostID string
+	PID    int
 }
 
 // abandoned is true for a running river_job row j that nobody looks after:
@@ -322,13 +326,14 @@ const lastClient = `j.attempted_by[array_length(j.attempted_by, 1)]`
 // running under a live client that never received it).
 func AbandonedSteps(ctx context.Context, db DB, own string, answerWait time.Duration) ([]Step, error) {
 	steps, err := collect[Step](ctx, db, `
-		SELECT *
+		SELECT s.*, coalesce(sup.host_id, ''), coalesce(sup.pid, 0)
 		  FROM (SELECT j.id, coalesce(`+lastClient+`, '') AS client, j.attempted_at,
 		               j.attempted_at < now() - $3::interval,
 		               j.attempted_at < now() - interval '1 second' AND `+abandoned()+` AS abandoned
 		          FROM river_job AS j
 		         WHERE j.kind = $1
 		           AND j.state = `+jobRunning+`) AS s
+		  LEFT JOIN data_manager.supervisors AS sup ON sup.client_id = s.client
 		 WHERE s.client = $2 OR s.abandoned`, JobKind, own, answerWait)
 	if err != nil {
 		return nil, fmt.Errorf("find running steps nobody looks after: %w", err)

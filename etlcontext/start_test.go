@@ -3,7 +3,10 @@ package etlcontext_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
@@ -50,5 +53,40 @@ func TestAStartFromAStaleReadStartsNothing(t *testing.T) {
 	}
 	if now, err := etlcontext.Get(ctx, env.Pool, other.ID); err != nil || now.Status != etlcontext.StatusQueued || now.WaitingFor != etlcontext.WaitQueueFull {
 		t.Errorf("task that must wait: %+v, %v; want QUEUED, waiting for queue_full", now, err)
+	}
+}
+
+// A step's lock and read, and a start, must read what committed before
+// their locks: under a snapshot older than those (REPEATABLE READ,
+// SERIALIZABLE) they refuse to run, and change nothing.
+func TestAStepRefusesASnapshotOlderThanItsLocks(t *testing.T) {
+	env := testenv.New(t)
+	ctx := context.Background()
+	id, _, err := etlcontext.CreateTask(ctx, env.Pool, etlcontext.NewTask{Kind: "k", Queue: "q", MaxAttempts: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := etlcontext.Get(ctx, env.Pool, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, iso := range []pgx.TxIsoLevel{pgx.RepeatableRead, pgx.Serializable} {
+		err := pgx.BeginTxFunc(ctx, env.Pool, pgx.TxOptions{IsoLevel: iso}, func(tx pgx.Tx) error {
+			_, _, err := etlcontext.LockStep(ctx, tx, id, *c.RiverJobID)
+			return err
+		})
+		if err == nil || !strings.Contains(err.Error(), "lock_step needs READ COMMITTED") {
+			t.Errorf("LockStep under %s: %v; want refused, READ COMMITTED named", iso, err)
+		}
+		err = pgx.BeginTxFunc(ctx, env.Pool, pgx.TxOptions{IsoLevel: iso}, func(tx pgx.Tx) error {
+			_, _, err := etlcontext.StartIfFree(ctx, tx, etlcontext.Start{Read: c, Job: *c.RiverJobID, QueueMax: 1, Attempt: 1, LaunchedBy: "test"})
+			return err
+		})
+		if err == nil || !strings.Contains(err.Error(), "start_attempt needs READ COMMITTED") {
+			t.Errorf("StartIfFree under %s: %v; want refused, READ COMMITTED named", iso, err)
+		}
+	}
+	if now, err := etlcontext.Get(ctx, env.Pool, id); err != nil || now.Status != etlcontext.StatusQueued || now.WaitingFor != etlcontext.WaitNone {
+		t.Errorf("task after the refused starts: %+v, %v; want QUEUED, waiting for nothing", now, err)
 	}
 }

@@ -87,10 +87,7 @@ func newPodWorld(t *testing.T) *podWorld {
 // attempt's secrets in a file.
 func (w *podWorld) launch(id int64) (*testenv.Proc, etlcontext.Run) {
 	w.T.Helper()
-	run, err := etlcontext.StartAttempt(context.Background(), w.Pool, id, 1, "test")
-	if err != nil {
-		w.T.Fatal(err)
-	}
+	run := w.Launch(id)
 	secrets, err := protocol.Secrets{Env: []string{protocol.DatabaseURLEnv + "=" + w.URL}, RunKey: run.Key}.Encode()
 	if err != nil {
 		w.T.Fatal(err)

@@ -109,6 +109,13 @@ if [ "${1:-}" = hosts ]; then
 	[ "$(id -u)" -eq 0 ] || { echo "bench.sh hosts needs root (namespaces, nftables)" >&2; exit 1; }
 	dama_pg_install
 	ulimit -n "$(ulimit -Hn)"
+	# A task takes some 15 pids (its task process's threads and its
+	# command's): 2,263 of them took the kernel's default 32,768, and the
+	# server could fork no backend.
+	if [ "$(cat /proc/sys/kernel/pid_max)" -lt 4194304 ]; then
+		echo "raising kernel.pid_max from $(cat /proc/sys/kernel/pid_max) to 4194304"
+		echo 4194304 >/proc/sys/kernel/pid_max
+	fi
 	echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(free -g | awk '/Mem:/ {print $2}') GB; kernel $(uname -r); $(go version); $("$(dama_pg_bindir)/postgres" --version); commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 	exec go test -run '^$' -bench Hosts -benchtime 1x -count=1 -timeout 120m "$@" ./internal/scalebench
 fi

@@ -9,8 +9,10 @@
 # server sessions, sampled every 10 ms), that the host, back, starts
 # nothing, and that every task ends DONE. Root only, a few minutes: not
 # part of scripts/test.sh or CI. It removes every namespace, link, nftables
-# table and process it made, even when it fails or is interrupted. Extra
-# arguments go to go test.
+# table and process it made, even when it fails or is interrupted. One run
+# at a time (scripts/bench.sh hosts included): a run holds
+# /run/damah-hosts.lock, and a second fails at once. Extra arguments go to
+# go test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib-postgres.sh

@@ -47,8 +47,8 @@ func TestMigrateConcurrentlyAndIdempotently(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if int64(applied) != latest || latest != 38 {
-		t.Errorf("schema_migrations has %d applied versions, want %d = 38 (each migration applied once)", applied, latest)
+	if int64(applied) != latest || latest != 39 {
+		t.Errorf("schema_migrations has %d applied versions, want %d = 39 (each migration applied once)", applied, latest)
 	}
 	var migratedBy string
 	if err := env.Pool.QueryRow(ctx, `SELECT migrated_by FROM data_manager.compatibility`).Scan(&migratedBy); err != nil || migratedBy != version.Release {

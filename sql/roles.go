@@ -109,9 +109,10 @@ const (
 	appendLogFunction  = "append_log(bigint,uuid,bigint,bytea,bigint)"
 )
 
-// stepFunctions are a supervisor's step's (migration 38), by their signatures.
+// stepFunctions are a supervisor's step's (migration 38) and what they and
+// the wake count (migration 39), by their signatures.
 var stepFunctions = []string{"lock_step(bigint,bigint)",
-	"start_attempt(bigint,bigint,text,integer,uuid,integer,integer,integer,integer,text,bytea)"}
+	"start_attempt(bigint,bigint,text,integer,uuid,integer,integer,integer,integer,text,bytea)", "slot_holders()"}
 
 // heldFunctions are what migration 19's checks call with the rights of
 // whoever writes: every role needs them, even where PUBLIC may not execute

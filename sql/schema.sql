@@ -1048,6 +1048,10 @@ CREATE FUNCTION data_manager.lock_step(id bigint, job bigint, OUT held_elsewhere
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    IF current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
+        RAISE EXCEPTION 'lock_step needs READ COMMITTED, not %: it must read what committed before its lock', current_setting('transaction_isolation')
+            USING ERRCODE = 'invalid_transaction_state';
+    END IF;
     held_elsewhere := NOT pg_try_advisory_xact_lock(1684106593, id::int);
     -- Statements of their own: they see what the lock's last holder
     -- committed before it let go.
@@ -1179,6 +1183,20 @@ $$;
 
 
 --
+-- Name: slot_holders(); Type: FUNCTION; Schema: data_manager; Owner: -
+--
+
+CREATE FUNCTION data_manager.slot_holders() RETURNS SETOF data_manager.etl_contexts
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT r.* FROM data_manager.etl_contexts AS r
+     WHERE r.etl_status = 'RUNNING' AND NOT EXISTS (
+           SELECT FROM data_manager.event_store AS ae
+            WHERE ae.event_id = r.latest_event_id AND ae.type LIKE '%:AWAITING')
+$$;
+
+
+--
 -- Name: start_attempt(bigint, bigint, text, integer, uuid, integer, integer, integer, integer, text, bytea); Type: FUNCTION; Schema: data_manager; Owner: -
 --
 
@@ -1194,6 +1212,10 @@ DECLARE
     kind_running bigint;
     key_running bigint;
 BEGIN
+    IF current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
+        RAISE EXCEPTION 'start_attempt needs READ COMMITTED, not %: it must count the starts that committed before its locks', current_setting('transaction_isolation')
+            USING ERRCODE = 'invalid_transaction_state';
+    END IF;
     IF NOT pg_try_advisory_xact_lock(1684106593, id::int) THEN
         waiting := 'changed';
         RETURN;
@@ -1214,24 +1236,11 @@ BEGIN
         PERFORM pg_advisory_xact_lock(1684106598, hashtext(c.kind || '/' || key));
     END IF;
     -- Read once the turns are held: every start decided before is counted.
-    -- A task takes a slot while RUNNING, unless it is a parent whose
-    -- command succeeded and which now only awaits its children (its
-    -- latest event is AWAITING): etlcontext's holdsSlot, which the wake
-    -- uses too.
     SELECT EXISTS (SELECT 1 FROM data_manager.queue_pauses AS p WHERE p.queue = c.queue),
            EXISTS (SELECT 1 FROM data_manager.kind_blocks AS b WHERE b.kind = c.kind),
-           (SELECT count(*) FROM data_manager.etl_contexts AS r
-             WHERE r.queue = c.queue AND r.etl_status = 'RUNNING' AND NOT EXISTS (
-                   SELECT 1 FROM data_manager.event_store AS ae
-                    WHERE ae.event_id = r.latest_event_id AND ae.type LIKE '%:AWAITING')),
-           (SELECT count(*) FROM data_manager.etl_contexts AS r
-             WHERE kind_max > 0 AND r.kind = c.kind AND r.etl_status = 'RUNNING' AND NOT EXISTS (
-                   SELECT 1 FROM data_manager.event_store AS ae
-                    WHERE ae.event_id = r.latest_event_id AND ae.type LIKE '%:AWAITING')),
-           (SELECT count(*) FROM data_manager.etl_contexts AS r
-             WHERE r.kind = c.kind AND r.concurrency_key = key AND r.etl_status = 'RUNNING' AND NOT EXISTS (
-                   SELECT 1 FROM data_manager.event_store AS ae
-                    WHERE ae.event_id = r.latest_event_id AND ae.type LIKE '%:AWAITING'))
+           (SELECT count(*) FROM data_manager.slot_holders() AS r WHERE r.queue = c.queue),
+           (SELECT count(*) FROM data_manager.slot_holders() AS r WHERE kind_max > 0 AND r.kind = c.kind),
+           (SELECT count(*) FROM data_manager.slot_holders() AS r WHERE r.kind = c.kind AND r.concurrency_key = key)
       INTO paused, blocked, queue_running, kind_running, key_running;
     waiting := CASE
         WHEN paused THEN 'queue_paused'
@@ -2770,6 +2779,13 @@ GRANT ALL ON FUNCTION data_manager.refuse_to_held(what text) TO dama_supervisor;
 
 REVOKE ALL ON FUNCTION data_manager.remove_tasks(ids bigint[], OUT tasks bigint, OUT events bigint, OUT attempts bigint) FROM PUBLIC;
 GRANT ALL ON FUNCTION data_manager.remove_tasks(ids bigint[], OUT tasks bigint, OUT events bigint, OUT attempts bigint) TO dama_supervisor;
+
+
+--
+-- Name: FUNCTION slot_holders(); Type: ACL; Schema: data_manager; Owner: -
+--
+
+GRANT ALL ON FUNCTION data_manager.slot_holders() TO dama_supervisor;
 
 
 --

@@ -3,12 +3,14 @@ package supervisor
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"golang.org/x/sys/unix"
 
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/pglisten"
@@ -205,6 +207,7 @@ func (s *Supervisor) rescueOrphanedSteps(ctx context.Context) error {
 	now := time.Now()
 	next := make(map[suspect]time.Time, len(seen))
 	var due, lost []etlcontext.Step
+	gone := map[int64]int{} // a job's supervisor's pid, gone from this host
 	for _, step := range seen {
 		sus := fetchOf(step.JobID, step.Client, step.AttemptedAt)
 		mine := step.Client == own && !step.Abandoned
@@ -214,7 +217,9 @@ func (s *Supervisor) rescueOrphanedSteps(ctx context.Context) error {
 		}
 		first := cmp.Or(s.suspects[sus], now)
 		next[sus] = first
-		if now.Sub(first) < s.rescueGrace {
+		if s.diedHere(step) {
+			gone[step.JobID] = step.PID
+		} else if now.Sub(first) < s.rescueGrace {
 			continue
 		}
 		if mine {
@@ -235,6 +240,8 @@ func (s *Supervisor) rescueOrphanedSteps(ctx context.Context) error {
 			if slices.ContainsFunc(lost, func(l etlcontext.Step) bool { return l.JobID == r.ID }) {
 				found, tasks = append(found, r.ID), append(tasks, r.Task)
 				queues[r.Queue] = true
+			} else if pid, ok := gone[r.ID]; ok {
+				rescued([]etlcontext.Rescued{r}, fmt.Sprintf("its supervisor, process %d of this host, is gone", pid))
 			} else {
 				rescued([]etlcontext.Rescued{r}, fmt.Sprintf("its supervisor was not seen for %s: stopped, or cut off from the database", s.rescueGrace))
 			}
@@ -249,6 +256,18 @@ func (s *Supervisor) rescueOrphanedSteps(ctx context.Context) error {
 		s.notifyQueue(ctx, q)
 	}
 	return nil
+}
+
+// diedHere reports a step that nobody looks after whose supervisor ran on
+// this host as a process that is gone: proof of its death that needs no
+// grace, so that a supervisor restarted after a crash adopts its tasks at
+// once. A pid that is there, even reused by another process, proves
+// nothing; nor does one /proc hides (hidepid), which kill(2) still finds.
+func (s *Supervisor) diedHere(step etlcontext.Step) bool {
+	if !step.Abandoned || step.HostID != s.hostID || step.PID <= 0 {
+		return false
+	}
+	return errors.Is(unix.Kill(step.PID, 0), unix.ESRCH)
 }
 
 // receivedFetches returns which of seen, the running steps a look begun at

@@ -17,6 +17,7 @@ import (
 	"github.com/dama-etl/dama/config"
 	"github.com/dama-etl/dama/etlcontext"
 	"github.com/dama-etl/dama/internal/testenv"
+	"github.com/dama-etl/dama/protocol"
 )
 
 const internalTestConfig = `
@@ -253,4 +254,81 @@ func TestRescueWaitsOutTheGraceAndForgets(t *testing.T) {
 	// The next look no longer finds it running, and forgets it.
 	rescue()
 	expect(ghostJob, "available", 0, 0)
+}
+
+// A task whose lock is free while a supervisor that is gone holds its job:
+// another's watch times the loss at once, so that the fencing window runs
+// while the job waits for its rescue. It marks no task whose lock is held,
+// or whose task process never took it, and waits for no row another holds.
+func TestTheWatchTimesALossWhoseJobIsHeldElsewhere(t *testing.T) {
+	env := testenv.New(t)
+	cfg := loadTestConfig(t, env)
+	ctx := context.Background()
+	ids := submitN(t, env, cfg, 4) // lost, held, never locked, its row held
+	for i, id := range ids {
+		if _, err := env.Pool.Exec(ctx, `
+			UPDATE data_manager.etl_contexts
+			   SET etl_status = 'RUNNING', attempt = 1, run_id = gen_random_uuid(), pid = CASE WHEN $2 THEN 4242 END
+			 WHERE etl_context_id = $1`, id, i != 2); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := env.Pool.Exec(ctx, `
+			UPDATE river_job AS j SET state = 'running', attempt = 1, attempted_at = now(), attempted_by = ARRAY['ghost']
+			  FROM data_manager.etl_contexts AS c
+			 WHERE c.etl_context_id = $1 AND j.id = c.river_job_id`, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conn, err := pgx.Connect(ctx, env.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1, $2::int)`, protocol.LockNamespace, ids[1]); err != nil {
+		t.Fatal(err)
+	}
+	// A transaction of anyone who may update the task (its own task
+	// process's role) holds the last one's row for as long as it likes.
+	holder, err := env.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx)
+	if _, err := holder.Exec(ctx, `SELECT 1 FROM data_manager.etl_contexts WHERE etl_context_id = $1 FOR UPDATE`, ids[3]); err != nil {
+		t.Fatal(err)
+	}
+	s := newTestSupervisor(t, env, env.Pool, cfg)
+	look := func() map[int64]time.Time {
+		t.Helper()
+		// Far longer than a look takes: one that waits on the held row
+		// fails here.
+		wctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		if err := s.watch(wctx); err != nil {
+			t.Fatal(err)
+		}
+		rows, err := env.Pool.Query(ctx, `SELECT etl_context_id, lock_lost_at FROM data_manager.etl_contexts WHERE lock_lost_at IS NOT NULL`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		marks := map[int64]time.Time{}
+		var l etlcontext.Loss
+		if _, err := pgx.ForEachRow(rows, []any{&l.ID, &l.Mark}, func() error { marks[l.ID] = l.Mark; return nil }); err != nil {
+			t.Fatal(err)
+		}
+		return marks
+	}
+	marks := look()
+	seen, ok := s.fence.seen[ids[0]]
+	if len(marks) != 1 || !ok || !seen.mark.Equal(marks[ids[0]]) || len(s.fence.seen) != 1 {
+		t.Fatalf("marks %v, sightings %v: want task %d's loss marked and timed, alone", marks, s.fence.seen, ids[0])
+	}
+	// The next look keeps the first sighting.
+	if again := look(); !again[ids[0]].Equal(marks[ids[0]]) || !s.fence.seen[ids[0]].since.Equal(seen.since) {
+		t.Fatalf("the next look marked %v, timed from %v: want %v from %v", again, s.fence.seen[ids[0]].since, marks, seen.since)
+	}
+	// A lock taken again between the watch's look and the mark is no loss.
+	if lost, err := etlcontext.MarkLocksLost(ctx, env.Pool, ids[1:2]); err != nil || len(lost) != 0 {
+		t.Fatalf("marked a held lock lost: %v, %v", lost, err)
+	}
 }

@@ -359,7 +359,9 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	}()
 
 	// Before River starts, so that its own rescuer never gets to the steps
-	// of supervisors that died long ago.
+	// of supervisors that died long ago; and before serves, which deletes
+	// the row of a supervisor of this host that is gone, by which this look
+	// takes up its steps at once (diedHere).
 	if err := s.rescueOrphanedSteps(ctx); err != nil {
 		s.logger.Warn("look for tasks whose supervisor stopped looking after them", "error", err)
 	}

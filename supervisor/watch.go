@@ -11,22 +11,35 @@ import (
 // one statement that writes nothing (etlcontext.Watch). It finds the
 // contexts whose lock is free while they are RUNNING, or while their job
 // still runs: in this supervisor's queues, it pokes their Work, if it runs
-// here; on this host, whoever steps them, it stops the processes their
-// dead task process left behind (stopOrphans).
+// here, or else marks and times the loss of their lock, in one more
+// statement; on this host, whoever steps them, it stops the processes
+// their dead task process left behind (stopOrphans).
 func (s *Supervisor) watch(ctx context.Context) error {
 	w, err := etlcontext.Watch(ctx, s.pool, s.cfg.QueueNames(), s.hostID)
 	if err != nil {
 		return err
 	}
+	var elsewhere []int64
 	for _, id := range w.Look {
-		s.poke(id)
+		if !s.poke(id) {
+			elsewhere = append(elsewhere, id)
+		}
+	}
+	var errs []error
+	if len(elsewhere) > 0 {
+		// The fencing window runs from here for a task whose job this
+		// supervisor may get later: a dead supervisor's, once rescued.
+		lost, err := etlcontext.MarkLocksLost(ctx, s.pool, elsewhere)
+		errs = append(errs, err)
+		for _, l := range lost {
+			s.fence.freeFor(l.ID, l.Mark)
+		}
 	}
 	if w.Woken > 0 {
 		for _, q := range s.cfg.QueueNames() {
 			s.notifyQueue(ctx, q)
 		}
 	}
-	var errs []error
 	for _, id := range w.FreeHere {
 		c, err := etlcontext.Get(ctx, s.pool, id)
 		if err != nil {

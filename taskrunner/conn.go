@@ -85,6 +85,7 @@ func connect(ctx context.Context, url, runKey, name string, heartbeat time.Durat
 		return nil, fmt.Errorf("parse database URL: %w", err)
 	}
 	cfg.RuntimeParams["application_name"] = name
+	pgsession.ReadCommitted(cfg)
 	if runKey != "" {
 		// In the startup packet: no statement log shows it.
 		cfg.RuntimeParams[etlcontext.RunKeySetting] = runKey

@@ -177,7 +177,10 @@ func RunKeeper(ctx context.Context, opts KeeperOptions) int {
 	pool.MinConns = 0
 	pool.MaxConnIdleTime = time.Minute
 	pool.ConnConfig.RuntimeParams["application_name"] = KeeperPoolName
+	pgsession.ReadCommitted(pool.ConnConfig)
 	setKeepalives(pool.ConnConfig, heartbeat)
+	// Also run again on a connection the keeper resets once a session's
+	// statement may have changed it (keeper.Serve).
 	pool.AfterConnect = pgsession.KeepIdle
 	err = keeper.Serve(ctx, keeper.Config{
 		Socket: opts.Launch.Socket,

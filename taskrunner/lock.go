@@ -211,6 +211,12 @@ func (k *lockKeeper) get() (lockState, int, error) {
 	return k.state, k.losses, k.stateErr
 }
 
+// holds reports whether the lock is held now.
+func (k *lockKeeper) holds() bool {
+	state, _, _ := k.get()
+	return state == lockHeld
+}
+
 // release gives the lock back, once, waiting at most timeout for the
 // server: row mode ends the lock transaction and its connection; advisory
 // mode releases the session lock on the writer's connection, in host mode

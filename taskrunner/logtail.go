@@ -49,6 +49,10 @@ type logTail struct {
 	timer *time.Timer
 	// off: the database refused the tail for good.
 	off bool
+	// aside is why the database refused for good the statement of the
+	// outcome with the last chunk: the outcome is tried alone, and only
+	// if the database takes it was the chunk at fault.
+	aside error
 	// last: the attempt ended, and the tail's last chunk, read and left
 	// unsent, goes with its outcome, in the outcome's statement (lastOfTail).
 	last bool
@@ -225,7 +229,7 @@ func (w *writer) flushTail(ctx context.Context) {
 // the attempt's outcome; nil when there is none.
 func (w *writer) lastOfTail() *etlcontext.LogChunk {
 	t := w.tail.Load()
-	if t == nil || !t.last || t.off || len(t.unsent) == 0 {
+	if t == nil || !t.last || t.off || t.aside != nil || len(t.unsent) == 0 {
 		return nil
 	}
 	return &etlcontext.LogChunk{Start: t.passed, Data: t.unsent, Keep: t.keep}

@@ -18,8 +18,8 @@ import (
 
 // finish records the attempt's outcome after everything queued before it,
 // then releases the lock and announces the exit. While the database is
-// away it waits up to reconnect_grace for it: the outcome of a command that
-// ran for days is worth the wait. A runner that cannot record it leaves the
+// away it waits up to reconnect_grace for it, and for as long as the lock
+// holds: the outcome of a command that ran for days is worth the wait. A runner that cannot record it leaves the
 // context RUNNING with a free lock, and a supervisor records the attempt's
 // death.
 func (r *runner) finish(ctx context.Context, code int, suffix string, payload protocol.Outcome, cause error) (int, error) {
@@ -37,6 +37,23 @@ func (r *runner) finish(ctx context.Context, code int, suffix string, payload pr
 	fctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	flushErr := r.w.flush(fctx)
+	// Slow to come through while the lock holds, or is lost for less than
+	// reconnect_grace at a time (advisory mode takes it again with the
+	// writer's connection, which a write's timeout ends): a host's burst of
+	// exits on a busy server. Waited for, or the task would run again.
+	var lostAt time.Time
+	for errors.Is(flushErr, context.DeadlineExceeded) && ctx.Err() == nil {
+		if r.lock.holds() {
+			lostAt = time.Time{}
+		} else if lostAt.IsZero() {
+			lostAt = time.Now()
+		} else if time.Since(lostAt) >= time.Duration(*r.opts.Config.ReconnectGrace) {
+			break
+		}
+		fctx, cancel := context.WithTimeout(ctx, stmtTimeout)
+		flushErr = r.w.flush(fctx)
+		cancel()
+	}
 	if flushErr != nil {
 		r.logger.Error("record the outcome", "type", suffix, "error", flushErr)
 		if code == protocol.ExitDone {

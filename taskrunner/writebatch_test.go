@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -139,5 +140,74 @@ func TestOneRefusedEventCostsNoOther(t *testing.T) {
 	got := strings.Join(storedRows(t, env, id), " ")
 	if want := "0 1 2 3 4 5 WARNING 7 8 9"; got != want {
 		t.Errorf("stored %s, want %s", got, want)
+	}
+}
+
+// The outcome goes in one statement with the log's last chunk. When the
+// database refuses that statement for good, only what it refused is given
+// up: the outcome's details when the events were at fault (the chunk goes
+// with the plain outcome), the chunk when it was (the detailed outcome is
+// stored, the log file keeps the chunk).
+func TestARefusedOutcomeCostsTheTailOnlyWhenTheTailIsAtFault(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		at, refuse, wantTail, wantOutcome string
+	}{
+		{"events", `ALTER TABLE data_manager.event_store ADD CHECK (payload->>'reason' IS DISTINCT FROM 'poison')`, "poison\n", `{}`},
+		{"tail", `ALTER TABLE data_manager.log_chunks ADD CHECK (position('poison'::bytea IN data) = 0)`, "", `{"reason": "poison"}`},
+	} {
+		t.Run(tc.at, func(t *testing.T) {
+			t.Parallel()
+			env := testenv.New(t)
+			ctx := context.Background()
+			if _, err := env.Pool.Exec(ctx, tc.refuse); err != nil {
+				t.Fatal(err)
+			}
+			id, run := runningContext(t, env)
+			f, err := os.CreateTemp(t.TempDir(), "log")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.WriteString("poison\n"); err != nil {
+				t.Fatal(err)
+			}
+			w := newWriter(env.URL, "dama-test", slog.New(slog.DiscardHandler), stmtTimeout, writerHooks{})
+			w.bind(id, run, "k")
+			w.keepTail(&logTail{f: f, keep: 1 << 20, every: time.Hour})
+			w.flushTail(ctx)
+			w.outcome(protocol.EventFinal, protocol.Outcome{Reason: "poison"}, protocol.Outcome{})
+			wctx, stop := context.WithCancel(ctx)
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				w.run(wctx, nil, protocol.CancelChannel)
+			}()
+			defer func() {
+				stop()
+				<-done
+				w.tail.Load().close()
+			}()
+			fctx, cancel := context.WithTimeout(ctx, time.Minute)
+			defer cancel()
+			if err := w.flush(fctx); err != nil {
+				t.Fatalf("flush: %v", err)
+			}
+			var outcome string
+			if err := env.Pool.QueryRow(ctx, `
+				SELECT payload::text FROM data_manager.event_store WHERE etl_context_id = $1 AND type = 'k:FINAL'`, id).Scan(&outcome); err != nil {
+				t.Fatalf("read the outcome: %v", err)
+			}
+			pieces, err := etlcontext.LogSince(ctx, env.Pool, id, etlcontext.LogPos{}, 1<<20)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var tail string
+			for _, p := range pieces {
+				tail += string(p.Data)
+			}
+			if outcome != tc.wantOutcome || tail != tc.wantTail {
+				t.Errorf("stored the outcome %s and the tail %q; want %s and %q", outcome, tail, tc.wantOutcome, tc.wantTail)
+			}
+		})
 	}
 }

@@ -37,15 +37,26 @@ func (w *writer) serveEvents(ctx context.Context) bool {
 	err := w.exec(ctx, func(ctx context.Context, conn dbConn) error {
 		return etlcontext.AppendEvents(ctx, conn, evs, log)
 	})
+	t := w.tail.Load()
 	if log != nil && err == nil {
-		w.tail.Load().sent()
+		t.sent()
 	}
-	if err != nil && log != nil && !retriable(err, w.conn) && !errors.Is(err, etlcontext.ErrStaleRun) && !errors.Is(err, etlcontext.ErrFinished) {
-		// The outcome is tried again without the tail, which the log
-		// file keeps: a tail refused for good (a role without the right
-		// to append_log) holds no outcome back.
-		w.tailRefused(w.tail.Load(), err)
+	refused := err != nil && !retriable(err, w.conn) && !errors.Is(err, etlcontext.ErrStaleRun) && !errors.Is(err, etlcontext.ErrFinished)
+	switch {
+	case log != nil && refused:
+		// Refused for good, the events or the tail: the outcome is tried
+		// alone, which tells which.
+		t.aside = err
 		return true
+	case last.outcome && t != nil && t.aside != nil && (err == nil || refused):
+		if err == nil {
+			// The tail was at fault (a role without the right to
+			// append_log): the log file keeps it, and it holds no outcome back.
+			w.tailRefused(t, t.aside)
+		}
+		// Else the events were: the tail goes with them when they are
+		// tried again.
+		t.aside = nil
 	}
 	if w.retry(ctx, err) {
 		// A batch cut short (a timeout, short of memory) is smaller next time.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -45,7 +46,10 @@ func testTasksSurviveSupervisorKillAndAreAdopted(t *testing.T) {
 		}
 	}
 
-	second := w.Start(w.cfg, "supervisor")
+	// The next supervisor on this host sees the first one's process gone
+	// and adopts its tasks at once: its poll interval's rescue grace (2
+	// minutes) would outlast the waits below.
+	second := w.Start(w.WriteConfig(strings.Replace(sampleConfigFor(10), "poll_interval: 500ms", "poll_interval: 1m", 1)), "supervisor")
 	second.WaitReady(t, time.Minute)
 	w.release()
 	for _, id := range ids {
@@ -63,6 +67,9 @@ func testTasksSurviveSupervisorKillAndAreAdopted(t *testing.T) {
 	log, _ := os.ReadFile(second.Log)
 	if strings.Contains(string(log), "spawned task process") {
 		t.Errorf("the second supervisor spawned a task process; it should only adopt:\n%s", log)
+	}
+	if !strings.Contains(string(log), fmt.Sprintf("process %d of this host, is gone", first.Cmd.Process.Pid)) {
+		t.Errorf("the second supervisor did not say why it took the tasks up at once:\n%s", log)
 	}
 }
 

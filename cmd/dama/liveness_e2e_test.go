@@ -265,8 +265,10 @@ func TestLiveSupervisorKeepsItsStepsWhenItsConnectionsFail(t *testing.T) {
 }
 
 // A supervisor killed with SIGKILL in the middle of a step loses its
-// liveness lock for good: another supervisor rescues the step once the grace
-// has passed, without spending an attempt, and the task runs once.
+// liveness lock for good: another supervisor of its host, which finds its
+// process gone, rescues the step at once, without spending an attempt, and
+// the task runs once. (One of another host waits the grace:
+// TestRescueWaitsOutTheGraceAndForgets.)
 func TestDeadSupervisorsStepIsRescued(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, 10)
@@ -277,7 +279,6 @@ func TestDeadSupervisorsStepIsRescued(t *testing.T) {
 	if err := syscall.Kill(-a.Cmd.Process.Pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	killed := time.Now()
 	testenv.Eventually(t, 10*time.Second, "A's liveness lock to go", func() (bool, error) {
 		return !w.livenessHeld(client), nil
 	})
@@ -288,11 +289,8 @@ func TestDeadSupervisorsStepIsRescued(t *testing.T) {
 		j := w.job(jobID)
 		return j.State != "running" || !j.AttemptedAt.Equal(stuck.AttemptedAt), nil
 	})
-	if waited := time.Since(killed); waited < rescueGrace {
-		t.Errorf("B rescued the step %s after A died, before the grace (%s) was over", waited, rescueGrace)
-	}
 	// B says so in a user's words, naming the task.
-	said := fmt.Sprintf(`msg="%s; no attempt spent" etl_context_id=%d job_id=%d why="its supervisor was not seen for %s: stopped, or cut off from the database"`, rescuedLine, id, jobID, rescueGrace)
+	said := fmt.Sprintf(`msg="%s; no attempt spent" etl_context_id=%d job_id=%d why="its supervisor, process %d of this host, is gone"`, rescuedLine, id, jobID, a.Cmd.Process.Pid)
 	testenv.Eventually(t, 10*time.Second, "B to log the rescue", func() (bool, error) {
 		log, _ := os.ReadFile(b.Log)
 		return strings.Contains(string(log), said), fmt.Errorf("B's log, want %s:\n%s", said, log)

@@ -294,11 +294,7 @@ func testATaskProcessWritesOnlyItsOwnRun(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		run, err := etlcontext.StartAttempt(ctx, env.Pool, id, 1, "test")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return id, run
+		return id, env.Launch(id)
 	}
 	own, ownRun := launch()
 	other, otherRun := launch()

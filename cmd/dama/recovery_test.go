@@ -211,3 +211,62 @@ func testNothingIsLostWhateverIsKilled(t *testing.T) {
 	}
 	t.Logf("%d task processes killed; every task DONE with its job completed", len(killedRunners))
 }
+
+// An outcome slow to be written while the task keeps its lock (a host's
+// burst of exits on a busy server) is waited for past reconnect_grace: the
+// task is not run again.
+func TestASlowOutcomeIsWaitedForWhileTheLockHolds(t *testing.T) {
+	testenv.LockModes(t, testASlowOutcomeIsWaitedForWhileTheLockHolds)
+}
+
+func testASlowOutcomeIsWaitedForWhileTheLockHolds(t *testing.T) {
+	w := newWorld(t, 10)
+	w.cfg = w.WriteConfig(strings.Replace(sampleConfigFor(10), "kill_grace: 1s", "kill_grace: 1s\nreconnect_grace: 1s", 1))
+	w.Start(w.cfg, "supervisor")
+	id := w.submitHeld(1, 10)
+	running := w.waitRunning(id)
+	ctx := context.Background()
+	tx, err := w.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	// The outcome's write waits for this transaction.
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM data_manager.etl_contexts WHERE etl_context_id = $1 FOR UPDATE`, id); err != nil {
+		t.Fatal(err)
+	}
+	w.release()
+	// reconnect_grace and a statement's 10 s, and more.
+	if !testenv.Holds(13*time.Second, func() bool { return testenv.Alive(*running.PID) }) {
+		t.Fatal("the task process gave up on its outcome while it held its lock")
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.waitSettled(id, 60*time.Second); got.Status != etlcontext.StatusDone || got.Attempt != 1 {
+		t.Errorf("%s after %d attempts, want DONE after 1", got.Status, got.Attempt)
+	}
+	if starts := w.starts(id); len(starts) != 1 {
+		t.Errorf("started %d times, want once: %v", len(starts), starts)
+	}
+}
+
+// A database whose default isolation is REPEATABLE READ runs tasks: dama's
+// sessions ask for READ COMMITTED, which its functions need to read what
+// committed before their locks.
+func TestADefaultOfRepeatableReadRunsTasks(t *testing.T) {
+	testenv.LockModes(t, testADefaultOfRepeatableReadRunsTasks)
+}
+
+func testADefaultOfRepeatableReadRunsTasks(t *testing.T) {
+	w := newWorld(t, 10)
+	if _, err := w.Pool.Exec(context.Background(), `
+		DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET default_transaction_isolation = %L', current_database(), 'repeatable read'); END $$`); err != nil {
+		t.Fatal(err)
+	}
+	w.Start(w.cfg, "supervisor")
+	id := w.submit(1, 10)
+	if got := w.waitSettled(id, 60*time.Second); got.Status != etlcontext.StatusDone || got.Attempt != 1 {
+		t.Errorf("%s after %d attempts, want DONE after 1", got.Status, got.Attempt)
+	}
+}

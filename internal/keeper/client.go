@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -13,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/dama-etl/dama/etlcontext"
 )
 
 // Conn is a task process's session with its host's keeper: it stands for
@@ -30,6 +33,13 @@ type Conn struct {
 	mu      sync.Mutex // one request at a time
 	replies chan *reply
 	notes   chan *pgconn.Notification
+
+	// listenMu guards verified, set once a Lock took the session's key,
+	// and pending, the channels Listen was asked before: the keeper
+	// passes on nothing until then, and Lock listens to them.
+	listenMu sync.Mutex
+	verified bool
+	pending  []string
 
 	closeOnce sync.Once
 	closed    chan struct{}
@@ -227,6 +237,13 @@ func (c *Conn) request(ctx context.Context, req *request) (*reply, error) {
 	case r := <-c.replies:
 		return r, r.Err.err()
 	case <-c.closed:
+		// The keeper may answer, then end the session (a lock that
+		// did not take the key): the answer is read first.
+		select {
+		case r := <-c.replies:
+			return r, r.Err.err()
+		default:
+		}
 		return nil, c.closeErr
 	case <-ctx.Done():
 	}
@@ -259,9 +276,24 @@ func (c *Conn) do(ctx context.Context, req *request) error {
 // protocol before it takes the lock: read its rows, the context under the
 // lock, with etlcontext.ScanLockRun. It fails with an error wrapping
 // etlcontext.ErrLocked when another session of the keeper holds the lock.
-// No statement runs for a session before its first Lock.
+// No statement runs for a session before its first Lock, and the keeper
+// ends a session whose first Lock did not take its key. Lock listens to
+// the channels Listen was asked before it, once the keeper took the key
+// and before it returns.
 func (c *Conn) Lock(ctx context.Context, protocol int) (pgx.Rows, error) {
 	r, err := c.request(ctx, &request{Op: opLock, Protocol: protocol})
+	if err == nil || errors.Is(err, etlcontext.ErrLocked) {
+		c.listenMu.Lock()
+		c.verified = true
+		pending := c.pending
+		c.pending = nil
+		c.listenMu.Unlock()
+		for _, ch := range pending {
+			if lerr := c.Listen(ctx, ch); lerr != nil {
+				return c.rows(nil, lerr)
+			}
+		}
+	}
 	return c.rows(r, err)
 }
 
@@ -272,8 +304,20 @@ func (c *Conn) Unlock(ctx context.Context, announce bool) error {
 	return c.do(ctx, &request{Op: opUnlock, Announce: announce})
 }
 
-// Listen has the keeper pass on channel's notifications from now on.
+// Listen has the keeper pass on channel's notifications from now on; on
+// a session whose key the keeper has yet to take, from its Lock on, which
+// listens before it returns: a task process that reads what it waits for
+// after its Lock misses no notification of it.
 func (c *Conn) Listen(ctx context.Context, channel string) error {
+	c.listenMu.Lock()
+	if !c.verified {
+		if !slices.Contains(c.pending, channel) {
+			c.pending = append(c.pending, channel)
+		}
+		c.listenMu.Unlock()
+		return nil
+	}
+	c.listenMu.Unlock()
 	return c.do(ctx, &request{Op: opListen, Channel: channel})
 }
 

@@ -1,6 +1,7 @@
 package keeper
 
 import (
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"net"
@@ -120,4 +121,19 @@ func FuzzSession(f *testing.F) {
 			t.Fatalf("%q decodes to %q, which encodes and decodes to %q, %v", packed, v, again, err)
 		}
 	})
+}
+
+// A session whose key was not taken yet is refused every request but its
+// lock, before the keeper does anything for it.
+func TestAnUnverifiedSessionIsRefusedAllButItsLock(t *testing.T) {
+	sess := &session{s: &server{}, contextID: 42, runKey: "k", channels: make(map[string]bool)}
+	for o := opHello; o <= opPing; o++ {
+		if o == opHello || o == opLock {
+			continue
+		}
+		r := sess.handle(context.Background(), &request{Op: o, SQL: "SELECT 1", Channel: "c", Depth: 1})
+		if r.Err == nil || r.Err.Kind != errRefused {
+			t.Errorf("request %d before the lock: %+v, want refused", o, r.Err)
+		}
+	}
 }

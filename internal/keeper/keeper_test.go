@@ -96,21 +96,11 @@ func start(t *testing.T, env *testenv.Env, configure ...func(*keeper.Config)) (s
 // running makes a RUNNING context and returns its id and run.
 func running(t *testing.T, env *testenv.Env) (int64, etlcontext.Run) {
 	t.Helper()
-	ctx := context.Background()
-	var id int64
-	if err := env.Pool.QueryRow(ctx, `
-		INSERT INTO data_manager.etl_contexts (kind, queue, max_attempts) VALUES ('k', 'q', 3)
-		RETURNING etl_context_id`).Scan(&id); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := etlcontext.Append(ctx, env.Pool, etlcontext.NewEvent{ContextID: id, Type: "k:INITIAL", Payload: map[string]int{}}); err != nil {
-		t.Fatal(err)
-	}
-	run, err := etlcontext.StartAttempt(ctx, env.Pool, id, 1, "test")
+	id, _, err := etlcontext.CreateTask(context.Background(), env.Pool, etlcontext.NewTask{Kind: "k", Queue: "q", MaxAttempts: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return id, run
+	return id, env.Launch(id)
 }
 
 func dial(t *testing.T, env *testenv.Env, socket string, id int64, key string) (*keeper.Conn, error) {
@@ -129,6 +119,32 @@ func lock(c *keeper.Conn, id int64) error {
 	rows, err := c.Lock(context.Background(), protocol.Version)
 	_, err = etlcontext.ScanLockRun(id, rows, err)
 	return err
+}
+
+// lockedTask is a RUNNING context and a session that holds its lock.
+type lockedTask struct {
+	id  int64
+	run etlcontext.Run
+	c   *keeper.Conn
+}
+
+// lockedTasks makes n RUNNING contexts, each with a session of the keeper
+// of socket that holds its lock.
+func lockedTasks(t *testing.T, env *testenv.Env, socket string, n int) []lockedTask {
+	t.Helper()
+	tasks := make([]lockedTask, n)
+	for i := range tasks {
+		id, run := running(t, env)
+		c, err := dial(t, env, socket, id, run.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := lock(c, id); err != nil {
+			t.Fatal(err)
+		}
+		tasks[i] = lockedTask{id, run, c}
+	}
+	return tasks
 }
 
 // locked reports whether context id's lock is held, as a supervisor sees it,
@@ -169,14 +185,18 @@ func TestASessionHoldsItsLockAloneWithItsRunsKey(t *testing.T) {
 		if _, err := etlcontext.Get(ctx, c, s.id); !errors.Is(err, keeper.ErrRefused) {
 			t.Fatalf("a statement before the lock: %v, want refused", err)
 		}
+		// The keeper ended that session.
+		if c, err = dial(t, env, socket, s.id, s.key); err != nil {
+			t.Fatal(err)
+		}
 		if err := lock(c, s.id); !errors.Is(err, etlcontext.ErrStaleRun) {
 			t.Fatalf("the lock of a session with a wrong key: %v, want refused as a stale run", err)
 		}
 		if locked(t, env, s.id) {
 			t.Fatal("a session with a wrong key holds the lock")
 		}
-		if _, err := etlcontext.Get(ctx, c, s.id); !errors.Is(err, keeper.ErrRefused) {
-			t.Fatalf("a statement after a refused lock: %v, want refused", err)
+		if _, err := etlcontext.Get(ctx, c, s.id); !errors.Is(err, keeper.ErrClosed) {
+			t.Fatalf("a statement after a refused lock: %v, want the session ended", err)
 		}
 	}
 
@@ -234,34 +254,23 @@ func TestAStatementRunsWithItsSessionsKeyAlone(t *testing.T) {
 		c.ConnectLock = func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, taskURL) }
 	})
 	ctx := context.Background()
-	a, runA := running(t, env)
-	b, runB := running(t, env)
-	sessions := map[int64]*keeper.Conn{}
-	for id, key := range map[int64]string{a: runA.Key, b: runB.Key} {
-		c, err := dial(t, env, socket, id, key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := lock(c, id); err != nil {
-			t.Fatal(err)
-		}
-		sessions[id] = c
-	}
+	tasks := lockedTasks(t, env, socket, 2)
+	a, b := tasks[0], tasks[1]
 	// B's session leaves its key as the connection's.
-	if _, err := sessions[b].Exec(ctx, `SELECT set_config($1, $2, false)`, etlcontext.RunKeySetting, runB.Key); err != nil {
+	if _, err := b.c.Exec(ctx, `SELECT set_config($1, $2, false)`, etlcontext.RunKeySetting, b.run.Key); err != nil {
 		t.Fatal(err)
 	}
-	if err := etlcontext.RecordCommand(ctx, sessions[a], a, runA.ID, 4242, 0); err != nil {
+	if err := etlcontext.RecordCommand(ctx, a.c, a.id, a.run.ID, 4242, 0); err != nil {
 		t.Fatalf("A's own write: %v", err)
 	}
-	if err := etlcontext.RecordCommand(ctx, sessions[a], b, runB.ID, 4242, 0); err == nil {
+	if err := etlcontext.RecordCommand(ctx, a.c, b.id, b.run.ID, 4242, 0); err == nil {
 		t.Error("a statement of A that sets the key itself wrote B's row")
 	}
-	if err := etlcontext.ClearLockLost(ctx, sessions[a], b, runB.ID); err == nil {
+	if err := etlcontext.ClearLockLost(ctx, a.c, b.id, b.run.ID); err == nil {
 		t.Error("a statement of A wrote B's row")
 	}
 	var pgid *int
-	if err := env.Pool.QueryRow(ctx, `SELECT command_pgid FROM data_manager.etl_contexts WHERE etl_context_id = $1`, b).Scan(&pgid); err != nil || pgid != nil {
+	if err := env.Pool.QueryRow(ctx, `SELECT command_pgid FROM data_manager.etl_contexts WHERE etl_context_id = $1`, b.id).Scan(&pgid); err != nil || pgid != nil {
 		t.Errorf("B's command: %v, %v; want none recorded", pgid, err)
 	}
 }
@@ -383,7 +392,9 @@ func TestARelayBetweenATaskProcessAndItsKeeperLearnsNothing(t *testing.T) {
 	}
 }
 
-// A cancellation is passed on to the session of the context it names only.
+// A cancellation is passed on to the session of the context it names only,
+// which listened before its lock, as a task process that connects again
+// does: from its lock on.
 func TestACancellationReachesItsSessionOnly(t *testing.T) {
 	env := testenv.New(t)
 	socket := serve(t, env)
@@ -397,6 +408,9 @@ func TestACancellationReachesItsSessionOnly(t *testing.T) {
 			t.Fatal(err)
 		}
 		if err := c.Listen(ctx, protocol.CancelChannel); err != nil {
+			t.Fatal(err)
+		}
+		if err := lock(c, id); err != nil {
 			t.Fatal(err)
 		}
 		sessions, ids = append(sessions, c), append(ids, id)
@@ -544,39 +558,28 @@ func TestAReplyTooLargeFailsItsStatementOnly(t *testing.T) {
 func TestABusyKeeperKeepsTheSessionOfAStatementThatWaited(t *testing.T) {
 	env := testenv.New(t)
 	socket := serve(t, env, func(c *keeper.Config) { c.Pool.MaxConns = 1 })
-	a, runA := running(t, env)
-	b, runB := running(t, env)
-	sessions := map[int64]*keeper.Conn{}
-	for id, key := range map[int64]string{a: runA.Key, b: runB.Key} {
-		c, err := dial(t, env, socket, id, key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := lock(c, id); err != nil {
-			t.Fatal(err)
-		}
-		sessions[id] = c
-	}
+	tasks := lockedTasks(t, env, socket, 2)
+	a, b := tasks[0].c, tasks[1]
 	// A's transaction keeps the pool's one connection.
-	tx, err := sessions[a].Begin(context.Background())
+	tx, err := a.Begin(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The keeper gives a request at least a second: its answer comes after
 	// this deadline.
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-	_, err = sessions[b].Exec(ctx, `SELECT 1`)
+	_, err = b.c.Exec(ctx, `SELECT 1`)
 	cancel()
 	if !errors.Is(err, keeper.ErrUnavailable) {
 		t.Errorf("a statement that waited for a busy pool: %v, want %v", err, keeper.ErrUnavailable)
 	}
-	if sessions[b].IsClosed() || !locked(t, env, b) {
-		t.Fatalf("B's session closed: %v, its lock held: %v; want its session and lock kept", sessions[b].IsClosed(), locked(t, env, b))
+	if b.c.IsClosed() || !locked(t, env, b.id) {
+		t.Fatalf("B's session closed: %v, its lock held: %v; want its session and lock kept", b.c.IsClosed(), locked(t, env, b.id))
 	}
 	if err := tx.Commit(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := sessions[b].Exec(context.Background(), `SELECT 1`); err != nil {
+	if _, err := b.c.Exec(context.Background(), `SELECT 1`); err != nil {
 		t.Errorf("B's statement once the pool is free: %v", err)
 	}
 }
@@ -593,15 +596,21 @@ func TestAWrongKeyNeverKeepsTheRightOneFromItsLock(t *testing.T) {
 	defer wg.Wait()
 	defer stop()
 	for range 4 {
-		c, err := dial(t, env, socket, id, "a wrong key")
-		if err != nil {
-			t.Fatal(err)
-		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for ctx.Err() == nil {
-				if err := lock(c, id); !errors.Is(err, etlcontext.ErrStaleRun) {
+				// One lock a session: the keeper ends one whose key it refused.
+				c, err := keeper.Dial(ctx, socket, secret, id, "a wrong key", nil)
+				if err != nil {
+					if ctx.Err() == nil {
+						t.Errorf("a session with a wrong key: %v", err)
+					}
+					return
+				}
+				err = lock(c, id)
+				c.Close(ctx)
+				if ctx.Err() == nil && !errors.Is(err, etlcontext.ErrStaleRun) {
 					t.Errorf("a lock with a wrong key: %v, want %v", err, etlcontext.ErrStaleRun)
 					return
 				}
@@ -620,5 +629,138 @@ func TestAWrongKeyNeverKeepsTheRightOneFromItsLock(t *testing.T) {
 			t.Fatal(err)
 		}
 		c.Close(context.Background())
+	}
+}
+
+// What a session's statements leave on a connection of the keeper's pool,
+// the next session that runs a statement there does not find: settings,
+// set by SET, by set_config or in a transaction, temporary tables,
+// prepared statements, LISTENs, session locks. The keeper resets the
+// connection, as it was when made (its AfterConnect's settings kept),
+// before the pool hands it out again.
+func TestASessionLeavesNothingOnThePoolForTheNext(t *testing.T) {
+	env := testenv.New(t)
+	socket := serve(t, env, func(c *keeper.Config) {
+		// One connection: each statement finds what the one before left.
+		c.Pool.MaxConns = 1
+		c.Pool.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+			_, err := conn.Exec(ctx, "SET lock_timeout = '7s'")
+			return err
+		}
+	})
+	ctx := context.Background()
+	tasks := lockedTasks(t, env, socket, 2)
+	a, b := tasks[0].c, tasks[1].c
+	const probe = `SELECT format('%s|%s|%s|%s|%s|%s|%s|%s', pg_backend_pid(),
+		current_setting('search_path'), current_setting('statement_timeout'), current_setting('application_name'),
+		current_setting('lock_timeout'), to_regclass('pg_temp.leak') IS NOT NULL,
+		(SELECT count(*) FROM pg_prepared_statements) + (SELECT count(*) FROM pg_listening_channels()),
+		(SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()))`
+	var before string
+	if err := b.QueryRow(ctx, probe).Scan(&before); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(before, "|7s|") {
+		t.Fatalf("the pool's connection before: %s; want its AfterConnect's lock_timeout", before)
+	}
+	for _, stmt := range []string{
+		`SET search_path = pg_catalog`,
+		`SELECT set_config('statement_timeout', '1234', false)`,
+		`SET lock_timeout = '1s'`,
+		`CREATE TEMP TABLE leak (x int)`,
+		`PREPARE leak AS SELECT 1`,
+		`LISTEN leak`,
+		`SELECT pg_advisory_lock(4242)`,
+	} {
+		if _, err := a.Exec(ctx, stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+		var after string
+		if err := b.QueryRow(ctx, probe).Scan(&after); err != nil {
+			t.Fatal(err)
+		}
+		if after != before {
+			t.Errorf("after A's %s, B finds %s; want %s", stmt, after, before)
+		}
+	}
+	tx, err := a.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT set_config('application_name', 'leak', false)`); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var after string
+	if err := b.QueryRow(ctx, probe).Scan(&after); err != nil {
+		t.Fatal(err)
+	}
+	if after != before {
+		t.Errorf("after A's transaction, B finds %s; want %s", after, before)
+	}
+}
+
+// A session whose key the keeper has yet to take may ask for its lock,
+// once and at once, and nothing else: not a ping, nor an unlock that would
+// tell the supervisors its task ended. Such sessions count among the 64
+// connections that have not proved themselves, and each is ended within
+// seconds if it asks nothing.
+func TestASessionThatHasNotProvedItsKeyMayOnlyTakeItsLock(t *testing.T) {
+	env := testenv.New(t)
+	socket := serve(t, env)
+	id, run := running(t, env)
+	ctx := context.Background()
+	for name, ask := range map[string]func(c *keeper.Conn) error{
+		"a ping":    func(c *keeper.Conn) error { return c.Ping(ctx) },
+		"an unlock": func(c *keeper.Conn) error { return c.Unlock(ctx, true) },
+	} {
+		c, err := dial(t, env, socket, id, run.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ask(c); !errors.Is(err, keeper.ErrRefused) {
+			t.Errorf("%s before the lock: %v, want refused", name, err)
+		}
+		if err := lock(c, id); !errors.Is(err, keeper.ErrClosed) {
+			t.Errorf("a lock after %s: %v, want the session ended", name, err)
+		}
+	}
+
+	var silent []*keeper.Conn
+	for range 64 {
+		c, err := dial(t, env, socket, id, run.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		silent = append(silent, c)
+	}
+	extra, err := net.Dial("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer extra.Close()
+	extra.SetReadDeadline(time.Now().Add(3 * time.Second))
+	if _, err := extra.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+		t.Fatalf("a connection beside 64 sessions that did not prove their key: %v, want it closed by the keeper", err)
+	}
+	for i, c := range silent {
+		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		_, err := c.WaitForNotification(wctx)
+		cancel()
+		if !errors.Is(err, keeper.ErrClosed) {
+			t.Fatalf("session %d, silent since its hello: %v, want it ended by the keeper", i, err)
+		}
+	}
+	c, err := dial(t, env, socket, id, run.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lock(c, id); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Ping(ctx); err != nil {
+		t.Fatalf("a ping once the lock is taken: %v", err)
 	}
 }

@@ -73,16 +73,17 @@ type server struct {
 	holders map[int64]*session
 	idle    time.Time
 	// unproven holds a token for each connection that has not proved the
-	// secret yet.
+	// secret and its key yet.
 	unproven chan struct{}
 }
 
-// maxUnproven bounds the connections that have not proved the secret
-// yet, each held at most handshakeTimeout, against a process of the user
-// that opens connections and proves nothing. A task process proves it in
-// its first round trip, so even all of a host's task processes dialling
-// again at once, after a keeper's restart, pass through them in turn (a
-// connection refused for it is dialled again: Dial).
+// maxUnproven bounds the connections that have not proved the secret and
+// their key yet, each held at most handshakeTimeout + verifyTimeout,
+// against a process of the user that opens connections and proves
+// nothing. A task process proves both in its first three round trips
+// (handshake, hello, lock), so even all of a host's task processes
+// dialling again at once, after a keeper's restart, pass through them in
+// turn (a connection refused for it is dialled again: Dial).
 const maxUnproven = 64
 
 // Serve runs a keeper until ctx ends or it has had no session for
@@ -123,7 +124,17 @@ func Serve(ctx context.Context, cfg Config) error {
 		}
 		ln.Close()
 	}()
-	pool, err := pgxpool.NewWithConfig(ctx, cfg.Pool)
+	// A session's statements may change their connection's state for
+	// the next session that uses it: a transaction, or a statement whose
+	// text is not one of etlcontext's that set the run's key themselves,
+	// is any statement the task process sent (session.exec), and may
+	// leave a setting (SET, set_config(…, false), search_path, a role), a
+	// temporary table or function, a prepared statement or cursor, a
+	// LISTEN, a session advisory lock. Such a connection is reset before
+	// the pool hands it out again; the others cost nothing more.
+	pcfg := cfg.Pool.Copy()
+	pcfg.AfterRelease = resetChanged(pcfg.AfterRelease, pcfg.AfterConnect)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return fmt.Errorf("make the keeper's pool: %w", err)
 	}

@@ -11,7 +11,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dama-etl/dama/etlcontext"
@@ -68,9 +70,14 @@ func (sess *session) serve(ctx context.Context) {
 	// A connection that says nothing, or not the secret, is not kept: a
 	// task process says its part at once.
 	st, err := serverHandshake(sess.conn, sess.s.cfg.Secret, time.Now().Add(handshakeTimeout))
-	// Its place among the unproven is free once it proved the secret,
-	// or failed to.
-	<-sess.s.unproven
+	// Its place among the unproven is free once the database took its
+	// key, or it ended.
+	proven := false
+	defer func() {
+		if !proven {
+			<-sess.s.unproven
+		}
+	}()
 	if err != nil {
 		sess.s.logger.Debug("refused a connection", "error", err)
 		return
@@ -86,8 +93,9 @@ func (sess *session) serve(ctx context.Context) {
 			sess.dropTx(rctx)
 		}
 	}()
-	// Nor one that says no hello.
-	sess.conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	// Nor one that does not prove its key, in its lock, at once: until
+	// then its messages are small, and one lock is all it may ask.
+	sess.conn.SetReadDeadline(time.Now().Add(verifyTimeout))
 	for {
 		var req request
 		if err := sess.st.receive(&req); err != nil {
@@ -99,15 +107,28 @@ func (sess *session) serve(ctx context.Context) {
 			if err != nil {
 				return
 			}
-			sess.conn.SetReadDeadline(time.Time{})
-			sess.st.limit.Store(int64(sess.s.cfg.MaxMessage))
 			continue
 		}
-		if err := sess.reply(sess.handle(ctx, &req)); err != nil {
+		r := sess.handle(ctx, &req)
+		if !sess.verified {
+			sess.reply(r)
+			return
+		}
+		if !proven {
+			proven = true
+			<-sess.s.unproven
+			sess.conn.SetReadDeadline(time.Time{})
+			sess.st.limit.Store(int64(sess.s.cfg.MaxMessage))
+		}
+		if err := sess.reply(r); err != nil {
 			return
 		}
 	}
 }
+
+// verifyTimeout bounds the time from a session's handshake to its proof
+// of its key: its hello, then its lock, which a task process asks at once.
+const verifyTimeout = 10 * time.Second
 
 // reply sends r, or, when r is too large to send, the failure of its
 // statement.
@@ -206,13 +227,9 @@ func (sess *session) hello(req *request) error {
 func (sess *session) handle(ctx context.Context, req *request) *reply {
 	rctx, cancel := context.WithTimeout(ctx, min(max(req.Timeout, time.Second), maxTimeout))
 	defer cancel()
-	switch req.Op {
-	case opDescribe, opExec, opBegin:
-		// Listening comes first: a task process listens on a new session
-		// before it takes its lock again, lest it miss a cancellation.
-		if !sess.verified {
-			return &reply{Err: &wireError{Kind: errRefused, Message: "a session takes its lock, which checks its key, before any statement"}}
-		}
+	if !sess.verified && req.Op != opLock {
+		// Not even a listen or a ping: nothing for a key not taken.
+		return &reply{Err: &wireError{Kind: errRefused, Message: "a session takes its lock, which checks its key, before anything else"}}
 	}
 	switch req.Op {
 	case opDescribe:
@@ -240,7 +257,8 @@ func (sess *session) handle(ctx context.Context, req *request) *reply {
 // them.
 func (sess *session) describe(ctx context.Context, req *request) *reply {
 	var sd *pgconn.StatementDescription
-	err := sess.onConn(ctx, func(ctx context.Context, pc *pgconn.PgConn) error {
+	// Parsed, not run: the connection is as it was.
+	err := sess.onConn(ctx, false, func(ctx context.Context, pc *pgconn.PgConn) error {
 		var err error
 		sd, err = pc.Prepare(ctx, "", req.SQL, nil)
 		return err
@@ -252,8 +270,8 @@ func (sess *session) describe(ctx context.Context, req *request) *reply {
 }
 
 // onConn runs fn on the session's transaction's connection, or on one of
-// the pool's.
-func (sess *session) onConn(ctx context.Context, fn func(context.Context, *pgconn.PgConn) error) error {
+// the pool's, reset once released when fn may change its state.
+func (sess *session) onConn(ctx context.Context, changes bool, fn func(context.Context, *pgconn.PgConn) error) error {
 	if sess.tx != nil {
 		return fn(ctx, sess.tx.Conn().PgConn())
 	}
@@ -262,8 +280,43 @@ func (sess *session) onConn(ctx context.Context, fn func(context.Context, *pgcon
 		return fmt.Errorf("%w: %w", errNoConnection, err)
 	}
 	defer conn.Release()
+	if changes {
+		markChanged(conn)
+	}
 	return fn(ctx, conn.Conn().PgConn())
 }
+
+// changedKey marks, in a pooled connection's CustomData, that a statement
+// of a session ran on it that may have changed its state.
+const changedKey = "dama-keeper-changed"
+
+func markChanged(conn *pgxpool.Conn) { conn.Conn().PgConn().CustomData()[changedKey] = true }
+
+// resetChanged is the pool's AfterRelease: it resets a connection that
+// markChanged marked, as it was when made (DISCARD ALL, then
+// afterConnect again), and keeps it; one it cannot reset is closed. Then
+// next, the AfterRelease the pool was given, if any.
+func resetChanged(next func(*pgx.Conn) bool, afterConnect func(context.Context, *pgx.Conn) error) func(*pgx.Conn) bool {
+	return func(conn *pgx.Conn) bool {
+		if data := conn.PgConn().CustomData(); data[changedKey] != nil {
+			delete(data, changedKey)
+			ctx, cancel := context.WithTimeout(context.Background(), resetTimeout)
+			defer cancel()
+			// The keeper's own statements on the pool are unnamed, so
+			// that pgx keeps no prepared statement that this discards.
+			if err := conn.PgConn().Exec(ctx, "DISCARD ALL").Close(); err != nil {
+				return false
+			}
+			if afterConnect != nil && afterConnect(ctx, conn) != nil {
+				return false
+			}
+		}
+		return next == nil || next(conn)
+	}
+}
+
+// resetTimeout bounds the reset of a connection that goes back to the pool.
+const resetTimeout = 10 * time.Second
 
 // errNoConnection: no connection of the pool came free before the
 // request's deadline; its statement was never sent.
@@ -283,7 +336,9 @@ func (sess *session) exec(ctx context.Context, req *request) *reply {
 		req.Params[i], keyed = []byte(sess.runKey), true
 	}
 	var res *pgconn.Result
-	err := sess.onConn(ctx, func(ctx context.Context, pc *pgconn.PgConn) error {
+	// Only etlcontext's own statements that set the key are known to
+	// leave the connection as they found it.
+	err := sess.onConn(ctx, !keyed, func(ctx context.Context, pc *pgconn.PgConn) error {
 		if sess.tx != nil || keyed {
 			res = pc.ExecParams(ctx, req.SQL, req.Params, req.ParamOIDs, req.ParamFormats, req.ResultFormats).Read()
 			return res.Err
@@ -333,12 +388,15 @@ func (sess *session) begin(ctx context.Context, depth int) error {
 	if err != nil {
 		return err
 	}
+	// Whatever the task process sends in it.
+	markChanged(conn)
 	if _, err := conn.Exec(ctx, "BEGIN"); err != nil {
 		conn.Release()
 		return err
 	}
 	sess.tx, sess.depth = conn, 0
-	if _, err := conn.Exec(ctx, "SELECT pg_catalog.set_config($1, $2, true)", etlcontext.RunKeySetting, sess.runKey); err != nil {
+	if err := conn.Conn().PgConn().ExecParams(ctx, "SELECT pg_catalog.set_config($1, $2, true)",
+		[][]byte{[]byte(etlcontext.RunKeySetting), []byte(sess.runKey)}, []uint32{pgtype.TextOID, pgtype.TextOID}, nil, nil).Read().Err; err != nil {
 		sess.dropTx(ctx)
 		return err
 	}

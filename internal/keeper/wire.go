@@ -16,7 +16,7 @@ import (
 // Version is the version of the keeper's wire protocol: it is part of the
 // socket's name, so that task processes of releases that speak different
 // versions each find a keeper of their own.
-const Version = 6
+const Version = 7
 
 // op is what a request asks of the keeper (session.handle serves each). A
 // session's first request, and only that one, is its hello.

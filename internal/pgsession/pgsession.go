@@ -26,6 +26,14 @@ const (
 	ReleaseBound = keepaliveIdle + keepaliveCount*keepaliveInterval
 )
 
+// ReadCommitted makes, in cfg, READ COMMITTED the session's isolation,
+// whatever the database's or role's default: dama's functions read, after
+// they take a lock, what committed before it (lock_run, lock_step,
+// start_attempt), and refuse a snapshot older than that.
+func ReadCommitted(cfg *pgx.ConnConfig) {
+	cfg.RuntimeParams["default_transaction_isolation"] = "read committed"
+}
+
 // EndWhenSilent asks the server, in cfg, to end the session within
 // ReleaseBound of its client going silent: a task's lock connection, a
 // supervisor's liveness connection.

@@ -561,6 +561,23 @@ func (e *Env) Task(id int64) etlcontext.Task {
 	return tasks[0]
 }
 
+// Launch starts the next attempt of task id, which has its River job, as
+// a supervisor's step does (etlcontext.StartIfFree), and returns its run.
+func (e *Env) Launch(id int64) etlcontext.Run {
+	e.T.Helper()
+	ctx := context.Background()
+	c, err := etlcontext.Get(ctx, e.Pool, id)
+	if err != nil || c.RiverJobID == nil {
+		e.T.Fatalf("read task %d to start it: %v (a job: %t)", id, err, err == nil && c.RiverJobID != nil)
+	}
+	run, wait, err := etlcontext.StartIfFree(ctx, e.Pool, etlcontext.Start{Read: c, Job: *c.RiverJobID, QueueMax: 1 << 30,
+		Attempt: c.Attempt + 1, LaunchedBy: "test"})
+	if err != nil || wait != etlcontext.WaitNone {
+		e.T.Fatalf("start task %d: %v (waits for %q)", id, err, wait)
+	}
+	return run
+}
+
 // WaitForTask reads task id until cond holds of it, at most timeout, and
 // returns it then; what says what is waited for.
 func (e *Env) WaitForTask(id int64, timeout time.Duration, what string, cond func(etlcontext.Task) bool) etlcontext.Task {

@@ -38,6 +38,7 @@ func connect(ctx context.Context, minConns int32, configure ...func(*pgxpool.Con
 	}
 	// River's listener waits idle on one of these connections for hours.
 	pcfg.AfterConnect = pgsession.KeepIdle
+	pgsession.ReadCommitted(pcfg.ConnConfig)
 	for _, c := range configure {
 		c(pcfg)
 	}
@@ -72,16 +73,29 @@ func connectMigrated(ctx context.Context, minConns int32, configure ...func(*pgx
 // whatever etlcontext.Unreachable says a later connection may cure (a full
 // server, a host name that does not resolve yet after a failover). An
 // unmigrated database, a malformed URL or a refused login is an error at once.
-func waitForDatabase(ctx context.Context, logger *slog.Logger, minConns int32) (*pgxpool.Pool, string, error) {
+func waitForDatabase(ctx context.Context, logger *slog.Logger, minConns int32, configure ...func(*pgxpool.Config)) (*pgxpool.Pool, string, error) {
 	var (
 		pool *pgxpool.Pool
 		url  string
 	)
 	err := etlcontext.WaitReachable(ctx, logger, func() (err error) {
-		pool, url, err = connectMigrated(ctx, minConns)
+		pool, url, err = connectMigrated(ctx, minConns, configure...)
 		return err
 	})
 	return pool, url, err
+}
+
+// closeIdle closes a pool's connections idle for 30s, within a minute,
+// unless the URL sets pool_max_conn_idle_time or pool_health_check_period:
+// a supervisor whose tasks are quiet keeps the few its loops use, not the
+// most they needed at once (pgxpool's default keeps them 30 minutes).
+func closeIdle(c *pgxpool.Config) {
+	if !strings.Contains(c.ConnString(), "pool_max_conn_idle_time") {
+		c.MaxConnIdleTime = 30 * time.Second
+	}
+	if !strings.Contains(c.ConnString(), "pool_health_check_period") {
+		c.HealthCheckPeriod = 30 * time.Second
+	}
 }
 
 // badURL says what is wrong with DATABASE_URL, url, that pgx refused with

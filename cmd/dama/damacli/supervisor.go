@@ -59,7 +59,7 @@ running.`,
 			// Steps hold a connection for a few milliseconds each, River's
 			// producers and completer need their own: pgxpool's default
 			// (4 on two cores) would make steps queue for connections.
-			pool, url, err := waitForDatabase(cmd.Context(), logger, 20)
+			pool, url, err := waitForDatabase(cmd.Context(), logger, 20, closeIdle)
 			if err != nil {
 				return err
 			}

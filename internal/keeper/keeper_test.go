@@ -474,15 +474,7 @@ func TestConnectionsThatProveNothingAreCapped(t *testing.T) {
 		}
 		silent = append(silent, c)
 	}
-	extra, err := net.Dial("unix", socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer extra.Close()
-	extra.SetReadDeadline(time.Now().Add(3 * time.Second))
-	if _, err := extra.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
-		t.Fatalf("the 65th connection that proves nothing: %v, want it closed by the keeper", err)
-	}
+	refusedBeyondUnproven(t, socket, "the 65th connection that proves nothing")
 	if _, err := dial(t, env, socket, id, run.Key); err != nil {
 		t.Fatalf("a task process beside 64 connections that prove nothing: %v", err)
 	}
@@ -736,15 +728,7 @@ func TestASessionThatHasNotProvedItsKeyMayOnlyTakeItsLock(t *testing.T) {
 		}
 		silent = append(silent, c)
 	}
-	extra, err := net.Dial("unix", socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer extra.Close()
-	extra.SetReadDeadline(time.Now().Add(3 * time.Second))
-	if _, err := extra.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
-		t.Fatalf("a connection beside 64 sessions that did not prove their key: %v, want it closed by the keeper", err)
-	}
+	refusedBeyondUnproven(t, socket, "a connection beside 64 sessions that did not prove their key")
 	for i, c := range silent {
 		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 		_, err := c.WaitForNotification(wctx)
@@ -762,5 +746,21 @@ func TestASessionThatHasNotProvedItsKeyMayOnlyTakeItsLock(t *testing.T) {
 	}
 	if err := c.Ping(ctx); err != nil {
 		t.Fatalf("a ping once the lock is taken: %v", err)
+	}
+}
+
+// refusedBeyondUnproven checks that the keeper closes at once a connection
+// beyond the 64 that have yet to prove themselves. The deadline only bounds
+// a failure: a closed connection reads EOF at once.
+func refusedBeyondUnproven(t *testing.T, socket, what string) {
+	t.Helper()
+	extra, err := net.Dial("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer extra.Close()
+	extra.SetReadDeadline(time.Now().Add(time.Minute))
+	if _, err := extra.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+		t.Fatalf("%s: %v, want it closed by the keeper", what, err)
 	}
 }
